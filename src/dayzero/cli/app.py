@@ -1,0 +1,56 @@
+"""The typer app and its entry point.
+
+Each verb lives in its own module under ``dayzero.cli`` and registers itself on ``app``; add a
+verb by adding its module name to ``VERBS``. Verb modules import only light code at top level
+(specs, typer, rich) so that ``dayzero inspect`` stays instant; heavy imports (torch, numpy
+search) happen inside the command functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from dayzero.errors import DayzeroError
+
+app = typer.Typer(
+    name="dayzero",
+    help="Day-0 adaptation of giant LLMs to an accelerator cluster: analyse, plan, train, operate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+VERBS = ["models", "hardware", "inspect"]
+
+for _verb in VERBS:
+    importlib.import_module(f"dayzero.cli.{_verb}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: user errors become one line on stderr and exit code 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except DayzeroError as e:
+        print(f"dayzero: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.Abort:
+        print("dayzero: aborted", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("dayzero: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # click usage errors and friends
+        import click
+
+        if isinstance(e, click.ClickException):
+            print(f"dayzero: error: {e.format_message()}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+

@@ -1,0 +1,80 @@
+"""``dayzero inspect MODEL``: exact parameter and FLOP counts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dayzero.cli.app import app
+from dayzero.cli.common import JsonOpt, commas, console, emit_json, human
+
+
+@app.command("inspect")
+def inspect_cmd(
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
+    seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length for FLOPs (default: min(max positions, 4096)).")] = None,
+    causal: Annotated[bool, typer.Option("--causal/--full-attention", help="Count only the causal half of attention scores (default: full s x s, as Narayanan et al. 2021).")] = False,
+    with_mtp: Annotated[bool, typer.Option("--with-mtp", help="Add multi-token-prediction layers to params_total.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Exact parameters (total, active, embedding, per layer by component) and FLOPs per token.
+
+    Example: [bold]dayzero inspect deepseek-v3 --with-mtp[/bold]; [bold]dayzero inspect ./my-model/ --json[/bold]
+    """
+    from dayzero.specs.counting import COMPONENTS, summarize
+    from dayzero.specs.registry import load_model
+
+    spec = load_model(model)
+    s = summarize(spec, seq, causal)
+    total = s.params_total_with_mtp if with_mtp else s.params_total
+    obj = {
+        "name": spec.name, "model_type": spec.model_type,
+        "params_total": total, "params_total_main": s.params_total, "params_total_with_mtp": s.params_total_with_mtp,
+        "params_active": s.params_active, "params_embedding": s.params_embedding, "params_head": s.params_head,
+        "checkpoint_elements": s.checkpoint_elements,
+        "flops_per_token_train": s.flops.train, "flops_per_token_forward": s.flops.forward,
+        "flops_breakdown_forward": {"matmul": s.flops.matmul_forward, "attention": s.flops.attention_forward,
+                                    "head": s.flops.head_forward},
+        "seq": s.seq, "causal": s.causal, "layers": spec.layers, "mtp_layers": spec.mtp_layers,
+        "hidden": spec.hidden, "vocab": spec.vocab,
+        "per_layer": [lc.as_dict() for lc in s.layers],
+    }
+    if json_out:
+        emit_json(obj)
+        return
+    t = Table(title=f"{spec.name} ({spec.model_type})", show_header=False)
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("", justify="right")
+    t.add_row("parameters, total" + (" (with MTP)" if with_mtp else ""), commas(total), human(total))
+    t.add_row("parameters, active per token", commas(s.params_active), human(s.params_active))
+    t.add_row("parameters, embedding", commas(s.params_embedding), human(s.params_embedding))
+    t.add_row("parameters, output head", commas(s.params_head), human(s.params_head))
+    if spec.mtp_layers and not with_mtp:
+        t.add_row(f"+ {spec.mtp_layers} MTP layer(s) (--with-mtp)", commas(s.params_total_with_mtp - s.params_total), "")
+    if s.checkpoint_elements != total:
+        t.add_row("checkpoint tensor elements", commas(s.checkpoint_elements), human(s.checkpoint_elements))
+    conv = "causal" if causal else "full attention"
+    t.add_row(f"FLOPs/token, train (seq {s.seq}, {conv})", f"{s.flops.train:.4g}", human(s.flops.train, "FLOP"))
+    t.add_row("FLOPs/token, forward", f"{s.flops.forward:.4g}", human(s.flops.forward, "FLOP"))
+    console.print(t)
+
+    groups: list[list] = []  # consecutive identical layers collapse into one row
+    for lc in s.layers:
+        key = tuple(getattr(lc, c) for c in COMPONENTS) + (lc.kind,)
+        if groups and groups[-1][0] == key:
+            groups[-1][2] = lc.index
+        else:
+            groups.append([key, lc.index, lc.index, lc])
+    lt = Table(title="Per layer, by component")
+    lt.add_column("layers")
+    lt.add_column("kind")
+    for c in COMPONENTS:
+        lt.add_column(c.replace("_", " "), justify="right")
+    lt.add_column("total", justify="right")
+    for _, a, b, lc in groups:
+        lt.add_row(f"{a}" if a == b else f"{a}-{b}", lc.kind, *[human(getattr(lc, c)) if getattr(lc, c) else "·" for c in COMPONENTS],
+                   human(lc.total))
+    console.print(lt)

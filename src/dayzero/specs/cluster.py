@@ -1,0 +1,217 @@
+"""Clusters: nodes of accelerators joined by interconnect tiers.
+
+A cluster is ``nodes x devices_per_node`` devices of one accelerator. Its interconnect is a list
+of tiers, innermost first: the scale-up fabric (NVLink/NVSwitch, HCCS full mesh, Infinity
+Fabric, an NVL72 rack) and the scale-out network (InfiniBand / RoCE). A process group that spans
+only devices inside one scale-up domain uses tier 0; anything wider crosses tier 1.
+
+YAML schema (``--cluster FILE.yaml``; every field but ``accelerator`` and ``nodes`` optional)::
+
+    name: my-cluster
+    accelerator: h100            # catalog id or alias (dayzero hardware)
+    nodes: 128
+    devices_per_node: 8          # default: the accelerator's
+    scaleup_domain: 8            # devices sharing the scale-up fabric (default: the accelerator's)
+    topology: switch             # switch | mesh | torus (scale-up fabric)
+    intra_node_gbytes_per_s: 450 # per device per direction (aggregate of its links)
+    intra_node_p2p_gbytes_per_s: 450  # per direction to one peer (mesh: one link)
+    inter_node_gbytes_per_s: 50  # per device per direction (its NIC)
+    intra_latency_us: 10
+    inter_latency_us: 20
+    peak_tflops: {bf16: 989}     # override per precision
+    hbm_gb: 80
+    efficiency: {gemm: 0.8, intra: 0.8, inter: 0.9}   # calibrated factors (dayzero calibrate)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dayzero.errors import ConfigError
+from dayzero.specs.hardware import Accelerator, get_accelerator
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One level of the interconnect."""
+
+    name: str  # "scale-up" | "scale-out"
+    size: int  # devices that share this tier's fabric (a node, an NVL72 rack, the whole cluster)
+    bw: float  # bytes/s per device per direction
+    p2p_bw: float  # bytes/s per direction between one pair of devices
+    latency_s: float
+    topology: Literal["switch", "mesh", "torus"]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    accelerator: Accelerator
+    nodes: int
+    devices_per_node: int
+    tiers: tuple[Tier, ...]
+    efficiency: dict[str, float] = field(default_factory=dict)  # calibrated factors (gemm, intra, inter, ...)
+    description: str = ""
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.accelerator.hbm_bytes
+
+    def tier_for_span(self, span: int) -> Tier:
+        """The slowest tier a group crosses when its members lie within ``span`` consecutive ranks
+        (ranks are packed: rank r lives on node r // devices_per_node)."""
+        for tier in self.tiers:
+            if span <= tier.size:
+                return tier
+        return self.tiers[-1]
+
+    def summary(self) -> dict:
+        return {"name": self.name, "accelerator": self.accelerator.id, "nodes": self.nodes,
+                "devices_per_node": self.devices_per_node, "devices": self.devices,
+                "memory_gb_per_device": self.memory_bytes / 1e9,
+                "tiers": [{"name": t.name, "size": t.size, "gbytes_per_s": t.bw / 1e9,
+                           "p2p_gbytes_per_s": t.p2p_bw / 1e9, "latency_us": t.latency_s * 1e6,
+                           "topology": t.topology} for t in self.tiers],
+                "efficiency": dict(self.efficiency), "description": self.description}
+
+
+class ClusterFile(BaseModel):
+    """The YAML schema above, validated."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = "cluster"
+    description: str = ""
+    accelerator: str
+    nodes: int = Field(ge=1)
+    devices_per_node: int | None = Field(default=None, ge=1)
+    scaleup_domain: int | None = Field(default=None, ge=1)
+    topology: Literal["switch", "mesh", "torus"] | None = None
+    intra_node_gbytes_per_s: float | None = Field(default=None, gt=0)
+    intra_node_p2p_gbytes_per_s: float | None = Field(default=None, gt=0)
+    inter_node_gbytes_per_s: float | None = Field(default=None, gt=0)
+    intra_latency_us: float | None = Field(default=None, ge=0)
+    inter_latency_us: float | None = Field(default=None, ge=0)
+    peak_tflops: dict[str, float] | None = None
+    hbm_gb: float | None = Field(default=None, gt=0)
+    hbm_tbytes_per_s: float | None = Field(default=None, gt=0)
+    gemm_tflops_measured: dict[str, float] | None = None
+    efficiency: dict[str, float] = Field(default_factory=dict)
+
+
+def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node: int | None = None,
+                  inter_node_gbytes_per_s: float | None = None, name: str | None = None) -> Cluster:
+    """A standard cluster of ``devices`` cards (``--accelerator NAME --devices N``)."""
+    acc = accelerator if isinstance(accelerator, Accelerator) else get_accelerator(accelerator)
+    dpn = devices_per_node or acc.devices_per_node
+    if devices < 1:
+        raise ConfigError("--devices", None, f"must be >= 1, got {devices}")
+    if devices < dpn:
+        dpn = devices
+    if devices % dpn:
+        raise ConfigError("--devices", None, f"{devices} devices is not a whole number of {dpn}-device nodes; "
+                          f"use a multiple of {dpn} or set --devices-per-node")
+    spec = ClusterFile(name=name or f"{acc.id}-{devices}", accelerator=acc.id, nodes=devices // dpn,
+                       devices_per_node=dpn, inter_node_gbytes_per_s=inter_node_gbytes_per_s)
+    return _from_file(spec, acc)
+
+
+def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
+    acc = acc or get_accelerator(f.accelerator)
+    overrides = {}
+    if f.peak_tflops:
+        overrides["peak_flops"] = {**acc.peak_flops, **{k: v * 1e12 for k, v in f.peak_tflops.items()}}
+    if f.gemm_tflops_measured:
+        overrides["gemm_flops_measured"] = {**acc.gemm_flops_measured,
+                                            **{k: v * 1e12 for k, v in f.gemm_tflops_measured.items()}}
+    if f.hbm_gb:
+        overrides["hbm_bytes"] = int(f.hbm_gb * 1e9)
+    if f.hbm_tbytes_per_s:
+        overrides["hbm_bw"] = f.hbm_tbytes_per_s * 1e12
+    if overrides:
+        acc = replace(acc, **overrides)
+    dpn = f.devices_per_node or acc.devices_per_node
+    devices = f.nodes * dpn
+    domain = min(f.scaleup_domain or max(acc.scaleup_domain, dpn), devices)
+    intra = (f.intra_node_gbytes_per_s * 1e9) if f.intra_node_gbytes_per_s else acc.intra_node_bw
+    p2p = (f.intra_node_p2p_gbytes_per_s * 1e9) if f.intra_node_p2p_gbytes_per_s else acc.intra_node_p2p_bw
+    inter = (f.inter_node_gbytes_per_s * 1e9) if f.inter_node_gbytes_per_s else acc.inter_node_bw
+    if intra is None:
+        raise ConfigError(f.name, "intra_node_gbytes_per_s", f"the catalog has no intra-node bandwidth for "
+                          f"{acc.id}; set it in a cluster YAML")
+    if inter is None and devices > domain:
+        raise ConfigError(f.name, "inter_node_gbytes_per_s", f"the catalog has no inter-node bandwidth for "
+                          f"{acc.id}; set it in a cluster YAML (or --inter-node-gbps)")
+    intra_lat = f.intra_latency_us * 1e-6 if f.intra_latency_us is not None else acc.intra_latency_s
+    inter_lat = f.inter_latency_us * 1e-6 if f.inter_latency_us is not None else acc.inter_latency_s
+    tiers = [Tier("scale-up", domain, intra, p2p or intra, intra_lat, f.topology or acc.topology)]
+    if devices > domain:
+        tiers.append(Tier("scale-out", devices, inter, inter, inter_lat, "switch"))
+    return Cluster(name=f.name, accelerator=acc, nodes=f.nodes, devices_per_node=dpn, tiers=tuple(tiers),
+                   efficiency=dict(f.efficiency), description=f.description)
+
+
+def load_cluster_yaml(path: str | Path) -> Cluster:
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(p), None, "file not found; use a preset from 'dayzero hardware' or a YAML file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(str(p), None, f"malformed YAML: {str(e).splitlines()[0]}") from None
+    return cluster_from_dict(data, str(p))
+
+
+def cluster_from_dict(data: object, source: str) -> Cluster:
+    if not isinstance(data, dict):
+        raise ConfigError(source, None, "expected a mapping of cluster fields (see 'dayzero hardware --help')")
+    try:
+        f = ClusterFile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field_name = ".".join(str(x) for x in err["loc"]) or None
+        raise ConfigError(source, field_name, f"{err['msg']} (got {err.get('input')!r})") from None
+    return _from_file(f)
+
+
+# -- presets -----------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def cluster_presets() -> dict[str, Path]:
+    base = resources.files("dayzero.specs.presets") / "clusters"
+    return {p.name[:-5]: Path(str(p)) for p in base.iterdir() if p.name.endswith(".yaml")}
+
+
+def get_cluster(name_or_path: str) -> Cluster:
+    presets = cluster_presets()
+    if name_or_path in presets:
+        return load_cluster_yaml(presets[name_or_path])
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return load_cluster_yaml(p)
+    raise ConfigError("--cluster", None, f"unknown cluster {name_or_path!r}; presets: {', '.join(sorted(presets))}, "
+                      "or a YAML file, or --accelerator NAME --devices N")
+
+
+def resolve_cluster(cluster: str | None, accelerator: str | None, devices: int | None,
+                    devices_per_node: int | None = None, inter_node_gbps: float | None = None) -> Cluster:
+    """The CLI's cluster options, in one place."""
+    if accelerator:
+        if not devices:
+            raise ConfigError("--devices", None, "is required with --accelerator")
+        return build_cluster(accelerator, devices, devices_per_node,
+                             None if inter_node_gbps is None else inter_node_gbps / 8)
+    if cluster:
+        return get_cluster(cluster)
+    raise ConfigError("--cluster", None, "give --cluster PRESET|FILE.yaml or --accelerator NAME --devices N")

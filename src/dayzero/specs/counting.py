@@ -1,0 +1,280 @@
+"""Exact parameter and FLOP counts of a ModelSpec.
+
+Parameters are counted the way the model's own Hugging Face implementation holds them: every
+weight, bias and norm vector; tied embeddings once; MTP layers only on request; FP8 scale tensors
+never (they are not parameters; :func:`checkpoint_elements` counts what a checkpoint stores).
+
+FLOPs count multiply-adds of matrix products as 2 FLOPs: every weight matrix a token passes
+through, plus attention's score (QK^T) and context (PV) products. Elementwise work (norms,
+activations, softmax, biases) is not counted, as in Narayanan et al. 2021 and PaLM's MFU.
+Attention convention: ``causal=False`` (default) counts the full s x s score matrix, matching
+Narayanan et al.'s closed form 72*l*h^2*(1 + s/6h + V/12lh) per sequence; ``causal=True`` counts
+only the lower triangle (half), as FlashAttention-style kernels execute it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
+
+COMPONENTS = ("attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms")
+
+
+@dataclass(frozen=True)
+class LayerCount:
+    """Parameters of one decoder layer, by component."""
+
+    index: int
+    kind: str  # dense | moe
+    attention: int
+    dense_mlp: int
+    routed_experts: int
+    shared_experts: int
+    router: int
+    norms: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, c) for c in COMPONENTS)
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "kind": self.kind, **{c: getattr(self, c) for c in COMPONENTS},
+                "total": self.total}
+
+
+# -- building blocks ---------------------------------------------------------------------------
+
+def mlp_params(m: MLPSpec, hidden: int) -> int:
+    mats = 3 if m.gated else 2
+    w = mats * hidden * m.intermediate
+    if m.bias:
+        w += (2 if m.gated else 1) * m.intermediate + hidden
+    return w
+
+
+def mlp_matmul_params(m: MLPSpec, hidden: int) -> int:
+    return (3 if m.gated else 2) * hidden * m.intermediate
+
+
+def attention_matmul_params(a: AttentionSpec, hidden: int) -> int:
+    """Weights of attention's linear projections (what a token multiplies through)."""
+    if a.kind == "mla":
+        qk = a.heads * a.head_dim
+        q = hidden * qk if a.q_lora_rank is None else hidden * a.q_lora_rank + a.q_lora_rank * qk
+        kv = hidden * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * a.heads * (a.qk_nope_head_dim + a.v_head_dim)
+        return q + kv + a.heads * a.v_head_dim * hidden
+    q = hidden * a.heads * a.head_dim
+    kv = hidden * a.kv_heads * (a.head_dim + a.v_head_dim)
+    return q + kv + a.heads * a.v_head_dim * hidden
+
+
+def attention_params(a: AttentionSpec, hidden: int) -> int:
+    w = attention_matmul_params(a, hidden)
+    if a.kind == "mla":
+        w += a.kv_lora_rank + (a.q_lora_rank or 0)  # kv_a_layernorm, q_a_layernorm
+        if a.qkv_bias:  # q_a_proj (or none when q_proj is used) and kv_a_proj_with_mqa biases
+            w += (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim
+    else:
+        if a.qkv_bias:
+            w += a.heads * a.head_dim + a.kv_heads * (a.head_dim + a.v_head_dim)
+        if a.qk_norm:
+            w += 2 * a.head_dim
+    if a.o_bias:
+        w += hidden
+    if a.sinks:
+        w += a.heads
+    return w
+
+
+def router_params(moe: MoESpec, hidden: int) -> int:
+    return moe.experts * hidden + (moe.experts if moe.router_bias else 0) + (
+        moe.experts if moe.score_correction_bias else 0) + (hidden if moe.shared_expert_gate else 0)
+
+
+def shared_mlp(moe: MoESpec) -> MLPSpec | None:
+    if not moe.shared_experts:
+        return None
+    return MLPSpec(moe.shared_intermediate, gated=moe.expert.gated, bias=moe.expert.bias)
+
+
+def norm_params(spec: ModelSpec) -> int:
+    """One norm over the hidden width."""
+    return spec.hidden * (2 if spec.norm_bias else 1)
+
+
+def layer_count(spec: ModelSpec, index: int, kind: str | None = None) -> LayerCount:
+    kind = kind or spec.layer_kinds[index]
+    h = spec.hidden
+    dense = routed = shared = router = 0
+    if kind == "moe":
+        moe = spec.moe
+        routed = moe.experts * mlp_params(moe.expert, h)
+        sm = shared_mlp(moe)
+        shared = mlp_params(sm, h) if sm else 0
+        router = router_params(moe, h)
+    else:
+        dense = mlp_params(spec.mlp, h)
+    return LayerCount(index=index, kind=kind, attention=attention_params(spec.attention, h), dense_mlp=dense,
+                      routed_experts=routed, shared_experts=shared, router=router, norms=2 * norm_params(spec))
+
+
+# -- totals ------------------------------------------------------------------------------------
+
+def embedding_params(spec: ModelSpec) -> int:
+    """Input embedding (+ learned positions); the output head when it is tied."""
+    e = spec.vocab * spec.hidden
+    if spec.position == "learned":
+        e += spec.max_positions * spec.hidden
+    return e
+
+
+def head_params(spec: ModelSpec) -> int:
+    """Output projection (0 when tied to the embedding)."""
+    return 0 if spec.tie_embeddings else spec.vocab * spec.hidden
+
+
+def mtp_layer_params(spec: ModelSpec) -> int:
+    """One multi-token-prediction module without its shared embedding/head copies:
+    a decoder layer + enorm + hnorm + eh_proj (2H x H) + shared_head.norm."""
+    if not spec.mtp_layers:
+        return 0
+    h = spec.hidden
+    return layer_count(spec, spec.layers, spec.mtp_kind).total + 3 * norm_params(spec) + 2 * h * h
+
+
+def params_total(spec: ModelSpec, with_mtp: bool = False) -> int:
+    total = embedding_params(spec) + head_params(spec) + norm_params(spec)
+    total += sum(layer_count(spec, i).total for i in range(spec.layers))
+    if with_mtp:
+        total += spec.mtp_layers * mtp_layer_params(spec)
+    return total
+
+
+def params_active(spec: ModelSpec) -> int:
+    """Parameters a token touches: total minus the routed experts it is not sent to
+    (embedding and head included, as in DeepSeek's and Mixtral's published active counts)."""
+    total = params_total(spec)
+    if spec.moe is None:
+        return total
+    idle = (spec.moe.experts - spec.moe.top_k) * mlp_params(spec.moe.expert, spec.hidden)
+    return total - idle * spec.num_moe_layers
+
+
+def checkpoint_elements(spec: ModelSpec) -> int:
+    """Every tensor element a Hugging Face checkpoint of this model stores: main model, MTP
+    modules with their own copies of embed_tokens and shared_head.head, and FP8 block scales."""
+    total = params_total(spec, with_mtp=True)
+    total += spec.mtp_layers * (spec.vocab * spec.hidden * 2)
+    if spec.fp8_block:
+        total += fp8_scale_elements(spec)
+    return total
+
+
+def fp8_scale_elements(spec: ModelSpec) -> int:
+    """weight_scale_inv elements: ceil(out/b0) x ceil(in/b1) per quantized Linear (every linear of
+    the decoder and MTP layers except routers, embeddings, heads and the MTP eh_proj; matches
+    DeepSeek-V3's published F32 element count exactly)."""
+    b0, b1 = spec.fp8_block
+    h = spec.hidden
+
+    def blocks(out_f: int, in_f: int) -> int:
+        return -(-out_f // b0) * -(-in_f // b1)
+
+    def mlp_blocks(m: MLPSpec) -> int:
+        return (2 if m.gated else 1) * blocks(m.intermediate, h) + blocks(h, m.intermediate)
+
+    a = spec.attention
+    if a.kind == "mla":
+        att = blocks(a.kv_lora_rank + a.qk_rope_head_dim, h) + blocks(a.heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank)
+        att += blocks(h, a.heads * a.v_head_dim)
+        if a.q_lora_rank is None:
+            att += blocks(a.heads * a.head_dim, h)
+        else:
+            att += blocks(a.q_lora_rank, h) + blocks(a.heads * a.head_dim, a.q_lora_rank)
+    else:
+        att = blocks(a.heads * a.head_dim, h) + 2 * blocks(a.kv_heads * a.head_dim, h) + blocks(h, a.heads * a.v_head_dim)
+
+    def layer_blocks(kind: str) -> int:
+        if kind == "moe":
+            sm = shared_mlp(spec.moe)
+            return att + spec.moe.experts * mlp_blocks(spec.moe.expert) + (mlp_blocks(sm) if sm else 0)
+        return att + mlp_blocks(spec.mlp)
+
+    total = sum(layer_blocks(k) for k in spec.layer_kinds)
+    total += spec.mtp_layers * layer_blocks(spec.mtp_kind)
+    return total
+
+
+# -- FLOPs -------------------------------------------------------------------------------------
+
+def attention_context(spec: ModelSpec, seq: int, index: int, causal: bool) -> float:
+    """Average number of keys a query attends to in layer ``index``."""
+    window = spec.layer_windows[index]
+    if causal:
+        if window and window < seq:  # first w queries see (i+1) keys, the rest see w
+            return (window * (window + 1) / 2 + (seq - window) * window) / seq
+        return (seq + 1) / 2
+    return float(min(seq, window) if window else seq)
+
+
+def layer_matmul_params(spec: ModelSpec, kind: str) -> int:
+    """Weights one token multiplies through in a layer (routed experts: top_k of them)."""
+    h = spec.hidden
+    w = attention_matmul_params(spec.attention, h)
+    if kind == "moe":
+        moe = spec.moe
+        w += moe.top_k * mlp_matmul_params(moe.expert, h) + moe.experts * h
+        sm = shared_mlp(moe)
+        w += mlp_matmul_params(sm, h) if sm else 0
+    else:
+        w += mlp_matmul_params(spec.mlp, h)
+    return w
+
+
+def attention_flops_per_token(spec: ModelSpec, seq: int, index: int, causal: bool) -> float:
+    a = spec.attention
+    keys = attention_context(spec, seq, index, causal)
+    return 2.0 * keys * a.heads * (a.head_dim + a.v_head_dim)  # QK^T and PV
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    forward: float
+    train: float  # forward + backward (2x forward), no recompute
+    matmul_forward: float
+    attention_forward: float
+    head_forward: float
+
+
+def flops_per_token(spec: ModelSpec, seq: int | None = None, causal: bool = False) -> FlopsPerToken:
+    """Model FLOPs per token at sequence length ``seq`` (default: min(max_positions, 4096))."""
+    seq = seq or min(spec.max_positions, 4096)
+    mm = sum(2.0 * layer_matmul_params(spec, k) for k in spec.layer_kinds)
+    att = sum(attention_flops_per_token(spec, seq, i, causal) for i in range(spec.layers))
+    head = 2.0 * spec.vocab * spec.hidden
+    fwd = mm + att + head
+    return FlopsPerToken(forward=fwd, train=3.0 * fwd, matmul_forward=mm, attention_forward=att, head_forward=head)
+
+
+@dataclass(frozen=True)
+class Summary:
+    params_total: int
+    params_total_with_mtp: int
+    params_active: int
+    params_embedding: int
+    params_head: int
+    checkpoint_elements: int
+    flops: FlopsPerToken
+    seq: int
+    causal: bool
+    layers: list[LayerCount]
+
+
+def summarize(spec: ModelSpec, seq: int | None = None, causal: bool = False) -> Summary:
+    seq = seq or min(spec.max_positions, 4096)
+    return Summary(params_total=params_total(spec), params_total_with_mtp=params_total(spec, with_mtp=True),
+                   params_active=params_active(spec), params_embedding=embedding_params(spec),
+                   params_head=head_params(spec), checkpoint_elements=checkpoint_elements(spec),
+                   flops=flops_per_token(spec, seq, causal), seq=seq, causal=causal,
+                   layers=[layer_count(spec, i) for i in range(spec.layers)])

@@ -1,0 +1,325 @@
+"""Build a ModelSpec from a Hugging Face ``config.json``.
+
+One small parser per family; all fields keep their HF names. Every problem with the input raises
+:class:`~dayzero.errors.ConfigError` naming the file, the field and what is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from dayzero.errors import ConfigError
+from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
+
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
+    "kimi_k2", "glm4_moe", "gpt_oss", "nemotron", "gpt2",
+)
+
+
+class _Fields:
+    """Typed, validated access to a config dict, with errors that name the field."""
+
+    def __init__(self, cfg: dict, source: str):
+        self.cfg, self.source = cfg, source
+
+    def _fail(self, key: str, problem: str):
+        raise ConfigError(self.source, key, problem)
+
+    def int(self, key: str, default: Any = ..., minimum: int = 1, alt: tuple[str, ...] = ()) -> int | None:
+        for k in (key, *alt):
+            if k in self.cfg and self.cfg[k] is not None:
+                key = k
+                break
+        else:
+            if default is ...:
+                self._fail(key, "is missing; expected a positive integer")
+            return default
+        v = self.cfg[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            self._fail(key, f"expected an integer, got {v!r}")
+        v = int(v)
+        if v < minimum:
+            self._fail(key, f"expected an integer >= {minimum}, got {v}")
+        return v
+
+    def opt_int(self, key: str, minimum: int = 1, alt: tuple[str, ...] = ()) -> int | None:
+        return self.int(key, default=None, minimum=minimum, alt=alt)
+
+    def float(self, key: str, default: float) -> float:
+        v = self.cfg.get(key, default)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            self._fail(key, f"expected a number, got {v!r}")
+        return float(v)
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.cfg.get(key, default)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            self._fail(key, f"expected true or false, got {v!r}")
+        return v
+
+    def str(self, key: str, default: str) -> str:
+        v = self.cfg.get(key, default)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            self._fail(key, f"expected a string, got {v!r}")
+        return v
+
+    def int_list(self, key: str) -> list[int]:
+        v = self.cfg.get(key) or []
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            self._fail(key, f"expected a list of integers, got {v!r}")
+        return v
+
+    def str_list(self, key: str) -> list[str] | None:
+        v = self.cfg.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            self._fail(key, f"expected a list of strings, got {v!r}")
+        return v
+
+
+# -- entry points ------------------------------------------------------------------------------
+
+def load_config_file(path: str | Path) -> tuple[dict, str]:
+    """Read a config.json (or a directory holding one); returns (dict, source name)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    source = str(p)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(source, None, "file not found; pass a preset name (see 'dayzero models'), "
+                          "a config.json or a directory holding one") from None
+    except OSError as e:
+        raise ConfigError(source, None, f"cannot read: {e.strerror or e}") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(source, None, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(source, None, f"expected a JSON object, got {type(cfg).__name__}")
+    return cfg, source
+
+
+def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = None) -> ModelSpec:
+    """Parse an HF config dict into a ModelSpec (see SUPPORTED_MODEL_TYPES)."""
+    source = source or name
+    if not isinstance(cfg, dict):
+        raise ConfigError(source, None, f"expected a JSON object, got {type(cfg).__name__}")
+    mt = cfg.get("model_type")
+    if not isinstance(mt, str) or mt not in _PARSERS:
+        got = "missing" if mt is None else repr(mt)
+        raise ConfigError(source, "model_type", f"{got} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    f = _Fields(cfg, source)
+    try:
+        return _PARSERS[mt](f, name, mt)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:  # defensive: never a traceback
+        raise ConfigError(source, None, f"inconsistent config ({type(e).__name__}: {e})") from None
+
+
+# -- families ----------------------------------------------------------------------------------
+
+def _gqa_attention(f: _Fields, hidden: int, *, qkv_bias: bool, o_bias: bool, qk_norm: bool = False,
+                   sinks: bool = False, sliding_window: int | None = None) -> AttentionSpec:
+    heads = f.int("num_attention_heads")
+    kv_heads = f.int("num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        f._fail("num_key_value_heads", f"num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv_heads})")
+    head_dim = f.opt_int("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            f._fail("num_attention_heads", f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}); set head_dim")
+        head_dim = hidden // heads
+    return AttentionSpec(kind="gqa", heads=heads, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=head_dim,
+                         qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, sinks=sinks,
+                         sliding_window=sliding_window)
+
+
+def _windows(f: _Fields, layers: int, window: int | None) -> tuple[int | None, ...]:
+    """Per-layer sliding windows from ``layer_types`` (HF >= 4.5x) or a global window."""
+    types = f.str_list("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            f._fail("layer_types", f"has {len(types)} entries, expected num_hidden_layers = {layers}")
+        return tuple(window if t == "sliding_attention" and window else None for t in types)
+    return (window,) * layers
+
+
+def _common(f: _Fields, name: str, mt: str, **kw) -> dict:
+    hidden = f.int("hidden_size")
+    layers = f.int("num_hidden_layers")
+    vocab = f.int("vocab_size")
+    return dict(name=name, model_type=mt, hidden=hidden, layers=layers, vocab=vocab,
+                tie_embeddings=f.bool("tie_word_embeddings", kw.pop("tie_default", False)),
+                max_positions=f.int("max_position_embeddings", default=4096),
+                rope_theta=f.float("rope_theta", 10000.0),
+                norm_eps=f.float("rms_norm_eps", 1e-6), **kw)
+
+
+def _dense(f: _Fields, name: str, mt: str) -> ModelSpec:
+    hidden, layers = f.int("hidden_size"), f.int("num_hidden_layers")
+    bias = f.bool("attention_bias", False)
+    window = f.opt_int("sliding_window")
+    if mt == "qwen2":
+        window = window if f.bool("use_sliding_window", False) else None
+        if window and f.str_list("layer_types") is None:
+            start = f.int("max_window_layers", default=layers, minimum=0)
+            windows = tuple(window if i >= start else None for i in range(layers))
+        else:
+            windows = _windows(f, layers, window)
+        att = _gqa_attention(f, hidden, qkv_bias=True, o_bias=False, sliding_window=window)
+    else:
+        windows = _windows(f, layers, window)
+        att = _gqa_attention(f, hidden, qkv_bias=bias, o_bias=bias, qk_norm=(mt == "qwen3"),
+                             sliding_window=window)
+    if mt == "nemotron":
+        mlp = MLPSpec(f.int("intermediate_size"), gated=False, bias=f.bool("mlp_bias", False), activation="relu2")
+        return ModelSpec(attention=att, mlp=mlp, layer_windows=windows, norm="layernorm", norm_bias=True,
+                         **{**_common(f, name, mt), "norm_eps": f.float("norm_eps", 1e-5)})
+    mlp = MLPSpec(f.int("intermediate_size"), gated=True, bias=f.bool("mlp_bias", False))
+    return ModelSpec(attention=att, mlp=mlp, layer_windows=windows, **_common(f, name, mt))
+
+
+def _mixtral(f: _Fields, name: str, mt: str) -> ModelSpec:
+    hidden, layers = f.int("hidden_size"), f.int("num_hidden_layers")
+    att = _gqa_attention(f, hidden, qkv_bias=False, o_bias=False, sliding_window=f.opt_int("sliding_window"))
+    experts = f.int("num_local_experts")
+    moe = MoESpec(experts=experts, top_k=_top_k(f, experts), expert=MLPSpec(f.int("intermediate_size")),
+                  aux_loss_coef=f.float("router_aux_loss_coef", 0.0))
+    return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe,
+                     layer_kinds=("moe",) * layers, layer_windows=_windows(f, layers, att.sliding_window),
+                     **_common(f, name, mt))
+
+
+def _qwen3_moe(f: _Fields, name: str, mt: str) -> ModelSpec:
+    hidden, layers = f.int("hidden_size"), f.int("num_hidden_layers")
+    bias = f.bool("attention_bias", False)
+    att = _gqa_attention(f, hidden, qkv_bias=bias, o_bias=bias, qk_norm=True)
+    experts = f.int("num_experts", minimum=0)
+    step = f.int("decoder_sparse_step", default=1)
+    only_dense = set(f.int_list("mlp_only_layers"))
+    kinds = tuple("moe" if i not in only_dense and experts > 0 and (i + 1) % step == 0 else "dense"
+                  for i in range(layers))
+    moe = None
+    if experts > 0:
+        moe = MoESpec(experts=experts, top_k=_top_k(f, experts),
+                      expert=MLPSpec(f.int("moe_intermediate_size")),
+                      aux_loss_coef=f.float("router_aux_loss_coef", 0.0))
+    return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe, layer_kinds=kinds,
+                     **_common(f, name, mt))
+
+
+def _deepseek(f: _Fields, name: str, mt: str) -> ModelSpec:
+    hidden, layers = f.int("hidden_size"), f.int("num_hidden_layers")
+    heads = f.int("num_attention_heads")
+    nope, rope = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
+    bias = f.bool("attention_bias", False)
+    att = AttentionSpec(kind="mla", heads=heads, kv_heads=heads, head_dim=nope + rope,
+                        v_head_dim=f.int("v_head_dim"), qkv_bias=bias, o_bias=bias,
+                        q_lora_rank=f.opt_int("q_lora_rank"), kv_lora_rank=f.int("kv_lora_rank"),
+                        qk_rope_head_dim=rope, qk_nope_head_dim=nope)
+    experts = f.int("n_routed_experts", default=0, minimum=0)
+    first_dense = f.int("first_k_dense_replace", default=0, minimum=0)
+    freq = f.int("moe_layer_freq", default=1)
+    kinds = tuple("moe" if experts and i >= first_dense and i % freq == 0 else "dense" for i in range(layers))
+    moe = None
+    if experts:
+        moe_inter = f.int("moe_intermediate_size")
+        shared = f.int("n_shared_experts", default=0, minimum=0)
+        topk_method = f.str("topk_method", "noaux_tc" if mt != "deepseek_v2" else "greedy")
+        moe = MoESpec(experts=experts, top_k=_top_k(f, experts), expert=MLPSpec(moe_inter),
+                      shared_experts=shared, shared_intermediate=shared * moe_inter,
+                      score_correction_bias=(topk_method == "noaux_tc"),
+                      scoring="softmax" if f.str("scoring_func", "softmax") == "softmax" else "sigmoid",
+                      aux_loss_coef=f.float("aux_loss_alpha", 0.0))
+    fp8 = _fp8_block(f)
+    return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe, layer_kinds=kinds,
+                     mtp_layers=f.int("num_nextn_predict_layers", default=0, minimum=0), fp8_block=fp8,
+                     **_common(f, name, mt))
+
+
+def _glm4_moe(f: _Fields, name: str, mt: str) -> ModelSpec:
+    hidden, layers = f.int("hidden_size"), f.int("num_hidden_layers")
+    att = _gqa_attention(f, hidden, qkv_bias=f.bool("attention_bias", False), o_bias=False,
+                         qk_norm=f.bool("use_qk_norm", False))
+    experts = f.int("n_routed_experts")
+    first_dense = f.int("first_k_dense_replace", default=0, minimum=0)
+    kinds = tuple("moe" if i >= first_dense else "dense" for i in range(layers))
+    moe_inter = f.int("moe_intermediate_size")
+    shared = f.int("n_shared_experts", default=0, minimum=0)
+    moe = MoESpec(experts=experts, top_k=_top_k(f, experts), expert=MLPSpec(moe_inter),
+                  shared_experts=shared, shared_intermediate=shared * moe_inter,
+                  score_correction_bias=True, scoring="sigmoid")
+    return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe, layer_kinds=kinds,
+                     mtp_layers=f.int("num_nextn_predict_layers", default=0, minimum=0),
+                     **_common(f, name, mt))
+
+
+def _gpt_oss(f: _Fields, name: str, mt: str) -> ModelSpec:
+    hidden, layers = f.int("hidden_size"), f.int("num_hidden_layers")
+    window = f.opt_int("sliding_window")
+    att = _gqa_attention(f, hidden, qkv_bias=f.bool("attention_bias", True), o_bias=f.bool("attention_bias", True),
+                         sinks=True, sliding_window=window)
+    windows = _windows(f, layers, window)
+    if f.str_list("layer_types") is None and window:  # gpt-oss alternates sliding / full, sliding first
+        windows = tuple(window if i % 2 == 0 else None for i in range(layers))
+    experts = f.int("num_local_experts")
+    expert = MLPSpec(f.int("intermediate_size"), gated=True, bias=True, activation="swiglu_clamped")
+    moe = MoESpec(experts=experts, top_k=_top_k(f, experts, alt=("experts_per_token",)), expert=expert,
+                  router_bias=True, aux_loss_coef=f.float("router_aux_loss_coef", 0.0))
+    return ModelSpec(attention=att, mlp=expert, moe=moe, layer_kinds=("moe",) * layers, layer_windows=windows,
+                     **_common(f, name, mt))
+
+
+def _gpt2(f: _Fields, name: str, mt: str) -> ModelSpec:
+    hidden = f.int("n_embd", alt=("hidden_size",))
+    layers = f.int("n_layer", alt=("num_hidden_layers",))
+    heads = f.int("n_head", alt=("num_attention_heads",))
+    if hidden % heads:
+        f._fail("n_head", f"n_embd ({hidden}) must be divisible by n_head ({heads})")
+    inner = f.opt_int("n_inner") or 4 * hidden
+    att = AttentionSpec(kind="gqa", heads=heads, kv_heads=heads, head_dim=hidden // heads,
+                        v_head_dim=hidden // heads, qkv_bias=True, o_bias=True)
+    return ModelSpec(name=name, model_type=mt, hidden=hidden, layers=layers, vocab=f.int("vocab_size"),
+                     attention=att, mlp=MLPSpec(inner, gated=False, bias=True, activation="gelu"),
+                     norm="layernorm", norm_bias=True, position="learned",
+                     tie_embeddings=f.bool("tie_word_embeddings", True),
+                     max_positions=f.int("n_positions", alt=("max_position_embeddings",), default=1024),
+                     norm_eps=f.float("layer_norm_epsilon", 1e-5))
+
+
+def _top_k(f: _Fields, experts: int, alt: tuple[str, ...] = ()) -> int:
+    k = f.int("num_experts_per_tok", alt=alt)
+    if k > experts:
+        f._fail("num_experts_per_tok", f"top-k ({k}) exceeds the number of experts ({experts})")
+    return k
+
+
+def _fp8_block(f: _Fields) -> tuple[int, int] | None:
+    q = f.cfg.get("quantization_config")
+    if isinstance(q, dict) and q.get("quant_method") == "fp8":
+        b = q.get("weight_block_size")
+        if isinstance(b, list) and len(b) == 2 and all(isinstance(x, int) and x > 0 for x in b):
+            return (b[0], b[1])
+    return None
+
+
+_PARSERS: dict[str, Callable[[_Fields, str, str], ModelSpec]] = {
+    "llama": _dense, "mistral": _dense, "qwen2": _dense, "qwen3": _dense, "nemotron": _dense,
+    "mixtral": _mixtral, "qwen3_moe": _qwen3_moe,
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "kimi_k2": _deepseek,
+    "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss, "gpt2": _gpt2,
+}

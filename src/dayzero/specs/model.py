@@ -1,0 +1,193 @@
+"""ModelSpec: what a decoder-only transformer is, independent of any framework.
+
+A ModelSpec is built from a Hugging Face ``config.json`` by :mod:`dayzero.specs.hf_config` and
+is the single description of the model used by counting, the planner, the runtime's model zoo and
+operator tracing. It holds shapes only, never weights.
+
+Vocabulary (names as in the papers / HF configs):
+    hidden      H, the residual width
+    heads       attention (query) heads; ``kv_heads`` key/value heads (GQA/MQA when fewer)
+    head_dim    query/key width per head (for MLA: nope + rope dims)
+    layer kinds each decoder layer is ``dense`` (one MLP) or ``moe`` (router + experts)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
+
+Norm = Literal["rmsnorm", "layernorm"]
+Activation = Literal["silu", "gelu", "relu2", "swiglu_clamped"]
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Self-attention block shapes.
+
+    ``kind`` is ``gqa`` (covers MHA when kv_heads == heads, and MQA when kv_heads == 1) or ``mla``
+    (DeepSeek multi-head latent attention: low-rank compressed Q (optional) and KV).
+    """
+
+    kind: Literal["gqa", "mla"]
+    heads: int
+    kv_heads: int
+    head_dim: int  # q/k width per head (MLA: qk_nope_head_dim + qk_rope_head_dim)
+    v_head_dim: int
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, GLM-4.5)
+    sinks: bool = False  # one learned logit per head (gpt-oss)
+    # MLA only
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    # sliding-window attention: window size (tokens); which layers use it is in ModelSpec.layer_windows
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """A feed-forward block: gated (SwiGLU: gate, up, down) or plain (up, down)."""
+
+    intermediate: int
+    gated: bool = True
+    bias: bool = False
+    activation: Activation = "silu"
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts block: a router over ``experts`` routed experts, ``top_k`` per token,
+    plus ``shared_experts`` always-on experts (fused as one MLP of ``shared_intermediate``)."""
+
+    experts: int
+    top_k: int
+    expert: MLPSpec
+    shared_experts: int = 0
+    shared_intermediate: int = 0
+    router_bias: bool = False  # a bias on the router linear (gpt-oss)
+    score_correction_bias: bool = False  # noaux_tc per-expert bias (DeepSeek-V3, GLM-4.5)
+    shared_expert_gate: bool = False  # sigmoid gate on the shared expert (Qwen2-MoE style)
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    aux_loss_coef: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only language model, by shape."""
+
+    name: str
+    model_type: str
+    hidden: int
+    layers: int  # main decoder layers (MTP layers excluded)
+    vocab: int
+    attention: AttentionSpec
+    mlp: MLPSpec  # the dense MLP (used by dense layers)
+    moe: MoESpec | None = None
+    layer_kinds: tuple[str, ...] = ()  # "dense" | "moe" per layer; empty means all dense
+    layer_windows: tuple[int | None, ...] = ()  # sliding window per layer (None = full); empty = all full
+    norm: Norm = "rmsnorm"
+    norm_bias: bool = False  # LayerNorm with bias (GPT-2, Nemotron)
+    tie_embeddings: bool = False
+    position: Literal["rope", "learned"] = "rope"
+    max_positions: int = 4096
+    mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3, GLM-4.5)
+    mtp_kind: str = ""  # kind of the MTP decoder layer (default: the last layer's kind)
+    fp8_block: tuple[int, int] | None = None  # block-quantized FP8 checkpoint (scale tensors)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        if not self.layer_kinds:
+            object.__setattr__(self, "layer_kinds", ("dense",) * self.layers)
+        if not self.mtp_kind:
+            object.__setattr__(self, "mtp_kind", self.layer_kinds[-1] if self.layer_kinds else "dense")
+        if not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (None,) * self.layers)
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None and "moe" in self.layer_kinds
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(k == "moe" for k in self.layer_kinds)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.layers - self.num_moe_layers
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("extra")
+        return d
+
+    def digest(self) -> str:
+        """A stable hash of the architecture (used by checkpoint manifests)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def shrink(self, layers: int | None = None, hidden: int | None = None,
+               experts: int | None = None, vocab: int | None = None) -> "ModelSpec":
+        """A proxy of the same architecture at a smaller size (for runtime validation).
+
+        Head counts and head dims scale with ``hidden`` so the head structure (GQA ratio, MLA
+        ranks relative to width) is kept; the layer-kind pattern keeps its dense prefix.
+        """
+        spec = self
+        if hidden is not None and hidden != self.hidden:
+            spec = _scale_width(spec, hidden)
+        if experts is not None and spec.moe is not None:
+            top_k = min(spec.moe.top_k, experts)
+            spec = replace(spec, moe=replace(spec.moe, experts=experts, top_k=top_k))
+        if layers is not None and layers != spec.layers:
+            spec = _take_layers(spec, layers)
+        if vocab is not None:
+            spec = replace(spec, vocab=vocab)
+        return replace(spec, name=f"{self.name}-proxy")
+
+
+def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
+    """Keep the dense prefix (first_k_dense) and the repeating pattern of the rest."""
+    kinds = list(spec.layer_kinds)
+    dense_prefix = next((i for i, k in enumerate(kinds) if k == "moe"), len(kinds))
+    dense_prefix = min(dense_prefix, max(layers - 1, 0)) if spec.is_moe else min(dense_prefix, layers)
+    tail = kinds[dense_prefix:] or ["dense"]
+    new_kinds = kinds[:dense_prefix] + [tail[i % len(tail)] for i in range(layers - dense_prefix)]
+    windows = list(spec.layer_windows)
+    new_windows = [windows[i % len(windows)] for i in range(layers)]
+    return replace(spec, layers=layers, layer_kinds=tuple(new_kinds), layer_windows=tuple(new_windows))
+
+
+def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
+    r = hidden / spec.hidden
+    a = spec.attention
+
+    def scaled(x: int, multiple: int = 1) -> int:
+        return max(multiple, int(round(x * r / multiple)) * multiple)
+
+    head_dim = a.head_dim
+    heads = max(1, hidden // head_dim) if hidden % head_dim == 0 else max(1, scaled(a.heads))
+    while hidden % heads and heads > 1:
+        heads -= 1
+    group = max(1, a.heads // max(a.kv_heads, 1))
+    kv_heads = max(1, heads // group)
+    while heads % kv_heads:
+        kv_heads -= 1
+    if a.kind == "mla":
+        att = replace(a, heads=heads, kv_heads=heads,
+                      q_lora_rank=None if a.q_lora_rank is None else scaled(a.q_lora_rank, 8),
+                      kv_lora_rank=scaled(a.kv_lora_rank, 8))
+    else:
+        att = replace(a, heads=heads, kv_heads=kv_heads)
+    mlp = replace(spec.mlp, intermediate=scaled(spec.mlp.intermediate, 8))
+    moe = spec.moe
+    if moe is not None:
+        moe = replace(moe, expert=replace(moe.expert, intermediate=scaled(moe.expert.intermediate, 8)),
+                      shared_intermediate=scaled(moe.shared_intermediate, 8) if moe.shared_intermediate else 0)
+    return replace(spec, hidden=hidden, attention=att, mlp=mlp, moe=moe)

@@ -1,0 +1,40 @@
+"""Model presets (``presets/models/*.json``) and the one way to turn a MODEL argument into a
+ModelSpec: a preset name, a path to a ``config.json``, or a directory holding one."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from dayzero.errors import ConfigError
+from dayzero.specs.hf_config import load_config_file, spec_from_hf_config
+from dayzero.specs.model import ModelSpec
+
+
+@lru_cache(maxsize=1)
+def model_presets() -> dict[str, dict]:
+    """Preset name -> HF config dict (with its ``_dayzero`` description and source)."""
+    base = resources.files("dayzero.specs.presets") / "models"
+    return {p.name[:-5]: json.loads(p.read_text()) for p in sorted(base.iterdir(), key=lambda p: p.name)
+            if p.name.endswith(".json")}
+
+
+def load_model(model: str | Path) -> ModelSpec:
+    """MODEL argument -> ModelSpec. Presets win over a same-named file in the working directory
+    only when no such path exists."""
+    text = str(model)
+    presets = model_presets()
+    path = Path(text)
+    if text in presets and not path.exists():
+        cfg = presets[text]
+        return spec_from_hf_config(cfg, name=text, source=f"preset {text}")
+    if not path.exists():
+        near = [n for n in presets if text.lower() in n or n in text.lower()]
+        hint = f" (did you mean {', '.join(near[:3])}?)" if near else ""
+        raise ConfigError(text, None, f"no such preset or file{hint}; see 'dayzero models', or pass a "
+                          "config.json or a directory holding one")
+    cfg, source = load_config_file(path)
+    name = path.name if path.is_dir() else (path.parent.name if path.name == "config.json" else path.stem)
+    return spec_from_hf_config(cfg, name=name or "model", source=source)
