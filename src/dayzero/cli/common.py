@@ -65,3 +65,52 @@ def cluster_from_options(cluster: str | None, accelerator: str | None, devices: 
     if not cluster and not accelerator and default:
         cluster = default
     return resolve_cluster(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
+
+
+# -- parallel layout options (memory, predict, train, validate) -------------------------------
+
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")]
+PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")]
+DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: devices / (tp*pp*cp)).")]
+CpOpt = Annotated[int, typer.Option("--cp", help="Context-parallel degree.")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (folded over dp x cp).")]
+EtpOpt = Annotated[int, typer.Option("--etp", help="Tensor-parallel degree inside experts.")]
+VppOpt = Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaved 1F1B).")]
+MbsOpt = Annotated[int, typer.Option("--mbs", help="Micro-batch size (sequences).")]
+GbsOpt = Annotated[Optional[int], typer.Option("--gbs", help="Global batch size (sequences; default mbs*dp).")]
+SeqOpt = Annotated[int, typer.Option("--seq", help="Sequence length (tokens).")]
+ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters.")]
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recompute: none | selective | full.")]
+SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism with TP.")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="Compute precision: bf16 | fp8.")]
+ScheduleOpt = Annotated[Optional[str], typer.Option("--schedule", help="Pipeline schedule: 1f1b | interleaved | gpipe.")]
+SplitOpt = Annotated[Optional[str], typer.Option("--layer-split", help="Layers per (virtual) stage, comma-separated, e.g. 5,6,6,5.")]
+
+
+def parallel_from_options(devices: int | None, tp: int = 1, pp: int = 1, dp: int | None = None, cp: int = 1,
+                          ep: int = 1, etp: int = 1, vpp: int = 1, mbs: int = 1, gbs: int | None = None,
+                          seq: int = 4096, zero: int = 1, recompute: str = "none", sequence_parallel: bool = False,
+                          precision: str = "bf16", schedule: str | None = None, layer_split: str | None = None):
+    """Build a ParallelConfig from CLI options; ``--dp`` defaults to devices / (tp*pp*cp)."""
+    from dayzero.errors import LayoutError
+    from dayzero.specs.parallel import ParallelConfig
+
+    if dp is None:
+        if devices is None:
+            dp = 1
+        else:
+            denom = tp * pp * cp
+            if denom < 1 or devices % denom:
+                raise LayoutError(f"{devices} devices are not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {denom}; "
+                                  "choose degrees whose product divides the device count, or give --dp")
+            dp = devices // denom
+    split = None
+    if layer_split:
+        try:
+            split = tuple(int(x) for x in layer_split.split(","))
+        except ValueError:
+            raise LayoutError(f"--layer-split {layer_split!r}: expected comma-separated integers, e.g. 5,6,6,5") from None
+    sched = schedule or ("interleaved" if vpp > 1 else "1f1b")
+    return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs or 0, seq=seq,
+                          zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, precision=precision,
+                          schedule=sched, layer_split=split)
