@@ -254,7 +254,8 @@ def _deepseek(f: _Fields, name: str, mt: str) -> ModelSpec:
         moe = MoESpec(experts=experts, top_k=_top_k(f, experts), expert=MLPSpec(moe_inter),
                       shared_experts=shared, shared_intermediate=shared * moe_inter,
                       score_correction_bias=(topk_method == "noaux_tc"),
-                      scoring="softmax" if f.str("scoring_func", "softmax") == "softmax" else "sigmoid",
+                      scoring="softmax" if f.str("scoring_func", "softmax" if mt == "deepseek_v2" else "sigmoid")
+                      == "softmax" else "sigmoid",
                       aux_loss_coef=f.float("aux_loss_alpha", 0.0),
                       # defaults are transformers' config-class defaults for each family
                       norm_topk_prob=f.bool("norm_topk_prob", mt != "deepseek_v2"),
