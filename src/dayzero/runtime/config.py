@@ -25,6 +25,8 @@ class TrainConfig:
     data: str | None = None  # file, directory or glob; None: the built-in corpus
     metrics: str | None = None  # JSONL path (rank 0 writes)
     quiet: bool = False
+    # time inside collectives through the profiler (comm_time_s); costs a few % of step time
+    measure_comm: bool = True
     # proxy sizing: keep the architecture, shrink the size (ModelSpec.shrink)
     layers: int | None = None
     hidden: int | None = None

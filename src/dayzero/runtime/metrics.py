@@ -59,7 +59,7 @@ class CommTimer:
         self.seconds = 0.0
         self._prof = None
 
-    def __enter__(self):
+    def start(self) -> None:
         self.seconds = 0.0
         if self.enabled:
             import os
@@ -68,27 +68,28 @@ class CommTimer:
 
             # kineto prints two lines per trace on stderr unless its log level is raised
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
             self._prof = profile(activities=acts)
             self._prof.__enter__()
-        return self
 
-    def __exit__(self, *exc):
+    def stop(self) -> float:
+        """Stop recording and return the seconds spent communicating (call after the step's
+        clock has stopped: collecting the trace is not part of the step)."""
         if self._prof is None:
-            return False
-        self._prof.__exit__(*exc)
-        us = 0.0
-        for e in self._prof.events():
-            name = e.name
+            return 0.0
+        self._prof.__exit__(None, None, None)
+        ns = 0
+        # raw kineto events: building FunctionEvent trees with .events() costs more than a step
+        for e in self._prof.profiler.kineto_results.events():
+            name = e.name()
             if self.device.type == "cuda":
-                if "nccl" in name.lower() and e.device_type.name == "CUDA":
-                    us += e.device_time
+                if "nccl" in name.lower() and e.device_type().name == "CUDA":
+                    ns += e.duration_ns()
             elif name.startswith("gloo:"):
-                us += e.cpu_time
-        self.seconds = us / 1e6
+                ns += e.duration_ns()
         self._prof = None
-        return False
+        self.seconds = ns / 1e9
+        return self.seconds
 
 
 class MetricsWriter:

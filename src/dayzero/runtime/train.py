@@ -170,28 +170,31 @@ def _local(t):
 def train_step(state: TrainState, timer: CommTimer | None = None) -> StepRecord:
     cfg, p, meshes = state.config, state.config.parallel, state.meshes
     timer = timer or CommTimer(False, state.device)
+    timer.start()
     t0 = time.perf_counter()
-    with timer:
-        x, y = state.data.batch(p.gbs, meshes.dp_rank, p.dp)
-        inputs = torch.from_numpy(x).to(state.device)
-        labels = torch.from_numpy(y).to(state.device)
-        local_loss = forward_backward(state, inputs, labels)
-        params = list(state.model.parameters())
-        norm = clip_grad_norm_(params, cfg.grad_clip, meshes.shape.stage)
-        lr = state.scheduler.get_last_lr()[0]
-        state.optimizer.step()
-        state.scheduler.step()
-        state.optimizer.zero_grad(set_to_none=True)
-        update_expert_bias(state)
-        # the loss is replicated over tp and lives on the last stage: count each dp replica once
-        counts = state.pipeline is None or state.pipeline.has_last
-        owner = counts and meshes.tp_rank == 0
-        loss = (local_loss if owner else torch.zeros_like(local_loss)).float().reshape(1)
-        if dist.get_world_size() > 1:
-            dist.all_reduce(loss)
-        loss = loss / p.dp
+    x, y = state.data.batch(p.gbs, meshes.dp_rank, p.dp)
+    inputs = torch.from_numpy(x).to(state.device)
+    labels = torch.from_numpy(y).to(state.device)
+    local_loss = forward_backward(state, inputs, labels)
+    params = list(state.model.parameters())
+    norm = clip_grad_norm_(params, cfg.grad_clip, meshes.shape.stage)
+    lr = state.scheduler.get_last_lr()[0]
+    state.optimizer.step()
+    state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    update_expert_bias(state)
+    # the loss is replicated over tp and lives on the last stage: count each dp replica once
+    on_last = state.pipeline is None or state.pipeline.has_last
+    owner = on_last and meshes.tp_rank == 0
+    loss = (local_loss if owner else torch.zeros_like(local_loss)).float().reshape(1)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(loss)
+    loss = loss / p.dp
+    if state.device.type == "cuda":
+        torch.cuda.synchronize(state.device)
     elapsed = time.perf_counter() - t0
-    stats = torch.tensor([float(peak_memory_bytes(state.device)), timer.seconds], dtype=torch.float64,
+    comm = timer.stop()
+    stats = torch.tensor([float(peak_memory_bytes(state.device)), comm], dtype=torch.float64,
                          device=state.device)
     if dist.get_world_size() > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
@@ -235,7 +238,7 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
     state = state or build_state(config)
     rank0 = dist.get_rank() == 0
     writer = MetricsWriter(config.metrics, rank0)
-    timer = CommTimer(dist.get_world_size() > 1, state.device)
+    timer = CommTimer(config.measure_comm and dist.get_world_size() > 1, state.device)
     t_start = time.perf_counter()
     try:
         with Progress(config.steps, enabled=rank0 and not config.quiet, start=state.step) as bar:
