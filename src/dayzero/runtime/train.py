@@ -10,8 +10,10 @@ hooks into the loop; nothing else holds training state.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -125,6 +127,10 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
 
         ckpt = HFCheckpoint(config.hf_weights, spec)
         weights = buffers = ckpt.tensor
+        scaling = rope_scaling_type(config.hf_weights)
+        if scaling and dist.get_rank() == 0:
+            print(f"dayzero: note: config.json asks for {scaling!r} RoPE scaling, which the zoo does not apply "
+                  f"(plain RoPE, theta {spec.rope_theta:g}); logits will differ from transformers'", file=sys.stderr)
     pm = parallelize(model, meshes, device, param_dtype, weights, buffers)
     for part in pm.parts:
         for m in part.modules():
@@ -138,6 +144,20 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     optimizer = build_optimizer(pm.parameters(), config.lr, config.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio)
     return TrainState(config, spec, meshes, device, pm, pipeline, optimizer, scheduler, data)
+
+
+def rope_scaling_type(checkpoint: str) -> str | None:
+    """The RoPE scaling a HF checkpoint's config.json asks for (llama3, yarn, ...), if any."""
+    from dayzero.runtime.hf_weights import checkpoint_config
+
+    cfg = checkpoint_config(checkpoint)
+    for key in ("rope_scaling", "rope_parameters"):
+        rs = cfg.get(key)
+        if isinstance(rs, dict):
+            kind = rs.get("rope_type") or rs.get("type")
+            if kind and kind != "default":
+                return str(kind)
+    return None
 
 
 # -- one step --------------------------------------------------------------------------------
@@ -172,7 +192,7 @@ def train_step(state: TrainState, timer: CommTimer | None = None) -> StepRecord:
     cfg, p, meshes = state.config, state.config.parallel, state.meshes
     timer = timer or CommTimer(False, state.device)
     timer.start()
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time_ns()
     x, y = state.data.batch(p.gbs, meshes.dp_rank, p.dp)
     inputs = torch.from_numpy(x).to(state.device)
     labels = torch.from_numpy(y).to(state.device)
@@ -194,7 +214,7 @@ def train_step(state: TrainState, timer: CommTimer | None = None) -> StepRecord:
     if state.device.type == "cuda":
         torch.cuda.synchronize(state.device)
     elapsed = time.perf_counter() - t0
-    comm = timer.stop()
+    comm = timer.stop((wall0, wall0 + int(elapsed * 1e9)))
     stats = torch.tensor([float(peak_memory_bytes(state.device)), comm], dtype=torch.float64,
                          device=state.device)
     if dist.get_world_size() > 1:
@@ -239,6 +259,8 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
     state = state or build_state(config)
     rank0 = dist.get_rank() == 0
     writer = MetricsWriter(config.metrics, rank0)
+    if rank0 and config.metrics:  # the resolved run, next to its outputs
+        config.save(Path(config.metrics).with_suffix(".config.json"))
     timer = CommTimer(config.measure_comm and dist.get_world_size() > 1, state.device)
     t_start = time.perf_counter()
     try:
