@@ -99,7 +99,7 @@ def test_shape_mismatch_is_one_line(checkpoint, tmp_path):
 
 @pytest.mark.slow
 def test_hf_weights_through_a_parallel_run(checkpoint, tmp_path):
-    """``dayzero train DIR --hf-weights DIR`` on 2 ranks (llama: tp2; MoE families: ep2 x dp2)
+    """``dayzero train DIR --hf-weights DIR`` on 2 ranks (llama: tp2; deepseek_v3: ep2 x dp2)
     starts from exactly the reference's weights: its first loss is the reference's loss on the
     same batch."""
     import numpy as np
@@ -112,6 +112,8 @@ def test_hf_weights_through_a_parallel_run(checkpoint, tmp_path):
     from dayzero.specs.parallel import ParallelConfig
 
     family, ref, path = checkpoint
+    if family == "qwen3_moe":
+        pytest.skip("the MoE dispatch path is the deepseek_v3 case's; one MoE family keeps the suite short")
     text = tmp_path / "text.txt"
     text.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8)))
     batch = dict(seq=SEQ, mbs=1, gbs=2)

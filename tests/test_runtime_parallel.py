@@ -32,7 +32,11 @@ WORLDS = {
         "tp2_dp2_zero0_full": ("dense", ParallelConfig(tp=2, dp=2, zero=0, recompute="full", **BATCH)),
         # 2 KV heads on 4 tp ranks: KV heads replicated, with sequence parallelism
         "tp4_sp_kv_replicated": ("dense", ParallelConfig(tp=4, sequence_parallel=True, **BATCH)),
-        "moe_ep2_dp2_tp2": ("moe", ParallelConfig(ep=2, dp=2, tp=2, **BATCH))},
+        "moe_ep2_dp2_tp2": ("moe", ParallelConfig(ep=2, dp=2, tp=2, **BATCH)),
+        # BF16 compute (fp32 master weights and reductions), the GPU default, through every
+        # collective: all-to-all, sequence-parallel gathers, FSDP2's mixed precision
+        "moe_ep2_dp2_tp2_sp_bf16": ("moe", ParallelConfig(ep=2, dp=2, tp=2, sequence_parallel=True, zero=3,
+                                                          **BATCH))},
     2: {"pp2_interleaved": ("dense", ParallelConfig(pp=2, vpp=2, schedule="interleaved", **BATCH)),
         "pp2_gpipe_full": ("dense", ParallelConfig(pp=2, vpp=2, schedule="gpipe", recompute="full", **BATCH))},
     1: {"dense_ref": ("dense", ParallelConfig(**BATCH)), "moe_ref": ("moe", ParallelConfig(**BATCH))},
@@ -58,7 +62,8 @@ def runs(tmp_path_factory):
         for name, (kind, parallel) in layouts.items():
             metrics = tmp / f"{name}.jsonl"
             # the profiler behind comm_time_s is only needed where the metrics test reads it
-            configs.append(TrainConfig(parallel=parallel, steps=STEPS, seed=7, compute_dtype="fp32", quiet=True,
+            dtype = "bf16" if name.endswith("_bf16") else "fp32"
+            configs.append(TrainConfig(parallel=parallel, steps=STEPS, seed=7, compute_dtype=dtype, quiet=True,
                                        metrics=str(metrics), lr=3e-3, measure_comm=(world == 8), **models[kind]))
             out[name] = metrics
         codes[world] = spawn(configs, world)
@@ -86,6 +91,13 @@ def test_moe_ep_dp_tp_matches_single_process(runs):
     assert want[-1] < want[0]
     for step, (a, b) in enumerate(zip(want, got), 1):
         assert abs(a - b) <= 1e-5 * abs(a), f"moe step {step}: {b} vs single process {a}"
+
+
+def test_bf16_moe_tracks_fp32(runs):
+    want, got = _losses(runs, "moe_ref"), _losses(runs, "moe_ep2_dp2_tp2_sp_bf16")
+    for step, (a, b) in enumerate(zip(want, got), 1):
+        assert abs(a - b) <= 1e-2 * abs(a), f"bf16 step {step}: {b} vs fp32 single process {a}"
+    assert got[-1] < 0.8 * got[0]
 
 
 def test_metrics_records(runs):

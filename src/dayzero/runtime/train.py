@@ -9,6 +9,7 @@ hooks into the loop; nothing else holds training state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -95,15 +96,12 @@ def loss_fn(micro_batches: int):
     return f
 
 
-def loss_context(state_or_tp):
+def loss_context(tp: int):
     """Vocab-parallel cross-entropy under tensor parallelism (the head's logits stay sharded)."""
-    tp = state_or_tp if isinstance(state_or_tp, int) else state_or_tp.config.parallel.tp
     if tp > 1:
         from torch.distributed.tensor.parallel import loss_parallel
 
         return loss_parallel()
-    import contextlib
-
     return contextlib.nullcontext()
 
 
