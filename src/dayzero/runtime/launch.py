@@ -91,8 +91,20 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
         if env_threads is None:  # as torchrun does: one thread per rank unless told otherwise
             os.environ["OMP_NUM_THREADS"] = "1"
         try:
-            elastic_launch(lc, sys.executable)("-m", "dayzero.runtime.launch", "--error-dir", str(errors), *paths)
-            return 0
+            for attempt in (1, 2):
+                try:
+                    elastic_launch(lc, sys.executable)("-m", "dayzero.runtime.launch", "--error-dir", str(errors),
+                                                       *paths)
+                    return 0
+                except ChildFailedError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the launcher itself (rendezvous, store) failed
+                    what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                    if attempt == 2:
+                        print(f"dayzero: error: could not run {nproc} ranks: {what}", file=sys.stderr)
+                        return 1
+                    print(f"dayzero: note: starting {nproc} ranks failed ({what}); retrying once", file=sys.stderr)
+                    lc.run_id = str(uuid.uuid4())
         except ChildFailedError as e:
             messages = sorted({f.read_text().strip() for f in errors.glob("rank*.err")})
             if messages:

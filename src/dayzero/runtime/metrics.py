@@ -117,12 +117,12 @@ def union_ns(spans: list[tuple[int, int]]) -> int:
 class MetricsWriter:
     """Appends one JSON object per line; only rank 0 writes."""
 
-    def __init__(self, path: str | Path | None, enabled: bool):
+    def __init__(self, path: str | Path | None, enabled: bool, append: bool = False):
         self.path = Path(path) if path and enabled else None
         self._f = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = self.path.open("w")
+            self._f = self.path.open("a" if append else "w")
 
     def write(self, obj: dict) -> None:
         if self._f is not None:

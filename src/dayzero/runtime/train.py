@@ -256,7 +256,7 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
 
     state = state or build_state(config)
     rank0 = dist.get_rank() == 0
-    writer = MetricsWriter(config.metrics, rank0)
+    writer = MetricsWriter(config.metrics, rank0, append=state.step > 0)  # a resumed run continues the file
     if rank0 and config.metrics:  # the resolved run, next to its outputs
         config.save(Path(config.metrics).with_suffix(".config.json"))
     timer = CommTimer(config.measure_comm and dist.get_world_size() > 1, state.device)
