@@ -44,7 +44,11 @@ class PerfConstants:
     gemm_half_dim: float = 96.0  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
     attention_eff: float = 0.55  # FlashAttention forward+backward, fraction of the BF16 peak
     memory_scale: float = 1.6  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
-    layer_overhead_s: float = 60e-6  # per layer per micro-batch, forward+backward (launches, syncs)
+    layer_overhead_s: float = 60e-6  # per layer per micro-batch, forward+backward (kernel launches)
+    moe_expert_overhead_s: float = 1e-4  # per local expert per MoE layer per micro-batch: per-expert
+    #                                      kernels (weight casts, GEMM setup, gradient buffers)
+    flash2_max_tflops: float = 350.0  # FlashAttention-2 kernels (pre-Hopper MMA) saturate near this
+    #                                   (FA3 paper, Shah et al. 2024: FA2 ~350 TFLOP/s on H100)
     intra_eff: float | None = None  # scale-up collective efficiency (None: catalog busbw / nominal)
     inter_eff: float = DEFAULT_INTER_EFF  # scale-out collective efficiency
     optimizer_bytes_per_param: float = 30.0  # Adam: read/write fp32 master, m, v (24) + fp32 grad (4) + bf16 param (2)
@@ -68,7 +72,8 @@ class PerfConstants:
 # Cluster YAML ``efficiency`` keys (dayzero calibrate writes them) -> PerfConstants fields.
 CLUSTER_KEYS = {"gemm": "gemm_scale_bf16", "gemm_bf16": "gemm_scale_bf16", "gemm_fp8": "gemm_scale_fp8",
                 "gemm_fp4": "gemm_scale_fp4", "attention": "attention_eff", "memory": "memory_scale",
-                "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s"}
+                "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
+                "moe_expert_overhead_s": "moe_expert_overhead_s"}
 
 
 def load_calibration(path: str | Path, base: PerfConstants | None = None) -> PerfConstants:
@@ -124,7 +129,8 @@ class Rates:
 
     peak: dict  # precision -> dense FLOP/s actually available (fallbacks applied)
     gemm_eff: dict  # precision -> fraction of that peak a large training GEMM reaches
-    attention_flops: float  # FLOP/s of FlashAttention (BF16)
+    attention_flops: float  # FLOP/s of the fused attention kernel (BF16)
+    flash2_flops: float  # FLOP/s of FlashAttention-2 (capped on Hopper and newer)
     hbm_bw: float  # bytes/s
     intra: Link
     inter: Link | None
@@ -162,5 +168,6 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
     if len(cluster.tiers) > 1:
         t1 = cluster.tiers[1]
         inter = Link(t1.bw * constants.inter_eff, t1.p2p_bw * constants.inter_eff, t1.latency_s, "switch")
-    return Rates(peak=peak, gemm_eff=eff, attention_flops=peak["bf16"] * constants.attention_eff,
+    fused = peak["bf16"] * constants.attention_eff
+    return Rates(peak=peak, gemm_eff=eff, attention_flops=fused, flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
                  hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster))

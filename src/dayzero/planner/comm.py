@@ -35,7 +35,7 @@ import numpy as np
 
 from dayzero.planner.calibration import Rates
 from dayzero.planner.collectives import group_collective
-from dayzero.planner.compute import BF16, ComputeCosts, layer_classes
+from dayzero.planner.compute import BF16, ComputeCosts, layer_classes, single_seq
 from dayzero.planner.topology import DENSE_ORDER, group_strides, span
 from dayzero.specs.model import ModelSpec
 
@@ -91,7 +91,7 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
                opt: CommOptions) -> list[LayerComm]:
     g = grid
     tp, cp = np.asarray(g["tp"], float), np.asarray(g["cp"], float)
-    seq = int(np.unique(g["seq"])[0])
+    seq = single_seq(g)
     T = g["mbs"] * seq / cp
     H = spec.hidden
     sp = (g["sp"] > 0) & (g["tp"] > 1)

@@ -38,6 +38,14 @@ from dayzero.specs.model import ModelSpec
 BF16 = 2  # bytes per activation element
 
 
+def single_seq(grid: dict) -> int:
+    """The one sequence length of a batch of candidates (the models take it as a scalar)."""
+    seq = np.asarray(grid["seq"])
+    if seq.min() != seq.max():
+        raise ValueError("candidates of one evaluation must share one sequence length")
+    return int(seq.flat[0])
+
+
 def layer_classes(spec: ModelSpec) -> list[tuple[str, int | None]]:
     """Distinct (kind, window) pairs, in first-appearance order."""
     seen: list[tuple[str, int | None]] = []
@@ -77,10 +85,11 @@ def _gemm(flops, dims, rate, half_dim):
     return flops / (rate * d / (d + half_dim))
 
 
-def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, moe_imbalance: float = 1.0) -> ComputeCosts:
+def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, moe_imbalance: float = 1.0,
+                  attention_kernel: str = "fused") -> ComputeCosts:
     g = {k: np.asarray(v) for k, v in grid.items()}
     tp, cp, ep, etp = (g[k].astype(float) for k in ("tp", "cp", "ep", "etp"))
-    seq = int(np.unique(g["seq"])[0])
+    seq = single_seq(g)
     T = g["mbs"] * seq / cp  # tokens of one micro-batch on this device's CP shard, (N,)
     sp = (g["sp"] > 0) & (g["tp"] > 1)
     T_el = np.where(sp, T / tp, T)  # tokens seen by hidden-size elementwise kernels
@@ -148,12 +157,14 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
             dense_p.append((attention_params(a, H) + mlp_params(m, H) + 2 * norm_params(spec)) / tp)
             expert_p.append(np.zeros_like(T))
         # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
-        attn = T / tp * attention_flops_per_token(spec, seq, index, causal=True) / rates.attention_flops
+        attn_rate = rates.flash2_flops if attention_kernel == "flash2" else rates.attention_flops
+        attn = T / tp * attention_flops_per_token(spec, seq, index, causal=True) / attn_rate
         t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
         f = t_g + attn + t_mem
         re = np.where(recompute == 2, f, np.where(recompute == 1, attn, 0.0))
-        fwd.append(f + c.layer_overhead_s / 3)
-        bwd.append(2 * t_g + 2.5 * attn + 2 * t_mem + re + 2 * c.layer_overhead_s / 3)
+        ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
+        fwd.append(f + ovh / 3)
+        bwd.append(2 * t_g + 2.5 * attn + 2 * t_mem + re + 2 * ovh / 3)
         gemm_f.append(t_g)
         attn_f.append(attn)
 

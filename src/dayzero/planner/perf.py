@@ -25,7 +25,7 @@ import numpy as np
 
 from dayzero.planner.calibration import PerfConstants, Rates, constants_for, rates
 from dayzero.planner.comm import CommOptions, LayerComm, StepComm, coll, layer_comm, place_groups, step_comm
-from dayzero.planner.compute import BF16, ComputeCosts, compute_costs, layer_class_index, layer_classes
+from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
 from dayzero.specs.model import ModelSpec
@@ -42,6 +42,7 @@ class PerfOptions:
     comm: CommOptions = field(default_factory=CommOptions)
     constants: PerfConstants | None = None  # None: defaults + the cluster file's efficiency overrides
     gemm_precision: str | None = None  # "fp4" runs GEMMs in NVFP4/MXFP4 (ParallelConfig knows bf16|fp8)
+    attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 (FlashAttention-2)
 
 
 def grid_from_parallel(p: ParallelConfig, gemm_precision: str | None = None) -> dict:
@@ -109,7 +110,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     r = rates(cluster, consts)
     g = {k: np.asarray(v) for k, v in grid.items()}
     n = len(g["tp"])
-    costs = compute_costs(spec, g, r, consts, options.comm.moe_imbalance)
+    costs = compute_costs(spec, g, r, consts, options.comm.moe_imbalance, options.attention_kernel)
     groups = place_groups(g, r, options.comm.rank_order)
     litems = layer_comm(spec, g, r, costs, groups, options.comm)
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
@@ -120,10 +121,12 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     per_layer = costs.fwd + costs.bwd + layer_exposed  # (K, N)
     counts_of = np.zeros((K, n))  # layer counts of each candidate's slowest rank
     first_of, last_of = np.zeros(n), np.zeros(n)
-    pairs = np.stack([g["pp"], g["vpp"]], axis=1)
-    for pp, vpp in np.unique(pairs, axis=0):
-        idx = np.nonzero((g["pp"] == pp) & (g["vpp"] == vpp))[0]
-        C = stage_counts(cls, K, int(pp), int(vpp), layer_split)  # (pp, K)
+    key = g["pp"] * 4096 + g["vpp"]
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    for idx in np.split(order, bounds):
+        pp, vpp = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]])
+        C = stage_counts(cls, K, pp, vpp, layer_split)  # (pp, K)
         t = C @ per_layer[:, idx]  # (pp, n_idx)
         t[0] += costs.first_extra[idx]
         t[-1] += costs.last_extra[idx]
@@ -143,7 +146,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     dense_params = on_slow(costs.dense_params) + first_of * costs.first_params + last_of * costs.last_params
     expert_params = on_slow(costs.expert_params)
 
-    seq = int(np.unique(g["seq"])[0])
+    seq = single_seq(g)
     act = g["mbs"] * seq / g["cp"] * spec.hidden * BF16 / np.where((g["sp"] > 0) & (g["tp"] > 1), g["tp"], 1)
     z3 = next((i for i in litems if i.name.startswith("zero-3 parameter all-gather (dp_cp)")), None)
     first_ag = (z3.nbytes[cls[0]], z3.time[cls[0]]) if z3 is not None else (np.zeros(n), np.zeros(n))
