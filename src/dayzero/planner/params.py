@@ -51,7 +51,7 @@ def _mlp_split(m: MLPSpec, hidden: int) -> tuple[int, int]:
     return mlp_params(m, hidden) - rep, rep
 
 
-def _attention_split(spec: ModelSpec) -> tuple[int, int, int]:
+def attention_split(spec: ModelSpec) -> tuple[int, int, int]:
     a, h = spec.attention, spec.hidden
     tp = kv = rep = 0
     if a.kind == "mla":
@@ -80,7 +80,7 @@ def _attention_split(spec: ModelSpec) -> tuple[int, int, int]:
 def layer_params(spec: ModelSpec, kind: str) -> LayerParams:
     """Split of one ``dense`` or ``moe`` decoder layer; sums to counting.layer_count exactly."""
     h = spec.hidden
-    tp, kv, rep = _attention_split(spec)
+    tp, kv, rep = attention_split(spec)
     rep += 2 * norm_params(spec)
     expert = 0
     if kind == "moe":
