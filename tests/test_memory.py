@@ -10,7 +10,7 @@ from dayzero.planner.memory import (CATEGORIES, MemoryOptions, estimate_memory, 
                                     zero_comparison, zero_state_bytes)
 from dayzero.planner.params import layer_params
 from dayzero.specs.counting import layer_count, params_total
-from dayzero.specs.parallel import ParallelConfig
+from dayzero.specs.parallel import ParallelConfig, even_split
 from dayzero.specs.registry import load_model
 
 GB = 10**9
@@ -158,6 +158,13 @@ def test_batch_equals_scalar_on_named_layouts():
                         ParallelConfig(tp=1, pp=1, dp=64, ep=64, zero=3, recompute="full", schedule="gpipe")],
         "gpt-oss-120b": [ParallelConfig(tp=8, pp=4, dp=4, ep=4, etp=2, gbs=64, zero=2, precision="fp8")],
     }
+    # uneven even-splits (61 and 96 layers over many stages): the batch path evaluates only the ranks
+    # that can be busiest; the scalar path evaluates all of them
+    for pp, vpp in ((8, 1), (4, 2), (16, 1), (61, 1)):
+        cases["deepseek-v3"].append(ParallelConfig(pp=pp, vpp=vpp, dp=8, ep=8, gbs=8 * pp * 2, zero=1,
+                                                   layer_split=even_split(61, pp * vpp)))
+    cases["gpt3-175b"] = [ParallelConfig(tp=8, pp=pp, dp=2, gbs=2 * pp, zero=z, recompute="selective",
+                                         layer_split=even_split(96, pp)) for pp, z in ((64, 1), (40, 3), (7, 0))]
     for model, layouts in cases.items():
         spec = load_model(model)
         want = [estimate_memory(spec, p, 80 * GB).peak_bytes for p in layouts]
@@ -169,3 +176,36 @@ def test_batch_rejects_a_malformed_grid():
     spec = load_model("tiny-llama")
     with pytest.raises(LayoutError, match="lacks"):
         peak_memory_batch(spec, {"tp": np.array([1])}, 1)
+
+
+def test_balanced_split_lowers_the_peak():
+    from dayzero.planner.balance import balance_layers
+
+    spec = load_model("llama-3.1-70b")  # 80 layers
+    p = ParallelConfig(tp=8, pp=8, dp=4, gbs=256, zero=1, sequence_parallel=True)
+    split = balance_layers(spec, p, 80 * GB)
+    assert sum(split) == 80 and len(split) == 8 and split[0] < split[-1]
+    even = estimate_memory(spec, p, 80 * GB).peak_bytes
+    balanced = estimate_memory(spec, p.with_(layer_split=split), 80 * GB)
+    assert balanced.peak_bytes < 0.85 * even
+    # no contiguous split does better: moving one layer off the busiest stage raises a neighbour above it
+    b = balanced.busiest_stage
+    for nb in (b - 1, b + 1):
+        if 0 <= nb < 8:
+            moved = list(split)
+            moved[b] -= 1
+            moved[nb] += 1
+            assert estimate_memory(spec, p.with_(layer_split=tuple(moved)), 80 * GB).peak_bytes >= balanced.peak_bytes
+    with pytest.raises(LayoutError, match="vpp"):
+        balance_layers(spec, p.with_(vpp=2), 80 * GB)
+
+
+def test_vendor_defaults_for_communicator_buffers():
+    from dayzero.specs.hardware import get_accelerator
+
+    assert MemoryOptions.for_accelerator(get_accelerator("910b")).comm_buffer_bytes == 400 * 10**6
+    assert MemoryOptions.for_accelerator(get_accelerator("h100")).comm_buffer_bytes == MemoryOptions().comm_buffer_bytes
+    spec = load_model("tiny-llama")
+    one = estimate_memory(spec, ParallelConfig(), GB).stages[0].terms["overhead:comm_buffers"]
+    four = estimate_memory(spec, ParallelConfig(tp=2, pp=2, dp=2, gbs=8), GB).stages[0].terms["overhead:comm_buffers"]
+    assert one == 0 and four == 4 * MemoryOptions().comm_buffer_bytes  # tp, dp (x cp), pp send + receive

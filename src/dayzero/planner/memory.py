@@ -161,18 +161,31 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
         feats = _even_features(spec, pp, vpp)
         c = {k: v[idx][:, None] for k, v in cols.items()}
         totals = sum(category_totals(stage_terms(spec, options, c, feats, float(capacity_bytes))).values())
-        out[idx] = np.broadcast_to(totals, (len(idx), pp)).max(axis=1)
+        out[idx] = np.broadcast_to(totals, (len(idx), feats.rank.shape[1])).max(axis=1)
     return out
 
 
 def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
+    """Features of the ranks that can be the busiest under an even split: the first and last rank,
+    and, among the middle ranks, the lowest-index one of each layer composition. A middle rank's
+    total depends on its index only through the in-flight micro-batches, which never grow with the
+    index, so the others cannot exceed it. This keeps the batch at a few columns per candidate."""
     split = even_split(spec.layers, pp * vpp)
     kinds: list[list[str]] = [[] for _ in range(pp)]
     start = 0
     for v, count in enumerate(split):
         kinds[v % pp].extend(spec.layer_kinds[start:start + count])
         start += count
-    return rank_features(kinds)
+    keep, seen = [0, pp - 1] if pp > 1 else [0], set()
+    for r in range(1, pp - 1):
+        comp = tuple(sorted(kinds[r]))
+        if comp not in seen:
+            seen.add(comp)
+            keep.append(r)
+    f = rank_features(kinds)
+    cols = np.array(sorted(keep))
+    return RankFeatures(rank=f.rank[:, cols], layers={k: v[:, cols] for k, v in f.layers.items()},
+                        full={k: v[:, cols] for k, v in f.full.items()}, first=f.first[:, cols], last=f.last[:, cols])
 
 
 # -- the classic arithmetic ----------------------------------------------------------------------
