@@ -25,6 +25,17 @@ def tb(n: float) -> str:
     return f"{n / 1e12:,.2f} TB"
 
 
+def ranges(layers) -> str:
+    """(0, 1, 2, 6, 7) -> '0-2,6-7': a rank's layers (interleaved ranks hold several runs)."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs) or "-"
+
+
 @app.command("memory")
 def memory_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
@@ -147,8 +158,7 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     for st in report.stages:
         util = st.total / cap
         style = "bold red" if util > TARGET else ("bold" if st.stage == report.busiest_stage else "")
-        lay = f"{st.layers[0]}-{st.layers[-1]}" if st.layers else "-"
-        s.add_row(str(st.stage), lay, *[gb(getattr(st, c)) for c in CATS], gb(st.total), f"{util:.1%}", style=style)
+        s.add_row(str(st.stage), ranges(st.layers), *[gb(getattr(st, c)) for c in CATS], gb(st.total), f"{util:.1%}", style=style)
     console.print(s)
 
     busiest = report.stages[report.busiest_stage]
