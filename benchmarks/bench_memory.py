@@ -95,10 +95,22 @@ def main() -> None:
     sim_big = best_of(lambda: simulate_step(spec, big, CAP), 3)
     bal = best_of(lambda: balance_layers(spec, big, CAP), 3)
     stamp = datetime.date.today().isoformat()
+    try:
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        mem_gib = float("nan")
+    try:
+        from importlib.metadata import version
+
+        torch_v = version("torch")
+    except Exception:  # the planner never needs torch
+        torch_v = "not installed"
     lines = [
         "# Memory planner benchmark", "",
         f"Date {stamp}; machine: {os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), "
-        f"Python {platform.python_version()}, numpy {np.__version__}; no GPU involved. "
+        f"{mem_gib:.0f} GiB, Python {platform.python_version()}, numpy {np.__version__}, torch {torch_v} (unused: "
+        "the planner is numpy only); no GPU involved. The machine is shared with other jobs: repeated runs "
+        "vary by about 2x, the table is one run. "
         "Command: `PYTHONPATH=src python benchmarks/bench_memory.py` (best of "
         f"{args.repeat} runs, {args.n:,} random candidates per model, seed 0).", "",
         "## Vectorised `peak_memory_batch` (target >= 100,000 configurations/s)", "",
