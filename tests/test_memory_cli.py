@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from dayzero.cli.app import main
 
 SEED = ["memory", "dense-3t", "--cluster", "ascend910b-8192", "--tp", "8", "--pp", "16", "--dp", "64", "--zero", "3",

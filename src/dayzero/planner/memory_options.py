@@ -15,7 +15,6 @@ from typing import Literal
 
 from dayzero.errors import ConfigError
 
-GiB = 2**30
 MiB = 2**20
 
 
