@@ -135,6 +135,7 @@ class Rates:
     intra: Link
     inter: Link | None
     domain: int  # ranks per scale-up domain the job fills
+    native: tuple[bool, bool, bool] = (True, True, True)  # bf16, fp8, fp4 units exist (else GEMMs fall back)
 
     def gemm_rate(self, code):
         """Large-GEMM FLOP/s for precision codes 0 bf16, 1 fp8, 2 fp4 (array in, array out)."""
@@ -170,4 +171,5 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
         inter = Link(t1.bw * constants.inter_eff, t1.p2p_bw * constants.inter_eff, t1.latency_s, "switch")
     fused = peak["bf16"] * constants.attention_eff
     return Rates(peak=peak, gemm_eff=eff, attention_flops=fused, flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
-                 hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster))
+                 hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster),
+                 native=tuple(p in acc.peak_flops for p in PRECISION_CODES))

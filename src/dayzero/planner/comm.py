@@ -109,11 +109,11 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     for kind, name in (("all_gather", "tp all-gather"), ("reduce_scatter", "tp reduce-scatter")):
         t = coll(kind, act, groups, "tp", rates)
         ops = np.where(sp, n_ops / 2, 0.0) * (g["tp"] > 1)
-        items.append(LayerComm(name, kind, "tp", act + 0 * ops, ops, t + 0 * ops, 0 * ops, "layer GEMMs" if opt.tp_overlap else ""))
+        items.append(LayerComm(name, kind, "tp", act + 0 * ops, ops, t + 0 * ops, 0 * ops, "GEMMs" if opt.tp_overlap else ""))
     t = coll("all_reduce", act, groups, "tp", rates)
     ops = np.where(sp, 0.0, n_ops / 2) * (g["tp"] > 1)
     items.append(LayerComm("tp all-reduce", "all_reduce", "tp", act + 0 * ops, ops, t + 0 * ops, 0 * ops,
-                           "layer GEMMs" if opt.tp_overlap else ""))
+                           "GEMMs" if opt.tp_overlap else ""))
     tp_total = sum(i.ops * i.time for i in items)
     window = costs.gemm_fwd * (3 + full)
     tp_exposed = np.maximum(0.0, tp_total - window) if opt.tp_overlap else tp_total
@@ -129,8 +129,8 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     hops = (np.asarray(g["cp"]) - 1) * np.ones_like(costs.fwd)
     f_time, b_time = hops * t, 2 * hops * t
     exp = (np.maximum(0, f_time - costs.attn_fwd) * (1 + full) + np.maximum(0, b_time - 2.5 * costs.attn_fwd))
-    items.append(LayerComm("cp ring K/V exchange", "send_recv", "cp", kv + 0 * hops, hops * (3 + full), t + 0 * hops,
-                           exp, "attention core"))
+    items.append(LayerComm("cp ring K/V", "send_recv", "cp", kv + 0 * hops, hops * (3 + full), t + 0 * hops,
+                           exp, "attention"))
 
     # -- expert parallel (dispatch + combine)
     if spec.moe is not None:
@@ -139,12 +139,12 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
         ops = kinds * (np.asarray(g["ep"]) > 1) * 2 * (2 + full) * np.ones_like(T)
         total = ops * t
         exp = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
-        items.append(LayerComm("ep all-to-all (dispatch, combine)", "all_to_all", "ep", tok + 0 * ops, ops, t + 0 * ops,
-                               exp, "other micro-batch's compute" if opt.ep_overlap else ""))
+        items.append(LayerComm("ep all-to-all", "all_to_all", "ep", tok + 0 * ops, ops, t + 0 * ops,
+                               exp, "other micro-batch" if opt.ep_overlap else ""))
         # expert tensor parallelism: gather the routed rows over etp before the experts
         t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
         ops = kinds * etp_gt1 * 2 * (2 + full) * np.ones_like(T)
-        items.append(LayerComm("etp all-gather / reduce-scatter", "all_gather", "etp", tok * g["etp"] + 0 * ops, ops,
+        items.append(LayerComm("etp gather/scatter", "all_gather", "etp", tok * g["etp"] + 0 * ops, ops,
                                t + 0 * ops, ops * t, ""))
 
     # -- ZeRO-3: gather parameters (forward, backward), reduce-scatter gradients
@@ -157,10 +157,10 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
         on = z3 & (np.asarray(groups[dim][0]) > 1) & (params > 0)
         exp_f = np.maximum(0.0, t_ag - costs.fwd) * on
         exp_b = np.maximum(0.0, t_ag + t_rs - costs.bwd) * on
-        items.append(LayerComm(f"zero-3 parameter all-gather ({dim})", "all_gather", dim, pbytes, 2.0 * on, t_ag,
-                               exp_f + exp_b * t_ag / np.maximum(t_ag + t_rs, 1e-30), "previous layer's compute"))
-        items.append(LayerComm(f"zero-3 gradient reduce-scatter ({dim})", "reduce_scatter", dim, gbytes, 1.0 * on, t_rs,
-                               exp_b * t_rs / np.maximum(t_ag + t_rs, 1e-30), "next layer's backward"))
+        items.append(LayerComm(f"zero-3 param gather ({dim})", "all_gather", dim, pbytes, 2.0 * on, t_ag,
+                               exp_f + exp_b * t_ag / np.maximum(t_ag + t_rs, 1e-30), "previous layer"))
+        items.append(LayerComm(f"zero-3 grad scatter ({dim})", "reduce_scatter", dim, gbytes, 1.0 * on, t_rs,
+                               exp_b * t_rs / np.maximum(t_ag + t_rs, 1e-30), "next layer"))
     return items
 
 
@@ -201,23 +201,23 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
         tb = np.where(kind == 0, b_ar, b_rs)
         per_step_ops = np.where(zero == 2, m, 1) * on
         exposed = np.maximum(tb, t - bwd_mb) * per_step_ops
-        name = f"dp gradient all-reduce / reduce-scatter ({dim})"
-        items.append(StepComm(name, "reduce_scatter", dim, gbytes, per_step_ops, t, exposed, "last micro-batch's backward"))
+        name = f"dp grad reduce ({dim})"
+        items.append(StepComm(name, "reduce_scatter", dim, gbytes, per_step_ops, t, exposed, "last backward"))
         pbytes = params * BF16
         t_ag = coll("all_gather", pbytes, groups, dim, rates)
         b_ag = coll("all_gather", np.minimum(pbytes, bucket_elems * BF16), groups, dim, rates)
         ag_on = on & (zero >= 1)
-        items.append(StepComm(f"dp parameter all-gather ({dim})", "all_gather", dim, pbytes, 1.0 * ag_on, t_ag,
-                              np.maximum(b_ag, t_ag - fwd_mb) * ag_on, "next step's first forward"))
+        items.append(StepComm(f"dp param gather ({dim})", "all_gather", dim, pbytes, 1.0 * ag_on, t_ag,
+                              np.maximum(b_ag, t_ag - fwd_mb) * ag_on, "next forward"))
     # ZeRO-3: the first layer's gather of each micro-batch has nothing to hide behind
     ag_bytes, ag_time = first_layer_ag
-    items.append(StepComm("zero-3 first-layer all-gather", "all_gather", "dp_cp", ag_bytes, m * (zero == 3),
+    items.append(StepComm("zero-3 first gather", "all_gather", "dp_cp", ag_bytes, m * (zero == 3),
                           ag_time, ag_time * m * (zero == 3), ""))
     # pipeline: one activation per micro-batch and chunk each way
     pp, vpp = np.asarray(g["pp"]), np.asarray(g["vpp"])
     t = coll("send_recv", act_bytes, groups, "pp", rates)
     ops = 2 * m * vpp * (pp > 1)
     ramp = (pp * vpp - 1) * (pp > 1)
-    items.append(StepComm("pp send/recv (activations, gradients)", "send_recv", "pp", act_bytes, ops, t, 2 * ramp * t,
-                          "own stream; exposed on the pipeline ramp"))
+    items.append(StepComm("pp send/recv", "send_recv", "pp", act_bytes, ops, t, 2 * ramp * t,
+                          "own stream (ramp exposed)"))
     return items

@@ -95,8 +95,10 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     T_el = np.where(sp, T / tp, T)  # tokens seen by hidden-size elementwise kernels
     rate_lo = rates.gemm_rate(g["prec"])  # FP8/FP4 GEMMs
     rate_bf16 = rates.gemm_rate(np.zeros_like(g["prec"]))
-    low = g["prec"] > 0
-    cast = np.where(low, 1.5, 0.0)  # read 2 B + write 1 B (per element, in BF16-element units)
+    # FP8/FP4 inputs are cast before each low-precision GEMM: read 2 B + write 1 B per element (in
+    # BF16-element units); a card without those units runs the GEMM in BF16 and casts nothing
+    low = (g["prec"] > 0) & np.asarray(rates.native)[g["prec"]]
+    cast = np.where(low, 1.5, 0.0)
     d0 = c.gemm_half_dim
     H, V = spec.hidden, spec.vocab
     a = spec.attention

@@ -83,6 +83,7 @@ class Evaluation:
     mfu: np.ndarray
     comm_ratio: np.ndarray
     microbatches: np.ndarray
+    microbatch_s: np.ndarray  # one micro-batch on the slowest rank, with its exposed per-layer communication
     groups: dict = field(repr=False)  # dim -> (size, per_domain, domains) arrays
     inventory: list = field(repr=False)  # [(item, ops, bytes, busy seconds, exposed seconds) per step, (N,) each]
 
@@ -148,7 +149,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
 
     seq = single_seq(g)
     act = g["mbs"] * seq / g["cp"] * spec.hidden * BF16 / np.where((g["sp"] > 0) & (g["tp"] > 1), g["tp"], 1)
-    z3 = next((i for i in litems if i.name.startswith("zero-3 parameter all-gather (dp_cp)")), None)
+    z3 = next((i for i in litems if i.name == "zero-3 param gather (dp_cp)"), None)
     first_ag = (z3.nbytes[cls[0]], z3.time[cls[0]]) if z3 is not None else (np.zeros(n), np.zeros(n))
     sitems = step_comm(g, r, groups, options.comm, dense_params=dense_params, expert_params=expert_params,
                        fwd_mb=fwd_mb, bwd_mb=bwd_mb, first_layer_ag=first_ag, microbatches=m, act_bytes=act)
@@ -175,4 +176,4 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     return Evaluation(step_s=step_s, compute_s=compute_s, comm_exposed_s=comm_exposed_s, bubble_s=bubble_s,
                       optimizer_s=optimizer_s, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
-                      microbatches=m, groups=groups.g, inventory=inventory)
+                      microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory)

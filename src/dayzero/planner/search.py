@@ -212,7 +212,10 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     fits is timed (more recompute only adds time), and ZeRO-2 only where ZeRO-1 needs more
     recompute to fit (ZeRO-2 adds a reduce-scatter per micro-batch and nothing else)."""
     if memory_fn is None:
+        from dayzero.planner.memory import MemoryOptions
         from dayzero.planner.memory import peak_memory_batch as memory_fn  # noqa: N813
+
+        memory_options = memory_options or MemoryOptions.for_accelerator(cluster.accelerator)
     options = options or PerfOptions()
     space = space or SearchSpace()
     devices = cluster.devices
@@ -291,3 +294,29 @@ def candidate_layouts(result: SearchResult) -> list[dict]:
                         schedule="interleaved" if vpp > 1 else "1f1b"))
     return out
 
+
+
+def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
+         options: PerfOptions | None = None, top_k: int = 5, max_memory: float = 0.85,
+         space: SearchSpace | None = None, memory_options=None) -> dict:
+    """The DESIGN.md plan object: the best layouts as full predictions, best first, with how
+    many layouts were considered and why the others were rejected."""
+    import time
+
+    from dayzero.planner.predict import predict
+    from dayzero.specs.parallel import ParallelConfig
+
+    options = options or PerfOptions()
+    t0 = time.perf_counter()
+    result = search(spec, cluster, gbs, seq, precision, options, top_k, max_memory, space,
+                    memory_options=memory_options)
+    t_search = time.perf_counter() - t0
+    gemm = options.gemm_precision or precision
+    plans = []
+    for kw in candidate_layouts(result):
+        kw["precision"] = "bf16" if gemm == "bf16" else "fp8"
+        plans.append(predict(spec, ParallelConfig(**kw), cluster, options, memory_options))
+    return {"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "gbs": gbs, "seq": seq,
+            "precision": gemm, "max_memory": max_memory, "plans": plans, "considered": result.considered,
+            "rejected": result.rejected, "timed": result.timed,
+            "seconds": {"search": t_search, "total": time.perf_counter() - t0}}
