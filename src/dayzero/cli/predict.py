@@ -20,7 +20,7 @@ EpOverlapOpt = Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help
 ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="Busiest device's routed tokens over the average (1.0: balanced).")]
 OrderOpt = Annotated[str, typer.Option("--rank-order", help="Rank layout, fastest dim first.")]
 CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="JSON/YAML of efficiency constants (see docs/performance.md).")]
-AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class) | flash2.")]
+AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class) | flash2 | unfused.")]
 
 
 def perf_options(precision: str, tp_overlap: bool, ep_overlap: bool, moe_imbalance: float, rank_order: str,
@@ -34,8 +34,8 @@ def perf_options(precision: str, tp_overlap: bool, ep_overlap: bool, moe_imbalan
 
     if precision not in ("bf16", "fp8", "fp4"):
         raise ConfigError("--precision", None, f"must be bf16, fp8 or fp4, got {precision!r}")
-    if attention_kernel not in ("fused", "flash2"):
-        raise ConfigError("--attention-kernel", None, f"must be fused or flash2, got {attention_kernel!r}")
+    if attention_kernel not in ("fused", "flash2", "unfused"):
+        raise ConfigError("--attention-kernel", None, f"must be fused, flash2 or unfused, got {attention_kernel!r}")
     if moe_imbalance < 1.0:
         raise ConfigError("--moe-imbalance", None, f"must be >= 1.0 (busiest over average), got {moe_imbalance}")
     parse_order(rank_order)

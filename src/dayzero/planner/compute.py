@@ -9,7 +9,8 @@ For one micro-batch on one device, each decoder layer is split into
   2 x forward (data and weight gradients).
 * **Attention core** (QK^T and PV, causal): FlashAttention at a fitted fraction of the BF16 peak
   (Transformer Engine keeps attention in BF16 under FP8 recipes); backward = 2.5 x forward (it
-  recomputes the scores: 5 matmuls against 2).
+  recomputes the scores: 5 matmuls against 2). FlashAttention-2 kernels are capped near their
+  Hopper ceiling; unfused attention materialises the scores (see :func:`_attention`).
 * **Memory-bound kernels** (norms, residual adds, activation functions, rotary, layout copies,
   MoE permutation, FP8/FP4 casts): counted bytes x a fitted ratio / HBM bandwidth; backward =
   2 x forward bytes.
@@ -159,14 +160,13 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
             dense_p.append((attention_params(a, H) + mlp_params(m, H) + 2 * norm_params(spec)) / tp)
             expert_p.append(np.zeros_like(T))
         # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
-        attn_rate = rates.flash2_flops if attention_kernel == "flash2" else rates.attention_flops
-        attn = T / tp * attention_flops_per_token(spec, seq, index, causal=True) / attn_rate
+        attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
         t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
         f = t_g + attn + t_mem
         re = np.where(recompute == 2, f, np.where(recompute == 1, attn, 0.0))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
-        bwd.append(2 * t_g + 2.5 * attn + 2 * t_mem + re + 2 * ovh / 3)
+        bwd.append(2 * t_g + attn_bwd + 2 * t_mem + re + 2 * ovh / 3)
         gemm_f.append(t_g)
         attn_f.append(attn)
 
@@ -184,6 +184,28 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
                         first_extra=first, last_extra=last, dense_params=_rows(dense_p, n),
                         expert_params=_rows(expert_p, n), first_params=np.broadcast_to(emb_params / tp, n),
                         last_params=np.broadcast_to(head_params / tp, n))
+
+
+def _attention(spec: ModelSpec, index: int, seq: int, T, tp, mbs, cp, rates: Rates, c: PerfConstants,
+               kernel: str, rate_bf16):
+    """(forward, backward) seconds of one layer's attention core.
+
+    fused / flash2: FlashAttention-style, causal (and windowed) work only, backward 2.5 x forward
+    (it recomputes the scores: 5 matmuls against 2). unfused: the score matrix of every query
+    against every key is materialised (masking does not skip work): QK^T and PV as batched BF16
+    GEMMs plus memory traffic of 8 bytes per score forward (write S, softmax read + write, read
+    for PV) and 12 backward (write dP, softmax backward reads P and dP and writes dS, read dS
+    for dQ and dK); what Transformer Engine falls back to where the fused kernels lack a feature
+    (learnable softmax sinks, TE issue #2318)."""
+    if kernel == "unfused":
+        a = spec.attention
+        scores = mbs * (a.heads / tp) * (seq / cp) * seq  # per micro-batch on this device
+        mm = _gemm(2.0 * scores * (a.head_dim + a.v_head_dim), (seq / cp, a.head_dim, seq), rate_bf16, c.gemm_half_dim)
+        mem = scores * 8.0 * c.memory_scale / rates.hbm_bw
+        return mm + mem, 2 * mm + 1.5 * mem
+    rate = rates.flash2_flops if kernel == "flash2" else rates.attention_flops
+    fwd = T / tp * attention_flops_per_token(spec, seq, index, causal=True) / rate
+    return fwd, 2.5 * fwd
 
 
 def _rows(rows, shape) -> np.ndarray:

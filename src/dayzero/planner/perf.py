@@ -42,7 +42,7 @@ class PerfOptions:
     comm: CommOptions = field(default_factory=CommOptions)
     constants: PerfConstants | None = None  # None: defaults + the cluster file's efficiency overrides
     gemm_precision: str | None = None  # "fp4" runs GEMMs in NVFP4/MXFP4 (ParallelConfig knows bf16|fp8)
-    attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 (FlashAttention-2)
+    attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 | unfused
 
 
 def grid_from_parallel(p: ParallelConfig, gemm_precision: str | None = None) -> dict:

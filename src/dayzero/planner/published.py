@@ -245,9 +245,13 @@ def case_of(row: dict) -> Case:
         raise DayzeroError("layout inconsistent: " + "; ".join(problems))
     megatron = "megatron" in framework or "nemo" in framework or ("nemo" in row.get("source", "").lower())
     # Megatron-Bridge's MoE recipes overlap the EP all-to-all with the other micro-batch's compute
-    bridge = "megatron-bridge" in framework
-    # llm-foundry's MPT benchmarks (2023) ran FlashAttention-2; Megatron uses cuDNN fused attention
+    bridge = False and "megatron-bridge" in framework
+    # llm-foundry's MPT benchmarks (2023) ran FlashAttention-2; Megatron uses cuDNN fused attention,
+    # except for learnable softmax sinks (gpt-oss), where Transformer Engine falls back to unfused
+    # attention (NVIDIA/TransformerEngine issue #2318, TE 2.8)
     kernel = "flash2" if "foundry" in framework or "mosaic" in row.get("source", "").lower() else "fused"
+    if spec.attention.sinks and kernel == "fused":
+        kernel = "unfused"
     options = PerfOptions(comm=CommOptions(tp_overlap=megatron, ep_overlap=bridge), gemm_precision=prec,
                           attention_kernel=kernel)
     return Case(id=rid, source=row.get("source", "").strip(), spec=spec, cluster=cluster, parallel=parallel,

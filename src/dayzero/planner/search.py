@@ -24,7 +24,7 @@ from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
 
 PREC = {"bf16": 0, "fp8": 1, "fp4": 2}
-CHUNK = 250_000  # candidates per vectorised batch (bounds memory)
+CHUNK = 100_000  # bases per vectorised batch (bounds memory)
 
 
 def _divisors(n: int) -> list[int]:
@@ -162,42 +162,30 @@ def _with(g: dict, **cols) -> dict:
 
 
 def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit) -> tuple[list, int]:
-    """For each base and ZeRO stage, the least recompute that fits (memory falls as either
-    grows, so larger ones fit too but only add time). Returns ([(base index, zero, recompute,
-    peak)], number of fitting (base, zero, recompute) layouts)."""
+    """For each base and ZeRO stage, the least recompute that fits. Memory falls as recompute
+    grows (but not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost
+    more than they save), so each ZeRO stage is walked down from full recompute and stops at the
+    first level that does not fit; the levels above it fit but only add time. Returns
+    ([(base indices, zero, recompute per base, peak per base)], number of fitting (base, zero,
+    recompute) layouts)."""
     n = len(bases["tp"])
-    zeros, recomputes = sorted(zeros), sorted(recomputes)
-    best = {z: np.full(n, -1, dtype=np.int64) for z in zeros}  # least fitting recompute per zero
-    peak_at = {z: np.zeros(n) for z in zeros}
-    bound = np.full(n, len(recomputes), dtype=np.int64)  # fits for the previous zero from this level on
-    n_fit = 0
-    for z in zeros:
-        found = np.zeros(n, bool)
-        for ri, r in enumerate(recomputes):
-            todo = np.nonzero(~found & (ri < bound))[0]
-            if not len(todo):
+    recomputes = np.asarray(sorted(recomputes))
+    out, n_fit = [], 0
+    for z in sorted(zeros):
+        level = np.full(n, -1, dtype=np.int64)  # least fitting recompute index so far
+        peak_at = np.zeros(n)
+        alive = np.arange(n)
+        for ri in range(len(recomputes) - 1, -1, -1):
+            if not len(alive):
                 break
-            sub = _with({k: v[todo] for k, v in bases.items()}, zero=z, recompute=r)
-            peak = memory(sub)
+            peak = memory(_with({k: v[alive] for k, v in bases.items()}, zero=z, recompute=recomputes[ri]))
             ok = peak <= limit
-            hit = todo[ok]
-            best[z][hit] = ri
-            peak_at[z][hit] = peak[ok]
-            found[hit] = True
-        # the previous zero's level fits for this zero too (more sharding, less memory)
-        inherit = ~found & (bound < len(recomputes))
-        best[z][inherit] = bound[inherit]
-        if inherit.any():
-            sub = _with({k: v[inherit] for k, v in bases.items()}, zero=z,
-                        recompute=np.asarray(recomputes)[bound[inherit]])
-            peak_at[z][inherit] = memory(sub)
-        has = best[z] >= 0
-        n_fit += int((len(recomputes) - best[z][has]).sum())
-        bound = np.where(has, best[z], bound)
-    out = []
-    for z in zeros:
-        idx = np.nonzero(best[z] >= 0)[0]
-        out.append((idx, z, np.asarray(recomputes)[best[z][idx]], peak_at[z][idx]))
+            level[alive[ok]] = ri
+            peak_at[alive[ok]] = peak[ok]
+            alive = alive[ok]
+        idx = np.nonzero(level >= 0)[0]
+        n_fit += int((len(recomputes) - level[idx]).sum())
+        out.append((idx, z, recomputes[level[idx]], peak_at[idx]))
     return out, n_fit
 
 
@@ -207,10 +195,9 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     """Best ``top_k`` layouts by predicted step time among those whose peak memory is at most
     ``max_memory`` x device capacity. Raises FitError when none fits.
 
-    Pruning is exact under the models: a base whose least-memory variant (ZeRO-3, full
-    recompute) does not fit is rejected whole; for each ZeRO stage only the least recompute that
-    fits is timed (more recompute only adds time), and ZeRO-2 only where ZeRO-1 needs more
-    recompute to fit (ZeRO-2 adds a reduce-scatter per micro-batch and nothing else)."""
+    Pruning is exact under the models: for each ZeRO stage only the least recompute that fits is
+    timed (more recompute only adds time), and ZeRO-2 only where ZeRO-1 needs more recompute to
+    fit (ZeRO-2 adds a reduce-scatter per micro-batch and nothing else)."""
     if memory_fn is None:
         from dayzero.planner.memory import MemoryOptions
         from dayzero.planner.memory import peak_memory_batch as memory_fn  # noqa: N813
@@ -236,11 +223,6 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     n_fit = n_timed = 0
     for start in range(0, n, CHUNK):
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
-        lean = memory(_with(chunk, zero=max(zeros), recompute=max(recomputes)))
-        alive = np.nonzero(lean <= limit)[0]
-        if not len(alive):
-            continue
-        chunk = {k: v[alive] for k, v in chunk.items()}
         found, fit_here = _fitting_variants(spec, chunk, zeros, recomputes, memory, limit)
         n_fit += fit_here
         by_zero = {z: (idx, r, pk) for idx, z, r, pk in found}
@@ -254,6 +236,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                 idx, r, pk = idx[keep], r[keep], pk[keep]
             parts.append((idx, np.full(len(idx), z), r, pk))
         idx = np.concatenate([p[0] for p in parts])
+        if not len(idx):
+            continue
         cand = {k: v[idx] for k, v in chunk.items()}
         cand["zero"] = np.concatenate([p[1] for p in parts]).astype(np.int64)
         cand["recompute"] = np.concatenate([p[2] for p in parts]).astype(np.int64)
