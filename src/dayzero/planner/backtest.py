@@ -19,7 +19,7 @@ from dayzero.planner.calibration import PerfConstants
 from dayzero.planner.perf import evaluate, grid_from_parallel
 from dayzero.planner.published import Case, load_cases
 
-FIT_FIELDS = ("gemm_scale_bf16", "gemm_scale_fp8", "gemm_scale_fp4", "gemm_half_dim", "attention_eff",
+FIT_FIELDS = ("gemm_scale_bf16", "gemm_scale_fp8", "gemm_scale_fp4", "moe_gemm_scale", "gemm_half_dim", "attention_eff",
               "memory_scale", "layer_overhead_s", "moe_expert_overhead_s", "flash2_max_tflops")
 
 

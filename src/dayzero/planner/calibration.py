@@ -41,6 +41,7 @@ class PerfConstants:
     gemm_scale_bf16: float = 0.92  # training GEMM rate / best measured GEMM rate (MAMF), BF16
     gemm_scale_fp8: float = 0.85  # same for FP8 GEMMs (Transformer Engine, MXFP8)
     gemm_scale_fp4: float = 0.60  # same for NVFP4 GEMMs, relative to the measured-ratio FP4 peak
+    moe_gemm_scale: float = 1.0  # routed-expert (grouped) GEMM rate / dense GEMM rate
     gemm_half_dim: float = 96.0  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
     attention_eff: float = 0.55  # FlashAttention forward+backward, fraction of the BF16 peak
     memory_scale: float = 1.6  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
@@ -70,7 +71,7 @@ class PerfConstants:
 
 
 # Cluster YAML ``efficiency`` keys (dayzero calibrate writes them) -> PerfConstants fields.
-CLUSTER_KEYS = {"gemm": "gemm_scale_bf16", "gemm_bf16": "gemm_scale_bf16", "gemm_fp8": "gemm_scale_fp8",
+CLUSTER_KEYS = {"gemm": "gemm_scale_bf16", "moe_gemm": "moe_gemm_scale", "gemm_bf16": "gemm_scale_bf16", "gemm_fp8": "gemm_scale_fp8",
                 "gemm_fp4": "gemm_scale_fp4", "attention": "attention_eff", "memory": "memory_scale",
                 "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
                 "moe_expert_overhead_s": "moe_expert_overhead_s"}

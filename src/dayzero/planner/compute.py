@@ -136,7 +136,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
             m1 = 2 if moe.expert.gated else 1
             routed_tok = T * k_top / tp * moe_imbalance  # token-expert rows per device (busiest)
             m_e = T * k_top * etp * ep / (tp * moe.experts)  # rows per local expert GEMM
-            t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), rate_lo, d0)
+            t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), rate_lo * c.moe_gemm_scale, d0)
             t_g = t_g + _gemm(T / tp * 2 * H * moe.experts, (T / tp, H, moe.experts), rate_bf16, d0)  # router
             mem_el = mem_el + routed_tok * ((m1 + 1) * fe + 4 * H) + T / tp * 4 * moe.experts
             cast_el = cast_el + routed_tok * (H + fe)

@@ -244,8 +244,11 @@ def case_of(row: dict) -> Case:
     if problems:
         raise DayzeroError("layout inconsistent: " + "; ".join(problems))
     megatron = "megatron" in framework or "nemo" in framework or ("nemo" in row.get("source", "").lower())
-    # Megatron-Bridge's MoE recipes overlap the EP all-to-all with the other micro-batch's compute
-    bridge = False and "megatron-bridge" in framework
+    # Megatron-Bridge overlaps the EP all-to-all with another micro-batch's compute in its MXFP8 MoE
+    # presets (moe_a2a_overlap=True in scripts/performance/configs/*/..._workload_base_configs.py,
+    # *_FP8_MX_* for DeepSeek-V3 and GPT-OSS); its BF16, FP8-CS and NVFP4 presets leave it off
+    mxfp8 = "mxfp8" in row["precision"].lower() or "fp8-mx" in row["precision"].lower()
+    bridge = "megatron-bridge" in framework and mxfp8
     # llm-foundry's MPT benchmarks (2023) ran FlashAttention-2; Megatron uses cuDNN fused attention,
     # except for learnable softmax sinks (gpt-oss), where Transformer Engine falls back to unfused
     # attention (NVIDIA/TransformerEngine issue #2318, TE 2.8)
