@@ -126,3 +126,18 @@ def test_constants_change_predictions_as_expected():
     base = one(LLAMA, p)[0]["step_s"]
     slow = PerfOptions(constants=replace(PerfConstants(), gemm_scale_fp8=PerfConstants().gemm_scale_fp8 / 2))
     assert one(LLAMA, p, options=slow)[0]["step_s"] > 1.3 * base
+
+
+def test_cluster_calibration_overrides_catalog_rates():
+    from dayzero.errors import ConfigError
+    from dayzero.planner.calibration import constants_for, rates
+
+    cl = cluster_from_dict({"accelerator": "h100", "nodes": 2, "efficiency": {"gemm": 0.5, "intra": 0.7}}, "cal")
+    r = rates(cl, constants_for(cl))
+    assert r.gemm_eff["bf16"] == 0.5
+    assert r.intra.bw == pytest.approx(450e9 * 0.7)
+    default = rates(H100, constants_for(H100))
+    assert default.intra.bw == pytest.approx(370e9)  # catalog's measured ring bus bandwidth
+    bad = cluster_from_dict({"accelerator": "h100", "nodes": 2, "efficiency": {"gemmm": 0.5}}, "bad")
+    with pytest.raises(ConfigError, match="unknown efficiency key"):
+        constants_for(bad)

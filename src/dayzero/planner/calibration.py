@@ -71,11 +71,13 @@ class PerfConstants:
         return replace(self, **clean)
 
 
-# Cluster YAML ``efficiency`` keys (dayzero calibrate writes them) -> PerfConstants fields.
-CLUSTER_KEYS = {"gemm": "gemm_scale_bf16", "gemm_bf16": "gemm_scale_bf16", "gemm_fp8": "gemm_scale_fp8",
-                "gemm_fp4": "gemm_scale_fp4", "moe_gemm": "moe_gemm_scale", "attention": "attention_eff",
-                "memory": "memory_scale", "intra": "intra_eff", "inter": "inter_eff",
-                "layer_overhead_s": "layer_overhead_s", "moe_expert_overhead_s": "moe_expert_overhead_s"}
+# Cluster YAML ``efficiency`` keys -> PerfConstants fields. ``gemm``/``gemm_bf16``/``gemm_fp8``/
+# ``gemm_fp4`` are handled in :func:`rates`: there they are the large-GEMM fraction of the dense
+# peak a calibration measured on this cluster, replacing catalog measurement x fitted scale.
+CLUSTER_KEYS = {"moe_gemm": "moe_gemm_scale", "attention": "attention_eff", "memory_scale": "memory_scale",
+                "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
+                "moe_expert_overhead_s": "moe_expert_overhead_s"}
+GEMM_KEYS = ("gemm", "gemm_bf16", "gemm_fp8", "gemm_fp4")
 
 
 def load_calibration(path: str | Path, base: PerfConstants | None = None) -> PerfConstants:
@@ -105,6 +107,10 @@ def load_calibration(path: str | Path, base: PerfConstants | None = None) -> Per
 def constants_for(cluster: Cluster, base: PerfConstants | None = None) -> PerfConstants:
     """The constants with the cluster file's ``efficiency`` overrides applied."""
     base = base or PerfConstants()
+    unknown = sorted(set(cluster.efficiency) - set(CLUSTER_KEYS) - set(GEMM_KEYS))
+    if unknown:
+        raise ConfigError(f"cluster {cluster.name}", f"efficiency.{unknown[0]}",
+                          f"unknown efficiency key; known: {', '.join(sorted([*CLUSTER_KEYS, *GEMM_KEYS]))}")
     over = {CLUSTER_KEYS[k]: v for k, v in cluster.efficiency.items() if k in CLUSTER_KEYS}
     return base.with_overrides(over, f"cluster {cluster.name}: efficiency") if over else base
 
@@ -157,6 +163,9 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
         if measured is None and used == "fp4":  # no FP4 GEMM measurement anywhere: use FP8's ratio
             measured = acc.gemm_efficiency("fp8") if "fp8" in acc.gemm_flops_measured else None
         eff[p] = (measured if measured is not None else gemm_median) * scale[used]
+        measured_here = cluster.efficiency.get(f"gemm_{used}", cluster.efficiency.get("gemm") if used == "bf16" else None)
+        if measured_here is not None:  # a calibration of this cluster: fraction of the dense peak
+            eff[p] = float(measured_here)
     if acc.hbm_bw is None:
         raise ConfigError(acc.id, "hbm_tbytes_per_s", "the catalog has no HBM bandwidth; set hbm_tbytes_per_s in a cluster YAML")
     t0 = cluster.tiers[0]
