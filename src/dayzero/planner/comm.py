@@ -99,20 +99,25 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     classes = layer_classes(spec)
     kinds = np.array([k == "moe" for k, _ in classes])[:, None]  # (K, 1)
     layer_fb = costs.fwd + costs.bwd
+    shape = costs.fwd.shape  # (K classes, N candidates)
+
+    def kn(x) -> np.ndarray:  # per-candidate (or per-class) values as a (K, N) array
+        return np.broadcast_to(np.asarray(x, dtype=float), shape)
+
     items: list[LayerComm] = []
 
     # -- tensor parallel
     act = T * H * BF16  # the full (tp-gathered) activation of one micro-batch
     etp_gt1 = np.asarray(g["etp"]) > 1
-    per_fwd = np.where(kinds, np.where(etp_gt1, 4, 2), 4) * np.ones_like(T)  # collectives per layer forward
+    per_fwd = kn(np.where(kinds, np.where(etp_gt1, 4, 2), 4))  # collectives per layer forward
     n_ops = per_fwd * (2 + full)
     for kind, name in (("all_gather", "tp all-gather"), ("reduce_scatter", "tp reduce-scatter")):
         t = coll(kind, act, groups, "tp", rates)
         ops = np.where(sp, n_ops / 2, 0.0) * (g["tp"] > 1)
-        items.append(LayerComm(name, kind, "tp", act + 0 * ops, ops, t + 0 * ops, 0 * ops, "GEMMs" if opt.tp_overlap else ""))
+        items.append(LayerComm(name, kind, "tp", kn(act), ops, kn(t), kn(0.0), "GEMMs" if opt.tp_overlap else ""))
     t = coll("all_reduce", act, groups, "tp", rates)
     ops = np.where(sp, 0.0, n_ops / 2) * (g["tp"] > 1)
-    items.append(LayerComm("tp all-reduce", "all_reduce", "tp", act + 0 * ops, ops, t + 0 * ops, 0 * ops,
+    items.append(LayerComm("tp all-reduce", "all_reduce", "tp", kn(act), ops, kn(t), kn(0.0),
                            "GEMMs" if opt.tp_overlap else ""))
     tp_total = sum(i.ops * i.time for i in items)
     window = costs.gemm_fwd * (3 + full)
@@ -126,26 +131,24 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     kv_width = (a.heads * (a.head_dim + a.v_head_dim)) if a.kind == "mla" else a.kv_heads * (a.head_dim + a.v_head_dim)
     kv = T * kv_width / tp * BF16
     t = coll("send_recv", kv, groups, "cp", rates)
-    hops = (np.asarray(g["cp"]) - 1) * np.ones_like(costs.fwd)
+    hops = kn(np.asarray(g["cp"]) - 1)
     f_time, b_time = hops * t, 2 * hops * t
     exp = (np.maximum(0, f_time - costs.attn_fwd) * (1 + full) + np.maximum(0, b_time - 2.5 * costs.attn_fwd))
-    items.append(LayerComm("cp ring K/V", "send_recv", "cp", kv + 0 * hops, hops * (3 + full), t + 0 * hops,
-                           exp, "attention"))
+    items.append(LayerComm("cp ring K/V", "send_recv", "cp", kn(kv), hops * (3 + full), kn(t), exp, "attention"))
 
     # -- expert parallel (dispatch + combine)
     if spec.moe is not None:
         tok = T / tp * spec.moe.top_k * H * BF16  # routed token rows leaving one device
         t = coll("all_to_all", tok, groups, "ep", rates, opt.moe_imbalance)
-        ops = kinds * (np.asarray(g["ep"]) > 1) * 2 * (2 + full) * np.ones_like(T)
+        ops = kn(kinds * (np.asarray(g["ep"]) > 1) * 2 * (2 + full))
         total = ops * t
         exp = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
-        items.append(LayerComm("ep all-to-all", "all_to_all", "ep", tok + 0 * ops, ops, t + 0 * ops,
-                               exp, "other micro-batch" if opt.ep_overlap else ""))
+        items.append(LayerComm("ep all-to-all", "all_to_all", "ep", kn(tok), ops, kn(t), exp,
+                               "other micro-batch" if opt.ep_overlap else ""))
         # expert tensor parallelism: gather the routed rows over etp before the experts
         t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
-        ops = kinds * etp_gt1 * 2 * (2 + full) * np.ones_like(T)
-        items.append(LayerComm("etp gather/scatter", "all_gather", "etp", tok * g["etp"] + 0 * ops, ops,
-                               t + 0 * ops, ops * t, ""))
+        ops = kn(kinds * etp_gt1 * 2 * (2 + full))
+        items.append(LayerComm("etp gather/scatter", "all_gather", "etp", kn(tok * g["etp"]), ops, kn(t), ops * t, ""))
 
     # -- ZeRO-3: gather parameters (forward, backward), reduce-scatter gradients
     z3 = np.asarray(g["zero"]) == 3
