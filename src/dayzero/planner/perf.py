@@ -23,8 +23,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from dayzero.planner.calibration import PerfConstants, Rates, constants_for, rates
-from dayzero.planner.comm import CommOptions, LayerComm, StepComm, coll, layer_comm, place_groups, step_comm
+from dayzero.planner.calibration import PerfConstants, constants_for, rates
+from dayzero.planner.comm import CommOptions, layer_comm, place_groups, step_comm
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
