@@ -33,7 +33,12 @@ def op_name(func) -> str:
 def registrations(dispatch_key: str) -> list[str]:
     """Operators with a kernel registered directly for ``dispatch_key`` in this process, in
     manifest spelling (``aten::add.Tensor`` -> ``aten.add.Tensor``; ``aten::silu`` -> ``aten.silu.default``)."""
-    return sorted({_dispatcher_to_manifest(n) for n in torch._C._dispatch_get_registrations_for_dispatch_key(dispatch_key)})
+    try:
+        names = torch._C._dispatch_get_registrations_for_dispatch_key(dispatch_key)
+    except RuntimeError:
+        raise DayzeroError(f"unknown dispatch key {dispatch_key!r}; use a PyTorch dispatch key such as CPU, CUDA, "
+                           "XPU, MPS, PrivateUse1 (or 'core' for the Core ATen opset)") from None
+    return sorted({_dispatcher_to_manifest(n) for n in names})
 
 
 def _dispatcher_to_manifest(name: str) -> str:

@@ -18,6 +18,7 @@ from the installed PyTorch's kernels by :func:`emit_manifest`) and ``example-npu
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -202,7 +203,7 @@ def emit_manifest(dispatch_key: str, source: str = "auto", name: str | None = No
         origin = f"kernels registered for {dispatch_key} in the dispatcher of torch {torch.__version__}"
     else:
         ops = _native_functions_ops(native_functions_path(), dispatch_key)
-        if not ops:
+        if not _native_functions_ops(native_functions_path(), dispatch_key, composite=False):
             raise DayzeroError(f"dispatch key {dispatch_key!r} has no kernels in native_functions.yaml of torch "
                                f"{torch.__version__}; keys there include CPU, CUDA, MPS, XPU, Meta")
         origin = f"native_functions.yaml of torch {torch.__version__} (kernels declared for {dispatch_key})"
@@ -239,11 +240,14 @@ def _tags(entry: dict) -> set[str]:
     return {t.strip() for t in (tags.split(",") if isinstance(tags, str) else tags)}
 
 
+@lru_cache(maxsize=2)
 def _native_entries(path: str) -> list[dict]:
     return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def _native_functions_ops(path: str, key: str) -> set[str]:
+def _native_functions_ops(path: str, key: str, composite: bool = True) -> set[str]:
+    """Operators native_functions.yaml gives a ``key`` kernel (and, with ``composite``, the
+    backend-agnostic CompositeExplicitAutograd ones, including autogen'd out= variants)."""
     entries = _native_entries(path)
     keys_of: dict[str, set[str]] = {}
     delegate: dict[str, str] = {}
@@ -253,12 +257,14 @@ def _native_functions_ops(path: str, key: str) -> set[str]:
         keys: set[str] = set()
         for k in (e.get("dispatch") or {}):
             keys |= {s.strip() for s in k.split(",")}
+        if e.get("ufunc_inner_loop"):  # torchgen generates CPU and CUDA kernels from the ufunc loop
+            keys |= {"CPU", "CUDA"}
         keys_of[fname] = keys
         if e.get("structured_delegate"):
             delegate[fname] = e["structured_delegate"]
         if e.get("autogen"):
             autogen[fname] = [s.strip() for s in str(e["autogen"]).split(",")]
-    wanted = {key, *_COMPOSITE}
+    wanted = {key, *_COMPOSITE} if composite else {key}
 
     def has(fname: str) -> bool:
         if keys_of.get(fname, set()) & wanted:
@@ -269,8 +275,8 @@ def _native_functions_ops(path: str, key: str) -> set[str]:
     for fname in keys_of:
         if has(fname):
             out.add(_manifest_name(fname))
-        # autogen'd out= variants get generated CompositeExplicitAutogradNonFunctional kernels
-        out |= {_manifest_name(a) for a in autogen.get(fname, [])}
+        if composite:  # autogen'd out= variants get generated CompositeExplicitAutogradNonFunctional kernels
+            out |= {_manifest_name(a) for a in autogen.get(fname, [])}
     return out
 
 

@@ -88,6 +88,9 @@ class ModuleMap:
             return "attention"
         if any(k in leaf or k in cls for k in ("mlp", "expert", "moe", "ffn", "feed_forward")):
             return "mlp"
-        if qual.startswith(self._layers_prefix) and qual[len(self._layers_prefix):].isdigit():
+        rest = qual[len(self._layers_prefix):] if qual.startswith(self._layers_prefix) else None
+        if rest is not None and rest.isdigit():
             return "residual"
+        if rest is not None and (isinstance(mod, nn.Linear) or any(a in cls for a in ("gelu", "silu", "relu", "activation"))):
+            return "mlp"  # an unnamed projection or activation in a decoder layer, outside attention
         return None
