@@ -125,3 +125,11 @@ def test_remote_code_runs_only_when_trusted(tmp_path):
     assert tr.model_type == "tinyx" and tr.spec is None
     assert [k.name for k in tr.kinds] == ["dense"] and tr.num_layers == 3
     assert {"mlp", "norm", "head", "embedding"} <= {c.category for c in tr.calls}
+
+
+def test_trace_is_deterministic_and_does_not_perturb_autograd():
+    """Two traces record the same calls. (The recorder holds tensors weakly: holding them would
+    make autograd clone gradients it could otherwise steal, adding calls that training never runs.)"""
+    a = trace_model("tiny-moe", seq=64)
+    b = trace_model("tiny-moe", seq=64)
+    assert [(c.op, c.layer, c.category, c.phase) for c in a.calls] == [(c.op, c.layer, c.category, c.phase) for c in b.calls]

@@ -91,7 +91,8 @@ def _print(r: dict, top: int) -> None:
     t.add_column("quantity")
     t.add_column("value")
     kinds = "; ".join(f"{k['name']} x{k['count']} (layers {k['layers']})" for k in r["layer_kinds"])
-    t.add_row("traced step", f"batch {r['batch']} x seq {r['seq']}, {r['dtype']}, forward + backward, experts: {r['experts']}")
+    experts = f", experts: {r['experts']}" if r["experts"] else ""
+    t.add_row("traced step", f"batch {r['batch']} x seq {r['seq']}, {r['dtype']}, forward + backward{experts}")
     t.add_row("layer kinds", kinds)
     t.add_row("operator calls / step", f"{r['calls']:,} ({len(r['ops'])} distinct overloads)")
     t.add_row("FLOPs / token (traced)", human(r["flops_per_token"], "FLOP"))

@@ -68,6 +68,7 @@ class MetaModel:
     num_layers: int  # of the full model
     layer_list: str  # qualified name of the decoder-layer ModuleList, e.g. "model.layers"
     spec: ModelSpec | None  # None for remote code with a model_type dayzero does not parse
+    experts: str = ""  # transformers' experts implementation traced ("" without MoE experts)
     notes: list[str] = field(default_factory=list)
 
 
@@ -159,16 +160,18 @@ def build_meta_model(model: str, dtype: str = "bfloat16", experts: str = "groupe
         except Exception as e:
             raise DayzeroError(f"{name}: cannot build {type(config).__name__} on the meta device: "
                                f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+    used = ""
     if hasattr(net, "set_experts_implementation") and _has_experts(net):
         with _quiet_transformers():
             net.set_experts_implementation(experts)
+        used = experts
         notes.append(f"MoE experts traced with transformers' '{experts}' implementation")
     net.train()
     layer_list, layers = _find_layer_list(net, config)
     kinds = _group_layers(layers)
     _cut_layers(net, config, layer_list, layers, kinds)
     return MetaModel(model=net, name=name, model_type=config.model_type, kinds=kinds, num_layers=len(layers),
-                     layer_list=layer_list, spec=spec, notes=notes)
+                     layer_list=layer_list, spec=spec, experts=used, notes=notes)
 
 
 def _has_experts(net: nn.Module) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
 
 from dayzero.errors import DayzeroError
 
@@ -55,15 +56,14 @@ class ShadowValues:
     """CPU values for small meta tensors; ``run`` executes one operator with them."""
 
     def __init__(self):
-        self._values: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(meta) -> (meta, cpu)
+        self._values = WeakIdKeyDictionary()  # meta tensor -> its CPU value (weak: never extends a lifetime)
         self.synthesized: set[str] = set()  # operators whose indices were synthesized
 
     def attach(self, meta: torch.Tensor, value: torch.Tensor) -> None:
-        self._values[id(meta)] = (meta, value)
+        self._values[meta] = value
 
     def get(self, meta: torch.Tensor) -> torch.Tensor | None:
-        hit = self._values.get(id(meta))
-        return hit[1] if hit is not None and hit[0] is meta else None
+        return self._values.get(meta)
 
     def _cpu(self, x, stand_in: bool):
         if isinstance(x, torch.Tensor) and x.is_meta:
@@ -96,7 +96,7 @@ class ShadowValues:
             self._shadow_outputs(func, args, kwargs, out, stand_in=True)
         else:
             for m in mutated:  # written from values we do not know: the shadow is stale
-                self._values.pop(id(m), None)
+                self._values.pop(m, None)
             if func in _INDEX_PICKERS:
                 self._synthesize(func, args, kwargs, out)
         return out

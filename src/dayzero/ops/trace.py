@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.module_tracker import ModuleTracker
+from torch.utils.weak import WeakIdKeyDictionary
 
 from dayzero.ops._torch_compat import check_torch_version, current_autograd_node, flop_formulas
 from dayzero.ops.hf_model import LayerKind, MetaModel, build_meta_model
@@ -74,7 +75,7 @@ class Trace:
     seq: int
     batch: int
     dtype: str
-    experts: str
+    experts: str  # transformers' experts implementation ("" without MoE)
     kinds: tuple[LayerKind, ...]
     num_layers: int
     calls: list[OpCall]
@@ -142,20 +143,21 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         self.modules, self.tracker, self.shadows = modules, tracker, shadows
         self.calls: list[OpCall] = []
         self.examples: dict[tuple, tuple[int, tuple]] = {}
-        self._ids: dict[int, int] = {}
-        self._alive: list[torch.Tensor] = []  # keeps ids unique for the whole trace
+        # weak: holding tensors would change what autograd does (it clones a gradient it cannot steal)
+        self._ids = WeakIdKeyDictionary()
+        self._next_id = 0
         self._writer: dict[int, int] = {}
         self.tensor_bytes: dict[int, int] = {}
         self._formulas = flop_formulas()
         self._head_done = {"forward": False, "backward": False}
 
     def _tid(self, t: torch.Tensor) -> int:
-        key = id(t)
-        if key not in self._ids:
-            self._ids[key] = len(self._ids)
-            self._alive.append(t)
-            self.tensor_bytes[self._ids[key]] = _footprint(t)
-        return self._ids[key]
+        tid = self._ids.get(t)
+        if tid is None:
+            tid = self._ids[t] = self._next_id
+            self._next_id += 1
+            self.tensor_bytes[tid] = _footprint(t)
+        return tid
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -185,15 +187,19 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             category = "loss" if self._head_done[phase] != (phase == "backward") else "other"
         return layer, category, deepest
 
-    def tag_autograd_nodes(self) -> None:
-        """After the forward: stamp every autograd node with the context of the call that made
-        it (a tensor's grad_fn belongs to the last call that wrote it)."""
-        for t in self._alive:
-            node = t.grad_fn
-            writer = self._writer.get(self._ids[id(t)])
-            if node is not None and writer is not None and "dayzero" not in node.metadata:
-                c = self.calls[writer]
-                node.metadata["dayzero"] = (c.layer, c.category, c.module)
+    def _stamp(self, t: torch.Tensor, tid: int) -> None:
+        """Give ``t``'s autograd node the context of the call that last wrote ``t``, so its
+        backward is attributed to that call's layer and module."""
+        node = t.grad_fn
+        writer = self._writer.get(tid)
+        if node is not None and writer is not None and "dayzero" not in node.metadata:
+            c = self.calls[writer]
+            node.metadata["dayzero"] = (c.layer, c.category, c.module)
+
+    def tag_autograd_nodes(self, *tensors: torch.Tensor) -> None:
+        """After the forward: stamp the nodes of tensors no call consumed (the loss)."""
+        for t in tensors:
+            self._stamp(t, self._tid(t))
 
     def _record(self, func, args, kwargs, out) -> None:
         flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
@@ -215,6 +221,9 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         layer, category, deepest = self._context(phase)
         dts = call_dtypes(args, kwargs, out)
         inputs = tuple(self._tid(t) for t in flat_in)
+        if phase == "forward":  # every autograd node belongs to a tensor a later call consumes
+            for t, tid in zip(flat_in, inputs):
+                self._stamp(t, tid)
         producers = tuple(sorted({self._writer[i] for i in inputs if i in self._writer}))
         index = len(self.calls)
         outputs = tuple(self._tid(t) for t in flat_out)
@@ -243,10 +252,10 @@ def trace_model(model: str, seq: int | None = None, batch: int = 1, dtype: str =
     seq = seq or min(max_pos, 4096)
     if seq < 2 or batch < 1:
         raise DayzeroError(f"--seq {seq} / --batch {batch}: need seq >= 2 and batch >= 1")
-    return _run(meta, seq, batch, dtype, experts)
+    return _run(meta, seq, batch, dtype)
 
 
-def _run(meta: MetaModel, seq: int, batch: int, dtype: str, experts: str) -> Trace:
+def _run(meta: MetaModel, seq: int, batch: int, dtype: str) -> Trace:
     from dayzero.errors import DayzeroError
 
     net = meta.model
@@ -258,7 +267,7 @@ def _run(meta: MetaModel, seq: int, batch: int, dtype: str, experts: str) -> Tra
         try:
             out = net(input_ids=ids, labels=ids, use_cache=False)
             loss = _loss_of(out, ids)
-            rec.tag_autograd_nodes()
+            rec.tag_autograd_nodes(loss)
             loss.backward()
         except DayzeroError:
             raise
@@ -267,7 +276,7 @@ def _run(meta: MetaModel, seq: int, batch: int, dtype: str, experts: str) -> Tra
             raise DayzeroError(f"{meta.name}: tracing failed in {where}: {type(e).__name__}: "
                                f"{' '.join(str(e).split())[:300]}") from None
     examples = {k: v[1] for k, v in rec.examples.items()}
-    return Trace(model=meta.name, model_type=meta.model_type, seq=seq, batch=batch, dtype=dtype, experts=experts,
+    return Trace(model=meta.name, model_type=meta.model_type, seq=seq, batch=batch, dtype=dtype, experts=meta.experts,
                  kinds=meta.kinds, num_layers=meta.num_layers, calls=rec.calls, examples=examples,
                  tensor_bytes=rec.tensor_bytes, notes=list(meta.notes) + _routing_note(shadows), spec=meta.spec)
 
