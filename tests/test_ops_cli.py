@@ -92,3 +92,16 @@ def test_missing_manifest_and_bad_options(capsys):
     assert "no such manifest" in _one_line_error(*run(capsys, "ops", "tiny-llama", "--manifest", "tpu9"))
     assert "--experts" in _one_line_error(*run(capsys, "ops", "tiny-llama", "--experts", "magic"))
     assert "MODEL" in _one_line_error(*run(capsys, "ops"))
+
+
+def test_code_that_needs_weight_values_fails_in_one_line(capsys, tmp_path):
+    """A meta trace has no weight values: code branching on them must fail cleanly, naming where."""
+    model = tmp_path / "tinyx_branching"  # its own name: transformers caches remote modules by directory name
+    shutil.copytree(REMOTE, model)
+    src = (model / "modeling_tinyx.py").read_text()
+    src = src.replace("        for layer in self.layers:\n",
+                      "        if self.lm_head.weight.sum() > 0:  # data-dependent branch on a weight\n"
+                      "            x = x * 2\n        for layer in self.layers:\n")
+    (model / "modeling_tinyx.py").write_text(src)
+    line = _one_line_error(*run(capsys, "ops", str(model), "--trust-remote-code"))
+    assert "tinyx_branching" in line and "weight" in line

@@ -38,6 +38,7 @@ def ops_cmd(
     [bold]dayzero ops ./my-model/ --trust-remote-code --json[/bold];
     [bold]dayzero ops --emit-manifest CUDA -o cuda.yaml[/bold]
     """
+    _require("torch", *(() if emit_manifest else ("transformers",)))
     if emit_manifest:
         from dayzero.ops.manifest import emit_manifest as emit
 
@@ -60,6 +61,14 @@ def ops_cmd(
         emit_json(obj)
         return
     _print(obj, top)
+
+
+def _require(*modules: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DayzeroError(f"dayzero ops needs {' and '.join(missing)}; install them: pip install 'dayzero[ops]'")
 
 
 def _short(op: str) -> str:

@@ -1,6 +1,7 @@
 """Every private PyTorch API the ops layer uses, in one place, behind a version check.
 
-The operator layer needs four things PyTorch exposes only privately: the dispatcher's kernel
+The operator layer needs a few things PyTorch exposes only privately or from underscore modules:
+``TorchDispatchMode`` and pytree helpers, the dispatcher's kernel
 registrations per dispatch key, the ``native_functions.yaml`` that ships inside the wheel (via
 ``torchgen``), the decomposition tables of ``torch._decomp``, and the FLOP formulas of
 ``torch.utils.flop_counter``. If a PyTorch upgrade moves one of them, this is the only file to fix.
@@ -12,6 +13,9 @@ import os
 from functools import lru_cache
 
 import torch
+# TorchDispatchMode and the pytree helpers are documented but live in underscore modules
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (re-exported)
+from torch.utils._pytree import tree_flatten, tree_map  # noqa: F401  (re-exported)
 
 from dayzero.errors import DayzeroError
 

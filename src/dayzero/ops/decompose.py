@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
-from dayzero.ops._torch_compat import decomposition_tables
+from dayzero.ops._torch_compat import TorchDispatchMode, decomposition_tables, tree_flatten, tree_map
 from dayzero.ops.trace import TensorSpec, call_dtypes
 
 aten = torch.ops.aten
@@ -300,4 +298,6 @@ def _check(func, example: tuple, supported, choice: dict, seed: int) -> tuple[bo
             worst = max(worst, err)
             ok &= err <= atol + rtol * float(scale.max())
     shape_note = " (shapes shrunk)" if sizes else ""
-    return bool(ok), worst, f"random CPU inputs{shape_note}, max error within the dtype's tolerance" if ok else f"random CPU inputs{shape_note}: max error {worst:.3g} exceeds the dtype's tolerance"
+    if ok:
+        return True, worst, f"random CPU inputs{shape_note}, max error within the dtype's tolerance"
+    return False, worst, f"random CPU inputs{shape_note}: max error {worst:.3g} exceeds the dtype's tolerance"

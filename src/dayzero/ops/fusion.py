@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dayzero.ops.manifest import FUSED_KERNELS, Manifest
+from dayzero.ops.manifest import Manifest
 from dayzero.ops.trace import OpCall, Trace
 
 _GEMMS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
@@ -258,7 +258,3 @@ def _boundary_bytes(trace: Trace, chain: list[int], consumers: dict[int, list[in
         if c.kernel and escapes(i):
             writes |= set(c.outputs)
     return sum(trace.tensor_bytes.get(t, 0) for t in reads | (writes - reads))
-
-
-def fused_kernel_names() -> tuple[str, ...]:
-    return tuple(FUSED_KERNELS)

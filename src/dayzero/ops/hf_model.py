@@ -125,13 +125,15 @@ def resolve_config(model: str, trust_remote_code: bool = False):
         raise ConfigError(source, "model_type", "is missing; expected the Hugging Face model type, e.g. 'llama'")
     hf_type = MODEL_TYPE_ALIASES.get(mt, mt)
     if hf_type != mt:
-        notes.append(f"transformers has no '{mt}' model; traced its architecture '{hf_type}' "
-                     f"(the checkpoint's config names {hf_type.title().replace('_', '')}ForCausalLM)")
+        arch = cfg.get("architectures")
+        named = f" (its config.json names {', '.join(arch)})" if isinstance(arch, list) and arch else ""
+        notes.append(f"transformers has no '{mt}' model; traced its architecture '{hf_type}'{named}")
     if hf_type not in CONFIG_MAPPING:
         import transformers
 
-        raise ConfigError(source, "model_type", f"'{mt}' is not implemented by transformers {transformers.__version__}; "
-                          "pass a directory with its own modeling_*.py and --trust-remote-code")
+        raise ConfigError(source, "model_type", f"'{mt}' is not implemented by transformers "
+                          f"{transformers.__version__}; pass a directory with its own modeling_*.py "
+                          "and --trust-remote-code")
     fields = {k: v for k, v in cfg.items() if k != "model_type"}
     with _quiet_transformers():
         try:

@@ -196,7 +196,8 @@ def emit_manifest(dispatch_key: str, source: str = "auto", name: str | None = No
     if source == "dispatcher":
         if not live:
             raise DayzeroError(f"no ATen kernels are registered for dispatch key {dispatch_key!r} in this process; "
-                               "import the backend's PyTorch extension first, or use --manifest-source native_functions")
+                               "import the backend's PyTorch extension first, "
+                               "or use --manifest-source native_functions")
         ops = set(live)
         for key in _COMPOSITE:
             ops |= {o for o in registrations(key) if o.startswith("aten.")}

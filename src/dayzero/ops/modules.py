@@ -91,6 +91,7 @@ class ModuleMap:
         rest = qual[len(self._layers_prefix):] if qual.startswith(self._layers_prefix) else None
         if rest is not None and rest.isdigit():
             return "residual"
-        if rest is not None and (isinstance(mod, nn.Linear) or any(a in cls for a in ("gelu", "silu", "relu", "activation"))):
+        activation = any(a in cls for a in ("gelu", "silu", "relu", "activation"))
+        if rest is not None and (isinstance(mod, nn.Linear) or activation):
             return "mlp"  # an unnamed projection or activation in a decoder layer, outside attention
         return None

@@ -6,7 +6,8 @@ for a value: MoE routing turns router scores into expert indices, then ``nonzero
 paths we keep a CPU "shadow" value next to small meta tensors:
 
 * factories (``arange``, ``zeros``, ``full``, ...) and ops whose meta inputs all have shadows get
-  a shadow computed on CPU (positions, masks, expert one-hots, offsets) when small (<= 16 M elements);
+  a shadow computed on CPU (positions, masks, expert one-hots, offsets) when small (<= 16 M
+  integer/bool elements, <= 64 k floating-point ones);
 * top-k / sort / arg-max over values the trace cannot know (router scores derived from weights)
   get *balanced* synthetic indices: row r picks experts (r*k + j) mod n, so every expert receives
   tokens*k/n tokens (+-1), the load a trained, balanced router aims for (an assumption, reported);
@@ -20,13 +21,14 @@ Large activations never get shadows, so this costs milliseconds.
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from dayzero.errors import DayzeroError
+from dayzero.ops._torch_compat import tree_flatten, tree_map
 
 aten = torch.ops.aten
-LIMIT = 1 << 24  # elements: larger tensors never get a shadow
+LIMIT = 1 << 24  # elements: larger integer/bool tensors never get a shadow
+FLOAT_LIMIT = 1 << 16  # floating-point results (masks turned into -inf biases, ...) rarely decide shapes
 _DATA_DEPENDENT = {aten.nonzero.default, aten._local_scalar_dense.default, aten.masked_select.default,
                    aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default,
                    aten.repeat_interleave.Tensor, aten.bincount.default, aten.equal.default, aten.is_nonzero.default}
@@ -103,7 +105,7 @@ class ShadowValues:
 
     def _shadow_outputs(self, func, args, kwargs, out, stand_in: bool) -> None:
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        if not outs or any(o.numel() > LIMIT for o in outs):
+        if not outs or any(o.numel() > (FLOAT_LIMIT if o.is_floating_point() else LIMIT) for o in outs):
             return
         cpu_args, cpu_kwargs = tree_map(lambda x: self._cpu(x, stand_in), (args, kwargs))
         try:
@@ -151,8 +153,9 @@ class ShadowValues:
                                if isinstance(t, torch.Tensor) and t.is_meta
                                and not (t.is_floating_point() or t.is_complex()))
         if not (all_known or int_inputs_known):
-            raise DayzeroError(f"{func} needs the values of a tensor derived from the model's weights, which a meta "
-                               "trace does not have; trace with --experts grouped_mm or report this model")
+            raise DayzeroError(f"{func} needs the value of a tensor computed from the model's weights, which a "
+                               "meta-device trace does not have (the code branches on data); this model cannot be "
+                               "traced without weights")
         cpu_args, cpu_kwargs = tree_map(lambda x: self._cpu(x, True), (args, kwargs))
         result = func(*cpu_args, **cpu_kwargs)
 

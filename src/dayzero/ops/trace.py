@@ -19,14 +19,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dayzero.ops._torch_compat import check_torch_version, current_autograd_node, flop_formulas
+from dayzero.errors import DayzeroError
+from dayzero.ops._torch_compat import (TorchDispatchMode, check_torch_version, current_autograd_node, flop_formulas,
+                                       tree_flatten, tree_map)
 from dayzero.ops.hf_model import LayerKind, MetaModel, build_meta_model
 from dayzero.ops.modules import ModuleMap
 from dayzero.ops.shadow import ShadowValues
+from dayzero.specs.model import ModelSpec
 
 aten = torch.ops.aten
 # calls that allocate or re-describe memory without launching a compute kernel
@@ -82,7 +84,7 @@ class Trace:
     examples: dict[tuple[str, tuple[str, ...]], tuple]  # (op, dtypes) -> (args, kwargs) of its smallest call
     tensor_bytes: dict[int, int] = field(default_factory=dict)  # tensor id -> memory footprint
     notes: list[str] = field(default_factory=list)
-    spec: object = None  # ModelSpec when dayzero parses the model_type
+    spec: ModelSpec | None = None  # when dayzero parses the model_type (not for unknown remote code)
 
     @property
     def tokens(self) -> int:
@@ -135,7 +137,7 @@ def _grouped_mm_flops(a: torch.Tensor, b: torch.Tensor) -> int:
     return 2 * m * k * n * (a.shape[0] if a.dim() == 3 and b.dim() == 3 else 1)
 
 
-class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+class OpRecorder(TorchDispatchMode):
     """Records every call into a list of :class:`OpCall`."""
 
     def __init__(self, modules: ModuleMap, tracker: ModuleTracker, shadows: ShadowValues):
@@ -245,8 +247,6 @@ def trace_model(model: str, seq: int | None = None, batch: int = 1, dtype: str =
                 experts: str = "grouped_mm", trust_remote_code: bool = False) -> Trace:
     """Trace one training step (forward, loss, backward) of MODEL's real modeling code."""
     check_torch_version()
-    from dayzero.errors import DayzeroError
-
     meta = build_meta_model(model, dtype=dtype, experts=experts, trust_remote_code=trust_remote_code)
     max_pos = getattr(meta.model.config, "max_position_embeddings", None) or 4096
     seq = seq or min(max_pos, 4096)
@@ -256,8 +256,6 @@ def trace_model(model: str, seq: int | None = None, batch: int = 1, dtype: str =
 
 
 def _run(meta: MetaModel, seq: int, batch: int, dtype: str) -> Trace:
-    from dayzero.errors import DayzeroError
-
     net = meta.model
     modules = ModuleMap(net, meta.layer_list)
     shadows = ShadowValues()
@@ -269,12 +267,10 @@ def _run(meta: MetaModel, seq: int, batch: int, dtype: str) -> Trace:
             loss = _loss_of(out, ids)
             rec.tag_autograd_nodes(loss)
             loss.backward()
-        except DayzeroError:
-            raise
         except Exception as e:  # the model's own code failed on meta tensors: say where, in one line
             where = max(tracker.parents, key=lambda p: p.count("."))
-            raise DayzeroError(f"{meta.name}: tracing failed in {where}: {type(e).__name__}: "
-                               f"{' '.join(str(e).split())[:300]}") from None
+            what = str(e) if isinstance(e, DayzeroError) else f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            raise DayzeroError(f"{meta.name}: tracing failed in {where}: {what}") from None
     examples = {k: v[1] for k, v in rec.examples.items()}
     return Trace(model=meta.name, model_type=meta.model_type, seq=seq, batch=batch, dtype=dtype, experts=meta.experts,
                  kinds=meta.kinds, num_layers=meta.num_layers, calls=rec.calls, examples=examples,
