@@ -1,6 +1,7 @@
 """Benchmark `dayzero ops` on every model preset: cold CLI runs, as a user would start them.
 
     PYTHONPATH=src python benchmarks/bench_ops.py [--manifest cuda --manifest example-npu] [--only NAME]
+                                                  [--experts grouped_mm --experts eager]
 
 Each run is a fresh `python -m dayzero ops PRESET --manifest M --json` process, so the time
 includes importing torch and transformers, building the model on the meta device, tracing one
@@ -26,23 +27,26 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 30.0
 
 
-def presets() -> list[tuple[str, str]]:
+def presets() -> list[tuple[str, bool]]:
+    """(preset, has MoE layers) for every built-in model preset."""
     sys.path.insert(0, str(ROOT / "src"))
-    from dayzero.specs.registry import model_presets
+    from dayzero.specs.registry import load_model, model_presets
 
-    return [(name, cfg["model_type"]) for name, cfg in model_presets().items()]
+    return [(name, load_model(name).is_moe) for name in model_presets()]
 
 
-def run_one(model: str, manifest: str) -> dict:
+def run_one(model: str, manifest: str, experts: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "dayzero", "ops", model, "--manifest", manifest, "--json"],
+    proc = subprocess.run([sys.executable, "-m", "dayzero", "ops", model, "--manifest", manifest, "--experts", experts,
+                           "--json"],
                           capture_output=True, text=True, env=env, cwd=ROOT)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    row = {"model": model, "manifest": manifest, "wall_s": wall, "cpu_s": cpu, "rc": proc.returncode}
+    row = {"model": model, "manifest": manifest, "experts": experts, "wall_s": wall, "cpu_s": cpu,
+           "rc": proc.returncode}
     if proc.returncode != 0:
         row["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"
         return row
@@ -53,7 +57,7 @@ def run_one(model: str, manifest: str) -> dict:
                unsupported=len(r["unsupported"]), needs_kernel=[n["op"] for n in r["needs_kernel"]],
                verified=sum(1 for u in r["unsupported"] if (u["decomposition"] or {}).get("verified")),
                fusions=len(r["fusions"]), flops_rel_diff=fc.get("rel_diff"), sliding=fc.get("sliding_window"),
-               inner_s=r["seconds"])
+               inner_s=r["seconds"], moe=bool(r["experts"]))
     return row
 
 
@@ -69,23 +73,24 @@ def markdown(rows: list[dict], manifests: list[str]) -> str:
         "Command: `PYTHONPATH=src python benchmarks/bench_ops.py` (one cold `python -m dayzero ops PRESET "
         "--manifest M --json` process per row: imports, meta-device build, trace of forward + backward at the "
         "default sequence length, numerical checks of every decomposition, fusion search).", "",
-        f"Target: < {TARGET_S:.0f} s per model. `wall` is elapsed time, `cpu` user+sys seconds of the process "
+        f"Target: < {TARGET_S:.0f} s per model with the default options (experts: grouped_mm). `wall` is elapsed time, `cpu` user+sys seconds of the process "
         "(the machine is shared, so wall time includes waiting for a core). `in-process` is the time after imports "
         "(`seconds` in the JSON). FLOPs diff: traced forward+backward FLOPs/token vs `dayzero inspect "
         "--full-attention`.", "",
-        "| model | manifest | seq | layer kinds | calls/step | coverage (calls / FLOPs) | unsupported (verified) "
-        "| needs a kernel | fusions | FLOPs diff | wall s | cpu s | in-process s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | manifest | experts | seq | layer kinds | calls/step | coverage (calls / FLOPs) "
+        "| unsupported (verified) | needs a kernel | fusions | FLOPs diff | wall s | cpu s | in-process s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["rc"] != 0:
-            lines.append(f"| {r['model']} | {r['manifest']} | | | | | | | | | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-                         f"error: {r.get('error', '')} |")
+            lines.append(f"| {r['model']} | {r['manifest']} | {r['experts']} | | | | | | | | | {r['wall_s']:.1f} | "
+                         f"{r['cpu_s']:.1f} | error: {r.get('error', '')} |")
             continue
         diff = "—" if r["flops_rel_diff"] is None else f"{100 * r['flops_rel_diff']:+.2f} %" + (
             " (sliding window)" if r["sliding"] else "")
         nk = ", ".join(o.removeprefix("aten.") for o in r["needs_kernel"]) or "—"
-        lines.append(f"| {r['model']} | {r['manifest']} | {r['seq']} | {r['kinds']} | {r['calls']:,} | "
+        experts = r["experts"] if r.get("moe") else "—"
+        lines.append(f"| {r['model']} | {r['manifest']} | {experts} | {r['seq']} | {r['kinds']} | {r['calls']:,} | "
                      f"{100 * r['coverage']:.1f} % / {100 * r['coverage_flops']:.1f} % | {r['unsupported']} ({r['verified']}) | "
                      f"{nk} | {r['fusions']} | {diff} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['inner_s']:.1f} |")
     ok = [r for r in rows if r["rc"] == 0]
@@ -104,17 +109,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--manifest", action="append", default=None)
     ap.add_argument("--only", action="append", default=None)
+    ap.add_argument("--experts", action="append", default=None, help="MoE experts implementations to run")
     args = ap.parse_args()
     manifests = args.manifest or ["cuda", "example-npu"]
+    experts_list = args.experts or ["grouped_mm"]
     rows = []
-    for model, model_type in presets():
+    for model, is_moe in presets():
         if args.only and model not in args.only:
             continue
-        for manifest in manifests:
-            row = run_one(model, manifest)
-            rows.append(row)
-            print(f"{model:18s} {manifest:12s} rc={row['rc']} wall={row['wall_s']:.1f}s cpu={row['cpu_s']:.1f}s "
-                  f"{row.get('error', '')}", flush=True)
+        for experts in experts_list if is_moe else experts_list[:1]:  # dense: nothing to vary
+            # further experts implementations against the first manifest only (the trace is what differs)
+            for manifest in manifests if experts == experts_list[0] else manifests[:1]:
+                row = run_one(model, manifest, experts)
+                rows.append(row)
+                print(f"{model:18s} {manifest:12s} {experts:10s} rc={row['rc']} wall={row['wall_s']:.1f}s "
+                      f"cpu={row['cpu_s']:.1f}s {row.get('error', '')}", flush=True)
     text = markdown(rows, manifests)
     (ROOT / "benchmarks" / "RESULTS_ops.md").write_text(text)
     if os.environ.get("OUT"):

@@ -105,3 +105,13 @@ def test_code_that_needs_weight_values_fails_in_one_line(capsys, tmp_path):
     (model / "modeling_tinyx.py").write_text(src)
     line = _one_line_error(*run(capsys, "ops", str(model), "--trust-remote-code"))
     assert "tinyx_branching" in line and "weight" in line
+
+
+def test_json_module_paths_name_layer_kinds(capsys):
+    code, out, err = run(capsys, "ops", "tiny-moe", "--seq", "32", "--json", "--no-check")
+    assert code == 0, err
+    r = json.loads(out)
+    gmm = next(o for o in r["ops"] if o["op"] == "aten._grouped_mm.default")
+    assert set(gmm["modules"]) == {"model.layers[moe].mlp.experts"}
+    assert gmm["layer_kinds"] == {"moe": gmm["count"]} and gmm["categories"] == {"mlp": gmm["count"]}
+    assert gmm["phases"]["backward"] == 2 * gmm["phases"]["forward"]

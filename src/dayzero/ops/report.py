@@ -21,6 +21,8 @@ from dayzero.ops.fusion import Fusion, find_fusions
 from dayzero.ops.manifest import Manifest, load_manifest
 from dayzero.ops.trace import Trace, trace_model
 
+MODULES_SHOWN = 8  # module paths listed per operator in the JSON
+
 
 @dataclass
 class OpRow:
@@ -35,6 +37,7 @@ class OpRow:
     categories: dict[str, int]
     phases: dict[str, int]
     kinds: dict[str, int]  # calls per step by layer kind ("model": outside decoder layers)
+    modules: dict[str, int]  # calls per step by module path (the most frequent few)
     shapes: tuple[tuple[int, ...], ...]  # inputs of its largest call
     kernel: bool
     unsupported_count: int = 0
@@ -51,7 +54,7 @@ class OpRow:
                 "supported": self.supported,
                 "decomposition": self.decomposition.to_dict() if self.decomposition else None,
                 "dtypes": list(self.dtypes), "categories": self.categories, "phases": self.phases,
-                "layer_kinds": self.kinds,
+                "layer_kinds": self.kinds, "modules": self.modules,
                 "shapes": [list(s) for s in self.shapes], "kernel": self.kernel,
                 "flops_share": self.flops / total_flops if total_flops else 0.0,
                 "bytes_share": self.bytes / total_bytes if total_bytes else 0.0}
@@ -152,7 +155,8 @@ def map_trace(trace: Trace, manifest: Manifest | str = "cuda", check: bool = Tru
     for c in trace.calls:
         m = trace.multiplier(c)
         a = agg.setdefault(c.op, {"count": 0, "flops": 0, "bytes": 0, "dtypes": set(), "cats": Counter(),
-                                  "phases": Counter(), "kinds": Counter(), "bad": 0, "bad_dtypes": Counter(),
+                                  "phases": Counter(), "kinds": Counter(), "modules": Counter(), "bad": 0,
+                                  "bad_dtypes": Counter(),
                                   "shapes": (), "size": -1, "kernel": c.kernel})
         a["count"] += m
         a["flops"] += c.flops * m
@@ -161,6 +165,7 @@ def map_trace(trace: Trace, manifest: Manifest | str = "cuda", check: bool = Tru
         a["cats"][c.category] += m
         a["phases"][c.phase] += m
         a["kinds"]["model" if c.layer is None else trace.kinds[c.layer].name] += m
+        a["modules"][trace.module_path(c)] += m
         size = sum(_prod(s) for s in c.shapes)
         if size > a["size"]:
             a["size"], a["shapes"] = size, c.shapes
@@ -171,7 +176,8 @@ def map_trace(trace: Trace, manifest: Manifest | str = "cuda", check: bool = Tru
     for op, a in agg.items():
         row = OpRow(op=op, count=a["count"], flops=a["flops"], bytes=a["bytes"], supported=a["bad"] == 0,
                     dtypes=tuple(sorted(a["dtypes"])), categories=dict(a["cats"].most_common()),
-                    phases=dict(a["phases"]), kinds=dict(a["kinds"]), shapes=a["shapes"], kernel=a["kernel"],
+                    phases=dict(a["phases"]), kinds=dict(a["kinds"]),
+                    modules=dict(a["modules"].most_common(MODULES_SHOWN)), shapes=a["shapes"], kernel=a["kernel"],
                     unsupported_count=a["bad"])
         if a["bad"]:
             dts = a["bad_dtypes"].most_common(1)[0][0]

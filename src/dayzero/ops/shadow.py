@@ -6,7 +6,7 @@ for a value: MoE routing turns router scores into expert indices, then ``nonzero
 paths we keep a CPU "shadow" value next to small meta tensors:
 
 * factories (``arange``, ``zeros``, ``full``, ...) and ops whose meta inputs all have shadows get
-  a shadow computed on CPU (positions, masks, expert one-hots, offsets) when small (<= 16 M
+  a shadow computed on CPU (positions, masks, expert one-hots, offsets) when small (<= 64 M
   integer/bool elements, <= 64 k floating-point ones);
 * top-k / sort / arg-max over values the trace cannot know (router scores derived from weights)
   get *balanced* synthetic indices: row r picks experts (r*k + j) mod n, so every expert receives
@@ -15,7 +15,7 @@ paths we keep a CPU "shadow" value next to small meta tensors:
   shadows, and with zero stand-ins (expanded from one element, no memory) for weight-derived
   inputs, to learn the output shape; the meta result gets that shape.
 
-Large activations never get shadows, so this costs milliseconds.
+Activations never get shadows, so this costs tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from dayzero.errors import DayzeroError
 from dayzero.ops._torch_compat import tree_flatten, tree_map
 
 aten = torch.ops.aten
-LIMIT = 1 << 24  # elements: larger integer/bool tensors never get a shadow
+# elements: larger integer/bool tensors never get a shadow (2^26 int64 = 512 MiB, transient; holds
+# the expert one-hot tokens x top_k x (experts+1) of transformers' eager MoE loop up to ~16 k tokens
+# with 512 experts, top-8)
+LIMIT = 1 << 26
 FLOAT_LIMIT = 1 << 16  # floating-point results (masks turned into -inf biases, ...) rarely decide shapes
 _DATA_DEPENDENT = {aten.nonzero.default, aten._local_scalar_dense.default, aten.masked_select.default,
                    aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default,

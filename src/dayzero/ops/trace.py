@@ -83,6 +83,7 @@ class Trace:
     calls: list[OpCall]
     examples: dict[tuple[str, tuple[str, ...]], tuple]  # (op, dtypes) -> (args, kwargs) of its smallest call
     tensor_bytes: dict[int, int] = field(default_factory=dict)  # tensor id -> memory footprint
+    layer_list: str = ""  # qualified name of the decoder-layer ModuleList, e.g. "model.layers"
     notes: list[str] = field(default_factory=list)
     spec: ModelSpec | None = None  # when dayzero parses the model_type (not for unknown remote code)
 
@@ -92,6 +93,15 @@ class Trace:
 
     def multiplier(self, call: OpCall) -> int:
         return 1 if call.layer is None else len(self.kinds[call.layer].layers)
+
+    def module_path(self, call: OpCall) -> str:
+        """The call's module without the root class, its layer index shown as the layer kind:
+        ``model.layers[moe].mlp.experts`` (the reduced model's index would mislead)."""
+        path = call.module.partition(".")[2] or call.module
+        prefix = f"{self.layer_list}.{call.layer}"
+        if call.layer is not None and (path == prefix or path.startswith(prefix + ".")):
+            path = f"{self.layer_list}[{self.kinds[call.layer].name}]{path[len(prefix):]}"
+        return path
 
     def total_flops(self) -> int:
         return sum(c.flops * self.multiplier(c) for c in self.calls)
@@ -274,7 +284,7 @@ def _run(meta: MetaModel, seq: int, batch: int, dtype: str) -> Trace:
     examples = {k: v[1] for k, v in rec.examples.items()}
     return Trace(model=meta.name, model_type=meta.model_type, seq=seq, batch=batch, dtype=dtype, experts=meta.experts,
                  kinds=meta.kinds, num_layers=meta.num_layers, calls=rec.calls, examples=examples,
-                 tensor_bytes=rec.tensor_bytes, notes=list(meta.notes) + _routing_note(shadows), spec=meta.spec)
+                 tensor_bytes=rec.tensor_bytes, layer_list=meta.layer_list, notes=list(meta.notes) + _routing_note(shadows), spec=meta.spec)
 
 
 def _routing_note(shadows: ShadowValues) -> list[str]:
