@@ -1,13 +1,16 @@
 """Benchmark `dayzero ops` on every model preset: cold CLI runs, as a user would start them.
 
     PYTHONPATH=src python benchmarks/bench_ops.py [--manifest cuda --manifest example-npu] [--only NAME]
-                                                  [--experts grouped_mm --experts eager]
+                                                  [--experts grouped_mm --experts eager] [--repeat 3]
 
 Each run is a fresh `python -m dayzero ops PRESET --manifest M --json` process, so the time
 includes importing torch and transformers, building the model on the meta device, tracing one
 training step, checking every decomposition numerically and finding fusions. Target (issue 8):
-under 30 s per model on the 2-core development machine. Writes benchmarks/RESULTS_ops.md (and a
-copy under $OUT when set). CPU only; no GPU needed.
+under 30 s per model on the 2-core development machine. That machine is shared with other jobs, so
+wall time varies with their load: each configuration runs --repeat times and the table shows the
+best and worst wall time (best-of-N is the time the tool needs; the spread is the interference)
+and the smallest CPU time. Writes benchmarks/RESULTS_ops.md (and a copy under $OUT when set).
+CPU only; no GPU needed.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ def markdown(rows: list[dict], manifests: list[str]) -> str:
         "(`seconds` in the JSON). FLOPs diff: traced forward+backward FLOPs/token vs `dayzero inspect "
         "--full-attention`.", "",
         "| model | manifest | experts | seq | layer kinds | calls/step | coverage (calls / FLOPs) "
-        "| unsupported (verified) | needs a kernel | fusions | FLOPs diff | wall s | cpu s | in-process s |",
+        "| unsupported (verified) | needs a kernel | fusions | FLOPs diff | wall s, best (worst) | cpu s | "
+        "in-process s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -92,13 +96,17 @@ def markdown(rows: list[dict], manifests: list[str]) -> str:
         experts = r["experts"] if r.get("moe") else "—"
         lines.append(f"| {r['model']} | {r['manifest']} | {experts} | {r['seq']} | {r['kinds']} | {r['calls']:,} | "
                      f"{100 * r['coverage']:.1f} % / {100 * r['coverage_flops']:.1f} % | {r['unsupported']} ({r['verified']}) | "
-                     f"{nk} | {r['fusions']} | {diff} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['inner_s']:.1f} |")
+                     f"{nk} | {r['fusions']} | {diff} | {r['wall_s']:.1f} ({r['wall_worst_s']:.1f}) | {r['cpu_s']:.1f} | "
+                     f"{r['inner_s']:.1f} |")
     ok = [r for r in rows if r["rc"] == 0]
     worst_wall = max((r["wall_s"] for r in ok), default=0)
     worst_cpu = max((r["cpu_s"] for r in ok), default=0)
-    lines += ["", f"Slowest run: {worst_wall:.1f} s wall, {worst_cpu:.1f} s cpu; "
-              f"{sum(r['wall_s'] < TARGET_S for r in ok)}/{len(rows)} runs under {TARGET_S:.0f} s wall "
-              f"({sum(r['cpu_s'] < TARGET_S for r in ok)}/{len(rows)} under {TARGET_S:.0f} s cpu)."]
+    default = [r for r in ok if r["experts"] == "grouped_mm"]
+    lines += ["", f"Slowest configuration: {worst_wall:.1f} s wall (best of {rows[0].get('repeat', 1)}), "
+              f"{worst_cpu:.1f} s cpu. Default options (experts grouped_mm): "
+              f"{sum(r['wall_s'] < TARGET_S for r in default)}/{len(default)} under {TARGET_S:.0f} s wall, "
+              f"{sum(r['cpu_s'] < TARGET_S for r in default)}/{len(default)} under {TARGET_S:.0f} s cpu; worst "
+              f"single run {max((r['wall_worst_s'] for r in default), default=0):.1f} s wall under the other jobs' load."]
     lines += ["", "gpt-oss-120b: eager attention computes the full s x s scores in its sliding-window layers, "
               "inspect counts the 128-token window, hence the FLOPs difference at seq 4096 (they agree at seq 128, "
               "see tests/test_ops_trace.py)."]
@@ -110,6 +118,7 @@ def main() -> None:
     ap.add_argument("--manifest", action="append", default=None)
     ap.add_argument("--only", action="append", default=None)
     ap.add_argument("--experts", action="append", default=None, help="MoE experts implementations to run")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per configuration (best and worst wall shown)")
     args = ap.parse_args()
     manifests = args.manifest or ["cuda", "example-npu"]
     experts_list = args.experts or ["grouped_mm"]
@@ -120,7 +129,10 @@ def main() -> None:
         for experts in experts_list if is_moe else experts_list[:1]:  # dense: nothing to vary
             # further experts implementations against the first manifest only (the trace is what differs)
             for manifest in manifests if experts == experts_list[0] else manifests[:1]:
-                row = run_one(model, manifest, experts)
+                runs = [run_one(model, manifest, experts) for _ in range(args.repeat)]
+                row = min(runs, key=lambda r: r["wall_s"])
+                row.update(wall_worst_s=max(r["wall_s"] for r in runs), cpu_s=min(r["cpu_s"] for r in runs),
+                           repeat=args.repeat)
                 rows.append(row)
                 print(f"{model:18s} {manifest:12s} {experts:10s} rc={row['rc']} wall={row['wall_s']:.1f}s "
                       f"cpu={row['cpu_s']:.1f}s {row.get('error', '')}", flush=True)

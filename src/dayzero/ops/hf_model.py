@@ -118,7 +118,7 @@ def resolve_config(model: str, trust_remote_code: bool = False):
                 config = AutoConfig.from_pretrained(str(directory), trust_remote_code=True, local_files_only=True)
             except Exception as e:  # remote code can fail in any way; report it in one line
                 raise ConfigError(str(directory), None, f"cannot load its config with its own code: "
-                                  f"{type(e).__name__}: {e}") from None
+                                  f"{type(e).__name__}: {str(e)[:300]}") from None
         notes.append(f"modeling code from {directory} ({', '.join(modeling)}), trusted by --trust-remote-code")
         return config, name, spec, notes, True
     if not isinstance(mt, str):
@@ -139,7 +139,8 @@ def resolve_config(model: str, trust_remote_code: bool = False):
         try:
             config = AutoConfig.for_model(hf_type, **fields)
         except Exception as e:
-            raise ConfigError(source, None, f"transformers rejects this config: {type(e).__name__}: {e}") from None
+            raise ConfigError(source, None, f"transformers rejects this config: {type(e).__name__}: "
+                              f"{str(e)[:300]}") from None
     return config, name, spec, notes, False
 
 
