@@ -92,3 +92,18 @@ def test_help_has_an_example():
 
 def _pythonpath() -> dict:
     return {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "HOME")}
+
+
+def test_json_output(tmp_path, capsys):
+    code, out, err = _run(["tiny-llama", "--steps", "2", "--seq", "32", "--gbs", "2", "--hidden", "64",
+                           "--layers", "2", "--json", "--data", str(_corpus_file(tmp_path))], capsys)
+    assert code == 0, err
+    obj = json.loads(out)
+    assert obj["end"]["event"] == "end" and obj["end"]["steps"] == 2 and len(obj["steps"]) == 2
+    assert obj["config"]["parallel"]["gbs"] == 2 and obj["config"]["compute_dtype"] == "fp32"
+
+
+def _corpus_file(tmp_path):
+    p = tmp_path / "text.txt"
+    p.write_text("a small text for a small test. " * 40)
+    return p

@@ -30,6 +30,8 @@ WORLDS = {
         "tp2_dp2_sp_zero2_selective": ("dense", ParallelConfig(tp=2, dp=2, zero=2, sequence_parallel=True,
                                                                recompute="selective", **BATCH)),
         "tp2_dp2_zero0_full": ("dense", ParallelConfig(tp=2, dp=2, zero=0, recompute="full", **BATCH)),
+        # 2 KV heads on 4 tp ranks: KV heads replicated, with sequence parallelism
+        "tp4_sp_kv_replicated": ("dense", ParallelConfig(tp=4, sequence_parallel=True, **BATCH)),
         "moe_ep2_dp2_tp2": ("moe", ParallelConfig(ep=2, dp=2, tp=2, **BATCH))},
     2: {"pp2_interleaved": ("dense", ParallelConfig(pp=2, vpp=2, schedule="interleaved", **BATCH)),
         "pp2_gpipe_full": ("dense", ParallelConfig(pp=2, vpp=2, schedule="gpipe", recompute="full", **BATCH))},

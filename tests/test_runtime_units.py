@@ -173,3 +173,11 @@ def test_mesh_views_at_64_ranks():
         assert (m.pp_rank, m.tp_rank, m.dp_rank) == (1, 1, 3)
     finally:
         dist.destroy_process_group()
+
+
+def test_comm_time_counts_overlapping_transfers_once():
+    from dayzero.runtime.metrics import union_ns
+
+    assert union_ns([]) == 0
+    assert union_ns([(0, 10), (5, 15), (20, 30)]) == 25
+    assert union_ns([(0, 100), (10, 20), (30, 40)]) == 100

@@ -98,7 +98,8 @@ class GroupedQueryAttention(nn.Module):
         v = self.wv(x).view(bs, seq, -1, self.v_head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
+        if cos is not None:  # (learned absolute positions were added to the embedding instead)
+            q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, h_local, S, dv)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 

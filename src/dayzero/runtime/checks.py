@@ -27,9 +27,6 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
     acts = {spec.mlp.activation} | ({spec.moe.expert.activation} if spec.moe else set())
     if "swiglu_clamped" in acts:
         p.append(f"{spec.name}: the clamped SwiGLU of gpt-oss is not in the runtime's model zoo yet")
-    if a.kind == "gqa" and parallel.tp > a.kv_heads and parallel.tp % a.kv_heads == 0:
-        p.append(f"kv heads ({a.kv_heads}) must be divisible by tp ({parallel.tp}) in the runtime "
-                 "(it does not replicate kv heads); lower --tp")
     if spec.tie_embeddings and (parallel.tp > 1 or parallel.pp > 1):
         p.append(f"{spec.name} ties its embedding and head: the runtime supports that only with tp 1 and pp 1")
     if spec.is_moe and parallel.tp > 1 and parallel.seq % parallel.tp:

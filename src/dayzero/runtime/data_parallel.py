@@ -9,7 +9,9 @@ the compute dtype, gradients reduced in fp32.
             than a ZeRO-1 that keeps full gradients)
     ZeRO-0  no sharding: the replicate dim of a 2-D (replicate, shard=1) mesh, i.e. all-reduce
 
-The policy is installed even at one rank so compute precision never depends on the layout.
+The policy is installed even at one rank whenever it casts (bf16), so compute precision never
+depends on the layout; with one rank per stage and fp32 compute there is nothing to shard, reduce
+or cast and ``parallelize`` leaves FSDP out.
 Routed experts are reduced over their expert-data-parallel group and the router and shared
 experts over the whole stage, but every gradient is divided by the data-parallel degree: a
 token's gradient must count once however the ranks that saw it are grouped.

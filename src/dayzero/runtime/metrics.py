@@ -6,9 +6,9 @@ One record per step, exactly these keys (``dayzero validate`` and the checkpoint
 
 then one ``{"event": "end", ...}`` record. ``peak_mem_bytes`` is the largest over ranks of CUDA's
 max allocated bytes, or of the process's peak resident set size on CPU. ``comm_time_s`` is the
-largest over ranks of the time spent inside collectives and point-to-point transfers, read from
-the PyTorch profiler: on CPU the duration of gloo's ``gloo:*`` work items, on CUDA the duration
-of NCCL kernels. A single process has no collectives and reports 0 without profiling.
+largest over ranks of the wall time during which at least one collective or point-to-point
+transfer was in flight (the union of their intervals), read from the PyTorch profiler: on CPU
+gloo's ``gloo:*`` work items, on CUDA NCCL kernels. A single process has no collectives and reports 0 without profiling.
 """
 
 from __future__ import annotations
@@ -78,18 +78,35 @@ class CommTimer:
         if self._prof is None:
             return 0.0
         self._prof.__exit__(None, None, None)
-        ns = 0
+        spans = []
         # raw kineto events: building FunctionEvent trees with .events() costs more than a step
         for e in self._prof.profiler.kineto_results.events():
             name = e.name()
             if self.device.type == "cuda":
-                if "nccl" in name.lower() and e.device_type().name == "CUDA":
-                    ns += e.duration_ns()
-            elif name.startswith("gloo:"):
-                ns += e.duration_ns()
+                keep = "nccl" in name.lower() and e.device_type().name == "CUDA"
+            else:
+                keep = name.startswith("gloo:")
+            if keep:
+                spans.append((e.start_ns(), e.end_ns()))
         self._prof = None
-        self.seconds = ns / 1e9
+        self.seconds = union_ns(spans) / 1e9
         return self.seconds
+
+
+def union_ns(spans: list[tuple[int, int]]) -> int:
+    """Length of the union of [start, end) intervals: overlapping transfers (a pipeline's posted
+    receives, collectives on several streams) count once, so the total never exceeds the step."""
+    total, cur_start, cur_end = 0, None, None
+    for a, b in sorted(spans):
+        if cur_end is None or a > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = a, b
+        else:
+            cur_end = max(cur_end, b)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
 
 
 class MetricsWriter:

@@ -71,8 +71,9 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         if self.pos_embeddings is not None and self.tok_embeddings is not None:
             h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
+        cos, sin = (self.rope_cos, self.rope_sin) if self.rope_dim else (None, None)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cos, self.rope_sin)
+            h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

@@ -60,7 +60,11 @@ def parallelize(model: Transformer, meshes: Meshes, device: torch.device, param_
         if spec.is_moe:
             apply_expert_parallel(part, meshes.ep)
         apply_activation_checkpointing(part, parallel.recompute, parallel.recompute_layers)
-        units += apply_fsdp(part, meshes, param_dtype, parallel.zero, gloo=device.type == "cpu")
+        # FSDP2 has nothing to do when no rank of the stage shares a parameter and no dtype is
+        # cast (one rank per stage, fp32): skipping it there saves copying every parameter and
+        # gradient through one-rank collectives each step
+        if meshes.shape.stage > 1 or param_dtype != torch.float32:
+            units += apply_fsdp(part, meshes, param_dtype, parallel.zero, gloo=device.type == "cpu")
         materialize(part, device, weights, buffers)
     return ParallelModel([p for _, p in staged], [v for v, _ in staged], units)
 

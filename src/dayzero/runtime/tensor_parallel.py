@@ -41,6 +41,29 @@ class ReplicatedInput(ParallelStyle):
         return module
 
 
+class ReplicatedKV(ParallelStyle):
+    """With fewer KV heads than tp ranks (GQA, tp % kv_heads == 0), every rank computes all KV
+    heads from a replicated wk / wv and keeps the one its query heads use (Megatron replicates KV
+    heads the same way). The projection's output gradient is summed over the tp group, so the
+    replicated weight sees every rank's heads."""
+
+    def __init__(self, kv_heads: int, head_dim: int):
+        super().__init__()
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        tp, rank = device_mesh.size(), device_mesh.get_local_rank()
+        head = rank // (tp // self.kv_heads)  # query heads of this rank use this KV head
+        lo, hi = head * self.head_dim, (head + 1) * self.head_dim
+
+        def hook(_mod, _args, out):
+            full = DTensor.from_local(out, device_mesh, [Replicate()], run_check=False)
+            return full.to_local(grad_placements=[Partial()])[..., lo:hi]
+
+        module.register_forward_hook(hook)
+        return module
+
+
 def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool) -> None:
     """Shard ``model`` (a whole model or one pipeline stage) over ``tp_mesh`` in place."""
     sp = sequence_parallel
@@ -64,23 +87,32 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool) 
             plan["ffn_norm"] = SequenceParallel()
         att = block.attention
         mla = isinstance(att, MultiHeadLatentAttention)
+        kv_replicated = not mla and att.wk.out_features // att.head_dim < tp_mesh.size()
         # GQA's input feeds only column-parallel layers: hand them one DTensor so their input
         # gradients are reduced once (all-reduce, or reduce-scatter with SP) at this boundary.
-        # MLA's replicated down-projections need a plain tensor; each up-projection then reduces.
+        # MLA's replicated down-projections (and replicated KV heads) need a plain tensor; each
+        # sharded projection then reduces its own input gradient.
         plan["attention"] = PrepareModuleInput(input_layouts=(act, None, None),
                                                desired_input_layouts=(Replicate(), None, None),
-                                               use_local_output=mla)
+                                               use_local_output=mla or kv_replicated)
         if mla:
             # the low-rank down-projections and their norms stay replicated (small, see MLA paper)
             plan["attention.wq" if att.wq is not None else "attention.wq_b"] = ColwiseParallel()
             plan["attention.wkv_b"] = ColwiseParallel()
             plan["attention.shared_key"] = ReplicatedInput()
+        elif kv_replicated:
+            kv_heads = att.wk.out_features // att.head_dim
+            plan.update({"attention.wq": ColwiseParallel(),
+                         "attention.wk": ReplicatedKV(kv_heads, att.head_dim),
+                         "attention.wv": ReplicatedKV(kv_heads, att.v_head_dim)})
         else:
             plan.update({"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
                          "attention.wv": ColwiseParallel()})
-            if att.q_norm is not None:  # per-head norms see only local heads: shard "heads" (dim 2)
-                plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
-                plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        if not mla and att.q_norm is not None:
+            # per-head norms see only this rank's heads: treat "heads" (dim 2) as the sharded dim
+            # so their replicated weights get gradients summed over the group
+            plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         plan["attention.wo"] = RowwiseParallel(output_layouts=act)
         if block.mlp is not None:
             plan["mlp"] = PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),))

@@ -155,8 +155,9 @@ def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tens
         f = loss_fn(p.microbatches)
         xs, ys = inputs.split(p.mbs), labels.split(p.mbs)
         for i, (x, y) in enumerate(zip(xs, ys)):
-            # ZeRO-0/1 reduce gradients once per step; ZeRO-2/3 keep them sharded, so every micro-batch
-            part.set_requires_gradient_sync(i == len(xs) - 1 or p.zero >= 2)
+            if state.model.fsdp_units:
+                # ZeRO-0/1 reduce gradients once per step; ZeRO-2/3 keep them sharded: every micro-batch
+                part.set_requires_gradient_sync(i == len(xs) - 1 or p.zero >= 2)
             loss = f(part(x), y)
             loss.backward()
             total = total + _local(loss).detach()
