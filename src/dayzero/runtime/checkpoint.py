@@ -1,0 +1,363 @@
+"""Sharded, versioned checkpoints with PyTorch Distributed Checkpoint (DCP).
+
+What one save holds: the model and optimizer as DCP shards (each rank writes its own DTensor
+shards, in parallel; optimizer state flattened per parameter name so any layout can load it),
+the LR scheduler, data-stream position, step and loop extras as JSON (rank 0), and every rank's
+RNG states as JSON. The sequence, on every rank::
+
+    save(step)  ->  write into step-N.partial  ->  each rank hashes its own files
+                ->  rank 0: manifest.json, verify, rename to step-N, COMPLETE marker, retention
+
+With ``async_save=True`` only the copy of the state into CPU memory blocks the caller; writing,
+hashing and the commit run on a background thread, whose collectives use their own gloo group.
+
+Resume (:meth:`Checkpointer.resume`) walks versions newest first and loads the first complete
+one whose files all match their manifest checksums (hashing is split across ranks); newer ones
+that are partial, truncated or corrupt are skipped with a warning naming them. Loading goes
+through ``get_state_dict``/``set_state_dict``, so a checkpoint saved at one layout loads into
+another (reshard on load).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+
+from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, HookedWriter, SafeLoadPlanner, SafeReader, check_torch,
+                                    load_metadata, referenced_files, single_process)
+from dayzero.runtime.manifest import (MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo, Verdict, check_file,
+                                      check_marker, dayzero_version, describe_file, read_manifest, safe_join,
+                                      utc_now, write_json_durable)
+from dayzero.runtime.train_state import capture_rng, from_json, restore_rng, to_json
+from dayzero.runtime.versions import (Version, apply_retention, commit, partial_name, prepare_partial, scan,
+                                      select_newest, version_name)
+
+log = logging.getLogger("dayzero.checkpoint")
+TRAIN_STATE = "train_state.json"
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def rng_file(rank: int) -> str:
+    return f"rng-{rank:05d}.json"
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    step: int
+    path: Path
+    bytes: int
+    seconds: float  # whole save, from the call to the COMPLETE marker
+    blocked_s: float  # how long save() held up the training loop
+
+
+@dataclass(frozen=True)
+class Resumed:
+    step: int
+    path: Path
+    data: Any  # the data-stream position given to save()
+    extra: dict  # loop extras given to save() (loss-guard state, skipped batches, ...)
+    manifest: Manifest
+    skipped: tuple[Verdict, ...] = ()
+
+
+class Checkpointer:
+    """Saves and resumes versions under ``root``. Construct it on every rank (it creates a
+    process group when torch.distributed is initialized)."""
+
+    def __init__(self, root: str | Path, *, keep: int = 3, async_save: bool = False, model_name: str = "",
+                 spec_digest: str = "", layout: dict | None = None,
+                 before_shard_write: Callable[[int], None] | None = None,
+                 on_event: Callable[[dict], None] | None = None, thread_count: int = 1):
+        check_torch()
+        if keep < 1:
+            raise CheckpointError(f"--keep {keep}: at least 1 checkpoint must be kept")
+        self.root, self.keep, self.async_save = Path(root), keep, async_save
+        self.model = ModelInfo(name=model_name, spec_digest=spec_digest)
+        self.layout = dict(layout or {})
+        self._before_shard_write, self._on_event = before_shard_write, on_event
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            # Async saves run DCP's collectives on a background thread; a group of their own keeps
+            # them from interleaving with the training loop's collectives.
+            self.pg = dist.new_group(backend="gloo")
+        else:
+            self.rank, self.world, self.pg = 0, 1, None
+        self._saving_step = -1
+        self._writer = HookedWriter(self.root, before_write=self._hook, thread_count=thread_count,
+                                    sync_files=True)
+        self._stager = CachedStager() if async_save else None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dayzero-ckpt") if async_save else None
+        self._pending: Future | None = None
+
+    # -- save ----------------------------------------------------------------------------------
+    def save(self, step: int, model, optimizer=None, *, scheduler=None, data: Any = None,
+             extra: dict | None = None) -> SavedCheckpoint | float:
+        """Save step ``step``. Returns the SavedCheckpoint (sync), or the seconds the call blocked
+        (async; :meth:`wait` returns the SavedCheckpoint)."""
+        t0 = time.perf_counter()
+        self.wait()
+        state, _ = _state_dict(model, optimizer)
+        contents = ["model"] + (["optimizer"] if optimizer is not None else []) + (
+            ["scheduler"] if scheduler is not None else []) + ["data", "rng"]
+        own = {rng_file(self.rank): json.dumps({"rank": self.rank, "world": self.world, "rng": capture_rng()})}
+        if self.rank == 0:
+            own[TRAIN_STATE] = json.dumps(to_json({
+                "step": step, "data": data, "extra": extra or {},
+                "scheduler": scheduler.state_dict() if scheduler is not None else None}, "train state"))
+            prepare_partial(self.root, step)
+        self._barrier()  # the empty partial directory exists before anyone writes into it
+        partial = self.root / partial_name(step)
+        for name, text in own.items():
+            write_json_durable(partial / name, text)
+        self._saving_step = step
+        ctx = dict(step=step, partial=partial, contents=contents, t0=t0)
+        if not self.async_save:
+            with single_process(self.pg is None):
+                dcp.save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
+                         no_dist=self.pg is None)
+            done = self._commit(**ctx, blocked_s=None)
+            return done
+        upload = dcp.async_save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
+                     no_dist=self.pg is None)
+        blocked = time.perf_counter() - t0
+        self._pending = self._executor.submit(self._finish_async, upload, ctx, blocked)
+        return blocked
+
+    def wait(self) -> SavedCheckpoint | None:
+        """Block until the in-flight async save is committed; re-raise its failure."""
+        fut, self._pending = self._pending, None
+        if fut is None:
+            return None
+        return fut.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+
+    def _finish_async(self, upload: Future, ctx: dict, blocked: float) -> SavedCheckpoint:
+        upload.result()
+        return self._commit(**ctx, blocked_s=blocked)
+
+    def _hook(self) -> None:
+        if self._before_shard_write is not None:
+            self._before_shard_write(self._saving_step)
+
+    def _commit(self, step: int, partial: Path, contents: list[str], t0: float, blocked_s: float | None
+                ) -> SavedCheckpoint:
+        """Hash own files (every rank), then rank 0 writes the manifest, verifies and commits."""
+        try:
+            mine = sorted(f for f in os.listdir(partial) if f.startswith(f"__{self.rank}_"))
+            mine.append(rng_file(self.rank))
+            if self.rank == 0:
+                mine += [TRAIN_STATE, METADATA_FILE]
+            entries: Any = [describe_file(partial, f).model_dump() for f in mine]
+        except OSError as e:
+            entries = f"rank {self.rank}: {e}"
+        gathered = self._gather(entries)
+        result: tuple = ("error", "")
+        if self.rank == 0:
+            try:
+                result = self._write_and_commit(step, partial, contents, gathered, t0)
+            except Exception as e:  # reported on every rank below, never left hanging
+                result = ("error", f"{type(e).__name__}: {e}")
+        result = self._broadcast(result)
+        if result[0] == "error":
+            raise CheckpointError(f"saving step {step} to {partial} failed ({result[1]}); the previous "
+                                  "checkpoint stays the newest")
+        _, path, nbytes, deleted = result
+        seconds = time.perf_counter() - t0
+        saved = SavedCheckpoint(step, Path(path), nbytes, seconds, seconds if blocked_s is None else blocked_s)
+        self._event({"event": "checkpoint_saved", "step": step, "path": str(path), "bytes": nbytes,
+                     "seconds": round(seconds, 4), "blocked_s": round(saved.blocked_s, 4)})
+        for name in deleted:
+            self._event({"event": "checkpoint_deleted", "step": step, "path": str(self.root / name),
+                         "reason": f"retention --keep {self.keep}"})
+        return saved
+
+    def _write_and_commit(self, step: int, partial: Path, contents: list[str], gathered: list, t0: float) -> tuple:
+        errors = [g for g in gathered if isinstance(g, str)]
+        if errors:
+            raise CheckpointError("; ".join(errors))
+        files = sorted((FileEntry(**e) for g in gathered for e in g), key=lambda f: f.path)
+        manifest = Manifest(step=step, created=utc_now(), dayzero_version=dayzero_version(),
+                            torch_version=torch.__version__, model=self.model, layout=self.layout,
+                            world=self.world, contents=contents, files=files)
+        write_json_durable(partial / MANIFEST, manifest.to_json())
+        # Verify before commit: every listed file is there at its size, and DCP's index names no
+        # file outside the manifest (hashes were just taken from the files on disk).
+        problems = [p for f in files if (p := check_file(partial, f, checksum=False))]
+        names = {f.path for f in files}
+        missing = referenced_files(load_metadata(partial, names)) - names
+        if problems or missing:
+            raise CheckpointError("; ".join(problems + [f"{m}: referenced but not written" for m in missing]))
+        final = commit(partial, step)
+        deleted = [v.name for v in apply_retention(self.root, self.keep)]
+        return ("ok", str(final), manifest.total_bytes, deleted)
+
+    # -- resume / load -------------------------------------------------------------------------
+    def resume(self, model, optimizer=None, scheduler=None, *, which: str | int = "auto") -> Resumed | None:
+        """Load the newest good version (``which="auto"``), or a given step or directory.
+
+        Returns None when there is nothing to resume from (no complete version). Raises
+        CheckpointError when complete versions exist but none verifies, or an explicit one fails.
+        """
+        self.wait()
+        if which == "auto":
+            versions = scan(self.root)
+            chosen, skipped = select_newest(versions, self.verify)
+            for v in skipped:
+                self._warn(f"skipping checkpoint {v.path.name}: {v.summary()}")
+                self._event({"event": "checkpoint_skipped", "path": str(v.path), "problems": list(v.problems)})
+            if chosen is None:
+                if any(v.state == "complete" for v in versions):
+                    raise CheckpointError(f"no checkpoint under {self.root} passes verification (skipped: "
+                                          + ", ".join(v.path.name for v in skipped)
+                                          + "); restore them from backup, or start over with a new --ckpt-dir")
+                return None
+        else:
+            path = Path(which) if not str(which).isdigit() else self.root / version_name(int(which))
+            chosen = self.verify(Version(path, -1, "complete"))
+            skipped = []
+            if not chosen.ok:
+                raise CheckpointError(f"checkpoint {path} failed verification: {chosen.summary()}")
+        return self.load(chosen.path, model, optimizer, scheduler, manifest=chosen.manifest, skipped=skipped)
+
+    def verify(self, version: Version) -> Verdict:
+        """Full check of one version, checksum work split across ranks; same answer on all ranks."""
+        head: tuple = ((), None)
+        if self.rank == 0:
+            problems = check_marker(version.path)
+            try:
+                manifest = read_manifest(version.path)
+                load_metadata(version.path, {f.path for f in manifest.files})
+                head = (tuple(problems), manifest.model_dump())
+            except CheckpointError as e:
+                head = (tuple(problems) + (str(e),), None)
+        problems, raw = self._broadcast(head)
+        if raw is None:
+            return Verdict(version.path, None, problems)
+        manifest = Manifest.model_validate(raw)
+        mine = [f for i, f in enumerate(manifest.files) if i % self.world == self.rank]
+        local = [p for f in mine if (p := check_file(version.path, f, checksum=True))]
+        found = sorted(p for ps in self._all_gather(local) for p in ps)
+        return Verdict(version.path, manifest, tuple(problems) + tuple(found))
+
+    def load(self, path: str | Path, model, optimizer=None, scheduler=None, *, manifest: Manifest | None = None,
+             skipped: Sequence[Verdict] = ()) -> Resumed:
+        """Load one version into ``model`` (any layout), ``optimizer`` and ``scheduler``."""
+        path = Path(path)
+        manifest = manifest or read_manifest(path)
+        want, have = self.model.spec_digest, manifest.model.spec_digest
+        if want and have and want != have:
+            raise CheckpointError(f"{path} was saved for model {manifest.model.name or '?'} (spec {have}), this run "
+                                  f"builds {self.model.name or '?'} (spec {want}); use the same model or a new --ckpt-dir")
+        use_optim = optimizer if "optimizer" in manifest.contents else None
+        if optimizer is not None and use_optim is None:
+            self._warn(f"{path.name} holds no optimizer state (model-only, e.g. imported); optimizer starts fresh")
+        state, keys = _state_dict(model, use_optim)
+        if use_optim is None:
+            state.pop("optim", None)
+        with single_process(self.pg is None):
+            dcp.load(state, storage_reader=SafeReader(path, {f.path for f in manifest.files}),
+                     planner=SafeLoadPlanner(), process_group=self.pg, no_dist=self.pg is None)
+        _set_state_dict(model, use_optim, state, keys)
+        ts = from_json(json.loads(safe_join(path, TRAIN_STATE).read_text()))
+        if scheduler is not None and ts.get("scheduler") is not None:
+            scheduler.load_state_dict(ts["scheduler"])
+        # Same world: each rank gets its own streams back (bitwise resume). Resharded: streams are
+        # reassigned round-robin, as saved ranks and new ranks no longer correspond.
+        src = self.rank if manifest.world == self.world else self.rank % manifest.world
+        rng_path = safe_join(path, rng_file(src))
+        if rng_path.exists():
+            restore_rng(json.loads(rng_path.read_text())["rng"])
+        self._event({"event": "checkpoint_loaded", "step": ts["step"], "path": str(path),
+                     "saved_world": manifest.world, "world": self.world})
+        return Resumed(int(ts["step"]), path, ts.get("data"), ts.get("extra") or {}, manifest, tuple(skipped))
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _event(self, ev: dict) -> None:
+        if self.rank == 0 and self._on_event is not None:
+            self._on_event(ev)
+
+    def _warn(self, msg: str) -> None:
+        if self.rank == 0:
+            log.warning(msg)
+
+    def _barrier(self) -> None:
+        if self.pg is not None:
+            dist.barrier(group=self.pg)
+
+    def _gather(self, obj: Any) -> list:
+        if self.pg is None:
+            return [obj]
+        out = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.pg)
+        return out or []
+
+    def _all_gather(self, obj: Any) -> list:
+        if self.pg is None:
+            return [obj]
+        out: list = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.pg)
+        return out
+
+    def _broadcast(self, obj: Any) -> Any:
+        if self.pg is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        return box[0]
+
+
+def _parts(model, optimizer) -> list[tuple[torch.nn.Module, Any]]:
+    """Model parts (pipeline stages of one rank) paired with their optimizers."""
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    if optimizer is None:
+        return [(m, None) for m in models]
+    optims = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if len(optims) != len(models):
+        raise CheckpointError(f"{len(models)} model parts but {len(optims)} optimizers; pass one optimizer per part")
+    return list(zip(models, optims))
+
+
+def _state_dict(model, optimizer) -> tuple[dict, list[tuple[list[str], list[str]]]]:
+    """{"model": {fqn: tensor}, "optim": {flat key: value}} over all parts, and each part's keys."""
+    out: dict[str, dict] = {"model": {}, "optim": {}}
+    keys = []
+    for m, o in _parts(model, optimizer):
+        if o is None:
+            msd, osd = get_model_state_dict(m, options=_OPTIONS), {}
+        else:
+            msd, osd = get_state_dict(m, o, options=_OPTIONS)
+        for name, sd in (("model", msd), ("optim", osd)):
+            clash = set(sd) & set(out[name])
+            if clash:
+                raise CheckpointError(f"model parts share state keys {sorted(clash)[:3]}; parts must hold disjoint modules")
+            out[name].update(sd)
+        keys.append((list(msd), list(osd)))
+    return out, keys
+
+
+def _set_state_dict(model, optimizer, state: dict, keys) -> None:
+    for (m, o), (mkeys, okeys) in zip(_parts(model, optimizer), keys):
+        msd = {k: state["model"][k] for k in mkeys}
+        if o is None:
+            set_model_state_dict(m, msd, options=_OPTIONS)
+        else:
+            osd = {k: state["optim"][k] for k in okeys}
+            set_state_dict(m, o, model_state_dict=msd, optim_state_dict=osd, options=_OPTIONS)
