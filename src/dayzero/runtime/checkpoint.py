@@ -20,6 +20,7 @@ another (reshard on load).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,11 +28,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
@@ -116,21 +118,37 @@ class Checkpointer:
             own[TRAIN_STATE] = json.dumps(to_json({
                 "step": step, "data": data, "extra": extra or {},
                 "scheduler": scheduler.state_dict() if scheduler is not None else None}, "train state"))
+        return self._save(step, state, own, contents, t0)
+
+    def save_state(self, step: int, state: dict, *, contents: list[str], data: Any = None,
+                   extra: dict | None = None) -> SavedCheckpoint | float:
+        """Save a ready state dict ({"model": {fqn: tensor}, ...}); used by ``dayzero ckpt import``."""
+        t0 = time.perf_counter()
+        self.wait()
+        own = {}
+        if self.rank == 0:
+            own[TRAIN_STATE] = json.dumps(to_json({"step": step, "data": data, "extra": extra or {},
+                                                   "scheduler": None}, "train state"))
+        return self._save(step, state, own, contents, t0)
+
+    def _save(self, step: int, state: dict, own: dict[str, str], contents: list[str], t0: float
+              ) -> SavedCheckpoint | float:
+        if self.rank == 0:
             prepare_partial(self.root, step)
         self._barrier()  # the empty partial directory exists before anyone writes into it
         partial = self.root / partial_name(step)
         for name, text in own.items():
             write_json_durable(partial / name, text)
         self._saving_step = step
-        ctx = dict(step=step, partial=partial, contents=contents, t0=t0)
+        ctx = dict(step=step, partial=partial, contents=contents, own=sorted(own), t0=t0)
         if not self.async_save:
-            with single_process(self.pg is None):
+            with single_process(self.pg is None), _dcp_errors(f"saving step {step} to {partial}"):
                 dcp.save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
                          no_dist=self.pg is None)
-            done = self._commit(**ctx, blocked_s=None)
-            return done
-        upload = dcp.async_save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
-                     no_dist=self.pg is None)
+            return self._commit(**ctx, blocked_s=None)
+        with single_process(self.pg is None), _dcp_errors(f"saving step {step} to {partial}"):
+            upload = dcp.async_save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
+                                    async_stager=self._stager, no_dist=self.pg is None)
         blocked = time.perf_counter() - t0
         self._pending = self._executor.submit(self._finish_async, upload, ctx, blocked)
         return blocked
@@ -150,21 +168,20 @@ class Checkpointer:
                 self._executor.shutdown(wait=True)
 
     def _finish_async(self, upload: Future, ctx: dict, blocked: float) -> SavedCheckpoint:
-        upload.result()
+        with _dcp_errors(f"saving step {ctx['step']} to {ctx['partial']}"):
+            upload.result()
         return self._commit(**ctx, blocked_s=blocked)
 
     def _hook(self) -> None:
         if self._before_shard_write is not None:
             self._before_shard_write(self._saving_step)
 
-    def _commit(self, step: int, partial: Path, contents: list[str], t0: float, blocked_s: float | None
-                ) -> SavedCheckpoint:
+    def _commit(self, step: int, partial: Path, contents: list[str], own: list[str], t0: float,
+                blocked_s: float | None) -> SavedCheckpoint:
         """Hash own files (every rank), then rank 0 writes the manifest, verifies and commits."""
         try:
             mine = sorted(f for f in os.listdir(partial) if f.startswith(f"__{self.rank}_"))
-            mine.append(rng_file(self.rank))
-            if self.rank == 0:
-                mine += [TRAIN_STATE, METADATA_FILE]
+            mine += own + ([METADATA_FILE] if self.rank == 0 else [])
             entries: Any = [describe_file(partial, f).model_dump() for f in mine]
         except OSError as e:
             entries = f"rank {self.rank}: {e}"
@@ -272,7 +289,7 @@ class Checkpointer:
         state, keys = _state_dict(model, use_optim)
         if use_optim is None:
             state.pop("optim", None)
-        with single_process(self.pg is None):
+        with single_process(self.pg is None), _dcp_errors(f"loading {path}"):
             dcp.load(state, storage_reader=SafeReader(path, {f.path for f in manifest.files}),
                      planner=SafeLoadPlanner(), process_group=self.pg, no_dist=self.pg is None)
         _set_state_dict(model, use_optim, state, keys)
@@ -324,15 +341,64 @@ class Checkpointer:
         return box[0]
 
 
+@contextlib.contextmanager
+def _dcp_errors(doing: str) -> Iterator[None]:
+    """DCP gathers every rank's exception into one CheckpointException (a BaseException, so
+    ``except Exception`` misses it); turn it into one CheckpointError line naming each rank's cause."""
+    try:
+        yield
+    except CheckpointException as e:
+        causes = []
+        for rank, (exc, _trace) in sorted(e.failures.items()):
+            if isinstance(exc, CheckpointError):  # already a complete message
+                raise CheckpointError(str(exc)) from None
+            causes.append(f"rank {rank}: {type(exc).__name__}: {exc}")
+        raise CheckpointError(f"{doing} failed ({'; '.join(causes)}); the previous checkpoint stays the newest") from None
+
+
 def _parts(model, optimizer) -> list[tuple[torch.nn.Module, Any]]:
-    """Model parts (pipeline stages of one rank) paired with their optimizers."""
-    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    """(module, optimizer) pairs to take state dicts from.
+
+    ``model`` is a module, a list of parts (the pipeline stages this rank runs) or an object with
+    a ``parts`` list. With one optimizer per part they pair up; one optimizer over several parts
+    is paired with a view of the parts as one module (see :func:`_as_one_module`).
+    """
+    models = list(getattr(model, "parts", model)) if isinstance(model, (list, tuple)) or hasattr(model, "parts") \
+        else [model]
     if optimizer is None:
         return [(m, None) for m in models]
     optims = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if len(optims) == 1 and len(models) > 1:
+        return [(_as_one_module(models), optims[0])]
     if len(optims) != len(models):
-        raise CheckpointError(f"{len(models)} model parts but {len(optims)} optimizers; pass one optimizer per part")
+        raise CheckpointError(f"{len(models)} model parts but {len(optims)} optimizers; pass one optimizer per "
+                              "part, or one for all of them")
     return list(zip(models, optims))
+
+
+def _as_one_module(parts: list[torch.nn.Module]) -> torch.nn.Module:
+    """A plain module holding the parts' children under their own names (``layers`` ModuleDicts
+    keyed by global layer index are merged), so parameter names are the full model's and one
+    optimizer over all parts maps onto them. The parts' modules are shared, not copied."""
+    root = torch.nn.Module()
+    for part in parts:
+        for name, child in part.named_children():
+            have = root._modules.get(name)
+            if have is None:
+                root._modules[name] = torch.nn.ModuleDict(dict(child.items())) \
+                    if isinstance(child, torch.nn.ModuleDict) else child
+            elif isinstance(have, torch.nn.ModuleDict) and isinstance(child, torch.nn.ModuleDict) \
+                    and not set(have.keys()) & set(child.keys()):
+                have.update(dict(child.items()))
+            else:
+                raise CheckpointError(f"model parts both hold {name!r}; parts must be disjoint pieces of one model")
+        for name, p in part.named_parameters(recurse=False):
+            if name in root._parameters:
+                raise CheckpointError(f"model parts both hold parameter {name!r}")
+            root.register_parameter(name, p)
+        for name, b in part.named_buffers(recurse=False):
+            root.register_buffer(name, b, persistent=name not in part._non_persistent_buffers_set)
+    return root
 
 
 def _state_dict(model, optimizer) -> tuple[dict, list[tuple[list[str], list[str]]]]:
