@@ -34,21 +34,21 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, HookedWriter, SafeLoadPlanner, SafeReader, check_torch,
                                     load_metadata, referenced_files, single_process)
 from dayzero.runtime.manifest import (MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo, Verdict, check_file,
                                       check_marker, dayzero_version, describe_file, read_manifest, safe_join,
                                       utc_now, write_json_durable)
+from dayzero.runtime.state_dicts import set_train_state, split_non_tensors, train_state_dict
 from dayzero.runtime.train_state import capture_rng, from_json, restore_rng, to_json
 from dayzero.runtime.versions import (Version, apply_retention, commit, partial_name, prepare_partial, scan,
                                       select_newest, version_name)
 
 log = logging.getLogger("dayzero.checkpoint")
 TRAIN_STATE = "train_state.json"
-_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+OPTIM_GROUPS = "optimizer_groups.json"  # the optimizer's non-tensor state (hyperparameters per parameter name)
 
 
 def rng_file(rank: int) -> str:
@@ -81,7 +81,8 @@ class Checkpointer:
     def __init__(self, root: str | Path, *, keep: int = 3, async_save: bool = False, model_name: str = "",
                  spec_digest: str = "", layout: dict | None = None,
                  before_shard_write: Callable[[int], None] | None = None,
-                 on_event: Callable[[dict], None] | None = None, thread_count: int = 1):
+                 on_event: Callable[[dict], None] | None = None, thread_count: int = 1,
+                 overlap_staging: bool = True):
         check_torch()
         if keep < 1:
             raise CheckpointError(f"--keep {keep}: at least 1 checkpoint must be kept")
@@ -99,7 +100,9 @@ class Checkpointer:
         self._saving_step = -1
         self._writer = HookedWriter(self.root, before_write=self._hook, thread_count=thread_count,
                                     sync_files=True)
-        self._stager = CachedStager() if async_save else None
+        self._stager = CachedStager(background=overlap_staging) if async_save else None
+        self._staging: Future | None = None
+        self._hooks: dict[int, Any] = {}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dayzero-ckpt") if async_save else None
         self._pending: Future | None = None
 
@@ -110,7 +113,11 @@ class Checkpointer:
         (async; :meth:`wait` returns the SavedCheckpoint)."""
         t0 = time.perf_counter()
         self.wait()
-        state, _ = _state_dict(model, optimizer)
+        self._guard(optimizer)
+        state, _ = train_state_dict(model, optimizer)
+        # hyperparameters (lr, betas, ...) per parameter name go to JSON: thousands of tiny DCP
+        # entries would each cost a torch.save, and JSON needs no unpickling to read back
+        state["optim"], hyper = split_non_tensors(state["optim"])
         contents = ["model"] + (["optimizer"] if optimizer is not None else []) + (
             ["scheduler"] if scheduler is not None else []) + ["data", "rng"]
         own = {rng_file(self.rank): json.dumps({"rank": self.rank, "world": self.world, "rng": capture_rng()})}
@@ -118,7 +125,7 @@ class Checkpointer:
             own[TRAIN_STATE] = json.dumps(to_json({
                 "step": step, "data": data, "extra": extra or {},
                 "scheduler": scheduler.state_dict() if scheduler is not None else None}, "train state"))
-        return self._save(step, state, own, contents, t0)
+        return self._save(step, state, own, contents, t0, to_json(hyper, "optimizer") if optimizer is not None else None)
 
     def save_state(self, step: int, state: dict, *, contents: list[str], data: Any = None,
                    extra: dict | None = None) -> SavedCheckpoint | float:
@@ -129,32 +136,44 @@ class Checkpointer:
         if self.rank == 0:
             own[TRAIN_STATE] = json.dumps(to_json({"step": step, "data": data, "extra": extra or {},
                                                    "scheduler": None}, "train state"))
-        return self._save(step, state, own, contents, t0)
+        return self._save(step, state, own, contents, t0, None)
 
-    def _save(self, step: int, state: dict, own: dict[str, str], contents: list[str], t0: float
-              ) -> SavedCheckpoint | float:
+    def _save(self, step: int, state: dict, own: dict[str, str], contents: list[str], t0: float,
+              groups: dict | None) -> SavedCheckpoint | float:
         if self.rank == 0:
             prepare_partial(self.root, step)
         self._barrier()  # the empty partial directory exists before anyone writes into it
         partial = self.root / partial_name(step)
-        for name, text in own.items():
-            write_json_durable(partial / name, text)
         self._saving_step = step
-        ctx = dict(step=step, partial=partial, contents=contents, own=sorted(own), t0=t0)
+        ctx = dict(step=step, partial=partial, contents=contents, own=own, groups=groups, t0=t0)
         if not self.async_save:
             with single_process(self.pg is None), _dcp_errors(f"saving step {step} to {partial}"):
                 dcp.save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
                          no_dist=self.pg is None)
             return self._commit(**ctx, blocked_s=None)
         with single_process(self.pg is None), _dcp_errors(f"saving step {step} to {partial}"):
-            upload = dcp.async_save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
-                                    async_stager=self._stager, no_dist=self.pg is None)
+            resp = dcp.async_save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
+                                  async_stager=self._stager, no_dist=self.pg is None)
+        upload, self._staging = (resp.upload_completion, resp.staging_completion) \
+            if isinstance(resp, AsyncSaveResponse) else (resp, None)
         blocked = time.perf_counter() - t0
         self._pending = self._executor.submit(self._finish_async, upload, ctx, blocked)
         return blocked
 
+    def staged(self) -> float:
+        """Block until the state of the in-flight async save has been copied out (seconds waited).
+        Runs automatically before every ``optimizer.step()`` of a saved optimizer."""
+        fut, self._staging = self._staging, None
+        if fut is None:
+            return 0.0
+        t0 = time.perf_counter()
+        with _dcp_errors("staging a checkpoint"):
+            fut.result()
+        return time.perf_counter() - t0
+
     def wait(self) -> SavedCheckpoint | None:
         """Block until the in-flight async save is committed; re-raise its failure."""
+        self.staged()
         fut, self._pending = self._pending, None
         if fut is None:
             return None
@@ -164,8 +183,24 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            for h in self._hooks.values():
+                h.remove()
+            self._hooks.clear()
+            if self._stager is not None:
+                self._stager.close()
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+
+    def _guard(self, optimizer) -> None:
+        """With background staging, an optimizer step must wait until the state is copied out."""
+        if not self.async_save or optimizer is None:
+            return
+        for opt in optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]:
+            if id(opt) not in self._hooks:
+                self._hooks[id(opt)] = opt.register_step_pre_hook(self._staged_hook)
+
+    def _staged_hook(self, *_args) -> None:
+        self.staged()
 
     def _finish_async(self, upload: Future, ctx: dict, blocked: float) -> SavedCheckpoint:
         with _dcp_errors(f"saving step {ctx['step']} to {ctx['partial']}"):
@@ -176,13 +211,16 @@ class Checkpointer:
         if self._before_shard_write is not None:
             self._before_shard_write(self._saving_step)
 
-    def _commit(self, step: int, partial: Path, contents: list[str], own: list[str], t0: float,
-                blocked_s: float | None) -> SavedCheckpoint:
-        """Hash own files (every rank), then rank 0 writes the manifest, verifies and commits."""
+    def _commit(self, step: int, partial: Path, contents: list[str], own: dict[str, str], groups: dict | None,
+                t0: float, blocked_s: float | None) -> SavedCheckpoint:
+        """Write own JSON files and hash own files (every rank); then rank 0 writes the manifest,
+        verifies and commits."""
         try:
+            for name, text in own.items():
+                write_json_durable(partial / name, text)
             mine = sorted(f for f in os.listdir(partial) if f.startswith(f"__{self.rank}_"))
-            mine += own + ([METADATA_FILE] if self.rank == 0 else [])
-            entries: Any = [describe_file(partial, f).model_dump() for f in mine]
+            mine += sorted(own) + ([METADATA_FILE] if self.rank == 0 else [])
+            entries: Any = ([self._describe(partial, f).model_dump() for f in mine], groups)
         except OSError as e:
             entries = f"rank {self.rank}: {e}"
         gathered = self._gather(entries)
@@ -206,11 +244,26 @@ class Checkpointer:
                          "reason": f"retention --keep {self.keep}"})
         return saved
 
+    def _describe(self, partial: Path, name: str) -> FileEntry:
+        """Size and SHA-256 of one file: from the writer's running hash when it wrote the file
+        (and the size on disk agrees), else by reading it."""
+        seen = self._writer.digests.pop(str(partial / name), None)
+        if seen is not None and (partial / name).stat().st_size == seen[0]:
+            return FileEntry(path=name, bytes=seen[0], sha256=seen[1])
+        return describe_file(partial, name)
+
     def _write_and_commit(self, step: int, partial: Path, contents: list[str], gathered: list, t0: float) -> tuple:
         errors = [g for g in gathered if isinstance(g, str)]
         if errors:
             raise CheckpointError("; ".join(errors))
-        files = sorted((FileEntry(**e) for g in gathered for e in g), key=lambda f: f.path)
+        files = [FileEntry(**e) for g, _ in gathered for e in g]
+        if gathered[0][1] is not None:  # one file for all ranks' optimizer hyperparameters
+            merged: dict = {}
+            for _, groups in gathered:
+                merged.update(groups)  # replicas (dp, tp) hold identical values for a name
+            write_json_durable(partial / OPTIM_GROUPS, json.dumps(merged, sort_keys=True))
+            files.append(describe_file(partial, OPTIM_GROUPS))
+        files.sort(key=lambda f: f.path)
         manifest = Manifest(step=step, created=utc_now(), dayzero_version=dayzero_version(),
                             torch_version=torch.__version__, model=self.model, layout=self.layout,
                             world=self.world, contents=contents, files=files)
@@ -286,13 +339,21 @@ class Checkpointer:
         use_optim = optimizer if "optimizer" in manifest.contents else None
         if optimizer is not None and use_optim is None:
             self._warn(f"{path.name} holds no optimizer state (model-only, e.g. imported); optimizer starts fresh")
-        state, keys = _state_dict(model, use_optim)
+        state, keys = train_state_dict(model, use_optim)
+        state["optim"], hyper = split_non_tensors(state["optim"])
         if use_optim is None:
-            state.pop("optim", None)
+            state.pop("optim")
         with single_process(self.pg is None), _dcp_errors(f"loading {path}"):
             dcp.load(state, storage_reader=SafeReader(path, {f.path for f in manifest.files}),
                      planner=SafeLoadPlanner(), process_group=self.pg, no_dist=self.pg is None)
-        _set_state_dict(model, use_optim, state, keys)
+        if use_optim is not None:
+            saved = from_json(json.loads(safe_join(path, OPTIM_GROUPS).read_text()))
+            missing = sorted(set(hyper) - set(saved))
+            if missing:
+                raise CheckpointError(f"{path}: no optimizer settings for {missing[0]} (and {len(missing) - 1} more); "
+                                      "the optimizer differs from the one saved")
+            state["optim"].update({k: saved[k] for k in hyper})
+        set_train_state(model, use_optim, state, keys)
         ts = from_json(json.loads(safe_join(path, TRAIN_STATE).read_text()))
         if scheduler is not None and ts.get("scheduler") is not None:
             scheduler.load_state_dict(ts["scheduler"])
@@ -354,76 +415,3 @@ def _dcp_errors(doing: str) -> Iterator[None]:
                 raise CheckpointError(str(exc)) from None
             causes.append(f"rank {rank}: {type(exc).__name__}: {exc}")
         raise CheckpointError(f"{doing} failed ({'; '.join(causes)}); the previous checkpoint stays the newest") from None
-
-
-def _parts(model, optimizer) -> list[tuple[torch.nn.Module, Any]]:
-    """(module, optimizer) pairs to take state dicts from.
-
-    ``model`` is a module, a list of parts (the pipeline stages this rank runs) or an object with
-    a ``parts`` list. With one optimizer per part they pair up; one optimizer over several parts
-    is paired with a view of the parts as one module (see :func:`_as_one_module`).
-    """
-    models = list(getattr(model, "parts", model)) if isinstance(model, (list, tuple)) or hasattr(model, "parts") \
-        else [model]
-    if optimizer is None:
-        return [(m, None) for m in models]
-    optims = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    if len(optims) == 1 and len(models) > 1:
-        return [(_as_one_module(models), optims[0])]
-    if len(optims) != len(models):
-        raise CheckpointError(f"{len(models)} model parts but {len(optims)} optimizers; pass one optimizer per "
-                              "part, or one for all of them")
-    return list(zip(models, optims))
-
-
-def _as_one_module(parts: list[torch.nn.Module]) -> torch.nn.Module:
-    """A plain module holding the parts' children under their own names (``layers`` ModuleDicts
-    keyed by global layer index are merged), so parameter names are the full model's and one
-    optimizer over all parts maps onto them. The parts' modules are shared, not copied."""
-    root = torch.nn.Module()
-    for part in parts:
-        for name, child in part.named_children():
-            have = root._modules.get(name)
-            if have is None:
-                root._modules[name] = torch.nn.ModuleDict(dict(child.items())) \
-                    if isinstance(child, torch.nn.ModuleDict) else child
-            elif isinstance(have, torch.nn.ModuleDict) and isinstance(child, torch.nn.ModuleDict) \
-                    and not set(have.keys()) & set(child.keys()):
-                have.update(dict(child.items()))
-            else:
-                raise CheckpointError(f"model parts both hold {name!r}; parts must be disjoint pieces of one model")
-        for name, p in part.named_parameters(recurse=False):
-            if name in root._parameters:
-                raise CheckpointError(f"model parts both hold parameter {name!r}")
-            root.register_parameter(name, p)
-        for name, b in part.named_buffers(recurse=False):
-            root.register_buffer(name, b, persistent=name not in part._non_persistent_buffers_set)
-    return root
-
-
-def _state_dict(model, optimizer) -> tuple[dict, list[tuple[list[str], list[str]]]]:
-    """{"model": {fqn: tensor}, "optim": {flat key: value}} over all parts, and each part's keys."""
-    out: dict[str, dict] = {"model": {}, "optim": {}}
-    keys = []
-    for m, o in _parts(model, optimizer):
-        if o is None:
-            msd, osd = get_model_state_dict(m, options=_OPTIONS), {}
-        else:
-            msd, osd = get_state_dict(m, o, options=_OPTIONS)
-        for name, sd in (("model", msd), ("optim", osd)):
-            clash = set(sd) & set(out[name])
-            if clash:
-                raise CheckpointError(f"model parts share state keys {sorted(clash)[:3]}; parts must hold disjoint modules")
-            out[name].update(sd)
-        keys.append((list(msd), list(osd)))
-    return out, keys
-
-
-def _set_state_dict(model, optimizer, state: dict, keys) -> None:
-    for (m, o), (mkeys, okeys) in zip(_parts(model, optimizer), keys):
-        msd = {k: state["model"][k] for k in mkeys}
-        if o is None:
-            set_model_state_dict(m, msd, options=_OPTIONS)
-        else:
-            osd = {k: state["optim"][k] for k in okeys}
-            set_state_dict(m, o, model_state_dict=msd, optim_state_dict=osd, options=_OPTIONS)

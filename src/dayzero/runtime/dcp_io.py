@@ -10,9 +10,10 @@ would run arbitrary code from a crafted checkpoint. Here:
 - :class:`SafeLoadPlanner` loads non-tensor entries with ``weights_only=True`` (plain Python
   containers and numbers only); tensors are already read with ``weights_only=True`` by DCP;
 - :class:`CachedStager` copies the state for an async save into CPU buffers allocated once and
-  reused (DCP's own cache pins memory, which a CPU-only build cannot do);
+  reused (DCP's own cache pins memory, which a CPU-only build cannot do), optionally on a thread;
 - :class:`HookedWriter` is DCP's ``FileSystemWriter`` with a callback just before this rank
-  writes its shards (fault drills inject a crash "between shard writes" there).
+  writes its shards (fault drills inject a crash "between shard writes" there), hashing each
+  shard file as it is written so the manifest's checksums cost no second read.
 
 Uses private names (``_StorageInfo``, ``_traverse.set_element``, ``_state_dict_utils``); :func:`check_torch` guards them.
 """
@@ -20,14 +21,17 @@ Uses private names (``_StorageInfo``, ``_traverse.set_element``, ``_state_dict_u
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import pickle
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
@@ -140,12 +144,68 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+class _HashingStream(io.RawIOBase):
+    """A write-only file wrapper that feeds every byte written to SHA-256 on the way to disk."""
+
+    def __init__(self, raw):
+        super().__init__()
+        self._raw, self._hash, self._size = raw, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = self._raw.write(b)
+        view = memoryview(b).cast("B")
+        self._hash.update(view[:n] if n is not None else view)
+        self._size += n if n is not None else view.nbytes
+        return n if n is not None else view.nbytes
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        self._raw.flush()
+        super().close()
+
+
+class HashingFileSystem(FileSystem):
+    """DCP's local file system, hashing shard files while they are written (no read-back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, tuple[int, str]] = {}  # path -> (bytes, sha256)
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        if "w" not in mode or not Path(path).name.endswith(".distcp"):
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as raw:
+            stream = _HashingStream(raw)
+            yield stream
+            self.digests[str(path)] = (stream._size, stream._hash.hexdigest())
+
+
 class HookedWriter(FileSystemWriter):
-    """``FileSystemWriter`` that calls ``before_write()`` right before this rank writes its shards."""
+    """``FileSystemWriter`` that calls ``before_write()`` right before this rank writes its shards
+    and hashes the shard files as it writes them (:attr:`digests`)."""
 
     def __init__(self, path: str | Path, before_write: Callable[[], None] | None = None, **kwargs: Any):
         super().__init__(path, **kwargs)
+        self.fs = HashingFileSystem()
         self._before_write = before_write
+
+    @property
+    def digests(self) -> dict[str, tuple[int, str]]:
+        return self.fs.digests
 
     def write_data(self, plan, planner):
         if self._before_write is not None:
@@ -154,15 +214,27 @@ class HookedWriter(FileSystemWriter):
 
 
 class CachedStager(BlockingAsyncStager):
-    """Stages into CPU buffers created on the first save and reused after (the caller must not
-    start a new save before the previous one is written); pinned only when CUDA is present."""
+    """Copies the state for an async save into CPU buffers created on the first save and reused
+    after (pinned only when CUDA is present). With ``background=True`` the copy runs on a thread
+    and :meth:`stage` returns a Future, so the copy overlaps the next forward/backward; the caller
+    must not change the state (optimizer step) before that Future is done."""
 
-    def __init__(self) -> None:
+    def __init__(self, background: bool = False) -> None:
         super().__init__(cache_staged_state_dict=True)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dayzero-stage") if background else None
 
     def stage(self, state_dict):
+        if self._executor is None:
+            return self._copy(state_dict)
+        return self._executor.submit(self._copy, state_dict)
+
+    def _copy(self, state_dict):
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         if self.state_dict_cache is None:
             self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
         return _copy_state_dict(state_dict, self.state_dict_cache)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)

@@ -122,6 +122,9 @@ def retention(versions: list[Version], keep: int) -> list[Version]:
 def apply_retention(root: Path, keep: int) -> list[Version]:
     doomed = retention(scan(root), keep)
     for v in doomed:
+        # marker first: a deletion cut short leaves an incomplete version, never a "complete" one
+        # with files missing
+        (v.path / MARKER).unlink(missing_ok=True)
         shutil.rmtree(v.path, ignore_errors=True)
     return doomed
 
