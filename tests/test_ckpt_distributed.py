@@ -106,3 +106,17 @@ def test_reshard_tp2_pp2_dp2_to_single_process(tmp_path):
     assert sorted(single) == [6, 7, 8, 9, 10]
     for s in single:
         assert abs(single[s] - ref[s]) <= 1e-5, (s, single[s], ref[s])
+    # the 8-way sharded checkpoint exports to the same consolidated weights as a 1-process run's
+    from safetensors.torch import load_file
+
+    from dayzero.runtime.interchange import export_hf
+
+    one = tmp_path / "one"
+    subprocess.run([sys.executable, TOY, "--steps", "5", "--ckpt-dir", str(one), "--ckpt-every", "5",
+                    "--metrics", str(tmp_path / "m0.jsonl")], check=True, env=env, timeout=300, capture_output=True)
+    export_hf(ck / "step-00000005", tmp_path / "hf8")
+    export_hf(one / "step-00000005", tmp_path / "hf1")
+    w8, w1 = load_file(str(tmp_path / "hf8" / "model.safetensors")), load_file(str(tmp_path / "hf1" / "model.safetensors"))
+    assert set(w8) == set(w1) and "blocks.3.w2.weight" in w8
+    for k in w1:
+        assert (w8[k] - w1[k]).abs().max().item() <= 1e-5, k

@@ -33,7 +33,8 @@ for _verb in VERBS:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: user errors become one line on stderr and exit code 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        # with standalone_mode=False click returns (not raises) the code of a typer.Exit
+        rv = app(args=argv, standalone_mode=False)
     except DayzeroError as e:
         print(f"dayzero: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -52,5 +53,5 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dayzero: error: {e.format_message()}", file=sys.stderr)
             return 2
         raise
-    return 0
+    return rv if isinstance(rv, int) else 0
 
