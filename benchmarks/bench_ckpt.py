@@ -92,7 +92,7 @@ def run(rank: int, args, out: dict) -> None:
         dist.init_process_group("gloo", init_method=f"file://{args.tmp}/store", rank=rank, world_size=args.world)
     model, opt = build(args.mib, args.device, args.world)
     root = Path(args.tmp) / "ckpt"
-    sync = Checkpointer(root, keep=1)
+    sync = Checkpointer(root, keep=1, thread_count=args.threads)
     rows = []
     for r in range(args.rounds):
         barrier()
@@ -108,7 +108,7 @@ def run(rank: int, args, out: dict) -> None:
 
     # async: save at a step boundary, then the next forward/backward runs while the state is copied
     # out; the optimizer step waits for the copy. Blocked = the save() call + that wait.
-    asyn = Checkpointer(Path(args.tmp) / "async", keep=1, async_save=True)
+    asyn = Checkpointer(Path(args.tmp) / "async", keep=1, async_save=True, thread_count=args.threads)
     x = torch.randn(args.batch, HIDDEN, device=args.device)
 
     def fwd_bwd() -> float:
@@ -136,7 +136,7 @@ def run(rank: int, args, out: dict) -> None:
         raw = statistics.median(x["raw_s"] for x in rows)
         sync_s = statistics.median(x["ckpt_s"] for x in rows)
         out.update({
-            "world": args.world, "device": args.device, "bytes": rows[0]["bytes"], "rounds": args.rounds,
+            "world": args.world, "device": args.device, "threads": args.threads, "bytes": rows[0]["bytes"], "rounds": args.rounds,
             "ckpt_s_median": ck, "raw_s_median": raw,
             "ckpt_gib_s": rows[0]["bytes"] / ck / 2**30, "raw_gib_s": rows[0]["bytes"] / raw / 2**30,
             "write_ratio": raw / ck,
@@ -161,6 +161,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="DCP writer threads (files) per rank")
     ap.add_argument("--batch", type=int, default=32, help="rows per forward/backward during the async save")
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = ap.parse_args()

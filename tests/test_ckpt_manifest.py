@@ -161,3 +161,19 @@ def test_file_entry_validation():
     with pytest.raises(ValueError):
         FileEntry(path="a", bytes=1, sha256="xyz")
     assert Version(path=__import__("pathlib").Path("step-00000001"), step=1, state="complete").name == "step-00000001"
+
+
+def test_retire_renames_without_marker_and_purge_deletes(tmp_path):
+    from dayzero.runtime.versions import purge, retire
+
+    for s in (1, 2, 3):
+        make_version(tmp_path, s)
+    gone = retire(tmp_path, keep=1)
+    assert [v.step for v in gone] == [2, 1]
+    states = {(v.step, v.state) for v in scan(tmp_path)}
+    assert states == {(3, "complete"), (2, "deleting"), (1, "deleting")}
+    assert not (tmp_path / "step-00000002.deleting" / "COMPLETE").exists()
+    chosen, skipped = select_newest(scan(tmp_path), lambda v: verify_version(v.path))
+    assert chosen.path.name == version_name(3) and skipped == []
+    purge(tmp_path)
+    assert [v.name for v in scan(tmp_path)] == [version_name(3)]

@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from dayzero.runtime.manifest import (MANIFEST, CheckpointError, FileEntry, Mani
                                       utc_now, write_json_durable)
 from dayzero.runtime.state_dicts import set_train_state, split_non_tensors, train_state_dict
 from dayzero.runtime.train_state import capture_rng, from_json, restore_rng, to_json
-from dayzero.runtime.versions import (Version, apply_retention, commit, partial_name, prepare_partial, scan,
+from dayzero.runtime.versions import (Version, commit, partial_name, prepare_partial, purge, retire, scan,
                                       select_newest, version_name)
 
 log = logging.getLogger("dayzero.checkpoint")
@@ -103,6 +104,7 @@ class Checkpointer:
         self._stager = CachedStager(background=overlap_staging) if async_save else None
         self._staging: Future | None = None
         self._hooks: dict[int, Any] = {}
+        self._purger: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dayzero-ckpt") if async_save else None
         self._pending: Future | None = None
 
@@ -183,6 +185,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            self._purge_join()
             for h in self._hooks.values():
                 h.remove()
             self._hooks.clear()
@@ -190,6 +193,11 @@ class Checkpointer:
                 self._stager.close()
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+
+    def _purge_join(self) -> None:
+        if self._purger is not None:
+            self._purger.join()
+            self._purger = None
 
     def _guard(self, optimizer) -> None:
         """With background staging, an optimizer step must wait until the state is copied out."""
@@ -235,6 +243,10 @@ class Checkpointer:
             raise CheckpointError(f"saving step {step} to {partial} failed ({result[1]}); the previous "
                                   "checkpoint stays the newest")
         _, path, nbytes, deleted = result
+        if self.rank == 0 and deleted:  # deleting old versions' files is off the critical path
+            self._purge_join()
+            self._purger = threading.Thread(target=purge, args=(self.root,), name="dayzero-purge", daemon=True)
+            self._purger.start()
         seconds = time.perf_counter() - t0
         saved = SavedCheckpoint(step, Path(path), nbytes, seconds, seconds if blocked_s is None else blocked_s)
         self._event({"event": "checkpoint_saved", "step": step, "path": str(path), "bytes": nbytes,
@@ -276,7 +288,7 @@ class Checkpointer:
         if problems or missing:
             raise CheckpointError("; ".join(problems + [f"{m}: referenced but not written" for m in missing]))
         final = commit(partial, step)
-        deleted = [v.name for v in apply_retention(self.root, self.keep)]
+        deleted = [v.name for v in retire(self.root, self.keep)]
         return ("ok", str(final), manifest.total_bytes, deleted)
 
     # -- resume / load -------------------------------------------------------------------------

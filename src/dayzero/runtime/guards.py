@@ -4,8 +4,9 @@ A loss is bad when it is NaN or infinite, or (after ``warmup`` accepted steps) l
 ``spike_factor`` x the mean of the last ``window`` accepted losses. The training loop then either
 skips the step (drops the gradients, the batch is consumed) or rolls back to the last checkpoint
 and skips the offending batches on replay, as large runs do after a spike (Chowdhery et al. 2022,
-PaLM, section 5.1: "restart from a checkpoint roughly 100 steps before the spike, and skip
-roughly 200-500 data batches"). Every decision is an event for the metrics stream.
+PaLM, section 5.1 "Training instability": they "re-started training from a checkpoint roughly
+100 steps before the spike started, and skipped roughly 200-500 data batches"). Every decision
+is an event for the metrics stream.
 
 The guard must see the same loss on every rank (the globally reduced loss) so that all ranks take
 the same decision; its state is saved in checkpoints so a resumed run decides identically.

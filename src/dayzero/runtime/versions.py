@@ -24,8 +24,8 @@ from typing import Callable, Literal
 
 from dayzero.runtime.manifest import MARKER, CheckpointError, Verdict, fsync_dir, write_marker
 
-_NAME = re.compile(r"^step-(\d{8,})(\.partial|\.replaced)?$")
-State = Literal["complete", "incomplete", "partial", "replaced"]
+_NAME = re.compile(r"^step-(\d{8,})(\.partial|\.replaced|\.deleting)?$")
+State = Literal["complete", "incomplete", "partial", "replaced", "deleting"]
 
 
 def version_name(step: int) -> str:
@@ -63,12 +63,12 @@ def scan(root: Path) -> list[Version]:
         suffix = m.group(2)
         if suffix == ".partial":
             state: State = "partial"
-        elif suffix == ".replaced":
-            state = "replaced"
+        elif suffix in (".replaced", ".deleting"):
+            state = suffix[1:]  # type: ignore[assignment]
         else:
             state = "complete" if (p / MARKER).is_file() else "incomplete"
         out.append(Version(p, int(m.group(1)), state))
-    order = {"complete": 0, "incomplete": 1, "partial": 2, "replaced": 3}
+    order = {"complete": 0, "incomplete": 1, "partial": 2, "replaced": 3, "deleting": 4}
     return sorted(out, key=lambda v: (v.step, -order[v.state]))
 
 
@@ -119,13 +119,29 @@ def retention(versions: list[Version], keep: int) -> list[Version]:
     return complete[keep:]
 
 
-def apply_retention(root: Path, keep: int) -> list[Version]:
+def retire(root: Path, keep: int) -> list[Version]:
+    """Apply retention quickly: each doomed version loses its marker (so a deletion cut short can
+    never look complete) and is renamed ``step-N.deleting``; :func:`purge` deletes the files."""
     doomed = retention(scan(root), keep)
     for v in doomed:
-        # marker first: a deletion cut short leaves an incomplete version, never a "complete" one
-        # with files missing
         (v.path / MARKER).unlink(missing_ok=True)
-        shutil.rmtree(v.path, ignore_errors=True)
+        target = v.path.with_name(v.name + ".deleting")
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        v.path.rename(target)
+    return doomed
+
+
+def purge(root: Path) -> None:
+    """Delete every ``step-N.deleting`` directory (retired versions, also those a crash left)."""
+    for v in scan(root):
+        if v.state == "deleting":
+            shutil.rmtree(v.path, ignore_errors=True)
+
+
+def apply_retention(root: Path, keep: int) -> list[Version]:
+    doomed = retire(root, keep)
+    purge(root)
     return doomed
 
 
@@ -137,7 +153,7 @@ def select_newest(versions: list[Version], verify: Callable[[Version], Verdict]
     """
     skipped: list[Verdict] = []
     for v in sorted(versions, key=lambda v: (v.step, v.state == "complete"), reverse=True):
-        if v.state == "replaced":
+        if v.state in ("replaced", "deleting"):
             continue
         if v.state != "complete":
             why = ("partial: its save was interrupted or is still running" if v.state == "partial"
