@@ -8,8 +8,10 @@ RNG states as JSON. The sequence, on every rank::
     save(step)  ->  write into step-N.partial  ->  each rank hashes its own files
                 ->  rank 0: manifest.json, verify, rename to step-N, COMPLETE marker, retention
 
-With ``async_save=True`` only the copy of the state into CPU memory blocks the caller; writing,
-hashing and the commit run on a background thread, whose collectives use their own gloo group.
+With ``async_save=True`` the call returns at once: the state is copied into reused CPU buffers on
+a thread while the next forward/backward runs (the next ``optimizer.step()`` waits for that copy),
+and writing, hashing and the commit run on another thread, whose collectives use their own gloo
+process group.
 
 Resume (:meth:`Checkpointer.resume`) walks versions newest first and loads the first complete
 one whose files all match their manifest checksums (hashing is split across ranks); newer ones
