@@ -83,7 +83,7 @@ def test_crash_between_shard_writes_then_corrupt_shard(tmp_path):
 def test_hang_is_aborted_by_the_watchdog_and_restarted(tmp_path):
     m = tmp_path / "m.jsonl"
     torchrun(2, ["--steps", "6", "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / "ck"), "--metrics", str(m),
-                 "--watchdog", "4", "--inject-fault", "step=4,rank=1,kind=hang"], restarts=1)
+                 "--watchdog", "8", "--inject-fault", "step=4,rank=1,kind=hang"], restarts=1)
     recs = records(m)
     abort = events(recs, "watchdog_abort")
     assert abort and abort[0]["attempt"] == 0 and abort[0]["step"] == 3
