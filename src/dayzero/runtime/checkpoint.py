@@ -183,18 +183,19 @@ class Checkpointer:
             return None
         return fut.result()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         try:
-            self.wait()
+            if wait:
+                self.wait()
         finally:
             self._purge_join()
             for h in self._hooks.values():
                 h.remove()
             self._hooks.clear()
-            if self._stager is not None:
+            if self._stager is not None and wait:
                 self._stager.close()
             if self._executor is not None:
-                self._executor.shutdown(wait=True)
+                self._executor.shutdown(wait=wait, cancel_futures=not wait)
 
     def _purge_join(self) -> None:
         if self._purger is not None:

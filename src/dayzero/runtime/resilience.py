@@ -158,11 +158,13 @@ class Resilience:
         self._last_saved = step
         return out
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the watchdog and the checkpointer; ``wait=False`` (the run is failing) abandons
+        an async save in flight instead of waiting for ranks that may be gone."""
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.ckpt is not None:
-            self.ckpt.close()
+            self.ckpt.close(wait=wait)
 
     # -- helpers -------------------------------------------------------------------------------
     def _extra(self) -> dict:
@@ -184,3 +186,27 @@ class Resilience:
     def _event(self, ev: dict) -> None:
         if self._on_event is not None:
             self._on_event({**ev, "rank": self.rank})
+
+
+def resilience_config(cfg) -> ResilienceConfig:
+    """The ResilienceConfig of a :class:`dayzero.runtime.config.TrainConfig` (validates every
+    option: call it before starting ranks, so a typo is one line, not a crashed job)."""
+    guard = None
+    if cfg.on_bad_loss is not None:
+        guard = GuardConfig(spike_factor=cfg.spike_factor, action=cfg.on_bad_loss)
+    elif cfg.spike_factor:
+        raise DayzeroError("--spike-factor needs --on-bad-loss skip|rollback")
+    if cfg.keep < 1:
+        raise DayzeroError(f"--keep {cfg.keep}: at least 1 checkpoint must be kept")
+    if cfg.resume not in ("auto", "never") and not str(cfg.resume).isdigit() and not Path(cfg.resume).is_dir():
+        raise DayzeroError(f"--resume {cfg.resume}: expected auto, never, a step number or a checkpoint directory")
+    return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep, resume=cfg.resume,
+                            async_save=cfg.async_save, faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults),
+                            watchdog_s=cfg.watchdog, guard=guard)
+
+
+def build_resilience(cfg, state, on_event: Callable[[dict], None]) -> Resilience:
+    """Resilience for a runtime TrainState (model parts, one optimizer, LR scheduler)."""
+    return Resilience(resilience_config(cfg), model=state.model, optimizer=state.optimizer,
+                      scheduler=state.scheduler, model_name=state.spec.name, spec_digest=state.spec.digest(),
+                      layout=cfg.parallel.to_dict(), rank=state.rank, on_event=on_event)
