@@ -45,7 +45,7 @@ def test_list_json(ckdir, capsys):
     code, out, _ = run_cli(capsys, "ckpt", "list", str(ckdir[0]), "--json")
     rows = json.loads(out)["versions"]
     assert code == 0 and [(r["step"], r["state"]) for r in rows] == [(1, "complete"), (2, "complete"), (3, "partial")]
-    assert rows[1]["model"] == {"name": "tiny", "spec_digest": "abcd"} and rows[1]["bytes"] > 0
+    assert rows[1]["model"] == {"name": "tiny", "spec_digest": "abcd", "recipe": {}} and rows[1]["bytes"] > 0
     code, out, _ = run_cli(capsys, "ckpt", "list", str(ckdir[0]))
     assert code == 0 and "step" in out
 

@@ -140,9 +140,11 @@ def export_cmd(
     out: Annotated[Path, typer.Argument(help="Output directory for model*.safetensors.")],
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Cast weights: fp32 | bf16 | fp16 (default: as saved).")] = None,
     shard_gb: Annotated[float, typer.Option("--shard-gb", help="Maximum size of one output file, GiB.")] = 5.0,
+    names: Annotated[str, typer.Option("--names", help="hf: Hugging Face tensor names (+ config.json) when the model family is mapped | native: dayzero's names.")] = "hf",
     json_out: JsonOpt = False,
 ) -> None:
-    """Export the model weights of a checkpoint (any layout) as consolidated Hugging Face safetensors.
+    """Export the model weights of a checkpoint (any layout) as consolidated Hugging Face safetensors,
+    readable by transformers and by [bold]dayzero train --hf-weights[/bold].
 
     Example: [bold]dayzero ckpt export runs/llama/ckpt/step-00001000 hf-out --dtype bf16[/bold]
     """
@@ -151,14 +153,14 @@ def export_cmd(
 
     if shard_gb <= 0:
         raise CheckpointError(f"--shard-gb {shard_gb}: must be > 0")
-    res = export_hf(version, out, dtype=dtype, max_shard_bytes=int(shard_gb * 2**30))
+    res = export_hf(version, out, dtype=dtype, max_shard_bytes=int(shard_gb * 2**30), names=names)
     obj = {"out": str(res.out_dir), "files": list(res.files), "tensors": res.tensors, "bytes": res.bytes,
-           "step": res.step}
+           "step": res.step, "names": res.names}
     if json_out:
         emit_json(obj)
     else:
-        console.print(f"exported step {res.step}: {res.tensors} tensors, {human(res.bytes, 'B')} in "
-                      f"{len(res.files)} file(s) under {res.out_dir}")
+        console.print(f"exported step {res.step}: {res.tensors} tensors ({res.names} names), {human(res.bytes, 'B')} "
+                      f"in {len(res.files)} file(s) under {res.out_dir}")
 
 
 @ckpt_app.command("import")
@@ -166,17 +168,19 @@ def import_cmd(
     hf_dir: Annotated[Path, typer.Argument(help="Directory holding model*.safetensors (Hugging Face layout).")],
     root: Annotated[Path, typer.Argument(help="Checkpoint directory to write the version into (--ckpt-dir).")],
     step: Annotated[int, typer.Option("--step", min=0, help="Step number of the new version.")] = 0,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Cast weights: fp32 | bf16 | fp16 (default: as stored).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Cast weights: fp32 | bf16 | fp16 (default: fp32 with a model, else as stored).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Map HF names to this model's (preset or config.json; default: HF_DIR/config.json if present).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Import Hugging Face safetensors as a model-only checkpoint version (training resumes from it at
-    any layout with a fresh optimizer). Pickle files (.bin) are refused.
+    """Import Hugging Face safetensors as a model-only checkpoint version: [bold]dayzero train MODEL
+    --ckpt-dir ROOT[/bold] resumes from it at any layout with a fresh optimizer. Pickle files (.bin)
+    are refused.
 
     Example: [bold]dayzero ckpt import ./Llama-3.1-8B runs/llama/ckpt[/bold]
     """
     from dayzero.runtime.interchange import import_hf
 
-    path = import_hf(hf_dir, root, step=step, dtype=dtype)
+    path = import_hf(hf_dir, root, step=step, dtype=dtype, model=model)
     if json_out:
         emit_json({"path": str(path), "step": step})
     else:

@@ -82,7 +82,7 @@ class Checkpointer:
     process group when torch.distributed is initialized)."""
 
     def __init__(self, root: str | Path, *, keep: int = 3, async_save: bool = False, model_name: str = "",
-                 spec_digest: str = "", layout: dict | None = None,
+                 spec_digest: str = "", model_recipe: dict | None = None, layout: dict | None = None,
                  before_shard_write: Callable[[int], None] | None = None,
                  on_event: Callable[[dict], None] | None = None, thread_count: int = 1,
                  overlap_staging: bool = True):
@@ -90,7 +90,7 @@ class Checkpointer:
         if keep < 1:
             raise CheckpointError(f"--keep {keep}: at least 1 checkpoint must be kept")
         self.root, self.keep, self.async_save = Path(root), keep, async_save
-        self.model = ModelInfo(name=model_name, spec_digest=spec_digest)
+        self.model = ModelInfo(name=model_name, spec_digest=spec_digest, recipe=dict(model_recipe or {}))
         self.layout = dict(layout or {})
         self._before_shard_write, self._on_event = before_shard_write, on_event
         if dist.is_available() and dist.is_initialized():

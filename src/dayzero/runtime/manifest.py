@@ -105,6 +105,9 @@ class ModelInfo(BaseModel):
 
     name: str = ""
     spec_digest: str = ""  # ModelSpec.digest(); "" when the model has no spec (e.g. a test module)
+    # how to rebuild the ModelSpec: {"model": preset | config path, "layers"/"hidden"/...: proxy
+    # sizes}; lets ``dayzero ckpt export`` write Hugging Face names and config.json
+    recipe: dict[str, Any] = {}
 
 
 class Manifest(BaseModel):

@@ -62,7 +62,7 @@ class Position:
 
 class Resilience:
     def __init__(self, cfg: ResilienceConfig, *, model, optimizer=None, scheduler=None, model_name: str = "",
-                 spec_digest: str = "", layout: dict | None = None, rank: int = 0,
+                 spec_digest: str = "", model_recipe: dict | None = None, layout: dict | None = None, rank: int = 0,
                  on_event: Callable[[dict], None] | None = None):
         self.cfg, self.rank = cfg, rank
         self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
@@ -71,7 +71,8 @@ class Resilience:
         self.ckpt = None
         if cfg.ckpt_dir:
             self.ckpt = Checkpointer(cfg.ckpt_dir, keep=cfg.keep, async_save=cfg.async_save, model_name=model_name,
-                                     spec_digest=spec_digest, layout=layout, before_shard_write=self.faults.at_save,
+                                     spec_digest=spec_digest, model_recipe=model_recipe, layout=layout,
+                                     before_shard_write=self.faults.at_save,
                                      on_event=self._event)
         self.guard = LossGuard(cfg.guard) if cfg.guard else None
         self.watchdog = Watchdog(cfg.watchdog_s, on_timeout=self._event) if cfg.watchdog_s else None
@@ -209,4 +210,11 @@ def build_resilience(cfg, state, on_event: Callable[[dict], None]) -> Resilience
     """Resilience for a runtime TrainState (model parts, one optimizer, LR scheduler)."""
     return Resilience(resilience_config(cfg), model=state.model, optimizer=state.optimizer,
                       scheduler=state.scheduler, model_name=state.spec.name, spec_digest=state.spec.digest(),
-                      layout=cfg.parallel.to_dict(), rank=state.rank, on_event=on_event)
+                      model_recipe=model_recipe(cfg), layout=cfg.parallel.to_dict(), rank=state.rank,
+                      on_event=on_event)
+
+
+def model_recipe(cfg) -> dict:
+    """The TrainConfig fields that rebuild the run's ModelSpec (see ``TrainConfig.spec``)."""
+    model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # as load_model decides
+    return {"model": model, **{k: getattr(cfg, k) for k in ("layers", "hidden", "experts", "vocab")}}
