@@ -177,6 +177,12 @@ def test_export_to_transformers_and_import_back(tmp_path):
                     "--quiet", "--ckpt-dir", str(back), "--metrics", str(m)], check=True, timeout=600, capture_output=True)
     recs = stream(m)
     assert events(recs, "checkpoint_loaded")[0]["step"] == 2 and [s for s, _ in steps(recs)] == [3]
+    # ... and --hf-weights reads the export: same weights, same first batch, same loss
+    m2 = tmp_path / "m2.jsonl"
+    subprocess.run([sys.executable, "-m", "dayzero", "train", "tiny-llama", "--seq", "32", "--gbs", "2", "--steps", "1",
+                    "--quiet", "--hf-weights", str(out), "--metrics", str(m2)], check=True, timeout=600,
+                   capture_output=True)
+    assert steps(stream(m2))[0][1] == steps(recs)[0][1]
 
 
 def torch_equal(a, b) -> bool:
