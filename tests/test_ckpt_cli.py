@@ -129,3 +129,12 @@ def test_help_has_examples(capsys):
     for verb in ("list", "verify", "export", "import"):
         code, out, _ = run_cli(capsys, "ckpt", verb, "--help")
         assert code == 0 and "Example" in out
+
+
+def test_bad_options_are_one_line_errors(capsys):
+    code, _, err = run_cli(capsys, "ckpt", "export", "x", "y", "--bogus")
+    assert code == 2 and err.startswith("dayzero: error:") and "Traceback" not in err
+    code, _, err = run_cli(capsys, "train", "tiny-llama", "--keep", "0")
+    assert code == 2 and "--keep" in err
+    code, _, err = run_cli(capsys, "train", "tiny-llama", "--inject-fault", "step=1,rank=0,kind=melt")
+    assert code == 2 and "--inject-fault" in err

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # click usage errors and friends
         import click
 
-        if isinstance(e, click.ClickException):
+        # typer >= 0.26 vendors click: its usage errors derive from typer.TyperException, not click's
+        if isinstance(e, (click.ClickException, typer.TyperException)) and hasattr(e, "format_message"):
             print(f"dayzero: error: {e.format_message()}", file=sys.stderr)
             return 2
         raise
