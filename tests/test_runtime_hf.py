@@ -95,3 +95,34 @@ def test_shape_mismatch_is_one_line(checkpoint, tmp_path):
     ckpt = HFCheckpoint(path, spec)
     with pytest.raises(ConfigError, match="does not match these weights"):
         ckpt.tensor("tok_embeddings.weight", (spec.vocab, 32))
+
+
+@pytest.mark.slow
+def test_hf_weights_through_a_parallel_run(checkpoint, tmp_path):
+    """``dayzero train DIR --hf-weights DIR`` on 2 ranks (llama: tp2; MoE families: ep2 x dp2)
+    starts from exactly the reference's weights: its first loss is the reference's loss on the
+    same batch."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.data import TokenStream
+    from dayzero.runtime.launch import spawn
+    from dayzero.runtime.metrics import read_metrics
+    from dayzero.specs.parallel import ParallelConfig
+
+    family, ref, path = checkpoint
+    text = tmp_path / "text.txt"
+    text.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8)))
+    batch = dict(seq=SEQ, mbs=1, gbs=2)
+    parallel = ParallelConfig(tp=2, **batch) if family == "llama" else ParallelConfig(ep=2, dp=2, **batch)
+    m = tmp_path / "m.jsonl"
+    cfg = TrainConfig(model=str(path), hf_weights=str(path), parallel=parallel, steps=1, compute_dtype="fp32",
+                      data=str(text), metrics=str(m), quiet=True, measure_comm=False)
+    assert spawn(cfg, 2) == 0
+    steps, _ = read_metrics(m)
+    x, y = TokenStream([text], SEQ, 0, 300).batch(2)
+    with torch.no_grad():
+        logits = ref(torch.from_numpy(x)).logits
+        want = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(y).flatten()).item()
+    assert abs(steps[0]["loss"] - want) <= 1e-5 * want, (steps[0]["loss"], want)

@@ -113,9 +113,6 @@ def train_cmd(
     elif world == 1:
         from dayzero.runtime.launch import run_configs
 
-        if cfg.metrics:
-            Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-            cfg.save(Path(cfg.metrics).with_suffix(".config.json"))
         code = run_configs([cfg])
     else:
         from dayzero.runtime.launch import spawn

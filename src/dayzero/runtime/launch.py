@@ -81,9 +81,6 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
         for i, cfg in enumerate(configs):
             p = Path(tmp, f"config{i}.json")
             cfg.save(p)
-            if cfg.metrics:  # the resolved config next to the run's outputs
-                Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-                cfg.save(Path(cfg.metrics).with_suffix(".config.json"))
             paths.append(str(p))
         errors = Path(tmp, "errors")
         errors.mkdir()

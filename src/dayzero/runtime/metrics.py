@@ -72,9 +72,10 @@ class CommTimer:
             self._prof = profile(activities=acts)
             self._prof.__enter__()
 
-    def stop(self) -> float:
-        """Stop recording and return the seconds spent communicating (call after the step's
-        clock has stopped: collecting the trace is not part of the step)."""
+    def stop(self, window_ns: tuple[int, int] | None = None) -> float:
+        """Stop recording and return the seconds spent communicating within ``window_ns`` (the
+        step's wall-clock span, ``time.time_ns()``). Call after the step's clock has stopped:
+        collecting the trace is not part of the step."""
         if self._prof is None:
             return 0.0
         self._prof.__exit__(None, None, None)
@@ -87,7 +88,11 @@ class CommTimer:
             else:
                 keep = name.startswith("gloo:")
             if keep:
-                spans.append((e.start_ns(), e.end_ns()))
+                a, b = e.start_ns(), e.end_ns()
+                if window_ns is not None:
+                    a, b = max(a, window_ns[0]), min(b, window_ns[1])
+                if b > a:
+                    spans.append((a, b))
         self._prof = None
         self.seconds = union_ns(spans) / 1e9
         return self.seconds

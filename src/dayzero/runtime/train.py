@@ -10,8 +10,10 @@ step, with checkpoints, resume and fault handling from :mod:`dayzero.runtime.res
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -127,6 +129,10 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
 
         ckpt = HFCheckpoint(config.hf_weights, spec)
         weights = buffers = ckpt.tensor
+        scaling = rope_scaling_type(config.hf_weights)
+        if scaling and dist.get_rank() == 0:
+            print(f"dayzero: note: config.json asks for {scaling!r} RoPE scaling, which the zoo does not apply "
+                  f"(plain RoPE, theta {spec.rope_theta:g}); logits will differ from transformers'", file=sys.stderr)
     pm = parallelize(model, meshes, device, param_dtype, weights, buffers)
     for part in pm.parts:
         for m in part.modules():
@@ -140,6 +146,20 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     optimizer = build_optimizer(pm.parameters(), config.lr, config.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio)
     return TrainState(config, spec, meshes, device, pm, pipeline, optimizer, scheduler, data)
+
+
+def rope_scaling_type(checkpoint: str) -> str | None:
+    """The RoPE scaling a HF checkpoint's config.json asks for (llama3, yarn, ...), if any."""
+    from dayzero.runtime.hf_weights import checkpoint_config
+
+    cfg = checkpoint_config(checkpoint)
+    for key in ("rope_scaling", "rope_parameters"):
+        rs = cfg.get(key)
+        if isinstance(rs, dict):
+            kind = rs.get("rope_type") or rs.get("type")
+            if kind and kind != "default":
+                return str(kind)
+    return None
 
 
 # -- one step --------------------------------------------------------------------------------
@@ -178,13 +198,14 @@ class Gradients:
     norm: torch.Tensor
     lr: float
     t0: float
+    wall0: int  # time.time_ns() at the step's start: the window for communication timing
 
 
 def compute_step(state: TrainState, timer: CommTimer) -> Gradients:
     """Forward and backward of the next global batch, gradient clipping, the global loss."""
     cfg, p, meshes = state.config, state.config.parallel, state.meshes
     timer.start()
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time_ns()
     x, y = state.data.batch(p.gbs, meshes.dp_rank, p.dp)
     inputs = torch.from_numpy(x).to(state.device)
     labels = torch.from_numpy(y).to(state.device)
@@ -198,7 +219,7 @@ def compute_step(state: TrainState, timer: CommTimer) -> Gradients:
     loss = (local_loss if owner else torch.zeros_like(local_loss)).float().reshape(1)
     if dist.get_world_size() > 1:
         dist.all_reduce(loss)
-    return Gradients(float(loss / p.dp), norm, float(lr), t0)
+    return Gradients(float(loss / p.dp), norm, float(lr), t0, wall0)
 
 
 def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool = True) -> StepRecord:
@@ -216,7 +237,7 @@ def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool =
     if state.device.type == "cuda":
         torch.cuda.synchronize(state.device)
     elapsed = time.perf_counter() - g.t0
-    comm = timer.stop()
+    comm = timer.stop((g.wall0, g.wall0 + int(elapsed * 1e9)))
     stats = torch.tensor([float(peak_memory_bytes(state.device)), comm], dtype=torch.float64,
                          device=state.device)
     if dist.get_world_size() > 1:
@@ -288,6 +309,8 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
     emit: Callable[[dict], None] = early.append
     res = build_resilience(config, state, lambda ev: emit(ev))
     writer, failed = None, True
+    if rank0 and config.metrics:  # the resolved run, next to its outputs
+        config.save(Path(config.metrics).with_suffix(".config.json"))
     try:
         pos = res.start()
         if pos.path is not None:
