@@ -75,4 +75,8 @@ class MemoryOptions:
         vendor = getattr(accelerator, "vendor", "") or ""
         if vendor.lower().startswith("huawei"):
             kw.setdefault("comm_buffer_bytes", 2 * 200 * 10**6)
+        # a calibrated profile (dayzero calibrate) measured these on the machine itself
+        for name in ("runtime_context_bytes", "comm_buffer_bytes"):
+            if getattr(accelerator, name, None) is not None:
+                kw.setdefault(name, getattr(accelerator, name))
         return cls(**kw)
