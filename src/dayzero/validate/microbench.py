@@ -40,7 +40,7 @@ def plan(device_type: str, world: int, quick: bool = False) -> dict:
         attention = [(4, 32, 4096, 128)]
         triad_elems, min_time, trials = 2**28, 0.05, 5
     else:
-        squares = [32, 64, 128, 256, 512] if quick else [32, 64, 128, 256, 512, 768]
+        squares = [64, 128, 256, 512] if quick else [64, 128, 256, 384, 512, 768]
         shapes = [(d, d, d) for d in squares] + ([] if quick else [(512, 256, 704), (512, 704, 256), (1024, 256, 64)])
         gemm = {"fp32": shapes, "bf16": [(d, d, d) for d in squares[:4]]}
         sizes = [2**k for k in (12, 16, 20, 22)] if quick else [2**k for k in (10, 12, 14, 16, 18, 20, 22, 24)]
@@ -218,6 +218,10 @@ def memory_overhead(device) -> dict:
     import torch.distributed as dist
 
     world = dist.get_world_size()
+    try:  # a training rank has the runtime loaded before its first tensor: count its modules too
+        import dayzero.runtime.train  # noqa: F401
+    except ImportError:
+        pass
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         before = total - free - torch.cuda.memory_reserved(device)

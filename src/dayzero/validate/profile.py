@@ -117,9 +117,10 @@ def fit_link(rows: list[dict], per_domain: int | None = None, intra: Link | None
     if p2p:
         b = np.array([r["bytes"] for r in p2p], float)
         t = np.array([r["seconds"] for r in p2p], float)
-        # t = alpha + B / p2p_bw with alpha shared: least squares on the relative error for 1/p2p_bw
-        inv = max(np.sum((t - alpha) * b / t**2) / np.sum(b**2 / t**2), 1e-15)
-        p2p_bw = float(1.0 / inv)
+        # t = alpha + B / p2p_bw with the tier's alpha: mean squared log error in log p2p_bw
+        res = nelder_mead(lambda x: float(np.mean(np.log((alpha + b / np.exp(x[0])) / t) ** 2)),
+                          np.log([bw]), 80, step=0.5)
+        p2p_bw = float(np.exp(res[0][0]))
     link = Link(bw, p2p_bw, alpha, "switch")
     mape = {k: float(np.mean(np.abs(times(k, link) - t) / t)) for k, (_, _, t) in arrays.items()}
     if p2p:
