@@ -59,15 +59,16 @@ def predict_steps(observations: list[Observation], cluster: Cluster) -> np.ndarr
     from dayzero.planner.predict import with_even_split
 
     out = np.zeros(len(observations))
-    views = {}
+    groups: dict = {}  # one vectorised evaluation per model, dtype, sequence length and layer split
     for i, o in enumerate(observations):
-        if o.compute_dtype not in views:
-            view = compute_view(cluster, o.compute_dtype)
-            views[o.compute_dtype] = (view, perf_options(o.compute_dtype, constants_for(view)))
-        view, opts = views[o.compute_dtype]
         p = with_even_split(o.spec, o.parallel)
-        ev = evaluate(o.spec, grid_from_parallel(p), view, opts, layer_split=p.layer_split)
-        out[i] = float(ev.step_s[0])
+        groups.setdefault((o.spec, o.compute_dtype, p.seq, p.layer_split), []).append((i, p))
+    for (spec, dtype, _, split), members in groups.items():
+        view = compute_view(cluster, dtype)
+        grids = [grid_from_parallel(p) for _, p in members]
+        grid = {k: np.concatenate([g[k] for g in grids]) for k in grids[0]}
+        ev = evaluate(spec, grid, view, perf_options(dtype, constants_for(view)), layer_split=split)
+        out[[i for i, _ in members]] = ev.step_s
     return out
 
 

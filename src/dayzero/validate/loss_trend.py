@@ -100,7 +100,9 @@ def _hamed_rao_factor(x: np.ndarray, y: np.ndarray, slope: float) -> float:
     """n / n*: the variance inflation from the significant autocorrelations of the detrended
     series' ranks (Hamed & Rao 1998, eq. 16), lags up to n/3, never below 1."""
     n = len(y)
-    r = np.argsort(np.argsort(y - slope * x)).astype(float)
+    resid = np.round(y - slope * x, 12)  # exact ties stay ties (a perfect line has no autocorrelation)
+    _, inverse, counts = np.unique(resid, return_inverse=True, return_counts=True)
+    r = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]  # average ranks
     r -= r.mean()
     denom = float(np.sum(r * r))
     if denom == 0 or n < 6:

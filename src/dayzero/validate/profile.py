@@ -210,7 +210,7 @@ def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) ->
         profile["devices_per_node"] = ranks
         for dt, gf in gemm.items():
             if dt in ("bf16", "fp8") and dt in acc.peak_flops:
-                efficiency[f"gemm_{dt}"] = round(gf.peak_flops / acc.peak(dt), 4)
+                efficiency[f"gemm_{dt}"] = _sig(gf.peak_flops / acc.peak(dt))
         profile["gemm_tflops_measured"] = {dt: round(gf.peak_flops / 1e12, 3) for dt, gf in gemm.items()}
         profile["hbm_tbytes_per_s"] = round(hbm_bw / 1e12, 4)
         if link is not None:
@@ -240,7 +240,7 @@ def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) ->
         efficiency["gemm_bf16"] = 1.0  # the peak is the fitted asymptote itself
         peak_bf16 = gemm["bf16"].peak_flops
     if att.get("bf16") is not None:
-        efficiency["attention"] = round(min(1.0, att["bf16"].flops / peak_bf16), 4)
+        efficiency["attention"] = _sig(min(1.0, att["bf16"].flops / peak_bf16))
     if link is not None:
         efficiency["intra"] = 1.0  # the fitted bandwidth is already what collectives achieve
     profile["efficiency"] = efficiency
@@ -267,6 +267,11 @@ def write_profile(profile: dict, path: str | Path) -> Path:
               "# --cluster FILE; `measurements` holds the raw tables the fits came from.\n")
     p.write_text(header + yaml.safe_dump(_plain(profile), sort_keys=False, width=110))
     return p
+
+
+def _sig(x: float, digits: int = 5) -> float:
+    """``x`` rounded to ``digits`` significant digits (readable YAML, no lost precision)."""
+    return float(f"{x:.{digits}g}")
 
 
 def _plain(x):
