@@ -1,0 +1,224 @@
+"""``dayzero memory --exact``: the runtime's own model and parallelization for one rank, at full
+size, under FakeTensorMode and a fake process group, measured by PyTorch's FSDP2 memory tracker.
+
+No memory is allocated and no rank is started: one process joins a ``fake`` process group as
+the first rank of a pipeline stage, builds the model on the meta device, parallelizes it with
+``runtime.parallelize`` (TP/SP, EP, activation checkpointing, FSDP2), materializes it as fake
+tensors and runs two training steps the way the runtime does (micro-batches with its gradient
+sync rule, or the pipeline schedule's order; AdamW). The second step is measured by
+``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``, whose categories map onto the
+planner's:
+
+    weights      unsharded parameters (the compute-dtype copies FSDP2 gathers) + buffers;
+                 under ZeRO-3 without pipelining they are transient gathers -> temporary
+    gradients    sharded + unsharded gradients
+    optimizer    sharded parameters (FSDP2 keeps them in fp32: the master weights) + AdamW states
+    activations  tensors saved in forward (+ inputs)
+    temporary    backward temporaries, all-gather and reduce-scatter buffers
+
+Each category is its largest value over the step (sampled after every forward, backward and the
+optimizer step, and at the tracked peak); ``peak_bytes`` is the tracker's peak total.
+
+Routing: token counts are data, which fake tensors do not have, so MoE layers route a balanced
+assignment (T k / E rows per expert: the planner's capacity factor 1.0) through the same
+router, experts, all-to-all and combine as the runtime (:func:`_balanced_moe_forward`).
+Pipelines: vpp 1; every backward runs without gradient sync or reshard as
+``torch.distributed.pipelining`` does, and the last one syncs (the schedule's final reduce).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+from dayzero.errors import LayoutError
+
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary")
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class ExactStage:
+    stage: int
+    rank: int
+    categories: dict  # planner category -> bytes (largest over the step)
+    peak_bytes: int  # tracker peak total
+    tracker_peak: dict = field(default_factory=dict)  # FSDPMemTracker categories at the peak, bytes
+
+    def to_dict(self) -> dict:
+        return {"stage": self.stage, "rank": self.rank, **self.categories, "peak_bytes": self.peak_bytes,
+                "tracker_peak": dict(self.tracker_peak)}
+
+
+def schedule_order(schedule: str, pp: int, stage: int, m: int) -> list[tuple[str, int]]:
+    """("F"|"B", micro-batch) actions of one pipeline stage: 1F1B (Narayanan et al. 2021) keeps
+    pp - stage micro-batches in flight, GPipe all m."""
+    if pp == 1 or schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(pp - 1 - stage, m)
+    order = [("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while b < m:
+        if f < m:
+            order.append(("F", f))
+            f += 1
+        order.append(("B", b))
+        b += 1
+    return order
+
+
+def _planner_categories(snap: dict, transient_params: bool) -> dict:
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType as R
+
+    g = lambda k: int(snap.get(k, 0))  # noqa: E731
+    params = g(R.UNSHARDED_PARAM)
+    return {"weights": (0 if transient_params else params) + g(R.BUFFER),
+            "gradients": g(R.SHARDED_GRAD) + g(R.UNSHARDED_GRAD),
+            "optimizer": g(R.SHARDED_PARAM) + g(R.OPT),
+            "activations": g(R.ACT) + g(R.INP),
+            "temporary": g(R.TEMP) + g(R.ALL_GATHER) + g(R.REDUCE_SCATTER) + (params if transient_params else 0)}
+
+
+def _balanced_moe_forward(self, x):
+    """MoE.forward (runtime/moe.py) with a balanced routing table instead of the data-dependent
+    one; every tensor the real forward keeps is kept here with the same shape."""
+    import torch
+
+    from dayzero.runtime.expert_parallel import AllToAllDispatch, _AllToAll
+
+    bs, seq, hidden = x.shape
+    xf = x.reshape(-1, hidden)  # (T, H)
+    weights, idx, probs = self.router(xf)
+    k = idx.shape[1]
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token_of = order // k
+    E, rows = self.spec.experts, flat.shape[0]
+    counts = [rows // E + (e < rows % E) for e in range(E)]
+    xs = xf[token_of]  # (T k, H) grouped by expert
+    d = self.dispatcher
+    if isinstance(d, AllToAllDispatch):
+        # every rank sends rows / ep to each peer and receives as many: balanced both ways
+        per_peer = [sum(counts[s * d.local:(s + 1) * d.local]) for s in range(d.ep)]
+        xr = _AllToAll.apply(xs, per_peer, per_peer, d.group)
+        local_counts = [rows // d.local + (j < rows % d.local) for j in range(d.local)]
+        perm = torch.arange(rows, device=x.device)
+        y = self.experts(xr[perm], local_counts)
+        y = torch.empty_like(y).index_copy_(0, perm, y)
+        y = _AllToAll.apply(y, per_peer, per_peer, d.group)
+    else:
+        y = self.experts(xs, counts)
+    y = y * weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
+    out = torch.zeros_like(xf).index_add_(0, token_of, y.to(xf.dtype))
+    if self.shared is not None:
+        s = self.shared(xf)
+        out = out + (s * torch.sigmoid(self.shared_gate(xf)) if self.shared_gate is not None else s)
+    if self.training and self.spec.aux_loss_coef > 0 and torch.is_grad_enabled():
+        from dayzero.runtime.moe import _InjectAuxGrad
+
+        c = torch.tensor(counts, dtype=torch.float32, device=x.device)
+        out = _InjectAuxGrad.apply(out, self._balance_loss(probs, c, k) * self.aux_loss_scale)
+    return out.view(bs, seq, hidden)
+
+
+def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> ExactStage:
+    """Measure pipeline stage ``stage`` (its first rank) under fake tensors and a fake group."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from dayzero.runtime.checks import check_runtime
+    from dayzero.runtime.mesh import build_meshes
+    from dayzero.runtime.model import build_model
+    from dayzero.runtime.moe import MoE
+    from dayzero.runtime.optim import build_optimizer
+    from dayzero.runtime.parallelize import parallelize
+    from dayzero.runtime.train import loss_context
+
+    p = parallel
+    check_runtime(spec, p, p.world)
+    if p.vpp > 1:
+        raise LayoutError(f"--exact measures vpp 1 pipelines; got vpp {p.vpp} (interleaved stages hold several "
+                          "FSDP roots); use the analytic model for interleaved layouts")
+    if dist.is_initialized():
+        raise LayoutError("--exact needs a process of its own (a process group is already running)")
+    dtype = getattr(torch, DTYPES[compute_dtype])
+    rank = stage * p.tp * p.cp * p.dp
+    dist.init_process_group("fake", rank=rank, world_size=p.world, store=FakeStore())
+    try:
+        meshes = build_meshes(p, "cpu")  # device meshes need real tensors: built before fake mode
+        pm = parallelize(build_model(spec, p.seq), meshes, torch.device("meta"), dtype,
+                         lambda fqn, shape: torch.empty(shape, device="meta"))
+        if len(pm.parts) != 1:
+            raise LayoutError(f"--exact expects one model part per rank, got {len(pm.parts)}")
+        part = pm.parts[0]
+        m, first, last = p.microbatches, stage == 0, stage == p.pp - 1
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            part.to_empty(device="cpu")
+            for mod in part.modules():
+                if isinstance(mod, MoE):
+                    mod.forward = types.MethodType(_balanced_moe_forward, mod)
+                    mod.aux_loss_scale = 1.0 / m
+            part.train()
+            opt = build_optimizer(pm.parameters(), 1e-3, 0.1)
+            samples: list[dict] = []
+
+            def step(tracker=None):
+                outs = {}
+                for kind, i in schedule_order(p.schedule, p.pp, stage, m):
+                    if kind == "F":
+                        if tracker is not None:
+                            tracker.reset_mod_stats()  # the tracker keeps module stats per call
+                        x = (torch.randint(0, spec.vocab, (p.mbs, p.seq)) if first else
+                             torch.empty(p.mbs, p.seq, spec.hidden, dtype=dtype, requires_grad=True))
+                        with loss_context(p.tp):
+                            out = part(x)
+                            if last:
+                                y = torch.randint(0, spec.vocab, (p.mbs, p.seq))
+                                out = F.cross_entropy(out.flatten(0, 1).float(), y.flatten()) / m
+                        outs[i] = out
+                    else:
+                        last_b = i == m - 1
+                        if p.pp > 1:  # torch.distributed.pipelining: no sync or reshard until the last one
+                            part.set_is_last_backward(last_b)
+                            part.set_reshard_after_backward(last_b)
+                            part.set_requires_gradient_sync(last_b)
+                        else:  # runtime.train.forward_backward's rule
+                            part.set_requires_gradient_sync(last_b or p.zero >= 2)
+                        out = outs.pop(i)
+                        with loss_context(p.tp):
+                            if last:
+                                out.backward()
+                            else:
+                                out.backward(torch.empty_like(out))
+                    if tracker is not None:
+                        samples.append(tracker.get_tracker_snapshot("current"))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if tracker is not None:
+                    samples.append(tracker.get_tracker_snapshot("current"))
+
+            step()  # creates the optimizer states: the steady step holds them throughout
+            tracker = FSDPMemTracker(part, opt)
+            with tracker:
+                step(tracker)
+            peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    finally:
+        dist.destroy_process_group()
+    transient = p.zero == 3 and p.pp == 1
+    cats = {c: 0 for c in CATEGORIES}
+    for s in samples + [{"cpu": peak}]:
+        snap = next(iter(s.values()))
+        for c, v in _planner_categories(snap, transient).items():
+            cats[c] = max(cats[c], v)
+    total_key = next(k for k in peak if str(k) == "Total")
+    return ExactStage(stage=stage, rank=rank, categories=cats, peak_bytes=int(peak[total_key]),
+                      tracker_peak={str(getattr(k, "value", k)): int(v) for k, v in peak.items()})
+
+
+def exact_memory(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None) -> list[ExactStage]:
+    """Every pipeline stage (or ``stages``), one fake rank each."""
+    return [exact_stage(spec, parallel, s, compute_dtype) for s in (stages if stages is not None else range(parallel.pp))]
