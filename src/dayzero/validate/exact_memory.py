@@ -51,9 +51,12 @@ class ExactStage:
 
 
 def schedule_order(schedule: str, pp: int, stage: int, m: int) -> list[tuple[str, int]]:
-    """("F"|"B", micro-batch) actions of one pipeline stage: 1F1B (Narayanan et al. 2021) keeps
-    pp - stage micro-batches in flight, GPipe all m."""
-    if pp == 1 or schedule == "gpipe":
+    """("F"|"B", micro-batch) actions of one pipeline stage: without pipelining each micro-batch's
+    forward and backward in turn (runtime.train.forward_backward); 1F1B (Narayanan et al. 2021)
+    keeps pp - stage micro-batches in flight, GPipe all m."""
+    if pp == 1:
+        return [a for i in range(m) for a in (("F", i), ("B", i))]
+    if schedule == "gpipe":
         return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
     warm = min(pp - 1 - stage, m)
     order = [("F", i) for i in range(warm)]
