@@ -24,6 +24,8 @@ from dayzero.planner.comm import CommOptions
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.perf import PerfOptions
 from dayzero.specs.cluster import Cluster
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig
 
 ADAMW_FP32_BYTES = 28  # read param, grad, exp_avg, exp_avg_sq (4 x 4 B); write param, exp_avg, exp_avg_sq (3 x 4 B)
 BYTES = {"fp32": 4, "bf16": 2}
@@ -58,16 +60,54 @@ def perf_options(compute_dtype: str, constants=None, **comm) -> PerfOptions:
     return PerfOptions(comm=CommOptions(grad_reduce_bytes=grad, **comm), constants=constants)
 
 
-def memory_options(cluster: Cluster, compute_dtype: str) -> MemoryOptions:
+def runtime_layout(parallel: ParallelConfig) -> ParallelConfig:
+    """The ZeRO stage whose memory and traffic the runtime's FSDP2 really has for this layout.
+
+    * Pipelining (torch.distributed.pipelining) runs every backward without gradient sync or
+      reshard and reduces once at the end: full gradients and gathered parameters, as ZeRO-1.
+    * ZeRO-1 with a single micro-batch syncs on that micro-batch: sharded gradients, as ZeRO-2.
+    """
+    if parallel.pp > 1 and parallel.zero >= 1:
+        return parallel.with_(zero=1)
+    if parallel.zero == 1 and parallel.microbatches == 1:
+        return parallel.with_(zero=2)
+    return parallel
+
+
+def largest_unit(spec: ModelSpec, parallel: ParallelConfig) -> float:
+    """Parameters of the largest FSDP2 unit (a decoder block) on one rank: what one
+    reduce-scatter of gradients carries."""
+    from dayzero.planner.params import layer_params
+
+    kv = spec.attention.kv_heads
+    return max(layer_params(spec, k).local_dense(parallel.tp, kv) + layer_params(spec, k).local_expert(parallel.ep, parallel.etp)
+               for k in set(spec.layer_kinds))
+
+
+def memory_options(cluster: Cluster, compute_dtype: str, spec: ModelSpec | None = None,
+                   parallel: ParallelConfig | None = None, device: str = "cpu") -> MemoryOptions:
+    """The runtime's bytes: FSDP2 mixed precision, eager kernels, per-block gradient reduce-scatter.
+    SDPA's CPU flash kernel needs equal q/k and v head dims; MLA (v narrower) falls back to the
+    math kernel, which saves the score matrix."""
     b = BYTES[compute_dtype]
-    return MemoryOptions.for_accelerator(cluster.accelerator, param_bytes=b, master_bytes=4, grad_bytes=4,
-                                         optim_bytes=8, act_bytes=b, fp8_act_bytes=b, logits_bytes=4)
+    kw = dict(param_bytes=b, master_bytes=4, grad_bytes=4, optim_bytes=8, act_bytes=b, fp8_act_bytes=b,
+              logits_bytes=4, kernels="eager")
+    if spec is not None:
+        a = spec.attention
+        if device == "cpu" and a.head_dim != a.v_head_dim:
+            kw["attention"] = "eager"
+        if parallel is not None:
+            kw["grad_bucket_params"] = int(largest_unit(spec, parallel))
+    return MemoryOptions.for_accelerator(cluster.accelerator, **kw)
 
 
-def predict_run(spec, parallel, cluster: Cluster, compute_dtype: str, constants=None) -> dict:
+def predict_run(spec, parallel, cluster: Cluster, compute_dtype: str, constants=None, device: str | None = None) -> dict:
     """The planner's prediction (DESIGN.md predict object) for the runtime running ``parallel``
     on ``cluster`` in ``compute_dtype``; memory is per device at the cluster's capacity."""
     from dayzero.planner.predict import predict
 
+    device = device or ("cuda" if compute_dtype == "bf16" and cluster.accelerator.vendor != "cpu" else "cpu")
     view = compute_view(cluster, compute_dtype)
-    return predict(spec, parallel, view, perf_options(compute_dtype, constants), memory_options(cluster, compute_dtype))
+    eff = runtime_layout(parallel)
+    return predict(spec, eff, view, perf_options(compute_dtype, constants),
+                   memory_options(cluster, compute_dtype, spec, eff, device))
