@@ -16,8 +16,8 @@ planner's:
     activations  tensors saved in forward (+ inputs)
     temporary    backward temporaries, all-gather and reduce-scatter buffers
 
-Each category is its largest value over the step (sampled after every forward, backward and the
-optimizer step, and at the tracked peak); ``peak_bytes`` is the tracker's peak total.
+Each category is its largest value over the step (after every op); ``peak_bytes`` is the
+tracker's peak total.
 
 Routing: token counts are data, which fake tensors do not have, so MoE layers route a balanced
 assignment (T k / E rows per expert: the planner's capacity factor 1.0) through the same
@@ -71,8 +71,9 @@ def schedule_order(schedule: str, pp: int, stage: int, m: int) -> list[tuple[str
 
 
 def _planner_categories(snap: dict, transient_params: bool) -> dict:
-    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType as R
+    from dayzero.validate.torch_tools import ref_types
 
+    R = ref_types()
     g = lambda k: int(snap.get(k, 0))  # noqa: E731
     params = g(R.UNSHARDED_PARAM)
     return {"weights": (0 if transient_params else params) + g(R.BUFFER),
@@ -130,8 +131,6 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.mesh import build_meshes
@@ -140,7 +139,9 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
     from dayzero.runtime.optim import build_optimizer
     from dayzero.runtime.parallelize import parallelize
     from dayzero.runtime.train import loss_context
+    from dayzero.validate.torch_tools import category_tracker, fake_store, require_torch
 
+    require_torch()
     p = parallel
     check_runtime(spec, p, p.world)
     if p.vpp > 1:
@@ -150,7 +151,7 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
         raise LayoutError("--exact needs a process of its own (a process group is already running)")
     dtype = getattr(torch, DTYPES[compute_dtype])
     rank = stage * p.tp * p.cp * p.dp
-    dist.init_process_group("fake", rank=rank, world_size=p.world, store=FakeStore())
+    dist.init_process_group("fake", rank=rank, world_size=p.world, store=fake_store())
     try:
         meshes = build_meshes(p, "cpu")  # device meshes need real tensors: built before fake mode
         pm = parallelize(build_model(spec, p.seq), meshes, torch.device("meta"), dtype,
@@ -167,7 +168,6 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                     mod.aux_loss_scale = 1.0 / m
             part.train()
             opt = build_optimizer(pm.parameters(), 1e-3, 0.1)
-            samples: list[dict] = []
 
             def step(tracker=None):
                 outs = {}
@@ -197,26 +197,18 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                                 out.backward()
                             else:
                                 out.backward(torch.empty_like(out))
-                    if tracker is not None:
-                        samples.append(tracker.get_tracker_snapshot("current"))
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                if tracker is not None:
-                    samples.append(tracker.get_tracker_snapshot("current"))
 
             step()  # creates the optimizer states: the steady step holds them throughout
-            tracker = FSDPMemTracker(part, opt)
+            transient = p.zero == 3 and p.pp == 1
+            tracker = category_tracker(part, opt, lambda snap: _planner_categories(snap, transient))
             with tracker:
                 step(tracker)
             peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     finally:
         dist.destroy_process_group()
-    transient = p.zero == 3 and p.pp == 1
-    cats = {c: 0 for c in CATEGORIES}
-    for s in samples + [{"cpu": peak}]:
-        snap = next(iter(s.values()))
-        for c, v in _planner_categories(snap, transient).items():
-            cats[c] = max(cats[c], v)
+    cats = {c: int(tracker.maxima.get(c, 0)) for c in CATEGORIES}
     total_key = next(k for k in peak if str(k) == "Total")
     return ExactStage(stage=stage, rank=rank, categories=cats, peak_bytes=int(peak[total_key]),
                       tracker_peak={str(getattr(k, "value", k)): int(v) for k, v in peak.items()})
