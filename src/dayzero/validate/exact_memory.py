@@ -11,13 +11,16 @@ planner's:
 
     weights      unsharded parameters (the compute-dtype copies FSDP2 gathers) + buffers;
                  under ZeRO-3 without pipelining they are transient gathers -> temporary
-    gradients    sharded + unsharded gradients
+    gradients    sharded + unsharded gradients; under ZeRO-2/3 without pipelining the unsharded
+                 ones are one block's reduce-scatter input -> temporary
     optimizer    sharded parameters (FSDP2 keeps them in fp32: the master weights) + AdamW states
     activations  tensors saved in forward (+ inputs)
     temporary    backward temporaries, all-gather and reduce-scatter buffers
 
-Each category is its largest value over the step (after every op); ``peak_bytes`` is the
-tracker's peak total.
+Weights, gradients, optimizer and activations are reported as they stand at the step's peak
+(the moment the planner's stage total describes); temporary buffers come and go, so temporary is
+their largest value over the step (checked after every op). ``peak_bytes`` is the tracker's
+peak total; ``maxima`` holds every category's largest value.
 
 Routing: token counts are data, which fake tensors do not have, so MoE layers route a balanced
 assignment (T k / E rows per expert: the planner's capacity factor 1.0) through the same
@@ -41,12 +44,20 @@ DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 class ExactStage:
     stage: int
     rank: int
-    categories: dict  # planner category -> bytes (largest over the step)
+    at_peak: dict  # planner category -> bytes at the step's peak
+    maxima: dict  # planner category -> its largest value over the step
     peak_bytes: int  # tracker peak total
     tracker_peak: dict = field(default_factory=dict)  # FSDPMemTracker categories at the peak, bytes
 
+    @property
+    def categories(self) -> dict:
+        """What the planner's categories mean: the persistent ones (weights, gradients, optimizer,
+        activations) as they stand at the peak, the transient buffers (temporary) at their largest."""
+        return {**{c: self.at_peak[c] for c in CATEGORIES if c != "temporary"}, "temporary": self.maxima["temporary"]}
+
     def to_dict(self) -> dict:
-        return {"stage": self.stage, "rank": self.rank, **self.categories, "peak_bytes": self.peak_bytes,
+        return {"stage": self.stage, "rank": self.rank, **self.categories, "total": sum(self.categories.values()),
+                "peak_bytes": self.peak_bytes, "at_peak": dict(self.at_peak), "maxima": dict(self.maxima),
                 "tracker_peak": dict(self.tracker_peak)}
 
 
@@ -70,17 +81,21 @@ def schedule_order(schedule: str, pp: int, stage: int, m: int) -> list[tuple[str
     return order
 
 
-def _planner_categories(snap: dict, transient_params: bool) -> dict:
+def _planner_categories(snap: dict, transient_params: bool, transient_grads: bool) -> dict:
+    """FSDPMemTracker categories -> the planner's. Copies that exist only around a collective are
+    temporary, as the planner counts them: gathered parameters under ZeRO-3 (its gather buffers)
+    and unsharded gradients under ZeRO-2/3 (the reduce-scatter input of one block)."""
     from dayzero.validate.torch_tools import ref_types
 
     R = ref_types()
     g = lambda k: int(snap.get(k, 0))  # noqa: E731
-    params = g(R.UNSHARDED_PARAM)
+    params, grads = g(R.UNSHARDED_PARAM), g(R.UNSHARDED_GRAD)
     return {"weights": (0 if transient_params else params) + g(R.BUFFER),
-            "gradients": g(R.SHARDED_GRAD) + g(R.UNSHARDED_GRAD),
+            "gradients": g(R.SHARDED_GRAD) + (0 if transient_grads else grads),
             "optimizer": g(R.SHARDED_PARAM) + g(R.OPT),
             "activations": g(R.ACT) + g(R.INP),
-            "temporary": g(R.TEMP) + g(R.ALL_GATHER) + g(R.REDUCE_SCATTER) + (params if transient_params else 0)}
+            "temporary": g(R.TEMP) + g(R.ALL_GATHER) + g(R.REDUCE_SCATTER) + (params if transient_params else 0)
+            + (grads if transient_grads else 0)}
 
 
 def _balanced_moe_forward(self, x):
@@ -201,16 +216,18 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                 opt.zero_grad(set_to_none=True)
 
             step()  # creates the optimizer states: the steady step holds them throughout
-            transient = p.zero == 3 and p.pp == 1
-            tracker = category_tracker(part, opt, lambda snap: _planner_categories(snap, transient))
+            # pipelining keeps gathered parameters and full gradients until the step's end (runtime_layout)
+            t_params, t_grads = p.zero == 3 and p.pp == 1, p.zero >= 2 and p.pp == 1
+            tracker = category_tracker(part, opt, lambda snap: _planner_categories(snap, t_params, t_grads))
             with tracker:
                 step(tracker)
             peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     finally:
         dist.destroy_process_group()
-    cats = {c: int(tracker.maxima.get(c, 0)) for c in CATEGORIES}
+    at_peak = _planner_categories(peak, t_params, t_grads)
     total_key = next(k for k in peak if str(k) == "Total")
-    return ExactStage(stage=stage, rank=rank, categories=cats, peak_bytes=int(peak[total_key]),
+    return ExactStage(stage=stage, rank=rank, at_peak=at_peak, maxima={c: int(tracker.maxima.get(c, 0)) for c in CATEGORIES},
+                      peak_bytes=int(peak[total_key]),
                       tracker_peak={str(getattr(k, "value", k)): int(v) for k, v in peak.items()})
 
 
