@@ -165,8 +165,17 @@ def _common(f: _Fields, name: str, mt: str, **kw) -> dict:
     return dict(name=name, model_type=mt, hidden=hidden, layers=layers, vocab=vocab,
                 tie_embeddings=f.bool("tie_word_embeddings", kw.pop("tie_default", False)),
                 max_positions=f.int("max_position_embeddings", default=4096),
-                rope_theta=f.float("rope_theta", 10000.0),
+                rope_theta=f.float("rope_theta", _rope_parameters_theta(f)),
                 norm_eps=f.float("rms_norm_eps", 1e-6), **kw)
+
+
+def _rope_parameters_theta(f: _Fields) -> float:
+    """transformers >= 5 writes ``rope_parameters: {"rope_theta": ...}`` instead of ``rope_theta``."""
+    rp = f.cfg.get("rope_parameters")
+    v = rp.get("rope_theta") if isinstance(rp, dict) else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+        return float(v)
+    return 10000.0
 
 
 def _dense(f: _Fields, name: str, mt: str) -> ModelSpec:
@@ -208,7 +217,7 @@ def _qwen3_moe(f: _Fields, name: str, mt: str) -> ModelSpec:
     hidden, layers = f.int("hidden_size"), f.int("num_hidden_layers")
     bias = f.bool("attention_bias", False)
     att = _gqa_attention(f, hidden, qkv_bias=bias, o_bias=bias, qk_norm=True)
-    experts = f.int("num_experts", minimum=0)
+    experts = f.int("num_experts", minimum=0, alt=("num_local_experts",))  # transformers 5 writes the latter
     step = f.int("decoder_sparse_step", default=1)
     only_dense = set(f.int_list("mlp_only_layers"))
     kinds = tuple("moe" if i not in only_dense and experts > 0 and (i + 1) % step == 0 else "dense"
@@ -217,7 +226,8 @@ def _qwen3_moe(f: _Fields, name: str, mt: str) -> ModelSpec:
     if experts > 0:
         moe = MoESpec(experts=experts, top_k=_top_k(f, experts),
                       expert=MLPSpec(f.int("moe_intermediate_size")),
-                      aux_loss_coef=f.float("router_aux_loss_coef", 0.0))
+                      aux_loss_coef=f.float("router_aux_loss_coef", 0.0),
+                      norm_topk_prob=f.bool("norm_topk_prob", False))
     return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe, layer_kinds=kinds,
                      **_common(f, name, mt))
 
@@ -230,7 +240,8 @@ def _deepseek(f: _Fields, name: str, mt: str) -> ModelSpec:
     att = AttentionSpec(kind="mla", heads=heads, kv_heads=heads, head_dim=nope + rope,
                         v_head_dim=f.int("v_head_dim"), qkv_bias=bias, o_bias=bias,
                         q_lora_rank=f.opt_int("q_lora_rank"), kv_lora_rank=f.int("kv_lora_rank"),
-                        qk_rope_head_dim=rope, qk_nope_head_dim=nope)
+                        qk_rope_head_dim=rope, qk_nope_head_dim=nope,
+                        rope_interleave=f.bool("rope_interleave", True))
     experts = f.int("n_routed_experts", default=0, minimum=0)
     first_dense = f.int("first_k_dense_replace", default=0, minimum=0)
     freq = f.int("moe_layer_freq", default=1)
@@ -243,8 +254,14 @@ def _deepseek(f: _Fields, name: str, mt: str) -> ModelSpec:
         moe = MoESpec(experts=experts, top_k=_top_k(f, experts), expert=MLPSpec(moe_inter),
                       shared_experts=shared, shared_intermediate=shared * moe_inter,
                       score_correction_bias=(topk_method == "noaux_tc"),
-                      scoring="softmax" if f.str("scoring_func", "softmax") == "softmax" else "sigmoid",
-                      aux_loss_coef=f.float("aux_loss_alpha", 0.0))
+                      scoring="softmax" if f.str("scoring_func", "softmax" if mt == "deepseek_v2" else "sigmoid")
+                      == "softmax" else "sigmoid",
+                      aux_loss_coef=f.float("aux_loss_alpha", 0.0),
+                      # defaults are transformers' config-class defaults for each family
+                      norm_topk_prob=f.bool("norm_topk_prob", mt != "deepseek_v2"),
+                      routed_scaling_factor=f.float("routed_scaling_factor", 1.0 if mt == "deepseek_v2" else 2.5),
+                      n_group=f.int("n_group", default=1 if mt == "deepseek_v2" else 8),
+                      topk_group=f.int("topk_group", default=1 if mt == "deepseek_v2" else 4))
     fp8 = _fp8_block(f)
     return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe, layer_kinds=kinds,
                      mtp_layers=f.int("num_nextn_predict_layers", default=0, minimum=0), fp8_block=fp8,
@@ -262,7 +279,10 @@ def _glm4_moe(f: _Fields, name: str, mt: str) -> ModelSpec:
     shared = f.int("n_shared_experts", default=0, minimum=0)
     moe = MoESpec(experts=experts, top_k=_top_k(f, experts), expert=MLPSpec(moe_inter),
                   shared_experts=shared, shared_intermediate=shared * moe_inter,
-                  score_correction_bias=True, scoring="sigmoid")
+                  score_correction_bias=True, scoring="sigmoid",
+                  norm_topk_prob=f.bool("norm_topk_prob", True),
+                  routed_scaling_factor=f.float("routed_scaling_factor", 1.0),
+                  n_group=f.int("n_group", default=1), topk_group=f.int("topk_group", default=1))
     return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe, layer_kinds=kinds,
                      mtp_layers=f.int("num_nextn_predict_layers", default=0, minimum=0),
                      **_common(f, name, mt))

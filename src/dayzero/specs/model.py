@@ -46,6 +46,8 @@ class AttentionSpec:
     qk_nope_head_dim: int = 0
     # sliding-window attention: window size (tokens); which layers use it is in ModelSpec.layer_windows
     sliding_window: int | None = None
+    # RoPE applied to interleaved pairs (x0, x1), (x2, x3), ... instead of halves (DeepSeek MLA checkpoints)
+    rope_interleave: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,12 @@ class MoESpec:
     shared_expert_gate: bool = False  # sigmoid gate on the shared expert (Qwen2-MoE style)
     scoring: Literal["softmax", "sigmoid"] = "softmax"
     aux_loss_coef: float = 0.0
+    # routing details (HF names): renormalise the top-k weights, scale them, and group-limited
+    # selection (DeepSeek-V3: pick ``topk_group`` of ``n_group`` expert groups first)
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
 
 
 @dataclass(frozen=True)
@@ -144,7 +152,15 @@ class ModelSpec:
             spec = _scale_width(spec, hidden)
         if experts is not None and spec.moe is not None:
             top_k = min(spec.moe.top_k, experts)
-            spec = replace(spec, moe=replace(spec.moe, experts=experts, top_k=top_k))
+            # group-limited routing must still tile the experts and leave room for top-k
+            n_group = spec.moe.n_group
+            while n_group > 1 and (experts % n_group or experts // n_group < 2):
+                n_group -= 1
+            topk_group = min(spec.moe.topk_group, n_group)
+            while topk_group < n_group and topk_group * (experts // n_group) < top_k:
+                topk_group += 1
+            spec = replace(spec, moe=replace(spec.moe, experts=experts, top_k=top_k, n_group=n_group,
+                                             topk_group=topk_group))
         if layers is not None and layers != spec.layers:
             spec = _take_layers(spec, layers)
         if vocab is not None:

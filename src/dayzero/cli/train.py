@@ -1,0 +1,116 @@
+"""``dayzero train MODEL [parallel flags]``: train a layout for real on PyTorch's distributed engine."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dayzero.cli.app import app
+from dayzero.cli.common import (
+    CpOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt, SpOpt,
+    SplitOpt, TpOpt, VppOpt, ZeroOpt, console, emit_json, parallel_from_options,
+)
+
+_COMPUTE = ("bf16", "fp32", "auto")
+
+
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+@app.command("train")
+def train_cmd(
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
+    tp: TpOpt = 1, pp: PpOpt = 1, dp: DpOpt = None, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1, vpp: VppOpt = 1,
+    mbs: MbsOpt = 1, gbs: GbsOpt = None,
+    seq: Annotated[int, typer.Option("--seq", help="Sequence length (tokens).")] = 256,
+    zero: ZeroOpt = 1, recompute: RecomputeOpt = "none", sequence_parallel: SpOpt = False,
+    precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None, layer_split: SplitOpt = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the weights and the data order.")] = 0,
+    metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Write one JSON record per step here (JSONL).")] = None,
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 (fp32 master weights and reductions) | fp32 | auto (bf16 on CUDA, fp32 on CPU, where bf16 matmuls are slow).")] = "auto",
+    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="Spawn this many local ranks with torchrun (default 1; ignored under torchrun).")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="Text file, directory or glob (default: the built-in corpus).")] = None,
+    layers: Annotated[Optional[int], typer.Option("--layers", min=1, help="Proxy: shrink to this many layers.")] = None,
+    hidden: Annotated[Optional[int], typer.Option("--hidden", min=8, help="Proxy: shrink to this width (heads scale along).")] = None,
+    experts: Annotated[Optional[int], typer.Option("--experts", min=1, help="Proxy: shrink to this many routed experts.")] = None,
+    vocab: Annotated[Optional[int], typer.Option("--vocab", min=257, help="Proxy: shrink the vocabulary (>= 257 for the byte tokenizer).")] = None,
+    hf_weights: Annotated[Optional[Path], typer.Option("--hf-weights", help="Start from a Hugging Face safetensors checkpoint directory.")] = None,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")] = 1e-3,
+    warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warmup steps (default 10 %% of --steps, at most 100).")] = None,
+    grad_clip: Annotated[float, typer.Option("--grad-clip", help="Clip the global gradient norm to this (0: off).")] = 1.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (also off when CI=true).")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Train MODEL with a parallel layout on torch.distributed (CPU: gloo, CUDA: NCCL).
+
+    Spawns [bold]--nproc[/bold] local ranks with torchrun, or runs as one rank of an existing torchrun
+    job. Writes one JSONL record per step (loss, grad_norm, lr, tokens, step_time_s, tokens_per_s,
+    peak_mem_bytes, comm_time_s) and a final end record.
+
+    Example: [bold]dayzero train tiny-llama --tp 2 --pp 2 --dp 2 --nproc 8 --steps 20 --seq 128 --gbs 8 --metrics m.jsonl[/bold]
+    """
+    from dayzero.errors import DayzeroError
+    from dayzero.runtime.checks import check_runtime
+    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.data import resolve_data
+
+    if compute_dtype not in _COMPUTE:
+        raise DayzeroError(f"--compute-dtype {compute_dtype!r}: expected one of {', '.join(_COMPUTE)}")
+    if compute_dtype == "auto":
+        import torch
+
+        compute_dtype = "bf16" if torch.cuda.is_available() else "fp32"
+    torchrun = _under_torchrun()
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
+    parallel = parallel_from_options(world, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
+                                     sequence_parallel, precision, schedule, layer_split)
+    quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    tmp = None
+    if metrics is None and json_out:
+        tmp = tempfile.TemporaryDirectory(prefix="dayzero-train-")
+        metrics = Path(tmp.name) / "metrics.jsonl"
+    cfg = TrainConfig(model=model, parallel=parallel, steps=steps, seed=seed, compute_dtype=compute_dtype, data=data,
+                      metrics=str(metrics) if metrics else None, quiet=quiet, layers=layers, hidden=hidden,
+                      experts=experts, vocab=vocab, hf_weights=str(hf_weights) if hf_weights else None, lr=lr,
+                      warmup=warmup, grad_clip=grad_clip)
+    # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
+    spec = cfg.spec()
+    check_runtime(spec, parallel, world)
+    resolve_data(data)
+    if not torchrun and not quiet and not json_out:
+        console.print(f"[bold]{spec.name}[/bold]: {parallel.describe()} on {world} rank(s); "
+                      f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "
+                      f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel rank", highlight=False)
+
+    if torchrun:
+        from dayzero.runtime.launch import run_configs
+
+        code = run_configs([cfg])
+    elif world == 1:
+        from dayzero.runtime.launch import run_configs
+
+        if cfg.metrics:
+            Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+            cfg.save(Path(cfg.metrics).with_suffix(".config.json"))
+        code = run_configs([cfg])
+    else:
+        from dayzero.runtime.launch import spawn
+
+        code = spawn(cfg, world)
+    if code:
+        raise typer.Exit(code)
+    if json_out and (not torchrun or os.environ.get("RANK") == "0"):
+        from dayzero.runtime.metrics import read_metrics
+
+        steps_out, end = read_metrics(cfg.metrics)
+        emit_json({"config": cfg.to_dict(), "end": end, "steps": steps_out})
+    if tmp is not None:
+        tmp.cleanup()
+    sys.stdout.flush()

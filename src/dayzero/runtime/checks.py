@@ -1,0 +1,52 @@
+"""What the runtime can run, checked before any process is spawned (no torch import here), so a
+bad request costs one line and exit code 2, never a hung rank."""
+
+from __future__ import annotations
+
+from dayzero.errors import LayoutError
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig
+
+BYTE_VOCAB = 257  # runtime.data: 256 bytes + end of document
+
+
+def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | None) -> list[str]:
+    """Every reason the runtime cannot train ``spec`` with ``parallel`` on ``world`` ranks."""
+    p = parallel.problems(spec, world)
+    a = spec.attention
+    if parallel.cp > 1:
+        p.append(f"cp {parallel.cp}: context parallelism is not in the runtime yet (PyTorch's ring attention has "
+                 "no CPU sharding rule for SDPA); use --cp 1")
+    if parallel.etp != 1:
+        p.append(f"etp {parallel.etp}: the runtime runs routed experts without tensor parallelism; use --etp 1 "
+                 "(experts are split by --ep instead)")
+    if parallel.precision == "fp8":
+        p.append("--precision fp8 is not in the runtime yet; use --precision bf16 (or --compute-dtype fp32)")
+    if a.sinks:
+        p.append(f"{spec.name}: attention sinks (gpt-oss) are not in the runtime's model zoo yet")
+    acts = {spec.mlp.activation} | ({spec.moe.expert.activation} if spec.moe else set())
+    if "swiglu_clamped" in acts:
+        p.append(f"{spec.name}: the clamped SwiGLU of gpt-oss is not in the runtime's model zoo yet")
+    if a.kind == "gqa" and parallel.tp > a.kv_heads and parallel.tp % a.kv_heads == 0:
+        p.append(f"kv heads ({a.kv_heads}) must be divisible by tp ({parallel.tp}) in the runtime "
+                 "(it does not replicate kv heads); lower --tp")
+    if spec.tie_embeddings and (parallel.tp > 1 or parallel.pp > 1):
+        p.append(f"{spec.name} ties its embedding and head: the runtime supports that only with tp 1 and pp 1")
+    if spec.is_moe and parallel.tp > 1 and parallel.seq % parallel.tp:
+        p.append(f"seq {parallel.seq} must be divisible by tp {parallel.tp}: MoE layers route sequence shards")
+    if spec.position == "learned" and parallel.seq > spec.max_positions:
+        p.append(f"seq {parallel.seq} exceeds the {spec.max_positions} learned positions of {spec.name}")
+    if spec.vocab < BYTE_VOCAB:
+        p.append(f"vocab {spec.vocab} < {BYTE_VOCAB}: the byte tokenizer needs 256 bytes + end of document; "
+                 f"shrink with --vocab {BYTE_VOCAB} or more")
+    if parallel.pp > 1 and parallel.microbatches < parallel.pp:
+        p.append(f"{parallel.microbatches} micro-batches for pp {parallel.pp}: a pipeline needs at least pp "
+                 f"micro-batches per step; raise --gbs to >= {parallel.pp * parallel.mbs * parallel.dp}")
+    return p
+
+
+def check_runtime(spec: ModelSpec, parallel: ParallelConfig, world: int | None) -> None:
+    problems = runtime_problems(spec, parallel, world)
+    if problems:
+        raise LayoutError(f"cannot train {spec.name} with {parallel.describe()} on {world} rank(s): "
+                          + "; ".join(problems))

@@ -1,0 +1,142 @@
+"""A deterministic, resumable token stream over text files, sharded across data parallelism.
+
+Tokenizer: bytes. Token ``b`` is the byte value 0-255 and 256 ends a document (file), so any
+model with vocab >= 257 can train on any text with no tokenizer files. The files are one virtual
+sequence ``file0 <eos> file1 <eos> ...`` read through memory maps (nothing is loaded whole),
+cut into non-overlapping windows of ``seq + 1`` tokens (inputs and shifted labels share the
+boundary token). Sample ``k`` of the run is window ``perm_e[k mod n]`` with ``e = k div n`` and
+``perm_e`` a permutation seeded by (seed, e): the stream is a pure function of (files, seq, seed),
+so resuming needs only the number of samples consumed.
+
+Step ``s`` reads global samples ``[s * gbs, (s + 1) * gbs)``; data-parallel rank ``d`` takes the
+contiguous ``gbs / dp`` of them starting at ``d * gbs / dp`` and splits them into micro-batches, so
+every layout sees the same micro-batches as a single process with the same ``mbs``.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from dayzero.errors import DayzeroError
+
+EOS = 256
+VOCAB = 257  # 256 byte values + end of document
+
+
+class DataError(DayzeroError):
+    """The training data cannot be used."""
+
+
+def default_corpus() -> list[Path]:
+    """The offline corpus shipped with the package (original prose, see corpus/README.md)."""
+    base = resources.files("dayzero.runtime") / "corpus"
+    return sorted(Path(str(p)) for p in base.iterdir() if p.name.endswith(".txt"))
+
+
+def resolve_data(data: str | None) -> list[Path]:
+    """``--data`` (a file, a directory of files, or a glob) -> the sorted files to read."""
+    if data is None:
+        return default_corpus()
+    p = Path(data).expanduser()
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+    elif p.is_file():
+        files = [p]
+    else:
+        files = sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
+    if not files:
+        raise DataError(f"--data {data}: no such file, and no files match it as a directory or glob; "
+                        "pass text files (e.g. --data 'corpus/*.txt') or omit --data for the built-in corpus")
+    return files
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """What a checkpoint must save to resume the stream exactly."""
+
+    samples: int  # global samples consumed
+    seed: int
+    seq: int
+    fingerprint: str  # the files' names and sizes
+
+    def to_dict(self) -> dict:
+        return {"samples": self.samples, "seed": self.seed, "seq": self.seq, "fingerprint": self.fingerprint}
+
+
+class TokenStream:
+    def __init__(self, files: list[Path], seq: int, seed: int, vocab: int):
+        if vocab < VOCAB:
+            raise DataError(f"the byte tokenizer needs vocab >= {VOCAB} (256 bytes + end of document); "
+                            f"the model has {vocab}: pass a model with a larger vocab (or --vocab {VOCAB})")
+        self.files, self.seq, self.seed = list(files), seq, seed
+        self._maps = []
+        for f in self.files:
+            try:
+                self._maps.append(np.memmap(f, dtype=np.uint8, mode="r") if f.stat().st_size else np.zeros(0, np.uint8))
+            except OSError as e:
+                raise DataError(f"--data: cannot read {f}: {e.strerror or e}") from None
+        sizes = np.array([len(m) + 1 for m in self._maps], dtype=np.int64)  # + <eos> after each file
+        self._starts = np.concatenate([[0], np.cumsum(sizes)])
+        self.total = int(self._starts[-1])
+        self.windows = (self.total - 1) // seq
+        if self.windows < 1:
+            raise DataError(f"the data has {self.total} tokens, fewer than one sequence of {seq + 1}; "
+                            "use more text or a smaller --seq")
+        self.samples = 0  # global samples consumed so far
+        self._perm_epoch, self._perm = -1, None
+        h = hashlib.sha256()
+        for f, m in zip(self.files, self._maps):
+            h.update(f"{f.name}:{len(m)};".encode())
+        self.fingerprint = h.hexdigest()[:16]
+
+    # -- reading -------------------------------------------------------------------------
+    def _window(self, j: int) -> np.ndarray:
+        """Tokens [j*seq, j*seq + seq + 1) of the virtual concatenation, as int64."""
+        a, b = j * self.seq, j * self.seq + self.seq + 1
+        out = np.empty(b - a, dtype=np.int64)
+        i = int(np.searchsorted(self._starts, a, side="right") - 1)
+        pos = a
+        while pos < b:
+            start, m = int(self._starts[i]), self._maps[i]
+            lo, hi = pos - start, min(b - start, len(m) + 1)
+            n_bytes = max(0, min(hi, len(m)) - lo)
+            out[pos - a:pos - a + n_bytes] = m[lo:lo + n_bytes]
+            if hi == len(m) + 1:
+                out[pos - a + n_bytes] = EOS
+            pos = start + hi
+            i += 1
+        return out
+
+    def _sample(self, k: int) -> np.ndarray:
+        epoch, r = divmod(k, self.windows)
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.windows)
+            self._perm_epoch = epoch
+        return self._window(int(self._perm[r]))
+
+    def batch(self, gbs: int, dp_rank: int = 0, dp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The next global batch's share for ``dp_rank``: inputs, labels of shape (gbs/dp, seq).
+        Advances the stream by ``gbs`` samples on every rank."""
+        local = gbs // dp
+        first = self.samples + dp_rank * local
+        rows = np.stack([self._sample(first + i) for i in range(local)])  # (local, seq + 1)
+        self.samples += gbs
+        return rows[:, :-1], rows[:, 1:]
+
+    # -- resume --------------------------------------------------------------------------
+    def position(self) -> DataPosition:
+        return DataPosition(self.samples, self.seed, self.seq, self.fingerprint)
+
+    def restore(self, pos: DataPosition | dict) -> None:
+        pos = pos if isinstance(pos, DataPosition) else DataPosition(**pos)
+        if (pos.seed, pos.seq, pos.fingerprint) != (self.seed, self.seq, self.fingerprint):
+            raise DataError(f"cannot resume the data stream: saved with seed {pos.seed}, seq {pos.seq}, data "
+                            f"{pos.fingerprint}; now seed {self.seed}, seq {self.seq}, data {self.fingerprint}; "
+                            "resume with the same --data, --seq and --seed")
+        self.samples = pos.samples

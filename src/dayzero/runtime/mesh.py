@@ -1,0 +1,135 @@
+"""One device mesh per job, with named dims, built once from the ParallelConfig.
+
+Rank order is Megatron's ``tp-cp-dp-pp`` (tp fastest), so a tensor-parallel group is a run of
+neighbouring ranks (one node's fast links). Four views share the same 1-D world mesh:
+
+    dense   (pp, dp_replicate, dp_shard, cp, tp)  attention, dense MLPs, embeddings, head
+    expert  (pp, edp_replicate, edp_shard, ep)    routed experts: ep fastest, borrowing ranks
+                                                  from tp x cp x dp of one stage
+    moe_dp  (pp, mdp_replicate, mdp_shard)        router and shared experts: every rank of a
+                                                  stage holds different tokens, so they are
+                                                  plain data parallel over the whole stage
+    stage   (pp, stage)                           reductions over all ranks of one stage
+
+ZeRO 1-3 shard over ``*_shard`` (``*_replicate`` is 1); ZeRO-0 replicates over ``*_replicate``
+(``*_shard`` is 1), which FSDP2 runs as plain all-reduce data parallelism.
+
+Worked example, 8 ranks, tp2 pp2 dp2, ep2: stage 0 is ranks 0-3, stage 1 ranks 4-7; tp groups
+{0,1} {2,3} {4,5} {6,7}; dp groups {0,2} {1,3} ...; ep groups equal the tp groups here and the
+expert-data-parallel groups {0,2} {1,3} ... hold the same experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dayzero.specs.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Every degree of every view, computed without torch (used by tests and error messages)."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    edp_replicate: int
+    edp_shard: int
+    ep: int
+    mdp_replicate: int
+    mdp_shard: int
+
+    @classmethod
+    def of(cls, parallel: ParallelConfig) -> "MeshShape":
+        p = parallel
+        stage = p.tp * p.cp * p.dp
+        edp = stage // p.ep
+        replicate = p.zero == 0
+        return cls(pp=p.pp,
+                   dp_replicate=p.dp if replicate else 1, dp_shard=1 if replicate else p.dp,
+                   cp=p.cp, tp=p.tp,
+                   edp_replicate=edp if replicate else 1, edp_shard=1 if replicate else edp, ep=p.ep,
+                   mdp_replicate=stage if replicate else 1, mdp_shard=1 if replicate else stage)
+
+    @property
+    def stage(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.stage
+
+
+@dataclass(frozen=True)
+class Meshes:
+    parallel: ParallelConfig
+    shape: MeshShape
+    device_type: str
+    world: object  # DeviceMesh (1-D)
+    dense: object
+    expert: object
+    moe_dp: object
+    stage: object
+
+    # -- views asked for by name ---------------------------------------------------------
+    @property
+    def tp(self):
+        return self.dense["tp"]
+
+    @property
+    def dp(self):
+        """The 2-D (replicate, shard) data-parallel mesh FSDP2 takes for dense parameters."""
+        return self.dense["dp_replicate", "dp_shard"]
+
+    @property
+    def ep(self):
+        return self.expert["ep"]
+
+    @property
+    def edp(self):
+        return self.expert["edp_replicate", "edp_shard"]
+
+    @property
+    def mdp(self):
+        return self.moe_dp["mdp_replicate", "mdp_shard"]
+
+    @property
+    def pp_group(self):
+        return self.dense["pp"].get_group()
+
+    @property
+    def stage_group(self):
+        return self.stage["stage"].get_group()
+
+    @property
+    def pp_rank(self) -> int:
+        return self.dense["pp"].get_local_rank()
+
+    @property
+    def tp_rank(self) -> int:
+        return self.tp.get_local_rank()
+
+    @property
+    def dp_rank(self) -> int:
+        """Which slice of the global batch this rank reads (replicate-major, then shard)."""
+        rep = self.dense["dp_replicate"].get_local_rank()
+        return rep * self.shape.dp_shard + self.dense["dp_shard"].get_local_rank()
+
+
+def build_meshes(parallel: ParallelConfig, device_type: str) -> Meshes:
+    """All views over the current process group's ranks; every rank must call this."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dayzero.runtime.torch_compat import unflatten_mesh
+
+    s = MeshShape.of(parallel)
+    world = init_device_mesh(device_type, (s.world,), mesh_dim_names=("world",))
+    dense = unflatten_mesh(world, (s.pp, s.dp_replicate, s.dp_shard, s.cp, s.tp),
+                           ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+    expert = unflatten_mesh(world, (s.pp, s.edp_replicate, s.edp_shard, s.ep),
+                            ("pp", "edp_replicate", "edp_shard", "ep"))
+    moe_dp = unflatten_mesh(world, (s.pp, s.mdp_replicate, s.mdp_shard), ("pp", "mdp_replicate", "mdp_shard"))
+    stage = unflatten_mesh(world, (s.pp, s.stage), ("pp", "stage"))
+    return Meshes(parallel, s, device_type, world, dense, expert, moe_dp, stage)

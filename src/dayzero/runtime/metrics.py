@@ -1,0 +1,126 @@
+"""Per-step measurements and the JSONL metrics stream.
+
+One record per step, exactly these keys (``dayzero validate`` and the checkpoint tools read them):
+
+    step, loss, grad_norm, lr, tokens, step_time_s, tokens_per_s, peak_mem_bytes, comm_time_s
+
+then one ``{"event": "end", ...}`` record. ``peak_mem_bytes`` is the largest over ranks of CUDA's
+max allocated bytes, or of the process's peak resident set size on CPU. ``comm_time_s`` is the
+largest over ranks of the time spent inside collectives and point-to-point transfers, read from
+the PyTorch profiler: on CPU the duration of gloo's ``gloo:*`` work items, on CUDA the duration
+of NCCL kernels. A single process has no collectives and reports 0 without profiling.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "step_time_s", "tokens_per_s", "peak_mem_bytes",
+             "comm_time_s")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int  # 1-based: the number of optimizer steps taken
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    step_time_s: float
+    tokens_per_s: float
+    peak_mem_bytes: int
+    comm_time_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+class CommTimer:
+    """Time inside communication during one step, from the profiler's trace.
+
+    Enabled only with more than one rank (a single process has nothing to measure and pays no
+    profiling overhead)."""
+
+    def __init__(self, enabled: bool, device: torch.device):
+        self.enabled, self.device = enabled, device
+        self.seconds = 0.0
+        self._prof = None
+
+    def start(self) -> None:
+        self.seconds = 0.0
+        if self.enabled:
+            import os
+
+            from torch.profiler import ProfilerActivity, profile
+
+            # kineto prints two lines per trace on stderr unless its log level is raised
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self._prof = profile(activities=acts)
+            self._prof.__enter__()
+
+    def stop(self) -> float:
+        """Stop recording and return the seconds spent communicating (call after the step's
+        clock has stopped: collecting the trace is not part of the step)."""
+        if self._prof is None:
+            return 0.0
+        self._prof.__exit__(None, None, None)
+        ns = 0
+        # raw kineto events: building FunctionEvent trees with .events() costs more than a step
+        for e in self._prof.profiler.kineto_results.events():
+            name = e.name()
+            if self.device.type == "cuda":
+                if "nccl" in name.lower() and e.device_type().name == "CUDA":
+                    ns += e.duration_ns()
+            elif name.startswith("gloo:"):
+                ns += e.duration_ns()
+        self._prof = None
+        self.seconds = ns / 1e9
+        return self.seconds
+
+
+class MetricsWriter:
+    """Appends one JSON object per line; only rank 0 writes."""
+
+    def __init__(self, path: str | Path | None, enabled: bool):
+        self.path = Path(path) if path and enabled else None
+        self._f = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = self.path.open("w")
+
+    def write(self, obj: dict) -> None:
+        if self._f is not None:
+            self._f.write(json.dumps(obj) + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def read_metrics(path: str | Path) -> tuple[list[dict], dict | None]:
+    """(step records, end record) from a metrics file."""
+    steps, end = [], None
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            if obj.get("event") == "end":
+                end = obj
+            elif "step" in obj:
+                steps.append(obj)
+    return steps, end

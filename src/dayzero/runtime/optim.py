@@ -1,0 +1,72 @@
+"""AdamW (Loshchilov & Hutter 2019), linear warmup + cosine decay, and gradient-norm clipping that
+is correct across every parallel dim.
+
+The global norm is sqrt(sum over unique parameter shards of |g|^2). Each rank sums its local
+shards, weighting a shard by 1 / (number of ranks holding a copy of it): copies come from the
+Replicate dims of its DTensor placement and from every rank of the stage outside the DTensor's
+mesh (e.g. a norm weight that tensor parallelism leaves replicated). One all-reduce over the
+world then adds all stages. Single process, it is torch.nn.utils.clip_grad_norm_.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
+
+
+def build_optimizer(params, lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8):
+    """Decay matrices (and stacked experts), not norms and biases, as GPT-style recipes do.
+    betas (0.9, 0.95): the Llama/GPT-3 pretraining setting (Touvron et al. 2023; Brown et al. 2020)."""
+    params = [p for p in params if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    # foreach=False: parameters live on different meshes (dense, experts, router), which DTensor's
+    # multi-tensor kernels cannot mix in one call
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, eps=eps, foreach=False)
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Multiplier of the peak LR at step s (0-based): linear warmup to 1 over ``warmup`` steps, then
+    cosine decay to ``min_ratio`` at ``total`` (Loshchilov & Hutter 2017)."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def build_scheduler(optimizer, warmup: int, total: int, min_ratio: float):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup, total, min_ratio))
+
+
+@torch.no_grad()
+def clip_grad_norm_(params, max_norm: float, stage_size: int, world_group=None) -> torch.Tensor:
+    """Clip in place to ``max_norm`` (if > 0); returns the global norm before clipping (fp32)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    device = grads[0].device if grads else torch.device("cpu")
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for g in grads:
+        if isinstance(g, DTensor):
+            mesh = g.device_mesh
+            copies = stage_size // mesh.size()
+            for dim, pl in enumerate(g.placements):
+                if isinstance(pl, Replicate):
+                    copies *= mesh.size(dim)
+            local = g.to_local()
+        else:
+            copies, local = stage_size, g
+        total += local.double().pow(2).sum() / copies
+    if dist.is_initialized() and dist.get_world_size(world_group) > 1:
+        dist.all_reduce(total, group=world_group)
+    norm = total.sqrt().float()
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
+    return norm
