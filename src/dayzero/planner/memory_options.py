@@ -35,6 +35,10 @@ class MemoryOptions:
     # SwiGLU its two inputs); eager: plain PyTorch ops as dayzero's runtime runs them, which also
     # save each norm's fp32 normalised copy and the activation's output (docs/validation.md)
     kernels: Literal["fused", "eager"] = "fused"
+    # FSDP2 mixed precision (torchtitan, dayzero's runtime) keeps sharded parameters in fp32, as
+    # the master weights, and gathers compute-dtype copies only for use: under ZeRO-3 there is no
+    # separate sharded working copy (Megatron's distributed optimizer keeps one)
+    sharded_params_are_master: bool = False
     dropout: bool = False  # Korthikanti's GPT keeps dropout masks (1 B/elem); modern LLMs train without
     moe_capacity_factor: float = 1.0  # routed tokens per expert / balanced share (1.0: dropless, balanced)
     logits_bytes: int = 4  # FP32 logits for the loss (Megatron upcasts before vocab-parallel CE)

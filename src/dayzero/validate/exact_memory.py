@@ -234,3 +234,44 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
 def exact_memory(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None) -> list[ExactStage]:
     """Every pipeline stage (or ``stages``), one fake rank each."""
     return [exact_stage(spec, parallel, s, compute_dtype) for s in (stages if stages is not None else range(parallel.pp))]
+
+
+def analytic_for_runtime(spec, parallel, compute_dtype: str = "bf16", capacity_bytes: int = 10**15, cluster=None):
+    """The planner's report for what the runtime actually runs (validate.predicted: FSDP2
+    semantics, eager kernels, the runtime's dtypes); capacity only sets utilization."""
+    from dayzero.planner.memory import estimate_memory
+    from dayzero.validate.predicted import memory_options, runtime_layout
+
+    eff = runtime_layout(parallel)
+    return estimate_memory(spec, eff, capacity_bytes, memory_options(cluster, compute_dtype, spec, eff, "cpu"))
+
+
+def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None, tolerance: float = 0.10,
+            exact: list[ExactStage] | None = None) -> dict:
+    """Exact vs analytic per stage and category. A category is compared where both report it
+    (non-zero); the loss's log-softmax output, which the planner files as temporary ``logits``,
+    is an activation to the tracker (saved in forward) and is compared as one."""
+    exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
+    analytic = analytic_for_runtime(spec, parallel, compute_dtype)
+    rows = []
+    for e in exact:
+        s = analytic.stages[e.stage]
+        logits = s.terms.get("temporary:logits", 0)
+        an = {c: getattr(s, c) for c in CATEGORIES}
+        an["activations"] += logits
+        an["temporary"] -= logits
+        ex = e.categories
+        for c in CATEGORIES:
+            both = an[c] > 0 and ex[c] > 0
+            err = (an[c] - ex[c]) / ex[c] if ex[c] else None
+            rows.append({"stage": e.stage, "category": c, "analytic": int(an[c]), "exact": int(ex[c]),
+                         "rel_error": err, "compared": both, "within": bool(both and abs(err) <= tolerance)})
+        total_an = sum(an.values())
+        rows.append({"stage": e.stage, "category": "peak", "analytic": int(total_an), "exact": e.peak_bytes,
+                     "rel_error": (total_an - e.peak_bytes) / e.peak_bytes, "compared": True,
+                     "within": abs(total_an - e.peak_bytes) <= tolerance * e.peak_bytes})
+    compared = [r for r in rows if r["compared"] and r["category"] != "peak"]
+    return {"model": spec.name, "parallel": parallel.to_dict(), "compute_dtype": compute_dtype, "tolerance": tolerance,
+            "rows": rows, "stages": [e.to_dict() for e in exact],
+            "summary": {"compared": len(compared), "within": sum(r["within"] for r in compared),
+                        "max_abs_rel_error": max((abs(r["rel_error"]) for r in compared), default=None)}}

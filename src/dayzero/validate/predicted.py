@@ -84,21 +84,21 @@ def largest_unit(spec: ModelSpec, parallel: ParallelConfig) -> float:
                for k in set(spec.layer_kinds))
 
 
-def memory_options(cluster: Cluster, compute_dtype: str, spec: ModelSpec | None = None,
+def memory_options(cluster: Cluster | None, compute_dtype: str, spec: ModelSpec | None = None,
                    parallel: ParallelConfig | None = None, device: str = "cpu") -> MemoryOptions:
     """The runtime's bytes: FSDP2 mixed precision, eager kernels, per-block gradient reduce-scatter.
     SDPA's CPU flash kernel needs equal q/k and v head dims; MLA (v narrower) falls back to the
     math kernel, which saves the score matrix."""
     b = BYTES[compute_dtype]
     kw = dict(param_bytes=b, master_bytes=4, grad_bytes=4, optim_bytes=8, act_bytes=b, fp8_act_bytes=b,
-              logits_bytes=4, kernels="eager")
+              logits_bytes=4, kernels="eager", sharded_params_are_master=True)
     if spec is not None:
         a = spec.attention
         if device == "cpu" and a.head_dim != a.v_head_dim:
             kw["attention"] = "eager"
         if parallel is not None:
             kw["grad_bucket_params"] = int(largest_unit(spec, parallel))
-    return MemoryOptions.for_accelerator(cluster.accelerator, **kw)
+    return MemoryOptions.for_accelerator(cluster.accelerator, **kw) if cluster is not None else MemoryOptions(**kw)
 
 
 def predict_run(spec, parallel, cluster: Cluster, compute_dtype: str, constants=None, device: str | None = None) -> dict:
