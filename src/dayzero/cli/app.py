@@ -24,7 +24,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-VERBS = ["models", "hardware", "inspect", "memory", "predict", "plan", "backtest", "train", "calibrate"]
+VERBS = ["models", "hardware", "inspect", "memory", "predict", "plan", "backtest", "train", "calibrate", "validate"]
 
 for _verb in VERBS:
     importlib.import_module(f"dayzero.cli.{_verb}")
