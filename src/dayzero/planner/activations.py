@@ -179,7 +179,36 @@ def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -
     total = sum(terms.values())
     core = sum((terms[k] for k in CORE_TERMS if k in terms), 0.0)
     largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*terms.values())])
+    if opts.kernels == "eager":
+        largest = np.maximum(largest, eager_backward_transient(spec, kind, opts, d))
     return LayerActivation(none=total, selective=total - core, full=terms[LAYER_INPUT], core=core, largest=largest)
+
+
+def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims):
+    """Gradients alive together in an eager layer's backward (autograd frees each once used):
+    in a gated MLP the gradients of the down-projection input, the activation output, the gate
+    and the activation input (4 tensors of the MLP width; 2 without a gate), plus the block
+    input's gradient accumulating from both branches (2 of the hidden width); in attention the
+    gradients of q, k, v and of the attention output. A MoE layer's experts count their routed
+    rows; its shared experts and the combine's row gradients come on top."""
+    ab, h, rep, tok = opts.act_bytes, spec.hidden, d.tok_rep, d.tok
+    a = spec.attention
+    att = attention_terms(spec, opts, d)
+    attn = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
+
+    def mlp(rows, inter, t, gated):
+        return ab * rows * inter / t * (4 if gated else 2)
+
+    if kind == "moe":
+        moe = spec.moe
+        routed = routed_tokens(spec, opts, d)
+        ffn = mlp(routed, moe.expert.intermediate, d.etp, moe.expert.gated) + 2 * ab * routed * h
+        if moe.shared_experts:
+            ffn = ffn + mlp(tok, moe.shared_intermediate, d.tp, moe.expert.gated)
+    else:
+        ffn = mlp(tok, spec.mlp.intermediate, d.tp, spec.mlp.gated)
+    del a
+    return np.maximum(attn, ffn) + 2 * ab * rep * h
 
 
 def first_stage_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:

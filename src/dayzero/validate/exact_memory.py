@@ -17,10 +17,11 @@ planner's:
     activations  tensors saved in forward (+ inputs)
     temporary    backward temporaries, all-gather and reduce-scatter buffers
 
-Weights, gradients, optimizer and activations are reported as they stand at the step's peak
-(the moment the planner's stage total describes); temporary buffers come and go, so temporary is
-their largest value over the step (checked after every op). ``peak_bytes`` is the tracker's
-peak total; ``maxima`` holds every category's largest value.
+Each category is measured where it is complete, as the planner means it: weights and saved
+activations at the end of each forward (the largest over the micro-batches in flight),
+gradients at the end of each backward, optimizer states after the step, and temporary buffers,
+which come and go, at their largest after any op. ``peak_bytes`` is the tracker's peak total;
+``at_peak`` and ``maxima`` keep the composition at the peak and every category's largest value.
 
 Routing: token counts are data, which fake tensors do not have, so MoE layers route a balanced
 assignment (T k / E rows per expert: the planner's capacity factor 1.0) through the same
@@ -44,16 +45,11 @@ DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 class ExactStage:
     stage: int
     rank: int
+    categories: dict  # planner category -> bytes, as the planner means it (module docstring)
     at_peak: dict  # planner category -> bytes at the step's peak
-    maxima: dict  # planner category -> its largest value over the step
+    maxima: dict  # planner category -> its largest value at any op
     peak_bytes: int  # tracker peak total
     tracker_peak: dict = field(default_factory=dict)  # FSDPMemTracker categories at the peak, bytes
-
-    @property
-    def categories(self) -> dict:
-        """What the planner's categories mean: the persistent ones (weights, gradients, optimizer,
-        activations) as they stand at the peak, the transient buffers (temporary) at their largest."""
-        return {**{c: self.at_peak[c] for c in CATEGORIES if c != "temporary"}, "temporary": self.maxima["temporary"]}
 
     def to_dict(self) -> dict:
         return {"stage": self.stage, "rank": self.rank, **self.categories, "total": sum(self.categories.values()),
@@ -96,6 +92,21 @@ def _planner_categories(snap: dict, transient_params: bool, transient_grads: boo
             "activations": g(R.ACT) + g(R.INP),
             "temporary": g(R.TEMP) + g(R.ALL_GATHER) + g(R.REDUCE_SCATTER) + (params if transient_params else 0)
             + (grads if transient_grads else 0)}
+
+
+class _Complete:
+    """Largest value of chosen categories at the moments they are complete: weights and saved
+    activations at the end of each forward, gradients at the end of each backward, optimizer
+    states after the step."""
+
+    def __init__(self, categorize):
+        self.categorize, self.values = categorize, {}
+
+    def update(self, tracker, names) -> None:
+        for snap in tracker.get_tracker_snapshot("current").values():
+            cats = self.categorize(snap)
+            for c in names:
+                self.values[c] = max(self.values.get(c, 0), cats[c])
 
 
 def _balanced_moe_forward(self, x):
@@ -198,6 +209,8 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                                 y = torch.randint(0, spec.vocab, (p.mbs, p.seq))
                                 out = F.cross_entropy(out.flatten(0, 1).float(), y.flatten()) / m
                         outs[i] = out
+                        if tracker is not None:
+                            complete.update(tracker, ("weights", "activations"))
                     else:
                         last_b = i == m - 1
                         if p.pp > 1:  # torch.distributed.pipelining: no sync or reshard until the last one
@@ -212,12 +225,17 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                                 out.backward()
                             else:
                                 out.backward(torch.empty_like(out))
+                        if tracker is not None:
+                            complete.update(tracker, ("gradients",))
                 opt.step()
+                if tracker is not None:
+                    complete.update(tracker, ("optimizer",))
                 opt.zero_grad(set_to_none=True)
 
             step()  # creates the optimizer states: the steady step holds them throughout
             # pipelining keeps gathered parameters and full gradients until the step's end (runtime_layout)
             t_params, t_grads = p.zero == 3 and p.pp == 1, p.zero >= 2 and p.pp == 1
+            complete = _Complete(lambda snap: _planner_categories(snap, t_params, t_grads))
             tracker = category_tracker(part, opt, lambda snap: _planner_categories(snap, t_params, t_grads))
             with tracker:
                 step(tracker)
@@ -226,8 +244,9 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
         dist.destroy_process_group()
     at_peak = _planner_categories(peak, t_params, t_grads)
     total_key = next(k for k in peak if str(k) == "Total")
-    return ExactStage(stage=stage, rank=rank, at_peak=at_peak, maxima={c: int(tracker.maxima.get(c, 0)) for c in CATEGORIES},
-                      peak_bytes=int(peak[total_key]),
+    cats = {**{c: int(complete.values.get(c, 0)) for c in CATEGORIES}, "temporary": int(tracker.maxima.get("temporary", 0))}
+    return ExactStage(stage=stage, rank=rank, categories=cats, at_peak=at_peak,
+                      maxima={c: int(tracker.maxima.get(c, 0)) for c in CATEGORIES}, peak_bytes=int(peak[total_key]),
                       tracker_peak={str(getattr(k, "value", k)): int(v) for k, v in peak.items()})
 
 
