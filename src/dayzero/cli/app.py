@@ -33,7 +33,10 @@ for _verb in VERBS:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: user errors become one line on stderr and exit code 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        # without standalone mode click returns a command's typer.Exit code instead of raising it
+        code = app(args=argv, standalone_mode=False)
+        if isinstance(code, int) and code:
+            return code
     except DayzeroError as e:
         print(f"dayzero: error: {e}", file=sys.stderr)
         return e.exit_code
