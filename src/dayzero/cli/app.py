@@ -24,7 +24,8 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-VERBS = ["models", "hardware", "inspect", "ops", "memory", "predict", "plan", "backtest", "train", "ckpt"]
+VERBS = ["models", "hardware", "inspect", "ops", "memory", "predict", "plan", "backtest", "train", "ckpt",
+         "calibrate", "validate"]
 
 for _verb in VERBS:
     importlib.import_module(f"dayzero.cli.{_verb}")

@@ -54,6 +54,8 @@ def memory_cmd(
     fragmentation: Annotated[float, typer.Option("--fragmentation", help="Allocator slack budget, fraction of allocated bytes.")] = 0.10,
     simulate: Annotated[bool, typer.Option("--simulate/--no-simulate", help="Replay one step of the busiest stage through a caching allocator.")] = True,
     timeline: Annotated[Optional[str], typer.Option("--timeline", help="Write memory over the step by category to FILE.png.")] = None,
+    exact: Annotated[bool, typer.Option("--exact", help="Also run the runtime's model for one rank per stage under fake tensors and compare (needs torch).")] = False,
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="With --exact: the runtime's compute dtype, bf16 | fp32.")] = "bf16",
     json_out: JsonOpt = False,
 ) -> None:
     """Per-device memory of every pipeline stage: weights, gradients, optimizer, activations, temporary, overhead.
@@ -61,6 +63,7 @@ def memory_cmd(
     Shows the model states before sharding, what ZeRO 0-3 leave per device for this layout, a table per stage (red above 85 % of device memory) and an allocator replay of the busiest stage.
 
     Example: [bold]dayzero memory dense-3t --cluster ascend910b-8192 --tp 8 --pp 16 --dp 64 --zero 3 --recompute full[/bold]
+    Ground truth: [bold]dayzero memory llama-3.1-8b --accelerator h100 --devices 8 --tp 2 --dp 4 --seq 4096 --gbs 8 --exact[/bold]
     """
     from dayzero.errors import ConfigError
     from dayzero.planner.memory import MemoryOptions, estimate_memory, model_states, zero_comparison
@@ -84,6 +87,13 @@ def memory_cmd(
         from dayzero.planner.balance import balance_layers
 
         par = par.with_(layer_split=balance_layers(spec, par, cap, opts))
+    if exact:
+        from dayzero.cli.memory_exact import run_exact
+
+        if compute_dtype not in ("bf16", "fp32"):
+            raise ConfigError("--compute-dtype", None, f"must be bf16 or fp32, got {compute_dtype!r}")
+        run_exact(spec, par, compute_dtype, json_out)
+        return
     report = estimate_memory(spec, par, cap, opts)
     params = params_total(spec)
     states = model_states(params, opts)

@@ -54,6 +54,13 @@ class Dims:
         return self.tok / np.where(self.sp, self.tp, 1)
 
 
+def _eager_norm(opts: MemoryOptions, rows, dim):
+    """What an eager RMSNorm saves beyond the input the fused kernel keeps: its fp32 normalised
+    copy (4 B per element; in bf16 the input's fp32 upcast and the bf16 result replace the bf16
+    input, again +4 B) and the fp32 reciprocal RMS per row. Zero for fused kernels."""
+    return 4 * rows * dim + 4 * rows if opts.kernels == "eager" else 0.0
+
+
 def _lin(opts: MemoryOptions, d: Dims):
     """Bytes per element of a saved linear-layer input: FP8 under FP8 training (Transformer Engine)."""
     return np.where(d.fp8, opts.fp8_act_bytes, opts.act_bytes)
@@ -63,11 +70,17 @@ def attention_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, 
     a, h, ab = spec.attention, spec.hidden, opts.act_bytes
     tok, rep, t, lin = d.tok, d.tok_rep, d.tp, _lin(opts, d)
     out: dict[str, object] = {LAYER_INPUT: ab * rep * h, "attn_in": lin * rep * h}
+    if opts.kernels == "eager":
+        out["ln1_eager"] = _eager_norm(opts, rep, h)
     if a.kind == "mla":
         if a.q_lora_rank:
             out["q_a_norm_in"] = ab * rep * a.q_lora_rank
             out["q_b_in"] = lin * rep * a.q_lora_rank
+            if opts.kernels == "eager":
+                out["q_a_norm_eager"] = _eager_norm(opts, rep, a.q_lora_rank)
         out["kv_a_norm_in"] = ab * rep * a.kv_lora_rank
+        if opts.kernels == "eager":
+            out["kv_a_norm_eager"] = _eager_norm(opts, rep, a.kv_lora_rank)
         out["kv_b_in"] = lin * rep * a.kv_lora_rank
         out["q"] = ab * tok * a.heads * a.head_dim / t
         out["k"] = ab * tok * a.heads * a.head_dim / t  # decompressed per-head keys (nope + rope)
@@ -79,6 +92,9 @@ def attention_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, 
         out["v"] = ab * tok * kv_local * a.v_head_dim
         if a.qk_norm:
             out["qk_norm_in"] = out["q"] + out["k"]
+            if opts.kernels == "eager":
+                rows = tok * (a.heads / t + kv_local)
+                out["qk_norm_eager"] = _eager_norm(opts, rows, a.head_dim)
     heads_local = a.heads / t
     if opts.attention == "eager":  # softmax output (b, a/t, s/c, s), and its dropout mask + output
         scores = tok * heads_local * np.asarray(d.seq)
@@ -94,14 +110,20 @@ def attention_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, 
 
 
 def _mlp(prefix: str, gated: bool, inter: float, tokens, t, opts: MemoryOptions, lin) -> dict[str, object]:
-    """Inside an MLP of width ``inter`` split ``t`` ways: activation input and down-projection input."""
-    return {f"{prefix}_act_in": opts.act_bytes * tokens * (2 if gated else 1) * inter / t,
-            f"{prefix}_down_in": lin * tokens * inter / t}
+    """Inside an MLP of width ``inter`` split ``t`` ways: activation input and down-projection
+    input (eager gated MLPs also keep the activation's output for the gate product)."""
+    out = {f"{prefix}_act_in": opts.act_bytes * tokens * (2 if gated else 1) * inter / t,
+           f"{prefix}_down_in": lin * tokens * inter / t}
+    if gated and opts.kernels == "eager":
+        out[f"{prefix}_act_out"] = opts.act_bytes * tokens * inter / t
+    return out
 
 
 def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[str, object]:
     h, ab, rep, tok, lin = spec.hidden, opts.act_bytes, d.tok_rep, d.tok, _lin(opts, d)
     out: dict[str, object] = {"ln2_in": ab * rep * h}
+    if opts.kernels == "eager":
+        out["ln2_eager"] = _eager_norm(opts, rep, h)
     if kind == "moe":
         moe = spec.moe
         out["moe_in"] = ab * rep * h  # router input and dispatch source (kept in BF16)
@@ -112,6 +134,9 @@ def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[
         out.update(_mlp("expert", moe.expert.gated, moe.expert.intermediate, routed, d.etp, opts, lin))
         out["expert_out"] = ab * routed * h  # the combine's backward needs each expert's output
         out["dispatch_map"] = 8 * routed  # int64 permutation rows to un-permute
+        if opts.kernels == "eager":  # the combine's gathered weights (fp32) and their int64 order;
+            # the router's fp32 upcast of its input when computing in a narrower dtype
+            out["combine_eager"] = 12 * routed + np.where(ab < 4, 4 * rep * h, 0)
         if moe.shared_experts:
             out.update(_mlp("shared", moe.expert.gated, moe.shared_intermediate, tok, d.tp, opts, lin))
     else:
@@ -154,7 +179,36 @@ def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -
     total = sum(terms.values())
     core = sum((terms[k] for k in CORE_TERMS if k in terms), 0.0)
     largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*terms.values())])
+    if opts.kernels == "eager":
+        largest = np.maximum(largest, eager_backward_transient(spec, kind, opts, d))
     return LayerActivation(none=total, selective=total - core, full=terms[LAYER_INPUT], core=core, largest=largest)
+
+
+def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims):
+    """Gradients alive together in an eager layer's backward (autograd frees each once used):
+    in a gated MLP the gradients of the down-projection input, the activation output, the gate
+    and the activation input (4 tensors of the MLP width; 2 without a gate), plus the block
+    input's gradient accumulating from both branches (2 of the hidden width); in attention the
+    gradients of q, k, v and of the attention output. A MoE layer's experts count their routed
+    rows; its shared experts and the combine's row gradients come on top."""
+    ab, h, rep, tok = opts.act_bytes, spec.hidden, d.tok_rep, d.tok
+    a = spec.attention
+    att = attention_terms(spec, opts, d)
+    attn = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
+
+    def mlp(rows, inter, t, gated):
+        return ab * rows * inter / t * (4 if gated else 2)
+
+    if kind == "moe":
+        moe = spec.moe
+        routed = routed_tokens(spec, opts, d)
+        ffn = mlp(routed, moe.expert.intermediate, d.etp, moe.expert.gated) + 2 * ab * routed * h
+        if moe.shared_experts:
+            ffn = ffn + mlp(tok, moe.shared_intermediate, d.tp, moe.expert.gated)
+    else:
+        ffn = mlp(tok, spec.mlp.intermediate, d.tp, spec.mlp.gated)
+    del a
+    return np.maximum(attn, ffn) + 2 * ab * rep * h
 
 
 def first_stage_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
@@ -167,8 +221,11 @@ def first_stage_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str
 
 def last_stage_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
     """Per micro-batch on the last stage: final-norm input and head input (Korthikanti's 4sbh/t)."""
-    return {"final_norm_in": opts.act_bytes * d.tok_rep * spec.hidden,
-            "head_in": opts.act_bytes * d.tok_rep * spec.hidden}
+    out = {"final_norm_in": opts.act_bytes * d.tok_rep * spec.hidden,
+           "head_in": opts.act_bytes * d.tok_rep * spec.hidden}
+    if opts.kernels == "eager":
+        out["final_norm_eager"] = _eager_norm(opts, d.tok_rep, spec.hidden)
+    return out
 
 
 def logits_bytes(spec: ModelSpec, opts: MemoryOptions, d: Dims):

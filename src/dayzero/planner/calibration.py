@@ -76,7 +76,8 @@ class PerfConstants:
 # peak a calibration measured on this cluster, replacing catalog measurement x fitted scale.
 CLUSTER_KEYS = {"moe_gemm": "moe_gemm_scale", "attention": "attention_eff", "memory_scale": "memory_scale",
                 "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
-                "moe_expert_overhead_s": "moe_expert_overhead_s"}
+                "moe_expert_overhead_s": "moe_expert_overhead_s", "gemm_half_dim": "gemm_half_dim",
+                "optimizer_bytes_per_param": "optimizer_bytes_per_param"}
 GEMM_KEYS = ("gemm", "gemm_bf16", "gemm_fp8", "gemm_fp4")
 
 

@@ -31,6 +31,14 @@ class MemoryOptions:
     act_bytes: int = 2  # BF16 saved activations
     fp8_act_bytes: int = 1  # inputs of linear layers saved in FP8 under --precision fp8 (TE)
     attention: Literal["flash", "eager"] = "flash"  # eager materialises the a*s*s score matrix
+    # fused: norms and gated activations as fused kernels (Megatron/TE: a norm saves its input, a
+    # SwiGLU its two inputs); eager: plain PyTorch ops as dayzero's runtime runs them, which also
+    # save each norm's fp32 normalised copy and the activation's output (docs/validation.md)
+    kernels: Literal["fused", "eager"] = "fused"
+    # FSDP2 mixed precision (torchtitan, dayzero's runtime) keeps sharded parameters in fp32, as
+    # the master weights, and gathers compute-dtype copies only for use: under ZeRO-3 there is no
+    # separate sharded working copy (Megatron's distributed optimizer keeps one)
+    sharded_params_are_master: bool = False
     dropout: bool = False  # Korthikanti's GPT keeps dropout masks (1 B/elem); modern LLMs train without
     moe_capacity_factor: float = 1.0  # routed tokens per expert / balanced share (1.0: dropless, balanced)
     logits_bytes: int = 4  # FP32 logits for the loss (Megatron upcasts before vocab-parallel CE)
@@ -51,6 +59,8 @@ class MemoryOptions:
                      "logits_bytes", "fp8_weight_cache_bytes", "runtime_context_bytes", "comm_buffer_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError("memory options", name, f"must be >= 0, got {getattr(self, name)}")
+        if self.kernels not in ("fused", "eager"):
+            raise ConfigError("memory options", "kernels", f"must be fused|eager, got {self.kernels!r}")
         if self.attention not in ("flash", "eager"):
             raise ConfigError("memory options", "attention", f"must be flash|eager, got {self.attention!r}")
         if not 0 <= self.fragmentation < 1 or not 0 <= self.reserved_fraction < 1:
@@ -75,4 +85,8 @@ class MemoryOptions:
         vendor = getattr(accelerator, "vendor", "") or ""
         if vendor.lower().startswith("huawei"):
             kw.setdefault("comm_buffer_bytes", 2 * 200 * 10**6)
+        # a calibrated profile (dayzero calibrate) measured these on the machine itself
+        for name in ("runtime_context_bytes", "comm_buffer_bytes"):
+            if getattr(accelerator, name, None) is not None:
+                kw.setdefault(name, getattr(accelerator, name))
         return cls(**kw)

@@ -74,6 +74,8 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
         return x / np.where(zero >= zero_stage, group, 1)
 
     for cat, zero_stage, nbytes in (("weights", 3, opts.param_bytes), ("gradients", 2, opts.grad_bytes)):
+        if cat == "weights" and opts.sharded_params_are_master:
+            nbytes = np.where(zero >= 3, 0, nbytes)  # FSDP2: the sharded copy is the fp32 master itself
         t[f"{cat}:layers"] = nbytes * sharded(zero_stage, dense, zd)
         t[f"{cat}:experts"] = nbytes * sharded(zero_stage, experts, edp)
         t[f"{cat}:embedding"] = nbytes * sharded(zero_stage, emb, zd)

@@ -46,6 +46,9 @@ class Accelerator:
     inter_latency_s: float = DEFAULT_INTER_LATENCY_S
     assumptions: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    # measured memory overheads of a profiled machine (dayzero calibrate); None: the planner's defaults
+    runtime_context_bytes: int | None = None
+    comm_buffer_bytes: int | None = None
 
     def peak(self, precision: str = "bf16") -> float:
         """Dense peak FLOP/s; FP8 falls back to BF16 on cards without FP8 units, FP4 (NVFP4/MXFP4)
