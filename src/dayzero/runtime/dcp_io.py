@@ -24,6 +24,8 @@ import contextlib
 import hashlib
 import io
 import pickle
+import queue
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -145,11 +147,27 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 class _HashingStream(io.RawIOBase):
-    """A write-only file wrapper that feeds every byte written to SHA-256 on the way to disk."""
+    """A write-only file wrapper that feeds every byte written to SHA-256 on the way to disk.
+
+    The hashing runs on its own thread (hashlib releases the GIL), overlapping serialization and
+    the write syscalls. The bytes are copied for it (in slices of at most 32 MiB, at most two
+    slices queued): what torch.save passes to ``write`` may point into buffers that do not outlive
+    the call."""
+
+    _SLICE = 32 << 20
+    _SMALL = 1 << 20  # small writes (record headers) are batched up to this size
 
     def __init__(self, raw):
         super().__init__()
         self._raw, self._hash, self._size = raw, hashlib.sha256(), 0
+        self._pending = bytearray()
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._thread = threading.Thread(target=self._consume, name="dayzero-sha256", daemon=True)
+        self._thread.start()
+
+    def _consume(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            self._hash.update(chunk)
 
     def writable(self) -> bool:
         return True
@@ -157,9 +175,30 @@ class _HashingStream(io.RawIOBase):
     def write(self, b) -> int:
         n = self._raw.write(b)
         view = memoryview(b).cast("B")
-        self._hash.update(view[:n] if n is not None else view)
-        self._size += n if n is not None else view.nbytes
-        return n if n is not None else view.nbytes
+        n = view.nbytes if n is None else n
+        view = view[:n]
+        self._size += n
+        if n < self._SMALL:
+            self._pending += view
+            if len(self._pending) >= self._SMALL:
+                self._queue.put(bytes(self._pending))
+                self._pending.clear()
+            return n
+        if self._pending:
+            self._queue.put(bytes(self._pending))
+            self._pending.clear()
+        for off in range(0, n, self._SLICE):
+            self._queue.put(bytes(view[off:off + self._SLICE]))
+        return n
+
+    def finish(self) -> tuple[int, str]:
+        """Wait for the hash thread: (bytes written, SHA-256 hex)."""
+        if self._pending:
+            self._queue.put(bytes(self._pending))
+            self._pending.clear()
+        self._queue.put(None)
+        self._thread.join()
+        return self._size, self._hash.hexdigest()
 
     def tell(self) -> int:
         return self._raw.tell()
@@ -190,8 +229,11 @@ class HashingFileSystem(FileSystem):
             return
         with super().create_stream(path, mode) as raw:
             stream = _HashingStream(raw)
-            yield stream
-            self.digests[str(path)] = (stream._size, stream._hash.hexdigest())
+            try:
+                yield stream
+            finally:
+                size, digest = stream.finish()
+            self.digests[str(path)] = (size, digest)
 
 
 class HookedWriter(FileSystemWriter):
