@@ -41,7 +41,7 @@ def validate_cmd(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for validation.json and validation.md.")] = None,
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Fit the profile's efficiency constants to the stored runs (this one included) and save them.")] = False,
     runs: Annotated[Optional[list[Path]], typer.Option("--runs", help="With --calibrate: validation.json files to fit on (repeatable).")] = None,
-    fit_keys: Annotated[str, typer.Option("--fit-keys", help="With --calibrate: efficiency keys to fit, comma-separated.")] = "layer_overhead_s,intra,memory_scale",
+    fit_keys: Annotated[str, typer.Option("--fit-keys", help="With --calibrate: efficiency keys to fit, comma-separated.")] = "gemm_bf16,layer_overhead_s,intra,memory_scale",
     profile_out: Annotated[Optional[Path], typer.Option("--profile-out", help="With --calibrate: write the calibrated profile here (default: update --cluster in place).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit with code 1 when a target fails (CI gates).")] = False,
     json_out: JsonOpt = False,
