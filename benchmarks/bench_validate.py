@@ -79,10 +79,14 @@ def main() -> None:
     ap.add_argument("--results-md", default=str(ROOT / "benchmarks" / "RESULTS_validate.md"))
     ap.add_argument("--max-load", type=float, default=3.0, help="wait for the load average to drop below this")
     ap.add_argument("--max-wait", type=float, default=600, help="seconds to wait for a quiet machine per run")
+    ap.add_argument("--analyse", action="store_true", help="only re-analyse the runs already in --out")
     a = ap.parse_args()
     out = Path(a.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     names = [n.strip() for n in a.layouts.split(",") if n.strip()]
+    if a.analyse:
+        reanalyse(out, names, a.profile or str(out / "host8.yaml"), a.results_md)
+        return
     meta = {"date": dt.datetime.now().isoformat(timespec="seconds"), "host": platform.node(), "cores": os.cpu_count(),
             "python": sys.version.split()[0], "load_start": load_avg()}
     import torch
@@ -125,6 +129,24 @@ def main() -> None:
     summary["meta"] = meta
     (out / "bench_validate.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     Path(a.results_md).write_text(markdown(summary))
+    print(markdown(summary))
+
+
+def reanalyse(out: Path, names, profile: str, results_md: str) -> None:
+    """The summary again from the run files of an earlier invocation."""
+    from dayzero.specs.cluster import get_cluster
+    from dayzero.specs.parallel import ParallelConfig
+    from dayzero.validate.run import ValidationRequest
+
+    old = json.loads((out / "bench_validate.json").read_text()) if (out / "bench_validate.json").exists() else {}
+    runs = {n: [json.loads(f.read_text()) for f in sorted((out / "runs").glob(f"{n}_r*.json"))] for n in names}
+    steps = next((r[0]["run"]["steps"] for r in runs.values() if r), 10)
+    requests = {n: ValidationRequest(PROXY, ParallelConfig(**LAYOUTS[n], gbs=GBS, seq=SEQ), steps=steps,
+                                     compute_dtype="fp32") for n in names}
+    summary = analyse([n for n in names if runs[n]], requests, runs, get_cluster(profile), profile, out)
+    summary["meta"] = old.get("meta", {"profile": profile})
+    (out / "bench_validate.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    Path(results_md).write_text(markdown(summary))
     print(markdown(summary))
 
 

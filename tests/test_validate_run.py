@@ -69,6 +69,10 @@ def test_calibration_loop_stores_constants(profile, good_run, tmp_path, capsys):
     prof = yaml.safe_load(cal.read_text())
     assert prof["efficiency"]["gemm_bf16"] == pytest.approx(res["fitted"]["gemm_bf16"], rel=1e-4)
     assert len(prof["measurements"]["validation_runs"]) == 1
+    # the process baseline is fitted to the measured peak: one run, so its error vanishes
+    mem = res["memory"]
+    assert mem["after"]["median_abs_rel_error"] < 0.01 <= mem["before"]["median_abs_rel_error"] + 0.01
+    assert prof["accelerator"]["runtime_context_mib"] == pytest.approx(mem["runtime_context_bytes_after"] / 2**20, abs=0.1)
     from dayzero.specs.cluster import get_cluster
 
     assert get_cluster(str(cal)).efficiency["gemm_bf16"] > 0

@@ -201,3 +201,9 @@ def print_result(result: dict) -> None:
         console.print(f"calibration on {cal['runs']} run(s), fitted {', '.join(cal['keys'])}: median |error| "
                       f"{b['median_abs_rel_error']:.1%} -> {a['median_abs_rel_error']:.1%}, MAPE {b['mape']:.1%} -> "
                       f"{a['mape']:.1%}; saved to {cal['profile']}", highlight=False)
+        mem = cal.get("memory")
+        if mem:
+            console.print(f"memory: runtime context {mem['runtime_context_bytes_before'] / 2**20:,.0f} -> "
+                          f"{mem['runtime_context_bytes_after'] / 2**20:,.0f} MiB; median |error| "
+                          f"{mem['before']['median_abs_rel_error']:.1%} -> {mem['after']['median_abs_rel_error']:.1%}",
+                          highlight=False)

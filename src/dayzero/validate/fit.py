@@ -146,3 +146,31 @@ def fit(observations: list[Observation], cluster: Cluster, keys: tuple[str, ...]
     after = errors(predict_steps(observations, with_efficiency(cluster, fitted)), measured, labels)
     return {"keys": list(keys), "runs": len(observations), "fitted": fitted, "constants_before": start,
             "constants_after": fitted, "before": before, "after": after}
+
+
+def fit_memory(records: list[dict], cluster: Cluster) -> dict | None:
+    """The runtime context (bytes a rank holds beyond its tensors: interpreter, libraries,
+    allocator caches) that makes the predicted peaks match the measured ones: the median
+    difference, added to the profile's value. None when no record has a memory measurement."""
+    from dayzero.validate.predicted import predict_run
+
+    rows = []
+    for rec in records:
+        if not rec.get("peak_memory_bytes"):
+            continue
+        o = observation_from_record(rec)
+        pred = predict_run(o.spec, o.parallel, cluster, o.compute_dtype, device=rec.get("device"))["memory"]["peak_bytes"]
+        rows.append((rec.get("label"), float(rec["peak_memory_bytes"]), float(pred)))
+    if not rows:
+        return None
+    from dayzero.planner.memory_options import MemoryOptions
+
+    current = MemoryOptions.for_accelerator(cluster.accelerator).runtime_context_bytes
+    offset = float(np.median([m - p for _, m, p in rows]))
+    new = max(0.0, current + offset)
+    applied = new - current
+    labels = [r[0] for r in rows]
+    measured = [r[1] for r in rows]
+    return {"runtime_context_bytes_before": int(current), "runtime_context_bytes_after": int(new),
+            "before": errors([r[2] for r in rows], measured, labels),
+            "after": errors([r[2] + applied for r in rows], measured, labels)}
