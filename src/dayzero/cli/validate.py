@@ -41,7 +41,7 @@ def validate_cmd(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for validation.json and validation.md.")] = None,
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Fit the profile's efficiency constants to the stored runs (this one included) and save them.")] = False,
     runs: Annotated[Optional[list[Path]], typer.Option("--runs", help="With --calibrate: validation.json files to fit on (repeatable).")] = None,
-    fit_keys: Annotated[str, typer.Option("--fit-keys", help="With --calibrate: efficiency keys to fit, comma-separated.")] = "layer_overhead_s,intra,memory_scale",
+    fit_keys: Annotated[str, typer.Option("--fit-keys", help="With --calibrate: efficiency keys to fit, comma-separated.")] = "gemm_bf16,layer_overhead_s,intra,memory_scale",
     profile_out: Annotated[Optional[Path], typer.Option("--profile-out", help="With --calibrate: write the calibrated profile here (default: update --cluster in place).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit with code 1 when a target fails (CI gates).")] = False,
     json_out: JsonOpt = False,
@@ -201,3 +201,9 @@ def print_result(result: dict) -> None:
         console.print(f"calibration on {cal['runs']} run(s), fitted {', '.join(cal['keys'])}: median |error| "
                       f"{b['median_abs_rel_error']:.1%} -> {a['median_abs_rel_error']:.1%}, MAPE {b['mape']:.1%} -> "
                       f"{a['mape']:.1%}; saved to {cal['profile']}", highlight=False)
+        mem = cal.get("memory")
+        if mem:
+            console.print(f"memory: runtime context {mem['runtime_context_bytes_before'] / 2**20:,.0f} -> "
+                          f"{mem['runtime_context_bytes_after'] / 2**20:,.0f} MiB; median |error| "
+                          f"{mem['before']['median_abs_rel_error']:.1%} -> {mem['after']['median_abs_rel_error']:.1%}",
+                          highlight=False)

@@ -192,7 +192,6 @@ def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
     gradients of q, k, v and of the attention output. A MoE layer's experts count their routed
     rows; its shared experts and the combine's row gradients come on top."""
     ab, h, rep, tok = opts.act_bytes, spec.hidden, d.tok_rep, d.tok
-    a = spec.attention
     att = attention_terms(spec, opts, d)
     attn = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
 
@@ -207,7 +206,6 @@ def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
             ffn = ffn + mlp(tok, moe.shared_intermediate, d.tp, moe.expert.gated)
     else:
         ffn = mlp(tok, spec.mlp.intermediate, d.tp, spec.mlp.gated)
-    del a
     return np.maximum(attn, ffn) + 2 * ab * rep * h
 
 

@@ -21,6 +21,8 @@ YAML schema (``--cluster FILE.yaml``; every field but ``accelerator`` and ``node
     peak_tflops: {bf16: 989}     # override per precision
     hbm_gb: 80
     efficiency: {gemm: 0.8, intra: 0.8, inter: 0.9}   # calibrated factors (dayzero calibrate)
+    runtime_context_mib: 520     # measured memory a rank holds before its first tensor
+    comm_buffer_mib: 300         # measured memory per communicator
 
 A machine the catalog does not know (a CPU host, a new card) is defined inline: ``accelerator``
 may be a mapping (:class:`AcceleratorFile`) instead of a catalog name. ``dayzero calibrate``
@@ -173,6 +175,8 @@ class ClusterFile(BaseModel):
     hbm_tbytes_per_s: float | None = Field(default=None, gt=0)
     gemm_tflops_measured: dict[str, float] | None = None
     efficiency: dict[str, float] = Field(default_factory=dict)
+    runtime_context_mib: float | None = Field(default=None, ge=0)  # measured per device (dayzero calibrate)
+    comm_buffer_mib: float | None = Field(default=None, ge=0)
     measurements: dict | None = None  # raw calibration tables (dayzero calibrate); informational
 
 
@@ -206,6 +210,10 @@ def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
         overrides["hbm_bytes"] = int(f.hbm_gb * 1e9)
     if f.hbm_tbytes_per_s:
         overrides["hbm_bw"] = f.hbm_tbytes_per_s * 1e12
+    if f.runtime_context_mib is not None:
+        overrides["runtime_context_bytes"] = int(f.runtime_context_mib * 2**20)
+    if f.comm_buffer_mib is not None:
+        overrides["comm_buffer_bytes"] = int(f.comm_buffer_mib * 2**20)
     if overrides:
         acc = replace(acc, **overrides)
     dpn = f.devices_per_node or acc.devices_per_node

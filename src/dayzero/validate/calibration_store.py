@@ -3,7 +3,8 @@
 A profile (``dayzero calibrate``'s cluster YAML) keeps every run it was validated with under
 ``measurements.validation_runs`` (one record per layout label; a newer run replaces an older
 one) and the last fit under ``measurements.calibration``; the fitted values themselves go to
-``efficiency``, where the planner reads them (planner/calibration.py ``CLUSTER_KEYS``).
+``efficiency``, where the planner reads them (planner/calibration.py ``CLUSTER_KEYS``), and the
+fitted process baseline to ``runtime_context_mib`` (the planner's runtime-context memory term).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import yaml
 
 from dayzero.errors import ConfigError
 from dayzero.specs.cluster import cluster_from_dict
-from dayzero.validate.fit import FIT_KEYS, fit, observation_from_record
+from dayzero.validate.fit import FIT_KEYS, fit, fit_memory, observation_from_record
 from dayzero.validate.profile import write_profile
 
 
@@ -42,11 +43,21 @@ def calibrate_profile(profile_path: str | Path, records: list[dict], keys=FIT_KE
     cluster = cluster_from_dict(base, str(path))
     report = fit([observation_from_record(r) for r in runs.values()], cluster, tuple(keys))
     raw["efficiency"] = {**(raw.get("efficiency") or {}), **{k: float(f"{v:.6g}") for k, v in report["fitted"].items()}}
+    memory = fit_memory(list(runs.values()), cluster)
+    if memory is not None:  # the measured process baseline, where the profile keeps it
+        mib = round(memory["runtime_context_bytes_after"] / 2**20, 1)
+        if isinstance(raw.get("accelerator"), dict):
+            raw["accelerator"] = {**raw["accelerator"], "runtime_context_mib": mib}
+        else:
+            raw["runtime_context_mib"] = mib
+        report["memory"] = memory
     meas["validation_runs"] = list(runs.values())
     meas["calibration"] = {"date": _dt.date.today().isoformat(), "keys": report["keys"], "runs": report["runs"],
                            "before": {k: report["before"][k] for k in ("median_abs_rel_error", "mape", "spearman")},
                            "after": {k: report["after"][k] for k in ("median_abs_rel_error", "mape", "spearman")},
-                           "constants_before": report["constants_before"]}
+                           "constants_before": report["constants_before"],
+                           "memory": None if memory is None else {k: memory[k] for k in (
+                               "runtime_context_bytes_before", "runtime_context_bytes_after")}}
     raw["measurements"] = meas
     target = write_profile(raw, out or path)
     return {**report, "profile": str(target)}

@@ -1,10 +1,11 @@
 """The calibration loop: fit the planner's efficiency constants to measured step times.
 
 Microbenchmarks give the rates (GEMM, memory, links); what they cannot see is how a whole
-training step uses them: the fixed cost per layer and micro-batch (kernel launches, Python
-dispatch, FSDP hooks), how many bytes memory-bound kernels really move, and how well
-collectives run under the step's contention. Those are the cluster-file efficiency keys
-``layer_overhead_s``, ``memory_scale`` and ``intra`` (planner/calibration.py ``CLUSTER_KEYS``),
+training step uses them: the fraction of the GEMM rate a step reaches, the fixed cost per layer
+and micro-batch (kernel launches, Python dispatch, FSDP hooks), how well collectives run under
+the step's contention, and how many bytes memory-bound kernels really move. Those are the
+cluster-file efficiency keys ``gemm_bf16``, ``layer_overhead_s``, ``intra`` and ``memory_scale``
+(planner/calibration.py ``CLUSTER_KEYS`` and ``GEMM_KEYS``),
 fitted here by Nelder-Mead on their logarithms, minimising the mean squared log error of the
 predicted step times over the validation runs, and stored in the profile's ``efficiency``.
 With fewer runs than keys only the first ``len(runs)`` keys are fitted.
@@ -21,13 +22,13 @@ import numpy as np
 
 from dayzero.errors import ConfigError
 from dayzero.planner.backtest import nelder_mead
-from dayzero.planner.calibration import CLUSTER_KEYS, constants_for
+from dayzero.planner.calibration import CLUSTER_KEYS, constants_for, rates
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.validate.predicted import compute_view, perf_options
 
-FIT_KEYS = ("layer_overhead_s", "intra", "memory_scale")
+FIT_KEYS = ("gemm_bf16", "layer_overhead_s", "intra", "memory_scale")
 
 
 @dataclass(frozen=True)
@@ -113,21 +114,30 @@ def fit(observations: list[Observation], cluster: Cluster, keys: tuple[str, ...]
     the constants before and after, and the error summaries before and after."""
     if not observations:
         raise ConfigError("calibration", None, "no validation runs to fit; run dayzero validate first")
-    unknown = [k for k in keys if k not in CLUSTER_KEYS]
+    fittable = (*CLUSTER_KEYS, "gemm_bf16")
+    unknown = [k for k in keys if k not in fittable]
     if unknown:
-        raise ConfigError("calibration", unknown[0], f"not a fittable efficiency key; known: {', '.join(CLUSTER_KEYS)}")
+        raise ConfigError("calibration", unknown[0], f"not a fittable efficiency key; known: {', '.join(fittable)}")
     keys = tuple(keys[:len(observations)])
     measured = np.array([o.step_time_s for o in observations])
     labels = [o.label for o in observations]
     consts = constants_for(compute_view(cluster, observations[0].compute_dtype)).to_dict()
-    start = {k: float(cluster.efficiency.get(k, consts[CLUSTER_KEYS[k]] if consts[CLUSTER_KEYS[k]] is not None else 1.0))
-             for k in keys}
+    r = rates(cluster, constants_for(cluster))
+
+    def current(k: str) -> float:
+        if k in cluster.efficiency:
+            return float(cluster.efficiency[k])
+        if k == "gemm_bf16":
+            return float(r.gemm_eff["bf16"])
+        return float(consts[CLUSTER_KEYS[k]]) if consts[CLUSTER_KEYS[k]] is not None else 1.0
+
+    start = {k: current(k) for k in keys}
     before = errors(predict_steps(observations, cluster), measured, labels)
 
     def loss(x) -> float:
         vals = {k: float(np.exp(v)) for k, v in zip(keys, x)}
-        if vals.get("intra", 1.0) > 4.0:  # a collective faster than 4x its microbenchmark is not physical
-            return 1e9
+        if vals.get("intra", 1.0) > 4.0 or vals.get("gemm_bf16", 1.0) > 4.0:
+            return 1e9  # 4x faster than its own microbenchmark is not physical
         pred = predict_steps(observations, with_efficiency(cluster, vals))
         return float(np.mean(np.log(pred / measured) ** 2))
 
@@ -136,3 +146,31 @@ def fit(observations: list[Observation], cluster: Cluster, keys: tuple[str, ...]
     after = errors(predict_steps(observations, with_efficiency(cluster, fitted)), measured, labels)
     return {"keys": list(keys), "runs": len(observations), "fitted": fitted, "constants_before": start,
             "constants_after": fitted, "before": before, "after": after}
+
+
+def fit_memory(records: list[dict], cluster: Cluster) -> dict | None:
+    """The runtime context (bytes a rank holds beyond its tensors: interpreter, libraries,
+    allocator caches) that makes the predicted peaks match the measured ones: the median
+    difference, added to the profile's value. None when no record has a memory measurement."""
+    from dayzero.validate.predicted import predict_run
+
+    rows = []
+    for rec in records:
+        if not rec.get("peak_memory_bytes"):
+            continue
+        o = observation_from_record(rec)
+        pred = predict_run(o.spec, o.parallel, cluster, o.compute_dtype, device=rec.get("device"))["memory"]["peak_bytes"]
+        rows.append((rec.get("label"), float(rec["peak_memory_bytes"]), float(pred)))
+    if not rows:
+        return None
+    from dayzero.planner.memory_options import MemoryOptions
+
+    current = MemoryOptions.for_accelerator(cluster.accelerator).runtime_context_bytes
+    offset = float(np.median([m - p for _, m, p in rows]))
+    new = max(0.0, current + offset)
+    applied = new - current
+    labels = [r[0] for r in rows]
+    measured = [r[1] for r in rows]
+    return {"runtime_context_bytes_before": int(current), "runtime_context_bytes_after": int(new),
+            "before": errors([r[2] for r in rows], measured, labels),
+            "after": errors([r[2] + applied for r in rows], measured, labels)}

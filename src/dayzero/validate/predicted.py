@@ -46,9 +46,15 @@ def compute_view(cluster: Cluster, compute_dtype: str) -> Cluster:
                           "predicting an fp32 run needs a profile with fp32 GEMM measurements (dayzero calibrate)")
     acc = cluster.accelerator
     peak = fp32["peak_tflops"] * 1e12
+    # efficiency.gemm_bf16 is the bf16 rate over the bf16 peak; over the measured bf16 asymptote it
+    # is the fraction of the microbenchmark a training step reaches (1 until a fit says otherwise),
+    # which carries over to the fp32 asymptote
+    bf16_fit = fits.get("bf16", {}).get("peak_tflops")
+    measured_frac = bf16_fit * 1e12 / acc.peak("bf16") if bf16_fit else 1.0
+    train_frac = eff.get("gemm_bf16", measured_frac) / measured_frac
     acc = replace(acc, peak_flops={**acc.peak_flops, "bf16": peak}, hbm_bw=acc.hbm_bw / 2 if acc.hbm_bw else None)
     tiers = tuple(replace(t, bw=t.bw / 2, p2p_bw=t.p2p_bw / 2) for t in cluster.tiers)
-    eff.update(gemm_bf16=1.0, gemm_half_dim=fp32["half_dim"])
+    eff.update(gemm_bf16=train_frac, gemm_half_dim=fp32["half_dim"])
     if fp32.get("attention_tflops"):
         eff["attention"] = min(1.0, fp32["attention_tflops"] * 1e12 / peak)
     return replace(cluster, accelerator=acc, tiers=tiers, efficiency=eff, name=f"{cluster.name} (fp32 view)")

@@ -213,6 +213,9 @@ def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) ->
                 efficiency[f"gemm_{dt}"] = _sig(gf.peak_flops / acc.peak(dt))
         profile["gemm_tflops_measured"] = {dt: round(gf.peak_flops / 1e12, 3) for dt, gf in gemm.items()}
         profile["hbm_tbytes_per_s"] = round(hbm_bw / 1e12, 4)
+        profile["runtime_context_mib"] = round(over["runtime_context_bytes"] / 2**20, 1)
+        if ranks > 1:
+            profile["comm_buffer_mib"] = round(over["comm_buffer_bytes"] / 2**20, 1)
         if link is not None:
             profile.update(intra_node_gbytes_per_s=round(link.bw / 1e9, 3),
                            intra_node_p2p_gbytes_per_s=round(link.p2p_bw / 1e9, 3),

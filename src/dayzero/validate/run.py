@@ -171,7 +171,8 @@ def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label
     return {"label": label or f"{spec.name} {request.parallel.describe()}", "model": request.model,
             "shrink": dict(request.shrink), "parallel": request.parallel.to_dict(), "layout": request.parallel.describe(),
             "compute_dtype": request.compute_dtype, "step_time_s": measured["step_time_s"],
-            "comm_ratio": measured["comm_ratio"], "peak_memory_bytes": measured["peak_memory_bytes"]}
+            "comm_ratio": measured["comm_ratio"], "peak_memory_bytes": measured["peak_memory_bytes"],
+            "device": measured.get("device")}
 
 
 def local_cluster(cluster: Cluster, nproc: int) -> Cluster:
@@ -190,6 +191,7 @@ def evaluate_run(request: ValidationRequest, cluster: Cluster, ranks: list[dict]
     cluster = local_cluster(cluster, len(ranks))
     device = ranks[0]["device"]
     measured = measure(ranks, spec, request.parallel, cluster, request.compute_dtype)
+    measured["device"] = device
     prediction = predict_run(spec, request.parallel, cluster, request.compute_dtype, device=device)
     m = Measured(step_time_s=measured["step_time_s"], mfu=measured["mfu"],
                  peak_memory_bytes=measured["peak_memory_bytes"], capacity_bytes=cluster.memory_bytes,
