@@ -371,7 +371,7 @@ class Checkpointer:
         set_train_state(model, use_optim, state, keys)
         ts = from_json(json.loads(safe_join(path, TRAIN_STATE).read_text()))
         if scheduler is not None and ts.get("scheduler") is not None:
-            scheduler.load_state_dict(ts["scheduler"])
+            scheduler.load_state_dict(_fit_scheduler_state(ts["scheduler"], scheduler))
         # Same world: each rank gets its own streams back (bitwise resume). Resharded: streams are
         # reassigned round-robin, as saved ranks and new ranks no longer correspond.
         src = self.rank if manifest.world == self.world else self.rank % manifest.world
@@ -430,3 +430,18 @@ def _dcp_errors(doing: str) -> Iterator[None]:
                 raise CheckpointError(str(exc)) from None
             causes.append(f"rank {rank}: {type(exc).__name__}: {exc}")
         raise CheckpointError(f"{doing} failed ({'; '.join(causes)}); the previous checkpoint stays the newest") from None
+
+
+def _fit_scheduler_state(saved: dict, scheduler) -> dict:
+    """Fit a saved LR-scheduler state to the current optimizer's parameter groups.
+
+    The optimizer has one group per (device mesh, decay class), so a layout change changes the
+    number of groups (tp2 pp2 dp2 has more meshes than one process). Every group follows the same
+    schedule from the same peak LR, so the per-group lists are rebuilt at the current length."""
+    state = dict(saved)
+    n = len(scheduler.optimizer.param_groups)
+    for key in ("base_lrs", "_last_lr", "lr_lambdas"):
+        v = state.get(key)
+        if isinstance(v, list) and v and len(v) != n:
+            state[key] = [v[0]] * n
+    return state
