@@ -24,7 +24,8 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-VERBS = ["models", "hardware", "inspect", "train"]
+VERBS = ["models", "hardware", "inspect", "ops", "memory", "predict", "plan", "backtest", "train", "ckpt",
+         "calibrate", "validate"]
 
 for _verb in VERBS:
     importlib.import_module(f"dayzero.cli.{_verb}")
@@ -33,7 +34,8 @@ for _verb in VERBS:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: user errors become one line on stderr and exit code 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        # with standalone_mode=False click returns (not raises) the code of a typer.Exit
+        rv = app(args=argv, standalone_mode=False)
     except DayzeroError as e:
         print(f"dayzero: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -48,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # click usage errors and friends
         import click
 
-        if isinstance(e, click.ClickException):
+        # typer >= 0.26 vendors click: its usage errors derive from typer.TyperException, not click's
+        if isinstance(e, (click.ClickException, typer.TyperException)) and hasattr(e, "format_message"):
             print(f"dayzero: error: {e.format_message()}", file=sys.stderr)
             return 2
         raise
-    return 0
+    return rv if isinstance(rv, int) else 0
 

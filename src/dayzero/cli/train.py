@@ -46,6 +46,16 @@ def train_cmd(
     warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warmup steps (default 10 %% of --steps, at most 100).")] = None,
     grad_clip: Annotated[float, typer.Option("--grad-clip", help="Clip the global gradient norm to this (0: off).")] = 1.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (also off when CI=true).")] = False,
+    ckpt_dir: Annotated[Optional[Path], typer.Option("--ckpt-dir", help="Checkpoint directory: resume from its newest good version, save into it.")] = None,
+    ckpt_every: Annotated[int, typer.Option("--ckpt-every", min=0, help="Save every N steps (0: only at the end).")] = 0,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints to keep (the newest is never deleted).")] = 3,
+    resume: Annotated[str, typer.Option("--resume", help="auto (newest good version) | never | a step | a version directory.")] = "auto",
+    async_save: Annotated[bool, typer.Option("--async-save", help="Write checkpoints in the background (only the copy to CPU memory blocks).")] = False,
+    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restart all ranks this often after a failure (with --nproc; under torchrun use its own flag).")] = 0,
+    inject_fault: Annotated[Optional[list[str]], typer.Option("--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang[,at=step|save][,attempt=A] (repeatable).")] = None,
+    watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this many seconds, so torchrun restarts (0: off).")] = 0.0,
+    on_bad_loss: Annotated[Optional[str], typer.Option("--on-bad-loss", help="On a NaN/Inf loss or a spike: skip (drop the step) | rollback (reload the last checkpoint, skip the batch).")] = None,
+    spike_factor: Annotated[float, typer.Option("--spike-factor", min=0, help="With --on-bad-loss: a loss above this x the running mean is a spike (0: NaN/Inf only).")] = 0.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Train MODEL with a parallel layout on torch.distributed (CPU: gloo, CUDA: NCCL).
@@ -55,11 +65,14 @@ def train_cmd(
     peak_mem_bytes, comm_time_s) and a final end record.
 
     Example: [bold]dayzero train tiny-llama --tp 2 --pp 2 --dp 2 --nproc 8 --steps 20 --seq 128 --gbs 8 --metrics m.jsonl[/bold]
+
+    Checkpoints and faults: [bold]dayzero train tiny-llama --nproc 4 --tp 2 --steps 100 --ckpt-dir ckpt --ckpt-every 10 --max-restarts 2 --async-save[/bold]
     """
     from dayzero.errors import DayzeroError
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.data import resolve_data
+    from dayzero.runtime.resilience import resilience_config
 
     if compute_dtype not in _COMPUTE:
         raise DayzeroError(f"--compute-dtype {compute_dtype!r}: expected one of {', '.join(_COMPUTE)}")
@@ -79,11 +92,15 @@ def train_cmd(
     cfg = TrainConfig(model=model, parallel=parallel, steps=steps, seed=seed, compute_dtype=compute_dtype, data=data,
                       metrics=str(metrics) if metrics else None, quiet=quiet, layers=layers, hidden=hidden,
                       experts=experts, vocab=vocab, hf_weights=str(hf_weights) if hf_weights else None, lr=lr,
-                      warmup=warmup, grad_clip=grad_clip)
+                      warmup=warmup, grad_clip=grad_clip, ckpt_dir=str(ckpt_dir) if ckpt_dir else None,
+                      ckpt_every=ckpt_every, keep=keep, resume=resume, async_save=async_save, max_restarts=max_restarts,
+                      inject_faults=tuple(inject_fault or ()), watchdog=watchdog, on_bad_loss=on_bad_loss,
+                      spike_factor=spike_factor)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     spec = cfg.spec()
     check_runtime(spec, parallel, world)
     resolve_data(data)
+    resilience_config(cfg)  # checkpoint, drill and guard options
     if not torchrun and not quiet and not json_out:
         console.print(f"[bold]{spec.name}[/bold]: {parallel.describe()} on {world} rank(s); "
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "

@@ -41,6 +41,17 @@ class TrainConfig:
     grad_clip: float = 1.0
     # DeepSeek-V3's bias update speed gamma for auxiliary-loss-free balancing (DeepSeek-AI 2024, sec. 4.2)
     expert_bias_rate: float = 1e-3
+    # checkpoints and fault recovery (see dayzero.runtime.resilience and docs/checkpoints.md)
+    ckpt_dir: str | None = None
+    ckpt_every: int = 0  # steps between saves (0: only at the end)
+    keep: int = 3
+    resume: str = "auto"  # auto | never | a step | a version directory
+    async_save: bool = False
+    max_restarts: int = 0  # torchrun restarts when dayzero spawns the ranks (--nproc)
+    inject_faults: tuple[str, ...] = ()  # drills: "step=N,rank=R,kind=kill|exception|hang[,at=save]"
+    watchdog: float = 0.0  # seconds without a finished step before a rank aborts (0: off)
+    on_bad_loss: str | None = None  # skip | rollback on a NaN/Inf or spiking loss (None: no guard)
+    spike_factor: float = 0.0  # a loss > this x the running mean is a spike (0: NaN/Inf only)
 
     @property
     def warmup_steps(self) -> int:
@@ -63,9 +74,11 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> "TrainConfig":
         d = dict(d)
         d["parallel"] = ParallelConfig.from_dict(d.get("parallel", {}))
+        d["inject_faults"] = tuple(d.get("inject_faults") or ())
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod

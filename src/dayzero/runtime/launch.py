@@ -85,7 +85,8 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
         errors = Path(tmp, "errors")
         errors.mkdir()
         lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                          max_restarts=max(c.max_restarts for c in configs),
                           monitor_interval=0.1, start_method="spawn")
         env_threads = os.environ.get("OMP_NUM_THREADS")
         if env_threads is None:  # as torchrun does: one thread per rank unless told otherwise

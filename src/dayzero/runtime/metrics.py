@@ -122,6 +122,7 @@ class MetricsWriter:
         self._f = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # a resumed or restarted run continues the stream of the run it continues
             self._f = self.path.open("a" if append else "w")
 
     def write(self, obj: dict) -> None:
@@ -136,13 +137,15 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | Path) -> tuple[list[dict], dict | None]:
-    """(step records, end record) from a metrics file."""
+    """(step records, end record) from a metrics file. Steps redone after a resume or restart
+    appear twice in the stream; the later record is the one kept."""
     steps, end = [], None
     for line in Path(path).read_text().splitlines():
         if line.strip():
             obj = json.loads(line)
             if obj.get("event") == "end":
                 end = obj
-            elif "step" in obj:
+            elif "step" in obj and "event" not in obj:  # events (checkpoints, guards) also name steps
                 steps.append(obj)
-    return steps, end
+    last = {r["step"]: r for r in steps}
+    return [last[s] for s in sorted(last)], end

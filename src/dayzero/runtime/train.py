@@ -2,9 +2,9 @@
 
 ``build_state(config)`` returns a :class:`TrainState` (model parts, optimizer, LR scheduler, data
 position, RNG, step); ``train_step(state)`` advances it by one optimizer step and returns the
-step's :class:`StepRecord`; ``train(config, hooks)`` runs the loop, calling each hook with
-``(state, record)`` after every step. A checkpoint module saves and restores a TrainState and
-hooks into the loop; nothing else holds training state.
+step's :class:`StepRecord` (``compute_step`` + ``apply_step``: the loss guard judges in between);
+``train(config, hooks)`` runs the loop, calling each hook with ``(state, record)`` after every
+step, with checkpoints, resume and fault handling from :mod:`dayzero.runtime.resilience`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def init_distributed() -> torch.device:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend)
+            from dayzero.runtime.faults import init_process_group
+
+            init_process_group(backend)  # keys apart from a failed attempt's (torchrun restarts)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return device
@@ -186,9 +188,20 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def train_step(state: TrainState, timer: CommTimer | None = None) -> StepRecord:
+@dataclass
+class Gradients:
+    """A step computed (gradients in place, loss reduced) but not yet applied."""
+
+    loss: float  # the global mean loss, identical on every rank
+    norm: torch.Tensor
+    lr: float
+    t0: float
+    wall0: int  # time.time_ns() at the step's start: the window for communication timing
+
+
+def compute_step(state: TrainState, timer: CommTimer) -> Gradients:
+    """Forward and backward of the next global batch, gradient clipping, the global loss."""
     cfg, p, meshes = state.config, state.config.parallel, state.meshes
-    timer = timer or CommTimer(False, state.device)
     timer.start()
     t0, wall0 = time.perf_counter(), time.time_ns()
     x, y = state.data.batch(p.gbs, meshes.dp_rank, p.dp)
@@ -198,32 +211,61 @@ def train_step(state: TrainState, timer: CommTimer | None = None) -> StepRecord:
     params = list(state.model.parameters())
     norm = clip_grad_norm_(params, cfg.grad_clip, meshes.shape.stage)
     lr = state.scheduler.get_last_lr()[0]
-    state.optimizer.step()
-    state.scheduler.step()
-    state.optimizer.zero_grad(set_to_none=True)
-    update_expert_bias(state)
     # the loss is replicated over tp and lives on the last stage: count each dp replica once
     on_last = state.pipeline is None or state.pipeline.has_last
     owner = on_last and meshes.tp_rank == 0
     loss = (local_loss if owner else torch.zeros_like(local_loss)).float().reshape(1)
     if dist.get_world_size() > 1:
         dist.all_reduce(loss)
-    loss = loss / p.dp
+    return Gradients(float(loss / p.dp), norm, float(lr), t0, wall0)
+
+
+def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool = True) -> StepRecord:
+    """Take the optimizer step (or, ``update=False``, drop the gradients: a skipped step) and
+    measure it."""
+    p = state.config.parallel
+    if update:
+        state.optimizer.step()
+        state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    if update:
+        update_expert_bias(state)
+    else:
+        _reset_expert_counts(state)
     if state.device.type == "cuda":
         torch.cuda.synchronize(state.device)
-    elapsed = time.perf_counter() - t0
-    comm = timer.stop((wall0, wall0 + int(elapsed * 1e9)))
+    elapsed = time.perf_counter() - g.t0
+    comm = timer.stop((g.wall0, g.wall0 + int(elapsed * 1e9)))
     stats = torch.tensor([float(peak_memory_bytes(state.device)), comm], dtype=torch.float64,
                          device=state.device)
     if dist.get_world_size() > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     state.step += 1
     tokens = p.gbs * p.seq
-    rec = StepRecord(step=state.step, loss=float(loss), grad_norm=float(norm), lr=float(lr), tokens=tokens,
+    rec = StepRecord(step=state.step, loss=g.loss, grad_norm=float(g.norm), lr=g.lr, tokens=tokens,
                      step_time_s=elapsed, tokens_per_s=tokens / elapsed, peak_mem_bytes=int(stats[0]),
                      comm_time_s=float(stats[1]))
     state.history.append(rec)
     return rec
+
+
+def discard_step(state: TrainState, timer: CommTimer) -> None:
+    """Drop a computed step entirely (before a rollback)."""
+    state.optimizer.zero_grad(set_to_none=True)
+    _reset_expert_counts(state)
+    timer.stop()
+
+
+def train_step(state: TrainState, timer: CommTimer | None = None) -> StepRecord:
+    timer = timer or CommTimer(False, state.device)
+    return apply_step(state, compute_step(state, timer), timer)
+
+
+def _reset_expert_counts(state: TrainState) -> None:
+    for part in state.model.parts:
+        for m in part.modules():
+            if isinstance(m, MoE):
+                m.tokens_per_expert.zero_()
 
 
 @torch.no_grad()
@@ -250,29 +292,72 @@ Hook = Callable[[TrainState, StepRecord], None]
 
 
 def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState | None = None) -> TrainState:
-    """Run ``config.steps`` steps (from ``state.step`` when resuming); rank 0 writes the metrics
-    stream and shows progress."""
+    """Run ``config.steps`` steps; rank 0 writes the metrics stream and shows progress.
+
+    With ``config.ckpt_dir`` the run resumes from the newest good checkpoint and saves every
+    ``config.ckpt_every`` steps; fault drills, the hang watchdog and loss guards come from the
+    same config (see :mod:`dayzero.runtime.resilience`)."""
+    from dayzero.runtime.faults import restart_attempt
     from dayzero.runtime.progress import Progress
+    from dayzero.runtime.resilience import build_resilience
 
     state = state or build_state(config)
     rank0 = dist.get_rank() == 0
-    writer = MetricsWriter(config.metrics, rank0, append=state.step > 0)  # a resumed run continues the file
+    early: list[dict] = []  # events before the metrics stream is open (resume warnings)
+    emit: Callable[[dict], None] = early.append
+    res = build_resilience(config, state, lambda ev: emit(ev))
+    writer, failed = None, True
     if rank0 and config.metrics:  # the resolved run, next to its outputs
         config.save(Path(config.metrics).with_suffix(".config.json"))
-    timer = CommTimer(config.measure_comm and dist.get_world_size() > 1, state.device)
-    t_start = time.perf_counter()
     try:
+        pos = res.start()
+        if pos.path is not None:
+            state.step = pos.step
+            if pos.data is not None:
+                state.data.restore(pos.data["stream"])
+        # a run that continues (checkpoint, torchrun restart, or a state handed in mid-run) appends
+        resumed = pos.path is not None or restart_attempt() > 0 or state.step > 0
+        writer = MetricsWriter(config.metrics, rank0, append=resumed)
+        emit = writer.write
+        for ev in early:
+            writer.write(ev)
+        timer = CommTimer(config.measure_comm and dist.get_world_size() > 1, state.device)
+        t_start = time.perf_counter()
+        gbs = config.parallel.gbs
         with Progress(config.steps, enabled=rank0 and not config.quiet, start=state.step) as bar:
             while state.step < config.steps:
-                rec = train_step(state, timer)
+                res.begin_step(state.step + 1)
+                while res.should_skip(state.data.samples // gbs):  # batches a rollback skips
+                    state.data.samples += gbs
+                batch = state.data.samples // gbs
+                g = compute_step(state, timer)
+                verdict = res.judge(state.step + 1, g.loss, [batch])
+                if verdict.action == "rollback":
+                    discard_step(state, timer)
+                    pos = res.rollback(state.step + 1)
+                    state.step = pos.step
+                    state.data.restore(pos.data["stream"])
+                    state.history = [r for r in state.history if r.step <= pos.step]
+                    continue
+                rec = apply_step(state, g, timer, update=verdict.ok)
                 writer.write(rec.to_dict())
                 bar.update(rec)
                 for hook in hooks:
                     hook(state, rec)
+                res.end_step(state.step, data_position(state))
+        res.finish(state.step, data_position(state))
         writer.write(end_record(state, time.perf_counter() - t_start))
+        failed = False
     finally:
-        writer.close()
+        res.close(wait=not failed)
+        if writer is not None:
+            writer.close()
     return state
+
+
+def data_position(state: TrainState) -> dict:
+    """The data stream's position, as checkpoints store it."""
+    return {"stream": state.data.position().to_dict(), "batch": state.data.samples // state.config.parallel.gbs}
 
 
 def end_record(state: TrainState, wall_s: float) -> dict:

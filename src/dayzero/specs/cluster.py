@@ -21,6 +21,25 @@ YAML schema (``--cluster FILE.yaml``; every field but ``accelerator`` and ``node
     peak_tflops: {bf16: 989}     # override per precision
     hbm_gb: 80
     efficiency: {gemm: 0.8, intra: 0.8, inter: 0.9}   # calibrated factors (dayzero calibrate)
+    runtime_context_mib: 520     # measured memory a rank holds before its first tensor
+    comm_buffer_mib: 300         # measured memory per communicator
+
+A machine the catalog does not know (a CPU host, a new card) is defined inline: ``accelerator``
+may be a mapping (:class:`AcceleratorFile`) instead of a catalog name. ``dayzero calibrate``
+writes such profiles, with its raw microbenchmark tables under ``measurements`` (kept for
+reports, not read by the planner)::
+
+    accelerator:
+      id: cpu-host
+      name: "AMD EPYC, 2 cores shared by 8 gloo ranks"
+      peak_tflops: {fp32: 0.012, bf16: 0.002}   # per rank, measured (dayzero calibrate)
+      hbm_gb: 3.0                                # memory per rank
+      hbm_tbytes_per_s: 0.004
+      devices_per_node: 8
+      intra_node_gbytes_per_s: 0.4
+      runtime_context_mib: 310                   # resident bytes of a rank before any tensor
+    nodes: 1
+    measurements: {...}
 """
 
 from __future__ import annotations
@@ -58,6 +77,7 @@ class Cluster:
     tiers: tuple[Tier, ...]
     efficiency: dict[str, float] = field(default_factory=dict)  # calibrated factors (gemm, intra, inter, ...)
     description: str = ""
+    measurements: dict = field(default_factory=dict, compare=False)  # calibration tables of a profile
 
     @property
     def devices(self) -> int:
@@ -85,13 +105,62 @@ class Cluster:
                 "efficiency": dict(self.efficiency), "description": self.description}
 
 
+class AcceleratorFile(BaseModel):
+    """An accelerator defined inside a cluster YAML (units as in the catalog: TFLOP/s, GB, TB/s,
+    GB/s per direction, microseconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    name: str = ""
+    vendor: str = ""
+    peak_tflops: dict[str, float]
+    hbm_gb: float = Field(gt=0)
+    hbm_tbytes_per_s: float = Field(gt=0)
+    devices_per_node: int = Field(default=1, ge=1)
+    scaleup_domain: int | None = Field(default=None, ge=1)
+    topology: Literal["switch", "mesh", "torus"] = "switch"
+    intra_node_gbytes_per_s: float | None = Field(default=None, gt=0)
+    intra_node_p2p_gbytes_per_s: float | None = Field(default=None, gt=0)
+    inter_node_gbytes_per_s: float | None = Field(default=None, gt=0)
+    intra_latency_us: float | None = Field(default=None, ge=0)
+    inter_latency_us: float | None = Field(default=None, ge=0)
+    gemm_tflops_measured: dict[str, float] = Field(default_factory=dict)
+    allreduce_busbw_intra_gbytes_per_s: float | None = Field(default=None, gt=0)
+    runtime_context_mib: float | None = Field(default=None, ge=0)
+    comm_buffer_mib: float | None = Field(default=None, ge=0)
+    sources: list[str] = Field(default_factory=list)
+
+    def build(self) -> Accelerator:
+        from dayzero.specs.hardware import DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S
+
+        peak = {k: v * 1e12 for k, v in self.peak_tflops.items()}
+        if "bf16" not in peak:
+            raise ConfigError(self.id, "peak_tflops.bf16", "an inline accelerator needs a bf16 peak (the planner's "
+                              "default precision); give the measured rate of the dtype training runs in")
+        mib = lambda x: None if x is None else int(x * 2**20)  # noqa: E731
+        g = lambda x: None if x is None else x * 1e9  # noqa: E731
+        return Accelerator(
+            id=self.id, name=self.name or self.id, vendor=self.vendor, peak_flops=peak,
+            hbm_bytes=int(self.hbm_gb * 1e9), hbm_bw=self.hbm_tbytes_per_s * 1e12,
+            devices_per_node=self.devices_per_node, scaleup_domain=self.scaleup_domain or self.devices_per_node,
+            topology=self.topology, intra_node_bw=g(self.intra_node_gbytes_per_s),
+            intra_node_p2p_bw=g(self.intra_node_p2p_gbytes_per_s or self.intra_node_gbytes_per_s),
+            inter_node_bw=g(self.inter_node_gbytes_per_s),
+            gemm_flops_measured={k: v * 1e12 for k, v in self.gemm_tflops_measured.items()},
+            allreduce_busbw_intra=g(self.allreduce_busbw_intra_gbytes_per_s),
+            intra_latency_s=DEFAULT_INTRA_LATENCY_S if self.intra_latency_us is None else self.intra_latency_us * 1e-6,
+            inter_latency_s=DEFAULT_INTER_LATENCY_S if self.inter_latency_us is None else self.inter_latency_us * 1e-6,
+            runtime_context_bytes=mib(self.runtime_context_mib), comm_buffer_bytes=mib(self.comm_buffer_mib),
+            sources=tuple(self.sources))
+
+
 class ClusterFile(BaseModel):
     """The YAML schema above, validated."""
 
     model_config = ConfigDict(extra="forbid")
     name: str = "cluster"
     description: str = ""
-    accelerator: str
+    accelerator: str | AcceleratorFile
     nodes: int = Field(ge=1)
     devices_per_node: int | None = Field(default=None, ge=1)
     scaleup_domain: int | None = Field(default=None, ge=1)
@@ -106,6 +175,9 @@ class ClusterFile(BaseModel):
     hbm_tbytes_per_s: float | None = Field(default=None, gt=0)
     gemm_tflops_measured: dict[str, float] | None = None
     efficiency: dict[str, float] = Field(default_factory=dict)
+    runtime_context_mib: float | None = Field(default=None, ge=0)  # measured per device (dayzero calibrate)
+    comm_buffer_mib: float | None = Field(default=None, ge=0)
+    measurements: dict | None = None  # raw calibration tables (dayzero calibrate); informational
 
 
 def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node: int | None = None,
@@ -126,7 +198,8 @@ def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node
 
 
 def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
-    acc = acc or get_accelerator(f.accelerator)
+    if acc is None:
+        acc = f.accelerator.build() if isinstance(f.accelerator, AcceleratorFile) else get_accelerator(f.accelerator)
     overrides = {}
     if f.peak_tflops:
         overrides["peak_flops"] = {**acc.peak_flops, **{k: v * 1e12 for k, v in f.peak_tflops.items()}}
@@ -137,6 +210,10 @@ def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
         overrides["hbm_bytes"] = int(f.hbm_gb * 1e9)
     if f.hbm_tbytes_per_s:
         overrides["hbm_bw"] = f.hbm_tbytes_per_s * 1e12
+    if f.runtime_context_mib is not None:
+        overrides["runtime_context_bytes"] = int(f.runtime_context_mib * 2**20)
+    if f.comm_buffer_mib is not None:
+        overrides["comm_buffer_bytes"] = int(f.comm_buffer_mib * 2**20)
     if overrides:
         acc = replace(acc, **overrides)
     dpn = f.devices_per_node or acc.devices_per_node
@@ -157,7 +234,7 @@ def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
     if devices > domain:
         tiers.append(Tier("scale-out", devices, inter, inter, inter_lat, "switch"))
     return Cluster(name=f.name, accelerator=acc, nodes=f.nodes, devices_per_node=dpn, tiers=tuple(tiers),
-                   efficiency=dict(f.efficiency), description=f.description)
+                   efficiency=dict(f.efficiency), description=f.description, measurements=dict(f.measurements or {}))
 
 
 def load_cluster_yaml(path: str | Path) -> Cluster:
@@ -179,8 +256,12 @@ def cluster_from_dict(data: object, source: str) -> Cluster:
     try:
         f = ClusterFile.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        field_name = ".".join(str(x) for x in err["loc"]) or None
+        errors = e.errors()
+        if isinstance(data.get("accelerator"), dict):  # an inline accelerator: skip the "not a name" branch
+            errors = [x for x in errors if tuple(x["loc"][:2]) != ("accelerator", "str")] or errors
+        err = errors[0]
+        loc = [str(x) for x in err["loc"] if x != "AcceleratorFile"]
+        field_name = ".".join(loc) or None
         raise ConfigError(source, field_name, f"{err['msg']} (got {err.get('input')!r})") from None
     return _from_file(f)
 

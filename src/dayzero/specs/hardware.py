@@ -17,7 +17,7 @@ from typing import Literal
 from dayzero.errors import ConfigError
 
 Topology = Literal["switch", "mesh", "torus"]
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 
 # Latencies when the catalog has none: NVLink-class 10 us, InfiniBand/RoCE 20 us (Calculon's
 # a100_80g.json / h100_80g_nvl8.json values as quoted in the catalog's simulator_params).
@@ -46,11 +46,17 @@ class Accelerator:
     inter_latency_s: float = DEFAULT_INTER_LATENCY_S
     assumptions: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    # measured memory overheads of a profiled machine (dayzero calibrate); None: the planner's defaults
+    runtime_context_bytes: int | None = None
+    comm_buffer_bytes: int | None = None
 
     def peak(self, precision: str = "bf16") -> float:
-        """Dense peak FLOP/s; FP8 falls back to BF16 on cards without FP8 units."""
+        """Dense peak FLOP/s; FP8 falls back to BF16 on cards without FP8 units, FP4 (NVFP4/MXFP4)
+        to FP8, then BF16."""
         p = self.peak_flops.get(precision)
-        if p is None and precision == "fp8":
+        if p is None and precision == "fp4":
+            p = self.peak_flops.get("fp8")
+        if p is None and precision in ("fp8", "fp4"):
             p = self.peak_flops.get("bf16")
         if p is None:
             raise ConfigError(self.id, f"{precision}_tflops", "no peak throughput known for this precision")
@@ -85,7 +91,8 @@ def _g(x: float | None) -> float | None:
 ALIASES = {
     "a100": "nvidia_a100_80gb_sxm", "a100-80gb": "nvidia_a100_80gb_sxm", "a100-40gb": "nvidia_a100_40gb_sxm",
     "h100": "nvidia_h100_sxm", "h100-sxm": "nvidia_h100_sxm", "h800": "nvidia_h800_sxm", "h200": "nvidia_h200_sxm",
-    "b200": "nvidia_b200_hgx", "gb200": "nvidia_gb200_per_gpu",
+    "b200": "nvidia_b200_hgx", "gb200": "nvidia_gb200_per_gpu", "b300": "nvidia_b300_hgx",
+    "gb300": "nvidia_gb300_per_gpu",
     "mi250x": "amd_mi250x", "mi300x": "amd_mi300x", "mi325x": "amd_mi325x", "mi355x": "amd_mi355x",
     "gaudi2": "intel_gaudi2", "gaudi3": "intel_gaudi3",
     "tpu-v4": "google_tpu_v4", "tpu-v5e": "google_tpu_v5e", "tpu-v5p": "google_tpu_v5p", "tpu-v6e": "google_tpu_v6e",

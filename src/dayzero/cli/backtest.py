@@ -1,0 +1,69 @@
+"""``dayzero backtest CSV``: predict published training runs and report the error."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dayzero.cli.app import app
+from dayzero.cli.common import JsonOpt, console, emit_json
+from dayzero.cli.predict import CalibrationOpt
+
+
+@app.command("backtest")
+def backtest_cmd(
+    csv: Annotated[str, typer.Argument(help="CSV with the columns of shared/data/published_runs_dev.csv.")],
+    calibration: CalibrationOpt = None,
+    fit: Annotated[bool, typer.Option("--fit", help="First fit the efficiency constants on the even-id half (minutes).")] = False,
+    write_calibration: Annotated[Optional[str], typer.Option("--write-calibration", help="With --fit: save the constants to FILE.json.")] = None,
+    worst: Annotated[int, typer.Option("--worst", min=0, help="Rows with the largest errors to list.")] = 10,
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict tokens/s per device for every row of a published-runs file; report MAPE overall, per half (fit on even ids, held-out odd ids) and per source, and which rows were skipped and why.
+
+    Example: [bold]dayzero backtest ../shared/data/published_runs_dev.csv[/bold]; [bold]dayzero backtest runs.csv --json[/bold]
+    """
+    import json
+    from pathlib import Path
+
+    from dayzero.planner.backtest import fit_constants, run_backtest
+    from dayzero.planner.calibration import load_calibration
+
+    constants = load_calibration(calibration) if calibration else None
+    if fit:
+        constants, _ = fit_constants(csv, constants)
+        if write_calibration:
+            Path(write_calibration).write_text(json.dumps({"constants": constants.to_dict()}, indent=1) + "\n")
+    result = run_backtest(csv, constants)
+    if json_out:
+        emit_json(result)
+        return
+    s = result["summary"]
+    console.print(f"[bold]{s['n']}[/bold] rows predicted, {s['skipped']} skipped ({s['skipped_fraction']:.1%}); "
+                  f"MAPE [bold]{s['mape']:.1%}[/bold], p90 |error| {s['p90_abs_rel_error']:.1%}")
+    for half, h in result["halves"].items():
+        label = "fit half (even ids)" if half == "fit" else "held-out half (odd ids)"
+        console.print(f"  {label}: n {h['n']}, MAPE {h['mape']:.1%}, p90 {h['p90_abs_rel_error']:.1%}")
+    t = Table(title="Per source")
+    for col in ("source", "n", "MAPE", "p90"):
+        t.add_column(col, justify="left" if col == "source" else "right")
+    for src, v in result["by_source"].items():
+        t.add_row(src[:80], str(v["n"]), f"{v['mape']:.1%}", f"{v['p90_abs_rel_error']:.1%}")
+    console.print(t)
+    if worst:
+        w = Table(title=f"Largest errors (of {s['n']})")
+        for col in ("id", "model", "accelerator", "devices", "layout", "published", "predicted", "error"):
+            w.add_column(col, justify="right" if col in ("devices", "published", "predicted", "error") else "left")
+        for r in sorted(result["rows"], key=lambda r: -abs(r["rel_error"]))[:worst]:
+            w.add_row(r["id"], r["model"], r["accelerator"], str(r["devices"]), r["layout"], f"{r['published']:,.0f}",
+                      f"{r['predicted']:,.0f}", f"{r['rel_error']:+.1%}")
+        console.print(w)
+    if result["skipped"]:
+        reasons: dict[str, list[str]] = {}
+        for sk in result["skipped"]:
+            reasons.setdefault(sk["reason"], []).append(sk["id"])
+        console.print("skipped:")
+        for reason, ids in reasons.items():
+            console.print(f"  {len(ids)} x {reason} ({', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''})")

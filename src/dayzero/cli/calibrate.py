@@ -1,0 +1,96 @@
+"""``dayzero calibrate``: microbenchmark this machine into a hardware profile (a cluster YAML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from dayzero.cli.app import app
+from dayzero.cli.common import JsonOpt, console, emit_json
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Ranks to measure with (as many as training will use).")] = 1,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the profile here (YAML; use as --cluster FILE).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Profile name (default: host-Nxdevice).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes and shorter timings (tests, smoke checks).")] = False,
+    nccl_tests: Annotated[Optional[list[Path]], typer.Option("--import-nccl-tests", help="Import nccl-tests output file(s) instead of measuring (repeat the option per file).")] = None,
+    accelerator: Annotated[Optional[str], typer.Option("--accelerator", "-a", help="With --import-nccl-tests: catalog accelerator (default: from the device name).")] = None,
+    base: Annotated[Optional[str], typer.Option("--base", help="With --import-nccl-tests: a profile or preset to extend.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Measure GEMM throughput by shape and dtype, memory bandwidth, attention and collective bandwidth by message and group size on N ranks (gloo on CPU, NCCL on GPUs), fit them with the planner's own formulas, and write a hardware profile the planner accepts as [bold]--cluster FILE[/bold].
+
+    Example: [bold]dayzero calibrate --nproc 8 --out host.yaml[/bold], then [bold]dayzero predict tiny-llama --cluster host.yaml --dp 8[/bold].
+    Import nccl-tests: [bold]dayzero calibrate --import-nccl-tests all_reduce_perf.txt --import-nccl-tests all_gather_perf.txt --accelerator h100 --out h100.yaml[/bold]
+    """
+    from dayzero.errors import ConfigError
+
+    if nccl_tests:
+        from dayzero.validate.nccl_tests import import_runs
+        from dayzero.validate.profile import write_profile
+
+        profile = import_runs([str(p) for p in nccl_tests], accelerator, base, name)
+        path = write_profile(profile, out) if out else None
+        meta = profile["measurements"]["nccl_tests"]
+        if json_out:
+            emit_json({"profile": profile, "path": None if path is None else str(path)})
+            return
+        f = meta["fit"]
+        console.print(f"[bold]{profile['name']}[/bold]: {meta['tier']} tier from {len(meta['rows'])} rows on "
+                      f"{len(meta['hosts'])} host(s) ({meta['device']}): {f['bw_gbytes_per_s']:.1f} GB/s, "
+                      f"latency {f['alpha_us']:.1f} us; fit error " +
+                      ", ".join(f"{k} {v:.0%}" for k, v in f["mape"].items()), highlight=False)
+        if path:
+            console.print(f"wrote {path}")
+        return
+    if accelerator or base:
+        raise ConfigError("--accelerator/--base", None, "only apply with --import-nccl-tests")
+    from dayzero.validate.calibrate import calibrate
+
+    result = calibrate(nproc, out, quick, name)
+    if json_out:
+        emit_json(result)
+        return
+    print_summary(result)
+
+
+def print_summary(result: dict) -> None:
+    prof, s = result["profile"], result["summary"]
+    m = prof["measurements"]["machine"]
+    console.print(f"[bold]{prof['name']}[/bold]: {m['ranks']} {m['backend']} rank(s) on {m.get('name') or m['cpu']}, "
+                  f"{m['threads_per_rank']} thread(s) per rank; training computes in {s['compute_dtype']}", highlight=False)
+    t = Table(title="GEMM (per rank, all ranks at once)", box=box.SIMPLE_HEAD)
+    for col in ("dtype", "peak TFLOP/s", "half-dim", "fit error", "attention TFLOP/s"):
+        t.add_column(col, justify="left" if col == "dtype" else "right")
+    for dt, f in s["fits"].items():
+        att = f["attention_tflops"]
+        t.add_row(dt, f"{f['peak_tflops']:.4g}", f"{f['half_dim']:.0f}", f"{f['gemm_fit_mape']:.0%}",
+                  "—" if att is None else f"{att:.3g}")
+    console.print(t)
+    console.print(f"memory bandwidth {s['memory_gbytes_per_s']:.3g} GB/s per rank; runtime context "
+                  f"{s['memory_overhead']['runtime_context_bytes'] / 2**20:,.0f} MiB per rank")
+    if s.get("collectives"):
+        lf = s["link_fit"]
+        console.print(f"links: {lf['bw_gbytes_per_s']:.3g} GB/s per rank, latency {lf['alpha_us']:.0f} us, "
+                      f"send/recv {lf['p2p_gbytes_per_s']:.3g} GB/s; fit error " +
+                      ", ".join(f"{k} {v:.0%}" for k, v in lf["mape"].items()), highlight=False)
+        c = Table(title="Collectives (largest message per group)", box=box.SIMPLE_HEAD)
+        for col in ("collective", "group", "MB", "ms", "busbw GB/s", "fit ms"):
+            c.add_column(col, justify="left" if col == "collective" else "right")
+        biggest: dict = {}
+        for r in s["collectives"]:
+            k = (r["collective"], r["group"])
+            if k not in biggest or r["bytes"] > biggest[k]["bytes"]:
+                biggest[k] = r
+        for r in biggest.values():
+            c.add_row(r["collective"], str(r["group"]), f"{r['bytes'] / 1e6:.3g}", f"{r['seconds'] * 1e3:.3g}",
+                      f"{r['busbw_gbytes_per_s']:.3g}", f"{r['fitted_seconds'] * 1e3:.3g}")
+        console.print(c)
+    if result.get("path"):
+        console.print(f"wrote {result['path']} (use as --cluster {result['path']})")

@@ -1,0 +1,162 @@
+"""``dayzero ops MODEL``: every ATen operator the model's real code runs, mapped to a backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dayzero.cli.app import app
+from dayzero.cli.common import JsonOpt, console, emit_json, human
+from dayzero.errors import DayzeroError
+
+
+@app.command("ops")
+def ops_cmd(
+    model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json, or a directory (with its own modeling_*.py: needs --trust-remote-code).")] = None,
+    manifest: Annotated[str, typer.Option("--manifest", "-m", help="Backend manifest: cuda, cpu, example-npu, or a YAML file.")] = "cuda",
+    seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length traced (default: min(max positions, 4096)).")] = None,
+    batch: Annotated[int, typer.Option("--batch", help="Micro-batch size traced.")] = 1,
+    dtype: Annotated[str, typer.Option("--dtype", help="Model dtype: bfloat16 | float16 | float32.")] = "bfloat16",
+    experts: Annotated[str, typer.Option("--experts", help="MoE experts implementation: grouped_mm | eager | batched_mm.")] = "grouped_mm",
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a local directory's own modeling_*.py.")] = False,
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Check decompositions numerically on random CPU inputs.")] = True,
+    top: Annotated[int, typer.Option("--top", help="Rows in the operator table (0: all).")] = 25,
+    emit_manifest: Annotated[Optional[str], typer.Option("--emit-manifest", help="Print a manifest for a dispatch key (CPU, CUDA, PrivateUse1, ...; 'core' = Core ATen opset) and exit.")] = None,
+    manifest_source: Annotated[str, typer.Option("--manifest-source", help="With --emit-manifest: auto | dispatcher | native_functions.")] = "auto",
+    name: Annotated[Optional[str], typer.Option("--name", help="With --emit-manifest: the manifest's name.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="With --emit-manifest: write to this file instead of stdout.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Trace one training step of MODEL's real modeling code (transformers, meta tensors, one layer
+    per kind, scaled to full depth), map every ATen operator to a backend manifest, decompose the
+    missing ones (checked numerically) and list fusion opportunities.
+
+    Example: [bold]dayzero ops deepseek-v3 --manifest example-npu[/bold];
+    [bold]dayzero ops ./my-model/ --trust-remote-code --json[/bold];
+    [bold]dayzero ops --emit-manifest CUDA -o cuda.yaml[/bold]
+    """
+    _require("torch", *(() if emit_manifest else ("transformers",)))
+    if emit_manifest:
+        from dayzero.ops.manifest import emit_manifest as emit
+
+        m, header = emit(emit_manifest, source=manifest_source, name=name)
+        text = m.to_yaml(header)
+        if output:
+            output.write_text(text)
+            console.print(f"wrote {output} ({len(m.ops)} operators, fused: {', '.join(m.fused) or 'none'})")
+        else:
+            typer.echo(text, nl=False)
+        return
+    if not model:
+        raise DayzeroError("give a MODEL (preset, config.json or directory), or --emit-manifest KEY")
+    from dayzero.ops.report import analyze
+
+    report = analyze(model, manifest=manifest, seq=seq, batch=batch, dtype=dtype, experts=experts,
+                     trust_remote_code=trust_remote_code, check=check)
+    obj = report.to_dict()
+    if json_out:
+        emit_json(obj)
+        return
+    _print(obj, top)
+
+
+def _require(*modules: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DayzeroError(f"dayzero ops needs {' and '.join(missing)}; install them: pip install 'dayzero[ops]'")
+
+
+def _short(op: str) -> str:
+    """aten.mm.default -> mm; aten.add.Tensor -> add.Tensor (the JSON keeps full names)."""
+    ns, name, overload = op.split(".")
+    base = name if overload == "default" else f"{name}.{overload}"
+    return base if ns == "aten" else f"{ns}.{base}"
+
+
+_DT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "int64": "i64",
+       "int32": "i32", "bool": "bool", "uint8": "u8", "int8": "i8"}
+
+
+def _dts(names: list[str]) -> str:
+    return ",".join(_DT.get(n, n) for n in names)
+
+
+def _ops_list(ops: list[str], limit: int = 4) -> str:
+    short = [_short(o) for o in ops]
+    return ", ".join(short[:limit]) + (f" +{len(short) - limit}" if len(short) > limit else "")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _print(r: dict, top: int) -> None:
+    t = Table(title=f"{r['model']} ({r['model_type']}) on {r['manifest']}", show_header=False)
+    t.add_column("quantity")
+    t.add_column("value")
+    kinds = "; ".join(f"{k['name']} x{k['count']} (layers {k['layers']})" for k in r["layer_kinds"])
+    experts = f", experts: {r['experts']}" if r["experts"] else ""
+    t.add_row("traced step", f"batch {r['batch']} x seq {r['seq']}, {r['dtype']}, forward + backward{experts}")
+    t.add_row("layer kinds", kinds)
+    t.add_row("operator calls / step", f"{r['calls']:,} ({len(r['ops'])} distinct overloads)")
+    t.add_row("FLOPs / token (traced)", human(r["flops_per_token"], "FLOP"))
+    fc = r["flops_check"]
+    if fc:
+        note = " (sliding windows: inspect counts the window, eager attention computes s x s)" if fc["sliding_window"] else ""
+        t.add_row("  vs dayzero inspect", f"{human(fc['inspect_per_token'], 'FLOP')}, {100 * fc['rel_diff']:+.2f} %{note}")
+    t.add_row("coverage by calls", _pct(r["coverage"]))
+    t.add_row("coverage by FLOPs", _pct(r["coverage_flops"]))
+    t.add_row("memory traffic / step", human(r["bytes"], "B"))
+    for n in r["notes"]:
+        t.add_row("note", n)
+    console.print(t)
+
+    ot = Table(title="Operators (by FLOPs, then bytes)")
+    ot.add_column("op", no_wrap=True)
+    for col in ("calls", "FLOPs", "bytes", "dtypes", "where", "backend"):
+        ot.add_column(col, justify="right" if col in ("calls", "FLOPs", "bytes") else "left")
+    rows = r["ops"] if top <= 0 else r["ops"][:top]
+    for o in rows:
+        where = ", ".join(list(o["categories"])[:2])
+        ok = "[green]yes[/green]" if o["supported"] else ("[yellow]decomposes[/yellow]" if o["decomposition"] and o["decomposition"]["complete"] else "[red]no[/red]")
+        ot.add_row(_short(o["op"]), f"{o['count']:,}", human(o["flops"]) if o["flops"] else "·", human(o["bytes"], "B") if o["bytes"] else "·",
+                   _dts(o["dtypes"]), where, ok)
+    if top > 0 and len(r["ops"]) > top:
+        ot.caption = f"{len(r['ops']) - top} more (--top 0 shows all)"
+    console.print(ot)
+
+    if r["unsupported"]:
+        ut = Table(title=f"Unsupported on {r['manifest']}")
+        ut.add_column("op", no_wrap=True)
+        for col in ("calls", "FLOPs/bytes %", "decomposition", "checked"):
+            ut.add_column(col, justify="right" if col in ("calls", "FLOPs/bytes %") else "left")
+        for u in r["unsupported"]:
+            d = u["decomposition"] or {}
+            why = "" if u["reason"] == "not in manifest" else f"{u['reason']}; "
+            if u["needs_kernel"]:
+                missing = [m for m in d.get("missing", []) if m != u["op"]]
+                dec = why + "[red]needs a kernel[/red]" + (f" (missing {_ops_list(missing)})" if missing else "")
+            else:
+                dec = why + _ops_list(d["ops"])
+            err = d.get("max_abs_err")
+            chk = {True: "[green]ok[/green]", False: "[red]mismatch[/red]", None: "—"}[d.get("verified")]
+            share = f"{100 * u['flops_share']:.1f}/{100 * u['bytes_share']:.1f}"
+            ut.add_row(_short(u["op"]), f"{u['unsupported_count']:,}", share, dec, chk)
+        console.print(ut)
+    else:
+        console.print(f"[green]Every operator is supported by {r['manifest']}.[/green]")
+
+    if r["fusions"]:
+        ft = Table(title="Fusion opportunities (forward, per step)")
+        for col in ("pattern", "where", "kernels", "x", "launches saved", "traffic saved", "provided by"):
+            ft.add_column(col, justify="right" if col in ("kernels", "x", "launches saved", "traffic saved") else "left")
+        for f in r["fusions"][: max(top, 1) if top > 0 else None]:
+            ft.add_row(f["pattern"], f"{f['where']} / {f['category']}", str(f["kernels"]), f"{f['occurrences']:,}",
+                       f"{f['launches_saved']:,}", human(f["bytes_saved"], "B"),
+                       f"[green]{f['provided_by']}[/green]" if f["provided"] else "[yellow]not in manifest[/yellow]")
+        console.print(ft)

@@ -1,0 +1,98 @@
+"""``dayzero plan [MODEL]``: search every layout for the fastest that fits; with no arguments, the
+scenario dayzero exists for: the 3T dense model on 8,192 Ascend 910B NPUs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from dayzero.cli.app import app
+from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt, InterNodeOpt, JsonOpt,
+                                cluster_from_options, console, emit_json)
+from dayzero.cli.predict import (AttentionOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
+                                 TpOverlapOpt, describe, perf_options, print_prediction)
+
+DEFAULT_MODEL = "dense-3t"
+DEFAULT_CLUSTER = "ascend910b-8192"
+# 4,096 sequences of 4,096 tokens = 16M tokens per step: Llama 3 405B's final batch size
+# (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.4.1).
+DEFAULT_GBS = 4096
+
+ListOpt = lambda name, what: Annotated[Optional[str], typer.Option(name, help=f"Only these {what} (comma-separated).")]  # noqa: E731
+
+
+def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    from dayzero.errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(name, None, f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 0 for v in vals):
+        raise ConfigError(name, None, f"values must be >= 0, got {text!r}")
+    return vals
+
+
+@app.command("plan")
+def plan_cmd(
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")] = DEFAULT_MODEL,
+    cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
+    devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    gbs: Annotated[int, typer.Option("--gbs", min=1, help="Global batch size, sequences.")] = DEFAULT_GBS,
+    seq: Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")] = 4096,
+    precision: PrecisionOpt = "bf16",
+    top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.")] = 5,
+    max_memory: Annotated[float, typer.Option("--max-memory", min=0.05, max=1.0, help="Peak memory limit, fraction of device memory.")] = 0.85,
+    tp: ListOpt("--tp", "tensor-parallel degrees") = None, pp: ListOpt("--pp", "pipeline degrees") = None,
+    cp: ListOpt("--cp", "context-parallel degrees") = None, ep: ListOpt("--ep", "expert-parallel degrees") = None,
+    mbs: ListOpt("--mbs", "micro-batch sizes") = None, zero: ListOpt("--zero", "ZeRO stages") = None,
+    tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
+    rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionOpt = "fused",
+    calibration: CalibrationOpt = None, json_out: JsonOpt = False,
+) -> None:
+    """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass.
+
+    With no arguments: [bold]dense-3t[/bold] on [bold]ascend910b-8192[/bold] (8,192 Ascend 910B, 8-card HCCS full-mesh nodes).
+
+    Example: [bold]dayzero plan[/bold]; [bold]dayzero plan moe-3t --cluster dgx-h100-16384 --json[/bold]; [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --gbs 128 --seq 8192 --precision fp8 --tp-overlap[/bold]
+    """
+    from dayzero.planner.search import SearchSpace, plan
+    from dayzero.specs.registry import load_model
+
+    spec = load_model(model)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
+    par_prec, opts = perf_options(precision, tp_overlap, ep_overlap, moe_imbalance, rank_order, calibration,
+                                  attention_kernel, cl)
+    kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
+                            ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")))
+          if v is not None}
+    obj = plan(spec, cl, gbs, seq, par_prec, opts, top_k, max_memory, SearchSpace(**kw))
+    if json_out:
+        emit_json(obj)
+        return
+    console.print(f"[bold]{spec.name}[/bold] on [bold]{cl.name}[/bold] ({cl.devices:,} x {cl.accelerator.id}), gbs {gbs} x "
+                  f"seq {seq}, {obj['precision']}: {obj['considered']:,} layouts considered in "
+                  f"{obj['seconds']['search']:.2f} s ({obj['timed']:,} timed)")
+    rej = ", ".join(f"{k} {v:,}" for k, v in obj["rejected"].items())
+    console.print(f"rejected: {rej}")
+    t = Table(title=f"Best {len(obj['plans'])} plans (peak memory <= {max_memory:.0%})", box=box.SIMPLE_HEAD, pad_edge=False,
+              collapse_padding=True)
+    for col in ("layout", "step s", "tok/s/dev", "MFU", "comm", "bubble", "mem"):
+        t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=col == "layout")
+    for i, p in enumerate(obj["plans"], 1):
+        tm, th = p["time"], p["throughput"]
+        ok = {c["metric"]: c["pass"] for c in p["checks"]}
+
+        def mark(text: str, metric: str) -> str:
+            return f"[green]{text}[/green]" if ok[metric] else f"[red]{text}[/red]"
+
+        t.add_row(describe(p["parallel"]), f"{tm['step_s']:.4g}", f"{th['tokens_per_s_per_device']:,.4g}",
+                  mark(f"{th['mfu']:.0%}", "mfu"), mark(f"{p['comm_ratio']:.0%}", "comm_ratio"),
+                  f"{tm['bubble_s'] / tm['step_s']:.0%}", mark(f"{p['memory']['utilization']:.0%}", "peak_memory_fraction"))
+    console.print(t)
+    print_prediction(obj["plans"][0], title="[bold]Best plan[/bold]")

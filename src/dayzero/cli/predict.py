@@ -1,0 +1,123 @@
+"""``dayzero predict MODEL``: step time, throughput, MFU, memory and communication of one layout."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from dayzero.cli.app import app
+from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
+                                GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt,
+                                SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json, human,
+                                parallel_from_options)
+
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; memory as fp8).")]
+TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap).")]
+EpOverlapOpt = Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help="Overlap EP all-to-all with another micro-batch (DualPipe-style).")]
+ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="Busiest device's routed tokens over the average (1.0: balanced).")]
+OrderOpt = Annotated[str, typer.Option("--rank-order", help="Rank layout, fastest dim first.")]
+CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="JSON/YAML of efficiency constants (see docs/performance.md).")]
+AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class) | flash2 | unfused.")]
+
+
+def perf_options(precision: str, tp_overlap: bool, ep_overlap: bool, moe_imbalance: float, rank_order: str,
+                 calibration: str | None, attention_kernel: str = "fused", cluster=None):
+    """(ParallelConfig precision, PerfOptions) from the CLI's performance options."""
+    from dayzero.errors import ConfigError
+    from dayzero.planner.calibration import constants_for, load_calibration
+    from dayzero.planner.comm import CommOptions
+    from dayzero.planner.perf import PerfOptions
+    from dayzero.planner.topology import parse_order
+
+    if precision not in ("bf16", "fp8", "fp4"):
+        raise ConfigError("--precision", None, f"must be bf16, fp8 or fp4, got {precision!r}")
+    if attention_kernel not in ("fused", "flash2", "unfused"):
+        raise ConfigError("--attention-kernel", None, f"must be fused, flash2 or unfused, got {attention_kernel!r}")
+    if moe_imbalance < 1.0:
+        raise ConfigError("--moe-imbalance", None, f"must be >= 1.0 (busiest over average), got {moe_imbalance}")
+    parse_order(rank_order)
+    constants = constants_for(cluster) if cluster is not None else None
+    if calibration:
+        constants = load_calibration(calibration, constants)
+    comm = CommOptions(rank_order=rank_order, tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance)
+    opts = PerfOptions(comm=comm, constants=constants, gemm_precision=precision, attention_kernel=attention_kernel)
+    return ("bf16" if precision == "bf16" else "fp8"), opts
+
+
+@app.command("predict")
+def predict_cmd(
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
+    cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
+    devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    tp: TpOpt = 1, pp: PpOpt = 1, dp: DpOpt = None, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1, vpp: VppOpt = 1,
+    mbs: MbsOpt = 1, gbs: GbsOpt = None, seq: SeqOpt = 4096, zero: ZeroOpt = 1, recompute: RecomputeOpt = "none",
+    sequence_parallel: SpOpt = False, precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None,
+    layer_split: SplitOpt = None, tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
+    moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionOpt = "fused",
+    calibration: CalibrationOpt = None, json_out: JsonOpt = False,
+) -> None:
+    """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, and the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %).
+
+    Example: [bold]dayzero predict llama-3.1-70b --accelerator h100 --devices 64 --tp 4 --pp 4 --vpp 5 --gbs 128 --seq 8192 --sequence-parallel --precision fp8 --tp-overlap[/bold]
+    """
+    from dayzero.planner.predict import predict
+    from dayzero.specs.registry import load_model
+
+    spec = load_model(model)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
+    par_prec, opts = perf_options(precision, tp_overlap, ep_overlap, moe_imbalance, rank_order, calibration,
+                                  attention_kernel, cl)
+    par = parallel_from_options(cl.devices, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
+                                sequence_parallel, par_prec, schedule, layer_split)
+    obj = predict(spec, par, cl, opts)
+    if json_out:
+        emit_json(obj)
+        return
+    print_prediction(obj)
+
+
+def print_prediction(obj: dict, title: str | None = None, inventory: bool = True) -> None:
+    p, t, th = obj["parallel"], obj["time"], obj["throughput"]
+    head = title or f"[bold]{obj['model']}[/bold] on [bold]{obj['cluster']}[/bold] ({obj['devices']:,} devices)"
+    console.print(head)
+    console.print(f"layout {describe(p)}; {p['microbatches']} micro-batch(es) of {p['mbs']} x {p['seq']} tokens, "
+                  f"gbs {p['gbs']}, {p['gemm_precision']} GEMMs, schedule {p['schedule']}")
+    s = Table(show_header=False, title="Step")
+    s.add_column("term")
+    s.add_column("seconds", justify="right")
+    s.add_column("share", justify="right")
+    for k in ("compute_s", "comm_exposed_s", "bubble_s", "optimizer_s"):
+        s.add_row(k[:-2].replace("_", " "), f"{t[k]:.3f}", f"{t[k] / t['step_s']:.1%}")
+    s.add_row("[bold]step[/bold]", f"[bold]{t['step_s']:.3f}[/bold]", "")
+    console.print(s)
+    console.print(f"tokens/s {human(th['tokens_per_s'])} ({th['tokens_per_s_per_device']:,.0f} per device); "
+                  f"model {th['model_tflops_per_device']:.0f} TFLOP/s per device; MFU {th['mfu']:.1%}; "
+                  f"peak memory {obj['memory']['peak_bytes'] / 1e9:.1f} GB of {obj['memory']['capacity_bytes'] / 1e9:g} GB")
+    if inventory and obj["communication"]:
+        c = Table(title="Communication per step (busiest stage)", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+        for col in ("collective", "size", "tier", "MB/op", "ops", "busy s", "exposed", "hidden by"):
+            c.add_column(col, justify="left" if col in ("collective", "tier", "hidden by") else "right", no_wrap=col == "collective")
+        for r in obj["communication"]:
+            tier = r["tier"].replace("scale-up", "up").replace("scale-out", "out")
+            c.add_row(r["name"], str(r["group_size"]), tier, f"{r['bytes'] / 1e6:,.0f}", f"{r['count']:,.0f}",
+                      f"{r['total_s']:.3g}", f"{r['exposed_s']:.3g}", r["hidden_by"])
+        console.print(c)
+    for ch in obj["checks"]:
+        mark = "[green]pass[/green]" if ch["pass"] else "[red]fail[/red]"
+        console.print(f"  {mark}  {ch['metric']} {ch['value']:.1%} (target {ch['target']})")
+
+
+def describe(p: dict) -> str:
+    """Compact layout string: tp8 pp2 dp512 v32 z3 mb2 rc-full sp."""
+    s = f"tp{p['tp']} pp{p['pp']} dp{p['dp']}"
+    for k, short in (("cp", "cp"), ("ep", "ep"), ("etp", "etp"), ("vpp", "v")):
+        if p.get(k, 1) > 1:
+            s += f" {short}{p[k]}"
+    s += f" z{p['zero']} mb{p['mbs']}"
+    if p["recompute"] != "none":
+        s += " rc-" + ("full" if p["recompute"] == "full" else "sel")
+    return s + (" sp" if p.get("sequence_parallel") else "")

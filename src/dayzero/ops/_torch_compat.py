@@ -1,0 +1,81 @@
+"""Every private PyTorch API the ops layer uses, in one place, behind a version check.
+
+The operator layer needs a few things PyTorch exposes only privately or from underscore modules:
+``TorchDispatchMode`` and pytree helpers, the dispatcher's kernel
+registrations per dispatch key, the ``native_functions.yaml`` that ships inside the wheel (via
+``torchgen``), the decomposition tables of ``torch._decomp``, and the FLOP formulas of
+``torch.utils.flop_counter``. If a PyTorch upgrade moves one of them, this is the only file to fix.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+# TorchDispatchMode and the pytree helpers are documented but live in underscore modules
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (re-exported)
+from torch.utils._pytree import tree_flatten, tree_map  # noqa: F401  (re-exported)
+
+from dayzero.errors import DayzeroError
+
+MIN_TORCH = (2, 10)
+
+
+def check_torch_version() -> None:
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if (major, minor) < MIN_TORCH:
+        raise DayzeroError(f"dayzero ops needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found {torch.__version__}; "
+                           "upgrade torch")
+
+
+def op_name(func) -> str:
+    """OpOverload -> manifest name, e.g. ``aten.silu.default`` (what ``str(op)`` prints)."""
+    return str(func)
+
+
+def registrations(dispatch_key: str) -> list[str]:
+    """Operators with a kernel registered directly for ``dispatch_key`` in this process, in
+    manifest spelling (``aten::add.Tensor`` -> ``aten.add.Tensor``; ``aten::silu`` -> ``aten.silu.default``)."""
+    try:
+        names = torch._C._dispatch_get_registrations_for_dispatch_key(dispatch_key)
+    except RuntimeError:
+        raise DayzeroError(f"unknown dispatch key {dispatch_key!r}; use a PyTorch dispatch key such as CPU, CUDA, "
+                           "XPU, MPS, PrivateUse1 (or 'core' for the Core ATen opset)") from None
+    return sorted({_dispatcher_to_manifest(n) for n in names})
+
+
+def _dispatcher_to_manifest(name: str) -> str:
+    ns, _, rest = name.partition("::")
+    base, _, overload = rest.partition(".")
+    return f"{ns}.{base}.{overload or 'default'}"
+
+
+def native_functions_path() -> str:
+    """The ``native_functions.yaml`` of the installed PyTorch (torchgen ships it in the wheel)."""
+    import torchgen
+
+    path = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml")
+    if not os.path.exists(path):
+        raise DayzeroError(f"native_functions.yaml not found at {path}; reinstall torch (the wheel ships torchgen)")
+    return path
+
+
+@lru_cache(maxsize=1)
+def decomposition_tables() -> tuple[dict, dict]:
+    """(core ATen decompositions, all post-autograd decompositions) of ``torch._decomp``."""
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    return dict(core_aten_decompositions()), dict(decomposition_table)
+
+
+def flop_formulas() -> dict:
+    """OpOverloadPacket -> FLOP formula (called as ``f(*args, **kwargs, out_val=out)``)."""
+    from torch.utils.flop_counter import flop_registry
+
+    return flop_registry
+
+
+def current_autograd_node():
+    """The autograd Node whose backward is executing in this thread (None in the forward)."""
+    return torch._C._current_autograd_node()

@@ -1,0 +1,14 @@
+"""The planner: pure functions over specs (numpy, never torch at import time).
+
+Memory: :mod:`memory` (per-device, per-stage bytes for a parallel layout), :mod:`activations`
+(per-layer saved tensors), :mod:`schedule` (pipeline orders and in-flight micro-batches),
+:mod:`params` (what each rank holds of each layer), :mod:`allocator` and :mod:`replay` (a caching
+block allocator replaying one training step).
+
+Performance: :mod:`topology` (rank layout, process groups and the tiers they span),
+:mod:`collectives` (alpha-beta collective costs on switches and full meshes), :mod:`comm` (every
+collective of a step and what hides it), :mod:`compute` (per-layer FLOPs and bytes -> time),
+:mod:`perf` (step time, MFU), :mod:`predict` (the contract object with checks), :mod:`search`
+(vectorised search over the whole layout space), :mod:`published` and :mod:`backtest`
+(predicting published training runs), :mod:`calibration` (efficiency constants).
+"""

@@ -1,0 +1,231 @@
+"""Activation bytes one rank saves for backward, per decoder layer and micro-batch.
+
+The accounting follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", sec. 4), tensor by tensor, generalised to GQA, MLA, gated MLPs and MoE:
+
+    s seq, b micro-batch, h hidden, a heads, t tp, c cp, tok = s*b/c tokens on this CP rank
+    tok_rep = tok / t with sequence parallelism (SP), else tok: tensors outside the TP region
+    (norm inputs, the inputs of the first linear of each block, dropout masks) are replicated on
+    every TP rank unless SP shards them along the sequence.
+
+For Korthikanti's GPT (MHA, GELU 4h MLP, dropout, eager attention, no parallelism) the terms add
+up to sbh(34 + 5as/h); with TP to sbh(10 + 24/t + 5as/(ht)); with SP + selective recompute to
+sbh(34/t); full recompute keeps only the layer input, 2sbh (2sbh/t with SP).
+
+Every function is numpy-compatible: ``seq, mbs, tp, cp, etp, sp, fp8`` may be scalars or arrays of
+one broadcastable shape; results are float bytes. Names of the terms are what reports show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dayzero.planner.memory_options import MemoryOptions
+from dayzero.specs.model import ModelSpec
+
+# Terms selective recompute drops (Megatron's "core_attn" recompute: softmax, its dropout, and
+# FlashAttention's log-sum-exp are recomputed in backward from the saved Q, K, V).
+CORE_TERMS = ("attn_scores", "attn_dropout", "attn_lse")
+LAYER_INPUT = "ln1_in"  # the residual-stream input of the layer: all full recompute keeps
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-candidate dimensions (scalars or broadcastable arrays)."""
+
+    seq: object
+    mbs: object
+    tp: object
+    cp: object
+    etp: object = 1
+    sp: object = False
+    fp8: object = False
+
+    @property
+    def tok(self):
+        """Tokens of one micro-batch on this context-parallel rank."""
+        return np.asarray(self.seq) * self.mbs / self.cp
+
+    @property
+    def tok_rep(self):
+        """Tokens held by tensors outside the TP region (sharded by tp only under SP)."""
+        return self.tok / np.where(self.sp, self.tp, 1)
+
+
+def _eager_norm(opts: MemoryOptions, rows, dim):
+    """What an eager RMSNorm saves beyond the input the fused kernel keeps: its fp32 normalised
+    copy (4 B per element; in bf16 the input's fp32 upcast and the bf16 result replace the bf16
+    input, again +4 B) and the fp32 reciprocal RMS per row. Zero for fused kernels."""
+    return 4 * rows * dim + 4 * rows if opts.kernels == "eager" else 0.0
+
+
+def _lin(opts: MemoryOptions, d: Dims):
+    """Bytes per element of a saved linear-layer input: FP8 under FP8 training (Transformer Engine)."""
+    return np.where(d.fp8, opts.fp8_act_bytes, opts.act_bytes)
+
+
+def attention_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
+    a, h, ab = spec.attention, spec.hidden, opts.act_bytes
+    tok, rep, t, lin = d.tok, d.tok_rep, d.tp, _lin(opts, d)
+    out: dict[str, object] = {LAYER_INPUT: ab * rep * h, "attn_in": lin * rep * h}
+    if opts.kernels == "eager":
+        out["ln1_eager"] = _eager_norm(opts, rep, h)
+    if a.kind == "mla":
+        if a.q_lora_rank:
+            out["q_a_norm_in"] = ab * rep * a.q_lora_rank
+            out["q_b_in"] = lin * rep * a.q_lora_rank
+            if opts.kernels == "eager":
+                out["q_a_norm_eager"] = _eager_norm(opts, rep, a.q_lora_rank)
+        out["kv_a_norm_in"] = ab * rep * a.kv_lora_rank
+        if opts.kernels == "eager":
+            out["kv_a_norm_eager"] = _eager_norm(opts, rep, a.kv_lora_rank)
+        out["kv_b_in"] = lin * rep * a.kv_lora_rank
+        out["q"] = ab * tok * a.heads * a.head_dim / t
+        out["k"] = ab * tok * a.heads * a.head_dim / t  # decompressed per-head keys (nope + rope)
+        out["v"] = ab * tok * a.heads * a.v_head_dim / t
+    else:
+        kv_local = a.kv_heads / np.minimum(t, a.kv_heads)  # one whole KV head per rank when tp > kv
+        out["q"] = ab * tok * a.heads * a.head_dim / t
+        out["k"] = ab * tok * kv_local * a.head_dim
+        out["v"] = ab * tok * kv_local * a.v_head_dim
+        if a.qk_norm:
+            out["qk_norm_in"] = out["q"] + out["k"]
+            if opts.kernels == "eager":
+                rows = tok * (a.heads / t + kv_local)
+                out["qk_norm_eager"] = _eager_norm(opts, rows, a.head_dim)
+    heads_local = a.heads / t
+    if opts.attention == "eager":  # softmax output (b, a/t, s/c, s), and its dropout mask + output
+        scores = tok * heads_local * np.asarray(d.seq)
+        out["attn_scores"] = ab * scores
+        if opts.dropout:
+            out["attn_dropout"] = (1 + ab) * scores
+    else:  # FlashAttention saves only the FP32 log-sum-exp per query and head
+        out["attn_lse"] = 4 * tok * heads_local
+    out["attn_out"] = lin * tok * a.heads * a.v_head_dim / t
+    if opts.dropout:
+        out["attn_drop_mask"] = 1 * rep * h
+    return out
+
+
+def _mlp(prefix: str, gated: bool, inter: float, tokens, t, opts: MemoryOptions, lin) -> dict[str, object]:
+    """Inside an MLP of width ``inter`` split ``t`` ways: activation input and down-projection
+    input (eager gated MLPs also keep the activation's output for the gate product)."""
+    out = {f"{prefix}_act_in": opts.act_bytes * tokens * (2 if gated else 1) * inter / t,
+           f"{prefix}_down_in": lin * tokens * inter / t}
+    if gated and opts.kernels == "eager":
+        out[f"{prefix}_act_out"] = opts.act_bytes * tokens * inter / t
+    return out
+
+
+def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[str, object]:
+    h, ab, rep, tok, lin = spec.hidden, opts.act_bytes, d.tok_rep, d.tok, _lin(opts, d)
+    out: dict[str, object] = {"ln2_in": ab * rep * h}
+    if opts.kernels == "eager":
+        out["ln2_eager"] = _eager_norm(opts, rep, h)
+    if kind == "moe":
+        moe = spec.moe
+        out["moe_in"] = ab * rep * h  # router input and dispatch source (kept in BF16)
+        out["router_probs"] = 4 * rep * moe.experts  # FP32 scores for the softmax/sigmoid backward
+        out["router_topk"] = 12 * rep * moe.top_k  # FP32 weights + int64 expert ids
+        routed = routed_tokens(spec, opts, d)
+        out["expert_in"] = lin * routed * h
+        out.update(_mlp("expert", moe.expert.gated, moe.expert.intermediate, routed, d.etp, opts, lin))
+        out["expert_out"] = ab * routed * h  # the combine's backward needs each expert's output
+        out["dispatch_map"] = 8 * routed  # int64 permutation rows to un-permute
+        if opts.kernels == "eager":  # the combine's gathered weights (fp32) and their int64 order;
+            # the router's fp32 upcast of its input when computing in a narrower dtype
+            out["combine_eager"] = 12 * routed + np.where(ab < 4, 4 * rep * h, 0)
+        if moe.shared_experts:
+            out.update(_mlp("shared", moe.expert.gated, moe.shared_intermediate, tok, d.tp, opts, lin))
+    else:
+        out["mlp_in"] = lin * rep * h
+        out.update(_mlp("mlp", spec.mlp.gated, spec.mlp.intermediate, tok, d.tp, opts, lin))
+    if opts.dropout:
+        out["mlp_drop_mask"] = 1 * rep * h
+    return out
+
+
+def routed_tokens(spec: ModelSpec, opts: MemoryOptions, d: Dims):
+    """Token-expert assignments one rank computes per micro-batch.
+
+    A stage's tp*cp*dp ranks hold dp*b*s distinct tokens (each TP rank routes its own 1/t slice, as
+    Megatron requires SP with MoE); their k assignments spread over ep*edp = tp*cp*dp/etp expert
+    shards, and the etp ranks of one shard see the same tokens: b*s*k*etp/(t*c) per rank, times the
+    capacity factor (1.0: balanced and dropless).
+    """
+    return d.tok * spec.moe.top_k * np.asarray(d.etp) / d.tp * opts.moe_capacity_factor
+
+
+def layer_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[str, object]:
+    """Every tensor a ``dense`` or ``moe`` layer saves for backward without recompute, in bytes."""
+    return {**attention_terms(spec, opts, d), **mlp_terms(spec, kind, opts, d)}
+
+
+@dataclass(frozen=True)
+class LayerActivation:
+    """Saved bytes of one layer per micro-batch under each recompute mode, plus its transient."""
+
+    none: object  # every saved tensor
+    selective: object  # without the core-attention terms
+    full: object  # the layer input only
+    core: object  # what selective recompute rebuilds during backward
+    largest: object  # the largest single tensor (its gradient is the biggest backward temporary)
+
+
+def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> LayerActivation:
+    terms = layer_terms(spec, kind, opts, d)
+    total = sum(terms.values())
+    core = sum((terms[k] for k in CORE_TERMS if k in terms), 0.0)
+    largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*terms.values())])
+    if opts.kernels == "eager":
+        largest = np.maximum(largest, eager_backward_transient(spec, kind, opts, d))
+    return LayerActivation(none=total, selective=total - core, full=terms[LAYER_INPUT], core=core, largest=largest)
+
+
+def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims):
+    """Gradients alive together in an eager layer's backward (autograd frees each once used):
+    in a gated MLP the gradients of the down-projection input, the activation output, the gate
+    and the activation input (4 tensors of the MLP width; 2 without a gate), plus the block
+    input's gradient accumulating from both branches (2 of the hidden width); in attention the
+    gradients of q, k, v and of the attention output. A MoE layer's experts count their routed
+    rows; its shared experts and the combine's row gradients come on top."""
+    ab, h, rep, tok = opts.act_bytes, spec.hidden, d.tok_rep, d.tok
+    att = attention_terms(spec, opts, d)
+    attn = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
+
+    def mlp(rows, inter, t, gated):
+        return ab * rows * inter / t * (4 if gated else 2)
+
+    if kind == "moe":
+        moe = spec.moe
+        routed = routed_tokens(spec, opts, d)
+        ffn = mlp(routed, moe.expert.intermediate, d.etp, moe.expert.gated) + 2 * ab * routed * h
+        if moe.shared_experts:
+            ffn = ffn + mlp(tok, moe.shared_intermediate, d.tp, moe.expert.gated)
+    else:
+        ffn = mlp(tok, spec.mlp.intermediate, d.tp, spec.mlp.gated)
+    return np.maximum(attn, ffn) + 2 * ab * rep * h
+
+
+def first_stage_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
+    """Per micro-batch on the first stage: token ids (int64) and the embedding dropout mask."""
+    out = {"token_ids": 8 * d.tok}
+    if opts.dropout:
+        out["embed_drop_mask"] = 1 * d.tok_rep * spec.hidden
+    return out
+
+
+def last_stage_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
+    """Per micro-batch on the last stage: final-norm input and head input (Korthikanti's 4sbh/t)."""
+    out = {"final_norm_in": opts.act_bytes * d.tok_rep * spec.hidden,
+           "head_in": opts.act_bytes * d.tok_rep * spec.hidden}
+    if opts.kernels == "eager":
+        out["final_norm_eager"] = _eager_norm(opts, d.tok_rep, spec.hidden)
+    return out
+
+
+def logits_bytes(spec: ModelSpec, opts: MemoryOptions, d: Dims):
+    """FP32 logits of one micro-batch for the vocab-parallel cross-entropy: s*b*V/(t*c) elements."""
+    return opts.logits_bytes * d.tok * spec.vocab / d.tp

@@ -1,0 +1,143 @@
+"""Backtest: predict every published run and compare tokens/s per device with the measurement.
+
+``mape`` is the mean of |predicted - published| / published over the predicted rows;
+``p90_abs_rel_error`` its 90th percentile. Rows are split into two documented halves by the
+parity of their numeric id (``R0124`` -> 124, even = **fit** half, odd = **held** half): the
+efficiency constants are fitted on the fit half only (:func:`fit_constants`), so the held
+half's error is the honest out-of-sample figure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields, replace
+from pathlib import Path
+
+import numpy as np
+
+from dayzero.planner.calibration import PerfConstants
+from dayzero.planner.perf import evaluate, grid_from_parallel
+from dayzero.planner.published import Case, load_cases
+
+FIT_FIELDS = ("gemm_scale_bf16", "gemm_scale_fp8", "gemm_scale_fp4", "moe_gemm_scale", "gemm_half_dim", "attention_eff",
+              "memory_scale", "layer_overhead_s", "moe_expert_overhead_s", "flash2_max_tflops")
+
+
+def half_of(row_id: str) -> str:
+    """'fit' for even numeric ids, 'held' for odd ones."""
+    m = re.search(r"(\d+)", row_id)
+    return "fit" if m and int(m.group(1)) % 2 == 0 else "held"
+
+
+def predict_case(case: Case, constants: PerfConstants | None = None) -> float:
+    """Predicted tokens/s per device of one row."""
+    options = replace(case.options, constants=constants) if constants is not None else case.options
+    grid = grid_from_parallel(case.parallel, case.gemm_precision)
+    ev = evaluate(case.spec, grid, case.cluster, options, layer_split=case.parallel.layer_split)
+    return float(ev.tokens_per_s_per_device[0])
+
+
+def predict_cases(cases: list[Case], constants: PerfConstants | None = None) -> np.ndarray:
+    """Predicted tokens/s per device of many rows; rows sharing a model, cluster, sequence length,
+    layer split and options are evaluated in one vectorised call (same numbers as one by one)."""
+    groups: dict = {}
+    for i, case in enumerate(cases):
+        key = (case.spec, case.cluster.name, case.cluster.devices, case.options, case.parallel.seq,
+               case.parallel.layer_split)
+        groups.setdefault(key, []).append(i)
+    out = np.zeros(len(cases))
+    for idx in groups.values():
+        first = cases[idx[0]]
+        options = replace(first.options, constants=constants) if constants is not None else first.options
+        grids = [grid_from_parallel(cases[i].parallel, cases[i].gemm_precision) for i in idx]
+        grid = {k: np.concatenate([g[k] for g in grids]) for k in grids[0]}
+        ev = evaluate(first.spec, grid, first.cluster, options, layer_split=first.parallel.layer_split)
+        out[idx] = ev.tokens_per_s_per_device
+    return out
+
+
+def _summary(errors: list[float]) -> dict:
+    a = np.abs(np.asarray(errors, dtype=float))
+    if a.size == 0:
+        return {"n": 0, "mape": None, "p90_abs_rel_error": None}
+    return {"n": int(a.size), "mape": float(a.mean()), "p90_abs_rel_error": float(np.percentile(a, 90))}
+
+
+def run_backtest(path: str | Path, constants: PerfConstants | None = None) -> dict:
+    """The DESIGN.md backtest object, plus per-half and per-source summaries."""
+    cases, skips = load_cases(path)
+    rows, by_source, by_half = [], {}, {"fit": [], "held": []}
+    preds = predict_cases(cases, constants)
+    for case, pred in zip(cases, preds):
+        pred = float(pred)
+        err = (pred - case.published) / case.published
+        half = half_of(case.id)
+        rows.append({"id": case.id, "published": case.published, "predicted": pred, "rel_error": err,
+                     "half": half, "source": case.source, "model": case.spec.name,
+                     "accelerator": case.cluster.accelerator.id, "devices": case.cluster.devices,
+                     "layout": case.parallel.describe(), "precision": case.gemm_precision})
+        by_source.setdefault(case.source, []).append(err)
+        by_half[half].append(err)
+    summary = _summary([r["rel_error"] for r in rows])
+    summary["skipped"] = len(skips)
+    summary["skipped_fraction"] = len(skips) / max(1, len(skips) + len(rows))
+    return {"rows": rows, "summary": summary,
+            "halves": {h: _summary(e) for h, e in by_half.items()},
+            "by_source": {s: _summary(e) for s, e in sorted(by_source.items())},
+            "skipped": [{"id": s.id, "reason": s.reason} for s in skips],
+            "constants": (constants or PerfConstants()).to_dict()}
+
+
+def fit_constants(path: str | Path, start: PerfConstants | None = None, iterations: int = 400,
+                  half: str = "fit") -> tuple[PerfConstants, float]:
+    """Fit FIT_FIELDS on one half's rows by minimising its MAPE (Nelder-Mead on log-parameters).
+    Returns the constants and the half's MAPE."""
+    cases = [c for c in load_cases(path)[0] if half_of(c.id) == half]
+    published = np.array([c.published for c in cases])
+    start = start or PerfConstants()
+    x0 = np.log([getattr(start, f) for f in FIT_FIELDS])
+
+    def make(x) -> PerfConstants:
+        return replace(start, **{f: float(np.exp(v)) for f, v in zip(FIT_FIELDS, x)})
+
+    def loss(x) -> float:
+        c = make(x)
+        if c.gemm_scale_bf16 > 1.3 or c.attention_eff > 1.0:
+            return 1e9
+        return float(np.mean(np.abs(predict_cases(cases, c) - published) / published))
+
+    x, fx = nelder_mead(loss, x0, iterations)
+    return make(x), fx
+
+
+def nelder_mead(f, x0: np.ndarray, iterations: int, step: float = 0.15) -> tuple[np.ndarray, float]:
+    """Plain Nelder-Mead (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
+    n = len(x0)
+    pts = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iterations):
+        order = np.argsort(vals)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        centroid = np.mean(pts[:-1], axis=0)
+        xr = centroid + (centroid - pts[-1])
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = centroid + 2 * (centroid - pts[-1])
+            fe = f(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (pts[-1] - centroid)
+            fc = f(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:
+                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    i = int(np.argmin(vals))
+    return pts[i], vals[i]
+
+
+def constant_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(PerfConstants))

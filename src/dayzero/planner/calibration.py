@@ -1,0 +1,187 @@
+"""Efficiency constants of the performance model and the hardware rates they produce.
+
+Two kinds of numbers turn FLOPs and bytes into seconds:
+
+* **Measured hardware figures** from the catalog: peak FLOP/s per precision, best measured GEMM
+  throughput (MAMF), intra-node all-reduce bus bandwidth, HBM bandwidth, link bandwidths and
+  latencies. Where the catalog has no measurement the median ratio over the catalog's measured
+  accelerators is used (GEMM: 0.78 of peak; scale-up collectives: 0.78 of nominal), and the
+  scale-out efficiency is Calculon's 0.9 for InfiniBand (catalog ``simulator_params``).
+* **A few fitted constants** (:class:`PerfConstants`): how much of the best measured GEMM rate
+  a training step achieves, per precision; the GEMM size at which efficiency halves; FlashAttention's
+  fraction of peak; the ratio of real to counted bytes in memory-bound kernels; a fixed cost
+  per layer and micro-batch (kernel launches). Their defaults are fitted by
+  ``benchmarks/fit_backtest.py`` on the fit half of ``published_runs_dev.csv`` (see
+  docs/performance.md); a calibration file (JSON or YAML with the same field names) or a cluster
+  file's ``efficiency`` mapping overrides them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from dayzero.errors import ConfigError
+from dayzero.planner.collectives import Link
+from dayzero.planner.topology import scaleup_domain
+from dayzero.specs.cluster import Cluster
+from dayzero.specs.hardware import catalog
+
+DEFAULT_INTER_EFF = 0.9  # Calculon systems/h100_80g_nvl8.json: IB tier efficiency 0.9 (catalog simulator_params)
+
+
+@dataclass(frozen=True)
+class PerfConstants:
+    """Fitted efficiency constants. Defaults: fit on the even-id half of published_runs_dev.csv
+    (benchmarks/fit_backtest.py; fit-half MAPE 9.2%, held-out half 10.0%)."""
+
+    gemm_scale_bf16: float = 0.8271  # training GEMM rate / best measured GEMM rate (MAMF), BF16
+    gemm_scale_fp8: float = 0.7939  # same for FP8 GEMMs (Transformer Engine, MXFP8)
+    gemm_scale_fp4: float = 0.5913  # same for NVFP4 GEMMs, relative to the measured-ratio FP4 peak
+    moe_gemm_scale: float = 0.7766  # routed-expert (grouped) GEMM rate / dense GEMM rate
+    gemm_half_dim: float = 47.18  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
+    attention_eff: float = 0.325  # fused attention forward+backward, fraction of the BF16 peak
+    memory_scale: float = 1.476  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
+    layer_overhead_s: float = 0.0009376  # per layer per micro-batch, forward+backward (kernel launches)
+    moe_expert_overhead_s: float = 0.0002776  # per local expert per MoE layer per micro-batch: per-expert
+    #                                      kernels (weight casts, GEMM setup, gradient buffers)
+    flash2_max_tflops: float = 166.8  # FlashAttention-2 kernels (pre-Hopper MMA) saturate near this;
+    #                                   the FA3 paper (Shah et al. 2024) measures FA2 at 35-40 % of an H100
+    intra_eff: float | None = None  # scale-up collective efficiency (None: catalog busbw / nominal)
+    inter_eff: float = DEFAULT_INTER_EFF  # scale-out collective efficiency
+    optimizer_bytes_per_param: float = 30.0  # Adam: read/write fp32 master, m, v (24) + fp32 grad (4) + bf16 param (2)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def with_overrides(self, overrides: dict, source: str) -> "PerfConstants":
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise ConfigError(source, bad[0], f"unknown efficiency constant; known: {', '.join(sorted(known))}")
+        clean = {}
+        for k, v in overrides.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise ConfigError(source, k, f"expected a non-negative number, got {v!r}")
+            clean[k] = None if v is None else float(v)
+        return replace(self, **clean)
+
+
+# Cluster YAML ``efficiency`` keys -> PerfConstants fields. ``gemm``/``gemm_bf16``/``gemm_fp8``/
+# ``gemm_fp4`` are handled in :func:`rates`: there they are the large-GEMM fraction of the dense
+# peak a calibration measured on this cluster, replacing catalog measurement x fitted scale.
+CLUSTER_KEYS = {"moe_gemm": "moe_gemm_scale", "attention": "attention_eff", "memory_scale": "memory_scale",
+                "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
+                "moe_expert_overhead_s": "moe_expert_overhead_s", "gemm_half_dim": "gemm_half_dim",
+                "optimizer_bytes_per_param": "optimizer_bytes_per_param"}
+GEMM_KEYS = ("gemm", "gemm_bf16", "gemm_fp8", "gemm_fp4")
+
+
+def load_calibration(path: str | Path, base: PerfConstants | None = None) -> PerfConstants:
+    """Read a calibration file: a JSON or YAML mapping of PerfConstants fields (a ``constants``
+    sub-mapping is accepted too, as ``dayzero backtest --fit`` writes)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError:
+        raise ConfigError(str(p), None, "calibration file not found; pass a JSON or YAML file of efficiency constants") from None
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # malformed file: one line, no traceback
+        raise ConfigError(str(p), None, f"cannot parse: {str(e).splitlines()[0]}") from None
+    if isinstance(data, dict) and isinstance(data.get("constants"), dict):
+        data = data["constants"]
+    if not isinstance(data, dict):
+        raise ConfigError(str(p), None, "expected a mapping of efficiency constants")
+    return (base or PerfConstants()).with_overrides(data, str(p))
+
+
+def constants_for(cluster: Cluster, base: PerfConstants | None = None) -> PerfConstants:
+    """The constants with the cluster file's ``efficiency`` overrides applied."""
+    base = base or PerfConstants()
+    unknown = sorted(set(cluster.efficiency) - set(CLUSTER_KEYS) - set(GEMM_KEYS))
+    if unknown:
+        raise ConfigError(f"cluster {cluster.name}", f"efficiency.{unknown[0]}",
+                          f"unknown efficiency key; known: {', '.join(sorted([*CLUSTER_KEYS, *GEMM_KEYS]))}")
+    over = {CLUSTER_KEYS[k]: v for k, v in cluster.efficiency.items() if k in CLUSTER_KEYS}
+    return base.with_overrides(over, f"cluster {cluster.name}: efficiency") if over else base
+
+
+@lru_cache(maxsize=1)
+def catalog_medians() -> tuple[float, float]:
+    """(median measured-GEMM / peak, median measured all-reduce busbw / nominal) over the catalog."""
+    gemm, busbw = [], []
+    for acc in catalog().values():
+        for prec, flops in acc.gemm_flops_measured.items():
+            if prec == "bf16":
+                gemm.append(flops / acc.peak(prec))
+        if acc.allreduce_busbw_intra and acc.intra_node_bw:
+            busbw.append(acc.allreduce_busbw_intra / acc.intra_node_bw)
+    return float(np.median(gemm)), float(np.median(busbw))
+
+
+PRECISION_CODES = ("bf16", "fp8", "fp4")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What one device of a cluster achieves, with the constants applied."""
+
+    peak: dict  # precision -> dense FLOP/s actually available (fallbacks applied)
+    gemm_eff: dict  # precision -> fraction of that peak a large training GEMM reaches
+    attention_flops: float  # FLOP/s of the fused attention kernel (BF16)
+    flash2_flops: float  # FLOP/s of FlashAttention-2 (capped on Hopper and newer)
+    hbm_bw: float  # bytes/s
+    intra: Link
+    inter: Link | None
+    domain: int  # ranks per scale-up domain the job fills
+    native: tuple[bool, bool, bool] = (True, True, True)  # bf16, fp8, fp4 units exist (else GEMMs fall back)
+
+    def gemm_rate(self, code):
+        """Large-GEMM FLOP/s for precision codes 0 bf16, 1 fp8, 2 fp4 (array in, array out)."""
+        r = np.array([self.peak[p] * self.gemm_eff[p] for p in PRECISION_CODES])
+        return r[np.asarray(code, dtype=int)]
+
+
+def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
+    acc = cluster.accelerator
+    gemm_median, busbw_median = catalog_medians()
+    peak, eff = {}, {}
+    scale = {"bf16": constants.gemm_scale_bf16, "fp8": constants.gemm_scale_fp8, "fp4": constants.gemm_scale_fp4}
+    for p in PRECISION_CODES:
+        used = p if p in acc.peak_flops else ("fp8" if p == "fp4" and "fp8" in acc.peak_flops else "bf16")
+        peak[p] = acc.peak(used)
+        measured = acc.gemm_efficiency(used) if used in acc.gemm_flops_measured else None
+        if measured is None and used == "fp4":  # no FP4 GEMM measurement anywhere: use FP8's ratio
+            measured = acc.gemm_efficiency("fp8") if "fp8" in acc.gemm_flops_measured else None
+        eff[p] = (measured if measured is not None else gemm_median) * scale[used]
+        measured_here = cluster.efficiency.get(f"gemm_{used}", cluster.efficiency.get("gemm") if used == "bf16" else None)
+        if measured_here is not None:  # a calibration of this cluster: fraction of the dense peak
+            eff[p] = float(measured_here)
+    if acc.hbm_bw is None:
+        raise ConfigError(acc.id, "hbm_tbytes_per_s", "the catalog has no HBM bandwidth; set hbm_tbytes_per_s in a cluster YAML")
+    t0 = cluster.tiers[0]
+    if constants.intra_eff is not None:
+        intra_eff = constants.intra_eff
+    elif acc.allreduce_busbw_intra and acc.intra_node_bw and t0.bw == acc.intra_node_bw:
+        intra_eff = acc.allreduce_busbw_intra / acc.intra_node_bw
+    else:
+        intra_eff = busbw_median
+    intra = Link(t0.bw * intra_eff, t0.p2p_bw * intra_eff, t0.latency_s, t0.topology)
+    inter = None
+    if len(cluster.tiers) > 1:
+        t1 = cluster.tiers[1]
+        inter = Link(t1.bw * constants.inter_eff, t1.p2p_bw * constants.inter_eff, t1.latency_s, "switch")
+    fused = peak["bf16"] * constants.attention_eff
+    return Rates(peak=peak, gemm_eff=eff, attention_flops=fused, flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
+                 hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster),
+                 native=tuple(p in acc.peak_flops for p in PRECISION_CODES))

@@ -1,0 +1,226 @@
+"""Per-step communication inventory: every collective of a training step and what hides it.
+
+Per layer and micro-batch (time added to the stage that runs the layer):
+
+* **TP** (tp > 1): Megatron's column/row-parallel pairs. With sequence parallelism an
+  all-gather before and a reduce-scatter after each of attention and MLP, else all-reduces;
+  2 per block forward, 2 backward, 2 more forward under full recompute. MoE layers with etp = 1
+  only pay the attention pair. Exposed, unless TP overlap (userbuffers-style) is on: then only
+  what exceeds the layer's GEMM time.
+* **CP** (cp > 1): ring attention passes K and V blocks around the cp group (cp - 1 sends
+  forward, twice that backward with dK/dV); overlapped with the attention core, exposed beyond it.
+* **EP** (ep > 1): token dispatch and combine all-to-all (2 forward, 2 backward, 2 more under
+  full recompute) over the ep group, with the routing imbalance on the busiest peer; exposed
+  unless overlapped with another micro-batch's compute (DualPipe-style), then exposed beyond the
+  layer's compute.
+* **ZeRO-3**: parameter all-gather before forward and backward, gradient reduce-scatter after
+  backward, over dp x cp (experts: edp); prefetched one layer ahead, so exposed beyond the
+  layer's own compute (plus the first layer's gather, once per micro-batch).
+
+Per step:
+
+* **DP gradients**: all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2; ZeRO-2 every micro-batch)
+  in buckets of max(40M, 1M x dp) elements (Megatron-Core's default) during the last micro-batch's
+  backward; exposed: the last bucket or what exceeds that backward. ZeRO-1/2 then all-gather
+  the updated parameters during the next step's first forward.
+* **PP**: activations forward and gradients backward between neighbouring stages on their own
+  stream; exposed only on the pipeline ramp, (pp x vpp - 1) hops each way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dayzero.planner.calibration import Rates
+from dayzero.planner.collectives import group_collective
+from dayzero.planner.compute import BF16, ComputeCosts, layer_classes, single_seq
+from dayzero.planner.topology import DENSE_ORDER, group_strides, span
+from dayzero.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    rank_order: str = DENSE_ORDER
+    tp_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
+    ep_overlap: bool = False  # EP all-to-all overlapped with another micro-batch (DualPipe, 1F1B a2a overlap)
+    moe_imbalance: float = 1.0  # busiest device's routed tokens / average (NVIDIA benchmarks force-balance)
+    grad_reduce_bytes: int = 2  # bytes per gradient element on the wire (Megatron default: bf16)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Placement of every group, as arrays: size, per_domain, domains."""
+
+    g: dict  # name -> (size, per_domain, domains)
+
+    def __getitem__(self, name):
+        return self.g[name]
+
+
+def place_groups(grid: dict, rates: Rates, order: str) -> Groups:
+    out = {}
+    for name, (size, stride) in group_strides(grid["tp"], grid["cp"], grid["dp"], grid["pp"], grid["ep"],
+                                              grid["etp"], order).items():
+        per, doms = span(size, stride, rates.domain)
+        out[name] = (np.asarray(size), per, doms)
+    return Groups(out)
+
+
+def coll(kind, nbytes, groups: Groups, dim: str, rates: Rates, imbalance=1.0):
+    size, per, doms = groups[dim]
+    return group_collective(kind, nbytes, size, per, doms, rates.intra, rates.inter, imbalance)
+
+
+@dataclass(frozen=True)
+class LayerComm:
+    """One collective issued inside every layer of a class; arrays are (K, N)."""
+
+    name: str
+    collective: str
+    dim: str
+    nbytes: np.ndarray  # per op
+    ops: np.ndarray  # per layer per micro-batch
+    time: np.ndarray  # per op
+    exposed: np.ndarray  # per layer per micro-batch
+    hidden_by: str
+
+
+def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, groups: Groups,
+               opt: CommOptions) -> list[LayerComm]:
+    g = grid
+    tp, cp = np.asarray(g["tp"], float), np.asarray(g["cp"], float)
+    seq = single_seq(g)
+    T = g["mbs"] * seq / cp
+    H = spec.hidden
+    sp = (g["sp"] > 0) & (g["tp"] > 1)
+    full = g["recompute"] == 2
+    classes = layer_classes(spec)
+    kinds = np.array([k == "moe" for k, _ in classes])[:, None]  # (K, 1)
+    layer_fb = costs.fwd + costs.bwd
+    shape = costs.fwd.shape  # (K classes, N candidates)
+
+    def kn(x) -> np.ndarray:  # per-candidate (or per-class) values as a (K, N) array
+        return np.broadcast_to(np.asarray(x, dtype=float), shape)
+
+    items: list[LayerComm] = []
+
+    # -- tensor parallel
+    act = T * H * BF16  # the full (tp-gathered) activation of one micro-batch
+    etp_gt1 = np.asarray(g["etp"]) > 1
+    per_fwd = kn(np.where(kinds, np.where(etp_gt1, 4, 2), 4))  # collectives per layer forward
+    n_ops = per_fwd * (2 + full)
+    for kind, name in (("all_gather", "tp all-gather"), ("reduce_scatter", "tp reduce-scatter")):
+        t = coll(kind, act, groups, "tp", rates)
+        ops = np.where(sp, n_ops / 2, 0.0) * (g["tp"] > 1)
+        items.append(LayerComm(name, kind, "tp", kn(act), ops, kn(t), kn(0.0), "GEMMs" if opt.tp_overlap else ""))
+    t = coll("all_reduce", act, groups, "tp", rates)
+    ops = np.where(sp, 0.0, n_ops / 2) * (g["tp"] > 1)
+    items.append(LayerComm("tp all-reduce", "all_reduce", "tp", kn(act), ops, kn(t), kn(0.0),
+                           "GEMMs" if opt.tp_overlap else ""))
+    tp_total = sum(i.ops * i.time for i in items)
+    window = costs.gemm_fwd * (3 + full)
+    tp_exposed = np.maximum(0.0, tp_total - window) if opt.tp_overlap else tp_total
+    share = np.where(tp_total > 0, tp_exposed / np.maximum(tp_total, 1e-30), 0.0)
+    items = [LayerComm(i.name, i.collective, i.dim, i.nbytes, i.ops, i.time, i.ops * i.time * share, i.hidden_by)
+             for i in items]
+
+    # -- context parallel (ring attention: K and V of the local tokens travel cp - 1 hops)
+    a = spec.attention
+    kv_width = (a.heads * (a.head_dim + a.v_head_dim)) if a.kind == "mla" else a.kv_heads * (a.head_dim + a.v_head_dim)
+    kv = T * kv_width / tp * BF16
+    t = coll("send_recv", kv, groups, "cp", rates)
+    hops = kn(np.asarray(g["cp"]) - 1)
+    f_time, b_time = hops * t, 2 * hops * t
+    exp = (np.maximum(0, f_time - costs.attn_fwd) * (1 + full) + np.maximum(0, b_time - 2.5 * costs.attn_fwd))
+    items.append(LayerComm("cp ring K/V", "send_recv", "cp", kn(kv), hops * (3 + full), kn(t), exp, "attention"))
+
+    # -- expert parallel (dispatch + combine)
+    if spec.moe is not None:
+        tok = T / tp * spec.moe.top_k * H * BF16  # routed token rows leaving one device
+        t = coll("all_to_all", tok, groups, "ep", rates, opt.moe_imbalance)
+        ops = kn(kinds * (np.asarray(g["ep"]) > 1) * 2 * (2 + full))
+        total = ops * t
+        exp = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
+        items.append(LayerComm("ep all-to-all", "all_to_all", "ep", kn(tok), ops, kn(t), exp,
+                               "other micro-batch" if opt.ep_overlap else ""))
+        # expert tensor parallelism: gather the routed rows over etp before the experts
+        t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
+        ops = kn(kinds * etp_gt1 * 2 * (2 + full))
+        items.append(LayerComm("etp gather/scatter", "all_gather", "etp", kn(tok * g["etp"]), ops, kn(t), ops * t, ""))
+
+    # -- ZeRO-3: gather parameters (forward, backward), reduce-scatter gradients
+    z3 = np.asarray(g["zero"]) == 3
+    for dim, params in (("dp_cp", costs.dense_params), ("edp", costs.expert_params)):
+        pbytes = params * BF16
+        gbytes = params * opt.grad_reduce_bytes
+        t_ag = coll("all_gather", pbytes, groups, dim, rates)
+        t_rs = coll("reduce_scatter", gbytes, groups, dim, rates)
+        on = z3 & (np.asarray(groups[dim][0]) > 1) & (params > 0)
+        exp_f = np.maximum(0.0, t_ag - costs.fwd) * on
+        exp_b = np.maximum(0.0, t_ag + t_rs - costs.bwd) * on
+        items.append(LayerComm(f"zero-3 param gather ({dim})", "all_gather", dim, pbytes, 2.0 * on, t_ag,
+                               exp_f + exp_b * t_ag / np.maximum(t_ag + t_rs, 1e-30), "previous layer"))
+        items.append(LayerComm(f"zero-3 grad scatter ({dim})", "reduce_scatter", dim, gbytes, 1.0 * on, t_rs,
+                               exp_b * t_rs / np.maximum(t_ag + t_rs, 1e-30), "next layer"))
+    return items
+
+
+@dataclass(frozen=True)
+class StepComm:
+    """One collective issued per step (or per micro-batch, counted per step); arrays are (N,)."""
+
+    name: str
+    collective: str
+    dim: str
+    nbytes: np.ndarray
+    ops: np.ndarray  # per step
+    time: np.ndarray  # per op
+    exposed: np.ndarray  # per step
+    hidden_by: str
+
+
+def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, dense_params, expert_params,
+              fwd_mb, bwd_mb, first_layer_ag, microbatches, act_bytes) -> list[StepComm]:
+    """Per-step collectives of the busiest stage: ``dense_params``/``expert_params`` are its
+    parameters per device, ``fwd_mb``/``bwd_mb`` one micro-batch's forward/backward time,
+    ``first_layer_ag`` (bytes, seconds) the ZeRO-3 gather of its first layer, ``act_bytes`` one
+    micro-batch's activation between stages."""
+    g = grid
+    zero = np.asarray(g["zero"])
+    m = microbatches
+    items: list[StepComm] = []
+    dp_cp = groups["dp_cp"][0]
+    bucket_elems = np.maximum(40e6, 1e6 * dp_cp)
+    for dim, params in (("dp_cp", dense_params), ("edp", expert_params)):
+        on = (np.asarray(groups[dim][0]) > 1) & (params > 0) & (zero < 3)
+        gbytes = params * opt.grad_reduce_bytes
+        bucket = np.minimum(gbytes, bucket_elems * opt.grad_reduce_bytes)
+        kind = np.where(zero == 0, 0, 1)  # 0 all-reduce, 1 reduce-scatter
+        t_ar, t_rs = coll("all_reduce", gbytes, groups, dim, rates), coll("reduce_scatter", gbytes, groups, dim, rates)
+        b_ar, b_rs = coll("all_reduce", bucket, groups, dim, rates), coll("reduce_scatter", bucket, groups, dim, rates)
+        t = np.where(kind == 0, t_ar, t_rs)
+        tb = np.where(kind == 0, b_ar, b_rs)
+        per_step_ops = np.where(zero == 2, m, 1) * on
+        exposed = np.maximum(tb, t - bwd_mb) * per_step_ops
+        name = f"dp grad reduce ({dim})"
+        items.append(StepComm(name, "reduce_scatter", dim, gbytes, per_step_ops, t, exposed, "last backward"))
+        pbytes = params * BF16
+        t_ag = coll("all_gather", pbytes, groups, dim, rates)
+        b_ag = coll("all_gather", np.minimum(pbytes, bucket_elems * BF16), groups, dim, rates)
+        ag_on = on & (zero >= 1)
+        items.append(StepComm(f"dp param gather ({dim})", "all_gather", dim, pbytes, 1.0 * ag_on, t_ag,
+                              np.maximum(b_ag, t_ag - fwd_mb) * ag_on, "next forward"))
+    # ZeRO-3: the first layer's gather of each micro-batch has nothing to hide behind
+    ag_bytes, ag_time = first_layer_ag
+    items.append(StepComm("zero-3 first gather", "all_gather", "dp_cp", ag_bytes, m * (zero == 3),
+                          ag_time, ag_time * m * (zero == 3), ""))
+    # pipeline: one activation per micro-batch and chunk each way
+    pp, vpp = np.asarray(g["pp"]), np.asarray(g["vpp"])
+    t = coll("send_recv", act_bytes, groups, "pp", rates)
+    ops = 2 * m * vpp * (pp > 1)
+    ramp = (pp * vpp - 1) * (pp > 1)
+    items.append(StepComm("pp send/recv", "send_recv", "pp", act_bytes, ops, t, 2 * ramp * t,
+                          "own stream (ramp exposed)"))
+    return items

@@ -1,0 +1,213 @@
+"""Compute model: per-layer FLOPs and bytes by op type, and the time one device spends on them.
+
+For one micro-batch on one device, each decoder layer is split into
+
+* **GEMMs** (projections, MLP/experts, router, output head): ``2 m k n`` FLOPs each, run at the
+  precision's peak x the fitted large-GEMM efficiency x ``d / (d + half_dim)``, ``d`` the
+  GEMM's smallest dimension (small GEMMs and MoE experts with few tokens run less efficiently).
+  FP8/FP4 GEMMs use the FP8/FP4 peak; the router and the output head stay in BF16. Backward =
+  2 x forward (data and weight gradients).
+* **Attention core** (QK^T and PV, causal): FlashAttention at a fitted fraction of the BF16 peak
+  (Transformer Engine keeps attention in BF16 under FP8 recipes); backward = 2.5 x forward (it
+  recomputes the scores: 5 matmuls against 2). FlashAttention-2 kernels are capped near their
+  Hopper ceiling; unfused attention materialises the scores (see :func:`_attention`).
+* **Memory-bound kernels** (norms, residual adds, activation functions, rotary, layout copies,
+  MoE permutation, FP8/FP4 casts): counted bytes x a fitted ratio / HBM bandwidth; backward =
+  2 x forward bytes.
+* A fixed **overhead** per layer and micro-batch (kernel launches, synchronisation).
+
+Recompute adds the forward again (full) or the attention core forward (selective). MoE expert
+GEMMs are multiplied by the routing imbalance (the busiest device sets the pace). Sequence
+parallelism divides the hidden-size elementwise work by tp.
+
+Everything is vectorised over candidate layouts (``grid``: equal-length integer arrays, the
+memory planner's keys plus ``prec`` 0 bf16 / 1 fp8 / 2 fp4); results are (classes, N) arrays,
+one row per distinct layer class (dense/MoE x attention window).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dayzero.planner.calibration import PerfConstants, Rates
+from dayzero.specs.counting import (attention_flops_per_token, attention_params, mlp_params, norm_params, router_params,
+                                    shared_mlp)
+from dayzero.specs.model import ModelSpec
+
+BF16 = 2  # bytes per activation element
+
+
+def single_seq(grid: dict) -> int:
+    """The one sequence length of a batch of candidates (the models take it as a scalar)."""
+    seq = np.asarray(grid["seq"])
+    if seq.min() != seq.max():
+        raise ValueError("candidates of one evaluation must share one sequence length")
+    return int(seq.flat[0])
+
+
+def layer_classes(spec: ModelSpec) -> list[tuple[str, int | None]]:
+    """Distinct (kind, window) pairs, in first-appearance order."""
+    seen: list[tuple[str, int | None]] = []
+    for k, w in zip(spec.layer_kinds, spec.layer_windows):
+        if (k, w) not in seen:
+            seen.append((k, w))
+    return seen
+
+
+def layer_class_index(spec: ModelSpec) -> np.ndarray:
+    classes = layer_classes(spec)
+    return np.array([classes.index((k, w)) for k, w in zip(spec.layer_kinds, spec.layer_windows)])
+
+
+@dataclass(frozen=True)
+class ComputeCosts:
+    """Seconds per micro-batch on one device; class arrays are (K, N), the rest (N,)."""
+
+    fwd: np.ndarray  # forward of one layer of each class
+    bwd: np.ndarray  # backward (+ recompute) of one layer of each class
+    gemm_fwd: np.ndarray  # GEMM share of fwd (what TP communication can overlap with)
+    attn_fwd: np.ndarray  # attention-core share of fwd (what CP communication overlaps with)
+    first_extra: np.ndarray  # embedding, forward+backward (first pipeline stage)
+    last_extra: np.ndarray  # final norm, output head and loss, forward+backward (last stage)
+    dense_params: np.ndarray  # (K, N) parameters per device replicated over dp x cp
+    expert_params: np.ndarray  # (K, N) routed-expert parameters per device (replicated over edp)
+    first_params: np.ndarray  # embedding parameters per device
+    last_params: np.ndarray  # output head + final norm per device
+
+
+def _gemm(flops, dims, rate, half_dim):
+    """Time of GEMMs with ``flops`` at ``rate`` whose smallest dimension is min(dims)."""
+    d = np.asarray(dims[0], dtype=float)
+    for x in dims[1:]:
+        d = np.minimum(d, x)
+    d = np.maximum(d, 1.0)
+    return flops / (rate * d / (d + half_dim))
+
+
+def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, moe_imbalance: float = 1.0,
+                  attention_kernel: str = "fused") -> ComputeCosts:
+    g = {k: np.asarray(v) for k, v in grid.items()}
+    tp, cp, ep, etp = (g[k].astype(float) for k in ("tp", "cp", "ep", "etp"))
+    seq = single_seq(g)
+    T = g["mbs"] * seq / cp  # tokens of one micro-batch on this device's CP shard, (N,)
+    sp = (g["sp"] > 0) & (g["tp"] > 1)
+    T_el = np.where(sp, T / tp, T)  # tokens seen by hidden-size elementwise kernels
+    rate_lo = rates.gemm_rate(g["prec"])  # FP8/FP4 GEMMs
+    rate_bf16 = rates.gemm_rate(np.zeros_like(g["prec"]))
+    # FP8/FP4 inputs are cast before each low-precision GEMM: read 2 B + write 1 B per element (in
+    # BF16-element units); a card without those units runs the GEMM in BF16 and casts nothing
+    low = (g["prec"] > 0) & np.asarray(rates.native)[g["prec"]]
+    cast = np.where(low, 1.5, 0.0)
+    d0 = c.gemm_half_dim
+    H, V = spec.hidden, spec.vocab
+    a = spec.attention
+    recompute = g["recompute"]
+
+    fwd, bwd, gemm_f, attn_f, dense_p, expert_p = [], [], [], [], [], []
+    for kind, window in layer_classes(spec):
+        index = next(i for i, (k, w) in enumerate(zip(spec.layer_kinds, spec.layer_windows)) if (k, w) == (kind, window))
+        # -- attention projections
+        if a.kind == "mla":
+            qk = a.heads * a.head_dim
+            projs = []  # (flops per token, k, n); MLA down-projections are replicated over tp
+            if a.q_lora_rank:
+                projs += [(2 * H * a.q_lora_rank, H, a.q_lora_rank), (2 * a.q_lora_rank * qk / tp, a.q_lora_rank, qk / tp)]
+            else:
+                projs += [(2 * H * qk / tp, H, qk / tp)]
+            kv_a = a.kv_lora_rank + a.qk_rope_head_dim
+            kv_b = a.heads * (a.qk_nope_head_dim + a.v_head_dim) / tp
+            projs += [(2 * H * kv_a, H, kv_a), (2 * a.kv_lora_rank * kv_b, a.kv_lora_rank, kv_b),
+                      (2 * a.heads * a.v_head_dim / tp * H, a.heads * a.v_head_dim / tp, H)]
+            act_att = (3 * qk + 2 * a.heads * a.v_head_dim) / tp  # rope/split/concat copies per token
+        else:
+            qkv = (a.heads + 2 * a.kv_heads) * a.head_dim / tp
+            projs = [(2 * H * qkv, H, qkv), (2 * a.heads * a.v_head_dim / tp * H, a.heads * a.v_head_dim / tp, H)]
+            act_att = (2 * (a.heads + a.kv_heads) * a.head_dim + 2 * (a.heads + 2 * a.kv_heads) * a.head_dim) / tp
+        t_g = sum(_gemm(T * f, (T, k, n), rate_lo, d0) for f, k, n in projs)
+        cast_el = T * (H + a.heads * a.v_head_dim / tp)
+        mem_el = T_el * 10 * H + T * act_att  # 2 norms (r+w), 2 residual adds (2r+w)
+        # -- MLP / experts
+        if kind == "moe":
+            moe = spec.moe
+            k_top = moe.top_k
+            fe = moe.expert.intermediate
+            m1 = 2 if moe.expert.gated else 1
+            routed_tok = T * k_top / tp * moe_imbalance  # token-expert rows per device (busiest)
+            m_e = T * k_top * etp * ep / (tp * moe.experts)  # rows per local expert GEMM
+            t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), rate_lo * c.moe_gemm_scale, d0)
+            t_g = t_g + _gemm(T / tp * 2 * H * moe.experts, (T / tp, H, moe.experts), rate_bf16, d0)  # router
+            mem_el = mem_el + routed_tok * ((m1 + 1) * fe + 4 * H) + T / tp * 4 * moe.experts
+            cast_el = cast_el + routed_tok * (H + fe)
+            if moe.shared_experts:
+                fs = moe.shared_intermediate
+                t_g = t_g + _gemm(T * 2 * H * (m1 + 1) * fs / tp, (T, H, fs / tp), rate_lo, d0)
+                mem_el = mem_el + T * (m1 + 1) * fs / tp
+                cast_el = cast_el + T * (H + fs / tp)
+            sm = shared_mlp(moe)
+            shared = mlp_params(sm, H) if sm else 0
+            dense_p.append((attention_params(a, H) + shared + router_params(moe, H) + 2 * norm_params(spec)) / tp)
+            expert_p.append(moe.experts * mlp_params(moe.expert, H) / (ep * etp))
+        else:
+            m = spec.mlp
+            m1 = 2 if m.gated else 1
+            f_ = m.intermediate
+            t_g = t_g + _gemm(T * 2 * H * m1 * f_ / tp, (T, H, m1 * f_ / tp), rate_lo, d0)
+            t_g = t_g + _gemm(T * 2 * f_ / tp * H, (T, f_ / tp, H), rate_lo, d0)
+            mem_el = mem_el + T * (m1 + 1) * f_ / tp
+            cast_el = cast_el + T * (H + f_ / tp)
+            dense_p.append((attention_params(a, H) + mlp_params(m, H) + 2 * norm_params(spec)) / tp)
+            expert_p.append(np.zeros_like(T))
+        # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
+        attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
+        t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
+        f = t_g + attn + t_mem
+        re = np.where(recompute == 2, f, np.where(recompute == 1, attn, 0.0))
+        ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
+        fwd.append(f + ovh / 3)
+        bwd.append(2 * t_g + attn_bwd + 2 * t_mem + re + 2 * ovh / 3)
+        gemm_f.append(t_g)
+        attn_f.append(attn)
+
+    # -- embedding (first stage) and head + loss (last stage)
+    emb_mem = T_el * H * 3 * BF16  # lookup write + gradient scatter-add
+    first = emb_mem * c.memory_scale / rates.hbm_bw
+    head_fwd = _gemm(T * 2 * H * V / tp, (T, H, V / tp), rate_bf16, d0)
+    # logits (T, V/tp): BF16 write, fused softmax + cross-entropy in FP32 (read, write grad)
+    loss_bytes = T * V / tp * 10 + T_el * H * 2 * BF16
+    last = 3 * head_fwd + loss_bytes * c.memory_scale / rates.hbm_bw
+    emb_params = V * H + (spec.max_positions * H if spec.position == "learned" else 0)
+    head_params = (0 if spec.tie_embeddings else V * H) + norm_params(spec)
+    n = T.shape
+    return ComputeCosts(fwd=_rows(fwd, n), bwd=_rows(bwd, n), gemm_fwd=_rows(gemm_f, n), attn_fwd=_rows(attn_f, n),
+                        first_extra=first, last_extra=last, dense_params=_rows(dense_p, n),
+                        expert_params=_rows(expert_p, n), first_params=np.broadcast_to(emb_params / tp, n),
+                        last_params=np.broadcast_to(head_params / tp, n))
+
+
+def _attention(spec: ModelSpec, index: int, seq: int, T, tp, mbs, cp, rates: Rates, c: PerfConstants,
+               kernel: str, rate_bf16):
+    """(forward, backward) seconds of one layer's attention core.
+
+    fused / flash2: FlashAttention-style, causal (and windowed) work only, backward 2.5 x forward
+    (it recomputes the scores: 5 matmuls against 2). unfused: the score matrix of every query
+    against every key is materialised (masking does not skip work): QK^T and PV as batched BF16
+    GEMMs plus memory traffic of 8 bytes per score forward (write S, softmax read + write, read
+    for PV) and 12 backward (write dP, softmax backward reads P and dP and writes dS, read dS
+    for dQ and dK); what Transformer Engine falls back to where the fused kernels lack a feature
+    (learnable softmax sinks, TE issue #2318)."""
+    if kernel == "unfused":
+        a = spec.attention
+        scores = mbs * (a.heads / tp) * (seq / cp) * seq  # per micro-batch on this device
+        mm = _gemm(2.0 * scores * (a.head_dim + a.v_head_dim), (seq / cp, a.head_dim, seq), rate_bf16, c.gemm_half_dim)
+        mem = scores * 8.0 * c.memory_scale / rates.hbm_bw
+        return mm + mem, 2 * mm + 1.5 * mem
+    rate = rates.flash2_flops if kernel == "flash2" else rates.attention_flops
+    fwd = T / tp * attention_flops_per_token(spec, seq, index, causal=True) / rate
+    return fwd, 2.5 * fwd
+
+
+def _rows(rows, shape) -> np.ndarray:
+    """Stack per-class arrays (some may be scalars) into a (K, N) float array."""
+    return np.stack([np.broadcast_to(np.asarray(r, dtype=float), shape) for r in rows])

@@ -1,0 +1,238 @@
+"""Per-device, per-pipeline-stage memory of a training step, for any parallel layout.
+
+Six categories per stage (docs/memory.md has every term and its source):
+    weights      BF16 working parameters of the stage's layers (+ embedding / head), ZeRO-3 sharded
+    gradients    the gradient buffer (FP32 by default), ZeRO-2 sharded
+    optimizer    FP32 master weights + AdamW moments, ZeRO-1 sharded (over dp*cp; experts over edp)
+    activations  saved tensors of the micro-batches in flight under the pipeline schedule
+    temporary    logits + loss, ZeRO-3 gather buffers, DP gradient buckets, TP/SP, EP, CP and PP
+                 communication buffers, the largest transient of a layer
+    overhead     runtime context, communicator buffers, allocator fragmentation (explicit terms)
+
+Example (16 ranks, tp 2, pp 2, dp 4): ``estimate_memory(load_model("llama-3.1-8b"),
+ParallelConfig(tp=2, pp=2, dp=4, gbs=64), 80e9).stages[0].total`` is rank 0's bytes: the
+embedding, half the layers, and min(pp, m) = 2 micro-batches of activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dayzero.errors import LayoutError
+from dayzero.planner.memory_options import MemoryOptions
+from dayzero.planner.memory_terms import CANDIDATE_KEYS, CATEGORIES, RankFeatures, category_totals, rank_features, stage_terms
+from dayzero.planner.schedule import SCHEDULE_CODES
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig, even_split
+
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+
+__all__ = ["MemoryOptions", "StageMemory", "MemoryReport", "estimate_memory", "peak_memory_batch",
+           "model_states", "zero_comparison", "CATEGORIES"]
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int  # pipeline rank 0..pp-1
+    layers: tuple[int, ...]  # decoder layers on this rank (all virtual stages)
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    temporary: int
+    overhead: int
+    terms: dict = field(default_factory=dict, compare=False)  # "category:term" -> bytes
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, c) for c in CATEGORIES)
+
+    @property
+    def model_states(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+    def to_dict(self, terms: bool = False) -> dict:
+        d = {"stage": self.stage, **{c: getattr(self, c) for c in CATEGORIES}, "total": self.total,
+             "layers": list(self.layers)}
+        if terms:
+            d["terms"] = dict(self.terms)
+        return d
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    stages: tuple[StageMemory, ...]
+    capacity_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(s.total for s in self.stages)
+
+    @property
+    def busiest_stage(self) -> int:
+        return max(self.stages, key=lambda s: s.total).stage
+
+    @property
+    def utilization(self) -> float:
+        return self.peak_bytes / self.capacity_bytes if self.capacity_bytes else float("inf")
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_dict(self, terms: bool = False) -> dict:
+        """The DESIGN.md ``memory`` object (plus ``fits``)."""
+        return {"peak_bytes": self.peak_bytes, "capacity_bytes": self.capacity_bytes,
+                "utilization": self.utilization, "stages": [s.to_dict(terms) for s in self.stages],
+                "fits": self.fits}
+
+
+# -- the scalar path ---------------------------------------------------------------------------
+
+def _candidate(p: ParallelConfig) -> dict[str, np.ndarray]:
+    vals = dict(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=p.vpp, mbs=p.mbs, gbs=p.gbs,
+                seq=p.seq, zero=p.zero, recompute=RECOMPUTE_CODES[p.recompute], sp=int(p.sequence_parallel),
+                fp8=int(p.precision == "fp8"), schedule=_schedule_code(p.schedule, p.vpp))
+    return {k: np.array([[v]], dtype=np.int64) for k, v in vals.items()}
+
+
+def _schedule_code(schedule: str, vpp: int) -> int:
+    code = SCHEDULE_CODES[schedule]
+    return 0 if code == 1 and vpp == 1 else code
+
+
+def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[list[int]]]:
+    ranks = p.rank_layers(spec)
+    kinds = [[spec.layer_kinds[i] for i in r] for r in ranks]
+    full = [[] for _ in range(p.pp)]
+    for v, chunk in enumerate(p.stage_layers(spec)):  # full recompute: first N layers of each chunk
+        n = len(chunk) if p.recompute_layers is None else min(p.recompute_layers, len(chunk))
+        full[v % p.pp].extend(spec.layer_kinds[i] for i in list(chunk)[:n])
+    return rank_features(kinds, full), ranks
+
+
+def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int,
+                    options: MemoryOptions = MemoryOptions()) -> MemoryReport:
+    """Bytes per device on every pipeline stage. Raises LayoutError for an impossible layout."""
+    parallel.validate(spec)
+    feats, ranks = _features(spec, parallel)
+    terms = stage_terms(spec, options, _candidate(parallel), feats, float(capacity_bytes))
+    cats = category_totals(terms)
+    stages = []
+    for r in range(parallel.pp):
+        row = {c: int(np.rint(np.broadcast_to(cats.get(c, 0.0), (1, parallel.pp))[0, r])) for c in CATEGORIES}
+        named = {k: int(np.rint(np.broadcast_to(v, (1, parallel.pp))[0, r])) for k, v in terms.items()}
+        stages.append(StageMemory(stage=r, layers=tuple(ranks[r]), terms=named, **row))
+    return MemoryReport(stages=tuple(stages), capacity_bytes=int(capacity_bytes))
+
+
+# -- the vectorised path -------------------------------------------------------------------------
+
+def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_bytes: int,
+                      options: MemoryOptions = MemoryOptions()) -> np.ndarray:
+    """Peak bytes (busiest stage, even layer split) for each candidate of ``grid``.
+
+    ``grid`` holds equal-length integer arrays keyed tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero,
+    recompute (0 none, 1 selective, 2 full), sp (0/1), fp8 (0/1), and optionally ``schedule``
+    (0 1f1b, 1 interleaved, 2 gpipe; default interleaved when vpp > 1, else 1f1b). Returns a float64
+    array equal (to rounding) to ``estimate_memory(...).peak_bytes`` of each candidate. Layout
+    validity is not checked here: filter candidates with ParallelConfig.problems first.
+    """
+    missing = [k for k in CANDIDATE_KEYS if k not in grid]
+    if missing:
+        raise LayoutError(f"peak_memory_batch: grid lacks {', '.join(missing)}; give equal-length arrays for "
+                          f"{', '.join(CANDIDATE_KEYS)}")
+    cols = {k: np.asarray(grid[k], dtype=np.int64).ravel() for k in CANDIDATE_KEYS}
+    n = len(cols["tp"])
+    if any(len(v) != n for v in cols.values()):
+        raise LayoutError("peak_memory_batch: grid arrays must all have the same length")
+    sched = np.asarray(grid.get("schedule", np.where(cols["vpp"] > 1, 1, 0)), dtype=np.int64).ravel()
+    cols["schedule"] = np.where((sched == 1) & (cols["vpp"] == 1), 0, sched)
+    out = np.empty(n, dtype=np.float64)
+    if n == 0:
+        return out
+    key = cols["pp"] * 1_000_003 + cols["vpp"] * 3 + np.minimum(cols["schedule"], 2)
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    for idx in np.split(order, bounds):
+        pp, vpp = int(cols["pp"][idx[0]]), int(cols["vpp"][idx[0]])
+        feats = _even_features(spec, pp, vpp)
+        c = {k: v[idx][:, None] for k, v in cols.items()}
+        totals = sum(category_totals(stage_terms(spec, options, c, feats, float(capacity_bytes))).values())
+        out[idx] = np.broadcast_to(totals, (len(idx), feats.rank.shape[1])).max(axis=1)
+    return out
+
+
+def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
+    """Features of the ranks that can be the busiest under an even split: the first and last rank,
+    and, among the middle ranks, the lowest-index one of each layer composition. A middle rank's
+    total depends on its index only through the in-flight micro-batches, which never grow with the
+    index, so the others cannot exceed it. This keeps the batch at a few columns per candidate."""
+    split = even_split(spec.layers, pp * vpp)
+    kinds: list[list[str]] = [[] for _ in range(pp)]
+    start = 0
+    for v, count in enumerate(split):
+        kinds[v % pp].extend(spec.layer_kinds[start:start + count])
+        start += count
+    keep, seen = [0, pp - 1] if pp > 1 else [0], set()
+    for r in range(1, pp - 1):
+        comp = tuple(sorted(kinds[r]))
+        if comp not in seen:
+            seen.add(comp)
+            keep.append(r)
+    f = rank_features(kinds)
+    cols = np.array(sorted(keep))
+    return RankFeatures(rank=f.rank[:, cols], layers={k: v[:, cols] for k, v in f.layers.items()},
+                        full={k: v[:, cols] for k, v in f.full.items()}, first=f.first[:, cols], last=f.last[:, cols])
+
+
+# -- the classic arithmetic ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model-state bytes for the whole model before any sharding (the ZeRO paper's arithmetic)."""
+
+    params: int
+    weights: int
+    gradients: int
+    master: int
+    moments: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.master + self.moments
+
+    def to_dict(self) -> dict:
+        return {"params": self.params, "weights": self.weights, "gradients": self.gradients,
+                "master": self.master, "moments": self.moments, "total": self.total}
+
+
+def model_states(params: int, options: MemoryOptions = MemoryOptions()) -> ModelStates:
+    return ModelStates(params=params, weights=params * options.param_bytes, gradients=params * options.grad_bytes,
+                       master=params * options.master_bytes, moments=params * options.optim_bytes)
+
+
+def zero_state_bytes(params: float, dp: int, zero: int, options: MemoryOptions = MemoryOptions()) -> float:
+    """Model-state bytes per device for ``params`` replicated over ``dp`` ranks under ZeRO ``zero``
+    (Rajbhandari et al. 2020, Fig. 1: (2 + 2 + K) psi, then 2psi + 2psi + K psi / Nd, ...)."""
+    p, g, o = options.param_bytes, options.grad_bytes, options.master_bytes + options.optim_bytes
+    return params * (p / (dp if zero >= 3 else 1) + g / (dp if zero >= 2 else 1) + o / (dp if zero >= 1 else 1))
+
+
+def zero_comparison(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int,
+                    options: MemoryOptions = MemoryOptions()) -> list[dict]:
+    """Model states and total on the busiest stage under ZeRO 0..3 for this layout, with the factor
+    each stage cuts the model states by relative to no sharding."""
+    rows = []
+    for z in range(4):
+        rep = estimate_memory(spec, parallel.with_(zero=z), capacity_bytes, options)
+        s = max(rep.stages, key=lambda st: st.model_states)
+        rows.append({"zero": z, "stage": s.stage, "weights": s.weights, "gradients": s.gradients,
+                     "optimizer": s.optimizer, "model_states": s.model_states, "peak_bytes": rep.peak_bytes,
+                     "peak_stage": rep.busiest_stage, "fits": rep.fits})
+    base = rows[0]["model_states"]
+    for r in rows:
+        r["cut_factor"] = base / r["model_states"] if r["model_states"] else float("inf")
+    return rows

@@ -1,0 +1,92 @@
+"""MemoryOptions: every bytes-per-element and overhead term of the memory model, overridable.
+
+Defaults follow Megatron-LM mixed precision with the distributed optimizer: BF16 parameters (2 B),
+FP32 gradient accumulation buffer (``main_grad``, 4 B), FP32 master weights (4 B) and two FP32
+AdamW moments (8 B): 18 B/param, of which 12 B are sharded by ZeRO-1 ("6 + 12/dp",
+Megatron-LM docs, distributed optimizer). The ZeRO paper (Rajbhandari et al. 2020, sec. 3.1)
+counts FP16 gradients instead: ``MemoryOptions(grad_bytes=2)`` gives its 16 B/param (K = 12).
+Sources for every default are in docs/memory.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from dayzero.errors import ConfigError
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    # -- model states (bytes per parameter element) ---------------------------------------------
+    param_bytes: int = 2  # BF16 working weights
+    grad_bytes: int = 4  # FP32 gradient buffer (Megatron main_grad; torchtitan reduce_dtype=fp32)
+    master_bytes: int = 4  # FP32 master weights (0 when training in FP32: the param is the master)
+    optim_bytes: int = 8  # AdamW exp_avg + exp_avg_sq in FP32
+    fp8_weight_cache_bytes: int = 2  # FP8 weight + transpose cached across micro-batches (TE)
+
+    # -- activations -----------------------------------------------------------------------------
+    act_bytes: int = 2  # BF16 saved activations
+    fp8_act_bytes: int = 1  # inputs of linear layers saved in FP8 under --precision fp8 (TE)
+    attention: Literal["flash", "eager"] = "flash"  # eager materialises the a*s*s score matrix
+    # fused: norms and gated activations as fused kernels (Megatron/TE: a norm saves its input, a
+    # SwiGLU its two inputs); eager: plain PyTorch ops as dayzero's runtime runs them, which also
+    # save each norm's fp32 normalised copy and the activation's output (docs/validation.md)
+    kernels: Literal["fused", "eager"] = "fused"
+    # FSDP2 mixed precision (torchtitan, dayzero's runtime) keeps sharded parameters in fp32, as
+    # the master weights, and gathers compute-dtype copies only for use: under ZeRO-3 there is no
+    # separate sharded working copy (Megatron's distributed optimizer keeps one)
+    sharded_params_are_master: bool = False
+    dropout: bool = False  # Korthikanti's GPT keeps dropout masks (1 B/elem); modern LLMs train without
+    moe_capacity_factor: float = 1.0  # routed tokens per expert / balanced share (1.0: dropless, balanced)
+    logits_bytes: int = 4  # FP32 logits for the loss (Megatron upcasts before vocab-parallel CE)
+
+    # -- transient buffers -----------------------------------------------------------------------
+    zero3_prefetch_units: int = 2  # gathered units in flight under ZeRO-3: current + prefetched layer
+    grad_bucket_params: int | None = None  # DP bucket; None: Megatron's max(40M, 1M * dp) elements
+    grad_buckets_in_flight: int = 2  # one filling while the previous one is reduce-scattered
+
+    # -- overhead --------------------------------------------------------------------------------
+    runtime_context_bytes: int = 723 * MiB  # CUDA/CANN context + kernel images, before any tensor
+    comm_buffer_bytes: int = 688 * MiB  # per communicator this rank uses (NCCL, A100 measurement)
+    fragmentation: float = 0.10  # allocator slack, as a fraction of allocated bytes
+    reserved_fraction: float = 0.0  # device memory the driver keeps back, fraction of capacity
+
+    def __post_init__(self):
+        for name in ("param_bytes", "grad_bytes", "master_bytes", "optim_bytes", "act_bytes", "fp8_act_bytes",
+                     "logits_bytes", "fp8_weight_cache_bytes", "runtime_context_bytes", "comm_buffer_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError("memory options", name, f"must be >= 0, got {getattr(self, name)}")
+        if self.kernels not in ("fused", "eager"):
+            raise ConfigError("memory options", "kernels", f"must be fused|eager, got {self.kernels!r}")
+        if self.attention not in ("flash", "eager"):
+            raise ConfigError("memory options", "attention", f"must be flash|eager, got {self.attention!r}")
+        if not 0 <= self.fragmentation < 1 or not 0 <= self.reserved_fraction < 1:
+            raise ConfigError("memory options", "fragmentation", "fragmentation and reserved_fraction must be in [0, 1), "
+                              f"got {self.fragmentation} and {self.reserved_fraction}")
+        if self.moe_capacity_factor <= 0:
+            raise ConfigError("memory options", "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")
+
+    @property
+    def bytes_per_param(self) -> int:
+        """Model-state bytes per parameter before any sharding (18 by default, 16 for the ZeRO paper)."""
+        return self.param_bytes + self.grad_bytes + self.master_bytes + self.optim_bytes
+
+    def with_(self, **kw) -> "MemoryOptions":
+        return replace(self, **kw)
+
+    @classmethod
+    def for_accelerator(cls, accelerator, **kw) -> "MemoryOptions":
+        """Defaults for a vendor's communication library: HCCL reserves 2 x HCCL_BUFFSIZE (200 MB
+        by default) per communicator (CANN docs, HCCL_BUFFSIZE); NCCL's footprint is measured at
+        544-688 MiB per communicator on A100 (NVIDIA/nccl#964)."""
+        vendor = getattr(accelerator, "vendor", "") or ""
+        if vendor.lower().startswith("huawei"):
+            kw.setdefault("comm_buffer_bytes", 2 * 200 * 10**6)
+        # a calibrated profile (dayzero calibrate) measured these on the machine itself
+        for name in ("runtime_context_bytes", "comm_buffer_bytes"):
+            if getattr(accelerator, name, None) is not None:
+                kw.setdefault(name, getattr(accelerator, name))
+        return cls(**kw)

@@ -1,0 +1,179 @@
+"""Step time, throughput and MFU of a layout: compute + communication + pipeline bubble.
+
+    t_mb     = max over pipeline ranks of  sum over its layers (forward + backward + exposed
+               per-layer communication)  + embedding (first rank) + head and loss (last rank)
+    step_s   = m * t_mb  +  bubble  +  exposed per-step communication  +  optimizer
+    bubble   = (pp - 1) / vpp * t_mb        (1F1B and GPipe: vpp = 1; interleaved 1F1B: vpp)
+
+``m`` = gbs / (mbs * dp) micro-batches. The bubble fraction (p-1)/(v m) is Narayanan et al.,
+"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (SC'21), eq. 1
+and 2. The optimizer step is memory-bound: bytes per parameter / HBM bandwidth over the
+parameters this rank updates (sharded over dp x cp with ZeRO >= 1).
+
+Outputs per candidate: ``step_s``, ``compute_s`` (m x the slowest rank's compute),
+``comm_exposed_s`` (communication nothing hides), ``bubble_s``, ``optimizer_s``; tokens/s,
+model TFLOP/s per device (causal attention FLOPs, no recompute), MFU against the peak of the
+precision the GEMMs run in, and the communication ratio comm_exposed_s / step_s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from dayzero.planner.calibration import PerfConstants, constants_for, rates
+from dayzero.planner.comm import CommOptions, layer_comm, place_groups, step_comm
+from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
+from dayzero.specs.cluster import Cluster
+from dayzero.specs.counting import flops_per_token
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig, even_split
+
+PRECISION_CODE = {"bf16": 0, "fp8": 1, "fp4": 2}
+RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
+
+
+@dataclass(frozen=True)
+class PerfOptions:
+    """Everything the step-time model needs beyond the layout itself."""
+
+    comm: CommOptions = field(default_factory=CommOptions)
+    constants: PerfConstants | None = None  # None: defaults + the cluster file's efficiency overrides
+    gemm_precision: str | None = None  # "fp4" runs GEMMs in NVFP4/MXFP4 (ParallelConfig knows bf16|fp8)
+    attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 | unfused
+
+
+def grid_from_parallel(p: ParallelConfig, gemm_precision: str | None = None) -> dict:
+    """One-candidate grid (the memory planner's keys plus ``prec``)."""
+    prec = PRECISION_CODE[gemm_precision or p.precision]
+    vals = dict(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=p.vpp, mbs=p.mbs, gbs=p.gbs, seq=p.seq,
+                zero=p.zero, recompute=RECOMPUTE_CODE[p.recompute], sp=int(p.sequence_parallel),
+                fp8=int(prec > 0), prec=prec)
+    return {k: np.array([v]) for k, v in vals.items()}
+
+
+@lru_cache(maxsize=4096)
+def stage_counts(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
+                 split: tuple[int, ...] | None = None) -> np.ndarray:
+    """(pp, K): layers of each class on each pipeline rank (virtual stage s on rank s % pp)."""
+    split = split or even_split(len(class_index), pp * vpp)
+    counts = np.zeros((pp, n_classes))
+    start = 0
+    for s, n in enumerate(split):
+        for layer in range(start, start + n):
+            counts[s % pp, class_index[layer]] += 1
+        start += n
+    return counts
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Predicted times of N candidates (arrays of shape (N,)) and their communication inventory."""
+
+    step_s: np.ndarray
+    compute_s: np.ndarray
+    comm_exposed_s: np.ndarray
+    bubble_s: np.ndarray
+    optimizer_s: np.ndarray
+    tokens_per_s: np.ndarray
+    tokens_per_s_per_device: np.ndarray
+    model_tflops_per_device: np.ndarray
+    mfu: np.ndarray
+    comm_ratio: np.ndarray
+    microbatches: np.ndarray
+    microbatch_s: np.ndarray  # one micro-batch on the slowest rank, with its exposed per-layer communication
+    groups: dict = field(repr=False)  # dim -> (size, per_domain, domains) arrays
+    inventory: list = field(repr=False)  # [(item, ops, bytes, busy seconds, exposed seconds) per step, (N,) each]
+
+    def inventory_of(self, i: int) -> list[dict]:
+        """The communication inventory of candidate ``i``: one row per collective kind."""
+        rows = []
+        for item, ops, nbytes, busy, exposed in self.inventory:
+            n_ops = float(ops[i])
+            if n_ops <= 0:
+                continue
+            size, per, doms = (int(np.ravel(x)[i] if np.ndim(x) else x) for x in self.groups[item.dim])
+            tier = "scale-up" if doms <= 1 else ("scale-up+scale-out" if per > 1 else "scale-out")
+            rows.append({"name": item.name, "collective": item.collective, "dim": item.dim, "group_size": size,
+                         "tier": tier, "bytes": float(nbytes[i]) / n_ops, "count": n_ops,
+                         "time_s": float(busy[i]) / n_ops, "total_s": float(busy[i]),
+                         "exposed_s": float(exposed[i]), "hidden_by": item.hidden_by})
+        return rows
+
+
+def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions | None = None,
+             layer_split: tuple[int, ...] | None = None) -> Evaluation:
+    """Vectorised step-time model over candidates (see the module docstring)."""
+    options = options or PerfOptions()
+    consts = options.constants or constants_for(cluster)
+    r = rates(cluster, consts)
+    g = {k: np.asarray(v) for k, v in grid.items()}
+    n = len(g["tp"])
+    costs = compute_costs(spec, g, r, consts, options.comm.moe_imbalance, options.attention_kernel)
+    groups = place_groups(g, r, options.comm.rank_order)
+    litems = layer_comm(spec, g, r, costs, groups, options.comm)
+    layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
+
+    # -- the slowest pipeline rank, per candidate
+    cls = tuple(int(x) for x in layer_class_index(spec))
+    K = len(layer_classes(spec))
+    per_layer = costs.fwd + costs.bwd + layer_exposed  # (K, N)
+    counts_of = np.zeros((K, n))  # layer counts of each candidate's slowest rank
+    first_of, last_of = np.zeros(n), np.zeros(n)
+    key = g["pp"] * 4096 + g["vpp"]
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    for idx in np.split(order, bounds):
+        pp, vpp = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]])
+        C = stage_counts(cls, K, pp, vpp, layer_split)  # (pp, K)
+        t = C @ per_layer[:, idx]  # (pp, n_idx)
+        t[0] += costs.first_extra[idx]
+        t[-1] += costs.last_extra[idx]
+        slow = np.argmax(t, axis=0)
+        counts_of[:, idx] = C[slow].T
+        first_of[idx] = slow == 0
+        last_of[idx] = slow == pp - 1
+
+    def on_slow(x):  # (K, N) -> (N,) summed over the slowest rank's layers
+        return np.sum(counts_of * x, axis=0)
+
+    fwd_mb = on_slow(costs.fwd) + first_of * costs.first_extra / 3 + last_of * costs.last_extra / 3
+    bwd_mb = on_slow(costs.bwd) + first_of * costs.first_extra * 2 / 3 + last_of * costs.last_extra * 2 / 3
+    comm_mb = on_slow(layer_exposed)
+    t_mb = fwd_mb + bwd_mb + comm_mb
+    m = g["gbs"] // (g["mbs"] * g["dp"])
+    dense_params = on_slow(costs.dense_params) + first_of * costs.first_params + last_of * costs.last_params
+    expert_params = on_slow(costs.expert_params)
+
+    seq = single_seq(g)
+    act = g["mbs"] * seq / g["cp"] * spec.hidden * BF16 / np.where((g["sp"] > 0) & (g["tp"] > 1), g["tp"], 1)
+    z3 = next((i for i in litems if i.name == "zero-3 param gather (dp_cp)"), None)
+    first_ag = (z3.nbytes[cls[0]], z3.time[cls[0]]) if z3 is not None else (np.zeros(n), np.zeros(n))
+    sitems = step_comm(g, r, groups, options.comm, dense_params=dense_params, expert_params=expert_params,
+                       fwd_mb=fwd_mb, bwd_mb=bwd_mb, first_layer_ag=first_ag, microbatches=m, act_bytes=act)
+
+    zero = g["zero"]
+    edp = groups["edp"][0]
+    upd = dense_params / np.where(zero >= 1, groups["dp_cp"][0], 1) + expert_params / np.where(zero >= 1, edp, 1)
+    optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
+    bubble_s = (g["pp"] - 1) / g["vpp"] * t_mb
+    step_exposed = sum(i.exposed for i in sitems)
+    step_s = m * t_mb + bubble_s + step_exposed + optimizer_s
+    compute_s = m * (fwd_mb + bwd_mb)
+    comm_exposed_s = m * comm_mb + step_exposed
+
+    devices = g["tp"] * g["pp"] * g["dp"] * g["cp"]
+    tokens_per_s = g["gbs"] * seq / step_s
+    per_dev = tokens_per_s / devices
+    model_flops = flops_per_token(spec, seq, causal=True).train
+    tflops = per_dev * model_flops
+    peak = np.array([r.peak[p] for p in ("bf16", "fp8", "fp4")])[g["prec"]]
+    inventory = ([(i, on_slow(i.ops) * m, on_slow(i.ops * i.nbytes) * m, on_slow(i.ops * i.time) * m,
+                   on_slow(i.exposed) * m) for i in litems]
+                 + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
+    return Evaluation(step_s=step_s, compute_s=compute_s, comm_exposed_s=comm_exposed_s, bubble_s=bubble_s,
+                      optimizer_s=optimizer_s, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_dev,
+                      model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
+                      microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory)

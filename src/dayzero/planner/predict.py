@@ -1,0 +1,77 @@
+"""One layout's prediction as the DESIGN.md contract object: memory, time, throughput, checks.
+
+The checks are the targets a Day-0 adaptation is judged by: MFU above 50 %, peak memory below
+85 % of device capacity, exposed communication below 15 % of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dayzero.planner.perf import Evaluation, PerfOptions, evaluate, grid_from_parallel
+from dayzero.planner.topology import process_groups
+from dayzero.specs.cluster import Cluster
+from dayzero.specs.counting import flops_per_token
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig, even_split
+
+
+@dataclass(frozen=True)
+class Targets:
+    mfu: float = 0.50
+    memory: float = 0.85
+    comm_ratio: float = 0.15
+
+
+def checks(mfu: float, memory_utilization: float, comm_ratio: float, targets: Targets = Targets()) -> list[dict]:
+    return [
+        {"metric": "mfu", "target": f"> {targets.mfu:.0%}", "value": mfu, "pass": bool(mfu > targets.mfu)},
+        {"metric": "peak_memory_fraction", "target": f"< {targets.memory:.0%}", "value": memory_utilization,
+         "pass": bool(memory_utilization < targets.memory)},
+        {"metric": "comm_ratio", "target": f"< {targets.comm_ratio:.0%}", "value": comm_ratio,
+         "pass": bool(comm_ratio < targets.comm_ratio)},
+    ]
+
+
+def with_even_split(spec: ModelSpec, p: ParallelConfig) -> ParallelConfig:
+    """The layout with an explicit near-even layer split when pp x vpp does not divide the layers."""
+    if p.layer_split is None and spec.layers % (p.pp * p.vpp):
+        return p.with_(layer_split=even_split(spec.layers, p.pp * p.vpp))
+    return p
+
+
+def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: Evaluation, i: int,
+               memory: dict, options: PerfOptions) -> dict:
+    """Assemble the contract object for candidate ``i`` of an evaluation."""
+    f = lambda name: float(getattr(ev, name)[i])  # noqa: E731
+    mfu, ratio = f("mfu"), f("comm_ratio")
+    groups = process_groups(parallel, cluster, options.comm.rank_order)
+    return {
+        "model": spec.name, "cluster": cluster.name, "devices": cluster.devices,
+        "parallel": {**parallel.to_dict(), "gemm_precision": options.gemm_precision or parallel.precision},
+        "fits": bool(memory["fits"]),
+        "memory": memory,
+        "time": {"step_s": f("step_s"), "compute_s": f("compute_s"), "comm_exposed_s": f("comm_exposed_s"),
+                 "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s")},
+        "throughput": {"tokens_per_s": f("tokens_per_s"), "tokens_per_s_per_device": f("tokens_per_s_per_device"),
+                       "model_tflops_per_device": f("model_tflops_per_device"), "mfu": mfu,
+                       "model_flops_per_token": flops_per_token(spec, parallel.seq, causal=True).train},
+        "comm_ratio": ratio,
+        "checks": checks(mfu, memory["utilization"], ratio),
+        "communication": ev.inventory_of(i),
+        "groups": {k: g.to_dict() for k, g in groups.items() if g.size > 1},
+    }
+
+
+def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options: PerfOptions | None = None,
+            memory_options=None) -> dict:
+    """Predict one layout (raises LayoutError when it is impossible)."""
+    from dayzero.planner.memory import MemoryOptions, estimate_memory
+
+    options = options or PerfOptions()
+    parallel = with_even_split(spec, parallel).validate(spec, cluster.devices)
+    memory_options = memory_options or MemoryOptions.for_accelerator(cluster.accelerator)
+    report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
+    ev = evaluate(spec, grid_from_parallel(parallel, options.gemm_precision), cluster, options,
+                  layer_split=parallel.layer_split)
+    return prediction(spec, parallel, cluster, ev, 0, report.to_dict(), options)

@@ -1,0 +1,293 @@
+"""Replay one training step of one pipeline rank through the caching allocator.
+
+The allocation sequence comes from the same model as :mod:`memory`: the rank's parameter tensors
+(sharded as the layout says), the tensors each layer saves (:mod:`activations`), the schedule's
+order of forward and backward passes (:mod:`schedule`), and the transient buffers (ZeRO-3 gathers
+of the current + next layer, gradient buckets / unit gradients, SP gathers, EP all-to-all, CP ring
+blocks, pipeline send/receive buffers, logits, recomputation). Sizes are exact; lifetimes follow
+the order in which a PyTorch step creates and drops them. The replay covers min(m, 2 * pp)
+micro-batches (all of them under GPipe): the 1F1B steady state has repeated by then, so the peak
+is the step's peak.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dayzero.planner.activations import (CORE_TERMS, LAYER_INPUT, Dims, first_stage_terms, last_stage_terms, layer_terms,
+                                         logits_bytes, routed_tokens)
+from dayzero.planner.allocator import AllocatorOOM, CachingAllocator
+from dayzero.planner.memory import MemoryOptions, estimate_memory
+from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
+from dayzero.planner.schedule import step_order
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig
+
+TRACKED = ("weights", "gradients", "optimizer", "activations", "temporary")
+
+
+@dataclass
+class StepSimulation:
+    rank: int
+    microbatches: int  # micro-batches replayed
+    events: int
+    peak_allocated: int  # block bytes in use (rounded to 512 B)
+    peak_requested: int  # tensor bytes in use
+    peak_reserved: int  # segments held by the allocator
+    fragmentation: float  # 1 - allocated / reserved when the reservation peaked
+    segments: int
+    oom_at: int | None  # event index of the first failed reservation, if a capacity was given
+    analytic_allocated: int  # the memory model's weights..temporary for this rank
+    timeline: dict = field(default_factory=dict, repr=False)  # category -> np.ndarray per event; "reserved"
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "microbatches": self.microbatches, "events": self.events,
+                "peak_allocated": self.peak_allocated, "peak_requested": self.peak_requested,
+                "peak_reserved": self.peak_reserved, "fragmentation": self.fragmentation, "segments": self.segments,
+                "oom_at": self.oom_at, "analytic_allocated": self.analytic_allocated}
+
+
+class _Tracker:
+    """Allocates named tensors, records bytes per category after every event."""
+
+    def __init__(self, capacity: int | None, record: bool):
+        self.alloc = CachingAllocator(capacity)
+        self.live: dict = {}
+        self.by_cat = dict.fromkeys(TRACKED, 0)
+        self.record = record
+        self.rows: list[tuple] = []
+        self.oom_at: int | None = None
+        self.events = 0
+
+    def new(self, key, nbytes: float, cat: str) -> None:
+        nbytes = int(round(float(nbytes)))
+        if nbytes <= 0:
+            return
+        try:
+            block = self.alloc.malloc(nbytes)
+        except AllocatorOOM:
+            if self.oom_at is None:
+                self.oom_at = self.events
+            self.alloc.capacity = None  # keep replaying to report the unconstrained peak
+            block = self.alloc.malloc(nbytes)
+        self.live[key] = (block, cat)
+        self.by_cat[cat] += nbytes
+        self._tick()
+
+    def drop(self, key) -> None:
+        item = self.live.pop(key, None)
+        if item is None:
+            return
+        block, cat = item
+        self.by_cat[cat] -= block.requested
+        self.alloc.free(block)
+        self._tick()
+
+    def drop_prefix(self, prefix: tuple) -> None:
+        for key in [k for k in self.live if k[:len(prefix)] == prefix]:
+            self.drop(key)
+
+    def _tick(self) -> None:
+        self.events += 1
+        if self.record:
+            self.rows.append((*(self.by_cat[c] for c in TRACKED), self.alloc.reserved))
+
+
+def _param_tensors(spec: ModelSpec, kind: str, p: ParallelConfig) -> list[tuple[str, float, bool]]:
+    """(name, local elements, is_expert) of one layer's parameters on this rank, before ZeRO."""
+    lp = layer_params(spec, kind)
+    a_tp, a_kv, a_rep = attention_split(spec)
+    kv = spec.attention.kv_heads
+    out = [("attn", a_tp / p.tp + a_kv / min(p.tp, kv), False), ("mlp", (lp.tp - a_tp) / p.tp, False),
+           ("small", lp.rep, False)]
+    if lp.expert:
+        out += [("experts_fc1", lp.expert * 2 / 3 / (p.ep * p.etp), True), ("experts_fc2", lp.expert / 3 / (p.ep * p.etp), True)]
+    return out
+
+
+def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int | None = None,
+                  options: MemoryOptions = MemoryOptions(), rank: int | None = None,
+                  record_timeline: bool = False) -> StepSimulation:
+    """Replay one step on ``rank`` (default: the busiest stage of estimate_memory)."""
+    p = parallel
+    report = estimate_memory(spec, p, capacity_bytes or 1, options)
+    rank = report.busiest_stage if rank is None else rank
+    st = report.stages[rank]
+    chunks = [list(r) for v, r in enumerate(p.stage_layers(spec)) if v % p.pp == rank]
+    m_all = p.microbatches
+    m = m_all if p.schedule == "gpipe" else min(m_all, 2 * p.pp)
+    tr = _Tracker(capacity_bytes, record_timeline)
+    zd, edp = p.dp * p.cp, p.edp
+    d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel, fp8=p.precision == "fp8")
+    o = options
+    first, last = rank == 0, rank == p.pp - 1
+
+    # -- persistent model states -------------------------------------------------------------
+    def shard(elems: float, expert: bool, zero_stage: int) -> float:
+        return elems / ((edp if expert else zd) if p.zero >= zero_stage else 1)
+
+    tensors: list[tuple[tuple, float, bool]] = []
+    for layer in (i for ch in chunks for i in ch):
+        tensors += [(("w", layer, n), e, x) for n, e, x in _param_tensors(spec, spec.layer_kinds[layer], p)]
+    edge = edge_params(spec)
+    if first:
+        tensors.append((("w", "embed"), float(embed_local(edge, p.tp)), False))
+    if last:
+        tensors.append((("w", "head"), float(head_local(edge, p.tp, p.pp)), False))
+    fp8_cache = o.fp8_weight_cache_bytes if p.precision == "fp8" else 0
+    for key, elems, expert in tensors:
+        tr.new(key, o.param_bytes * shard(elems, expert, 3), "weights")
+        if fp8_cache and p.zero < 3 and key[1] not in ("embed", "head"):
+            tr.new(("fp8",) + key[1:], fp8_cache * elems, "weights")
+    if p.zero < 2:  # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
+        tr.new(("g", "buffer"), o.grad_bytes * sum(e for _, e, _ in tensors), "gradients")
+    else:
+        for key, elems, expert in tensors:
+            tr.new(("g",) + key[1:], o.grad_bytes * shard(elems, expert, 2), "gradients")
+    for key, elems, expert in tensors:
+        for name, nbytes in (("master", o.master_bytes), ("exp_avg", o.optim_bytes / 2), ("exp_avg_sq", o.optim_bytes / 2)):
+            tr.new((name,) + key[1:], nbytes * shard(elems, expert, 1), "optimizer")
+
+    # -- per-layer sizes from the activation model ---------------------------------------------
+    terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_kinds)}
+    unit = {i: sum(e for _, e, _ in _param_tensors(spec, spec.layer_kinds[i], p)) for c in chunks for i in c}
+    full_n = [len(c) if p.recompute_layers is None else min(p.recompute_layers, len(c)) for c in chunks]
+    bucket = o.grad_bucket_params or max(40e6, 1e6 * zd)
+    ab, h = o.act_bytes, spec.hidden
+    gathered: deque = deque()
+    grad_fill = {"bytes": 0.0, "live": deque(), "n": 0}
+
+    def gather(layer: int) -> None:  # ZeRO-3: all-gather this layer (and keep the previous one)
+        if p.zero < 3 or ("gather", layer) in tr.live:
+            return
+        tr.new(("gather", layer), unit[layer] * (o.param_bytes + fp8_cache), "temporary")
+        gathered.append(layer)
+        while len(gathered) > o.zero3_prefetch_units:
+            tr.drop(("gather", gathered.popleft()))
+
+    def layer_grads(layer: int) -> None:
+        if p.zero >= 3:  # unsharded gradients of the unit, freed once reduce-scattered
+            tr.new(("ugrad", layer), o.grad_bytes * unit[layer], "temporary")
+            tr.drop(("ugrad", layer))
+        elif p.zero == 2:  # fill DP buckets; two in flight
+            grad_fill["bytes"] += unit[layer]
+            while grad_fill["bytes"] >= bucket:
+                grad_fill["bytes"] -= bucket
+                grad_fill["n"] += 1
+                tr.new(("bucket", grad_fill["n"]), o.grad_bytes * bucket, "temporary")
+                grad_fill["live"].append(grad_fill["n"])
+                while len(grad_fill["live"]) > o.grad_buckets_in_flight:
+                    tr.drop(("bucket", grad_fill["live"].popleft()))
+
+    def transients(layer: int) -> None:  # buffers that live only while a layer runs
+        kind = spec.layer_kinds[layer]
+        if p.sequence_parallel and p.tp > 1:
+            tr.new(("sp",), ab * float(d.tok) * h, "temporary")
+            tr.drop(("sp",))
+        if kind == "moe" and p.ep > 1:
+            tr.new(("a2a",), 2 * ab * float(routed_tokens(spec, o, d)) * h, "temporary")
+            tr.drop(("a2a",))
+        if p.cp > 1:
+            t = terms[kind]
+            tr.new(("ring",), 2 * (t["k"] + t["v"]), "temporary")
+            tr.drop(("ring",))
+
+    p2p = ab * float(d.tok_rep) * h  # one pipeline send or receive buffer
+    for op, mb, c in step_order(p.schedule, p.pp, p.vpp, m, rank):
+        layers = chunks[c]
+        edge_in = first and c == 0
+        edge_out = last and c == len(chunks) - 1
+        if op == "F":
+            if not edge_in:
+                tr.new(("recv", mb, c), p2p, "temporary")
+            else:
+                for n, v in first_stage_terms(spec, o, d).items():
+                    tr.new(("act", mb, c, "edge", n), float(v), "activations")
+            for j, layer in enumerate(layers):
+                gather(layer)
+                if j + 1 < len(layers):
+                    gather(layers[j + 1])
+                kind = spec.layer_kinds[layer]
+                for n, v in terms[kind].items():
+                    tr.new(("act", mb, c, layer, n), v, "activations")
+                transients(layer)
+                if j == 0 and not edge_in:
+                    tr.drop(("recv", mb, c))
+                keep = (LAYER_INPUT,) if p.recompute == "full" and j < full_n[c] else None
+                for n in terms[kind]:
+                    if (keep is not None and n not in keep) or (keep is None and p.recompute == "selective" and n in CORE_TERMS):
+                        tr.drop(("act", mb, c, layer, n))
+            if edge_out:
+                for n, v in last_stage_terms(spec, o, d).items():
+                    tr.new(("act", mb, c, "edge", n), float(v), "activations")
+                tr.new(("logits", mb), float(logits_bytes(spec, o, d)), "temporary")
+            else:
+                tr.new(("send", mb, c), p2p, "temporary")
+                tr.drop(("send", mb, c))
+        else:
+            if edge_out:
+                tr.drop(("logits", mb))
+                tr.drop_prefix(("act", mb, c, "edge"))
+            else:
+                tr.new(("grad_recv", mb, c), p2p, "temporary")
+            back = layers[::-1]
+            for j, layer in enumerate(back):
+                gather(layer)
+                if j + 1 < len(back):
+                    gather(back[j + 1])
+                kind = spec.layer_kinds[layer]
+                t = terms[kind]
+                if p.recompute == "full" and layers.index(layer) < full_n[c]:
+                    for n, v in t.items():
+                        if n != LAYER_INPUT:
+                            tr.new(("re", n), v, "temporary")
+                elif p.recompute == "selective":
+                    for n in CORE_TERMS:
+                        if n in t:
+                            tr.new(("re", n), t[n], "temporary")
+                tr.new(("dgrad",), max(t.values()), "temporary")
+                transients(layer)
+                tr.drop(("dgrad",))
+                tr.drop_prefix(("re",))
+                tr.drop_prefix(("act", mb, c, layer))
+                if j == 0 and not edge_out:
+                    tr.drop(("grad_recv", mb, c))
+                layer_grads(layer)
+            if edge_in:
+                tr.drop_prefix(("act", mb, c, "edge"))
+    analytic = st.weights + st.gradients + st.optimizer + st.activations + st.temporary
+    a = tr.alloc
+    timeline = {}
+    if record_timeline and tr.rows:
+        arr = np.array(tr.rows, dtype=float)
+        timeline = {c: arr[:, i] for i, c in enumerate(TRACKED)}
+        timeline["reserved"] = arr[:, -1]
+    return StepSimulation(rank=rank, microbatches=m, events=tr.events, peak_allocated=a.peak_allocated,
+                          peak_requested=a.peak_requested, peak_reserved=a.peak_reserved, fragmentation=a.fragmentation,
+                          segments=len(a.segments), oom_at=tr.oom_at, analytic_allocated=analytic, timeline=timeline)
+
+
+def plot_timeline(sim: StepSimulation, path: str, title: str = "") -> None:
+    """Write a PNG of memory over the step by category (stacked) with the reserved bytes on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not sim.timeline:
+        raise ValueError("simulate_step(..., record_timeline=True) first")
+    x = np.arange(len(sim.timeline["reserved"]))
+    gib = 2**30
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.stackplot(x, *[sim.timeline[c] / gib for c in TRACKED], labels=TRACKED, alpha=0.85)
+    ax.plot(x, sim.timeline["reserved"] / gib, color="black", lw=1, label="reserved (allocator)")
+    ax.set_xlabel("allocator event")
+    ax.set_ylabel("GiB")
+    ax.set_title(title or f"stage {sim.rank}: one training step")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

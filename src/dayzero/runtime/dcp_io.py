@@ -1,0 +1,282 @@
+"""The one wrapper around PyTorch Distributed Checkpoint (DCP) internals, with a version check.
+
+Why it exists: in torch 2.13 DCP reads its ``.metadata`` index with plain ``pickle.load`` and
+non-tensor entries (optimizer hyperparameters) with ``torch.load(weights_only=False)``; either
+would run arbitrary code from a crafted checkpoint. Here:
+
+- :class:`SafeReader` unpickles ``.metadata`` allowing only DCP's own index classes, torch
+  sizes/dtypes/layouts and paths, and refuses shard paths that are not plain file names listed in
+  the checkpoint's manifest;
+- :class:`SafeLoadPlanner` loads non-tensor entries with ``weights_only=True`` (plain Python
+  containers and numbers only); tensors are already read with ``weights_only=True`` by DCP;
+- :class:`CachedStager` copies the state for an async save into CPU buffers allocated once and
+  reused (DCP's own cache pins memory, which a CPU-only build cannot do), optionally on a thread;
+- :class:`HookedWriter` is DCP's ``FileSystemWriter`` with a callback just before this rank
+  writes its shards (fault drills inject a crash "between shard writes" there), hashing each
+  shard file as it is written so the manifest's checksums cost no second read.
+
+Uses private names (``_StorageInfo``, ``_traverse.set_element``, ``_state_dict_utils``); :func:`check_torch` guards them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import pickle
+import queue
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+from dayzero.runtime.manifest import CheckpointError, check_relpath
+
+MIN_TORCH = (2, 10)  # FSDP2 gradients on gloo are wrong before 2.10 (see pyproject.toml)
+METADATA_FILE = ".metadata"
+
+_DCP_META = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    (_DCP_META, "Metadata"), (_DCP_META, "TensorStorageMetadata"), (_DCP_META, "TensorProperties"),
+    (_DCP_META, "_MEM_FORMAT_ENCODING"), (_DCP_META, "ChunkStorageMetadata"),
+    (_DCP_META, "BytesStorageMetadata"), (_DCP_META, "MetadataIndex"), (_DCP_META, "StorageMeta"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+@contextlib.contextmanager
+def single_process(active: bool):
+    """Silence DCP's "assuming the intent is to save in a single process" warning when that is
+    indeed the intent (it warns even when ``no_dist=True`` is passed)."""
+    with warnings.catch_warnings():
+        if active:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def check_torch() -> None:
+    """Raise CheckpointError when torch is older than the DCP behaviour this module relies on."""
+    parts = torch.__version__.split("+")[0].split(".")
+    have = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts[:2])
+    if have < MIN_TORCH:
+        raise CheckpointError(f"torch {torch.__version__} is too old for dayzero checkpoints; install torch >= "
+                              f"{MIN_TORCH[0]}.{MIN_TORCH[1]}")
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CheckpointError(f"refusing to unpickle {module}.{name} from a DCP .metadata file: only DCP "
+                              "index classes are allowed (the file is corrupt or crafted)")
+
+
+def load_metadata(path: Path, allowed_files: set[str] | None = None) -> Metadata:
+    """Read ``<path>/.metadata`` safely and check every shard path it references."""
+    f = Path(path) / METADATA_FILE
+    try:
+        with open(f, "rb") as fh:
+            md = _MetadataUnpickler(fh).load()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no DCP {METADATA_FILE} index; the save did not finish") from None
+    except CheckpointError:
+        raise
+    except Exception as e:  # any unpickling failure means a damaged index
+        raise CheckpointError(f"{f}: unreadable DCP index ({type(e).__name__}: {e})") from None
+    if not isinstance(md, Metadata):
+        raise CheckpointError(f"{f}: not a DCP index (got {type(md).__name__})")
+    for info in (md.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        check_relpath(rel)
+        if "/" in rel:
+            raise CheckpointError(f"{f}: shard path {rel!r} is not a plain file name")
+        if allowed_files is not None and rel not in allowed_files:
+            raise CheckpointError(f"{f}: shard {rel!r} is not listed in the manifest")
+    return md
+
+
+def referenced_files(md: Metadata) -> set[str]:
+    return {info.relative_path for info in (md.storage_data or {}).values()}
+
+
+class SafeReader(FileSystemReader):
+    """``FileSystemReader`` whose metadata load cannot execute code or leave the directory."""
+
+    def __init__(self, path: str | Path, allowed_files: set[str] | None = None):
+        super().__init__(path)
+        self._allowed = allowed_files
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise CheckpointError("per-rank DCP metadata (use_collectives=False) is not supported")
+        md = load_metadata(Path(self.path), self._allowed)
+        if getattr(md, "storage_meta", None) is not None:
+            md.storage_meta.load_id = self.load_id
+        return md
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """Loads non-tensor entries with ``weights_only=True``: numbers, strings, containers only."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        try:
+            obj = torch.load(value, weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"checkpoint entry {read_item.dest_index.fqn!r} holds a non-plain object "
+                                  f"({type(e).__name__}); refusing to unpickle it") from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+class _HashingStream(io.RawIOBase):
+    """A write-only file wrapper that feeds every byte written to SHA-256 on the way to disk.
+
+    The hashing runs on its own thread (hashlib releases the GIL), overlapping serialization and
+    the write syscalls. The bytes are copied for it (in slices of at most 32 MiB, at most two
+    slices queued): what torch.save passes to ``write`` may point into buffers that do not outlive
+    the call."""
+
+    _SLICE = 32 << 20
+    _SMALL = 1 << 20  # small writes (record headers) are batched up to this size
+
+    def __init__(self, raw):
+        super().__init__()
+        self._raw, self._hash, self._size = raw, hashlib.sha256(), 0
+        self._pending = bytearray()
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._thread = threading.Thread(target=self._consume, name="dayzero-sha256", daemon=True)
+        self._thread.start()
+
+    def _consume(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            self._hash.update(chunk)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = self._raw.write(b)
+        view = memoryview(b).cast("B")
+        n = view.nbytes if n is None else n
+        view = view[:n]
+        self._size += n
+        if n < self._SMALL:
+            self._pending += view
+            if len(self._pending) >= self._SMALL:
+                self._queue.put(bytes(self._pending))
+                self._pending.clear()
+            return n
+        if self._pending:
+            self._queue.put(bytes(self._pending))
+            self._pending.clear()
+        for off in range(0, n, self._SLICE):
+            self._queue.put(bytes(view[off:off + self._SLICE]))
+        return n
+
+    def finish(self) -> tuple[int, str]:
+        """Wait for the hash thread: (bytes written, SHA-256 hex)."""
+        if self._pending:
+            self._queue.put(bytes(self._pending))
+            self._pending.clear()
+        self._queue.put(None)
+        self._thread.join()
+        return self._size, self._hash.hexdigest()
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        self._raw.flush()
+        super().close()
+
+
+class HashingFileSystem(FileSystem):
+    """DCP's local file system, hashing shard files while they are written (no read-back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, tuple[int, str]] = {}  # path -> (bytes, sha256)
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        if "w" not in mode or not Path(path).name.endswith(".distcp"):
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as raw:
+            stream = _HashingStream(raw)
+            try:
+                yield stream
+            finally:
+                size, digest = stream.finish()
+            self.digests[str(path)] = (size, digest)
+
+
+class HookedWriter(FileSystemWriter):
+    """``FileSystemWriter`` that calls ``before_write()`` right before this rank writes its shards
+    and hashes the shard files as it writes them (:attr:`digests`)."""
+
+    def __init__(self, path: str | Path, before_write: Callable[[], None] | None = None, **kwargs: Any):
+        super().__init__(path, **kwargs)
+        self.fs = HashingFileSystem()
+        self._before_write = before_write
+
+    @property
+    def digests(self) -> dict[str, tuple[int, str]]:
+        return self.fs.digests
+
+    def write_data(self, plan, planner):
+        if self._before_write is not None:
+            self._before_write()
+        return super().write_data(plan, planner)
+
+
+class CachedStager(BlockingAsyncStager):
+    """Copies the state for an async save into CPU buffers created on the first save and reused
+    after (pinned only when CUDA is present). With ``background=True`` the copy runs on a thread
+    and :meth:`stage` returns a Future, so the copy overlaps the next forward/backward; the caller
+    must not change the state (optimizer step) before that Future is done."""
+
+    def __init__(self, background: bool = False) -> None:
+        super().__init__(cache_staged_state_dict=True)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dayzero-stage") if background else None
+
+    def stage(self, state_dict):
+        if self._executor is None:
+            return self._copy(state_dict)
+        return self._executor.submit(self._copy, state_dict)
+
+    def _copy(self, state_dict):
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        if self.state_dict_cache is None:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        return _copy_state_dict(state_dict, self.state_dict_cache)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)

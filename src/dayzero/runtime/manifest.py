@@ -1,0 +1,296 @@
+"""Checkpoint manifests: what one checkpoint version holds, and whether it is intact.
+
+One version is a directory (see :mod:`dayzero.runtime.versions` for naming)::
+
+    step-00000010/
+        manifest.json      this module's Manifest (JSON, never pickled)
+        COMPLETE           commit marker, written last: {"manifest_sha256": ...}
+        .metadata          DCP's index of tensor shards (read with a restricted unpickler)
+        __0_0.distcp ...   tensor shards, one file per rank (DCP)
+        train_state.json   step, data-stream position, LR scheduler, loop extras (rank 0)
+        rng-00000.json ... RNG states, one file per rank
+
+Every file except the manifest and the marker is listed in the manifest with its size and
+SHA-256, so a truncated or bit-flipped shard is found before anything is loaded. Paths in a
+manifest are plain relative paths that must stay inside the version's directory.
+
+This module imports no torch: ``dayzero ckpt list|verify`` stay instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from dayzero.errors import DayzeroError
+
+FORMAT = "dayzero-checkpoint/1"
+MANIFEST = "manifest.json"
+MARKER = "COMPLETE"
+_CHUNK = 8 << 20  # 8 MiB reads keep hashing near memory bandwidth without large buffers
+
+
+class CheckpointError(DayzeroError):
+    """A checkpoint is missing, corrupt, unsafe or does not match the run."""
+
+
+def dayzero_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dayzero")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# -- paths -------------------------------------------------------------------------------------
+
+def check_relpath(rel: str) -> str:
+    """Return ``rel`` if it is a plain relative POSIX path with no way out of its directory.
+
+    Rejects absolute paths, ``..`` and ``.`` components, empty components, backslashes (a
+    Windows separator on another machine) and NUL bytes. Raises CheckpointError.
+    """
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        raise CheckpointError(f"unsafe path {rel!r} in checkpoint manifest: expected a plain relative path")
+    p = PurePosixPath(rel)
+    if p.is_absolute() or rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+        raise CheckpointError(f"unsafe path {rel!r} in checkpoint manifest: absolute paths and '..' may not "
+                              "leave the checkpoint directory")
+    return rel
+
+
+def safe_join(root: Path, rel: str) -> Path:
+    """``root / rel``, refusing paths that escape ``root`` lexically or through symlinks."""
+    check_relpath(rel)
+    base = Path(root).resolve()
+    full = (base / rel).resolve()
+    if full != base and base not in full.parents:
+        raise CheckpointError(f"path {rel!r} in checkpoint manifest resolves to {full}, outside {base}; "
+                              "a symlink points out of the checkpoint directory")
+    return full
+
+
+# -- the manifest ------------------------------------------------------------------------------
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _safe(cls, v: str) -> str:
+        try:
+            return check_relpath(v)
+        except CheckpointError as e:
+            raise ValueError(str(e)) from None
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = ""
+    spec_digest: str = ""  # ModelSpec.digest(); "" when the model has no spec (e.g. a test module)
+    # how to rebuild the ModelSpec: {"model": preset | config path, "layers"/"hidden"/...: proxy
+    # sizes}; lets ``dayzero ckpt export`` write Hugging Face names and config.json
+    recipe: dict[str, Any] = {}
+
+
+class Manifest(BaseModel):
+    """The JSON document at ``<version>/manifest.json``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: str = FORMAT
+    step: int = Field(ge=0)
+    created: str
+    dayzero_version: str
+    torch_version: str = ""
+    model: ModelInfo = ModelInfo()
+    layout: dict[str, Any] = {}  # ParallelConfig.to_dict() of the run that wrote it
+    world: int = Field(ge=1, default=1)
+    contents: list[str] = []  # of "model", "optimizer", "scheduler", "data", "rng"
+    files: list[FileEntry] = []
+    extra: dict[str, Any] = {}
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        if v != FORMAT:
+            raise ValueError(f"unsupported checkpoint format {v!r}; this dayzero reads {FORMAT!r}")
+        return v
+
+    @field_validator("files")
+    @classmethod
+    def _unique(cls, v: list[FileEntry]) -> list[FileEntry]:
+        seen = set()
+        for f in v:
+            if f.path in (MANIFEST, MARKER):
+                raise ValueError(f"{f.path} may not list itself")
+            if f.path in seen:
+                raise ValueError(f"file {f.path!r} listed twice")
+            seen.add(f.path)
+        return v
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    def file(self, path: str) -> FileEntry | None:
+        return next((f for f in self.files if f.path == path), None)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=1, sort_keys=True) + "\n"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def describe_file(root: Path, rel: str) -> FileEntry:
+    p = safe_join(root, rel)
+    return FileEntry(path=rel, bytes=p.stat().st_size, sha256=sha256_file(p))
+
+
+def write_json_durable(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file, fsync, rename: readers see old or new."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_manifest(version_dir: Path) -> Manifest:
+    """Parse ``manifest.json``; raise CheckpointError naming the directory on any problem."""
+    p = Path(version_dir) / MANIFEST
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{version_dir}: no {MANIFEST}; not a dayzero checkpoint, or its save was "
+                              "interrupted") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{p}: unreadable manifest ({e}); the checkpoint is corrupt, resume from an "
+                              "older one") from None
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise CheckpointError(f"{p}: invalid manifest, field '{where}': {first['msg']}") from None
+
+
+def manifest_digest(version_dir: Path) -> str:
+    return hashlib.sha256((Path(version_dir) / MANIFEST).read_bytes()).hexdigest()
+
+
+def write_marker(version_dir: Path) -> None:
+    """The commit point: a version is complete once this file exists (and names its manifest)."""
+    text = json.dumps({"manifest_sha256": manifest_digest(version_dir), "committed": utc_now()}) + "\n"
+    write_json_durable(Path(version_dir) / MARKER, text)
+    fsync_dir(Path(version_dir))
+
+
+# -- verification ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """Result of checking one checkpoint version; ``problems`` name every file at fault."""
+
+    path: Path
+    manifest: Manifest | None
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        return "ok" if self.ok else "; ".join(self.problems)
+
+
+def check_marker(version_dir: Path) -> list[str]:
+    m = Path(version_dir) / MARKER
+    if not m.exists():
+        return [f"no {MARKER} marker (incomplete: its save was interrupted or is still running)"]
+    try:
+        want = json.loads(m.read_text())["manifest_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"{MARKER} marker unreadable"]
+    try:
+        have = manifest_digest(version_dir)
+    except OSError:
+        return [f"{MANIFEST} missing"]
+    return [] if have == want else [f"{MANIFEST} changed after commit (sha256 differs from the {MARKER} marker)"]
+
+
+def check_file(version_dir: Path, entry: FileEntry, checksum: bool = True) -> str | None:
+    """One problem string naming the file, or None when it matches the manifest."""
+    try:
+        p = safe_join(version_dir, entry.path)
+    except CheckpointError as e:
+        return str(e)
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        return f"{entry.path}: missing"
+    if not p.is_file():
+        return f"{entry.path}: not a regular file"
+    if size != entry.bytes:
+        kind = "truncated" if size < entry.bytes else "longer than recorded"
+        return f"{entry.path}: {size} bytes, manifest says {entry.bytes} ({kind})"
+    if checksum and sha256_file(p) != entry.sha256:
+        return f"{entry.path}: sha256 mismatch (corrupt: bit flip or partial overwrite)"
+    return None
+
+
+def verify_version(version_dir: Path, checksums: bool = True,
+                   entries: list[FileEntry] | None = None) -> Verdict:
+    """Check marker, manifest and files of one version (all files, or only ``entries``)."""
+    version_dir = Path(version_dir)
+    problems = check_marker(version_dir)
+    if problems and not (version_dir / MANIFEST).exists():
+        return Verdict(version_dir, None, tuple(problems))
+    try:
+        manifest = read_manifest(version_dir)
+    except CheckpointError as e:
+        return Verdict(version_dir, None, tuple(problems + [str(e)]))
+    for entry in manifest.files if entries is None else entries:
+        bad = check_file(version_dir, entry, checksums)
+        if bad:
+            problems.append(bad)
+    return Verdict(version_dir, manifest, tuple(problems))

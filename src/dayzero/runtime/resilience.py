@@ -1,0 +1,220 @@
+"""Checkpoints, resume, fault drills, the hang watchdog and loss guards, for one training loop.
+
+A loop uses it in five places (``R = Resilience(cfg, model=..., optimizer=..., ...)``)::
+
+    pos = R.start()                          # resume (or fresh); pos.step, pos.data
+    while step < steps:
+        R.begin_step(step + 1)               # watchdog heartbeat, fault drills
+        batch ids = next ids from pos.data, skipping R.should_skip(id)
+        loss = forward/backward (the global loss, identical on every rank)
+        v = R.judge(step + 1, loss, ids)     # loss guard
+        if v.action == "rollback": pos = R.rollback(step + 1); continue   # reloaded state
+        if v.ok: optimizer.step(); scheduler.step()    # "skip": drop the gradients instead
+        step += 1; R.end_step(step, data_position)      # periodic save
+    R.finish(step, data_position)            # final save, wait for async saves
+
+The data position is the loop's own JSON value (e.g. ``{"batch": next_batch_id}``); batches
+are named by global ids so that a rollback can skip the offending ones on replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from dayzero.errors import DayzeroError
+from dayzero.runtime.checkpoint import Checkpointer, SavedCheckpoint
+from dayzero.runtime.faults import FaultInjector, FaultSpec, Watchdog, restart_attempt
+from dayzero.runtime.guards import GuardConfig, GuardVerdict, LossDivergedError, LossGuard
+
+
+@dataclass(frozen=True)
+class ResilienceConfig:
+    ckpt_dir: str | None = None
+    every: int = 0  # save every N steps (0: only at the end)
+    keep: int = 3
+    resume: str = "auto"  # "auto" | "never" | a step number | a version directory
+    async_save: bool = False
+    faults: tuple[FaultSpec, ...] = ()
+    watchdog_s: float = 0.0  # 0: no watchdog
+    slow_op_s: float = 600.0  # watchdog allowance for a synchronous save, a resume or a rollback
+    guard: GuardConfig | None = None
+    max_rollbacks: int = 3  # per process, so a rollback loop cannot run forever
+
+    def __post_init__(self):
+        if self.every < 0:
+            raise DayzeroError(f"--ckpt-every {self.every}: must be >= 0")
+        if self.guard is not None and self.guard.action == "rollback" and not self.ckpt_dir:
+            raise DayzeroError("--on-bad-loss rollback needs --ckpt-dir (there is nothing to roll back to)")
+        if self.ckpt_dir is None and self.resume not in ("auto", "never"):
+            raise DayzeroError(f"--resume {self.resume}: needs --ckpt-dir")
+
+
+@dataclass(frozen=True)
+class Position:
+    step: int  # optimizer steps completed
+    data: Any  # the data position saved with that step (None when starting fresh)
+    path: Path | None = None  # the checkpoint it came from
+
+
+class Resilience:
+    def __init__(self, cfg: ResilienceConfig, *, model, optimizer=None, scheduler=None, model_name: str = "",
+                 spec_digest: str = "", model_recipe: dict | None = None, layout: dict | None = None, rank: int = 0,
+                 on_event: Callable[[dict], None] | None = None):
+        self.cfg, self.rank = cfg, rank
+        self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
+        self._on_event = on_event
+        self.faults = FaultInjector(cfg.faults, rank, restart_attempt(), on_event=self._event)
+        self.ckpt = None
+        if cfg.ckpt_dir:
+            self.ckpt = Checkpointer(cfg.ckpt_dir, keep=cfg.keep, async_save=cfg.async_save, model_name=model_name,
+                                     spec_digest=spec_digest, model_recipe=model_recipe, layout=layout,
+                                     before_shard_write=self.faults.at_save,
+                                     on_event=self._event)
+        self.guard = LossGuard(cfg.guard) if cfg.guard else None
+        self.watchdog = Watchdog(cfg.watchdog_s, on_timeout=self._event) if cfg.watchdog_s else None
+        self.skipped: set[int] = set()
+        self._recent: deque[tuple[int, ...]] = deque(maxlen=cfg.guard.skip_batches if cfg.guard else 1)
+        self._rollbacks = 0
+        self._last_saved = -1
+
+    # -- the loop's calls ----------------------------------------------------------------------
+    def start(self) -> Position:
+        pos = Position(0, None)
+        if self.ckpt is not None and self.cfg.resume != "never":
+            with self._slow_op():
+                r = self.ckpt.resume(self._model, self._optimizer, self._scheduler, which=self.cfg.resume)
+            if r is not None:
+                self._restore_extra(r.extra)
+                pos = Position(r.step, r.data, r.path)
+                self._last_saved = r.step
+        if self.watchdog is not None:
+            self.watchdog.start()
+        return pos
+
+    def should_skip(self, batch_id: int) -> bool:
+        return batch_id in self.skipped
+
+    def begin_step(self, step: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat(step - 1)
+        self.faults.at_step(step)
+
+    def judge(self, step: int, loss: float, batch_ids: Sequence[int] = ()) -> GuardVerdict:
+        if self.guard is None:
+            return GuardVerdict(True, loss=float(loss))
+        v = self.guard.observe(step, loss)
+        self._recent.append(tuple(int(b) for b in batch_ids))
+        if not v.ok:
+            self._event(v.event(step, batches=list(batch_ids)))
+        return v
+
+    def rollback(self, step: int) -> Position:
+        """Reload the newest good checkpoint; the batches of the last ``skip_batches`` steps up to
+        the offending one are skipped when the loop replays the data stream."""
+        self._rollbacks += 1
+        if self._rollbacks > self.cfg.max_rollbacks:
+            raise LossDivergedError(f"bad loss at step {step} after {self.cfg.max_rollbacks} rollbacks already; "
+                                    "the run diverged: lower the learning rate or inspect the skipped batches")
+        doomed = {b for ids in self._recent for b in ids}
+        assert self.ckpt is not None  # ResilienceConfig requires --ckpt-dir for rollback
+        with self._slow_op():
+            r = self.ckpt.resume(self._model, self._optimizer, self._scheduler, which="auto")
+        if r is None:
+            raise DayzeroError(f"bad loss at step {step} but no checkpoint to roll back to yet; use "
+                               "--on-bad-loss skip, or save earlier with a smaller --ckpt-every")
+        self._restore_extra(r.extra)
+        self.skipped |= doomed
+        self._recent.clear()
+        self._event({"event": "rollback", "from_step": step, "to_step": r.step, "path": str(r.path),
+                     "skip_batches": sorted(doomed)})
+        return Position(r.step, r.data, r.path)
+
+    def end_step(self, step: int, data: Any) -> SavedCheckpoint | float | None:
+        if self.watchdog is not None:
+            self.watchdog.beat(step)
+        if self.ckpt is not None and self.cfg.every and step % self.cfg.every == 0:
+            return self.save(step, data)
+        return None
+
+    def finish(self, step: int, data: Any) -> None:
+        """Save the final step (unless just saved) and wait for async saves to commit."""
+        try:
+            if self.ckpt is not None and step != self._last_saved:
+                self.save(step, data)
+            if self.ckpt is not None:
+                with self._slow_op():
+                    self.ckpt.wait()
+        finally:
+            self.close()
+
+    def save(self, step: int, data: Any) -> SavedCheckpoint | float:
+        assert self.ckpt is not None
+        with self._slow_op():
+            out = self.ckpt.save(step, self._model, self._optimizer, scheduler=self._scheduler, data=data,
+                                 extra=self._extra())
+        self._last_saved = step
+        return out
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the watchdog and the checkpointer; ``wait=False`` (the run is failing) abandons
+        an async save in flight instead of waiting for ranks that may be gone."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.ckpt is not None:
+            self.ckpt.close(wait=wait)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _extra(self) -> dict:
+        return {"guard": self.guard.state_dict() if self.guard else None, "skipped_batches": sorted(self.skipped)}
+
+    def _restore_extra(self, extra: dict) -> None:
+        if self.guard is not None and extra.get("guard"):
+            self.guard.load_state_dict(extra["guard"])
+        self.skipped |= {int(b) for b in extra.get("skipped_batches", [])}
+
+    @contextlib.contextmanager
+    def _slow_op(self) -> Iterator[None]:
+        if self.watchdog is None:
+            yield
+        else:
+            with self.watchdog.allow(self.cfg.slow_op_s):
+                yield
+
+    def _event(self, ev: dict) -> None:
+        if self._on_event is not None:
+            self._on_event({**ev, "rank": self.rank})
+
+
+def resilience_config(cfg) -> ResilienceConfig:
+    """The ResilienceConfig of a :class:`dayzero.runtime.config.TrainConfig` (validates every
+    option: call it before starting ranks, so a typo is one line, not a crashed job)."""
+    guard = None
+    if cfg.on_bad_loss is not None:
+        guard = GuardConfig(spike_factor=cfg.spike_factor, action=cfg.on_bad_loss)
+    elif cfg.spike_factor:
+        raise DayzeroError("--spike-factor needs --on-bad-loss skip|rollback")
+    if cfg.keep < 1:
+        raise DayzeroError(f"--keep {cfg.keep}: at least 1 checkpoint must be kept")
+    if cfg.resume not in ("auto", "never") and not str(cfg.resume).isdigit() and not Path(cfg.resume).is_dir():
+        raise DayzeroError(f"--resume {cfg.resume}: expected auto, never, a step number or a checkpoint directory")
+    return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep, resume=cfg.resume,
+                            async_save=cfg.async_save, faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults),
+                            watchdog_s=cfg.watchdog, guard=guard)
+
+
+def build_resilience(cfg, state, on_event: Callable[[dict], None]) -> Resilience:
+    """Resilience for a runtime TrainState (model parts, one optimizer, LR scheduler)."""
+    return Resilience(resilience_config(cfg), model=state.model, optimizer=state.optimizer,
+                      scheduler=state.scheduler, model_name=state.spec.name, spec_digest=state.spec.digest(),
+                      model_recipe=model_recipe(cfg), layout=cfg.parallel.to_dict(), rank=state.rank,
+                      on_event=on_event)
+
+
+def model_recipe(cfg) -> dict:
+    """The TrainConfig fields that rebuild the run's ModelSpec (see ``TrainConfig.spec``)."""
+    model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # as load_model decides
+    return {"model": model, **{k: getattr(cfg, k) for k in ("layers", "hidden", "experts", "vocab")}}

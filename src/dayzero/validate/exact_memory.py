@@ -1,0 +1,296 @@
+"""``dayzero memory --exact``: the runtime's own model and parallelization for one rank, at full
+size, under FakeTensorMode and a fake process group, measured by PyTorch's FSDP2 memory tracker.
+
+No memory is allocated and no rank is started: one process joins a ``fake`` process group as
+the first rank of a pipeline stage, builds the model on the meta device, parallelizes it with
+``runtime.parallelize`` (TP/SP, EP, activation checkpointing, FSDP2), materializes it as fake
+tensors and runs two training steps the way the runtime does (micro-batches with its gradient
+sync rule, or the pipeline schedule's order; AdamW). The second step is measured by
+``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``, whose categories map onto the
+planner's:
+
+    weights      unsharded parameters (the compute-dtype copies FSDP2 gathers) + buffers;
+                 under ZeRO-3 without pipelining they are transient gathers -> temporary
+    gradients    sharded + unsharded gradients; under ZeRO-2/3 without pipelining the unsharded
+                 ones are one block's reduce-scatter input -> temporary
+    optimizer    sharded parameters (FSDP2 keeps them in fp32: the master weights) + AdamW states
+    activations  tensors saved in forward (+ inputs)
+    temporary    backward temporaries, all-gather and reduce-scatter buffers
+
+Each category is measured where it is complete, as the planner means it: weights and saved
+activations at the end of each forward (the largest over the micro-batches in flight),
+gradients at the end of each backward, optimizer states after the step, and temporary buffers,
+which come and go, at their largest after any op. ``peak_bytes`` is the tracker's peak total;
+``at_peak`` and ``maxima`` keep the composition at the peak and every category's largest value.
+
+Routing: token counts are data, which fake tensors do not have, so MoE layers route a balanced
+assignment (T k / E rows per expert: the planner's capacity factor 1.0) through the same
+router, experts, all-to-all and combine as the runtime (:func:`_balanced_moe_forward`).
+Pipelines: vpp 1; every backward runs without gradient sync or reshard as
+``torch.distributed.pipelining`` does, and the last one syncs (the schedule's final reduce).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+from dayzero.errors import LayoutError
+
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary")
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class ExactStage:
+    stage: int
+    rank: int
+    categories: dict  # planner category -> bytes, as the planner means it (module docstring)
+    at_peak: dict  # planner category -> bytes at the step's peak
+    maxima: dict  # planner category -> its largest value at any op
+    peak_bytes: int  # tracker peak total
+    tracker_peak: dict = field(default_factory=dict)  # FSDPMemTracker categories at the peak, bytes
+
+    def to_dict(self) -> dict:
+        return {"stage": self.stage, "rank": self.rank, **self.categories, "total": sum(self.categories.values()),
+                "peak_bytes": self.peak_bytes, "at_peak": dict(self.at_peak), "maxima": dict(self.maxima),
+                "tracker_peak": dict(self.tracker_peak)}
+
+
+def schedule_order(schedule: str, pp: int, stage: int, m: int) -> list[tuple[str, int]]:
+    """("F"|"B", micro-batch) actions of one pipeline stage: without pipelining each micro-batch's
+    forward and backward in turn (runtime.train.forward_backward); 1F1B (Narayanan et al. 2021)
+    keeps pp - stage micro-batches in flight, GPipe all m."""
+    if pp == 1:
+        return [a for i in range(m) for a in (("F", i), ("B", i))]
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(pp - 1 - stage, m)
+    order = [("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while b < m:
+        if f < m:
+            order.append(("F", f))
+            f += 1
+        order.append(("B", b))
+        b += 1
+    return order
+
+
+def _planner_categories(snap: dict, transient_params: bool, transient_grads: bool) -> dict:
+    """FSDPMemTracker categories -> the planner's. Copies that exist only around a collective are
+    temporary, as the planner counts them: gathered parameters under ZeRO-3 (its gather buffers)
+    and unsharded gradients under ZeRO-2/3 (the reduce-scatter input of one block)."""
+    from dayzero.validate.torch_tools import ref_types
+
+    R = ref_types()
+    g = lambda k: int(snap.get(k, 0))  # noqa: E731
+    params, grads = g(R.UNSHARDED_PARAM), g(R.UNSHARDED_GRAD)
+    return {"weights": (0 if transient_params else params) + g(R.BUFFER),
+            "gradients": g(R.SHARDED_GRAD) + (0 if transient_grads else grads),
+            "optimizer": g(R.SHARDED_PARAM) + g(R.OPT),
+            "activations": g(R.ACT) + g(R.INP),
+            "temporary": g(R.TEMP) + g(R.ALL_GATHER) + g(R.REDUCE_SCATTER) + (params if transient_params else 0)
+            + (grads if transient_grads else 0)}
+
+
+class _Complete:
+    """Largest value of chosen categories at the moments they are complete: weights and saved
+    activations at the end of each forward, gradients at the end of each backward, optimizer
+    states after the step."""
+
+    def __init__(self, categorize):
+        self.categorize, self.values = categorize, {}
+
+    def update(self, tracker, names) -> None:
+        for snap in tracker.get_tracker_snapshot("current").values():
+            cats = self.categorize(snap)
+            for c in names:
+                self.values[c] = max(self.values.get(c, 0), cats[c])
+
+
+def _balanced_moe_forward(self, x):
+    """MoE.forward (runtime/moe.py) with a balanced routing table instead of the data-dependent
+    one; every tensor the real forward keeps is kept here with the same shape."""
+    import torch
+
+    from dayzero.runtime.expert_parallel import AllToAllDispatch, _AllToAll
+
+    bs, seq, hidden = x.shape
+    xf = x.reshape(-1, hidden)  # (T, H)
+    weights, idx, probs = self.router(xf)
+    k = idx.shape[1]
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token_of = order // k
+    E, rows = self.spec.experts, flat.shape[0]
+    counts = [rows // E + (e < rows % E) for e in range(E)]
+    xs = xf[token_of]  # (T k, H) grouped by expert
+    d = self.dispatcher
+    if isinstance(d, AllToAllDispatch):
+        # every rank sends rows / ep to each peer and receives as many: balanced both ways
+        per_peer = [sum(counts[s * d.local:(s + 1) * d.local]) for s in range(d.ep)]
+        xr = _AllToAll.apply(xs, per_peer, per_peer, d.group)
+        local_counts = [rows // d.local + (j < rows % d.local) for j in range(d.local)]
+        perm = torch.arange(rows, device=x.device)
+        y = self.experts(xr[perm], local_counts)
+        y = torch.empty_like(y).index_copy_(0, perm, y)
+        y = _AllToAll.apply(y, per_peer, per_peer, d.group)
+    else:
+        y = self.experts(xs, counts)
+    y = y * weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
+    out = torch.zeros_like(xf).index_add_(0, token_of, y.to(xf.dtype))
+    if self.shared is not None:
+        s = self.shared(xf)
+        out = out + (s * torch.sigmoid(self.shared_gate(xf)) if self.shared_gate is not None else s)
+    if self.training and self.spec.aux_loss_coef > 0 and torch.is_grad_enabled():
+        from dayzero.runtime.moe import _InjectAuxGrad
+
+        c = torch.tensor(counts, dtype=torch.float32, device=x.device)
+        out = _InjectAuxGrad.apply(out, self._balance_loss(probs, c, k) * self.aux_loss_scale)
+    return out.view(bs, seq, hidden)
+
+
+def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> ExactStage:
+    """Measure pipeline stage ``stage`` (its first rank) under fake tensors and a fake group."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dayzero.runtime.checks import check_runtime
+    from dayzero.runtime.mesh import build_meshes
+    from dayzero.runtime.model import build_model
+    from dayzero.runtime.moe import MoE
+    from dayzero.runtime.optim import build_optimizer
+    from dayzero.runtime.parallelize import parallelize
+    from dayzero.runtime.train import loss_context
+    from dayzero.validate.torch_tools import category_tracker, fake_store, require_torch
+
+    require_torch()
+    p = parallel
+    check_runtime(spec, p, p.world)
+    if p.vpp > 1:
+        raise LayoutError(f"--exact measures vpp 1 pipelines; got vpp {p.vpp} (interleaved stages hold several "
+                          "FSDP roots); use the analytic model for interleaved layouts")
+    if dist.is_initialized():
+        raise LayoutError("--exact needs a process of its own (a process group is already running)")
+    dtype = getattr(torch, DTYPES[compute_dtype])
+    rank = stage * p.tp * p.cp * p.dp
+    dist.init_process_group("fake", rank=rank, world_size=p.world, store=fake_store())
+    try:
+        meshes = build_meshes(p, "cpu")  # device meshes need real tensors: built before fake mode
+        pm = parallelize(build_model(spec, p.seq), meshes, torch.device("meta"), dtype,
+                         lambda fqn, shape: torch.empty(shape, device="meta"))
+        if len(pm.parts) != 1:
+            raise LayoutError(f"--exact expects one model part per rank, got {len(pm.parts)}")
+        part = pm.parts[0]
+        m, first, last = p.microbatches, stage == 0, stage == p.pp - 1
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            part.to_empty(device="cpu")
+            for mod in part.modules():
+                if isinstance(mod, MoE):
+                    mod.forward = types.MethodType(_balanced_moe_forward, mod)
+                    mod.aux_loss_scale = 1.0 / m
+            part.train()
+            opt = build_optimizer(pm.parameters(), 1e-3, 0.1)
+
+            def step(tracker=None):
+                outs = {}
+                for kind, i in schedule_order(p.schedule, p.pp, stage, m):
+                    if kind == "F":
+                        if tracker is not None:
+                            tracker.reset_mod_stats()  # the tracker keeps module stats per call
+                        x = (torch.randint(0, spec.vocab, (p.mbs, p.seq)) if first else
+                             torch.empty(p.mbs, p.seq, spec.hidden, dtype=dtype, requires_grad=True))
+                        with loss_context(p.tp):
+                            out = part(x)
+                            if last:
+                                y = torch.randint(0, spec.vocab, (p.mbs, p.seq))
+                                out = F.cross_entropy(out.flatten(0, 1).float(), y.flatten()) / m
+                        outs[i] = out
+                        if tracker is not None:
+                            complete.update(tracker, ("weights", "activations"))
+                    else:
+                        last_b = i == m - 1
+                        if p.pp > 1:  # torch.distributed.pipelining: no sync or reshard until the last one
+                            part.set_is_last_backward(last_b)
+                            part.set_reshard_after_backward(last_b)
+                            part.set_requires_gradient_sync(last_b)
+                        else:  # runtime.train.forward_backward's rule
+                            part.set_requires_gradient_sync(last_b or p.zero >= 2)
+                        out = outs.pop(i)
+                        with loss_context(p.tp):
+                            if last:
+                                out.backward()
+                            else:
+                                out.backward(torch.empty_like(out))
+                        if tracker is not None:
+                            complete.update(tracker, ("gradients",))
+                opt.step()
+                if tracker is not None:
+                    complete.update(tracker, ("optimizer",))
+                opt.zero_grad(set_to_none=True)
+
+            step()  # creates the optimizer states: the steady step holds them throughout
+            # pipelining keeps gathered parameters and full gradients until the step's end (runtime_layout)
+            t_params, t_grads = p.zero == 3 and p.pp == 1, p.zero >= 2 and p.pp == 1
+            complete = _Complete(lambda snap: _planner_categories(snap, t_params, t_grads))
+            tracker = category_tracker(part, opt, lambda snap: _planner_categories(snap, t_params, t_grads))
+            with tracker:
+                step(tracker)
+            peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    finally:
+        dist.destroy_process_group()
+    at_peak = _planner_categories(peak, t_params, t_grads)
+    total_key = next(k for k in peak if str(k) == "Total")
+    cats = {**{c: int(complete.values.get(c, 0)) for c in CATEGORIES}, "temporary": int(tracker.maxima.get("temporary", 0))}
+    return ExactStage(stage=stage, rank=rank, categories=cats, at_peak=at_peak,
+                      maxima={c: int(tracker.maxima.get(c, 0)) for c in CATEGORIES}, peak_bytes=int(peak[total_key]),
+                      tracker_peak={str(getattr(k, "value", k)): int(v) for k, v in peak.items()})
+
+
+def exact_memory(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None) -> list[ExactStage]:
+    """Every pipeline stage (or ``stages``), one fake rank each."""
+    return [exact_stage(spec, parallel, s, compute_dtype) for s in (stages if stages is not None else range(parallel.pp))]
+
+
+def analytic_for_runtime(spec, parallel, compute_dtype: str = "bf16", capacity_bytes: int = 10**15, cluster=None):
+    """The planner's report for what the runtime actually runs (validate.predicted: FSDP2
+    semantics, eager kernels, the runtime's dtypes); capacity only sets utilization."""
+    from dayzero.planner.memory import estimate_memory
+    from dayzero.validate.predicted import memory_options, runtime_layout
+
+    eff = runtime_layout(parallel)
+    return estimate_memory(spec, eff, capacity_bytes, memory_options(cluster, compute_dtype, spec, eff, "cpu"))
+
+
+def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None, tolerance: float = 0.10,
+            exact: list[ExactStage] | None = None) -> dict:
+    """Exact vs analytic per stage and category. A category is compared where both report it
+    (non-zero); the loss's log-softmax output, which the planner files as temporary ``logits``,
+    is an activation to the tracker (saved in forward) and is compared as one."""
+    exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
+    analytic = analytic_for_runtime(spec, parallel, compute_dtype)
+    rows = []
+    for e in exact:
+        s = analytic.stages[e.stage]
+        logits = s.terms.get("temporary:logits", 0)
+        an = {c: getattr(s, c) for c in CATEGORIES}
+        an["activations"] += logits
+        an["temporary"] -= logits
+        ex = e.categories
+        for c in CATEGORIES:
+            both = an[c] > 0 and ex[c] > 0
+            err = (an[c] - ex[c]) / ex[c] if ex[c] else None
+            rows.append({"stage": e.stage, "category": c, "analytic": int(an[c]), "exact": int(ex[c]),
+                         "rel_error": err, "compared": both, "within": bool(both and abs(err) <= tolerance)})
+        total_an = sum(an.values())
+        rows.append({"stage": e.stage, "category": "peak", "analytic": int(total_an), "exact": e.peak_bytes,
+                     "rel_error": (total_an - e.peak_bytes) / e.peak_bytes, "compared": True,
+                     "within": abs(total_an - e.peak_bytes) <= tolerance * e.peak_bytes})
+    compared = [r for r in rows if r["compared"] and r["category"] != "peak"]
+    return {"model": spec.name, "parallel": parallel.to_dict(), "compute_dtype": compute_dtype, "tolerance": tolerance,
+            "rows": rows, "stages": [e.to_dict() for e in exact],
+            "summary": {"compared": len(compared), "within": sum(r["within"] for r in compared),
+                        "max_abs_rel_error": max((abs(r["rel_error"]) for r in compared), default=None)}}

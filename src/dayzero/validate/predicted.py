@@ -1,0 +1,119 @@
+"""What the planner predicts for a run of the runtime: the same layout, the runtime's dtypes.
+
+The planner counts BF16 elements (2 bytes) for activations, parameters gathered and
+memory-bound kernels. The runtime computes in ``compute_dtype`` (bf16 on GPUs, fp32 on CPUs by
+default) and always reduces gradients in fp32 (FSDP2 ``reduce_dtype``). A run in fp32 is
+predicted exactly by the **fp32 view** of a profile: every bandwidth halved (each counted
+2-byte element really moves 4 bytes; the alpha-beta model is linear in bytes, latencies stay),
+the bf16 GEMM peak, size effect and attention rate replaced by the measured fp32 ones (the
+profile keeps both in ``measurements.fits``), gradients reduced at 2 counted bytes (4 real at
+half bandwidth), and the optimizer's 28 real bytes per parameter (AdamW reads parameter,
+gradient and two moments, writes three) counted as 14.
+
+Memory follows FSDP2 as ``runtime.data_parallel`` applies it: sharded parameters in fp32 (the
+master weights, counted in ``optimizer``), gathered parameters in the compute dtype
+(``weights``), fp32 gradients, AdamW moments in fp32, logits upcast to fp32 for the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dayzero.errors import ConfigError
+from dayzero.planner.comm import CommOptions
+from dayzero.planner.memory_options import MemoryOptions
+from dayzero.planner.perf import PerfOptions
+from dayzero.specs.cluster import Cluster
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig
+
+ADAMW_FP32_BYTES = 28  # read param, grad, exp_avg, exp_avg_sq (4 x 4 B); write param, exp_avg, exp_avg_sq (3 x 4 B)
+BYTES = {"fp32": 4, "bf16": 2}
+
+
+def compute_view(cluster: Cluster, compute_dtype: str) -> Cluster:
+    """The cluster as the planner must see it to predict a run computing in ``compute_dtype``."""
+    if compute_dtype not in BYTES:
+        raise ConfigError("compute dtype", None, f"expected fp32 or bf16, got {compute_dtype!r}")
+    eff = dict(cluster.efficiency)
+    eff.setdefault("optimizer_bytes_per_param", ADAMW_FP32_BYTES * 2 / BYTES[compute_dtype])
+    if compute_dtype == "bf16":
+        return replace(cluster, efficiency=eff)
+    fits = (cluster.measurements or {}).get("fits", {})
+    fp32 = fits.get("fp32")
+    if not fp32:
+        raise ConfigError(f"cluster {cluster.name}", "measurements.fits.fp32",
+                          "predicting an fp32 run needs a profile with fp32 GEMM measurements (dayzero calibrate)")
+    acc = cluster.accelerator
+    peak = fp32["peak_tflops"] * 1e12
+    # efficiency.gemm_bf16 is the bf16 rate over the bf16 peak; over the measured bf16 asymptote it
+    # is the fraction of the microbenchmark a training step reaches (1 until a fit says otherwise),
+    # which carries over to the fp32 asymptote
+    bf16_fit = fits.get("bf16", {}).get("peak_tflops")
+    measured_frac = bf16_fit * 1e12 / acc.peak("bf16") if bf16_fit else 1.0
+    train_frac = eff.get("gemm_bf16", measured_frac) / measured_frac
+    acc = replace(acc, peak_flops={**acc.peak_flops, "bf16": peak}, hbm_bw=acc.hbm_bw / 2 if acc.hbm_bw else None)
+    tiers = tuple(replace(t, bw=t.bw / 2, p2p_bw=t.p2p_bw / 2) for t in cluster.tiers)
+    eff.update(gemm_bf16=train_frac, gemm_half_dim=fp32["half_dim"])
+    if fp32.get("attention_tflops"):
+        eff["attention"] = min(1.0, fp32["attention_tflops"] * 1e12 / peak)
+    return replace(cluster, accelerator=acc, tiers=tiers, efficiency=eff, name=f"{cluster.name} (fp32 view)")
+
+
+def perf_options(compute_dtype: str, constants=None, **comm) -> PerfOptions:
+    """Gradients are reduced in fp32: 4 bytes, or 2 counted bytes in the fp32 view."""
+    grad = 2 if compute_dtype == "fp32" else 4
+    return PerfOptions(comm=CommOptions(grad_reduce_bytes=grad, **comm), constants=constants)
+
+
+def runtime_layout(parallel: ParallelConfig) -> ParallelConfig:
+    """The ZeRO stage whose memory and traffic the runtime's FSDP2 really has for this layout.
+
+    * Pipelining (torch.distributed.pipelining) runs every backward without gradient sync or
+      reshard and reduces once at the end: full gradients and gathered parameters, as ZeRO-1.
+    * ZeRO-1 with a single micro-batch syncs on that micro-batch: sharded gradients, as ZeRO-2.
+    """
+    if parallel.pp > 1 and parallel.zero >= 1:
+        return parallel.with_(zero=1)
+    if parallel.zero == 1 and parallel.microbatches == 1:
+        return parallel.with_(zero=2)
+    return parallel
+
+
+def largest_unit(spec: ModelSpec, parallel: ParallelConfig) -> float:
+    """Parameters of the largest FSDP2 unit (a decoder block) on one rank: what one
+    reduce-scatter of gradients carries."""
+    from dayzero.planner.params import layer_params
+
+    kv = spec.attention.kv_heads
+    return max(layer_params(spec, k).local_dense(parallel.tp, kv) + layer_params(spec, k).local_expert(parallel.ep, parallel.etp)
+               for k in set(spec.layer_kinds))
+
+
+def memory_options(cluster: Cluster | None, compute_dtype: str, spec: ModelSpec | None = None,
+                   parallel: ParallelConfig | None = None, device: str = "cpu") -> MemoryOptions:
+    """The runtime's bytes: FSDP2 mixed precision, eager kernels, per-block gradient reduce-scatter.
+    SDPA's CPU flash kernel needs equal q/k and v head dims; MLA (v narrower) falls back to the
+    math kernel, which saves the score matrix."""
+    b = BYTES[compute_dtype]
+    kw = dict(param_bytes=b, master_bytes=4, grad_bytes=4, optim_bytes=8, act_bytes=b, fp8_act_bytes=b,
+              logits_bytes=4, kernels="eager", sharded_params_are_master=True)
+    if spec is not None:
+        a = spec.attention
+        if device == "cpu" and a.head_dim != a.v_head_dim:
+            kw["attention"] = "eager"
+        if parallel is not None:
+            kw["grad_bucket_params"] = int(largest_unit(spec, parallel))
+    return MemoryOptions.for_accelerator(cluster.accelerator, **kw) if cluster is not None else MemoryOptions(**kw)
+
+
+def predict_run(spec, parallel, cluster: Cluster, compute_dtype: str, constants=None, device: str | None = None) -> dict:
+    """The planner's prediction (DESIGN.md predict object) for the runtime running ``parallel``
+    on ``cluster`` in ``compute_dtype``; memory is per device at the cluster's capacity."""
+    from dayzero.planner.predict import predict
+
+    device = device or ("cuda" if compute_dtype == "bf16" and cluster.accelerator.vendor != "cpu" else "cpu")
+    view = compute_view(cluster, compute_dtype)
+    eff = runtime_layout(parallel)
+    return predict(spec, eff, view, perf_options(compute_dtype, constants),
+                   memory_options(cluster, compute_dtype, spec, eff, device))

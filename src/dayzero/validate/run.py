@@ -1,0 +1,223 @@
+"""Run a plan on the runtime at proxy scale and measure it against the planner's prediction.
+
+    request  = ValidationRequest(model, shrink, parallel, steps, ...)   the same layout, shrunk
+    ranks    = run_ranks(run_rank, nproc)          runtime.train.train_step on every rank
+    measured = measure(ranks)                      step time, MFU, memory, comm ratio, loss trend
+    result   = validate(request, cluster)          + prediction, targets table (validate.targets)
+
+Per rank, odd steady steps run under the PyTorch profiler (``runtime.metrics.CommTimer``: the
+time of gloo work items or NCCL kernels) and even ones without it, so step time is measured
+without profiling overhead and communication from the profiled steps. The first step pays
+one-time setup and is not measured.
+
+* step time: median of the unprofiled steady steps (rank 0; collectives keep ranks in step).
+* communication ratio: per rank, time inside collectives over the profiled steps' time; the
+  mean over ranks (the largest rank's is reported too). On an oversubscribed CPU host this
+  includes waiting for peers that the OS has descheduled.
+* peak memory: per rank, peak resident set size on CPU, or on CUDA the peak reserved by
+  PyTorch's allocator plus what the CUDA context and communicators hold (device memory used
+  before the first step minus PyTorch's own).
+* MFU: model FLOPs per step (causal attention, no recompute) / step time / (ranks x the
+  calibrated peak of the compute dtype).
+* loss: the global loss of every step, tested by validate.loss_trend.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from dayzero.errors import LayoutError
+from dayzero.specs.cluster import Cluster
+from dayzero.specs.counting import flops_per_token
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig
+from dayzero.validate.loss_trend import loss_trend
+from dayzero.validate.targets import Measured, checks, summary
+
+SHRINK_KEYS = ("layers", "hidden", "experts", "vocab")
+
+
+@dataclass(frozen=True)
+class ValidationRequest:
+    model: str  # preset, config.json or directory
+    parallel: ParallelConfig
+    steps: int = 12
+    shrink: dict = field(default_factory=dict)  # layers, hidden, experts, vocab (ModelSpec.shrink)
+    compute_dtype: str = "fp32"
+    seed: int = 0
+    lr: float = 1e-3
+    grad_clip: float = 1.0
+    warmup: int | None = None
+    data: str | None = None
+
+    def spec(self) -> ModelSpec:
+        from dayzero.specs.registry import load_model
+
+        spec = load_model(self.model)
+        kw = {k: v for k, v in self.shrink.items() if v is not None}
+        return spec.shrink(**kw) if kw else spec
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["parallel"] = self.parallel.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ValidationRequest":
+        d = dict(d)
+        d["parallel"] = ParallelConfig.from_dict(d["parallel"])
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def proxy_shrink(spec: ModelSpec, parallel: ParallelConfig, given: dict, capacity_bytes: float) -> dict:
+    """The proxy sizing: what the user gave, or, when the full model does not fit the machine
+    (planner memory above 85 % of a rank's memory), a small model of the same architecture: 4
+    layers per pipeline stage, width 256, 8 experts (at least 2 per EP rank), vocab 512."""
+    if any(v is not None for v in given.values()):
+        return {k: v for k, v in given.items() if v is not None}
+    from dayzero.planner.memory import estimate_memory
+    from dayzero.validate.predicted import memory_options, runtime_layout
+
+    eff = runtime_layout(parallel)
+    try:
+        peak = estimate_memory(spec, eff, capacity_bytes, memory_options(None, "fp32", spec, eff)).peak_bytes
+    except LayoutError:
+        peak = float("inf")
+    if peak <= 0.85 * capacity_bytes:
+        return {}
+    out = {"layers": 4 * parallel.pp * parallel.vpp, "hidden": 256, "vocab": 512}
+    if spec.moe is not None:
+        out["experts"] = max(8, 2 * parallel.ep)
+    return out
+
+
+# -- on every rank -------------------------------------------------------------------------------
+
+def run_rank(args: dict) -> dict:
+    """One rank of a validation run (called through validate.launch.run_ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.metrics import CommTimer, peak_memory_bytes
+    from dayzero.runtime.train import build_state, train_step
+    from dayzero.validate.launch import init_process_group
+
+    req = ValidationRequest.from_dict(args["request"])
+    device = init_process_group()
+    cfg = TrainConfig(model=req.model, parallel=req.parallel, steps=req.steps, seed=req.seed,
+                      compute_dtype=req.compute_dtype, data=req.data, quiet=True, measure_comm=True,
+                      lr=req.lr, grad_clip=req.grad_clip, warmup=req.warmup,
+                      **{k: req.shrink.get(k) for k in SHRINK_KEYS})
+    state = build_state(cfg, device)
+    context = 0
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        context = total - free - torch.cuda.memory_reserved(device)
+    world = dist.get_world_size()
+    profiled_timer, plain_timer = CommTimer(world > 1, device), CommTimer(False, device)
+    records = []
+    for i in range(req.steps):
+        profiled = world > 1 and i % 2 == 1
+        timer = profiled_timer if profiled else plain_timer
+        rec = train_step(state, timer)
+        records.append({"step": rec.step, "loss": rec.loss, "grad_norm": rec.grad_norm, "step_time_s": rec.step_time_s,
+                        "comm_s": timer.seconds if profiled else 0.0, "profiled": profiled})
+    if device.type == "cuda":
+        peak = int(torch.cuda.max_memory_reserved(device)) + int(context)
+    else:
+        peak = peak_memory_bytes(device)
+    return {"rank": dist.get_rank(), "records": records, "peak_memory_bytes": peak, "device": device.type}
+
+
+# -- in the parent ------------------------------------------------------------------------------
+
+def peak_flops(cluster: Cluster, compute_dtype: str) -> float:
+    """The calibrated peak of one rank in the compute dtype (profile fits, else the catalog)."""
+    fits = (cluster.measurements or {}).get("fits", {})
+    if compute_dtype in fits:
+        return fits[compute_dtype]["peak_tflops"] * 1e12
+    return cluster.accelerator.peak("bf16" if compute_dtype == "bf16" else "fp32")
+
+
+def measure(ranks: list[dict], spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
+            compute_dtype: str) -> dict:
+    """Aggregate the ranks' records (see the module docstring)."""
+    r0 = ranks[0]["records"]
+    steady = r0[1:] or r0
+    plain = [r["step_time_s"] for r in steady if not r["profiled"]] or [r["step_time_s"] for r in steady]
+    step_time = float(statistics.median(plain))
+    ratios = []
+    for rank in ranks:
+        prof = [r for r in rank["records"][1:] if r["profiled"]]
+        t = sum(r["step_time_s"] for r in prof)
+        if t > 0:
+            ratios.append(sum(r["comm_s"] for r in prof) / t)
+    peaks = [int(r["peak_memory_bytes"]) for r in ranks]
+    flops = flops_per_token(spec, parallel.seq, causal=True).train * parallel.gbs * parallel.seq
+    mfu = flops / step_time / (len(ranks) * peak_flops(cluster, compute_dtype))
+    losses = [r["loss"] for r in r0]
+    return {"step_time_s": step_time, "step_times_s": [r["step_time_s"] for r in r0],
+            "comm_ratio": float(statistics.mean(ratios)) if ratios else 0.0,
+            "comm_ratio_max": max(ratios) if ratios else 0.0,
+            "peak_memory_bytes": max(peaks), "peak_memory_per_rank": peaks, "mfu": mfu,
+            "model_flops_per_step": flops, "losses": losses,
+            "loss_trend": loss_trend(losses).to_dict()}
+
+
+def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label: str | None = None) -> dict:
+    """What the calibration loop keeps of a run (validate.fit.observation_from_record)."""
+    return {"label": label or f"{spec.name} {request.parallel.describe()}", "model": request.model,
+            "shrink": dict(request.shrink), "parallel": request.parallel.to_dict(), "layout": request.parallel.describe(),
+            "compute_dtype": request.compute_dtype, "step_time_s": measured["step_time_s"],
+            "comm_ratio": measured["comm_ratio"], "peak_memory_bytes": measured["peak_memory_bytes"],
+            "device": measured.get("device")}
+
+
+def local_cluster(cluster: Cluster, nproc: int) -> Cluster:
+    """The profile's machine running ``nproc`` local ranks: one node, its scale-up tier."""
+    from dataclasses import replace
+
+    t0 = replace(cluster.tiers[0], size=nproc)
+    return replace(cluster, nodes=1, devices_per_node=nproc, tiers=(t0,))
+
+
+def evaluate_run(request: ValidationRequest, cluster: Cluster, ranks: list[dict], step_tolerance: float = 0.20) -> dict:
+    """The result object: checks (the issue's contract), run, measured, prediction, record."""
+    from dayzero.validate.predicted import predict_run
+
+    spec = request.spec()
+    cluster = local_cluster(cluster, len(ranks))
+    device = ranks[0]["device"]
+    measured = measure(ranks, spec, request.parallel, cluster, request.compute_dtype)
+    measured["device"] = device
+    prediction = predict_run(spec, request.parallel, cluster, request.compute_dtype, device=device)
+    m = Measured(step_time_s=measured["step_time_s"], mfu=measured["mfu"],
+                 peak_memory_bytes=measured["peak_memory_bytes"], capacity_bytes=cluster.memory_bytes,
+                 comm_ratio=measured["comm_ratio"], loss=loss_trend(measured["losses"]))
+    rows = checks(m, prediction, step_tolerance=step_tolerance)
+    run = {"model": spec.name, "model_source": request.model, "proxy": _proxy_text(request.shrink),
+           "shrink": dict(request.shrink), "layout": request.parallel.describe(), "parallel": request.parallel.to_dict(),
+           "ranks": len(ranks), "device": device, "compute_dtype": request.compute_dtype, "steps": request.steps,
+           "cluster": cluster.name, "seed": request.seed, "lr": request.lr}
+    return {"checks": rows, "summary": summary(rows), "run": run, "measured": measured, "prediction": prediction,
+            "record": record_of(request, spec, measured)}
+
+
+def _proxy_text(shrink: dict) -> str:
+    kw = {k: v for k, v in shrink.items() if v is not None}
+    return ", ".join(f"{k} {v}" for k, v in kw.items()) if kw else "full size"
+
+
+def validate(request: ValidationRequest, cluster: Cluster, nproc: int, step_tolerance: float = 0.20) -> dict:
+    """Run ``request`` on ``nproc`` local ranks and build the result object."""
+    from dayzero.runtime.checks import check_runtime
+    from dayzero.validate.launch import run_ranks
+
+    spec = request.spec()
+    check_runtime(spec, request.parallel, nproc)  # one line before any rank starts
+    if request.steps < 4:
+        raise LayoutError(f"--steps {request.steps}: the loss-trend test needs at least 4 steps (12 or more is better)")
+    ranks = run_ranks("dayzero.validate.run:run_rank", {"request": request.to_dict()}, nproc)
+    return evaluate_run(request, cluster, ranks, step_tolerance)

@@ -1,0 +1,151 @@
+"""Activation accounting against Korthikanti et al. 2022 (sec. 4, eqs. 1-2 and the interleaving factor),
+checked on the paper's GPT configurations, plus hand counts for GQA, MLA and MoE layers."""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.planner.activations import Dims, layer_activation, layer_terms
+from dayzero.planner.memory import MemoryOptions, estimate_memory
+from dayzero.planner.schedule import inflight_chunks, inflight_microbatches, step_order
+from dayzero.specs.hf_config import spec_from_hf_config
+from dayzero.specs.parallel import ParallelConfig
+from dayzero.specs.registry import load_model
+
+# Korthikanti et al. 2022, Table 3: the GPT configurations (seq 2048).
+GPT_CONFIGS = {"22B": (64, 6144, 48), "175B": (96, 12288, 96), "530B": (128, 20480, 105), "1T": (160, 25600, 128)}
+GPT_OPTIONS = MemoryOptions(attention="eager", dropout=True)  # the paper's GPT: eager softmax + dropout
+
+
+def gpt(name: str):
+    a, h, layers = GPT_CONFIGS[name]
+    cfg = {"model_type": "gpt2", "n_embd": h, "n_layer": layers, "n_head": a, "n_positions": 2048,
+           "vocab_size": 51200, "tie_word_embeddings": True}
+    return spec_from_hf_config(cfg, name=f"gpt-{name}")
+
+
+def per_layer(spec, opts=GPT_OPTIONS, s=2048, b=1, t=1, sp=False):
+    return layer_activation(spec, "dense", opts, Dims(seq=s, mbs=b, tp=t, cp=1, sp=sp))
+
+
+@pytest.mark.parametrize("name", list(GPT_CONFIGS))
+@pytest.mark.parametrize("b", [1, 4])
+def test_no_parallelism_is_sbh_34_plus_5as_over_h(name, b):
+    spec, s = gpt(name), 2048
+    a, h = spec.attention.heads, spec.hidden
+    assert float(per_layer(spec, b=b).none) == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", list(GPT_CONFIGS))
+@pytest.mark.parametrize("t", [2, 8])
+def test_tensor_parallel_is_sbh_10_plus_24_over_t_plus_5as_over_ht(name, t):
+    spec, s, b = gpt(name), 2048, 1
+    a, h = spec.attention.heads, spec.hidden
+    expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert float(per_layer(spec, t=t).none) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", list(GPT_CONFIGS))
+@pytest.mark.parametrize("t", [4, 8])
+def test_sequence_parallel_with_selective_recompute_is_sbh_34_over_t(name, t):
+    spec, s, b = gpt(name), 2048, 2
+    act = per_layer(spec, b=b, t=t, sp=True)
+    assert float(act.selective) == pytest.approx(s * b * spec.hidden * 34 / t, rel=1e-12)
+    # SP alone (no recompute) adds back the score terms, all divided by t: sbh(34/t + 5as/(ht))
+    a, h = spec.attention.heads, spec.hidden
+    assert float(act.none) == pytest.approx(s * b * h * (34 / t + 5 * a * s / (h * t)), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", list(GPT_CONFIGS))
+def test_full_recompute_keeps_2sbh_per_layer(name):
+    spec, s, b = gpt(name), 2048, 1
+    assert float(per_layer(spec).full) == 2 * s * b * spec.hidden
+    assert float(per_layer(spec, t=8, sp=True).full) == 2 * s * b * spec.hidden / 8
+
+
+def test_stage_totals_follow_the_paper_for_1f1b_and_interleaving():
+    """First stage of 1F1B holds pp micro-batches of L/pp layers = L layers' worth (sec. 4.2.3);
+    interleaving multiplies that by 1 + (p - 1)/(p v)."""
+    spec = gpt("175B")  # 96 layers
+    t, p = 8, 8
+    layer = float(per_layer(spec, t=t, sp=True).selective)
+    for v in (1, 2, 3, 4):
+        par = ParallelConfig(tp=t, pp=p, dp=1, vpp=v, mbs=1, gbs=8 * p, seq=2048, zero=1, recompute="selective",
+                             sequence_parallel=True)
+        st0 = estimate_memory(spec, par, 80 * 10**9, GPT_OPTIONS).stages[0]
+        factor = 1 + (p - 1) / (p * v) if v > 1 else 1.0
+        assert st0.terms["activations:layers"] == pytest.approx(spec.layers * layer * factor, rel=1e-9)
+
+
+def test_1f1b_stage_i_holds_pp_minus_i_microbatches():
+    for pp in (2, 4, 8):
+        for rank in range(pp):
+            assert float(inflight_microbatches(0, pp, 1, 32, rank)) == pp - rank
+            assert float(inflight_microbatches(0, pp, 1, 2, rank)) == min(pp - rank, 2)
+            assert float(inflight_microbatches(2, pp, 1, 32, rank)) == 32  # GPipe holds them all
+
+
+@pytest.mark.parametrize("schedule,pp,vpp,m", [("1f1b", 4, 1, 8), ("1f1b", 4, 1, 2), ("interleaved", 4, 2, 8),
+                                               ("interleaved", 2, 3, 4), ("gpipe", 3, 1, 5), ("interleaved", 4, 4, 4)])
+def test_step_order_is_complete_and_peaks_at_the_formula(schedule, pp, vpp, m):
+    for rank in range(pp):
+        order = step_order(schedule, pp, vpp, m, rank)
+        fwd = [(i, c) for op, i, c in order if op == "F"]
+        bwd = [(i, c) for op, i, c in order if op == "B"]
+        assert sorted(fwd) == sorted(bwd) == sorted((i, c) for i in range(m) for c in range(vpp))
+        live, peak, seen = 0, 0, set()
+        for op, i, c in order:
+            if op == "F":
+                live += 1
+                seen.add((i, c))
+            else:
+                assert (i, c) in seen  # backward after its forward
+                live -= 1
+            peak = max(peak, live)
+        code = {"1f1b": 0, "interleaved": 1, "gpipe": 2}[schedule]
+        assert peak == int(inflight_chunks(code, pp, vpp, m, rank))
+
+
+def test_gqa_layer_by_hand():
+    spec = load_model("llama-3.1-8b")  # h 4096, a 32, kv 8, d 128, f 14336, gated
+    s, b, h, f = 4096, 1, 4096, 14336
+    sbh = s * b * h
+    kv = s * b * 8 * 128
+    expected = (2 * sbh + 2 * sbh  # ln1 input, qkv input
+                + 2 * sbh + 2 * kv + 2 * kv  # q, k, v
+                + 4 * s * b * 32  # flash log-sum-exp
+                + 2 * sbh  # o_proj input
+                + 2 * sbh + 2 * sbh  # ln2 input, mlp input
+                + 2 * s * b * 2 * f + 2 * s * b * f)  # swiglu input (gate|up), down input
+    assert float(layer_activation(spec, "dense", MemoryOptions(), Dims(s, b, 1, 1)).none) == expected
+    # tp 16 > kv 8: each rank keeps one whole KV head
+    terms = layer_terms(spec, "dense", MemoryOptions(), Dims(s, b, 16, 1))
+    assert float(terms["k"]) == 2 * s * b * 128
+
+
+def test_mla_and_moe_layer_by_hand():
+    spec = load_model("tiny-moe")  # MLA (a 8, q_lora 96, kv_lora 64, dqk 48, dv 32); 8 experts top-2, f_e 128, 1 shared
+    s, b, h = 256, 2, spec.hidden
+    a, moe = spec.attention, spec.moe
+    tok = s * b
+    attn = (2 * tok * h * 2 + 2 * tok * 96 * 2 + 2 * tok * 64 * 2  # ln1, input; q_a norm, q_b in; kv_a norm, kv_b in
+            + 2 * tok * a.heads * (48 + 48 + 32) + 4 * tok * a.heads + 2 * tok * a.heads * 32)
+    routed = tok * 2  # top-2, balanced, etp = tp = cp = 1
+    mlp = (2 * tok * h * 2 + 4 * tok * 8 + 12 * tok * 2  # ln2, moe input, router probs, top-k
+           + routed * (2 * h + 2 * 2 * 128 + 2 * 128 + 2 * h + 8)  # dispatched in, swiglu, down, out, map
+           + tok * (2 * 2 * 128 + 2 * 128))  # shared expert
+    got = float(layer_activation(spec, "moe", MemoryOptions(), Dims(s, b, 1, 1)).none)
+    assert got == attn + mlp
+    # capacity factor scales only the routed terms
+    more = float(layer_activation(spec, "moe", MemoryOptions(moe_capacity_factor=1.5), Dims(s, b, 1, 1)).none)
+    assert more - got == pytest.approx(0.5 * routed * (2 * h + 2 * 2 * 128 + 2 * 128 + 2 * h + 8))
+
+
+def test_fp8_halves_saved_linear_inputs():
+    spec = load_model("llama-3.1-8b")
+    bf16 = layer_terms(spec, "dense", MemoryOptions(), Dims(4096, 1, 1, 1))
+    fp8 = layer_terms(spec, "dense", MemoryOptions(), Dims(4096, 1, 1, 1, fp8=True))
+    for k in ("attn_in", "attn_out", "mlp_in", "mlp_down_in"):
+        assert float(fp8[k]) * 2 == float(bf16[k])
+    for k in ("ln1_in", "q", "mlp_act_in"):
+        assert float(fp8[k]) == float(bf16[k])

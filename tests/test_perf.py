@@ -1,0 +1,143 @@
+"""Step-time model: consistency (vectorised == one at a time), structure, and physical trends."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dayzero.planner.calibration import PerfConstants
+from dayzero.planner.comm import CommOptions
+from dayzero.planner.perf import PerfOptions, evaluate, grid_from_parallel
+from dayzero.specs.cluster import build_cluster, cluster_from_dict
+from dayzero.specs.counting import flops_per_token
+from dayzero.specs.parallel import ParallelConfig
+from dayzero.specs.registry import load_model
+
+LLAMA = load_model("llama-3.1-70b")
+MOE = load_model("qwen3-235b-a22b")
+H100 = build_cluster("h100", 64)
+
+
+def one(spec, p, cluster=H100, options=None, prec=None):
+    ev = evaluate(spec, grid_from_parallel(p, prec), cluster, options, layer_split=p.layer_split)
+    return {k: float(getattr(ev, k)[0]) for k in ("step_s", "compute_s", "comm_exposed_s", "bubble_s", "optimizer_s",
+                                                  "tokens_per_s_per_device", "mfu", "microbatch_s", "comm_ratio")}, ev
+
+
+LAYOUTS = [
+    ParallelConfig(tp=4, pp=4, dp=4, vpp=5, mbs=1, gbs=128, seq=8192, sequence_parallel=True, precision="fp8"),
+    ParallelConfig(tp=8, pp=1, dp=8, mbs=2, gbs=256, seq=4096, zero=3, recompute="full", sequence_parallel=True),
+    ParallelConfig(tp=2, pp=2, dp=8, cp=2, mbs=1, gbs=64, seq=8192, zero=0, recompute="selective"),
+    ParallelConfig(tp=1, pp=8, dp=8, mbs=1, gbs=512, seq=4096, zero=2),
+]
+
+
+def test_vectorised_equals_one_at_a_time():
+    grids = [grid_from_parallel(p) for p in LAYOUTS if p.cp == 1 or True]
+    by_seq = {}
+    for p, g in zip(LAYOUTS, grids):
+        by_seq.setdefault(p.seq, []).append((p, g))
+    for seq, items in by_seq.items():
+        batch = {k: np.concatenate([g[k] for _, g in items]) for k in items[0][1]}
+        ev = evaluate(LLAMA, batch, H100)
+        for i, (p, _) in enumerate(items):
+            single, _ = one(LLAMA, p)
+            assert ev.step_s[i] == pytest.approx(single["step_s"], rel=1e-12)
+            assert ev.comm_exposed_s[i] == pytest.approx(single["comm_exposed_s"], rel=1e-12, abs=1e-15)
+
+
+def test_step_is_the_sum_of_its_terms_and_bubble_follows_1f1b():
+    for p in LAYOUTS:
+        r, _ = one(LLAMA, p)
+        assert r["step_s"] == pytest.approx(r["compute_s"] + r["comm_exposed_s"] + r["bubble_s"] + r["optimizer_s"], rel=1e-12)
+        assert r["bubble_s"] == pytest.approx((p.pp - 1) / p.vpp * r["microbatch_s"], rel=1e-12)
+        assert r["tokens_per_s_per_device"] == pytest.approx(p.gbs * p.seq / r["step_s"] / p.world, rel=1e-12)
+
+
+def test_mfu_is_model_flops_over_the_precision_peak():
+    p = LAYOUTS[0]
+    r, _ = one(LLAMA, p)
+    model = flops_per_token(LLAMA, p.seq, causal=True).train
+    assert r["mfu"] == pytest.approx(r["tokens_per_s_per_device"] * model / H100.accelerator.peak("fp8"), rel=1e-12)
+
+
+def test_interleaving_shrinks_the_bubble():
+    base = ParallelConfig(tp=4, pp=4, dp=4, mbs=1, gbs=128, seq=8192, sequence_parallel=True)
+    plain, _ = one(LLAMA, base)
+    inter, _ = one(LLAMA, base.with_(vpp=5, schedule="interleaved"))
+    assert inter["bubble_s"] < plain["bubble_s"] / 4
+
+
+def test_recompute_costs_time():
+    p = ParallelConfig(tp=8, pp=2, dp=4, mbs=1, gbs=64, seq=8192, sequence_parallel=True)
+    t = [one(LLAMA, p.with_(recompute=r))[0]["step_s"] for r in ("none", "selective", "full")]
+    assert t[0] < t[1] < t[2]
+    assert t[2] / t[0] == pytest.approx(4 / 3, rel=0.15)  # one more forward: ~4/3 of the work
+
+
+def test_fp8_and_fp4_speed_up_gemms_only_where_the_hardware_has_them():
+    p = ParallelConfig(tp=8, pp=1, dp=8, mbs=1, gbs=64, seq=4096, sequence_parallel=True)
+    bf16 = one(LLAMA, p)[0]["compute_s"]
+    fp8 = one(LLAMA, p.with_(precision="fp8"))[0]["compute_s"]
+    assert fp8 < 0.8 * bf16
+    a100 = build_cluster("a100", 64)
+    assert one(LLAMA, p, a100)[0]["step_s"] == pytest.approx(one(LLAMA, p.with_(precision="fp8"), a100)[0]["step_s"], rel=0.02)
+    gb300 = build_cluster("gb300", 64)
+    assert one(LLAMA, p, gb300, prec="fp4")[0]["step_s"] < one(LLAMA, p, gb300, prec="fp8")[0]["step_s"]
+
+
+def test_tp_overlap_hides_tp_communication():
+    p = ParallelConfig(tp=8, pp=1, dp=8, mbs=1, gbs=64, seq=8192, sequence_parallel=True)
+    off = one(LLAMA, p)[0]
+    on = one(LLAMA, p, options=PerfOptions(comm=CommOptions(tp_overlap=True)))[0]
+    assert on["comm_exposed_s"] < off["comm_exposed_s"]
+    assert on["step_s"] < off["step_s"]
+
+
+def test_inventory_lists_each_parallel_dim_and_never_exposes_more_than_it_sends():
+    p = ParallelConfig(tp=2, pp=2, dp=4, cp=2, ep=8, mbs=1, gbs=64, seq=8192, sequence_parallel=True)
+    _, ev = one(MOE, p)
+    rows = ev.inventory_of(0)
+    dims = {r["dim"] for r in rows}
+    assert {"tp", "cp", "ep", "pp", "dp_cp"} <= dims
+    for r in rows:
+        assert 0 <= r["exposed_s"] <= r["total_s"] + 1e-12, r
+        assert r["count"] > 0 and r["bytes"] > 0
+    ep = next(r for r in rows if r["dim"] == "ep")
+    assert ep["tier"] == "scale-up" and ep["group_size"] == 8
+
+
+def test_all_to_all_on_a_full_mesh_costs_more_than_behind_a_switch():
+    """The same MoE layout on 8-card boards of equal aggregate bandwidth: HCCS-style full mesh
+    versus a switch. Expert parallelism over 4 cards uses 3 of the mesh's 7 links."""
+    mesh = cluster_from_dict({"accelerator": "910b", "nodes": 8, "topology": "mesh"}, "mesh")
+    switch = cluster_from_dict({"accelerator": "910b", "nodes": 8, "topology": "switch",
+                                "intra_node_p2p_gbytes_per_s": 392}, "switch")
+    p = ParallelConfig(tp=1, pp=1, dp=64, ep=4, mbs=1, gbs=64, seq=4096)
+    m = {r["dim"]: r for r in one(MOE, p, mesh)[1].inventory_of(0)}["ep"]
+    s = {r["dim"]: r for r in one(MOE, p, switch)[1].inventory_of(0)}["ep"]
+    assert m["time_s"] > 2 * s["time_s"]
+
+
+def test_constants_change_predictions_as_expected():
+    p = LAYOUTS[0]
+    base = one(LLAMA, p)[0]["step_s"]
+    slow = PerfOptions(constants=replace(PerfConstants(), gemm_scale_fp8=PerfConstants().gemm_scale_fp8 / 2))
+    assert one(LLAMA, p, options=slow)[0]["step_s"] > 1.3 * base
+
+
+def test_cluster_calibration_overrides_catalog_rates():
+    from dayzero.errors import ConfigError
+    from dayzero.planner.calibration import constants_for, rates
+
+    cl = cluster_from_dict({"accelerator": "h100", "nodes": 2, "efficiency": {"gemm": 0.5, "intra": 0.7}}, "cal")
+    r = rates(cl, constants_for(cl))
+    assert r.gemm_eff["bf16"] == 0.5
+    assert r.intra.bw == pytest.approx(450e9 * 0.7)
+    default = rates(H100, constants_for(H100))
+    assert default.intra.bw == pytest.approx(370e9)  # catalog's measured ring bus bandwidth
+    bad = cluster_from_dict({"accelerator": "h100", "nodes": 2, "efficiency": {"gemmm": 0.5}}, "bad")
+    with pytest.raises(ConfigError, match="unknown efficiency key"):
+        constants_for(bad)

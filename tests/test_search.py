@@ -1,0 +1,77 @@
+"""The layout search: exact pruning (same best plan as brute force), honest counts, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dayzero.errors import FitError
+from dayzero.planner.memory import MemoryOptions, peak_memory_batch
+from dayzero.planner.perf import evaluate
+from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
+from dayzero.specs.cluster import build_cluster
+from dayzero.specs.registry import load_model
+
+MIXTRAL = load_model("mixtral-8x7b")
+CLUSTER = build_cluster("h100", 32)
+
+
+def brute_force(spec, cluster, gbs, seq, space, limit):
+    bases, considered, indivisible, variants = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8)
+    n = len(bases["tp"])
+    zr = [(z, r) for z in space.zero for r in space.recompute]
+    full = {k: np.repeat(v, len(zr)) for k, v in bases.items()}
+    full["zero"] = np.tile([z for z, _ in zr], n)
+    full["recompute"] = np.tile([r for _, r in zr], n)
+    full["fp8"] = np.zeros(len(full["tp"]), dtype=np.int64)
+    peak = peak_memory_batch(spec, full, cluster.memory_bytes, MemoryOptions.for_accelerator(cluster.accelerator))
+    ok = peak <= limit
+    fit = {k: v[ok] for k, v in full.items()}
+    fit["prec"] = np.zeros(int(ok.sum()), dtype=np.int64)
+    ev = evaluate(spec, fit, cluster)
+    return float(ev.step_s.min()), int(ok.sum()), considered, indivisible, n * variants
+
+
+def test_search_finds_the_brute_force_optimum_and_counts_every_layout():
+    space = SearchSpace(mbs=(1, 2), cp=(1, 2))
+    result = search(MIXTRAL, CLUSTER, 256, 4096, space=space, max_memory=0.6, top_k=3)
+    best, n_fit, considered, indivisible, total = brute_force(MIXTRAL, CLUSTER, 256, 4096, space,
+                                                              0.6 * CLUSTER.memory_bytes)
+    assert 0.05 * total < n_fit < 0.95 * total  # the memory limit really prunes
+    assert result.evaluation.step_s[0] == pytest.approx(best, rel=1e-12)
+    assert result.considered == considered
+    assert result.rejected["indivisible"] == indivisible
+    assert result.rejected["does not fit"] == total - n_fit
+    assert sum(result.rejected.values()) + len(result.evaluation.step_s) == result.considered
+    assert np.all(np.diff(result.evaluation.step_s) >= 0)
+    assert np.all(result.peak_bytes <= 0.6 * CLUSTER.memory_bytes)
+
+
+def test_plan_object_follows_the_contract():
+    obj = plan(MIXTRAL, CLUSTER, 256, 4096, space=SearchSpace(mbs=(1,), cp=(1,)), top_k=2)
+    assert set(obj) >= {"plans", "considered", "rejected"}
+    assert set(obj["rejected"]) == {"indivisible", "does not fit", "worse"}
+    assert len(obj["plans"]) == 2
+    first = obj["plans"][0]
+    assert set(first) >= {"parallel", "fits", "memory", "time", "throughput", "comm_ratio", "checks"}
+    assert set(first["time"]) >= {"step_s", "compute_s", "comm_exposed_s", "bubble_s"}
+    assert set(first["throughput"]) >= {"tokens_per_s", "tokens_per_s_per_device", "model_tflops_per_device", "mfu"}
+    assert first["fits"] and first["memory"]["utilization"] <= 0.85
+    assert [c["metric"] for c in first["checks"]] == ["mfu", "peak_memory_fraction", "comm_ratio"]
+    assert first["time"]["step_s"] <= obj["plans"][1]["time"]["step_s"]
+
+
+def test_nothing_fits_is_one_clear_error():
+    with pytest.raises(FitError, match="no layout of dense-3t fits"):
+        search(load_model("dense-3t"), build_cluster("h100", 8), 64, 4096)
+
+
+def test_default_scenario_space_is_large():
+    spec = load_model("dense-3t")
+    bases, considered, indivisible, variants = enumerate_layouts(spec, 8192, 4096, 4096, SearchSpace(), 8)
+    assert considered > 100_000
+    assert considered == indivisible + len(bases["tp"]) * variants
+    # every base is divisor-consistent
+    assert np.all(8192 % (bases["tp"] * bases["pp"] * bases["cp"]) == 0)
+    assert np.all(4096 % (bases["mbs"] * bases["dp"]) == 0)
+    assert np.all(spec.attention.heads % bases["tp"] == 0)

@@ -1,0 +1,45 @@
+"""For every published run with a full layout, the search finds a plan predicted at least as fast
+as the layout the experts picked (among layouts needing no more memory than theirs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import data_file
+from dayzero.planner.memory import MemoryOptions, peak_memory_batch
+from dayzero.planner.perf import evaluate, grid_from_parallel
+from dayzero.planner.published import load_cases
+from dayzero.planner.search import search
+
+CSV = data_file("published_runs_dev.csv")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not CSV.exists(), reason="published_runs_dev.csv not beside the checkout")]
+
+
+def _groups():
+    """Rows with a full layout, one per distinct (model, cluster, layout, options)."""
+    seen = {}
+    for case in load_cases(CSV)[0]:
+        if not case.full_layout:
+            continue
+        key = (case.spec, case.cluster.name, case.cluster.devices, case.parallel, case.options, case.gemm_precision)
+        seen.setdefault(key, case)
+    return list(seen.values())
+
+
+CASES = _groups()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_search_is_at_least_as_fast_as_the_published_layout(case):
+    p = case.parallel
+    grid = grid_from_parallel(p, case.gemm_precision)
+    published = float(evaluate(case.spec, grid, case.cluster, case.options, layer_split=p.layer_split).step_s[0])
+    mem_grid = {k: v for k, v in grid.items() if k != "prec"}
+    opts = MemoryOptions.for_accelerator(case.cluster.accelerator)
+    peak = float(peak_memory_batch(case.spec, mem_grid, case.cluster.memory_bytes, opts)[0])
+    limit = peak / case.cluster.memory_bytes * (1 + 1e-9)
+    result = search(case.spec, case.cluster, p.gbs, p.seq, p.precision, case.options, top_k=1, max_memory=limit)
+    assert result.evaluation.step_s[0] <= published * (1 + 1e-9), (case.id, p.describe())
+    assert np.isfinite(result.evaluation.step_s[0])
