@@ -107,6 +107,10 @@ def main() -> None:
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(a.repeats):
         for n in names:
+            done = out / "runs" / f"{n}_r{r}.json"
+            if done.exists():  # resume an interrupted invocation
+                runs[n].append(json.loads(done.read_text()))
+                continue
             res = None
             for attempt in range(2):  # a rank killed by the shared machine (OOM) gets one retry
                 load0 = wait_for_quiet(a.max_load, a.max_wait)

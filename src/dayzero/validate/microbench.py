@@ -179,10 +179,13 @@ def collectives(device, p: dict) -> list[dict]:
             full = torch.ones(elems, device=device)
             part = torch.ones(elems // g, device=device)
             recv = torch.empty(elems, device=device)
+            # torch 2.13 renamed the tensor forms (*_single); older releases only have the old names
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
             ops = {
                 "all_reduce": lambda: dist.all_reduce(full, group=mine),
-                "all_gather": lambda: dist.all_gather_into_tensor(recv, part, group=mine),
-                "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full, group=mine),
+                "all_gather": lambda: gather(recv, part, group=mine),
+                "reduce_scatter": lambda: scatter(part, full, group=mine),
                 "all_to_all": lambda: dist.all_to_all_single(recv, full, group=mine),
             }
             for kind, fn in ops.items():
