@@ -8,8 +8,8 @@ includes importing torch and transformers, building the model on the meta device
 training step, checking every decomposition numerically and finding fusions. Target (issue 8):
 under 30 s per model on the 2-core development machine. That machine is shared with other jobs, so
 wall time varies with their load: each configuration runs --repeat times and the table shows the
-best and worst wall time (best-of-N is the time the tool needs; the spread is the interference)
-and the smallest CPU time. Writes benchmarks/RESULTS_ops.md (and a copy under $OUT when set).
+best and worst wall time, the smallest CPU time and the load average. Adds a run section at the top
+of benchmarks/RESULTS_ops.md, keeping earlier runs (and writes a copy under $OUT when set).
 CPU only; no GPU needed.
 """
 
@@ -40,6 +40,7 @@ def presets() -> list[tuple[str, bool]]:
 
 def run_one(model: str, manifest: str, experts: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    load = os.getloadavg()[0]  # other jobs on the shared machine: explains wall >> cpu
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "dayzero", "ops", model, "--manifest", manifest, "--experts", experts,
@@ -49,7 +50,7 @@ def run_one(model: str, manifest: str, experts: str) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     row = {"model": model, "manifest": manifest, "experts": experts, "wall_s": wall, "cpu_s": cpu,
-           "rc": proc.returncode}
+           "rc": proc.returncode, "load": load}
     if proc.returncode != 0:
         row["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"
         return row
@@ -64,53 +65,78 @@ def run_one(model: str, manifest: str, experts: str) -> dict:
     return row
 
 
-def markdown(rows: list[dict], manifests: list[str]) -> str:
-    today = datetime.date.today().isoformat()
+HEADER = f"""# `dayzero ops` benchmark
+
+Machine: 2-core CPU, 24 GiB, shared with other jobs. Each row: one cold `python -m dayzero ops PRESET
+--manifest M --experts E --json` process (imports, meta-device build, trace of forward + backward at
+the default sequence length, numerical checks of every decomposition, fusion search), repeated; the
+table shows the best and worst wall time, the smallest CPU time (user+sys), the time after imports
+(`seconds` in the JSON) of the best run and the machine's 1-minute load average when it started (2
+cores: above 2, other jobs were competing for them, and wall time exceeds CPU time accordingly).
+FLOPs diff: traced forward+backward FLOPs/token vs `dayzero inspect --full-attention`.
+Target (issue 8): under {TARGET_S:.0f} s per model with the default options (experts: grouped_mm).
+Runs are listed newest first; `PYTHONPATH=src python benchmarks/bench_ops.py` adds one.
+
+gpt-oss-120b: eager attention computes the full s x s scores in its sliding-window layers, inspect
+counts the 128-token window, hence the FLOPs difference at seq 4096 (they agree at seq 128, see
+tests/test_ops_trace.py).
+"""
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    """One run's section."""
     import torch
     import transformers
 
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    loads = [r["load"] for r in rows]
     lines = [
-        "# `dayzero ops` benchmark", "",
-        f"Date: {today}. Machine: 2-core CPU, 24 GiB, shared with other jobs "
-        f"({platform.processor() or platform.machine()}), torch {torch.__version__}, transformers {transformers.__version__}.",
-        "Command: `PYTHONPATH=src python benchmarks/bench_ops.py` (one cold `python -m dayzero ops PRESET "
-        "--manifest M --json` process per row: imports, meta-device build, trace of forward + backward at the "
-        "default sequence length, numerical checks of every decomposition, fusion search).", "",
-        f"Target: < {TARGET_S:.0f} s per model with the default options (experts: grouped_mm). `wall` is elapsed time, `cpu` user+sys seconds of the process "
-        "(the machine is shared, so wall time includes waiting for a core). `in-process` is the time after imports "
-        "(`seconds` in the JSON). FLOPs diff: traced forward+backward FLOPs/token vs `dayzero inspect "
-        "--full-attention`.", "",
+        f"## Run {now}", "",
+        f"`{command}`; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{platform.machine()}; load average {min(loads):.1f}–{max(loads):.1f}.", "",
         "| model | manifest | experts | seq | layer kinds | calls/step | coverage (calls / FLOPs) "
         "| unsupported (verified) | needs a kernel | fusions | FLOPs diff | wall s, best (worst) | cpu s | "
-        "in-process s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "in-process s | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["rc"] != 0:
             lines.append(f"| {r['model']} | {r['manifest']} | {r['experts']} | | | | | | | | | {r['wall_s']:.1f} | "
-                         f"{r['cpu_s']:.1f} | error: {r.get('error', '')} |")
+                         f"{r['cpu_s']:.1f} | error: {r.get('error', '')} | |")
             continue
         diff = "—" if r["flops_rel_diff"] is None else f"{100 * r['flops_rel_diff']:+.2f} %" + (
             " (sliding window)" if r["sliding"] else "")
         nk = ", ".join(o.removeprefix("aten.") for o in r["needs_kernel"]) or "—"
         experts = r["experts"] if r.get("moe") else "—"
         lines.append(f"| {r['model']} | {r['manifest']} | {experts} | {r['seq']} | {r['kinds']} | {r['calls']:,} | "
-                     f"{100 * r['coverage']:.1f} % / {100 * r['coverage_flops']:.1f} % | {r['unsupported']} ({r['verified']}) | "
-                     f"{nk} | {r['fusions']} | {diff} | {r['wall_s']:.1f} ({r['wall_worst_s']:.1f}) | {r['cpu_s']:.1f} | "
-                     f"{r['inner_s']:.1f} |")
+                     f"{100 * r['coverage']:.1f} % / {100 * r['coverage_flops']:.1f} % | "
+                     f"{r['unsupported']} ({r['verified']}) | {nk} | {r['fusions']} | {diff} | "
+                     f"{r['wall_s']:.1f} ({r['wall_worst_s']:.1f}) | {r['cpu_s']:.1f} | {r['inner_s']:.1f} | "
+                     f"{r['load']:.1f} |")
     ok = [r for r in rows if r["rc"] == 0]
-    worst_wall = max((r["wall_s"] for r in ok), default=0)
-    worst_cpu = max((r["cpu_s"] for r in ok), default=0)
     default = [r for r in ok if r["experts"] == "grouped_mm"]
-    lines += ["", f"Slowest configuration: {worst_wall:.1f} s wall (best of {rows[0].get('repeat', 1)}), "
-              f"{worst_cpu:.1f} s cpu. Default options (experts grouped_mm): "
-              f"{sum(r['wall_s'] < TARGET_S for r in default)}/{len(default)} under {TARGET_S:.0f} s wall, "
-              f"{sum(r['cpu_s'] < TARGET_S for r in default)}/{len(default)} under {TARGET_S:.0f} s cpu; worst "
-              f"single run {max((r['wall_worst_s'] for r in default), default=0):.1f} s wall under the other jobs' load."]
-    lines += ["", "gpt-oss-120b: eager attention computes the full s x s scores in its sliding-window layers, "
-              "inspect counts the 128-token window, hence the FLOPs difference at seq 4096 (they agree at seq 128, "
-              "see tests/test_ops_trace.py)."]
+    lines += ["", f"Default options: {sum(r['wall_s'] < TARGET_S for r in default)}/{len(default)} configurations "
+              f"under {TARGET_S:.0f} s wall (best of {rows[0].get('repeat', 1)}), "
+              f"{sum(r['cpu_s'] < TARGET_S for r in default)}/{len(default)} under {TARGET_S:.0f} s CPU; "
+              f"CPU {min((r['cpu_s'] for r in default), default=0):.1f}–{max((r['cpu_s'] for r in default), default=0):.1f} s. "
+              f"All options: slowest {max((r['wall_s'] for r in ok), default=0):.1f} s wall, "
+              f"{max((r['cpu_s'] for r in ok), default=0):.1f} s CPU; {len(rows) - len(ok)} failed.", ""]
     return "\n".join(lines) + "\n"
+
+
+def write(section: str) -> str:
+    """Put the new run first, keep the earlier runs below it."""
+    path = ROOT / "benchmarks" / "RESULTS_ops.md"
+    earlier = ""
+    if path.exists():
+        text = path.read_text()
+        at = text.find("\n## Run ")
+        earlier = text[at + 1:] if at >= 0 else ""
+    text = HEADER + "\n" + section + ("\n" + earlier if earlier else "")
+    path.write_text(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "RESULTS_ops.md").write_text(text)
+    return text
 
 
 def main() -> None:
@@ -136,11 +162,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"{model:18s} {manifest:12s} {experts:10s} rc={row['rc']} wall={row['wall_s']:.1f}s "
                       f"cpu={row['cpu_s']:.1f}s {row.get('error', '')}", flush=True)
-    text = markdown(rows, manifests)
-    (ROOT / "benchmarks" / "RESULTS_ops.md").write_text(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "RESULTS_ops.md").write_text(text)
-    print(text)
+    command = "python benchmarks/bench_ops.py " + " ".join(sys.argv[1:])
+    print(write(markdown(rows, command.strip())))
 
 
 if __name__ == "__main__":
