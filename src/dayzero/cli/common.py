@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from typing import Annotated, Any, Optional
@@ -10,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from dayzero.report.jsonable import dumps
 from dayzero.specs.cluster import Cluster, resolve_cluster
 
 console = Console()
@@ -18,17 +18,7 @@ err_console = Console(stderr=True)
 
 def emit_json(obj: Any) -> None:
     """Print one JSON document on stdout (no rich markup, no wrapping)."""
-    sys.stdout.write(json.dumps(obj, indent=1, default=_default) + "\n")
-
-
-def _default(o: Any):
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    return str(o)
+    sys.stdout.write(dumps(obj) + "\n")
 
 
 def human(n: float, unit: str = "") -> str:

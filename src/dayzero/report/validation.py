@@ -7,8 +7,9 @@ is the same for people: the targets table first, then the run and the calibratio
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from dayzero.report.jsonable import dumps
 
 
 def _fmt(x, unit: str = "") -> str:
@@ -84,16 +85,8 @@ def write_report(result: dict, out_dir: str | Path, stem: str = "validation") ->
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     j, m = d / f"{stem}.json", d / f"{stem}.md"
-    j.write_text(json.dumps(result, indent=1, default=_default) + "\n")
+    j.write_text(dumps(result) + "\n")
     m.write_text(to_markdown(result))
     return j, m
 
 
-def _default(o):
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    return str(o)

@@ -82,19 +82,20 @@ def restart_attempt() -> int:
         return 0
 
 
-def init_process_group(backend: str = "gloo") -> None:
+def init_process_group(backend: str = "gloo", **kwargs) -> None:
     """``torch.distributed.init_process_group`` from torchrun's environment, safe across restarts.
 
     torchrun's c10d rendezvous shares one TCPStore across restart attempts (torch 2.13), so the
     keys a failed attempt left behind (its ranks' gloo addresses) are still there and the new
     attempt connects to dead peers ("Connection refused" in connectFullMesh). Prefixing every key
-    with the attempt number keeps attempts apart.
+    with the attempt number keeps attempts apart. ``kwargs`` go to ``init_process_group``
+    (``timeout``, ``device_id``).
     """
     import torch.distributed as dist
 
     store, rank, world = next(dist.rendezvous("env://"))
     store = dist.PrefixStore(f"dayzero/attempt-{restart_attempt()}", store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
 
 
 class FaultInjector:

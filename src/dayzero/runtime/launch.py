@@ -1,10 +1,17 @@
-"""Starting ranks: ``spawn`` runs N local ranks under torchrun's elastic agent; ``main`` is what each
-rank runs (``python -m dayzero.runtime.launch [--error-dir DIR] CONFIG.json ...``).
+"""Starting ranks, for every verb that runs on several local processes.
 
-A user error on a rank (DayzeroError) ends that rank with exit code 2 after writing its one-line
-message to ``--error-dir``; the agent then stops every other rank, and the parent prints each
-distinct message once. Several configs run one after another in the same process group (tests
-share one spawned world across runs this way).
+``launch_local(argv, nproc, error_dir)`` runs ``python <argv>`` on ``nproc`` local ranks under torchrun's
+elastic agent (one intra-op thread per rank unless OMP_NUM_THREADS says otherwise, as torchrun
+does; a failed rendezvous is retried once). A rank that hits a user error (DayzeroError) writes
+its one-line message to ``rank<R>.err`` in the error directory and exits 2; the agent then stops
+every other rank, so nothing hangs, and :class:`RanksFailed` carries each distinct message once.
+``init_distributed()`` is how a rank joins the group (gloo on CPU, NCCL on CUDA).
+
+``spawn(configs, nproc)`` trains one or more configs that way (``dayzero train --nproc``); ``main``
+is what each of its ranks runs (``python -m dayzero.runtime.launch [--error-dir DIR] CONFIG.json
+...``). Several configs run one after another in the same process group (tests share one spawned
+world across runs this way). :mod:`dayzero.validate.launch` runs a function on every rank and
+collects its results through the same ``launch_local``.
 """
 
 from __future__ import annotations
@@ -16,36 +23,131 @@ import sys
 import tempfile
 import traceback
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 from dayzero.errors import DayzeroError
 from dayzero.runtime.config import TrainConfig
 
+PG_TIMEOUT_S = 600  # a rank stuck longer than this in a collective fails instead of hanging
+
+
+class RanksFailed(Exception):
+    """A local launch failed: ``exit_code`` 2 after a user error on some rank (``messages``: each
+    distinct one-line message), 1 after a crash or when the ranks could not be started."""
+
+    def __init__(self, exit_code: int, messages: list[str]):
+        super().__init__("; ".join(messages))
+        self.exit_code, self.messages = exit_code, messages
+
+
+def init_distributed():
+    """Join torchrun's process group (or make a one-process group) and pick this rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            from dayzero.runtime.faults import init_process_group
+
+            # keys apart from a failed attempt's (torchrun restarts)
+            init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S),
+                               device_id=device if backend == "nccl" else None)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return device
+
+
+def write_rank_error(error_dir: str | Path | None, err: DayzeroError) -> None:
+    """Leave this rank's one-line message for the launching process (rank 0 prints it when there
+    is no launcher to collect it)."""
+    rank = int(os.environ.get("RANK", "0"))
+    if error_dir:
+        Path(error_dir, f"rank{rank}.err").write_text(str(err) + "\n")
+    elif rank == 0:
+        print(f"dayzero: error: {err}", file=sys.stderr)
+
+
+def destroy_process_group() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - shutting down after an error must not mask it
+        pass
+
+
+def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_restarts: int = 0) -> None:
+    """Run ``python <argv>`` on ``nproc`` local ranks; raise :class:`RanksFailed` if any fails.
+    The ranks write user errors to ``error_dir`` (see :func:`write_rank_error`)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # the agent's own log lines would bury the one line that matters
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
+                      monitor_interval=0.1, start_method="spawn")
+    env_threads = os.environ.get("OMP_NUM_THREADS")
+    if env_threads is None:  # as torchrun does: one thread per rank unless told otherwise
+        os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        for attempt in (1, 2):
+            try:
+                elastic_launch(lc, sys.executable)(*argv)
+                return
+            except ChildFailedError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the launcher itself (rendezvous, store) failed
+                what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                if attempt == 2:
+                    raise RanksFailed(1, [f"could not run {nproc} ranks: {what}"]) from None
+                print(f"dayzero: note: starting {nproc} ranks failed ({what}); retrying once", file=sys.stderr)
+                lc.run_id = str(uuid.uuid4())
+    except ChildFailedError as e:
+        messages = sorted({f.read_text().strip() for f in Path(error_dir).glob("rank*.err")})
+        if messages:
+            raise RanksFailed(2, messages) from None
+        rank, failure = e.get_first_failure()
+        raise RanksFailed(1, [f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above"]) from None
+    finally:
+        if env_threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def run_as_rank(main) -> None:
+    """The ``__main__`` of a rank module: exit with ``main()``'s code; a crash shows its traceback
+    and exits 1 so the agent stops the other ranks."""
+    try:
+        sys.exit(main())
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)
+
+
+# -- dayzero train --nproc -----------------------------------------------------------------------
 
 def run_configs(configs: list[TrainConfig], error_dir: str | None = None) -> int:
     """Train each config in turn on this rank; returns the process exit code."""
-    rank = int(os.environ.get("RANK", "0"))
     try:
-        from dayzero.runtime.train import init_distributed
-
         device = init_distributed()
         for cfg in configs:
             _train_one(cfg, device)
         return 0
     except DayzeroError as e:
-        if error_dir:
-            Path(error_dir, f"rank{rank}.err").write_text(str(e) + "\n")
-        elif rank == 0:
-            print(f"dayzero: error: {e}", file=sys.stderr)
+        write_rank_error(error_dir, e)
         return e.exit_code
     finally:
-        try:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - shutting down after an error must not mask it
-            pass
+        destroy_process_group()
 
 
 def _train_one(cfg: TrainConfig, device) -> None:
@@ -70,12 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
     """Run the config(s) on ``nproc`` local ranks (torchrun --standalone). Returns 0, 2 after a
     user error (its message printed once on stderr), or 1 after a crash."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     configs = configs if isinstance(configs, list) else [configs]
-    # the agent's own log lines would bury the one line that matters
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="dayzero-launch-") as tmp:
         paths = []
         for i, cfg in enumerate(configs):
@@ -84,48 +181,15 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
             paths.append(str(p))
         errors = Path(tmp, "errors")
         errors.mkdir()
-        lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-                          max_restarts=max(c.max_restarts for c in configs),
-                          monitor_interval=0.1, start_method="spawn")
-        env_threads = os.environ.get("OMP_NUM_THREADS")
-        if env_threads is None:  # as torchrun does: one thread per rank unless told otherwise
-            os.environ["OMP_NUM_THREADS"] = "1"
         try:
-            for attempt in (1, 2):
-                try:
-                    elastic_launch(lc, sys.executable)("-m", "dayzero.runtime.launch", "--error-dir", str(errors),
-                                                       *paths)
-                    return 0
-                except ChildFailedError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - the launcher itself (rendezvous, store) failed
-                    what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-                    if attempt == 2:
-                        print(f"dayzero: error: could not run {nproc} ranks: {what}", file=sys.stderr)
-                        return 1
-                    print(f"dayzero: note: starting {nproc} ranks failed ({what}); retrying once", file=sys.stderr)
-                    lc.run_id = str(uuid.uuid4())
-        except ChildFailedError as e:
-            messages = sorted({f.read_text().strip() for f in errors.glob("rank*.err")})
-            if messages:
-                for m in messages:
-                    print(f"dayzero: error: {m}", file=sys.stderr)
-                return 2
-            rank, failure = e.get_first_failure()
-            print(f"dayzero: error: rank {rank} failed with exit code {failure.exitcode}; its traceback is above",
-                  file=sys.stderr)
-            return 1
-        finally:
-            if env_threads is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
+            launch_local(["-m", "dayzero.runtime.launch", "--error-dir", str(errors), *paths], nproc, errors,
+                         max_restarts=max(c.max_restarts for c in configs))
+            return 0
+        except RanksFailed as e:
+            for m in e.messages:
+                print(f"dayzero: error: {m}", file=sys.stderr)
+            return e.exit_code
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SystemExit:
-        raise
-    except BaseException:  # a crash: show it, and let the agent stop the other ranks
-        traceback.print_exc()
-        sys.exit(1)
+    run_as_rank(main)

@@ -156,6 +156,14 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         token_of = order // k
         y = self.dispatcher(xf[token_of], counts, self.experts)  # (T*k, H) grouped by expert
+        return self.combine(xf, y, weights, order, probs, counts).view(bs, seq, hidden)
+
+    def combine(self, xf: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
+                probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Weight the experts' outputs ``y`` (rows grouped by expert in ``order``), sum each token's
+        k rows, add the shared experts, and attach the balance loss's gradient: (T, H)."""
+        k = weights.shape[1]
+        token_of = order // k
         y = y * weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
         out = torch.zeros_like(xf).index_add_(0, token_of, y.to(xf.dtype))
         if self.shared is not None:
@@ -163,7 +171,7 @@ class MoE(nn.Module):
             out = out + (s * torch.sigmoid(self.shared_gate(xf)) if self.shared_gate is not None else s)
         if self.training and self.spec.aux_loss_coef > 0 and torch.is_grad_enabled():
             out = _InjectAuxGrad.apply(out, self._balance_loss(probs, counts, k) * self.aux_loss_scale)
-        return out.view(bs, seq, hidden)
+        return out
 
     def _balance_loss(self, probs: torch.Tensor, counts: torch.Tensor, k: int) -> torch.Tensor:
         """Switch-style balance loss coef * E * sum_i f_i * P_i over the micro-batch (Fedus et al.

@@ -10,7 +10,6 @@ step, with checkpoints, resume and fault handling from :mod:`dayzero.runtime.res
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from dayzero.runtime.checks import check_runtime
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.data import TokenStream, resolve_data
+from dayzero.runtime.launch import init_distributed
 from dayzero.runtime.mesh import Meshes, build_meshes
 from dayzero.runtime.metrics import CommTimer, MetricsWriter, StepRecord, peak_memory_bytes
 from dayzero.runtime.model import build_model
@@ -63,26 +63,6 @@ class TrainState:
         torch.set_rng_state(s["torch"])
         if "cuda" in s and self.device.type == "cuda":
             torch.cuda.set_rng_state(s["cuda"], self.device)
-
-
-# -- process group ---------------------------------------------------------------------------
-
-def init_distributed() -> torch.device:
-    """Join torchrun's process group (or make a one-process group) and pick this rank's device."""
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    if not dist.is_initialized():
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            from dayzero.runtime.faults import init_process_group
-
-            init_process_group(backend)  # keys apart from a failed attempt's (torchrun restarts)
-        else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return device
 
 
 # -- building --------------------------------------------------------------------------------

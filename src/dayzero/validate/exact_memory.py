@@ -138,16 +138,8 @@ def _balanced_moe_forward(self, x):
         y = _AllToAll.apply(y, per_peer, per_peer, d.group)
     else:
         y = self.experts(xs, counts)
-    y = y * weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
-    out = torch.zeros_like(xf).index_add_(0, token_of, y.to(xf.dtype))
-    if self.shared is not None:
-        s = self.shared(xf)
-        out = out + (s * torch.sigmoid(self.shared_gate(xf)) if self.shared_gate is not None else s)
-    if self.training and self.spec.aux_loss_coef > 0 and torch.is_grad_enabled():
-        from dayzero.runtime.moe import _InjectAuxGrad
-
-        c = torch.tensor(counts, dtype=torch.float32, device=x.device)
-        out = _InjectAuxGrad.apply(out, self._balance_loss(probs, c, k) * self.aux_loss_scale)
+    c = torch.tensor(counts, dtype=torch.float32, device=x.device)
+    out = self.combine(xf, y, weights, order, probs, c)
     return out.view(bs, seq, hidden)
 
 

@@ -271,9 +271,9 @@ def run_rank(args: dict) -> dict:
     slowest rank's, the rest this rank's own)."""
     import torch
 
-    from dayzero.validate.launch import init_process_group
+    from dayzero.runtime.launch import init_distributed
 
-    device = init_process_group()
+    device = init_distributed()
     import torch.distributed as dist
 
     torch.manual_seed(dist.get_rank())

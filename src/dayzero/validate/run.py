@@ -102,10 +102,10 @@ def run_rank(args: dict) -> dict:
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.metrics import CommTimer, peak_memory_bytes
     from dayzero.runtime.train import build_state, train_step
-    from dayzero.validate.launch import init_process_group
+    from dayzero.runtime.launch import init_distributed
 
     req = ValidationRequest.from_dict(args["request"])
-    device = init_process_group()
+    device = init_distributed()
     cfg = TrainConfig(model=req.model, parallel=req.parallel, steps=req.steps, seed=req.seed,
                       compute_dtype=req.compute_dtype, data=req.data, quiet=True, measure_comm=True,
                       lr=req.lr, grad_clip=req.grad_clip, warmup=req.warmup,
