@@ -34,6 +34,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=None, help="shrink the width too (for --cpu-dry-run)")
+    ap.add_argument("--vocab", type=int, default=None, help="shrink the vocabulary too (for --cpu-dry-run)")
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--mbs", type=int, default=1)
     ap.add_argument("--gbs", type=int, default=4)
@@ -61,7 +63,7 @@ def main() -> int:
     from dayzero.specs.parallel import ParallelConfig
 
     parallel = ParallelConfig(seq=a.seq, mbs=a.mbs, gbs=a.gbs, recompute=a.recompute)
-    cfg = TrainConfig(model=a.model, layers=a.layers, parallel=parallel, steps=a.steps,
+    cfg = TrainConfig(model=a.model, layers=a.layers, hidden=a.hidden, vocab=a.vocab, parallel=parallel, steps=a.steps,
                       compute_dtype="fp32" if a.cpu_dry_run else "bf16", quiet=True)
     state = build_state(cfg)
     records = [train_step(state) for _ in range(a.steps)]

@@ -34,6 +34,11 @@ LAYOUTS = [
     ("qwen3moe-4L", "qwen3-235b-a22b", {"layers": 4, "experts": 32}, dict(mbs=1, gbs=4, seq=4096, zero=1)),
 ]
 QUICK = [("tiny", "tiny-llama", {}, dict(mbs=8, gbs=32, seq=512, zero=1))]
+# --cpu-dry-run: the whole script on CPU in fp32 with three tiny layouts (enough for leave-one-out),
+# so a GPU session spends its minutes measuring, not debugging; the numbers mean nothing
+DRY = [("tiny-a", "tiny-llama", {}, dict(mbs=4, gbs=8, seq=128, zero=1)),
+       ("tiny-b", "tiny-llama", {}, dict(mbs=2, gbs=8, seq=128, zero=1, recompute="full")),
+       ("tiny-c", "tiny-llama", {"layers": 2}, dict(mbs=8, gbs=16, seq=128, zero=1))]
 
 
 def main() -> int:
@@ -41,12 +46,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--quick", action="store_true", help="one tiny layout (smoke test)")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_validate_out"))
+    ap.add_argument("--cpu-dry-run", action="store_true",
+                    help="run the script on CPU with tiny layouts (checks the script itself; numbers are meaningless)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not a.cpu_dry_run:
         (out / "gpu_validate.json").write_text(json.dumps({"skipped": "no CUDA device"}) + "\n")
         print("gpu_validate: no CUDA device; skipped")
         return 0
@@ -58,13 +65,15 @@ def main() -> int:
 
     t0 = time.time()
     profile = out / "gpu1.yaml"
-    cal = calibrate(1, profile, quick=a.quick)
+    cal = calibrate(1, profile, quick=a.quick or a.cpu_dry_run)
     cluster = get_cluster(str(profile))
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "profile": str(profile),
+    device = "cpu (dry run)" if a.cpu_dry_run else torch.cuda.get_device_name(0)
+    result = {"device": device, "torch": torch.__version__, "profile": str(profile),
               "calibrate_s": round(time.time() - t0, 1), "fits": cal["summary"]["fits"], "layouts": []}
     records = []
-    for name, model, shrink, par in (QUICK if a.quick else LAYOUTS):
-        req = ValidationRequest(model, ParallelConfig(**par), steps=a.steps, shrink=shrink, compute_dtype="bf16")
+    for name, model, shrink, par in (DRY if a.cpu_dry_run else QUICK if a.quick else LAYOUTS):
+        req = ValidationRequest(model, ParallelConfig(**par), steps=a.steps, shrink=shrink,
+                                compute_dtype="fp32" if a.cpu_dry_run else "bf16")
         t = time.time()
         try:
             res = validate(req, cluster, 1, step_tolerance=0.10)
