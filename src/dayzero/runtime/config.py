@@ -60,10 +60,8 @@ class TrainConfig:
     def spec(self):
         from dayzero.specs.registry import load_model
 
-        spec = load_model(self.model)
-        if any(x is not None for x in (self.layers, self.hidden, self.experts, self.vocab)):
-            spec = spec.shrink(layers=self.layers, hidden=self.hidden, experts=self.experts, vocab=self.vocab)
-        return spec
+        return load_model(self.model).shrink(layers=self.layers, hidden=self.hidden, experts=self.experts,
+                                             vocab=self.vocab)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -145,8 +145,11 @@ class ModelSpec:
         """A proxy of the same architecture at a smaller size (for runtime validation).
 
         Head counts and head dims scale with ``hidden`` so the head structure (GQA ratio, MLA
-        ranks relative to width) is kept; the layer-kind pattern keeps its dense prefix.
+        ranks relative to width) is kept; the layer-kind pattern keeps its dense prefix. With no
+        size given the spec itself is returned (no proxy, name unchanged).
         """
+        if layers is None and hidden is None and experts is None and vocab is None:
+            return self
         spec = self
         if hidden is not None and hidden != self.hidden:
             spec = _scale_width(spec, hidden)

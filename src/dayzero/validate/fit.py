@@ -46,10 +46,7 @@ def observation_from_record(rec: dict) -> Observation:
     """From a stored run record (``record_of`` / a validation JSON's ``run`` + ``measured``)."""
     from dayzero.specs.registry import load_model
 
-    shrink = {k: v for k, v in (rec.get("shrink") or {}).items() if v is not None}
-    spec = load_model(rec["model"])
-    if shrink:
-        spec = spec.shrink(**shrink)
+    spec = load_model(rec["model"]).shrink(**(rec.get("shrink") or {}))
     return Observation(rec.get("label") or rec["layout"], spec, ParallelConfig.from_dict(rec["parallel"]),
                        rec["compute_dtype"], float(rec["step_time_s"]))
 

@@ -54,9 +54,7 @@ class ValidationRequest:
     def spec(self) -> ModelSpec:
         from dayzero.specs.registry import load_model
 
-        spec = load_model(self.model)
-        kw = {k: v for k, v in self.shrink.items() if v is not None}
-        return spec.shrink(**kw) if kw else spec
+        return load_model(self.model).shrink(**self.shrink)
 
     def to_dict(self) -> dict:
         d = asdict(self)
