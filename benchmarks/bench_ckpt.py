@@ -2,8 +2,8 @@
 
 Two targets (issue 6):
 1. checkpoint write throughput >= 60 % of raw disk write throughput for the same bytes. The
-   checkpoint is a full dayzero save (DCP shards + JSON state + SHA-256 of every file + manifest
-   + verify + rename + marker), synchronous; "raw" writes the same number of bytes per rank with
+   checkpoint is a full dayzero save (DCP shards + JSON state + a checksum of every file, XXH3-128
+   or ``--checksum sha256`` + manifest + verify + rename + marker), synchronous; "raw" writes the same number of bytes per rank with
    plain ``write`` + ``fsync`` from the same number of processes into the same directory.
 2. the time an async save blocks the training loop <= 10 % of a synchronous save of the same state.
    Blocked = the time ``save()`` holds the caller plus the time the next ``optimizer.step()`` waits
@@ -99,7 +99,7 @@ def run(rank: int, args, out: dict) -> None:
     gc.collect()
     gc.freeze()
     root = Path(args.tmp) / "ckpt"
-    sync = Checkpointer(root, keep=1, thread_count=args.threads)
+    sync = Checkpointer(root, keep=1, thread_count=args.threads, checksum=args.checksum)
     rows = []
     for r in range(args.rounds):
         barrier()
@@ -115,7 +115,8 @@ def run(rank: int, args, out: dict) -> None:
 
     # async: save at a step boundary, then the next forward/backward runs while the state is copied
     # out; the optimizer step waits for the copy. Blocked = the save() call + that wait.
-    asyn = Checkpointer(Path(args.tmp) / "async", keep=1, async_save=True, thread_count=args.threads)
+    asyn = Checkpointer(Path(args.tmp) / "async", keep=1, async_save=True, thread_count=args.threads,
+                        checksum=args.checksum)
     x = torch.randn(args.batch, HIDDEN, device=args.device)
 
     def fwd_bwd() -> float:
@@ -143,7 +144,8 @@ def run(rank: int, args, out: dict) -> None:
         raw = statistics.median(x["raw_s"] for x in rows)
         sync_s = statistics.median(x["ckpt_s"] for x in rows)
         out.update({
-            "world": args.world, "device": args.device, "threads": args.threads, "bytes": rows[0]["bytes"], "rounds": args.rounds,
+            "world": args.world, "device": args.device, "threads": args.threads, "checksum": args.checksum,
+            "bytes": rows[0]["bytes"], "rounds": args.rounds,
             "ckpt_s_median": ck, "raw_s_median": raw,
             "ckpt_gib_s": rows[0]["bytes"] / ck / 2**30, "raw_gib_s": rows[0]["bytes"] / raw / 2**30,
             "write_ratio": raw / ck,
@@ -172,6 +174,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="DCP writer threads (files) per rank")
+    ap.add_argument("--checksum", default="xxh3-128", help="per-file checksum: xxh3-128 | sha256")
     ap.add_argument("--batch", type=int, default=32, help="rows per forward/backward during the async save")
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = ap.parse_args()
@@ -185,7 +188,7 @@ def main() -> None:
     finally:
         shutil.rmtree(args.tmp, ignore_errors=True)
     gib = res["bytes"] / 2**30
-    print(f"state {gib:.3f} GiB over {res['world']} rank(s), {res['rounds']} rounds (medians):")
+    print(f"state {gib:.3f} GiB over {res['world']} rank(s), {res['checksum']}, {res['rounds']} rounds (medians):")
     print(f"  checkpoint save   {res['ckpt_s_median']:.3f} s = {res['ckpt_gib_s']:.3f} GiB/s")
     print(f"  raw write+fsync   {res['raw_s_median']:.3f} s = {res['raw_gib_s']:.3f} GiB/s")
     print(f"  write ratio       {100 * res['write_ratio']:.1f} % of medians, {100 * res['write_ratio_paired_median']:.1f} % "
@@ -194,7 +197,7 @@ def main() -> None:
           f"sync save {res['sync_s_median']:.3f} s, overlapped forward/backward {res['fwd_bwd_s_median']:.3f} s")
     print(f"  blocking ratio    {100 * res['blocking_ratio']:.1f} % (target <= 10 %)")
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], f"bench_ckpt_w{res['world']}_{res['device']}.json").write_text(json.dumps(res, indent=1))
+        Path(os.environ["OUT"], f"bench_ckpt_w{res['world']}_{res['device']}_{res['checksum']}.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k not in ("rows", "blocked")}))
 
 

@@ -62,7 +62,7 @@ def test_verify_exit_codes_and_problems(ckdir, capsys):
     res = json.loads(out)
     assert code == 1 and not res["ok"]
     by_step = {r["step"]: r for r in res["versions"]}
-    assert by_step[1]["ok"] and "sha256 mismatch" in by_step[2]["problems"][0] and not by_step[3]["ok"]
+    assert by_step[1]["ok"] and "xxh3-128 checksum mismatch" in by_step[2]["problems"][0] and not by_step[3]["ok"]
     code, _, _ = run_cli(capsys, "ckpt", "verify", str(root / version_name(2)), "--sizes-only")
     assert code == 0  # a flipped bit keeps the size
     code, _, err = run_cli(capsys, "ckpt", "verify", str(root / "nope"))

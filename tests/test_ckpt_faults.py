@@ -93,6 +93,8 @@ def test_guard_config_validation():
             GuardConfig(**kw)
     with pytest.raises(DayzeroError, match="needs --ckpt-dir"):
         ResilienceConfig(guard=GuardConfig(action="rollback"))
+    with pytest.raises(DayzeroError, match="--ckpt-checksum md5: expected one of xxh3-128, sha256"):
+        ResilienceConfig(checksum="md5")
 
 
 def _toy(tmp_path, name, *extra):

@@ -10,19 +10,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dayzero.runtime.manifest import (MANIFEST, MARKER, CheckpointError, FileEntry, Manifest, check_relpath,
-                                      describe_file, read_manifest, safe_join, utc_now, verify_version, write_marker)
+                                      checksum_file, describe_file, read_manifest, safe_join, utc_now, verify_version,
+                                      write_marker)
 from dayzero.runtime.versions import (Version, apply_retention, commit, partial_name, prepare_partial, retention, scan,
                                       select_newest, version_name)
 
 
-def make_version(root, step, files=None, complete=True):
+def make_version(root, step, files=None, complete=True, algo="xxh3-128"):
     """A committed version with a few payload files (no DCP: the torch-free checks only)."""
     files = files or {"__0_0.distcp": b"a" * 100, "__1_0.distcp": b"b" * 80, "train_state.json": b"{}"}
     partial = prepare_partial(root, step)
     for name, data in files.items():
         (partial / name).write_bytes(data)
     m = Manifest(step=step, created=utc_now(), dayzero_version="test", world=2,
-                 files=[describe_file(partial, n) for n in sorted(files)])
+                 files=[describe_file(partial, n, algo) for n in sorted(files)])
     (partial / MANIFEST).write_text(m.to_json())
     if not complete:
         final = root / version_name(step)
@@ -63,7 +64,7 @@ def test_symlink_out_of_the_directory_is_refused(tmp_path):
 
 def test_manifest_rejects_escaping_paths_duplicates_and_unknown_fields(tmp_path):
     base = dict(step=1, created=utc_now(), dayzero_version="t")
-    good = {"path": "a", "bytes": 1, "sha256": "0" * 64}
+    good = {"path": "a", "bytes": 1, "checksum": "xxh3-128:" + "0" * 32}
     for files, extra in ([{**good, "path": "../a"}], {}), ([good, good], {}), ([good], {"evil": 1}):
         (tmp_path / MANIFEST).write_text(json.dumps({**base, "files": files, **extra}))
         with pytest.raises(CheckpointError, match="invalid manifest"):
@@ -85,7 +86,7 @@ def test_verify_detects_truncation_bitflip_missing_file_and_edited_manifest(tmp_
     data[40] ^= 0x01
     shard.write_bytes(bytes(data))
     problems = verify_version(v).problems
-    assert problems == ("__1_0.distcp: sha256 mismatch (corrupt: bit flip or partial overwrite)",)
+    assert problems == ("__1_0.distcp: xxh3-128 checksum mismatch (corrupt: bit flip or partial overwrite)",)
     assert verify_version(v, checksums=False).ok  # a flipped bit keeps the size
 
     shard.write_bytes(bytes(data[:10]))
@@ -98,6 +99,49 @@ def test_verify_detects_truncation_bitflip_missing_file_and_edited_manifest(tmp_
     m["step"] = 11
     (w / MANIFEST).write_text(json.dumps(m))
     assert "changed after commit" in verify_version(w).summary()
+
+
+def test_checksums_match_reference_digests_and_sha256_versions_verify(tmp_path):
+    import hashlib
+
+    import xxhash
+
+    (tmp_path / "f").write_bytes(b"dayzero" * 3_000_000)  # 21 MB: several 8 MiB reads
+    data = (tmp_path / "f").read_bytes()
+    assert checksum_file(tmp_path / "f") == "xxh3-128:" + xxhash.xxh3_128(data).hexdigest()
+    assert checksum_file(tmp_path / "f", "sha256") == "sha256:" + hashlib.sha256(data).hexdigest()
+    with pytest.raises(CheckpointError, match="unknown checksum 'md5'"):
+        checksum_file(tmp_path / "f", "md5")
+    v = make_version(tmp_path / "root", 4, algo="sha256")
+    assert all(f.algorithm == "sha256" for f in read_manifest(v).files) and verify_version(v).ok
+    (v / "__0_0.distcp").write_bytes(b"A" + b"a" * 99)
+    assert verify_version(v).problems == ("__0_0.distcp: sha256 checksum mismatch (corrupt: bit flip or partial "
+                                          "overwrite)",)
+
+
+def test_format_1_manifests_with_sha256_fields_are_still_read_and_verified(tmp_path):
+    import hashlib
+
+    v = make_version(tmp_path, 6, complete=False)
+    m = json.loads((v / MANIFEST).read_text())
+    m["format"] = "dayzero-checkpoint/1"
+    for f in m["files"]:  # what dayzero wrote before checksums named their algorithm
+        del f["checksum"]
+        f["sha256"] = hashlib.sha256((v / f["path"]).read_bytes()).hexdigest()
+    (v / MANIFEST).write_text(json.dumps(m))
+    write_marker(v)
+    assert verify_version(v).ok
+    assert {f.algorithm for f in read_manifest(v).files} == {"sha256"}
+    (v / "__1_0.distcp").write_bytes(b"c" * 80)
+    assert verify_version(v).problems == ("__1_0.distcp: sha256 checksum mismatch (corrupt: bit flip or partial "
+                                          "overwrite)",)
+
+
+def test_a_newer_format_is_refused_with_an_upgrade_hint(tmp_path):
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": "dayzero-checkpoint/3", "step": 1, "created": utc_now(),
+                                                 "dayzero_version": "9"}))
+    with pytest.raises(CheckpointError, match="upgrade dayzero"):
+        read_manifest(tmp_path)
 
 
 def test_marker_is_written_last_and_names_the_manifest(tmp_path):
@@ -157,9 +201,11 @@ def test_prepare_partial_clears_a_stale_attempt(tmp_path):
 
 def test_file_entry_validation():
     with pytest.raises(ValueError):
-        FileEntry(path="a", bytes=-1, sha256="0" * 64)
-    with pytest.raises(ValueError):
-        FileEntry(path="a", bytes=1, sha256="xyz")
+        FileEntry(path="a", bytes=-1, checksum="sha256:" + "0" * 64)
+    for bad in ("xyz", "sha256:" + "0" * 32, "xxh3-128:" + "0" * 64, "md5:" + "0" * 32, "xxh3-128:" + "G" * 32):
+        with pytest.raises(ValueError, match="checksum"):
+            FileEntry(path="a", bytes=1, checksum=bad)
+    assert FileEntry(path="a", bytes=1, checksum="sha256:" + "0" * 64).algorithm == "sha256"
     assert Version(path=__import__("pathlib").Path("step-00000001"), step=1, state="complete").name == "step-00000001"
 
 

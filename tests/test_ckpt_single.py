@@ -86,8 +86,12 @@ def test_retention_keeps_newest(tmp_path):
     assert [v.step for v in scan(tmp_path)] == [8, 10]
 
 
-def test_corrupt_newest_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
-    run(tmp_path, 6, every=3)
+@pytest.mark.parametrize("checksum", ["xxh3-128", "sha256"])
+def test_corrupt_newest_is_skipped_with_a_warning_naming_it(tmp_path, caplog, checksum):
+    run(tmp_path, 6, every=3, checksum=checksum)
+    files = read_manifest(tmp_path / version_name(6)).files
+    assert {f.algorithm for f in files} == {checksum}  # shards hashed while written, JSON files after
+    assert all(describe_file(tmp_path / version_name(6), f.path, checksum) == f for f in files)
     newest = tmp_path / version_name(6)
     shard = next(newest.glob("__0_*.distcp"))
     data = bytearray(shard.read_bytes())
@@ -97,7 +101,8 @@ def test_corrupt_newest_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="dayzero.checkpoint"):
         _, r = run(tmp_path, 6, on_event=events.append)
     assert r.step == 3
-    assert any(version_name(6) in rec.getMessage() and "sha256 mismatch" in rec.getMessage() for rec in caplog.records)
+    assert any(version_name(6) in rec.getMessage() and f"{checksum} checksum mismatch" in rec.getMessage()
+               for rec in caplog.records)
     assert any(e["event"] == "checkpoint_skipped" and e["path"].endswith(version_name(6)) for e in events)
 
 

@@ -76,7 +76,7 @@ def test_crash_between_shard_writes_then_bit_flip(tmp_path):
     train(*common, "--metrics", str(m2))
     recs2 = stream(m2)
     bad = events(recs2, "checkpoint_skipped")
-    assert bad[0]["path"].endswith("step-00000010") and "__1_0.distcp: sha256 mismatch" in bad[0]["problems"][0]
+    assert bad[0]["path"].endswith("step-00000010") and "__1_0.distcp: xxh3-128 checksum mismatch" in bad[0]["problems"][0]
     assert events(recs2, "checkpoint_loaded")[0]["step"] == 5
     assert dict(steps(recs2)) == redone
 

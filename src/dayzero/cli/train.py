@@ -51,6 +51,7 @@ def train_cmd(
     keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints to keep (the newest is never deleted).")] = 3,
     resume: Annotated[str, typer.Option("--resume", help="auto (newest good version) | never | a step | a version directory.")] = "auto",
     async_save: Annotated[bool, typer.Option("--async-save", help="Write checkpoints in the background (only the copy to CPU memory blocks).")] = False,
+    ckpt_checksum: Annotated[str, typer.Option("--ckpt-checksum", help="Per-file checksum in checkpoint manifests: xxh3-128 (fast) | sha256.")] = "xxh3-128",
     max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restart all ranks this often after a failure (with --nproc; under torchrun use its own flag).")] = 0,
     inject_fault: Annotated[Optional[list[str]], typer.Option("--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang[,at=step|save][,attempt=A] (repeatable).")] = None,
     watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this many seconds, so torchrun restarts (0: off).")] = 0.0,
@@ -93,7 +94,8 @@ def train_cmd(
                       metrics=str(metrics) if metrics else None, quiet=quiet, layers=layers, hidden=hidden,
                       experts=experts, vocab=vocab, hf_weights=str(hf_weights) if hf_weights else None, lr=lr,
                       warmup=warmup, grad_clip=grad_clip, ckpt_dir=str(ckpt_dir) if ckpt_dir else None,
-                      ckpt_every=ckpt_every, keep=keep, resume=resume, async_save=async_save, max_restarts=max_restarts,
+                      ckpt_every=ckpt_every, keep=keep, resume=resume, async_save=async_save, ckpt_checksum=ckpt_checksum,
+                      max_restarts=max_restarts,
                       inject_faults=tuple(inject_fault or ()), watchdog=watchdog, on_bad_loss=on_bad_loss,
                       spike_factor=spike_factor)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks

@@ -41,9 +41,9 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, HookedWriter, SafeLoadPlanner, SafeReader, check_torch,
                                     load_metadata, referenced_files, single_process)
-from dayzero.runtime.manifest import (MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo, Verdict, check_file,
-                                      check_marker, dayzero_version, describe_file, read_manifest, safe_join,
-                                      utc_now, write_json_durable)
+from dayzero.runtime.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo,
+                                      Verdict, check_algorithm, check_file, check_marker, dayzero_version,
+                                      describe_file, read_manifest, safe_join, utc_now, write_json_durable)
 from dayzero.runtime.state_dicts import set_train_state, split_non_tensors, train_state_dict
 from dayzero.runtime.train_state import capture_rng, from_json, restore_rng, to_json
 from dayzero.runtime.versions import (Version, commit, partial_name, prepare_partial, purge, retire, scan,
@@ -85,10 +85,11 @@ class Checkpointer:
                  spec_digest: str = "", model_recipe: dict | None = None, layout: dict | None = None,
                  before_shard_write: Callable[[int], None] | None = None,
                  on_event: Callable[[dict], None] | None = None, thread_count: int = 1,
-                 overlap_staging: bool = True):
+                 overlap_staging: bool = True, checksum: str = DEFAULT_CHECKSUM):
         check_torch()
         if keep < 1:
             raise CheckpointError(f"--keep {keep}: at least 1 checkpoint must be kept")
+        self.checksum = check_algorithm(checksum)
         self.root, self.keep, self.async_save = Path(root), keep, async_save
         self.model = ModelInfo(name=model_name, spec_digest=spec_digest, recipe=dict(model_recipe or {}))
         self.layout = dict(layout or {})
@@ -101,8 +102,8 @@ class Checkpointer:
         else:
             self.rank, self.world, self.pg = 0, 1, None
         self._saving_step = -1
-        self._writer = HookedWriter(self.root, before_write=self._hook, thread_count=thread_count,
-                                    sync_files=True)
+        self._writer = HookedWriter(self.root, before_write=self._hook, checksum=self.checksum,
+                                    thread_count=thread_count, sync_files=True)
         self._stager = CachedStager(background=overlap_staging) if async_save else None
         self._staging: Future | None = None
         self._hooks: dict[int, Any] = {}
@@ -260,12 +261,12 @@ class Checkpointer:
         return saved
 
     def _describe(self, partial: Path, name: str) -> FileEntry:
-        """Size and SHA-256 of one file: from the writer's running hash when it wrote the file
+        """Size and checksum of one file: from the writer's running hash when it wrote the file
         (and the size on disk agrees), else by reading it."""
         seen = self._writer.digests.pop(str(partial / name), None)
         if seen is not None and (partial / name).stat().st_size == seen[0]:
-            return FileEntry(path=name, bytes=seen[0], sha256=seen[1])
-        return describe_file(partial, name)
+            return FileEntry(path=name, bytes=seen[0], checksum=seen[1])
+        return describe_file(partial, name, self.checksum)
 
     def _write_and_commit(self, step: int, partial: Path, contents: list[str], gathered: list, t0: float) -> tuple:
         errors = [g for g in gathered if isinstance(g, str)]
@@ -277,7 +278,7 @@ class Checkpointer:
             for _, groups in gathered:
                 merged.update(groups)  # replicas (dp, tp) hold identical values for a name
             write_json_durable(partial / OPTIM_GROUPS, json.dumps(merged, sort_keys=True))
-            files.append(describe_file(partial, OPTIM_GROUPS))
+            files.append(describe_file(partial, OPTIM_GROUPS, self.checksum))
         files.sort(key=lambda f: f.path)
         manifest = Manifest(step=step, created=utc_now(), dayzero_version=dayzero_version(),
                             torch_version=torch.__version__, model=self.model, layout=self.layout,

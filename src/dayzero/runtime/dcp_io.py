@@ -12,8 +12,8 @@ would run arbitrary code from a crafted checkpoint. Here:
 - :class:`CachedStager` copies the state for an async save into CPU buffers allocated once and
   reused (DCP's own cache pins memory, which a CPU-only build cannot do), optionally on a thread;
 - :class:`HookedWriter` is DCP's ``FileSystemWriter`` with a callback just before this rank
-  writes its shards (fault drills inject a crash "between shard writes" there), hashing each
-  shard file as it is written so the manifest's checksums cost no second read.
+  writes its shards (fault drills inject a crash "between shard writes" there), checksumming
+  each shard file as it is written so the manifest's checksums cost no second read.
 
 Uses private names (``_StorageInfo``, ``_traverse.set_element``, ``_state_dict_utils``); :func:`check_torch` guards them.
 """
@@ -21,7 +21,6 @@ Uses private names (``_StorageInfo``, ``_traverse.set_element``, ``_state_dict_u
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import pickle
 import threading
@@ -38,7 +37,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.utils.serialization import config as _serialization_config
 
-from dayzero.runtime.manifest import CheckpointError, check_relpath
+from dayzero.runtime.manifest import DEFAULT_CHECKSUM, CheckpointError, check_relpath, new_hasher
 
 MIN_TORCH = (2, 10)  # FSDP2 gradients on gloo are wrong before 2.10 (see pyproject.toml)
 METADATA_FILE = ".metadata"
@@ -147,7 +146,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 class _HashingStream(io.RawIOBase):
-    """A write-only file wrapper that feeds every byte written to SHA-256 on the way to disk.
+    """A write-only file wrapper that feeds every byte written to a checksum on the way to disk.
 
     A large write is hashed on a worker thread while the calling thread writes the same buffer
     to the file (hashlib and the write syscall both release the GIL), and the call returns when
@@ -157,11 +156,11 @@ class _HashingStream(io.RawIOBase):
 
     _SMALL = 1 << 20  # writes below this size are batched
 
-    def __init__(self, raw):
+    def __init__(self, raw, algo: str = DEFAULT_CHECKSUM):
         super().__init__()
-        self._raw, self._hash, self._size = raw, hashlib.sha256(), 0
+        self._raw, self._algo, self._hash, self._size = raw, algo, new_hasher(algo), 0
         self._pending = bytearray()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="dayzero-sha256")
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="dayzero-checksum")
 
     def writable(self) -> bool:
         return True
@@ -194,10 +193,10 @@ class _HashingStream(io.RawIOBase):
         return n
 
     def finish(self) -> tuple[int, str]:
-        """Wait for the hash worker: (bytes written, SHA-256 hex)."""
+        """Wait for the hash worker: (bytes written, "<algo>:<hex>")."""
         self._flush_pending()
         self._worker.shutdown(wait=True)
-        return self._size, self._hash.hexdigest()
+        return self._size, f"{self._algo}:{self._hash.hexdigest()}"
 
     def tell(self) -> int:
         return self._raw.tell()
@@ -214,11 +213,12 @@ class _HashingStream(io.RawIOBase):
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's local file system, hashing shard files while they are written (no read-back)."""
+    """DCP's local file system, checksumming shard files while they are written (no read-back)."""
 
-    def __init__(self) -> None:
+    def __init__(self, algo: str = DEFAULT_CHECKSUM) -> None:
         super().__init__()
-        self.digests: dict[str, tuple[int, str]] = {}  # path -> (bytes, sha256)
+        self.algo = algo
+        self.digests: dict[str, tuple[int, str]] = {}  # path -> (bytes, "<algo>:<hex>")
 
     @contextlib.contextmanager
     def create_stream(self, path, mode):
@@ -227,7 +227,7 @@ class HashingFileSystem(FileSystem):
                 yield stream
             return
         with super().create_stream(path, mode) as raw:
-            stream = _HashingStream(raw)
+            stream = _HashingStream(raw, self.algo)
             try:
                 yield stream
             finally:
@@ -237,11 +237,12 @@ class HashingFileSystem(FileSystem):
 
 class HookedWriter(FileSystemWriter):
     """``FileSystemWriter`` that calls ``before_write()`` right before this rank writes its shards
-    and hashes the shard files as it writes them (:attr:`digests`)."""
+    and checksums the shard files as it writes them (:attr:`digests`)."""
 
-    def __init__(self, path: str | Path, before_write: Callable[[], None] | None = None, **kwargs: Any):
+    def __init__(self, path: str | Path, before_write: Callable[[], None] | None = None,
+                 checksum: str = DEFAULT_CHECKSUM, **kwargs: Any):
         super().__init__(path, **kwargs)
-        self.fs = HashingFileSystem()
+        self.fs = HashingFileSystem(checksum)
         self._before_write = before_write
 
     @property
@@ -252,7 +253,7 @@ class HookedWriter(FileSystemWriter):
         if self._before_write is not None:
             self._before_write()
         # torch.save's zip writer CRC-32s every record (~0.3 s per GB on one core); the shard
-        # files' SHA-256 in the manifest already covers every byte, so that second pass is skipped.
+        # files' checksums in the manifest already cover every byte, so that second pass is skipped.
         with _serialization_config.patch({"save.compute_crc32": False}):
             return super().write_data(plan, planner)
 

@@ -29,6 +29,7 @@ from dayzero.errors import DayzeroError
 from dayzero.runtime.checkpoint import Checkpointer, SavedCheckpoint
 from dayzero.runtime.faults import FaultInjector, FaultSpec, Watchdog, restart_attempt
 from dayzero.runtime.guards import GuardConfig, GuardVerdict, LossDivergedError, LossGuard
+from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class ResilienceConfig:
     keep: int = 3
     resume: str = "auto"  # "auto" | "never" | a step number | a version directory
     async_save: bool = False
+    checksum: str = DEFAULT_CHECKSUM
     faults: tuple[FaultSpec, ...] = ()
     watchdog_s: float = 0.0  # 0: no watchdog
     slow_op_s: float = 600.0  # watchdog allowance for a synchronous save, a resume or a rollback
@@ -47,6 +49,8 @@ class ResilienceConfig:
     def __post_init__(self):
         if self.every < 0:
             raise DayzeroError(f"--ckpt-every {self.every}: must be >= 0")
+        if self.checksum not in CHECKSUMS:
+            raise DayzeroError(f"--ckpt-checksum {self.checksum}: expected one of {', '.join(CHECKSUMS)}")
         if self.guard is not None and self.guard.action == "rollback" and not self.ckpt_dir:
             raise DayzeroError("--on-bad-loss rollback needs --ckpt-dir (there is nothing to roll back to)")
         if self.ckpt_dir is None and self.resume not in ("auto", "never"):
@@ -72,8 +76,8 @@ class Resilience:
         if cfg.ckpt_dir:
             self.ckpt = Checkpointer(cfg.ckpt_dir, keep=cfg.keep, async_save=cfg.async_save, model_name=model_name,
                                      spec_digest=spec_digest, model_recipe=model_recipe, layout=layout,
-                                     before_shard_write=self.faults.at_save,
-                                     on_event=self._event)
+                                     before_shard_write=self.faults.at_save, on_event=self._event,
+                                     checksum=cfg.checksum)
         self.guard = LossGuard(cfg.guard) if cfg.guard else None
         self.watchdog = Watchdog(cfg.watchdog_s, on_timeout=self._event) if cfg.watchdog_s else None
         self.skipped: set[int] = set()
@@ -202,7 +206,7 @@ def resilience_config(cfg) -> ResilienceConfig:
     if cfg.resume not in ("auto", "never") and not str(cfg.resume).isdigit() and not Path(cfg.resume).is_dir():
         raise DayzeroError(f"--resume {cfg.resume}: expected auto, never, a step number or a checkpoint directory")
     return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep, resume=cfg.resume,
-                            async_save=cfg.async_save, faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults),
+                            async_save=cfg.async_save, checksum=cfg.ckpt_checksum, faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults),
                             watchdog_s=cfg.watchdog, guard=guard)
 
 
