@@ -7,10 +7,10 @@
 #            whatever time is left)
 #
 # The device image has torch, typer, rich, numpy, pyyaml, safetensors and transformers but not
-# pydantic: carry its wheels (python 3.12, x86_64), made here once with
+# pydantic nor xxhash: carry their wheels (python 3.12, x86_64), made here once with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2
+#     -d .whl pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 xxhash==4.1.0
 # then: run(command="bash benchmarks/gpu_session.sh", carry=[".whl"], timeout_s=570)
 #
 # DRY=1 bash benchmarks/gpu_session.sh   runs the same plumbing on CPU with tiny sizes (numbers

@@ -63,6 +63,29 @@ def test_resume_continues_bitwise(tmp_path):
     assert {**first, **rest} == ref  # exact float equality: model, AdamW, LambdaLR and RNG restored
 
 
+def test_scalar_optimizer_state_goes_to_json_and_older_layouts_still_load(tmp_path, monkeypatch):
+    from dayzero.runtime import checkpoint as ckpt_mod
+
+    run(tmp_path / "new", 5, every=5)
+    v = tmp_path / "new" / version_name(5)
+    groups = from_json(json.loads((v / "optimizer_groups.json").read_text()))
+    steps = {k: t for k, t in groups.items() if k.endswith(".step")}
+    assert len(steps) == 4 and all(t.dtype == torch.float32 and t.dim() == 0 and t.item() == 5 for t in steps.values())
+    assert not [k for k in load_metadata(v).state_dict_metadata if k.endswith(".step")]  # no DCP entries for them
+
+    # a checkpoint written before scalars moved to JSON (step as DCP entries) resumes bitwise
+    monkeypatch.setattr(ckpt_mod, "split_small", lambda flat: (
+        {k: x for k, x in flat.items() if isinstance(x, torch.Tensor)},
+        {k: x for k, x in flat.items() if not isinstance(x, torch.Tensor)}))
+    ref, _ = run(tmp_path / "ref", 8)
+    first, _ = run(tmp_path / "old", 5, every=5)
+    old = tmp_path / "old" / version_name(5)
+    assert len([k for k in load_metadata(old).state_dict_metadata if k.endswith(".step")]) == 4
+    monkeypatch.undo()
+    rest, r = run(tmp_path / "old", 8)
+    assert r.step == 5 and {**first, **rest} == ref
+
+
 def test_async_save_matches_sync_and_commits(tmp_path):
     ref, _ = run(tmp_path / "ref", 8)
     first, _ = run(tmp_path / "a", 6, every=3, async_save=True)
@@ -200,10 +223,13 @@ def test_metadata_naming_files_outside_the_manifest_is_refused(tmp_path):
 
 def test_state_json_round_trip_keeps_types_and_bits():
     t = torch.tensor([1.5, float("nan"), -0.0], dtype=torch.bfloat16)
-    s = {"a": (1, 2.5, None), "b": [True, "x"], "t": t, "n": {"k": (3,)}}
+    scalar = torch.tensor(7.0)  # AdamW's per-parameter step
+    s = {"a": (1, 2.5, None), "b": [True, "x"], "t": t, "n": {"k": (3,)}, "s": scalar, "e": torch.empty(0, 3)}
     back = from_json(json.loads(json.dumps(to_json(s))))
     assert back["a"] == (1, 2.5, None) and back["b"] == [True, "x"] and back["n"] == {"k": (3,)}
     assert back["t"].dtype == torch.bfloat16 and torch.equal(back["t"].view(torch.int16), t.view(torch.int16))
+    assert back["s"].shape == () and back["s"].dtype == torch.float32 and back["s"].item() == 7.0
+    assert back["e"].shape == (0, 3)
     with pytest.raises(CheckpointError, match="cannot store a function"):
         to_json({"f": lambda: 0})
 

@@ -44,14 +44,14 @@ from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, HookedWriter, S
 from dayzero.runtime.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo,
                                       Verdict, check_algorithm, check_file, check_marker, dayzero_version,
                                       describe_file, read_manifest, safe_join, utc_now, write_json_durable)
-from dayzero.runtime.state_dicts import set_train_state, split_non_tensors, train_state_dict
+from dayzero.runtime.state_dicts import set_train_state, split_small, take_saved, train_state_dict
 from dayzero.runtime.train_state import capture_rng, from_json, restore_rng, to_json
 from dayzero.runtime.versions import (Version, commit, partial_name, prepare_partial, purge, retire, scan,
                                       select_newest, version_name)
 
 log = logging.getLogger("dayzero.checkpoint")
 TRAIN_STATE = "train_state.json"
-OPTIM_GROUPS = "optimizer_groups.json"  # the optimizer's non-tensor state (hyperparameters per parameter name)
+OPTIM_GROUPS = "optimizer_groups.json"  # the optimizer's small state: hyperparameters and step per parameter name
 
 
 def rng_file(rank: int) -> str:
@@ -120,9 +120,9 @@ class Checkpointer:
         self.wait()
         self._guard(optimizer)
         state, _ = train_state_dict(model, optimizer)
-        # hyperparameters (lr, betas, ...) per parameter name go to JSON: thousands of tiny DCP
-        # entries would each cost a torch.save, and JSON needs no unpickling to read back
-        state["optim"], hyper = split_non_tensors(state["optim"])
+        # hyperparameters (lr, betas, ...) and scalar state (step) per parameter name go to JSON:
+        # thousands of tiny DCP entries would each cost a torch.save, and JSON needs no unpickling
+        state["optim"], hyper = split_small(state["optim"])
         contents = ["model"] + (["optimizer"] if optimizer is not None else []) + (
             ["scheduler"] if scheduler is not None else []) + ["data", "rng"]
         own = {rng_file(self.rank): json.dumps({"rank": self.rank, "world": self.world, "rng": capture_rng()})}
@@ -356,19 +356,20 @@ class Checkpointer:
         if optimizer is not None and use_optim is None:
             self._warn(f"{path.name} holds no optimizer state (model-only, e.g. imported); optimizer starts fresh")
         state, keys = train_state_dict(model, use_optim)
-        state["optim"], hyper = split_non_tensors(state["optim"])
+        small: dict = {}
         if use_optim is None:
             state.pop("optim")
+        else:
+            saved = from_json(json.loads(safe_join(path, OPTIM_GROUPS).read_text()))
+            state["optim"], small, missing = take_saved(state["optim"], saved)
+            if missing:
+                raise CheckpointError(f"{path}: no optimizer settings for {missing[0]} (and {len(missing) - 1} more); "
+                                      "the optimizer differs from the one saved")
         with single_process(self.pg is None), _dcp_errors(f"loading {path}"):
             dcp.load(state, storage_reader=SafeReader(path, {f.path for f in manifest.files}),
                      planner=SafeLoadPlanner(), process_group=self.pg, no_dist=self.pg is None)
         if use_optim is not None:
-            saved = from_json(json.loads(safe_join(path, OPTIM_GROUPS).read_text()))
-            missing = sorted(set(hyper) - set(saved))
-            if missing:
-                raise CheckpointError(f"{path}: no optimizer settings for {missing[0]} (and {len(missing) - 1} more); "
-                                      "the optimizer differs from the one saved")
-            state["optim"].update({k: saved[k] for k in hyper})
+            state["optim"].update(small)
         set_train_state(model, use_optim, state, keys)
         ts = from_json(json.loads(safe_join(path, TRAIN_STATE).read_text()))
         if scheduler is not None and ts.get("scheduler") is not None:

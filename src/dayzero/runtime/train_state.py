@@ -38,7 +38,7 @@ def to_json(obj: Any, where: str = "state") -> Any:
         return out
     if isinstance(obj, torch.Tensor):
         t = obj.detach().to("cpu").contiguous()
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return {_TENSOR: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                           "data": base64.b64encode(raw).decode()}}
     if hasattr(obj, "item") and hasattr(obj, "dtype"):  # numpy scalars
