@@ -158,6 +158,9 @@ def run(rank: int, args, out: dict) -> None:
         blocked.append(max_over_ranks(b + w))
         whole.append(max_over_ranks(done.seconds))
     asyn.close()
+    import resource
+
+    peak_rss = max_over_ranks(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)  # KiB -> GiB
     if rank == 0:
         ck = statistics.median(x["ckpt_s"] for x in rows)
         raw = statistics.median(x["raw_s"] for x in rows)
@@ -178,7 +181,7 @@ def run(rank: int, args, out: dict) -> None:
             "async_total_s_median": statistics.median(whole[1:]), "sync_s_median": sync_s,
             "fwd_bwd_s_median": statistics.median(compute[1:]), "batch": args.batch,
             "blocking_ratio": statistics.median(blocked[1:]) / sync_s,
-            "rows": rows, "blocked": blocked,
+            "peak_rss_gib_per_rank": peak_rss, "rows": rows, "blocked": blocked,
         })
         Path(args.tmp, "result.json").write_text(json.dumps(out))
     if args.world > 1:
@@ -201,6 +204,10 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = ap.parse_args()
     args.tmp = tempfile.mkdtemp(prefix="dayzero-bench-ckpt-", dir=args.dir)
+    # glibc raises its mmap threshold after big frees, after which freed multi-MiB FSDP buffers stay
+    # in the heap: 4 GiB over 2 ranks then peaked at 12 GiB per rank and ran out of memory. A
+    # fixed threshold returns them (read by the spawned ranks at start-up).
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     try:
         if args.world == 1:
             run(0, args, {})
@@ -221,6 +228,7 @@ def main() -> None:
     print(f"  async blocked     {res['async_blocked_s_median']:.4f} s (first save {res['async_first_blocked_s']:.4f} s), "
           f"sync save {res['sync_s_median']:.3f} s, overlapped forward/backward {res['fwd_bwd_s_median']:.3f} s")
     print(f"  blocking ratio    {100 * res['blocking_ratio']:.1f} % (target <= 10 %)")
+    print(f"  peak RSS per rank {res['peak_rss_gib_per_rank']:.2f} GiB")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], f"bench_ckpt_w{res['world']}_{res['device']}_{res['checksum']}.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k not in ("rows", "blocked")}))

@@ -86,6 +86,29 @@ def test_scalar_optimizer_state_goes_to_json_and_older_layouts_still_load(tmp_pa
     assert r.step == 5 and {**first, **rest} == ref
 
 
+def test_save_plans_are_cached_per_checkpointer_and_replanned_when_the_state_changes(tmp_path):
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    m, opt, sched = make()
+    step(m, opt, sched)
+    ck = Checkpointer(tmp_path, keep=5)
+    ck.save(1, m)  # model only
+    assert ck._plan_key in SavePlanner._cached_metadata
+    ck.save(2, m, opt, scheduler=sched)  # the optimizer joins: planned again
+    step(m, opt, sched)
+    ck.save(3, m, opt, scheduler=sched)  # same structure: the cached plan
+    ck.close()
+    assert ck._plan_key not in SavePlanner._cached_metadata
+    keys = {s: set(load_metadata(tmp_path / version_name(s)).state_dict_metadata) for s in (1, 2, 3)}
+    assert not any(k.startswith("optim.") for k in keys[1]) and keys[2] == keys[3]
+    assert any(k.endswith(".exp_avg_sq") for k in keys[3])
+    m2, opt2, sched2 = make(seed=1)
+    r = Checkpointer(tmp_path).resume(m2, opt2, sched2)
+    assert r.step == 3 and all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert s1.keys() == s2.keys() and all(torch.equal(s1[i][k], s2[i][k]) for i in s1 for k in s1[i])
+
+
 def test_async_save_matches_sync_and_commits(tmp_path):
     ref, _ = run(tmp_path / "ref", 8)
     first, _ = run(tmp_path / "a", 6, every=3, async_save=True)

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, HookedWriter, SafeLoadPlanner, SafeReader, check_torch,
-                                    load_metadata, referenced_files, single_process)
+from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, CachingSavePlanner, HookedWriter, SafeLoadPlanner,
+                                    SafeReader, check_torch, forget_plans, load_metadata, referenced_files,
+                                    single_process)
 from dayzero.runtime.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo,
                                       Verdict, check_algorithm, check_file, check_marker, dayzero_version,
                                       describe_file, read_manifest, safe_join, utc_now, write_json_durable)
@@ -102,6 +104,7 @@ class Checkpointer:
         else:
             self.rank, self.world, self.pg = 0, 1, None
         self._saving_step = -1
+        self._plan_key = f"dayzero-{uuid.uuid4().hex}"  # this checkpointer's cached DCP save plans
         self._writer = HookedWriter(self.root, before_write=self._hook, checksum=self.checksum,
                                     thread_count=thread_count, sync_files=True)
         self._stager = CachedStager(background=overlap_staging) if async_save else None
@@ -154,10 +157,11 @@ class Checkpointer:
         if not self.async_save:
             with single_process(self.pg is None), _dcp_errors(f"saving step {step} to {partial}"):
                 dcp.save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
-                         no_dist=self.pg is None)
+                         no_dist=self.pg is None, planner=CachingSavePlanner(self._plan_key))
             return self._commit(**ctx, blocked_s=None)
         with single_process(self.pg is None), _dcp_errors(f"saving step {step} to {partial}"):
             resp = dcp.async_save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
+                                  planner=CachingSavePlanner(self._plan_key),
                                   async_stager=self._stager, no_dist=self.pg is None)
         upload, self._staging = (resp.upload_completion, resp.staging_completion) \
             if isinstance(resp, AsyncSaveResponse) else (resp, None)
@@ -197,6 +201,7 @@ class Checkpointer:
                 self._stager.close()
             if self._executor is not None:
                 self._executor.shutdown(wait=wait, cancel_futures=not wait)
+            forget_plans(self._plan_key)
 
     def _purge_join(self) -> None:
         if self._purger is not None:

@@ -11,11 +11,14 @@ would run arbitrary code from a crafted checkpoint. Here:
   containers and numbers only); tensors are already read with ``weights_only=True`` by DCP;
 - :class:`CachedStager` copies the state for an async save into CPU buffers allocated once and
   reused (DCP's own cache pins memory, which a CPU-only build cannot do), optionally on a thread;
+- :class:`CachingSavePlanner` is DCP's default save planner with plan caching under a key of its
+  owner's (one :class:`~dayzero.runtime.checkpoint.Checkpointer`), dropped by :func:`forget_plans`;
 - :class:`HookedWriter` is DCP's ``FileSystemWriter`` with a callback just before this rank
   writes its shards (fault drills inject a crash "between shard writes" there), checksumming
   each shard file as it is written so the manifest's checksums cost no second read.
 
-Uses private names (``_StorageInfo``, ``_traverse.set_element``, ``_state_dict_utils``); :func:`check_torch` guards them.
+Uses private names (``_StorageInfo``, ``_traverse.set_element``, ``_state_dict_utils``, the
+planner's ``_cached_*`` caches); :func:`check_torch` guards the torch version.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from typing import Any, Callable
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.planner import SavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.utils.serialization import config as _serialization_config
@@ -144,6 +148,29 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
+
+
+class CachingSavePlanner(DefaultSavePlanner):
+    """DCP's default save planner with plan caching (``enable_plan_caching``), under ``key``.
+
+    From the second save of a state with the same structure, no rank sends its local plan and
+    the coordinator skips global planning: one gather of "unchanged" flags instead of every
+    rank's pickled plan (2 ranks, 0.75 GiB, 384 tensors: ~35 ms of a 0.4 s save). A plan that did
+    change is planned again. DCP keeps the caches in class attributes keyed by planner class
+    name; the key here scopes them to one owner, and :func:`forget_plans` frees them."""
+
+    def __init__(self, key: str):
+        super().__init__(enable_plan_caching=True)
+        self._cached_plans_key = key
+
+
+def forget_plans(key: str) -> None:
+    """Drop the plans :class:`CachingSavePlanner` cached under ``key``."""
+    for name in ("_cached_save_plan", "_cached_final_save_plan", "_cached_all_plans", "_cached_global_plan",
+                 "_cached_metadata"):
+        cache = getattr(SavePlanner, name, None)
+        if isinstance(cache, dict):
+            cache.pop(key, None)
 
 
 class _HashingStream(io.RawIOBase):
