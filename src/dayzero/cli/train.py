@@ -15,6 +15,7 @@ from dayzero.cli.common import (
     CpOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt, SpOpt,
     SplitOpt, TpOpt, VppOpt, ZeroOpt, console, emit_json, parallel_from_options,
 )
+from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 
 _COMPUTE = ("bf16", "fp32", "auto")
 
@@ -51,7 +52,7 @@ def train_cmd(
     keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints to keep (the newest is never deleted).")] = 3,
     resume: Annotated[str, typer.Option("--resume", help="auto (newest good version) | never | a step | a version directory.")] = "auto",
     async_save: Annotated[bool, typer.Option("--async-save", help="Write checkpoints in the background (only the copy to CPU memory blocks).")] = False,
-    ckpt_checksum: Annotated[str, typer.Option("--ckpt-checksum", help="Per-file checksum in checkpoint manifests: xxh3-128 (fast) | sha256.")] = "xxh3-128",
+    ckpt_checksum: Annotated[str, typer.Option("--ckpt-checksum", help=f"Per-file checksum in checkpoint manifests: {' | '.join(CHECKSUMS)}.")] = DEFAULT_CHECKSUM,
     max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restart all ranks this often after a failure (with --nproc; under torchrun use its own flag).")] = 0,
     inject_fault: Annotated[Optional[list[str]], typer.Option("--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang[,at=step|save][,attempt=A] (repeatable).")] = None,
     watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this many seconds, so torchrun restarts (0: off).")] = 0.0,

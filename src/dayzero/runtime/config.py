@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from dayzero.runtime.manifest import DEFAULT_CHECKSUM
 from dayzero.specs.parallel import ParallelConfig
 
 COMPUTE_DTYPES = ("bf16", "fp32")
@@ -47,7 +48,7 @@ class TrainConfig:
     keep: int = 3
     resume: str = "auto"  # auto | never | a step | a version directory
     async_save: bool = False
-    ckpt_checksum: str = "xxh3-128"  # per-file checksum in the manifest: xxh3-128 | sha256
+    ckpt_checksum: str = DEFAULT_CHECKSUM  # per-file checksum in the manifest (manifest.CHECKSUMS)
     max_restarts: int = 0  # torchrun restarts when dayzero spawns the ranks (--nproc)
     inject_faults: tuple[str, ...] = ()  # drills: "step=N,rank=R,kind=kill|exception|hang[,at=save]"
     watchdog: float = 0.0  # seconds without a finished step before a rank aborts (0: off)

@@ -206,8 +206,9 @@ def resilience_config(cfg) -> ResilienceConfig:
     if cfg.resume not in ("auto", "never") and not str(cfg.resume).isdigit() and not Path(cfg.resume).is_dir():
         raise DayzeroError(f"--resume {cfg.resume}: expected auto, never, a step number or a checkpoint directory")
     return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep, resume=cfg.resume,
-                            async_save=cfg.async_save, checksum=cfg.ckpt_checksum, faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults),
-                            watchdog_s=cfg.watchdog, guard=guard)
+                            async_save=cfg.async_save, checksum=cfg.ckpt_checksum,
+                            faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults), watchdog_s=cfg.watchdog,
+                            guard=guard)
 
 
 def build_resilience(cfg, state, on_event: Callable[[dict], None]) -> Resilience:
