@@ -8,7 +8,7 @@ Measures, on this machine:
    best of N) and the search alone in-process (wall and CPU seconds, layouts considered):
    target >= 200,000 layouts considered in < 5 s wall.
 2. ``dayzero plan`` (dense-3t on ascend910b-8192) the same way: target < 2 s wall.
-3. ``dayzero backtest`` on shared/data/published_runs_dev.csv: MAPE overall, on the fit half
+3. ``dayzero backtest`` on the shipped published_runs_dev.csv: MAPE overall, on the fit half
    (even ids, used to fit the constants) and on the held-out half (odd ids): targets <= 10 %
    MAPE and <= 15 % rows skipped.
 
@@ -29,7 +29,6 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CSV = ROOT.parent / "shared" / "data" / "published_runs_dev.csv"
 
 
 def cli(args: list[str]) -> tuple[float, dict]:
@@ -76,7 +75,7 @@ def main() -> None:
     from dayzero.planner.backtest import run_backtest
 
     t0 = time.perf_counter()
-    bt = run_backtest(CSV)
+    bt = run_backtest()
     bt_s = time.perf_counter() - t0
     s, h = bt["summary"], bt["halves"]
     lines = [f"# Performance planner benchmarks ({date.today().isoformat()})", "",
@@ -91,7 +90,7 @@ def main() -> None:
         lines.append(f"| {label} | `{cmd}` | {wall:.2f} | {load:.1f} | {srch['wall_s']:.2f} | {srch['cpu_s']:.2f} | "
                      f"{considered:,} | {srch['timed']:,} | {layout} | {mfu:.1%} |")
     lines += ["", "Targets: moe-3t >= 200,000 layouts in < 5 s wall; `dayzero plan` < 2 s wall.", "",
-              "## Backtest (`dayzero backtest ../shared/data/published_runs_dev.csv`)", "",
+              "## Backtest (`dayzero backtest`, the shipped published_runs_dev.csv)", "",
               f"{s['n']} rows predicted, {s['skipped']} skipped ({s['skipped_fraction']:.1%}); {bt_s:.1f} s.", "",
               "| rows | n | MAPE | p90 abs error |", "|---|---|---|---|",
               f"| all | {s['n']} | {s['mape']:.1%} | {s['p90_abs_rel_error']:.1%} |",

@@ -16,14 +16,14 @@ from pathlib import Path
 
 from dayzero.planner.backtest import FIT_FIELDS, fit_constants, run_backtest
 from dayzero.planner.calibration import PerfConstants
+from dayzero.planner.published import default_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CSV = ROOT.parent / "shared" / "data" / "published_runs_dev.csv"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("csv", nargs="?", default=str(DEFAULT_CSV))
+    ap.add_argument("csv", nargs="?", default=str(default_runs()))
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "fitted_constants.json"))
     ap.add_argument("--start", default=None, help="JSON of constants to start from")

@@ -1,4 +1,4 @@
-"""Shared fixtures: paths to the reference data beside the checkout."""
+"""Shared fixtures: the reference data the package ships (no file outside the repository)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from dayzero.specs.presets import reference_data
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
-PACKAGED = ROOT / "src" / "dayzero" / "specs" / "presets" / "data"
 
 
 def data_file(name: str) -> Path:
-    """The shared reference file, or the package's copy when shared/ is not beside the checkout."""
-    p = SHARED / name
-    return p if p.exists() else PACKAGED / name
+    """A shipped reference file (``src/dayzero/specs/presets/data``)."""
+    return reference_data(name)
 
 
 @pytest.fixture(scope="session")

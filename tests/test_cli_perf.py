@@ -64,7 +64,6 @@ def test_plan_default_is_the_day0_scenario(capsys):
     assert best["fits"] and best["memory"]["utilization"] <= 0.85
 
 
-@pytest.mark.skipif(not data_file("published_runs_dev.csv").exists(), reason="dev CSV not beside the checkout")
 def test_backtest_json_on_a_small_file(tmp_path: Path, capsys):
     rows = list(csv.DictReader(data_file("published_runs_dev.csv").open()))
     pick = [r for r in rows if r["id"] in ("R0132", "R0214", "R0555", "R0671")]

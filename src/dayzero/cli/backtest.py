@@ -14,7 +14,7 @@ from dayzero.cli.predict import CalibrationOpt
 
 @app.command("backtest")
 def backtest_cmd(
-    csv: Annotated[str, typer.Argument(help="CSV with the columns of shared/data/published_runs_dev.csv.")],
+    csv: Annotated[Optional[str], typer.Argument(help="CSV with the columns of the shipped published_runs_dev.csv; default: that file (448 published runs).")] = None,
     calibration: CalibrationOpt = None,
     fit: Annotated[bool, typer.Option("--fit", help="First fit the efficiency constants on the even-id half (minutes).")] = False,
     write_calibration: Annotated[Optional[str], typer.Option("--write-calibration", help="With --fit: save the constants to FILE.json.")] = None,
@@ -23,7 +23,7 @@ def backtest_cmd(
 ) -> None:
     """Predict tokens/s per device for every row of a published-runs file; report MAPE overall, per half (fit on even ids, held-out odd ids) and per source, and which rows were skipped and why.
 
-    Example: [bold]dayzero backtest ../shared/data/published_runs_dev.csv[/bold]; [bold]dayzero backtest runs.csv --json[/bold]
+    Example: [bold]dayzero backtest[/bold] (the shipped runs); [bold]dayzero backtest runs.csv --json[/bold]
     """
     import json
     from pathlib import Path

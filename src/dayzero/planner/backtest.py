@@ -63,7 +63,7 @@ def _summary(errors: list[float]) -> dict:
     return {"n": int(a.size), "mape": float(a.mean()), "p90_abs_rel_error": float(np.percentile(a, 90))}
 
 
-def run_backtest(path: str | Path, constants: PerfConstants | None = None) -> dict:
+def run_backtest(path: str | Path | None = None, constants: PerfConstants | None = None) -> dict:
     """The DESIGN.md backtest object, plus per-half and per-source summaries."""
     cases, skips = load_cases(path)
     rows, by_source, by_half = [], {}, {"fit": [], "held": []}
@@ -88,7 +88,7 @@ def run_backtest(path: str | Path, constants: PerfConstants | None = None) -> di
             "constants": (constants or PerfConstants()).to_dict()}
 
 
-def fit_constants(path: str | Path, start: PerfConstants | None = None, iterations: int = 400,
+def fit_constants(path: str | Path | None, start: PerfConstants | None = None, iterations: int = 400,
                   half: str = "fit") -> tuple[PerfConstants, float]:
     """Fit FIT_FIELDS on one half's rows by minimising its MAPE (Nelder-Mead on log-parameters).
     Returns the constants and the half's MAPE."""

@@ -1,4 +1,4 @@
-"""Rows of a published-runs file (columns of ``shared/data/published_runs_dev.csv``) as planner
+"""Rows of a published-runs file (columns of the shipped ``published_runs_dev.csv``) as planner
 inputs: model spec, cluster, parallel layout and options, and the measured tokens/s per device.
 
 Reading the sources' conventions (see the data README):
@@ -36,6 +36,7 @@ from dayzero.specs.hardware import resolve_accelerator
 from dayzero.specs.hf_config import spec_from_hf_config
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, even_split
+from dayzero.specs.presets import reference_data
 from dayzero.specs.registry import load_model
 
 REQUIRED_COLUMNS = ("id", "model", "accelerator", "num_accelerators", "tp", "pp", "mbs", "gbs", "seq_len", "precision")
@@ -68,13 +69,23 @@ def model_table() -> list[dict]:
     return json.loads(path.read_text())["models"]
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    p = Path(path)
+def default_runs() -> Path:
+    """The shipped published-runs file (448 measured training runs; sources in presets/data/README.md)."""
+    return reference_data("published_runs_dev.csv")
+
+
+def read_rows(path: str | Path | None = None) -> list[dict]:
+    """The rows of a published-runs CSV (the shipped one when ``path`` is None)."""
+    p = default_runs() if path is None else Path(path)
     try:
-        with p.open(newline="") as f:
+        with p.open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
-    except OSError:
+    except FileNotFoundError:
         raise ConfigError(str(p), None, "file not found; pass a CSV with the columns of published_runs_dev.csv") from None
+    except OSError as e:
+        raise ConfigError(str(p), None, f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(p), None, f"not UTF-8 text (byte {e.start}); save the CSV as UTF-8") from None
     except csv.Error as e:
         raise ConfigError(str(p), None, f"malformed CSV: {e}") from None
     if not rows:
@@ -262,7 +273,7 @@ def case_of(row: dict) -> Case:
                 full_layout=bool((row.get("tp") or "").strip() and (row.get("pp") or "").strip()))
 
 
-def load_cases(path: str | Path) -> tuple[list[Case], list[Skip]]:
+def load_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skip]]:
     cases, skips = [], []
     for row in read_rows(path):
         try:

@@ -11,10 +11,10 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from typing import Literal
 
 from dayzero.errors import ConfigError
+from dayzero.specs.presets import reference_data
 
 Topology = Literal["switch", "mesh", "torus"]
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
@@ -151,8 +151,7 @@ def _from_entry(e: dict) -> Accelerator:
 @lru_cache(maxsize=1)
 def catalog() -> dict[str, Accelerator]:
     """All accelerators, by catalog id."""
-    path = resources.files("dayzero.specs.presets") / "data" / "hardware_catalog.json"
-    entries = json.loads(path.read_text())
+    entries = json.loads(reference_data("hardware_catalog.json").read_text())
     return {e["id"]: _from_entry(e) for e in entries}
 
 
