@@ -117,9 +117,19 @@ GUARD_SCRIPT = textwrap.dedent("""
     T.compute_step = compute_step
     cfg = TrainConfig(model="tiny-llama", layers=2, hidden=64, parallel=ParallelConfig(seq=32, gbs=4), steps=6,
                       compute_dtype="fp32", quiet=True, metrics=sys.argv[1], ckpt_dir=sys.argv[2], ckpt_every=2,
-                      on_bad_loss=sys.argv[3])
+                      on_bad_loss=None if sys.argv[3] == "none" else sys.argv[3])
     sys.exit(run_configs([cfg]))
 """)
+
+
+def test_nan_loss_without_a_guard_stops_training_with_one_clear_line(tmp_path):
+    m = tmp_path / "m.jsonl"
+    p = subprocess.run([sys.executable, "-c", GUARD_SCRIPT, str(m), str(tmp_path / "ck"), "none"], timeout=600,
+                       capture_output=True, text=True)
+    assert p.returncode == 2, p.stderr
+    assert "step 4: the loss is nan; training stopped" in p.stderr and "--on-bad-loss" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert [s for s, _ in steps(stream(m))] == [1, 2, 3]  # step 4 was never applied
 
 
 @pytest.mark.parametrize("action", ["skip", "rollback"])

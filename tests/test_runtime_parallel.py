@@ -104,7 +104,7 @@ def test_metrics_records(runs):
     records, _ = runs
     steps, end = records["tp2_pp2_dp2"]
     for r in steps:
-        assert tuple(r) == STEP_KEYS
+        assert tuple(r) == STEP_KEYS + ("attempt",)
         assert r["tokens"] == 8 * 32 and r["peak_mem_bytes"] > 0 and r["step_time_s"] > 0
         assert r["comm_time_s"] > 0  # 8 ranks do communicate
         assert r["grad_norm"] > 0 and r["lr"] > 0

@@ -4,7 +4,8 @@ One record per step, exactly these keys (``dayzero validate`` and the checkpoint
 
     step, loss, grad_norm, lr, tokens, step_time_s, tokens_per_s, peak_mem_bytes, comm_time_s
 
-then one ``{"event": "end", ...}`` record. ``peak_mem_bytes`` is the largest over ranks of CUDA's
+then one ``{"event": "end", ...}`` record. Every record also has ``attempt`` (see MetricsWriter), and
+a record with a non-finite value writes it as ``null`` and names it in ``nonfinite``. ``peak_mem_bytes`` is the largest over ranks of CUDA's
 max allocated bytes, or of the process's peak resident set size on CPU. ``comm_time_s`` is the
 largest over ranks of the wall time during which at least one collective or point-to-point
 transfer was in flight (the union of their intervals), read from the PyTorch profiler: on CPU
@@ -20,6 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from dayzero.report.jsonable import record_line
 
 STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "step_time_s", "tokens_per_s", "peak_mem_bytes",
              "comm_time_s")
@@ -115,19 +118,24 @@ def union_ns(spans: list[tuple[int, int]]) -> int:
 
 
 class MetricsWriter:
-    """Appends one JSON object per line; only rank 0 writes."""
+    """Appends one strict-JSON object per line (non-finite values as ``null``, named under
+    ``nonfinite``); only rank 0 writes. Every record carries ``attempt``: 1 for a new stream, and
+    one more than the stream's last attempt each time a resumed or restarted run appends to it, so
+    steps that a restart repeats are told apart."""
 
     def __init__(self, path: str | Path | None, enabled: bool, append: bool = False):
         self.path = Path(path) if path and enabled else None
         self._f = None
+        self.attempt = 1
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            # a resumed or restarted run continues the stream of the run it continues
-            self._f = self.path.open("a" if append else "w")
+            if append:  # a resumed or restarted run continues the stream of the run it continues
+                self.attempt = last_attempt(self.path) + 1
+            self._f = self.path.open("a" if append else "w", encoding="utf-8")
 
     def write(self, obj: dict) -> None:
         if self._f is not None:
-            self._f.write(json.dumps(obj) + "\n")
+            self._f.write(record_line({**obj, "attempt": self.attempt}) + "\n")
             self._f.flush()
 
     def close(self) -> None:
@@ -136,16 +144,41 @@ class MetricsWriter:
             self._f = None
 
 
+def _records(path: str | Path):
+    """The JSON objects of a metrics file, in order; a line that is not a JSON object (a record cut
+    by a crash mid-write) is skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+def last_attempt(path: str | Path) -> int:
+    """The largest ``attempt`` in a metrics file (a stream written before attempts were recorded,
+    or an empty one, counts as attempt 1 when it has records, 0 when it has none)."""
+    best = 0
+    for obj in _records(path):
+        a = obj.get("attempt", 1)
+        best = max(best, a if isinstance(a, int) and not isinstance(a, bool) else 1)
+    return best
+
+
 def read_metrics(path: str | Path) -> tuple[list[dict], dict | None]:
     """(step records, end record) from a metrics file. Steps redone after a resume or restart
     appear twice in the stream; the later record is the one kept."""
     steps, end = [], None
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            obj = json.loads(line)
-            if obj.get("event") == "end":
-                end = obj
-            elif "step" in obj and "event" not in obj:  # events (checkpoints, guards) also name steps
-                steps.append(obj)
+    for obj in _records(path):
+        if obj.get("event") == "end":
+            end = obj
+        elif "step" in obj and "event" not in obj:  # events (checkpoints, guards) also name steps
+            steps.append(obj)
     last = {r["step"]: r for r in steps}
     return [last[s] for s in sorted(last)], end

@@ -20,6 +20,7 @@ are named by global ids so that a rollback can skip the offending ones on replay
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,12 @@ class Resilience:
 
     def judge(self, step: int, loss: float, batch_ids: Sequence[int] = ()) -> GuardVerdict:
         if self.guard is None:
-            return GuardVerdict(True, loss=float(loss))
+            loss = float(loss)
+            if not math.isfinite(loss):  # the optimizer would apply it: stop rather than train on garbage
+                raise LossDivergedError(
+                    f"step {step}: the loss is {loss}; training stopped before the optimizer applied it. "
+                    "Lower --lr or check the data and config, or pass --on-bad-loss skip|rollback to drop such steps")
+            return GuardVerdict(True, loss=loss)
         v = self.guard.observe(step, loss)
         self._recent.append(tuple(int(b) for b in batch_ids))
         if not v.ok:
