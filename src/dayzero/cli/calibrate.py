@@ -92,5 +92,7 @@ def print_summary(result: dict) -> None:
             c.add_row(r["collective"], str(r["group"]), f"{r['bytes'] / 1e6:.3g}", f"{r['seconds'] * 1e3:.3g}",
                       f"{r['busbw_gbytes_per_s']:.3g}", f"{r['fitted_seconds'] * 1e3:.3g}")
         console.print(c)
+    for w in result.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     if result.get("path"):
         console.print(f"wrote {result['path']} (use as --cluster {result['path']})")

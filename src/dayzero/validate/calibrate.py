@@ -3,6 +3,7 @@
     results  = run_ranks(microbench.run_rank, nproc)      every rank measures at once
     merged   = merge_ranks(results)                        medians over ranks
     profile  = build_profile(merged)                       fits with the planner's formulas
+    check_fits(profile)                                    physical bounds (validate/sanity.py)
     write_profile(profile, out)                            a cluster YAML (--cluster FILE)
 
 The report compares every measurement with what the planner now predicts for it (GEMM by
@@ -17,6 +18,7 @@ import numpy as np
 
 from dayzero.validate.profile import (COLLECTIVES, build_profile, collective_time, fit_gemm, fit_link, merge_ranks,
                                       write_profile)
+from dayzero.validate.sanity import check_fits
 
 
 def measure(nproc: int, quick: bool = False, skip: tuple[str, ...] = ()) -> dict:
@@ -39,9 +41,12 @@ def catalog_entry(machine: dict):
 def calibrate(nproc: int, out: str | Path | None = None, quick: bool = False, name: str | None = None) -> dict:
     """Measure, fit, and (with ``out``) write the profile. Returns ``{"profile", "path", "summary"}``."""
     merged = measure(nproc, quick)
-    profile = build_profile(merged, name, catalog_entry(merged["machine"]))
+    acc = catalog_entry(merged["machine"])
+    profile = build_profile(merged, name, acc)
+    warnings = check_fits(profile, acc)  # raises, writing nothing, when a fit breaks a physical bound
     path = write_profile(profile, out) if out else None
-    return {"profile": profile, "path": None if path is None else str(path), "summary": summarize(profile)}
+    return {"profile": profile, "path": None if path is None else str(path), "summary": summarize(profile),
+            "warnings": warnings}
 
 
 def summarize(profile: dict) -> dict:
