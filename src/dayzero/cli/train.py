@@ -58,6 +58,7 @@ def train_cmd(
     watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this many seconds, so torchrun restarts (0: off).")] = 0.0,
     on_bad_loss: Annotated[Optional[str], typer.Option("--on-bad-loss", help="On a NaN/Inf loss or a spike: skip (drop the step) | rollback (reload the last checkpoint, skip the batch).")] = None,
     spike_factor: Annotated[float, typer.Option("--spike-factor", min=0, help="With --on-bad-loss: a loss above this x the running mean is a spike (0: NaN/Inf only).")] = 0.0,
+    skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak memory exceeds what this machine has free.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Train MODEL with a parallel layout on torch.distributed (CPU: gloo, CUDA: NCCL).
@@ -102,6 +103,10 @@ def train_cmd(
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     spec = cfg.spec()
     check_runtime(spec, parallel, world)
+    if not torchrun and not skip_memory_check:  # under torchrun the ranks are already up, allocating
+        from dayzero.runtime.memory_check import check_memory
+
+        check_memory(spec, parallel, world, compute_dtype)
     resolve_data(data)
     resilience_config(cfg)  # checkpoint, drill and guard options
     if not torchrun and not quiet and not json_out:

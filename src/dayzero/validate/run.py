@@ -211,10 +211,12 @@ def _proxy_text(shrink: dict) -> str:
 def validate(request: ValidationRequest, cluster: Cluster, nproc: int, step_tolerance: float = 0.20) -> dict:
     """Run ``request`` on ``nproc`` local ranks and build the result object."""
     from dayzero.runtime.checks import check_runtime
+    from dayzero.runtime.memory_check import check_memory
     from dayzero.validate.launch import run_ranks
 
     spec = request.spec()
     check_runtime(spec, request.parallel, nproc)  # one line before any rank starts
+    check_memory(spec, request.parallel, nproc, request.compute_dtype, override=None)
     if request.steps < 4:
         raise LayoutError(f"--steps {request.steps}: the loss-trend test needs at least 4 steps (12 or more is better)")
     ranks = run_ranks("dayzero.validate.run:run_rank", {"request": request.to_dict()}, nproc)
