@@ -31,6 +31,44 @@ for _verb in VERBS:
     importlib.import_module(f"dayzero.cli.{_verb}")
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def numbers_checked(callback):
+    """The verb ``callback`` with every numeric flag checked first, by one rule for all verbs: a
+    number must be finite (click parses 'nan' and 'inf' as floats) and not negative (no dayzero
+    flag has a meaning below zero; sizes that must be positive declare ``min=1`` themselves). A
+    bad value is one line and exit 2, before any work starts."""
+    import functools
+    import math
+
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        for name, value in kwargs.items():
+            for v in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    continue
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise typer.BadParameter(f"{v} is not a finite number", param_hint=_flag(name))
+                if v < 0:
+                    raise typer.BadParameter(f"{v} is negative; dayzero's numeric flags are >= 0",
+                                             param_hint=_flag(name))
+        return callback(*args, **kwargs)
+
+    return run
+
+
+def _check_every_verb(typer_app: typer.Typer) -> None:
+    for info in typer_app.registered_commands:
+        info.callback = numbers_checked(info.callback)
+    for group in typer_app.registered_groups:
+        _check_every_verb(group.typer_instance)
+
+
+_check_every_verb(app)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: user errors become one line on stderr and exit code 2."""
     try:

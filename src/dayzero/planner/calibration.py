@@ -18,7 +18,6 @@ Two kinds of numbers turn FLOPs and bytes into seconds:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from dayzero.errors import ConfigError
+from dayzero.inputs import parse_json, parse_yaml, read_text
 from dayzero.planner.collectives import Link
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
@@ -65,10 +65,36 @@ class PerfConstants:
             raise ConfigError(source, bad[0], f"unknown efficiency constant; known: {', '.join(sorted(known))}")
         clean = {}
         for k, v in overrides.items():
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-                raise ConfigError(source, k, f"expected a non-negative number, got {v!r}")
-            clean[k] = None if v is None else float(v)
+            if v is None and k == "intra_eff":  # None: derive from the catalog
+                clean[k] = None
+                continue
+            clean[k] = check_bound(v, CONSTANT_BOUNDS[k], source, k)
         return replace(self, **clean)
+
+
+# Physical range of every constant (lo, hi, lo_open): efficiencies are fractions of a peak or of a
+# measured rate, in (0, 1]; overheads are seconds, [0, 1]; half-dim a GEMM size; memory_scale a
+# ratio of real to counted bytes; optimizer bytes per parameter a positive size.
+FRACTION = (0.0, 1.0, True)
+CONSTANT_BOUNDS = {
+    "gemm_scale_bf16": FRACTION, "gemm_scale_fp8": FRACTION, "gemm_scale_fp4": FRACTION, "moe_gemm_scale": FRACTION,
+    "attention_eff": FRACTION, "intra_eff": FRACTION, "inter_eff": FRACTION,
+    "gemm_half_dim": (0.0, 1e5, False), "memory_scale": (0.0, 20.0, True),
+    "layer_overhead_s": (0.0, 1.0, False), "moe_expert_overhead_s": (0.0, 1.0, False),
+    "flash2_max_tflops": (0.0, 1e5, True), "optimizer_bytes_per_param": (0.0, 1000.0, True),
+}
+
+
+def check_bound(v, bound: tuple[float, float, bool], source: str, key: str) -> float:
+    """``v`` as a float inside ``bound`` (lo, hi, lo_open); a ConfigError naming the range otherwise."""
+    import math
+
+    lo, hi, lo_open = bound
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and \
+        (v > lo if lo_open else v >= lo) and v <= hi
+    if not ok:
+        raise ConfigError(source, key, f"expected a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
 
 
 # Cluster YAML ``efficiency`` keys -> PerfConstants fields. ``gemm``/``gemm_bf16``/``gemm_fp8``/
@@ -85,19 +111,8 @@ def load_calibration(path: str | Path, base: PerfConstants | None = None) -> Per
     """Read a calibration file: a JSON or YAML mapping of PerfConstants fields (a ``constants``
     sub-mapping is accepted too, as ``dayzero backtest --fit`` writes)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError:
-        raise ConfigError(str(p), None, "calibration file not found; pass a JSON or YAML file of efficiency constants") from None
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as e:  # malformed file: one line, no traceback
-        raise ConfigError(str(p), None, f"cannot parse: {str(e).splitlines()[0]}") from None
+    text = read_text(p, "pass a calibration file: JSON or YAML efficiency constants")
+    data = parse_yaml(text, str(p)) if p.suffix in (".yaml", ".yml") else parse_json(text, str(p))
     if isinstance(data, dict) and isinstance(data.get("constants"), dict):
         data = data["constants"]
     if not isinstance(data, dict):
@@ -112,6 +127,9 @@ def constants_for(cluster: Cluster, base: PerfConstants | None = None) -> PerfCo
     if unknown:
         raise ConfigError(f"cluster {cluster.name}", f"efficiency.{unknown[0]}",
                           f"unknown efficiency key; known: {', '.join(sorted([*CLUSTER_KEYS, *GEMM_KEYS]))}")
+    for k in GEMM_KEYS:  # fractions of the dense peak a calibration measured
+        if k in cluster.efficiency:
+            check_bound(cluster.efficiency[k], FRACTION, f"cluster {cluster.name}", f"efficiency.{k}")
     over = {CLUSTER_KEYS[k]: v for k, v in cluster.efficiency.items() if k in CLUSTER_KEYS}
     return base.with_overrides(over, f"cluster {cluster.name}: efficiency") if over else base
 

@@ -21,6 +21,7 @@ Reading the sources' conventions (see the data README):
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from dataclasses import dataclass, replace
@@ -29,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 
 from dayzero.errors import ConfigError, DayzeroError
+from dayzero.inputs import read_text
 from dayzero.planner.comm import CommOptions
 from dayzero.planner.perf import PerfOptions
 from dayzero.specs.cluster import Cluster, build_cluster
@@ -77,15 +79,9 @@ def default_runs() -> Path:
 def read_rows(path: str | Path | None = None) -> list[dict]:
     """The rows of a published-runs CSV (the shipped one when ``path`` is None)."""
     p = default_runs() if path is None else Path(path)
+    text = read_text(p, "pass a CSV with the columns of published_runs_dev.csv")
     try:
-        with p.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except FileNotFoundError:
-        raise ConfigError(str(p), None, "file not found; pass a CSV with the columns of published_runs_dev.csv") from None
-    except OSError as e:
-        raise ConfigError(str(p), None, f"cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(str(p), None, f"not UTF-8 text (byte {e.start}); save the CSV as UTF-8") from None
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
     except csv.Error as e:
         raise ConfigError(str(p), None, f"malformed CSV: {e}") from None
     if not rows:

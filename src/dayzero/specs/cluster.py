@@ -44,16 +44,21 @@ reports, not read by the planner)::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
 from dayzero.errors import ConfigError
+from dayzero.inputs import load_yaml
 from dayzero.specs.hardware import Accelerator, get_accelerator
+
+
+MAX_DEVICES = 2**20  # a cluster of a million devices is beyond any built; larger is a typo, not a plan
 
 
 @dataclass(frozen=True)
@@ -109,22 +114,22 @@ class AcceleratorFile(BaseModel):
     """An accelerator defined inside a cluster YAML (units as in the catalog: TFLOP/s, GB, TB/s,
     GB/s per direction, microseconds)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     id: str
     name: str = ""
     vendor: str = ""
-    peak_tflops: dict[str, float]
+    peak_tflops: dict[str, PositiveFloat]
     hbm_gb: float = Field(gt=0)
     hbm_tbytes_per_s: float = Field(gt=0)
-    devices_per_node: int = Field(default=1, ge=1)
-    scaleup_domain: int | None = Field(default=None, ge=1)
+    devices_per_node: int = Field(default=1, ge=1, le=MAX_DEVICES)
+    scaleup_domain: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     topology: Literal["switch", "mesh", "torus"] = "switch"
     intra_node_gbytes_per_s: float | None = Field(default=None, gt=0)
     intra_node_p2p_gbytes_per_s: float | None = Field(default=None, gt=0)
     inter_node_gbytes_per_s: float | None = Field(default=None, gt=0)
     intra_latency_us: float | None = Field(default=None, ge=0)
     inter_latency_us: float | None = Field(default=None, ge=0)
-    gemm_tflops_measured: dict[str, float] = Field(default_factory=dict)
+    gemm_tflops_measured: dict[str, PositiveFloat] = Field(default_factory=dict)
     allreduce_busbw_intra_gbytes_per_s: float | None = Field(default=None, gt=0)
     runtime_context_mib: float | None = Field(default=None, ge=0)
     comm_buffer_mib: float | None = Field(default=None, ge=0)
@@ -157,24 +162,24 @@ class AcceleratorFile(BaseModel):
 class ClusterFile(BaseModel):
     """The YAML schema above, validated."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = "cluster"
     description: str = ""
     accelerator: str | AcceleratorFile
-    nodes: int = Field(ge=1)
-    devices_per_node: int | None = Field(default=None, ge=1)
-    scaleup_domain: int | None = Field(default=None, ge=1)
+    nodes: int = Field(ge=1, le=MAX_DEVICES)
+    devices_per_node: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
+    scaleup_domain: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     topology: Literal["switch", "mesh", "torus"] | None = None
     intra_node_gbytes_per_s: float | None = Field(default=None, gt=0)
     intra_node_p2p_gbytes_per_s: float | None = Field(default=None, gt=0)
     inter_node_gbytes_per_s: float | None = Field(default=None, gt=0)
     intra_latency_us: float | None = Field(default=None, ge=0)
     inter_latency_us: float | None = Field(default=None, ge=0)
-    peak_tflops: dict[str, float] | None = None
+    peak_tflops: dict[str, PositiveFloat] | None = None
     hbm_gb: float | None = Field(default=None, gt=0)
     hbm_tbytes_per_s: float | None = Field(default=None, gt=0)
-    gemm_tflops_measured: dict[str, float] | None = None
-    efficiency: dict[str, float] = Field(default_factory=dict)
+    gemm_tflops_measured: dict[str, PositiveFloat] | None = None
+    efficiency: dict[str, float] = Field(default_factory=dict)  # ranges: planner/calibration.py CONSTANT_BOUNDS
     runtime_context_mib: float | None = Field(default=None, ge=0)  # measured per device (dayzero calibrate)
     comm_buffer_mib: float | None = Field(default=None, ge=0)
     measurements: dict | None = None  # raw calibration tables (dayzero calibrate); informational
@@ -184,9 +189,13 @@ def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node
                   inter_node_gbytes_per_s: float | None = None, name: str | None = None) -> Cluster:
     """A standard cluster of ``devices`` cards (``--accelerator NAME --devices N``)."""
     acc = accelerator if isinstance(accelerator, Accelerator) else get_accelerator(accelerator)
+    if devices_per_node is not None and devices_per_node < 1:
+        raise ConfigError("--devices-per-node", None, f"must be >= 1, got {devices_per_node}")
     dpn = devices_per_node or acc.devices_per_node
-    if devices < 1:
-        raise ConfigError("--devices", None, f"must be >= 1, got {devices}")
+    if not 1 <= devices <= MAX_DEVICES:
+        raise ConfigError("--devices", None, f"must be in [1, {MAX_DEVICES:,}], got {devices}")
+    if inter_node_gbytes_per_s is not None and not (math.isfinite(inter_node_gbytes_per_s) and inter_node_gbytes_per_s > 0):
+        raise ConfigError("--inter-node-gbps", None, f"must be a positive bandwidth, got {inter_node_gbytes_per_s * 8:g}")
     if devices < dpn:
         dpn = devices
     if devices % dpn:
@@ -238,15 +247,8 @@ def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
 
 
 def load_cluster_yaml(path: str | Path) -> Cluster:
-    import yaml
-
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(p), None, "file not found; use a preset from 'dayzero hardware' or a YAML file") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(str(p), None, f"malformed YAML: {str(e).splitlines()[0]}") from None
+    data = load_yaml(p, "use a preset from 'dayzero hardware' or a YAML file")
     return cluster_from_dict(data, str(p))
 
 

@@ -6,18 +6,34 @@ One small parser per family; all fields keep their HF names. Every problem with 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable
 
 from dayzero.errors import ConfigError
+from dayzero.inputs import load_json
 from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
 
 SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
     "kimi_k2", "glm4_moe", "gpt_oss", "nemotron", "gpt2",
 )
+
+
+# Bounds on config values, so an absurd field is one line instead of a hang, an overflow or a NaN:
+# every integer field <= MAX_INT_FIELD (2^24: vocabularies reach 256K, widths 32K); layer counts
+# <= MAX_LAYERS (the deepest published LLMs have ~200 layers). Float fields by name: RoPE bases and
+# scaling factors are positive, norm epsilons in (0, 1), loss coefficients non-negative.
+MAX_INT_FIELD = 2**24
+MAX_LAYERS = 10_000
+INT_LIMITS = {"num_hidden_layers": MAX_LAYERS, "n_layer": MAX_LAYERS, "num_nextn_predict_layers": MAX_LAYERS,
+              "first_k_dense_replace": MAX_LAYERS}
+_EPS = (0.0, 1.0, True)
+FLOAT_RANGES = {
+    "rope_theta": (0.0, math.inf, True), "rms_norm_eps": _EPS, "norm_eps": _EPS, "layer_norm_epsilon": _EPS,
+    "routed_scaling_factor": (0.0, 1e6, True), "router_aux_loss_coef": (0.0, 1e3, False),
+    "aux_loss_alpha": (0.0, 1e3, False),
+}
 
 
 class _Fields:
@@ -29,7 +45,8 @@ class _Fields:
     def _fail(self, key: str, problem: str):
         raise ConfigError(self.source, key, problem)
 
-    def int(self, key: str, default: Any = ..., minimum: int = 1, alt: tuple[str, ...] = ()) -> int | None:
+    def int(self, key: str, default: Any = ..., minimum: int = 1, alt: tuple[str, ...] = (),
+            maximum: int | None = None) -> int | None:
         for k in (key, *alt):
             if k in self.cfg and self.cfg[k] is not None:
                 key = k
@@ -41,9 +58,14 @@ class _Fields:
         v = self.cfg[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
             self._fail(key, f"expected an integer, got {v!r}")
+        if not math.isfinite(v):
+            self._fail(key, f"expected an integer, got {v!r}")
         v = int(v)
         if v < minimum:
             self._fail(key, f"expected an integer >= {minimum}, got {v}")
+        top = maximum if maximum is not None else INT_LIMITS.get(key, MAX_INT_FIELD)
+        if v > top:
+            self._fail(key, f"{v:,} exceeds {top:,}, the largest dayzero plans for (a typo?)")
         return v
 
     def opt_int(self, key: str, minimum: int = 1, alt: tuple[str, ...] = ()) -> int | None:
@@ -52,9 +74,12 @@ class _Fields:
     def float(self, key: str, default: float) -> float:
         v = self.cfg.get(key, default)
         if v is None:
-            return default
+            v = default
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             self._fail(key, f"expected a number, got {v!r}")
+        lo, hi, lo_open = FLOAT_RANGES.get(key, (-math.inf, math.inf, False))
+        if not ((v > lo if lo_open else v >= lo) and v <= hi):
+            self._fail(key, f"expected a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}")
         return float(v)
 
     def bool(self, key: str, default: bool) -> bool:
@@ -96,17 +121,7 @@ def load_config_file(path: str | Path) -> tuple[dict, str]:
     if p.is_dir():
         p = p / "config.json"
     source = str(p)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(source, None, "file not found; pass a preset name (see 'dayzero models'), "
-                          "a config.json or a directory holding one") from None
-    except OSError as e:
-        raise ConfigError(source, None, f"cannot read: {e.strerror or e}") from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(source, None, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    cfg = load_json(p, "pass a preset name (see 'dayzero models'), a config.json or a directory holding one")
     if not isinstance(cfg, dict):
         raise ConfigError(source, None, f"expected a JSON object, got {type(cfg).__name__}")
     return cfg, source
@@ -123,11 +138,26 @@ def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = Non
         raise ConfigError(source, "model_type", f"{got} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     f = _Fields(cfg, source)
     try:
-        return _PARSERS[mt](f, name, mt)
+        spec = _PARSERS[mt](f, name, mt)
+        check_size(spec, source)
+        return spec
     except ConfigError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:  # defensive: never a traceback
         raise ConfigError(source, None, f"inconsistent config ({type(e).__name__}: {e})") from None
+
+
+MAX_PARAMS = 10**15  # 1,000 T parameters: 300x the largest model planned today; beyond it int64 FLOP counts overflow
+
+
+def check_size(spec: ModelSpec, source: str) -> None:
+    """Refuse a model beyond ``MAX_PARAMS`` (every product the planner forms then stays in int64)."""
+    from dayzero.specs.counting import params_total
+
+    n = params_total(spec, with_mtp=True)
+    if n > MAX_PARAMS:
+        raise ConfigError(source, None, f"{n:.3g} parameters exceeds {MAX_PARAMS:.0e}, the largest model dayzero "
+                          "plans for; check hidden_size, num_hidden_layers and the expert counts")
 
 
 # -- families ----------------------------------------------------------------------------------
