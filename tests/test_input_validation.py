@@ -111,3 +111,13 @@ def test_calibration_constants_outside_their_range(tmp_path, capsys):
     f = tmp_path / "cal.json"
     f.write_text(json.dumps({"gemm_scale_bf16": 50.0}))
     one_line_error(["predict", "tiny-llama", "-a", "h100", "-n", "8", "--calibration", f], capsys, "gemm_scale_bf16")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["predict", "tiny-llama", "-a", "a100", "-n", "8", "--dp", "8", "--precision", "fp8"], "no FP8 units"),
+    (["plan", "llama-3.1-8b", "-a", "h100", "-n", "8", "--precision", "fp4"], "no FP4 units"),
+    (["train", "tiny-llama", "--experts", "4", "--steps", "1"], "dense model"),
+    (["validate", "tiny-llama", "--experts", "4", "--cluster", "ascend910b-8192"], "dense model"),
+])
+def test_inputs_that_would_be_silently_reinterpreted(capsys, argv, needle):
+    one_line_error(argv, capsys, needle)

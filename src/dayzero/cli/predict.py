@@ -39,6 +39,8 @@ def perf_options(precision: str, tp_overlap: bool, ep_overlap: bool, moe_imbalan
     if moe_imbalance < 1.0:
         raise ConfigError("--moe-imbalance", None, f"must be >= 1.0 (busiest over average), got {moe_imbalance}")
     parse_order(rank_order)
+    if cluster is not None:
+        cluster.accelerator.require_native(precision)
     constants = constants_for(cluster) if cluster is not None else None
     if calibration:
         constants = load_calibration(calibration, constants)

@@ -62,6 +62,14 @@ class Accelerator:
             raise ConfigError(self.id, f"{precision}_tflops", "no peak throughput known for this precision")
         return p
 
+    def require_native(self, precision: str, flag: str = "--precision") -> None:
+        """Refuse a GEMM precision this card has no units for: :meth:`peak` would fall back to a
+        slower one and label its times with the precision asked for."""
+        if precision != "bf16" and precision not in self.peak_flops:
+            have = ", ".join(p for p in ("bf16", "fp8", "fp4") if p in self.peak_flops or p == "bf16")
+            raise ConfigError(flag, None, f"{precision}: {self.name} has no {precision.upper()} units (catalog peaks: "
+                              f"{have}); use --precision {'fp8' if 'fp8' in self.peak_flops else 'bf16'} or another card")
+
     def gemm_efficiency(self, precision: str = "bf16") -> float | None:
         """Measured best GEMM throughput over peak, where the catalog has a measurement."""
         m = self.gemm_flops_measured.get(precision)

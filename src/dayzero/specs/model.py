@@ -151,6 +151,10 @@ class ModelSpec:
         if layers is None and hidden is None and experts is None and vocab is None:
             return self
         spec = self
+        if experts is not None and self.moe is None:  # never ignore a size the user asked for
+            from dayzero.errors import ConfigError
+
+            raise ConfigError("--experts", None, f"{self.name} is a dense model (no routed experts); drop --experts")
         if hidden is not None and hidden != self.hidden:
             spec = _scale_width(spec, hidden)
         if experts is not None and spec.moe is not None:
