@@ -121,3 +121,23 @@ def test_calibration_constants_outside_their_range(tmp_path, capsys):
 ])
 def test_inputs_that_would_be_silently_reinterpreted(capsys, argv, needle):
     one_line_error(argv, capsys, needle)
+
+
+def test_a_published_row_with_an_impossible_layout_is_skipped_not_predicted(tmp_path):
+    import csv
+
+    from dayzero.planner.backtest import run_backtest
+    from dayzero.planner.published import read_rows
+
+    rows = [dict(r) for r in read_rows()[:2]]
+    rows[0]["tp"] = "-2"
+    rows[1]["tp"] = "0"
+    f = tmp_path / "runs.csv"
+    with f.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    result = run_backtest(f)
+    assert result["summary"]["n"] == 0
+    assert sorted(s["reason"] for s in result["skipped"]) == ["tp '-2' is not a positive whole number",
+                                                              "tp '0' is not a positive whole number"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -92,14 +93,18 @@ def read_rows(path: str | Path | None = None) -> list[dict]:
     return rows
 
 
-def _int(row: dict, key: str, default: int | None = None) -> int | None:
+def _int(row: dict, key: str, default: int | None = None, strict: bool = True) -> int | None:
+    """A positive whole-number column (``4``, ``8k`` = 8192, ``1m``); blank -> ``default``. Any other
+    text is the row's skip reason (``strict``; lenient columns such as ``fsdp`` may hold words)."""
     v = (row.get(key) or "").strip()
     if not v:
         return default
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmM]?)", v)
-    if not m:
+    x = float(m.group(1)) * {"": 1, "k": 1024, "m": 2**20}[m.group(2).lower()] if m else None
+    if x is None or not x.is_integer() or x < 1:
+        if strict:
+            raise DayzeroError(f"{key} {v!r} is not a positive whole number")
         return default
-    x = float(m.group(1)) * {"": 1, "k": 1024, "m": 2**20}[m.group(2).lower()]
     return int(x)
 
 
@@ -108,7 +113,7 @@ def _float(row: dict, key: str) -> float | None:
         v = float((row.get(key) or "").strip())
     except ValueError:
         return None
-    return v if v > 0 else None
+    return v if math.isfinite(v) and v > 0 else None
 
 
 def precision_of(text: str) -> str:
@@ -234,7 +239,7 @@ def case_of(row: dict) -> Case:
     dp = devices // (tp * pp * cp)  # MaxText rows give dp x fsdp; both are data-parallel here
     stated_dp = _int(row, "dp")
     # DGX Cloud's Grok rows count dp without the expert-parallel ranks (tp*pp*cp*dp*ep = devices)
-    if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not maxtext_fsdp and not _int(row, "fsdp"):
+    if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not maxtext_fsdp and not _int(row, "fsdp", strict=False):
         raise DayzeroError(f"dp {stated_dp} disagrees with devices / (tp*pp*cp) = {dp}")
     prec = precision_of(row["precision"])
     cluster = build_cluster(acc, devices)

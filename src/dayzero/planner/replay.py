@@ -56,6 +56,7 @@ class _Tracker:
     def __init__(self, capacity: int | None, record: bool):
         self.alloc = CachingAllocator(capacity)
         self.live: dict = {}
+        self._by_prefix: dict[tuple, dict] = {}  # every proper prefix of a live key -> its keys, in insertion order
         self.by_cat = dict.fromkeys(TRACKED, 0)
         self.record = record
         self.rows: list[tuple] = []
@@ -73,7 +74,11 @@ class _Tracker:
                 self.oom_at = self.events
             self.alloc.capacity = None  # keep replaying to report the unconstrained peak
             block = self.alloc.malloc(nbytes)
+        if key in self.live:  # replaced: forget its old place in the prefix index
+            self._unindex(key)
         self.live[key] = (block, cat)
+        for i in range(1, len(key)):
+            self._by_prefix.setdefault(key[:i], {})[key] = None
         self.by_cat[cat] += nbytes
         self._tick()
 
@@ -81,13 +86,24 @@ class _Tracker:
         item = self.live.pop(key, None)
         if item is None:
             return
+        self._unindex(key)
         block, cat = item
         self.by_cat[cat] -= block.requested
         self.alloc.free(block)
         self._tick()
 
+    def _unindex(self, key) -> None:
+        for i in range(1, len(key)):
+            group = self._by_prefix.get(key[:i])
+            if group is not None:
+                group.pop(key, None)
+                if not group:
+                    del self._by_prefix[key[:i]]
+
     def drop_prefix(self, prefix: tuple) -> None:
-        for key in [k for k in self.live if k[:len(prefix)] == prefix]:
+        """Drop every live key that starts with ``prefix``, oldest first (an index, not a scan of
+        all live tensors: the scan made deep models quadratic, 37 s at 1,491 layers)."""
+        for key in list(self._by_prefix.get(prefix, ())):
             self.drop(key)
 
     def _tick(self) -> None:
