@@ -1,0 +1,144 @@
+"""Time, energy and cost to train N tokens with a plan, and what failures at this scale take away.
+
+Inputs are a plan's predicted step (time, tokens per step, model TFLOP/s per device) and the
+cluster. Every default below is a published figure or a stated convention; each can be overridden.
+
+* **Power per device**: ``TDP x power_fraction`` with ``power_fraction = 1``: the convention of
+  published training-energy reports, "peak power capacity per GPU device ... adjusted for power
+  usage efficiency" (Touvron et al. 2023, Llama 2, Table 2 and sec. 2.2.1). ``host_overhead`` adds
+  the host's share (CPUs, NICs, switches) as a fraction of device power; ``pue`` the data centre's
+  power usage effectiveness (1.0: device energy only; Llama 2 and BLOOM report 1.1-1.2).
+* **Interruptions**: 419 unexpected job interruptions in a 54-day snapshot of Llama 3 405B
+  pre-training on 16,384 H100 (Llama Team 2024, "The Llama 3 Herd of Models", sec. 3.3.4):
+  ``INTERRUPTIONS_PER_DEVICE_DAY = 419 / (54 x 16384)``, so a job of N devices is interrupted
+  every ``1 / (rate x N)`` days (failures of independent components add up).
+* **Checkpoint cost** (the time a save blocks training): the plan's model states per device over
+  the per-device share of the storage fabric's sustained write bandwidth; Llama 3's fabric
+  sustains 2 TB/s for 16,384 GPUs (same paper, sec. 3.3.1): ``STORAGE_BYTES_PER_S_PER_DEVICE``.
+  An asynchronous save blocks for a fraction of that (``async_blocking``; dayzero's own measured
+  1.5-3.3 %, benchmarks/RESULTS_ckpt.md; default 0: a synchronous save).
+* **Restart**: detection, rescheduling and reloading after an interruption, ``restart_s``: 10
+  minutes, an assumption stated in every output (Llama 3 reports >90 % effective training time
+  at 7.8 interruptions a day, i.e. at most ~18 minutes lost per interruption all told).
+* **Goodput** (first order, Young 1974; Daly 2006): with checkpoint cost ``d``, interval ``t``,
+  restart ``R`` and mean time between interruptions ``M``, the lost fraction is
+  ``d / t + (t / 2 + R) / M``; it is smallest at ``t* = sqrt(2 d M)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dayzero.errors import ConfigError
+
+SECONDS_PER_DAY = 86_400.0
+INTERRUPTIONS_PER_DEVICE_DAY = 419 / (54 * 16_384)
+STORAGE_BYTES_PER_S_PER_DEVICE = 2e12 / 16_384
+DEFAULT_RESTART_S = 600.0
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    tokens: float = 1e12
+    power_fraction: float = 1.0  # of TDP
+    host_overhead: float = 0.0  # host power per device, fraction of device power
+    pue: float = 1.0
+    price_per_device_hour: float | None = None  # currency per device-hour
+    interruptions_per_device_day: float = INTERRUPTIONS_PER_DEVICE_DAY
+    restart_s: float = DEFAULT_RESTART_S
+    storage_bytes_per_s_per_device: float = STORAGE_BYTES_PER_S_PER_DEVICE
+    async_blocking: float = 1.0  # fraction of a synchronous save that blocks training (1: synchronous)
+
+    def __post_init__(self):
+        checks = {"tokens": (self.tokens, 0, False), "power_fraction": (self.power_fraction, 0, False),
+                  "host_overhead": (self.host_overhead, 0, True), "pue": (self.pue, 1, True),
+                  "interruptions_per_device_day": (self.interruptions_per_device_day, 0, True),
+                  "restart_s": (self.restart_s, 0, True),
+                  "storage_bytes_per_s_per_device": (self.storage_bytes_per_s_per_device, 0, False),
+                  "async_blocking": (self.async_blocking, 0, True)}
+        if self.price_per_device_hour is not None:
+            checks["price_per_device_hour"] = (self.price_per_device_hour, 0, True)
+        for name, (v, lo, closed) in checks.items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and (v >= lo if closed else v > lo)):
+                raise ConfigError("training cost", name, f"expected a finite number {'>=' if closed else '>'} {lo}, got {v!r}")
+        if self.power_fraction > 1.5:  # boost above TDP is bounded; 1.5x is far past any card's limit
+            raise ConfigError("training cost", "power_fraction", f"expected at most 1.5 (of TDP), got {self.power_fraction}")
+        if self.async_blocking > 1:
+            raise ConfigError("training cost", "async_blocking", f"a fraction of a save, at most 1, got {self.async_blocking}")
+
+
+def goodput(checkpoint_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> float:
+    """Fraction of wall time that advances training (first-order Young/Daly model), in [0, 1]."""
+    if mtbf_s == math.inf:
+        return 1.0 / (1.0 + checkpoint_s / interval_s) if interval_s > 0 else 1.0
+    lost = checkpoint_s / interval_s + (interval_s / 2 + restart_s) / mtbf_s
+    return max(0.0, 1.0 - lost)
+
+
+def optimal_interval(checkpoint_s: float, mtbf_s: float) -> float:
+    """Young's checkpoint interval ``sqrt(2 d M)`` (seconds)."""
+    return math.sqrt(2.0 * checkpoint_s * mtbf_s)
+
+
+def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_tflops_per_device: float,
+                  state_bytes_per_device: float, tdp_w: float | None, options: CostOptions = CostOptions()) -> dict:
+    """Wall days, device-hours, energy, cost and expected failure losses of training
+    ``options.tokens`` tokens; every assumption listed under ``assumptions``."""
+    if not (step_s > 0 and tokens_per_step > 0 and devices >= 1):
+        raise ConfigError("training cost", None, f"needs a positive step time and tokens per step, got step "
+                          f"{step_s} s, {tokens_per_step} tokens, {devices} devices")
+    o = options
+    steps = math.ceil(o.tokens / tokens_per_step)
+    ideal_s = steps * step_s
+    rate = o.interruptions_per_device_day * devices / SECONDS_PER_DAY
+    mtbf_s = 1.0 / rate if rate > 0 else math.inf
+    ckpt_s = state_bytes_per_device / o.storage_bytes_per_s_per_device * o.async_blocking
+    interval = optimal_interval(ckpt_s, mtbf_s) if mtbf_s < math.inf else ideal_s
+    interval = max(interval, step_s)  # a checkpoint at most every step
+    g = goodput(ckpt_s, interval, o.restart_s, mtbf_s)
+    if g <= 0:
+        raise ConfigError("training cost", None, f"interruptions every {mtbf_s / 60:.1f} min with {o.restart_s:.0f} s "
+                          "restarts leave no time to train; lower --restart-s or the interruption rate")
+    wall_s = ideal_s / g
+    device_hours = wall_s * devices / 3600
+    out = {
+        "tokens": o.tokens, "steps": steps, "ideal_days": ideal_s / SECONDS_PER_DAY, "wall_days": wall_s / SECONDS_PER_DAY,
+        "device_hours": device_hours, "goodput": g,
+        "failures": {"interruptions_per_day": rate * SECONDS_PER_DAY, "mtbf_hours": mtbf_s / 3600,
+                     "checkpoint_s": ckpt_s, "restart_s": o.restart_s,
+                     "optimal_checkpoint_interval_s": interval,
+                     "optimal_checkpoint_interval_steps": max(1, round(interval / step_s)),
+                     "expected_interruptions": wall_s * rate},
+        "energy": None, "cost": None,
+        "assumptions": [
+            f"{o.interruptions_per_device_day * 16_384:.2f} interruptions/day per 16,384 devices (Llama 3, 419 in 54 days)",
+            f"restart {o.restart_s:.0f} s after each interruption",
+            f"checkpoint write {o.storage_bytes_per_s_per_device / 1e6:.0f} MB/s per device"
+            + (f", {o.async_blocking:.0%} of it blocking" if o.async_blocking < 1 else " (synchronous)"),
+        ],
+    }
+    if tdp_w:
+        device_w = tdp_w * o.power_fraction
+        facility_w = device_w * (1 + o.host_overhead) * o.pue
+        out["energy"] = {"device_w": device_w, "cluster_mw": facility_w * devices / 1e6,
+                         "mwh": facility_w * devices * wall_s / 3600 / 1e6,
+                         "model_tflops_per_w": model_tflops_per_device / device_w,
+                         "pue": o.pue, "host_overhead": o.host_overhead, "power_fraction": o.power_fraction}
+        out["assumptions"].append(f"device power {o.power_fraction:.0%} of TDP {tdp_w:.0f} W, PUE {o.pue:g}, "
+                                  f"host overhead {o.host_overhead:.0%}")
+    else:
+        out["assumptions"].append("no TDP in the catalog for this accelerator: energy not computed")
+    if o.price_per_device_hour is not None:
+        out["cost"] = {"price_per_device_hour": o.price_per_device_hour, "total": device_hours * o.price_per_device_hour}
+    return out
+
+
+def cost_of_prediction(pred: dict, accelerator, options: CostOptions = CostOptions()) -> dict:
+    """:func:`training_cost` of a ``predict`` object (DESIGN.md contract) on its accelerator."""
+    p = pred["parallel"]
+    busiest = max(pred["memory"]["stages"], key=lambda s: s["total"])
+    return training_cost(step_s=pred["time"]["step_s"], tokens_per_step=p["gbs"] * p["seq"], devices=pred["devices"],
+                         model_tflops_per_device=pred["throughput"]["model_tflops_per_device"],
+                         state_bytes_per_device=busiest["weights"] + busiest["optimizer"],
+                         tdp_w=accelerator.tdp_w, options=options)
