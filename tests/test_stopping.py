@@ -18,6 +18,7 @@ from dayzero.runtime.faults import WATCHDOG_EXIT
 from dayzero.runtime.manifest import MARKER
 from dayzero.runtime.resilience import DEFAULT_SAVE_TIMEOUT_S, ResilienceConfig, resilience_config
 from dayzero.runtime.stopping import Interrupted, StopOnSignal
+from test_signals import alive  # tests/test_signals.py: /proc helpers
 
 
 def run_py(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -40,6 +41,7 @@ def test_a_stop_signal_raises_interrupted_and_handlers_come_back(sig):
 def test_interrupted_says_how_many_ranks_stopped():
     assert Interrupted(signal.SIGTERM, ranks=2).describe() == "interrupted (SIGTERM): stopped 2 ranks"
     assert Interrupted(signal.SIGINT, ranks=1).describe() == "interrupted (SIGINT): stopped 1 rank"
+    assert Interrupted(signal.SIGINT, ranks=0).describe() == "interrupted (SIGINT): before any rank started"
     assert Interrupted(signal.SIGINT).exit_code == 130 and Interrupted(signal.SIGTERM).exit_code == 143
 
 
@@ -78,6 +80,7 @@ def test_backstop_stands_down_once_the_block_is_left():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="finds processes through /proc")
 @pytest.mark.parametrize("pdeathsig", [True, False], ids=["prctl", "polling"])
 def test_a_process_dies_with_its_parent(tmp_path, pdeathsig):
     """The parent starts a child in ParentWatch and is SIGKILLed; the child must go, by the
@@ -103,22 +106,14 @@ def test_a_process_dies_with_its_parent(tmp_path, pdeathsig):
         parent.kill()
         parent.wait()
         end = time.monotonic() + 5
-        while _alive(pid) and time.monotonic() < end:
+        while alive(pid) and time.monotonic() < end:
             time.sleep(0.05)
-        left = _alive(pid)
+        left = alive(pid)
         if left:
             os.kill(pid, signal.SIGKILL)
         assert not left, "the child outlived its parent"
     finally:
         parent.kill()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 # -- the watchdog's save budget ---------------------------------------------------------------

@@ -14,8 +14,8 @@ the signal as :mod:`dayzero.runtime.stopping` describes (:func:`run_as_rank`).
 is what each of its ranks runs (``python -m dayzero.runtime.launch [--error-dir DIR] CONFIG.json
 ...``). Several configs run one after another in the same process group (tests share one spawned
 world across runs this way). :func:`train_here` trains in the calling process instead (a
-single-process run, or one rank of the user's own torchrun). :mod:`dayzero.validate.launch` runs a function on every rank and
-collects its results through the same ``launch_local``.
+single-process run, or one rank of the user's own torchrun). :mod:`dayzero.validate.launch`
+runs a function on every rank and collects its results through the same ``launch_local``.
 """
 
 from __future__ import annotations

@@ -59,7 +59,12 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
     def describe(self) -> str:
-        stopped = "" if self.ranks is None else f": stopped {self.ranks} rank{'s' * (self.ranks != 1)}"
+        if self.ranks is None:
+            stopped = ""
+        elif self.ranks == 0:
+            stopped = ": before any rank started"
+        else:
+            stopped = f": stopped {self.ranks} rank{'s' * (self.ranks != 1)}"
         return f"interrupted ({self.name}){stopped}"
 
 
@@ -140,8 +145,11 @@ class StopOnSignal:
 
 class ParentWatch:
     """While active: this process dies with its parent (the launcher or torchrun agent that
-    started it) — by the kernel's parent-death signal where available (Linux), and by a thread
-    that polls ``os.getppid()`` everywhere."""
+    started it) — by the kernel's parent-death signal where available (Linux; it fires when the
+    parent's spawning thread ends, and torch elastic spawns from the agent's main thread), and by
+    a thread that polls ``os.getppid()`` everywhere. The parent is the one at construction; a
+    rank builds this before anything else, so only a parent that died before that instant (while
+    the interpreter started) is missed."""
 
     def __init__(self, poll_s: float = PARENT_POLL_S):
         self.poll_s = poll_s
