@@ -14,6 +14,7 @@ import sys
 import typer
 
 from dayzero.errors import DayzeroError
+from dayzero.runtime.stopping import Interrupted, StopOnSignal
 
 app = typer.Typer(
     name="dayzero",
@@ -70,10 +71,12 @@ _check_every_verb(app)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point: user errors become one line on stderr and exit code 2."""
+    """Console-script entry point: user errors become one line on stderr and exit code 2; SIGINT
+    and SIGTERM one line and 128 + the signal."""
     try:
         # with standalone_mode=False click returns (not raises) the code of a typer.Exit
-        rv = app(args=argv, standalone_mode=False)
+        with StopOnSignal():
+            rv = app(args=argv, standalone_mode=False)
     except DayzeroError as e:
         print(f"dayzero: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -82,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print("dayzero: aborted", file=sys.stderr)
         return 130
+    except Interrupted as e:  # a stop signal (dayzero.runtime.stopping): 128 + its number
+        print(f"dayzero: {e.describe()}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("dayzero: interrupted", file=sys.stderr)
         return 130

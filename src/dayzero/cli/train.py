@@ -56,6 +56,7 @@ def train_cmd(
     max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restart all ranks this often after a failure (with --nproc; under torchrun use its own flag).")] = 0,
     inject_fault: Annotated[Optional[list[str]], typer.Option("--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang[,at=step|save][,attempt=A] (repeatable).")] = None,
     watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this many seconds, so torchrun restarts (0: off).")] = 0.0,
+    save_timeout: Annotated[Optional[float], typer.Option("--save-timeout", help="Watchdog budget in seconds for one checkpoint save (async: until committed), resume or rollback; a longer one is a hang (default 600 with --watchdog; alone: only checkpoint I/O is timed).")] = None,
     on_bad_loss: Annotated[Optional[str], typer.Option("--on-bad-loss", help="On a NaN/Inf loss or a spike: skip (drop the step) | rollback (reload the last checkpoint, skip the batch).")] = None,
     spike_factor: Annotated[float, typer.Option("--spike-factor", min=0, help="With --on-bad-loss: a loss above this x the running mean is a spike (0: NaN/Inf only).")] = 0.0,
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak memory exceeds what this machine has free.")] = False,
@@ -98,8 +99,8 @@ def train_cmd(
                       warmup=warmup, grad_clip=grad_clip, ckpt_dir=str(ckpt_dir) if ckpt_dir else None,
                       ckpt_every=ckpt_every, keep=keep, resume=resume, async_save=async_save, ckpt_checksum=ckpt_checksum,
                       max_restarts=max_restarts,
-                      inject_faults=tuple(inject_fault or ()), watchdog=watchdog, on_bad_loss=on_bad_loss,
-                      spike_factor=spike_factor)
+                      inject_faults=tuple(inject_fault or ()), watchdog=watchdog, save_timeout=save_timeout,
+                      on_bad_loss=on_bad_loss, spike_factor=spike_factor)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     spec = cfg.spec()
     check_runtime(spec, parallel, world)
@@ -114,14 +115,10 @@ def train_cmd(
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "
                       f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel rank", highlight=False)
 
-    if torchrun:
-        from dayzero.runtime.launch import run_configs
+    if torchrun or world == 1:
+        from dayzero.runtime.launch import train_here
 
-        code = run_configs([cfg])
-    elif world == 1:
-        from dayzero.runtime.launch import run_configs
-
-        code = run_configs([cfg])
+        code = train_here([cfg], under_agent=torchrun)
     else:
         from dayzero.runtime.launch import spawn
 

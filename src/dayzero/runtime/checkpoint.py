@@ -180,6 +180,11 @@ class Checkpointer:
             fut.result()
         return time.perf_counter() - t0
 
+    def in_flight(self) -> bool:
+        """Whether an async save is still being written or committed (any thread may ask)."""
+        fut = self._pending
+        return fut is not None and not fut.done()
+
     def wait(self) -> SavedCheckpoint | None:
         """Block until the in-flight async save is committed; re-raise its failure."""
         self.staged()

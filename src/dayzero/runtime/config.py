@@ -52,6 +52,9 @@ class TrainConfig:
     max_restarts: int = 0  # torchrun restarts when dayzero spawns the ranks (--nproc)
     inject_faults: tuple[str, ...] = ()  # drills: "step=N,rank=R,kind=kill|exception|hang[,at=save]"
     watchdog: float = 0.0  # seconds without a finished step before a rank aborts (0: off)
+    # seconds a checkpoint save (or resume, rollback) may take before the watchdog aborts the rank;
+    # None: 600 with --watchdog, else not timed (resilience.DEFAULT_SAVE_TIMEOUT_S)
+    save_timeout: float | None = None
     on_bad_loss: str | None = None  # skip | rollback on a NaN/Inf or spiking loss (None: no guard)
     spike_factor: float = 0.0  # a loss > this x the running mean is a spike (0: NaN/Inf only)
 

@@ -8,8 +8,10 @@ forever (a stuck collective or device). A fault fires only on torchrun restart a
 (default 0), so the restarted job runs clean.
 
 The :class:`Watchdog` turns a hang into a restart: when the loop stops calling ``beat()`` for
-longer than the timeout it prints every thread's stack and exits the process with
-``EX_TEMPFAIL``; torchrun then tears down the other ranks and restarts the job (``--max-restarts``).
+longer than the timeout, or a checkpoint save or load runs past its own budget (``--save-timeout``,
+also for an async save writing in the background), it prints every thread's stack and exits the
+process with ``EX_TEMPFAIL``; torchrun then tears down the other ranks and restarts the job
+(``--max-restarts``).
 """
 
 from __future__ import annotations
@@ -135,15 +137,19 @@ class FaultInjector:
 
 
 class Watchdog:
-    """Exits the process when ``beat()`` has not been called for ``timeout_s`` seconds."""
+    """Exits the process when the loop makes no progress: no ``beat()`` for ``timeout_s`` seconds
+    (``math.inf``: steps are not timed), an operation declared with :meth:`allow` running past its
+    own budget, or a background operation declared with :meth:`watch` unfinished after its budget."""
 
     def __init__(self, timeout_s: float, on_timeout: Callable[[dict], None] | None = None,
                  exit_code: int = WATCHDOG_EXIT):
-        if timeout_s <= 0:
+        if not timeout_s > 0:
             raise DayzeroError(f"--watchdog {timeout_s}: the timeout must be > 0 seconds")
         self.timeout_s, self.exit_code, self._on_timeout = float(timeout_s), exit_code, on_timeout
         self._last = time.monotonic()
         self._limit = self.timeout_s
+        self._doing: str | None = None  # the operation allow() declared, while it runs
+        self._background: tuple[str, Callable[[], bool], float, float] | None = None  # what, done, t0, budget
         self._step = -1
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -160,35 +166,57 @@ class Watchdog:
             self._last, self._step = time.monotonic(), step
 
     @contextlib.contextmanager
-    def allow(self, seconds: float) -> Iterator[None]:
-        """Allow one long operation (a synchronous save, a resume) up to ``seconds``."""
+    def allow(self, seconds: float, what: str = "a slow operation") -> Iterator[None]:
+        """One long operation of the loop (a synchronous save, a resume) gets ``seconds`` (its own
+        budget, longer or shorter than the step timeout) instead of the step timeout."""
         with self._lock:
-            self._last, self._limit = time.monotonic(), max(self.timeout_s, float(seconds))
+            self._last, self._limit, self._doing = time.monotonic(), float(seconds), what
         try:
             yield
         finally:
             with self._lock:
-                self._last, self._limit = time.monotonic(), self.timeout_s
+                self._last, self._limit, self._doing = time.monotonic(), self.timeout_s, None
+
+    def watch(self, what: str, done: Callable[[], bool], seconds: float) -> None:
+        """A background operation (an async save) must be ``done()`` within ``seconds`` from now;
+        replaces the previous one."""
+        with self._lock:
+            self._background = (what, done, time.monotonic(), float(seconds))
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def _run(self) -> None:
-        poll = min(1.0, self.timeout_s / 4)
-        while not self._stop.wait(poll):
-            with self._lock:
-                stalled, limit, step = time.monotonic() - self._last, self._limit, self._step
-            if stalled > limit:
-                self._abort(step, stalled, limit)
+    def _poll_s(self) -> float:
+        with self._lock:
+            budgets = [self._limit] + ([self._background[3]] if self._background else [])
+        return min(1.0, min(budgets) / 4)
 
-    def _abort(self, step: int, stalled: float, limit: float) -> None:
-        ev = {"event": "watchdog_abort", "step": step, "stalled_s": round(stalled, 3), "timeout_s": limit}
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s()):
+            with self._lock:
+                now = time.monotonic()
+                stalled, limit, step, doing, bg = now - self._last, self._limit, self._step, self._doing, self._background
+            if stalled > limit:
+                self._abort(step, stalled, limit, doing)
+            if bg is not None:
+                what, done, t0, budget = bg
+                if done():
+                    with self._lock:
+                        if self._background is bg:
+                            self._background = None
+                elif now - t0 > budget:
+                    self._abort(step, now - t0, budget, what)
+
+    def _abort(self, step: int, stalled: float, limit: float, doing: str | None) -> None:
+        ev = {"event": "watchdog_abort", "step": step, "stalled_s": round(stalled, 3), "timeout_s": limit,
+              "during": doing or "step"}
+        where = f"in {doing}" if doing else f"after step {step}"
         try:
             if self._on_timeout is not None:
                 self._on_timeout(ev)
-            print(f"dayzero: watchdog: no progress for {stalled:.1f} s after step {step} (timeout {limit:g} s); "
+            print(f"dayzero: watchdog: no progress for {stalled:.1f} s {where} (timeout {limit:g} s); "
                   "aborting so torchrun can restart the job", file=sys.stderr, flush=True)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         finally:

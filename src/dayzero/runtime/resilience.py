@@ -32,6 +32,8 @@ from dayzero.runtime.faults import FaultInjector, FaultSpec, Watchdog, restart_a
 from dayzero.runtime.guards import GuardConfig, GuardVerdict, LossDivergedError, LossGuard
 from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 
+DEFAULT_SAVE_TIMEOUT_S = 600.0  # with --watchdog and no --save-timeout
+
 
 @dataclass(frozen=True)
 class ResilienceConfig:
@@ -42,8 +44,10 @@ class ResilienceConfig:
     async_save: bool = False
     checksum: str = DEFAULT_CHECKSUM
     faults: tuple[FaultSpec, ...] = ()
-    watchdog_s: float = 0.0  # 0: no watchdog
-    slow_op_s: float = 600.0  # watchdog allowance for a synchronous save, a resume or a rollback
+    watchdog_s: float = 0.0  # seconds without a finished step before the watchdog aborts (0: steps not timed)
+    # the watchdog's budget for a checkpoint save (sync, or async until committed), a resume or a
+    # rollback; None: DEFAULT_SAVE_TIMEOUT_S when watchdog_s is set, else checkpoint I/O is not timed
+    save_timeout_s: float | None = None
     guard: GuardConfig | None = None
     max_rollbacks: int = 3  # per process, so a rollback loop cannot run forever
 
@@ -56,6 +60,19 @@ class ResilienceConfig:
             raise DayzeroError("--on-bad-loss rollback needs --ckpt-dir (there is nothing to roll back to)")
         if self.ckpt_dir is None and self.resume not in ("auto", "never"):
             raise DayzeroError(f"--resume {self.resume}: needs --ckpt-dir")
+        if self.watchdog_s < 0:
+            raise DayzeroError(f"--watchdog {self.watchdog_s}: must be >= 0 seconds (0: off)")
+        if self.save_timeout_s is not None and not self.save_timeout_s > 0:
+            raise DayzeroError(f"--save-timeout {self.save_timeout_s}: must be > 0 seconds")
+
+    @property
+    def watched(self) -> bool:
+        """Whether a watchdog runs: for steps (watchdog_s), checkpoint I/O (save_timeout_s) or both."""
+        return self.watchdog_s > 0 or self.save_timeout_s is not None
+
+    @property
+    def save_budget_s(self) -> float:
+        return self.save_timeout_s if self.save_timeout_s is not None else DEFAULT_SAVE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -80,7 +97,7 @@ class Resilience:
                                      before_shard_write=self.faults.at_save, on_event=self._event,
                                      checksum=cfg.checksum)
         self.guard = LossGuard(cfg.guard) if cfg.guard else None
-        self.watchdog = Watchdog(cfg.watchdog_s, on_timeout=self._event) if cfg.watchdog_s else None
+        self.watchdog = Watchdog(cfg.watchdog_s or math.inf, on_timeout=self._event) if cfg.watched else None
         self.skipped: set[int] = set()
         self._recent: deque[tuple[int, ...]] = deque(maxlen=cfg.guard.skip_batches if cfg.guard else 1)
         self._rollbacks = 0
@@ -89,15 +106,15 @@ class Resilience:
     # -- the loop's calls ----------------------------------------------------------------------
     def start(self) -> Position:
         pos = Position(0, None)
+        if self.watchdog is not None:
+            self.watchdog.start()
         if self.ckpt is not None and self.cfg.resume != "never":
-            with self._slow_op():
+            with self._slow_op("checkpoint resume"):
                 r = self.ckpt.resume(self._model, self._optimizer, self._scheduler, which=self.cfg.resume)
             if r is not None:
                 self._restore_extra(r.extra)
                 pos = Position(r.step, r.data, r.path)
                 self._last_saved = r.step
-        if self.watchdog is not None:
-            self.watchdog.start()
         return pos
 
     def should_skip(self, batch_id: int) -> bool:
@@ -131,7 +148,7 @@ class Resilience:
                                     "the run diverged: lower the learning rate or inspect the skipped batches")
         doomed = {b for ids in self._recent for b in ids}
         assert self.ckpt is not None  # ResilienceConfig requires --ckpt-dir for rollback
-        with self._slow_op():
+        with self._slow_op(f"rollback from step {step}"):
             r = self.ckpt.resume(self._model, self._optimizer, self._scheduler, which="auto")
         if r is None:
             raise DayzeroError(f"bad loss at step {step} but no checkpoint to roll back to yet; use "
@@ -156,16 +173,20 @@ class Resilience:
             if self.ckpt is not None and step != self._last_saved:
                 self.save(step, data)
             if self.ckpt is not None:
-                with self._slow_op():
+                with self._slow_op("the last async checkpoint save"):
                     self.ckpt.wait()
         finally:
             self.close()
 
     def save(self, step: int, data: Any) -> SavedCheckpoint | float:
         assert self.ckpt is not None
-        with self._slow_op():
+        with self._slow_op(f"checkpoint save of step {step}"):
             out = self.ckpt.save(step, self._model, self._optimizer, scheduler=self._scheduler, data=data,
                                  extra=self._extra())
+        if self.watchdog is not None and isinstance(out, float):  # async: the rest runs in the background
+            ckpt = self.ckpt
+            self.watchdog.watch(f"async checkpoint save of step {step}", lambda: not ckpt.in_flight(),
+                                self.cfg.save_budget_s)
         self._last_saved = step
         return out
 
@@ -187,11 +208,12 @@ class Resilience:
         self.skipped |= {int(b) for b in extra.get("skipped_batches", [])}
 
     @contextlib.contextmanager
-    def _slow_op(self) -> Iterator[None]:
+    def _slow_op(self, what: str) -> Iterator[None]:
+        """Checkpoint I/O: the watchdog's save budget instead of the step timeout."""
         if self.watchdog is None:
             yield
         else:
-            with self.watchdog.allow(self.cfg.slow_op_s):
+            with self.watchdog.allow(self.cfg.save_budget_s, what):
                 yield
 
     def _event(self, ev: dict) -> None:
@@ -214,7 +236,7 @@ def resilience_config(cfg) -> ResilienceConfig:
     return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep, resume=cfg.resume,
                             async_save=cfg.async_save, checksum=cfg.ckpt_checksum,
                             faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults), watchdog_s=cfg.watchdog,
-                            guard=guard)
+                            save_timeout_s=cfg.save_timeout, guard=guard)
 
 
 def build_resilience(cfg, state, on_event: Callable[[dict], None]) -> Resilience:

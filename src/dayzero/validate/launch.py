@@ -59,4 +59,4 @@ def run_ranks(func: str, args: dict, nproc: int) -> list:
 
 
 if __name__ == "__main__":
-    run_as_rank(lambda: rank_main(sys.argv[1:]))
+    run_as_rank(lambda _stop: rank_main(sys.argv[1:]))
