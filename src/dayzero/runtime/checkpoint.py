@@ -53,7 +53,7 @@ from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, CachingSavePlan
                                     SafeReader, check_torch, forget_plans, load_metadata, referenced_files,
                                     single_process)
 from dayzero.runtime.dirlock import CheckpointLocked, DirLock
-from dayzero.runtime.lineage import history, new_lineage_id, newer_in_lineage, target_copy, write_order
+from dayzero.runtime.lineage import RunLineage, history, new_lineage_id, target_copy, write_order
 from dayzero.runtime.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo,
                                       Verdict, VersionRef, check_algorithm, check_file, check_marker, dayzero_version,
                                       describe_file, read_manifest, safe_join, utc_now, write_json_durable)
@@ -124,11 +124,7 @@ class Checkpointer:
         else:
             self.rank, self.world, self.pg = 0, 1, None
         self._lock = DirLock(self.root) if self.rank == 0 else None
-        self._lineage = self._open()  # this checkpointer's lineage until a resume continues another
-        self._fork: VersionRef | None = None  # the version the lineage branched from
-        self._parent: VersionRef | None = None  # the version the next save descends from
-        self._origin: Path | None = None  # the version the run resumed from
-        self._decided = False  # lineage settled (by the first resume or save)
+        self.lineage = RunLineage(self._open())
         self._saving_step = -1
         self._plan_key = f"dayzero-{uuid.uuid4().hex}"  # this checkpointer's cached DCP save plans
         self._writer = HookedWriter(self.root, before_write=self._hook, checksum=self.checksum,
@@ -184,7 +180,7 @@ class Checkpointer:
         if self.rank == 0:  # a version of another lineage at this step keeps its name: take the next copy
             try:
                 self._lock.ensure()
-                copy = 1 if backup_existing else target_copy(scan(self.root), step, self._lineage)
+                copy = 1 if backup_existing else target_copy(scan(self.root), step, self.lineage.id)
                 head = ("ok", prepare_partial(self.root, step, copy).name)
             except (CheckpointError, OSError) as e:
                 head = ("error", str(e))
@@ -193,7 +189,7 @@ class Checkpointer:
             raise CheckpointError(f"saving step {step} under {self.root} failed ({head[1]}); the previous "
                                   "checkpoint stays the newest")
         partial = self.root / head[1]
-        self._saving_step, self._decided = step, True
+        self._saving_step, self.lineage.settled = step, True
         ctx = dict(step=step, partial=partial, contents=contents, own=own, groups=groups, t0=t0,
                    backup_existing=backup_existing)
         if not self.async_save:
@@ -316,13 +312,13 @@ class Checkpointer:
             self._purger.start()
         seconds = time.perf_counter() - t0
         saved = SavedCheckpoint(step, Path(path), nbytes, seconds, seconds if blocked_s is None else blocked_s,
-                                self._lineage, Path(backup_path) if backup_path else None)
+                                self.lineage.id, Path(backup_path) if backup_path else None)
         if backup_path:
             self._event({"event": "checkpoint_backup", "step": step, "path": str(path), "backup": backup_path})
         self._event({"event": "checkpoint_saved", "step": step, "path": str(path), "bytes": nbytes,
-                     "seconds": round(seconds, 4), "blocked_s": round(saved.blocked_s, 4), "lineage": self._lineage})
+                     "seconds": round(seconds, 4), "blocked_s": round(saved.blocked_s, 4), "lineage": self.lineage.id})
         for name, lineage in deleted:
-            why = f"retention --keep {self.keep}" if lineage == self._lineage else "--ckpt-prune-other-lineages"
+            why = f"retention --keep {self.keep}" if lineage == self.lineage.id else "--ckpt-prune-other-lineages"
             self._event({"event": "checkpoint_deleted", "step": step, "path": str(self.root / name),
                          "lineage": lineage, "reason": why})
         return saved
@@ -351,8 +347,8 @@ class Checkpointer:
         seq = next_seq(self.root, scan(self.root))
         manifest = Manifest(step=step, created=utc_now(), dayzero_version=dayzero_version(),
                             torch_version=torch.__version__, model=self.model, layout=self.layout,
-                            world=self.world, contents=contents, files=files, lineage=self._lineage, seq=seq,
-                            parent=self._parent, fork=self._fork)
+                            world=self.world, contents=contents, files=files, lineage=self.lineage.id, seq=seq,
+                            parent=self.lineage.parent, fork=self.lineage.fork)
         write_json_durable(partial / MANIFEST, manifest.to_json())
         # Verify before commit: every listed file is there at its size, and DCP's index names no
         # file outside the manifest (hashes were just taken from the files on disk).
@@ -364,8 +360,8 @@ class Checkpointer:
         occupant = partial.with_name(partial.name[:-len(".partial")])
         moved = str(backup(occupant)) if backup_existing and occupant.exists() else None
         final = commit(partial, step)
-        self._parent = VersionRef(name=final.name, lineage=self._lineage, seq=seq, step=step)
-        deleted = [(v.name, v.record.lineage) for v in retire(self.root, self.keep, self._lineage,
+        self.lineage.saved(final.name, seq, step)
+        deleted = [(v.name, v.record.lineage) for v in retire(self.root, self.keep, self.lineage.id,
                                                              prune_other=self.prune_other_lineages,
                                                              protect=final.name)]
         return ("ok", str(final), manifest.total_bytes, deleted, moved)
@@ -392,12 +388,12 @@ class Checkpointer:
                     raise CheckpointError(f"no checkpoint under {self.root} passes verification and fits this run "
                                           "(skipped: " + "; ".join(f"{v.path.name}: {v.problems[0]}" for v in skipped)
                                           + "); restore them from backup, or start over with a new --ckpt-dir")
-                self._decided = True
+                self.lineage.settled = True
                 return None
         else:
             chosen, skipped = self._explicit(versions, which, want), []
         r = self.load(chosen.path, model, optimizer, scheduler, manifest=chosen.manifest, skipped=skipped)
-        if not self._decided:
+        if not self.lineage.settled:
             self._adopt(versions, chosen, {v.path for v in skipped})
         return r
 
@@ -408,9 +404,10 @@ class Checkpointer:
         self.wait()
         versions = self.versions()
         want = model_shapes(model)
-        ordered = history(versions, self._lineage, self._fork)
-        if self._origin is not None and all(v.path != self._origin for v in ordered):
-            ordered.append(Version(self._origin, -1, "complete"))
+        run = self.lineage
+        ordered = history(versions, run.id, run.fork)
+        if run.origin is not None and all(v.path != run.origin for v in ordered):
+            ordered.append(Version(run.origin, -1, "complete"))
         if not ordered:
             return None
         chosen, skipped = select_first(ordered, lambda v: self._usable(v, want))
@@ -419,7 +416,7 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint of this run under {self.root} passes verification (skipped: "
                                   + ", ".join(v.path.name for v in skipped) + ")")
         r = self.load(chosen.path, model, optimizer, scheduler, manifest=chosen.manifest, skipped=skipped)
-        self._parent = _ref_of(chosen, self.root)
+        self.lineage.parent = _ref_of(chosen, self.root)
         return r
 
     def verify(self, version: Version) -> Verdict:
@@ -483,20 +480,15 @@ class Checkpointer:
     def _adopt(self, versions: list[Version], chosen: Verdict, bad: set[Path]) -> None:
         """Settle the lineage after the first resume: continue the resumed version's lineage when
         nothing newer of it exists (apart from versions this resume found bad), else branch."""
-        self._decided, self._origin = True, chosen.path
         version = next((v for v in versions if v.path == chosen.path and v.record is not None), None)
-        self._parent = self._fork = _ref_of(chosen, self.root)
-        if version is None:  # a version outside this root: a new lineage forks from it
-            return
-        newer = newer_in_lineage(versions, version, bad)
-        if not newer:
-            self._lineage, self._fork = version.record.lineage, version.record.fork
+        newer = self.lineage.adopt(versions, version, _ref_of(chosen, self.root), chosen.path, bad)
+        if not newer:  # continued (or, for a version outside this root, forked from it)
             return
         names = [v.name for v in newer]
         self._warn(f"resuming {version.name} of lineage {version.record.lineage}, which has {len(newer)} newer "
-                   f"version(s) ({', '.join(names)}): saves go to a new lineage {self._lineage} that branches from "
+                   f"version(s) ({', '.join(names)}): saves go to a new lineage {self.lineage.id} that branches from "
                    f"it; the newer versions are kept (--ckpt-prune-other-lineages deletes them)")
-        self._event({"event": "checkpoint_branch", "lineage": self._lineage, "parent": str(version.path),
+        self._event({"event": "checkpoint_branch", "lineage": self.lineage.id, "parent": str(version.path),
                      "parent_lineage": version.record.lineage, "newer": names})
 
     def _report(self, skipped: Sequence[Verdict]) -> None:

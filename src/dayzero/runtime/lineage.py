@@ -17,9 +17,9 @@ Manifests written before lineage existed read as lineage ``legacy``, seq 0, orde
 among themselves and before everything written since; a run that continues the newest of them
 continues lineage ``legacy``.
 
-The rules here are pure functions over :class:`dayzero.runtime.versions.Version` lists
-(torch-free, no I/O); :mod:`dayzero.runtime.versions` reads the records from disk and
-:class:`dayzero.runtime.checkpoint.Checkpointer` applies the rules.
+The rules here are pure functions over :class:`dayzero.runtime.versions.Version` lists, plus
+:class:`RunLineage`, one run's place in them (torch-free, no I/O); :mod:`dayzero.runtime.versions`
+reads the records from disk and :class:`dayzero.runtime.checkpoint.Checkpointer` applies the rules.
 
 Worked example (``--keep 3``)::
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from dayzero.runtime.manifest import LEGACY, CheckpointError, Manifest, VersionRef
@@ -43,8 +44,8 @@ from dayzero.runtime.manifest import LEGACY, CheckpointError, Manifest, VersionR
 if TYPE_CHECKING:
     from dayzero.runtime.versions import Version
 
-__all__ = ["LEGACY", "Record", "new_lineage_id", "write_order", "history", "resume_order", "newer_in_lineage",
-           "retention", "ref", "target_copy"]
+__all__ = ["LEGACY", "Record", "RunLineage", "new_lineage_id", "write_order", "history", "resume_order",
+           "newer_in_lineage", "retention", "ref", "target_copy"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,34 @@ class Record:
 
 def new_lineage_id() -> str:
     return uuid.uuid4().hex[:12]
+
+
+@dataclass
+class RunLineage:
+    """Where one run's saves go: its lineage id, the fork point, the parent of its next save, and
+    the version it resumed from. Settled by the run's first resume (:meth:`adopt`) or save."""
+
+    id: str  # a fresh id until a resume continues an existing lineage
+    fork: VersionRef | None = None
+    parent: VersionRef | None = None
+    origin: Path | None = None
+    settled: bool = False
+
+    def adopt(self, versions: Iterable["Version"], resumed: "Version | None", at: VersionRef, origin: Path,
+              bad: set = frozenset()) -> list["Version"]:
+        """After the first resume (of ``resumed``, referenced as ``at``; None when it lies outside
+        the root): continue its lineage when nothing newer of it exists apart from ``bad`` ones,
+        else keep the fresh id, forking at ``at``. Returns those newer versions (empty: continued)."""
+        self.settled, self.origin, self.parent, self.fork = True, origin, at, at
+        newer = newer_in_lineage(versions, resumed, bad) if resumed is not None else []
+        if resumed is not None and not newer:
+            self.id, self.fork = resumed.record.lineage, resumed.record.fork
+        return newer
+
+    def saved(self, name: str, seq: int, step: int) -> VersionRef:
+        """Record a committed save: the parent of the next one."""
+        self.parent = VersionRef(name=name, lineage=self.id, seq=seq, step=step)
+        return self.parent
 
 
 def write_order(v: "Version") -> tuple[float, int, int]:
