@@ -194,6 +194,6 @@ def import_cmd(
     if json_out:
         emit_json({"path": str(path), "step": step, "backup": backup})
     else:
-        console.print(f"imported {hf_dir} as {path}", highlight=False)
+        console.print(f"imported {hf_dir} as {path}", highlight=False, soft_wrap=True)  # paths stay whole
         if backup:
-            console.print(f"the version it replaces was moved to {backup}", highlight=False)
+            console.print(f"the version it replaces was moved to {backup}", highlight=False, soft_wrap=True)

@@ -60,7 +60,7 @@ from dayzero.runtime.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointErro
 from dayzero.runtime.state_dicts import (fit_problems, model_shapes, set_train_state, split_small, take_saved,
                                          train_state_dict)
 from dayzero.runtime.train_state import capture_rng, from_json, restore_rng, to_json
-from dayzero.runtime.versions import (Version, backup, commit, next_seq, partial_name, prepare_partial, purge, retire,
+from dayzero.runtime.versions import (Version, backup, commit, next_seq, prepare_partial, purge, retire,
                                       scan, select_first, select_newest, version_name)
 
 log = logging.getLogger("dayzero.checkpoint")
