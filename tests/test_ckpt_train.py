@@ -199,3 +199,23 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return a.shape == b.shape and bool(torch.equal(a.float(), b.float()))
+
+
+def test_resume_of_an_older_step_keeps_the_other_run_and_auto_follows_the_branch(tmp_path):
+    """Issue 22, finding 1, end to end: a 2-rank job (its launcher holds the directory's lock and
+    lends it to the ranks) resumes step 2 of a directory holding steps 2-8 of run A."""
+    ck = tmp_path / "ck"
+    train("--steps", "8", "--ckpt-every", "2", "--keep", "4", "--ckpt-dir", str(ck))
+    run_a = {p.name: (p / "manifest.json").read_text() for p in sorted(ck.glob("step-*"))}
+    assert sorted(run_a) == [f"step-{s:08d}" for s in (2, 4, 6, 8)]
+    p = train("--nproc", "2", "--steps", "4", "--ckpt-every", "1", "--resume", "2", "--ckpt-dir", str(ck),
+              "--metrics", str(tmp_path / "b.jsonl"))
+    recs = stream(tmp_path / "b.jsonl")
+    assert events(recs, "checkpoint_loaded")[0]["step"] == 2 and len(events(recs, "checkpoint_branch")) == 1
+    assert not events(recs, "checkpoint_deleted") and "new lineage" in p.stderr
+    assert {name: (ck / name / "manifest.json").read_text() for name in run_a} == run_a  # run A untouched
+    assert {q.name for q in ck.glob("step-*")} == set(run_a) | {"step-00000003", "step-00000004-v2"}
+    train("--steps", "5", "--ckpt-dir", str(ck), "--metrics", str(tmp_path / "c.jsonl"))
+    loaded = events(stream(tmp_path / "c.jsonl"), "checkpoint_loaded")[0]
+    assert loaded["step"] == 4 and loaded["path"].endswith("step-00000004-v2")
+

@@ -32,17 +32,21 @@ def _versions_of(path: Path):
 
 
 def list_checkpoints(root: Path) -> list[dict]:
-    """Python API of ``dayzero ckpt list``: one dict per version, oldest first (no hashing)."""
+    """Python API of ``dayzero ckpt list``: one dict per version, oldest first by write order
+    (no hashing)."""
+    from dayzero.runtime.lineage import write_order
     from dayzero.runtime.manifest import CheckpointError, read_manifest
 
     rows = []
-    for v in _versions_of(Path(root)):
+    for v in sorted(_versions_of(Path(root)), key=write_order):
         row = {"path": str(v.path), "step": v.step, "state": v.state, "bytes": None, "created": None,
-               "world": None, "layout": None, "model": None, "files": None}
+               "world": None, "layout": None, "model": None, "files": None, "lineage": None, "seq": None,
+               "parent": None}
         try:
             m = read_manifest(v.path)
             row.update(step=m.step, bytes=m.total_bytes, created=m.created, world=m.world, layout=m.layout,
-                       model=m.model.model_dump(), files=len(m.files), contents=m.contents)
+                       model=m.model.model_dump(), files=len(m.files), contents=m.contents, lineage=m.lineage,
+                       seq=m.seq, parent=m.parent.name if m.parent else None)
         except CheckpointError as e:
             row["problem"] = str(e)
         rows.append(row)
@@ -88,7 +92,8 @@ def list_cmd(
     root: Annotated[Path, typer.Argument(help="Checkpoint directory (--ckpt-dir of a run) or one version.")],
     json_out: JsonOpt = False,
 ) -> None:
-    """List checkpoint versions: step, state (complete/incomplete/partial), size, layout, creation time.
+    """List checkpoint versions in write order: sequence number, step, state (complete/incomplete/partial),
+    lineage (the run or branch that wrote it), size, layout, creation time.
 
     Example: [bold]dayzero ckpt list runs/llama/ckpt[/bold]
     """
@@ -97,12 +102,13 @@ def list_cmd(
         emit_json({"root": str(root), "versions": rows})
         return
     t = Table(title=f"Checkpoints in {root}")
-    for c in ("step", "state", "size", "world", "layout", "created", "path"):
-        t.add_column(c, justify="right" if c in ("step", "size", "world") else "left")
+    for c in ("seq", "step", "state", "lineage", "size", "world", "layout", "created", "path"):
+        t.add_column(c, justify="right" if c in ("seq", "step", "size", "world") else "left")
     for r in rows:
         lay = r.get("layout") or {}
         desc = " ".join(f"{k}{lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if k in lay and lay[k] != 1) or "-"
-        t.add_row(str(r["step"]), r["state"] + (" (!)" if r.get("problem") else ""),
+        t.add_row(str(r["seq"] if r["seq"] is not None else "-"), str(r["step"]),
+                  r["state"] + (" (!)" if r.get("problem") else ""), r["lineage"] or "-",
                   human(r["bytes"], "B") if r["bytes"] is not None else "-", str(r["world"] or "-"), desc,
                   r["created"] or "-", Path(r["path"]).name)
     console.print(t)
@@ -170,18 +176,24 @@ def import_cmd(
     step: Annotated[int, typer.Option("--step", min=0, help="Step number of the new version.")] = 0,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Cast weights: fp32 | bf16 | fp16 (default: fp32 with a model, else as stored).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="Map HF names to this model's (preset or config.json; default: HF_DIR/config.json if present).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Import even if ROOT holds this step: the version named step-N is moved to a backup (named in the output) first.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Import Hugging Face safetensors as a model-only checkpoint version: [bold]dayzero train MODEL
     --ckpt-dir ROOT[/bold] resumes from it at any layout with a fresh optimizer. Pickle files (.bin)
-    are refused.
+    are refused. Never replaces a version (a step already there is refused unless --force) and
+    never deletes one; takes ROOT's lock like a training job.
 
     Example: [bold]dayzero ckpt import ./Llama-3.1-8B runs/llama/ckpt[/bold]
     """
     from dayzero.runtime.interchange import import_hf
 
-    path = import_hf(hf_dir, root, step=step, dtype=dtype, model=model)
+    events: list[dict] = []
+    path = import_hf(hf_dir, root, step=step, dtype=dtype, model=model, force=force, on_event=events.append)
+    backup = next((e["backup"] for e in events if e["event"] == "checkpoint_backup"), None)
     if json_out:
-        emit_json({"path": str(path), "step": step})
+        emit_json({"path": str(path), "step": step, "backup": backup})
     else:
-        console.print(f"imported {hf_dir} as {path}")
+        console.print(f"imported {hf_dir} as {path}", highlight=False, soft_wrap=True)  # paths stay whole
+        if backup:
+            console.print(f"the version it replaces was moved to {backup}", highlight=False, soft_wrap=True)

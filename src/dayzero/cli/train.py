@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 
@@ -22,6 +23,27 @@ _COMPUTE = ("bf16", "fp32", "auto")
 
 def _under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+@contextlib.contextmanager
+def _ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator[None]:
+    """One job per checkpoint directory (:mod:`dayzero.runtime.dirlock`), refused before any work.
+
+    Spawning ranks, this process owns the job (it outlives restarts of its ranks): it holds the
+    lock and lends it to them. Otherwise rank 0's Checkpointer takes it; here it is only checked
+    (by rank 0 alone under torchrun: another rank could see this job's own lock)."""
+    if not ckpt_dir:
+        yield
+        return
+    from dayzero.runtime.dirlock import DirLock, check_free
+
+    if torchrun or world == 1:
+        if not torchrun or os.environ.get("RANK") == "0":
+            check_free(ckpt_dir)
+        yield
+        return
+    with DirLock(ckpt_dir, lend_to_children=True):
+        yield
 
 
 @app.command("train")
@@ -49,8 +71,9 @@ def train_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (also off when CI=true).")] = False,
     ckpt_dir: Annotated[Optional[Path], typer.Option("--ckpt-dir", help="Checkpoint directory: resume from its newest good version, save into it.")] = None,
     ckpt_every: Annotated[int, typer.Option("--ckpt-every", min=0, help="Save every N steps (0: only at the end).")] = 0,
-    keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints to keep (the newest is never deleted).")] = 3,
-    resume: Annotated[str, typer.Option("--resume", help="auto (newest good version) | never | a step | a version directory.")] = "auto",
+    keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints of this run's lineage to keep (the newest is never deleted).")] = 3,
+    prune_other_lineages: Annotated[bool, typer.Option("--ckpt-prune-other-lineages", help="Let retention also delete the versions of other lineages (runs or branches) in --ckpt-dir.")] = False,
+    resume: Annotated[str, typer.Option("--resume", help="auto (most recently written good version) | never | a step (an older one starts a branch) | a version directory.")] = "auto",
     async_save: Annotated[bool, typer.Option("--async-save", help="Write checkpoints in the background (only the copy to CPU memory blocks).")] = False,
     ckpt_checksum: Annotated[str, typer.Option("--ckpt-checksum", help=f"Per-file checksum in checkpoint manifests: {' | '.join(CHECKSUMS)}.")] = DEFAULT_CHECKSUM,
     max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restart all ranks this often after a failure (with --nproc; under torchrun use its own flag).")] = 0,
@@ -97,7 +120,7 @@ def train_cmd(
                       metrics=str(metrics) if metrics else None, quiet=quiet, layers=layers, hidden=hidden,
                       experts=experts, vocab=vocab, hf_weights=str(hf_weights) if hf_weights else None, lr=lr,
                       warmup=warmup, grad_clip=grad_clip, ckpt_dir=str(ckpt_dir) if ckpt_dir else None,
-                      ckpt_every=ckpt_every, keep=keep, resume=resume, async_save=async_save, ckpt_checksum=ckpt_checksum,
+                      ckpt_every=ckpt_every, keep=keep, ckpt_prune_other_lineages=prune_other_lineages, resume=resume, async_save=async_save, ckpt_checksum=ckpt_checksum,
                       max_restarts=max_restarts,
                       inject_faults=tuple(inject_fault or ()), watchdog=watchdog, save_timeout=save_timeout,
                       on_bad_loss=on_bad_loss, spike_factor=spike_factor)
@@ -115,14 +138,15 @@ def train_cmd(
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "
                       f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel rank", highlight=False)
 
-    if torchrun or world == 1:
-        from dayzero.runtime.launch import train_here
+    with _ckpt_dir_lock(cfg.ckpt_dir, torchrun, world):
+        if torchrun or world == 1:
+            from dayzero.runtime.launch import train_here
 
-        code = train_here([cfg], under_agent=torchrun)
-    else:
-        from dayzero.runtime.launch import spawn
+            code = train_here([cfg], under_agent=torchrun)
+        else:
+            from dayzero.runtime.launch import spawn
 
-        code = spawn(cfg, world)
+            code = spawn(cfg, world)
     if code:
         raise typer.Exit(code)
     if json_out and (not torchrun or os.environ.get("RANK") == "0"):

@@ -5,19 +5,27 @@ shards, in parallel; optimizer state flattened per parameter name so any layout 
 the LR scheduler, data-stream position, step and loop extras as JSON (rank 0), and every rank's
 RNG states as JSON. The sequence, on every rank::
 
-    save(step)  ->  write into step-N.partial  ->  each rank hashes its own files
-                ->  rank 0: manifest.json, verify, rename to step-N, COMPLETE marker, retention
+    save(step)  ->  rank 0 picks the version's name  ->  write into <name>.partial
+                ->  each rank hashes its own files
+                ->  rank 0: manifest.json, verify, rename to <name>, COMPLETE marker, retention
 
 With ``async_save=True`` the call returns at once: the state is copied into reused CPU buffers on
 a thread while the next forward/backward runs (the next ``optimizer.step()`` waits for that copy),
 and writing, hashing and the commit run on another thread, whose collectives use their own gloo
 process group.
 
-Resume (:meth:`Checkpointer.resume`) walks versions newest first and loads the first complete
-one whose files all match their manifest checksums (hashing is split across ranks); newer ones
-that are partial, truncated or corrupt are skipped with a warning naming them. Loading goes
-through ``get_state_dict``/``set_state_dict``, so a checkpoint saved at one layout loads into
-another (reshard on load).
+Resume (:meth:`Checkpointer.resume`) walks versions newest first by write order (see
+:mod:`dayzero.runtime.lineage`) and loads the first complete one whose files all match their
+manifest checksums (hashing is split across ranks) and whose tensors fit the model; newer ones
+that are partial, truncated, corrupt or for another model are skipped with a warning naming them.
+Loading goes through ``get_state_dict``/``set_state_dict``, so a checkpoint saved at one layout
+loads into another (reshard on load).
+
+Lineage: a checkpointer saves into one lineage. It continues the lineage of the version it
+resumed when that is the lineage's newest, and otherwise starts a branch from it (said in a
+``checkpoint_branch`` event and a warning); retention deletes only the lineage's own old
+versions. Rank 0 holds the directory's lock (:mod:`dayzero.runtime.dirlock`) from construction
+to :meth:`Checkpointer.close`.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -38,18 +46,22 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, CachingSavePlanner, HookedWriter, SafeLoadPlanner,
                                     SafeReader, check_torch, forget_plans, load_metadata, referenced_files,
                                     single_process)
+from dayzero.runtime.dirlock import CheckpointLocked, DirLock
+from dayzero.runtime.lineage import RunLineage, history, new_lineage_id, target_copy, write_order
 from dayzero.runtime.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo,
-                                      Verdict, check_algorithm, check_file, check_marker, dayzero_version,
+                                      Verdict, VersionRef, check_algorithm, check_file, check_marker, dayzero_version,
                                       describe_file, read_manifest, safe_join, utc_now, write_json_durable)
-from dayzero.runtime.state_dicts import set_train_state, split_small, take_saved, train_state_dict
+from dayzero.runtime.state_dicts import (fit_problems, model_shapes, set_train_state, split_small, take_saved,
+                                         train_state_dict)
 from dayzero.runtime.train_state import capture_rng, from_json, restore_rng, to_json
-from dayzero.runtime.versions import (Version, commit, partial_name, prepare_partial, purge, retire, scan,
-                                      select_newest, version_name)
+from dayzero.runtime.versions import (Version, backup, commit, next_seq, prepare_partial, purge, retire,
+                                      scan, select_first, select_newest, version_name)
 
 log = logging.getLogger("dayzero.checkpoint")
 TRAIN_STATE = "train_state.json"
@@ -67,6 +79,8 @@ class SavedCheckpoint:
     bytes: int
     seconds: float  # whole save, from the call to the COMPLETE marker
     blocked_s: float  # how long save() held up the training loop
+    lineage: str = ""
+    backup: Path | None = None  # where a version already there was moved (save_state(backup_existing=True))
 
 
 @dataclass(frozen=True)
@@ -81,18 +95,24 @@ class Resumed:
 
 class Checkpointer:
     """Saves and resumes versions under ``root``. Construct it on every rank (it creates a
-    process group when torch.distributed is initialized)."""
+    process group when torch.distributed is initialized, and rank 0 takes the directory's lock:
+    CheckpointLocked on every rank when another job holds it); :meth:`close` releases it.
+
+    ``keep``: versions of this checkpointer's lineage to keep; ``prune_other_lineages``: let
+    retention delete the versions of every other lineage too (off by default)."""
 
     def __init__(self, root: str | Path, *, keep: int = 3, async_save: bool = False, model_name: str = "",
                  spec_digest: str = "", model_recipe: dict | None = None, layout: dict | None = None,
                  before_shard_write: Callable[[int], None] | None = None,
                  on_event: Callable[[dict], None] | None = None, thread_count: int = 1,
-                 overlap_staging: bool = True, checksum: str = DEFAULT_CHECKSUM):
+                 overlap_staging: bool = True, checksum: str = DEFAULT_CHECKSUM,
+                 prune_other_lineages: bool = False):
         check_torch()
         if keep < 1:
             raise CheckpointError(f"--keep {keep}: at least 1 checkpoint must be kept")
         self.checksum = check_algorithm(checksum)
         self.root, self.keep, self.async_save = Path(root), keep, async_save
+        self.prune_other_lineages = prune_other_lineages
         self.model = ModelInfo(name=model_name, spec_digest=spec_digest, recipe=dict(model_recipe or {}))
         self.layout = dict(layout or {})
         self._before_shard_write, self._on_event = before_shard_write, on_event
@@ -103,6 +123,8 @@ class Checkpointer:
             self.pg = dist.new_group(backend="gloo")
         else:
             self.rank, self.world, self.pg = 0, 1, None
+        self._lock = DirLock(self.root) if self.rank == 0 else None
+        self.lineage = RunLineage(self._open())
         self._saving_step = -1
         self._plan_key = f"dayzero-{uuid.uuid4().hex}"  # this checkpointer's cached DCP save plans
         self._writer = HookedWriter(self.root, before_write=self._hook, checksum=self.checksum,
@@ -136,24 +158,40 @@ class Checkpointer:
         return self._save(step, state, own, contents, t0, to_json(hyper, "optimizer") if optimizer is not None else None)
 
     def save_state(self, step: int, state: dict, *, contents: list[str], data: Any = None,
-                   extra: dict | None = None) -> SavedCheckpoint | float:
-        """Save a ready state dict ({"model": {fqn: tensor}, ...}); used by ``dayzero ckpt import``."""
+                   extra: dict | None = None, backup_existing: bool = False) -> SavedCheckpoint | float:
+        """Save a ready state dict ({"model": {fqn: tensor}, ...}); used by ``dayzero ckpt import``.
+        ``backup_existing``: write ``step-N`` itself, moving a version already there to a backup
+        (:func:`dayzero.runtime.versions.backup`) once the new one is verified."""
         t0 = time.perf_counter()
         self.wait()
         own = {}
         if self.rank == 0:
             own[TRAIN_STATE] = json.dumps(to_json({"step": step, "data": data, "extra": extra or {},
                                                    "scheduler": None}, "train state"))
-        return self._save(step, state, own, contents, t0, None)
+        return self._save(step, state, own, contents, t0, None, backup_existing)
+
+    def versions(self) -> list[Version]:
+        """The versions under the root, as rank 0 sees them (the same list on every rank)."""
+        return self._broadcast(scan(self.root) if self.rank == 0 else None)
 
     def _save(self, step: int, state: dict, own: dict[str, str], contents: list[str], t0: float,
-              groups: dict | None) -> SavedCheckpoint | float:
-        if self.rank == 0:
-            prepare_partial(self.root, step)
-        self._barrier()  # the empty partial directory exists before anyone writes into it
-        partial = self.root / partial_name(step)
-        self._saving_step = step
-        ctx = dict(step=step, partial=partial, contents=contents, own=own, groups=groups, t0=t0)
+              groups: dict | None, backup_existing: bool = False) -> SavedCheckpoint | float:
+        head: tuple = ("ok", "")
+        if self.rank == 0:  # a version of another lineage at this step keeps its name: take the next copy
+            try:
+                self._lock.ensure()
+                copy = 1 if backup_existing else target_copy(scan(self.root), step, self.lineage.id)
+                head = ("ok", prepare_partial(self.root, step, copy).name)
+            except (CheckpointError, OSError) as e:
+                head = ("error", str(e))
+        head = self._broadcast(head)  # the empty partial directory exists before anyone writes into it
+        if head[0] == "error":
+            raise CheckpointError(f"saving step {step} under {self.root} failed ({head[1]}); the previous "
+                                  "checkpoint stays the newest")
+        partial = self.root / head[1]
+        self._saving_step, self.lineage.settled = step, True
+        ctx = dict(step=step, partial=partial, contents=contents, own=own, groups=groups, t0=t0,
+                   backup_existing=backup_existing)
         if not self.async_save:
             with single_process(self.pg is None), _dcp_errors(f"saving step {step} to {partial}"):
                 dcp.save(state, checkpoint_id=partial, storage_writer=self._writer, process_group=self.pg,
@@ -207,6 +245,22 @@ class Checkpointer:
             if self._executor is not None:
                 self._executor.shutdown(wait=wait, cancel_futures=not wait)
             forget_plans(self._plan_key)
+            if self._lock is not None:
+                self._lock.release()
+
+    def _open(self) -> str:
+        """Rank 0 takes the lock and mints a lineage id; every rank gets the same answer."""
+        head: tuple = ("ok", "")
+        if self.rank == 0:
+            try:
+                self._lock.acquire()
+                head = ("ok", new_lineage_id())
+            except CheckpointError as e:
+                head = ("error", str(e))
+        head = self._broadcast(head)
+        if head[0] == "error":
+            raise CheckpointLocked(head[1])
+        return head[1]
 
     def _purge_join(self) -> None:
         if self._purger is not None:
@@ -234,7 +288,7 @@ class Checkpointer:
             self._before_shard_write(self._saving_step)
 
     def _commit(self, step: int, partial: Path, contents: list[str], own: dict[str, str], groups: dict | None,
-                t0: float, blocked_s: float | None) -> SavedCheckpoint:
+                t0: float, backup_existing: bool, blocked_s: float | None) -> SavedCheckpoint:
         """Write own JSON files and hash own files (every rank); then rank 0 writes the manifest,
         verifies and commits."""
         try:
@@ -249,25 +303,29 @@ class Checkpointer:
         result: tuple = ("error", "")
         if self.rank == 0:
             try:
-                result = self._write_and_commit(step, partial, contents, gathered, t0)
+                result = self._write_and_commit(step, partial, contents, gathered, backup_existing)
             except Exception as e:  # reported on every rank below, never left hanging
                 result = ("error", f"{type(e).__name__}: {e}")
         result = self._broadcast(result)
         if result[0] == "error":
             raise CheckpointError(f"saving step {step} to {partial} failed ({result[1]}); the previous "
                                   "checkpoint stays the newest")
-        _, path, nbytes, deleted = result
+        _, path, nbytes, deleted, backup_path = result
         if self.rank == 0 and deleted:  # deleting old versions' files is off the critical path
             self._purge_join()
             self._purger = threading.Thread(target=purge, args=(self.root,), name="dayzero-purge", daemon=True)
             self._purger.start()
         seconds = time.perf_counter() - t0
-        saved = SavedCheckpoint(step, Path(path), nbytes, seconds, seconds if blocked_s is None else blocked_s)
+        saved = SavedCheckpoint(step, Path(path), nbytes, seconds, seconds if blocked_s is None else blocked_s,
+                                self.lineage.id, Path(backup_path) if backup_path else None)
+        if backup_path:
+            self._event({"event": "checkpoint_backup", "step": step, "path": str(path), "backup": backup_path})
         self._event({"event": "checkpoint_saved", "step": step, "path": str(path), "bytes": nbytes,
-                     "seconds": round(seconds, 4), "blocked_s": round(saved.blocked_s, 4)})
-        for name in deleted:
+                     "seconds": round(seconds, 4), "blocked_s": round(saved.blocked_s, 4), "lineage": self.lineage.id})
+        for name, lineage in deleted:
+            why = f"retention --keep {self.keep}" if lineage == self.lineage.id else "--ckpt-prune-other-lineages"
             self._event({"event": "checkpoint_deleted", "step": step, "path": str(self.root / name),
-                         "reason": f"retention --keep {self.keep}"})
+                         "lineage": lineage, "reason": why})
         return saved
 
     def _describe(self, partial: Path, name: str) -> FileEntry:
@@ -278,7 +336,8 @@ class Checkpointer:
             return FileEntry(path=name, bytes=seen[0], checksum=seen[1])
         return describe_file(partial, name, self.checksum)
 
-    def _write_and_commit(self, step: int, partial: Path, contents: list[str], gathered: list, t0: float) -> tuple:
+    def _write_and_commit(self, step: int, partial: Path, contents: list[str], gathered: list,
+                          backup_existing: bool) -> tuple:
         errors = [g for g in gathered if isinstance(g, str)]
         if errors:
             raise CheckpointError("; ".join(errors))
@@ -290,9 +349,11 @@ class Checkpointer:
             write_json_durable(partial / OPTIM_GROUPS, json.dumps(merged, sort_keys=True))
             files.append(describe_file(partial, OPTIM_GROUPS, self.checksum))
         files.sort(key=lambda f: f.path)
+        seq = next_seq(self.root, scan(self.root))
         manifest = Manifest(step=step, created=utc_now(), dayzero_version=dayzero_version(),
                             torch_version=torch.__version__, model=self.model, layout=self.layout,
-                            world=self.world, contents=contents, files=files)
+                            world=self.world, contents=contents, files=files, lineage=self.lineage.id, seq=seq,
+                            parent=self.lineage.parent, fork=self.lineage.fork)
         write_json_durable(partial / MANIFEST, manifest.to_json())
         # Verify before commit: every listed file is there at its size, and DCP's index names no
         # file outside the manifest (hashes were just taken from the files on disk).
@@ -301,57 +362,144 @@ class Checkpointer:
         missing = referenced_files(load_metadata(partial, names)) - names
         if problems or missing:
             raise CheckpointError("; ".join(problems + [f"{m}: referenced but not written" for m in missing]))
+        occupant = partial.with_name(partial.name[:-len(".partial")])
+        moved = str(backup(occupant)) if backup_existing and occupant.exists() else None
         final = commit(partial, step)
-        deleted = [v.name for v in retire(self.root, self.keep)]
-        return ("ok", str(final), manifest.total_bytes, deleted)
+        self.lineage.saved(final.name, seq, step)
+        deleted = [(v.name, v.record.lineage) for v in retire(self.root, self.keep, self.lineage.id,
+                                                             prune_other=self.prune_other_lineages,
+                                                             protect=final.name)]
+        return ("ok", str(final), manifest.total_bytes, deleted, moved)
 
     # -- resume / load -------------------------------------------------------------------------
     def resume(self, model, optimizer=None, scheduler=None, *, which: str | int = "auto") -> Resumed | None:
-        """Load the newest good version (``which="auto"``), or a given step or directory.
+        """Load the most recently written good version (``which="auto"``), or a given step or directory.
 
-        Returns None when there is nothing to resume from (no complete version). Raises
-        CheckpointError when complete versions exist but none verifies, or an explicit one fails.
+        ``auto`` tries versions in :func:`dayzero.runtime.lineage.resume_order` and skips, with a
+        warning, any that fails verification or does not fit the model; a step number with several
+        versions (several lineages) means its most recently written one. Returns None when there is
+        nothing to resume from (no complete version). Raises CheckpointError when complete versions
+        exist but none is usable, or an explicit one fails. The first resume settles the lineage
+        that later saves go to (continued, or a new branch: see :mod:`dayzero.runtime.lineage`).
         """
         self.wait()
+        versions = self.versions()
+        want = model_shapes(model)
         if which == "auto":
-            versions = scan(self.root)
-            chosen, skipped = select_newest(versions, self.verify)
-            for v in skipped:
-                self._warn(f"skipping checkpoint {v.path.name}: {v.summary()}")
-                self._event({"event": "checkpoint_skipped", "path": str(v.path), "problems": list(v.problems)})
+            chosen, skipped = select_newest(versions, lambda v: self._usable(v, want))
+            self._report(skipped)
             if chosen is None:
                 if any(v.state == "complete" for v in versions):
-                    raise CheckpointError(f"no checkpoint under {self.root} passes verification (skipped: "
-                                          + ", ".join(v.path.name for v in skipped)
+                    raise CheckpointError(f"no checkpoint under {self.root} passes verification and fits this run "
+                                          "(skipped: " + "; ".join(f"{v.path.name}: {v.problems[0]}" for v in skipped)
                                           + "); restore them from backup, or start over with a new --ckpt-dir")
+                self.lineage.settled = True
                 return None
         else:
-            path = Path(which) if not str(which).isdigit() else self.root / version_name(int(which))
-            chosen = self.verify(Version(path, -1, "complete"))
-            skipped = []
-            if not chosen.ok:
-                raise CheckpointError(f"checkpoint {path} failed verification: {chosen.summary()}")
-        return self.load(chosen.path, model, optimizer, scheduler, manifest=chosen.manifest, skipped=skipped)
+            chosen, skipped = self._explicit(versions, which, want), []
+        r = self.load(chosen.path, model, optimizer, scheduler, manifest=chosen.manifest, skipped=skipped)
+        if not self.lineage.settled:
+            self._adopt(versions, chosen, {v.path for v in skipped})
+        return r
+
+    def rollback(self, model, optimizer=None, scheduler=None) -> Resumed | None:
+        """Reload the newest good version this run descends from: its own lineage's, then the one
+        it resumed from and that one's history. None when there is none yet (nothing saved or
+        resumed); CheckpointError when there are some but none is usable."""
+        self.wait()
+        versions = self.versions()
+        want = model_shapes(model)
+        run = self.lineage
+        ordered = history(versions, run.id, run.fork)
+        if run.origin is not None and all(v.path != run.origin for v in ordered):
+            ordered.append(Version(run.origin, -1, "complete"))
+        if not ordered:
+            return None
+        chosen, skipped = select_first(ordered, lambda v: self._usable(v, want))
+        self._report(skipped)
+        if chosen is None:
+            raise CheckpointError(f"no checkpoint of this run under {self.root} passes verification (skipped: "
+                                  + ", ".join(v.path.name for v in skipped) + ")")
+        r = self.load(chosen.path, model, optimizer, scheduler, manifest=chosen.manifest, skipped=skipped)
+        self.lineage.parent = _ref_of(chosen, self.root)
+        return r
 
     def verify(self, version: Version) -> Verdict:
         """Full check of one version, checksum work split across ranks; same answer on all ranks."""
-        head: tuple = ((), None)
+        return self._inspect(version, None)[0]
+
+    def _inspect(self, version: Version, want: dict | None) -> tuple[Verdict, list[str]]:
+        """(integrity verdict, reasons it does not fit this run): rank 0 reads the manifest and the
+        DCP index; every rank hashes its share of the files and, given ``want`` (its model's
+        tensor shapes), checks them against the saved ones."""
+        head: tuple = ((), None, {}, [])
         if self.rank == 0:
             problems = check_marker(version.path)
             try:
                 manifest = read_manifest(version.path)
-                load_metadata(version.path, {f.path for f in manifest.files})
-                head = (tuple(problems), manifest.model_dump())
+                md = load_metadata(version.path, {f.path for f in manifest.files})
+                saved = {k[len("model."):]: tuple(m.size) for k, m in md.state_dict_metadata.items()
+                         if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+                have, mine = manifest.model.spec_digest, self.model.spec_digest
+                unfit = [f"saved for model {manifest.model.name or '?'} (spec {have}), this run builds "
+                         f"{self.model.name or '?'} (spec {mine})"] if have and mine and have != mine else []
+                head = (tuple(problems), manifest.model_dump(), saved, unfit)
             except CheckpointError as e:
-                head = (tuple(problems) + (str(e),), None)
-        problems, raw = self._broadcast(head)
+                head = (tuple(problems) + (str(e),), None, {}, [])
+        problems, raw, saved, unfit = self._broadcast(head)
         if raw is None:
-            return Verdict(version.path, None, problems)
+            return Verdict(version.path, None, problems), []
         manifest = Manifest.model_validate(raw)
         mine = [f for i, f in enumerate(manifest.files) if i % self.world == self.rank]
         local = [p for f in mine if (p := check_file(version.path, f, checksum=True))]
-        found = sorted(p for ps in self._all_gather(local) for p in ps)
-        return Verdict(version.path, manifest, tuple(problems) + tuple(found))
+        fits = fit_problems(want, saved) if want is not None and not unfit else []
+        gathered = self._all_gather((local, fits))
+        found = sorted(p for ps, _ in gathered for p in ps)
+        unfit = unfit or sorted({p for _, ps in gathered for p in ps})
+        return Verdict(version.path, manifest, tuple(problems) + tuple(found)), unfit
+
+    def _usable(self, version: Version, want: dict) -> Verdict:
+        """The verdict ``auto`` goes by: intact, and fits this run."""
+        verdict, unfit = self._inspect(version, want)
+        return verdict if not verdict.ok or not unfit else replace(verdict, problems=tuple(unfit))
+
+    def _explicit(self, versions: list[Version], which: str | int, want: dict) -> Verdict:
+        if str(which).isdigit():
+            step = int(which)
+            same = sorted((v for v in versions if v.step == step and v.state == "complete"), key=write_order)
+            version = same[-1] if same else Version(self.root / version_name(step), step, "complete")
+            if len(same) > 1:
+                self._warn(f"step {step} has {len(same)} versions ({', '.join(v.name for v in same)}); resuming the "
+                           f"most recently written, {version.name}; pass a version directory to --resume to choose")
+        else:
+            path = Path(which)
+            version = next((v for v in versions if v.path.resolve() == path.resolve()), Version(path, -1, "complete"))
+        verdict, unfit = self._inspect(version, want)
+        if not verdict.ok:
+            raise CheckpointError(f"checkpoint {version.path} failed verification: {verdict.summary()}")
+        if unfit:
+            raise CheckpointError(f"checkpoint {version.path} does not fit this run: {'; '.join(unfit)}; use the "
+                                  "same model or a new --ckpt-dir")
+        return verdict
+
+    def _adopt(self, versions: list[Version], chosen: Verdict, bad: set[Path]) -> None:
+        """Settle the lineage after the first resume: continue the resumed version's lineage when
+        nothing newer of it exists (apart from versions this resume found bad), else branch."""
+        version = next((v for v in versions if v.path == chosen.path and v.record is not None), None)
+        newer = self.lineage.adopt(versions, version, _ref_of(chosen, self.root), chosen.path, bad)
+        if not newer:  # continued (or, for a version outside this root, forked from it)
+            return
+        names = [v.name for v in newer]
+        self._warn(f"resuming {version.name} of lineage {version.record.lineage}, which has {len(newer)} newer "
+                   f"version(s) ({', '.join(names)}): saves go to a new lineage {self.lineage.id} that branches from "
+                   f"it; the newer versions are kept (--ckpt-prune-other-lineages deletes them)")
+        self._event({"event": "checkpoint_branch", "lineage": self.lineage.id, "parent": str(version.path),
+                     "parent_lineage": version.record.lineage, "newer": names})
+
+    def _report(self, skipped: Sequence[Verdict]) -> None:
+        for v in skipped:
+            self._warn(f"skipping checkpoint {v.path.name}: {v.summary()}")
+            self._event({"event": "checkpoint_skipped", "path": str(v.path), "problems": list(v.problems)})
 
     def load(self, path: str | Path, model, optimizer=None, scheduler=None, *, manifest: Manifest | None = None,
              skipped: Sequence[Verdict] = ()) -> Resumed:
@@ -403,10 +551,6 @@ class Checkpointer:
         if self.rank == 0:
             log.warning(msg)
 
-    def _barrier(self) -> None:
-        if self.pg is not None:
-            dist.barrier(group=self.pg)
-
     def _gather(self, obj: Any) -> list:
         if self.pg is None:
             return [obj]
@@ -442,6 +586,13 @@ def _dcp_errors(doing: str) -> Iterator[None]:
                 raise CheckpointError(str(exc)) from None
             causes.append(f"rank {rank}: {type(exc).__name__}: {exc}")
         raise CheckpointError(f"{doing} failed ({'; '.join(causes)}); the previous checkpoint stays the newest") from None
+
+
+def _ref_of(verdict: Verdict, root: Path) -> VersionRef:
+    """A reference to a verified version: by name inside ``root``, by absolute path outside it."""
+    m, path = verdict.manifest, verdict.path
+    inside = path.parent.resolve() == Path(root).resolve()
+    return VersionRef(name=path.name if inside else str(path.resolve()), lineage=m.lineage, seq=m.seq, step=m.step)
 
 
 def _fit_scheduler_state(saved: dict, scheduler) -> dict:

@@ -45,7 +45,8 @@ class TrainConfig:
     # checkpoints and fault recovery (see dayzero.runtime.resilience and docs/checkpoints.md)
     ckpt_dir: str | None = None
     ckpt_every: int = 0  # steps between saves (0: only at the end)
-    keep: int = 3
+    keep: int = 3  # versions of the run's own lineage kept by retention
+    ckpt_prune_other_lineages: bool = False  # retention also deletes other lineages' versions
     resume: str = "auto"  # auto | never | a step | a version directory
     async_save: bool = False
     ckpt_checksum: str = DEFAULT_CHECKSUM  # per-file checksum in the manifest (manifest.CHECKSUMS)

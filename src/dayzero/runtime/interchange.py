@@ -13,6 +13,7 @@ shards, written and freed before the next, so host memory stays near one output 
 Import reads safetensors only (``.bin`` files are pickles and are refused) and writes a model-only
 checkpoint version that any layout resumes from (the optimizer starts fresh). With a model
 (``--model``, or the directory's ``config.json``) Hugging Face names are mapped to the zoo's.
+An import never replaces or deletes a version (``--force`` moves the one in its way to a backup).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from dayzero.runtime.checkpoint import Checkpointer
 from dayzero.runtime.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, single_process
 from dayzero.runtime.manifest import CheckpointError, manifest_digest, verify_version, write_json_durable
+from dayzero.runtime.versions import version_name
 
 INDEX = "model.safetensors.index.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -116,34 +118,63 @@ def export_hf(version_dir: str | Path, out_dir: str | Path, *, dtype: str | None
 
 
 def import_hf(hf_dir: str | Path, ckpt_root: str | Path, *, step: int = 0, dtype: str | None = None,
-              model: str | None = None, keep: int = 3) -> Path:
+              model: str | None = None, keep: int = 3, force: bool = False,
+              on_event: Callable[[dict], None] | None = None) -> Path:
     """Write the safetensors weights under ``hf_dir`` as a model-only checkpoint version.
 
     ``model`` (a preset or config path; default: ``hf_dir/config.json`` when present) maps Hugging
-    Face names to the zoo's, and is recorded so that ``dayzero train MODEL --ckpt-dir`` resumes."""
-    from safetensors import safe_open
+    Face names to the zoo's, and is recorded so that ``dayzero train MODEL --ckpt-dir`` resumes.
 
+    The version starts a lineage of its own, so retention deletes nothing else. It never replaces
+    a version: when ``ckpt_root`` already holds step ``step`` the import is refused before any
+    work, unless ``force``, which moves the version named ``step-N`` to a backup once the new one
+    is written (a ``checkpoint_backup`` event names it). Holds the directory's lock throughout."""
     hf_dir = Path(hf_dir)
     shards = _hf_files(hf_dir)
     cast = _dtype(dtype)
     if model is None and (hf_dir / "config.json").exists():
         model = str(hf_dir.resolve())
-    tensors: dict[str, torch.Tensor] = {}
-    name, digest, recipe = "", "", {}
+    spec = None
     if model is not None:
-        from dayzero.runtime.hf_weights import FAMILIES, HFCheckpoint
-        from dayzero.runtime.model import build_model
+        from dayzero.runtime.hf_weights import FAMILIES
         from dayzero.specs.registry import load_model
 
         spec = load_model(model)
         if spec.model_type not in FAMILIES:
             raise CheckpointError(f"{model}: model_type {spec.model_type!r} has no Hugging Face name mapping "
                                   f"({', '.join(FAMILIES)}); import without --model to keep the file's names")
+    ck = Checkpointer(ckpt_root, keep=keep, model_name=spec.name if spec else "",
+                      spec_digest=spec.digest() if spec else "", model_recipe={"model": model} if spec else {},
+                      on_event=on_event)
+    try:
+        if ck.world != 1:
+            raise CheckpointError("dayzero ckpt import runs in one process; do not launch it under torchrun")
+        there = [v for v in ck.versions() if v.step == step and v.state in ("complete", "incomplete")]
+        if there and not force:
+            raise CheckpointError(f"{ckpt_root} already holds step {step} ({', '.join(v.name for v in there)}); "
+                                  "import never replaces a version: choose another --step, or pass --force to "
+                                  f"import anyway ({ck.root / version_name(step)} is first moved to a backup)")
+        tensors = _hf_tensors(hf_dir, shards, spec, cast)
+        saved = ck.save_state(step, {"model": tensors}, contents=["model"],
+                              extra={"imported_from": str(hf_dir.resolve())}, backup_existing=force)
+    finally:
+        ck.close()
+    return saved.path
+
+
+def _hf_tensors(hf_dir: Path, shards: list[Path], spec, cast: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The tensors to import: under the zoo's names for ``spec``, else as the files name them."""
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    if spec is not None:
+        from dayzero.runtime.hf_weights import HFCheckpoint
+        from dayzero.runtime.model import build_model
+
         hf = HFCheckpoint(hf_dir, spec)
         zoo = build_model(spec)  # meta device: names and shapes only
         for fqn, p in zoo.state_dict().items():  # parameters and persistent buffers
             tensors[fqn] = hf.tensor(fqn, tuple(p.shape)).to(cast or torch.float32)
-        name, digest, recipe = spec.name, spec.digest(), {"model": model}
     else:
         for f in shards:
             with safe_open(str(f), framework="pt") as fh:
@@ -154,12 +185,7 @@ def import_hf(hf_dir: str | Path, ckpt_root: str | Path, *, step: int = 0, dtype
                     tensors[key] = t.to(cast) if cast is not None else t
     if not tensors:
         raise CheckpointError(f"{hf_dir}: the safetensors files hold no tensors")
-    ck = Checkpointer(ckpt_root, keep=keep, model_name=name, spec_digest=digest, model_recipe=recipe)
-    if ck.world != 1:
-        raise CheckpointError("dayzero ckpt import runs in one process; do not launch it under torchrun")
-    saved = ck.save_state(step, {"model": tensors}, contents=["model"], extra={"imported_from": str(hf_dir.resolve())})
-    ck.close()
-    return saved.path
+    return tensors
 
 
 def _recipe_spec(manifest):

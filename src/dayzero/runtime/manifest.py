@@ -178,6 +178,20 @@ class ModelInfo(BaseModel):
     recipe: dict[str, Any] = {}
 
 
+LEGACY = "legacy"  # the lineage of versions whose manifest predates lineage fields
+
+
+class VersionRef(BaseModel):
+    """Names another version of the same checkpoint root: a parent, or a lineage's fork point."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str  # directory name under the checkpoint root (an absolute path for a version outside it)
+    lineage: str
+    seq: int = Field(ge=0)
+    step: int = Field(ge=0)
+
+
 class Manifest(BaseModel):
     """The JSON document at ``<version>/manifest.json``."""
 
@@ -194,6 +208,14 @@ class Manifest(BaseModel):
     contents: list[str] = []  # of "model", "optimizer", "scheduler", "data", "rng"
     files: list[FileEntry] = []
     extra: dict[str, Any] = {}
+    # lineage (see dayzero.runtime.lineage): the run this version belongs to, its place in the
+    # directory's write order (0: written before lineage existed), the version it descends from
+    # (the one its run resumed from, or the run's previous save) and the version its lineage
+    # branched from (None for a run that started fresh, or an import)
+    lineage: str = LEGACY
+    seq: int = Field(ge=0, default=0)
+    parent: VersionRef | None = None
+    fork: VersionRef | None = None
 
     @field_validator("format")
     @classmethod

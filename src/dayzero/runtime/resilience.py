@@ -39,7 +39,8 @@ DEFAULT_SAVE_TIMEOUT_S = 600.0  # with --watchdog and no --save-timeout
 class ResilienceConfig:
     ckpt_dir: str | None = None
     every: int = 0  # save every N steps (0: only at the end)
-    keep: int = 3
+    keep: int = 3  # versions of this run's lineage to keep
+    prune_other_lineages: bool = False  # let retention delete other lineages' versions too
     resume: str = "auto"  # "auto" | "never" | a step number | a version directory
     async_save: bool = False
     checksum: str = DEFAULT_CHECKSUM
@@ -95,7 +96,7 @@ class Resilience:
             self.ckpt = Checkpointer(cfg.ckpt_dir, keep=cfg.keep, async_save=cfg.async_save, model_name=model_name,
                                      spec_digest=spec_digest, model_recipe=model_recipe, layout=layout,
                                      before_shard_write=self.faults.at_save, on_event=self._event,
-                                     checksum=cfg.checksum)
+                                     checksum=cfg.checksum, prune_other_lineages=cfg.prune_other_lineages)
         self.guard = LossGuard(cfg.guard) if cfg.guard else None
         self.watchdog = Watchdog(cfg.watchdog_s or math.inf, on_timeout=self._event) if cfg.watched else None
         self.skipped: set[int] = set()
@@ -140,8 +141,9 @@ class Resilience:
         return v
 
     def rollback(self, step: int) -> Position:
-        """Reload the newest good checkpoint; the batches of the last ``skip_batches`` steps up to
-        the offending one are skipped when the loop replays the data stream."""
+        """Reload the newest good checkpoint of this run (its lineage, or the version it resumed
+        from); the batches of the last ``skip_batches`` steps up to the offending one are skipped
+        when the loop replays the data stream."""
         self._rollbacks += 1
         if self._rollbacks > self.cfg.max_rollbacks:
             raise LossDivergedError(f"bad loss at step {step} after {self.cfg.max_rollbacks} rollbacks already; "
@@ -149,7 +151,7 @@ class Resilience:
         doomed = {b for ids in self._recent for b in ids}
         assert self.ckpt is not None  # ResilienceConfig requires --ckpt-dir for rollback
         with self._slow_op(f"rollback from step {step}"):
-            r = self.ckpt.resume(self._model, self._optimizer, self._scheduler, which="auto")
+            r = self.ckpt.rollback(self._model, self._optimizer, self._scheduler)
         if r is None:
             raise DayzeroError(f"bad loss at step {step} but no checkpoint to roll back to yet; use "
                                "--on-bad-loss skip, or save earlier with a smaller --ckpt-every")
@@ -233,7 +235,8 @@ def resilience_config(cfg) -> ResilienceConfig:
         raise DayzeroError(f"--keep {cfg.keep}: at least 1 checkpoint must be kept")
     if cfg.resume not in ("auto", "never") and not str(cfg.resume).isdigit() and not Path(cfg.resume).is_dir():
         raise DayzeroError(f"--resume {cfg.resume}: expected auto, never, a step number or a checkpoint directory")
-    return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep, resume=cfg.resume,
+    return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep,
+                            prune_other_lineages=cfg.ckpt_prune_other_lineages, resume=cfg.resume,
                             async_save=cfg.async_save, checksum=cfg.ckpt_checksum,
                             faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults), watchdog_s=cfg.watchdog,
                             save_timeout_s=cfg.save_timeout, guard=guard)

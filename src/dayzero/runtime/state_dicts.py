@@ -115,6 +115,28 @@ def train_state_dict(model, optimizer) -> tuple[dict, list[tuple[list[str], list
     return out, keys
 
 
+def model_shapes(model) -> dict[str, tuple[int, ...]]:
+    """{fqn: global shape} of the tensors this rank's model parts load from a checkpoint."""
+    state, _ = train_state_dict(model, None)
+    return {k: tuple(v.shape) for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
+
+
+def fit_problems(want: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]]) -> list[str]:
+    """Why a checkpoint holding model tensors ``saved`` ({fqn: shape}) cannot load into a model
+    wanting ``want``: missing names, or other shapes (empty when it fits)."""
+    missing = sorted(k for k in want if k not in saved)
+    wrong = sorted(k for k in want if k in saved and tuple(saved[k]) != tuple(want[k]))
+    out = []
+    if missing:
+        out.append(f"holds no tensor {missing[0]} (and {len(missing) - 1} more) of this run's model: written for "
+                   "another model, or with other tensor names")
+    if wrong:
+        k = wrong[0]
+        out.append(f"tensor {k} has shape {list(saved[k])}, this run's model {list(want[k])} (and "
+                   f"{len(wrong) - 1} more differ): written for another model size")
+    return out
+
+
 def set_train_state(model, optimizer, state: dict, keys) -> None:
     for (m, o), (mkeys, okeys) in zip(model_parts(model, optimizer), keys):
         msd = {k: state["model"][k] for k in mkeys}
