@@ -31,11 +31,11 @@ class Step:
         return cls(tuple(str(w) for w in words), why)
 
 
-def layout_flags(p: Mapping[str, Any], gemm: bool = False) -> list[str]:
+def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
     """The ``--tp .. --pp ..`` flags that reproduce a layout (a ``ParallelConfig.to_dict()`` or the
     ``parallel`` of plan/predict JSON). The degrees are always written out; the rest when they
-    differ from the default. ``gemm``: ``--precision`` is the GEMM precision (``dayzero predict``,
-    which also knows fp4), not the memory and runtime precision."""
+    differ from the default. ``--precision`` is the memory and runtime precision (fp8 for an fp4
+    GEMM plan); ``precision=False`` for verbs without the flag (``dayzero validate``)."""
     out: list[str] = []
     for k in _ALWAYS:
         out += [f"--{k}", str(p[k])]
@@ -46,9 +46,8 @@ def layout_flags(p: Mapping[str, Any], gemm: bool = False) -> list[str]:
         out += ["--recompute-layers", str(p["recompute_layers"])]
     if p.get("sequence_parallel"):
         out.append("--sequence-parallel")
-    prec = (p.get("gemm_precision") if gemm else None) or p.get("precision", "bf16")
-    if prec != "bf16":
-        out += ["--precision", prec]
+    if precision and p.get("precision", "bf16") != "bf16":
+        out += ["--precision", p["precision"]]
     derived = "interleaved" if p.get("vpp", 1) > 1 else "1f1b"
     if p.get("schedule", derived) != derived:
         out += ["--schedule", p["schedule"]]
@@ -81,6 +80,24 @@ def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node:
                    model, *flags, why=f"{why}, on each of the {nodes:,} nodes")
 
 
+def after_train(cfg, world: int) -> list[Step]:
+    """After ``dayzero train``: export the newest checkpoint it saved, or, with none, measure the
+    layout against the planner's prediction (``dayzero validate``)."""
+    shrink = [w for k in ("layers", "hidden", "experts", "vocab") if getattr(cfg, k) is not None
+              for w in (f"--{k}", str(getattr(cfg, k)))]
+    if cfg.ckpt_dir:
+        from pathlib import Path
+
+        from dayzero.runtime.versions import scan
+
+        done = [v for v in scan(Path(cfg.ckpt_dir)) if v.state == "complete"]
+        if done:
+            return [Step.of("dayzero", "ckpt", "export", done[-1].path, f"{str(cfg.ckpt_dir).rstrip('/')}-hf",
+                            why="its weights as Hugging Face safetensors")]
+    return [Step.of("dayzero", "validate", cfg.model, *shrink, "--nproc", world, *layout_flags(cfg.parallel.to_dict(), precision=False),
+                    why="measured against the planner's prediction")]
+
+
 def starter_devices(spec, accelerator) -> int:
     """Smallest power-of-two device count whose memory holds the model states (weights, gradients,
     FP32 master weights and AdamW moments) in half of it, leaving the rest to activations."""
@@ -93,15 +110,37 @@ def starter_devices(spec, accelerator) -> int:
 
 
 def print_next(console: Console, steps: Sequence[Step]) -> None:
-    """``next: COMMAND  # why`` for each step, wrapped with shell continuations to the console."""
+    """``next: COMMAND   # why`` for each step, wrapped with shell continuations to the console;
+    a comment that does not fit after the command goes on a line of its own above it."""
     width = max(console.width, 40)
     for i, s in enumerate(steps):
         label = "next: " if i == 0 else "      "
-        for line in _wrap(label, [shlex.quote(w) for w in s.argv], f"# {s.why}" if s.why else "", width):
+        for line in _lines(label, _chunks(s.argv), f"# {s.why}" if s.why else "", width):
             console.print(Text(line), soft_wrap=True, highlight=False)
 
 
-def _wrap(label: str, words: list[str], comment: str, width: int) -> list[str]:
+def _chunks(argv: Sequence[str]) -> list[str]:
+    """Shell-quoted words, an option and its value kept together (a line never ends in --tp)."""
+    out: list[str] = []
+    for w in argv:
+        q = shlex.quote(w)
+        if out and out[-1].startswith("--") and " " not in out[-1] and not w.startswith("-"):
+            out[-1] += " " + q
+        else:
+            out.append(q)
+    return out
+
+
+def _lines(label: str, words: list[str], comment: str, width: int) -> list[str]:
+    lines = _wrap(label, words, width)
+    if comment and len(lines[-1]) + 3 + len(comment) <= width:
+        return lines[:-1] + [lines[-1] + "   " + comment]
+    if comment:
+        return [label + comment] + _wrap(" " * len(label), words, width)
+    return lines
+
+
+def _wrap(label: str, words: list[str], width: int) -> list[str]:
     indent = " " * (len(label) + 2)
     lines, cur = [], label + words[0]
     for w in words[1:]:
@@ -110,10 +149,4 @@ def _wrap(label: str, words: list[str], comment: str, width: int) -> list[str]:
             cur = indent + w
         else:
             cur += " " + w
-    if comment:
-        if len(cur) + 3 + len(comment) <= width:
-            cur += "   " + comment
-        else:
-            lines.append(cur + " \\")
-            cur = indent + comment
     return lines + [cur]

@@ -3,15 +3,16 @@
 Every verb builds its tables with :class:`FitTable` and prints them with rich. At render time the
 table picks the first layout that shows every cell whole:
 
-1. boxed (rich's default look), text columns wrapped at spaces;
-2. compact (a rule under the header, two spaces between columns), text wrapped at spaces;
-3. vertical: one ``field  value`` block per row, when even the compact grid cannot fit.
+1. boxed (rich's default look), then compact (a rule under the header, two spaces between
+   columns), each with text wrapped at spaces and no word broken;
+2. the same two, now letting tokens longer than :data:`FOLD_AT` cells (paths, ids, URLs) fold
+   onto the next line;
+3. vertical: one ``field  value`` block per row, when even that cannot fit.
 
-Number columns (``num=True``) are never wrapped or cut: they get at least their widest cell, and
-their header wraps at spaces instead. Text columns never get less than their longest word (up to
-:data:`FOLD_AT` cells: longer tokens, such as paths and URLs, fold onto the next line), so no
-word is broken; whatever room is left is shared in proportion to how much each column would
-like to grow (as HTML tables do). Nothing is ever cut with an ellipsis. :func:`sheet` renders a record (a dict, as a
+Number columns (``num=True``, and ``wrap=False`` text such as labels) are never wrapped or cut:
+they get at least their widest cell, and a number column's header wraps at spaces instead. Room
+left over is shared in proportion to how much each column would like to grow (as HTML tables
+do). Nothing is ever cut with an ellipsis. :func:`sheet` renders a record (a dict, as a
 verb's ``--json`` has it) as sections of ``field  value`` lines with units, ``—`` for missing
 values and nothing left out.
 """
@@ -28,13 +29,14 @@ from rich.table import Table
 from rich.text import Text
 
 MISSING = "—"
-FOLD_AT = 24  # a text token longer than this may fold over lines; shorter words never break
+FOLD_AT = 16  # a text token longer than this may fold over lines; shorter words never break
 
 
 @dataclass
 class _Column:
     header: str
     num: bool
+    wrap: bool
     style: str | None
 
 
@@ -78,8 +80,10 @@ class FitTable:
     columns: list[_Column] = field(default_factory=list)
     rows: list[_Row] = field(default_factory=list)
 
-    def add_column(self, header: str = "", *, num: bool = False, style: str | None = None) -> None:
-        self.columns.append(_Column(header, num, style))
+    def add_column(self, header: str = "", *, num: bool = False, wrap: bool = True, style: str | None = None) -> None:
+        """``num``: a number column (right-aligned, never wrapped); ``wrap=False``: a text column
+        whose cells stay on one line (labels)."""
+        self.columns.append(_Column(header, num, wrap and not num, style))
 
     def add_row(self, *cells: RenderableType | None, style: str | None = None) -> None:
         if len(cells) != len(self.columns):
@@ -90,35 +94,37 @@ class FitTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        for layout in ((COMPACT,) if self.compact else (BOXED, COMPACT)):
-            widths = self.widths(console, options, width - layout.chrome(len(self.columns)))
-            if widths is not None:
-                yield self._table(layout, widths)
-                return
+        for fold in (False, True):
+            for layout in ((COMPACT,) if self.compact else (BOXED, COMPACT)):
+                widths = self.widths(console, options, width - layout.chrome(len(self.columns)), fold)
+                if widths is not None:
+                    yield self._table(layout, widths)
+                    return
         yield self._vertical()
 
-    def widths(self, console: Console, options: ConsoleOptions, room: int) -> list[int] | None:
+    def widths(self, console: Console, options: ConsoleOptions, room: int, fold: bool = True) -> list[int] | None:
         """Content width of every column so that the table takes at most ``room`` cells beside
-        its chrome; None when numbers or whole words cannot fit."""
+        its chrome; None when numbers, labels or whole words (with ``fold``: words of up to
+        FOLD_AT cells) cannot fit."""
+        cap = FOLD_AT if fold else 10**6
         lo, hi = [], []
         for i, col in enumerate(self.columns):
             head = _measure(console, options, col.header) if self.show_header else Measurement(0, 0)
             cells = [_measure(console, options, r.cells[i]) for r in self.rows] or [Measurement(1, 1)]
             widest_cell = max(m.maximum for m in cells)
-            if col.num:  # cells whole on one line, the header may wrap at spaces
+            if not col.wrap:  # cells whole on one line, the header may wrap at spaces
                 lo.append(max(widest_cell, head.minimum, 1))
             else:
-                lo.append(max(min(max(m.minimum for m in cells), FOLD_AT), min(head.minimum, FOLD_AT), 1))
+                lo.append(max(min(max(m.minimum for m in cells), cap), min(head.minimum, cap), 1))
             hi.append(max(widest_cell, head.maximum, lo[-1]))
         if sum(lo) > room:
             return None
-        if sum(hi) <= room:
-            return hi
-        spare, want = room - sum(lo), [h - m for m, h in zip(lo, hi)]
-        grown = [m + spare * w // sum(want) for m, w in zip(lo, want)]
-        for i in sorted(range(len(grown)), key=lambda i: grown[i] - hi[i])[: room - sum(grown)]:
-            grown[i] += 1  # hand out the cells lost to rounding, neediest first
-        return grown
+        widths = list(lo)
+        # room left goes first to text that wraps (its cells take fewer lines), then to the rest
+        # (number headers, which only wrap their heading)
+        for group in ([i for i, c in enumerate(self.columns) if c.wrap], list(range(len(widths)))):
+            _grow(widths, hi, group, room - sum(widths))
+        return widths
 
     def _table(self, layout: _Layout, widths: list[int]) -> Table:
         t = Table(title=self.title, caption=self.caption, show_header=self.show_header, box=layout.box,
@@ -155,6 +161,24 @@ class FitTable:
         return Group(*parts)
 
 
+def _grow(widths: list[int], hi: list[int], group: list[int], spare: int) -> None:
+    """Widen the columns of ``group`` towards ``hi`` by ``spare`` cells in all, in proportion to
+    how much each still wants."""
+    want = {i: hi[i] - widths[i] for i in group if hi[i] > widths[i]}
+    if spare <= 0 or not want:
+        return
+    total = sum(want.values())
+    if total <= spare:
+        for i, w in want.items():
+            widths[i] += w
+        return
+    add = {i: spare * w // total for i, w in want.items()}
+    for i in sorted(want, key=lambda i: add[i] - want[i])[: spare - sum(add.values())]:
+        add[i] += 1  # cells lost to rounding, neediest first
+    for i, a in add.items():
+        widths[i] += a
+
+
 def _measure(console: Console, options: ConsoleOptions, cell: RenderableType) -> Measurement:
     if isinstance(cell, str):
         cell = console.render_str(cell)
@@ -179,6 +203,7 @@ class Field:
     section: str
     label: str
     unit: str = ""
+    columns: tuple[tuple[str, str], ...] = ()  # a list of records: (key, header) of its table
 
 
 def value_text(v: Any, unit: str = "") -> str:
@@ -212,7 +237,7 @@ def sheet(title: str, record: dict, fields: Iterable[Field], other: str = "Other
         parts.append(Text(""))
         parts.append(Text(name, style="bold underline"))
         kv = FitTable(show_header=False, compact=True)
-        kv.add_column()
+        kv.add_column(wrap=False)
         kv.add_column()
         blocks: list[RenderableType] = []
         for f in fs:
@@ -221,9 +246,9 @@ def sheet(title: str, record: dict, fields: Iterable[Field], other: str = "Other
                 for k, x in v.items():
                     kv.add_row(Text(f"{f.label}, {k}"), Text(value_text(x, f.unit)))
             elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-                blocks.append(_records_table(f.label, v, f.unit))
+                blocks.append(_records_table(_caption(f, name), v, dict(f.columns)))
             elif isinstance(v, list) and v:
-                blocks.append(_bullets(f.label, [str(x) for x in v]))
+                blocks.append(_bullets(_caption(f, name), [str(x) for x in v]))
             else:
                 kv.add_row(Text(f.label), Text(value_text(v, f.unit)))
         if kv.rows:
@@ -232,20 +257,25 @@ def sheet(title: str, record: dict, fields: Iterable[Field], other: str = "Other
     return Group(*parts)
 
 
-def _records_table(label: str, rows: list[dict], unit: str) -> FitTable:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
+def _caption(f: Field, section: str) -> str | None:
+    """A list's own caption, unless the section heading already says it."""
+    return None if f.label.lower() == section.lower() else f.label
+
+
+def _records_table(label: str | None, rows: list[dict], headers: dict[str, str]) -> FitTable:
+    keys = list(dict.fromkeys([k for k in headers if any(k in r for r in rows)] + [k for r in rows for k in r]))
     t = FitTable(title=label, compact=True)
     for k in keys:
-        t.add_column(k.replace("_", " "), num=all(isinstance(r.get(k), (int, float)) for r in rows))
+        t.add_column(headers.get(k, k.replace("_", " ")), num=all(isinstance(r.get(k), (int, float)) for r in rows))
     for r in rows:
         t.add_row(*[Text(value_text(r.get(k))) for k in keys])
     return t
 
 
-def _bullets(label: str, items: list[str]) -> Group:
+def _bullets(label: str | None, items: list[str]) -> Group:
     g = Table.grid(padding=(0, 1))
     g.add_column(no_wrap=True)
     g.add_column(overflow="fold")
     for it in items:
         g.add_row("-", Text(it))
-    return Group(Text(label, style="italic"), g)
+    return Group(*([Text(label, style="italic")] if label else []), g)

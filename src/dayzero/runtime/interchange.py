@@ -18,6 +18,7 @@ checkpoint version that any layout resumes from (the optimizer starts fresh). Wi
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dayzero.runtime.checkpoint import Checkpointer
 from dayzero.runtime.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, single_process
-from dayzero.runtime.manifest import CheckpointError, manifest_digest, verify_version, write_json_durable
+from dayzero.runtime.manifest import (CheckpointError, default_file_mode, manifest_digest, verify_version,
+                                     write_json_durable)
 
 INDEX = "model.safetensors.index.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -101,6 +103,7 @@ def export_hf(version_dir: str | Path, out_dir: str | Path, *, dtype: str | None
                 weight_map[hf] = fname
                 total += out[hf].numel() * out[hf].element_size()
         save_file(out, str(out_dir / fname), metadata={"format": "pt"})
+        os.chmod(out_dir / fname, default_file_mode())  # save_file creates the file 0600
         del shard, out
     if n > 1:
         write_json_durable(out_dir / INDEX, json.dumps({"metadata": {"total_size": total},
