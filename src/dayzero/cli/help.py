@@ -3,8 +3,8 @@
 
 typer's own rich help puts each option's long name, its negative form and a ``<type>`` in
 columns of their own, which at 80 columns cuts names (``--sequence-paral…``) and squeezes the
-help text to a sliver. Here an option is one cell (``--seq INT``, ``--sequence-parallel /
---no-sequence-parallel``), flags show no type (they take no value) and valued options a plain
+help text to a sliver. Here an option is one cell that never wraps (``--seq INT``; ``--sequence-parallel /``
+over ``--no-sequence-parallel``), flags show no type (they take no value) and valued options a plain
 metavar. Docstrings keep rich markup ([bold]); option help is plain text.
 """
 
@@ -47,8 +47,8 @@ def _option_names(param) -> str:
     names = ", ".join(sorted(param.opts, key=len))
     if not _is_flag(param):
         names += f" {metavar(param)}"
-    if param.secondary_opts:
-        names += " / " + ", ".join(sorted(param.secondary_opts, key=len))
+    if param.secondary_opts:  # the negative form on a line of its own: names never wrap
+        names += " /\n" + ", ".join(sorted(param.secondary_opts, key=len))
     return names
 
 
@@ -87,7 +87,7 @@ def render_help(cmd, ctx) -> RenderableType:
         parts += [Padding(Text.from_markup(p), (0, 0, 0, 2)), Text("")]
     args, opts = FitTable(show_header=False, compact=True), FitTable(show_header=False, compact=True)
     for t in (args, opts):
-        t.add_column(style="bold")
+        t.add_column(style="bold", wrap=False)
         t.add_column()
     for param in cmd.get_params(ctx):
         if getattr(param, "hidden", False):
@@ -105,7 +105,7 @@ def render_help(cmd, ctx) -> RenderableType:
             parts += [Text(title, style="bold"), Padding(table, (0, 0, 0, 2)), Text("")]
     if isinstance(cmd, TyperGroup):
         verbs = FitTable(show_header=False, compact=True)
-        verbs.add_column(style="bold")
+        verbs.add_column(style="bold", wrap=False)
         verbs.add_column()
         for name in cmd.list_commands(ctx):
             sub = cmd.get_command(ctx, name)
