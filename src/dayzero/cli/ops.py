@@ -48,6 +48,10 @@ def ops_cmd(
             output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(text)
             console.print(f"wrote {output} ({len(m.ops)} operators, fused: {', '.join(m.fused) or 'none'})")
+            from dayzero.cli.plan import DEFAULT_MODEL
+
+            print_next(console, [Step.of("dayzero", "ops", DEFAULT_MODEL, "--manifest", output,
+                                         why="the Day-0 model's operators against this manifest")])
         else:
             typer.echo(text, nl=False)
         return
