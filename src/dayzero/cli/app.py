@@ -3,16 +3,19 @@
 Each verb lives in its own module under ``dayzero.cli`` and registers itself on ``app``; add a
 verb by adding its module name to ``VERBS``. Verb modules import only light code at top level
 (specs, typer, rich) so that ``dayzero inspect`` stays instant; heavy imports (torch, numpy
-search) happen inside the command functions.
+search) happen inside the command functions. Every command's ``--help`` is rendered by
+:mod:`dayzero.cli.help`.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from typing import Annotated
 
 import typer
 
+from dayzero.cli.help import HelpCommand, HelpGroup
 from dayzero.errors import DayzeroError
 from dayzero.runtime.stopping import Interrupted, StopOnSignal
 
@@ -23,10 +26,36 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
+    cls=HelpGroup,
 )
 
 VERBS = ["models", "hardware", "inspect", "ops", "memory", "predict", "plan", "backtest", "train", "ckpt",
          "calibrate", "validate"]
+
+
+def package_version() -> str:
+    """The installed distribution's version, else the source tree's ``dayzero.__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dayzero")
+    except PackageNotFoundError:
+        import dayzero
+
+        return getattr(dayzero, "__version__", "unknown")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"dayzero {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                               help="Print the version and exit.")] = False) -> None:
+    """Day-0 adaptation of giant LLMs to an accelerator cluster: analyse, plan, train, operate."""
+
 
 for _verb in VERBS:
     importlib.import_module(f"dayzero.cli.{_verb}")
@@ -70,6 +99,33 @@ def _check_every_verb(typer_app: typer.Typer) -> None:
 _check_every_verb(app)
 
 
+def _use_house_help(t: typer.Typer) -> None:
+    """Every command and group of ``t`` renders --help with dayzero.cli.help (set here, once,
+    rather than in every verb's decorator)."""
+    from typer.core import TyperCommand
+
+    for info in t.registered_commands:
+        if info.cls in (None, TyperCommand):  # typer's default; a verb's own class is kept
+            info.cls = HelpCommand
+    for group in t.registered_groups:
+        group.cls = HelpGroup
+        _use_house_help(group.typer_instance)
+
+
+_use_house_help(app)
+
+
+def _no_args_help_errors() -> tuple[type, ...]:
+    """click's 'no arguments: show help' exception: its help is the message, not an error."""
+    found = []
+    for module, name in (("click.exceptions", "NoArgsIsHelp"), ("typer._click.exceptions", "NoArgsIsHelpError")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: user errors become one line on stderr and exit code 2; SIGINT
     and SIGTERM one line and 128 + the signal."""
@@ -93,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # click usage errors and friends
         import click
+
+        if isinstance(e, _no_args_help_errors()):  # bare `dayzero` or `dayzero ckpt`: help, exit 0
+            if e.format_message():
+                print(e.format_message())
+            return 0
 
         # typer >= 0.26 vendors click: its usage errors derive from typer.TyperException, not click's
         if isinstance(e, (click.ClickException, typer.TyperException)) and hasattr(e, "format_message"):

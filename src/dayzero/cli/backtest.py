@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json
+from dayzero.cli.next_steps import Step, print_next
 from dayzero.cli.predict import CalibrationOpt
+from dayzero.cli.render import FitTable
 
 
 @app.command("backtest")
@@ -35,6 +36,7 @@ def backtest_cmd(
     if fit:
         constants, _ = fit_constants(csv, constants)
         if write_calibration:
+            Path(write_calibration).parent.mkdir(parents=True, exist_ok=True)
             Path(write_calibration).write_text(json.dumps({"constants": constants.to_dict()}, indent=1) + "\n")
     result = run_backtest(csv, constants)
     if json_out:
@@ -46,18 +48,18 @@ def backtest_cmd(
     for half, h in result["halves"].items():
         label = "fit half (even ids)" if half == "fit" else "held-out half (odd ids)"
         console.print(f"  {label}: n {h['n']}, MAPE {h['mape']:.1%}, p90 {h['p90_abs_rel_error']:.1%}")
-    t = Table(title="Per source")
+    t = FitTable(title="Per source")
     for col in ("source", "n", "MAPE", "p90"):
-        t.add_column(col, justify="left" if col == "source" else "right")
+        t.add_column(col, num=col != "source")
     for src, v in result["by_source"].items():
-        t.add_row(src[:80], str(v["n"]), f"{v['mape']:.1%}", f"{v['p90_abs_rel_error']:.1%}")
+        t.add_row(src, str(v["n"]), f"{v['mape']:.1%}", f"{v['p90_abs_rel_error']:.1%}")
     console.print(t)
     if worst:
-        w = Table(title=f"Largest errors (of {s['n']})")
-        for col in ("id", "model", "accelerator", "devices", "layout", "published", "predicted", "error"):
-            w.add_column(col, justify="right" if col in ("devices", "published", "predicted", "error") else "left")
+        w = FitTable(title=f"Largest errors (of {s['n']})")
+        for col in ("id", "run", "layout", "published tok/s/dev", "predicted", "error"):
+            w.add_column(col, num=col in ("published tok/s/dev", "predicted", "error"))
         for r in sorted(result["rows"], key=lambda r: -abs(r["rel_error"]))[:worst]:
-            w.add_row(r["id"], r["model"], r["accelerator"], str(r["devices"]), r["layout"], f"{r['published']:,.0f}",
+            w.add_row(r["id"], f"{r['model']} on {r['devices']:,} x {r['accelerator']}", r["layout"], f"{r['published']:,.0f}",
                       f"{r['predicted']:,.0f}", f"{r['rel_error']:+.1%}")
         console.print(w)
     if result["skipped"]:
@@ -67,3 +69,10 @@ def backtest_cmd(
         console.print("skipped:")
         for reason, ids in reasons.items():
             console.print(f"  {len(ids)} x {reason} ({', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''})")
+    args = ["dayzero", "backtest", *([csv] if csv else [])]
+    if fit and write_calibration:
+        step = Step.of("dayzero", "plan", "--calibration", write_calibration, why="plan with the fitted constants")
+    else:
+        step = Step.of(*args, "--fit", "--write-calibration", "runs/calibration.json",
+                       why="fit the constants on the even ids, check on the odd")
+    print_next(console, [step])

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json
+from dayzero.cli.next_steps import Step, print_next
+from dayzero.cli.render import FitTable
 
 
 @app.command("calibrate")
@@ -26,8 +26,8 @@ def calibrate_cmd(
 ) -> None:
     """Measure GEMM throughput by shape and dtype, memory bandwidth, attention and collective bandwidth by message and group size on N ranks (gloo on CPU, NCCL on GPUs), fit them with the planner's own formulas, and write a hardware profile the planner accepts as [bold]--cluster FILE[/bold].
 
-    Example: [bold]dayzero calibrate --nproc 8 --out host.yaml[/bold], then [bold]dayzero predict tiny-llama --cluster host.yaml --dp 8[/bold].
-    Import nccl-tests: [bold]dayzero calibrate --import-nccl-tests all_reduce_perf.txt --import-nccl-tests all_gather_perf.txt --accelerator h100 --out h100.yaml[/bold]
+    Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml[/bold], then [bold]dayzero predict tiny-llama --cluster runs/host.yaml --dp 8[/bold].
+    Import nccl-tests: [bold]dayzero calibrate --import-nccl-tests all_reduce_perf.txt --import-nccl-tests all_gather_perf.txt --accelerator h100 --out runs/h100.yaml[/bold]
     """
     from dayzero.errors import ConfigError
 
@@ -48,6 +48,7 @@ def calibrate_cmd(
                       ", ".join(f"{k} {v:.0%}" for k, v in f["mape"].items()), highlight=False)
         if path:
             console.print(f"wrote {path}")
+        print_next(console, [_next(path, nccl_tests, accelerator, base, name)])
         return
     if accelerator or base:
         raise ConfigError("--accelerator/--base", None, "only apply with --import-nccl-tests")
@@ -58,6 +59,22 @@ def calibrate_cmd(
         emit_json(result)
         return
     print_summary(result)
+    path = result.get("path")
+    print_next(console, [
+        Step.of("dayzero", "validate", "tiny-llama", "--cluster", path, "--nproc", nproc, "--steps", 12, "--out",
+                "runs/validate/tiny-llama", why="measured vs predicted on this machine") if path else
+        Step.of("dayzero", "calibrate", "--nproc", nproc, *(["--quick"] if quick else []), "--out",
+                "runs/host.yaml", why="keep the profile")])
+
+
+def _next(path, nccl_tests, accelerator, base, name) -> Step:
+    if path:
+        return Step.of("dayzero", "plan", "--cluster", path, why="plan the Day-0 model with this profile")
+    again = ["dayzero", "calibrate"] + [w for f in nccl_tests for w in ("--import-nccl-tests", f)]
+    for flag, v in (("--accelerator", accelerator), ("--base", base), ("--name", name)):
+        if v:
+            again += [flag, v]
+    return Step.of(*again, "--out", "runs/nccl-profile.yaml", why="keep the profile")
 
 
 def print_summary(result: dict) -> None:
@@ -65,9 +82,9 @@ def print_summary(result: dict) -> None:
     m = prof["measurements"]["machine"]
     console.print(f"[bold]{prof['name']}[/bold]: {m['ranks']} {m['backend']} rank(s) on {m.get('name') or m['cpu']}, "
                   f"{m['threads_per_rank']} thread(s) per rank; training computes in {s['compute_dtype']}", highlight=False)
-    t = Table(title="GEMM (per rank, all ranks at once)", box=box.SIMPLE_HEAD)
+    t = FitTable(title="GEMM (per rank, all ranks at once)", compact=True)
     for col in ("dtype", "peak TFLOP/s", "half-dim", "fit error", "attention TFLOP/s"):
-        t.add_column(col, justify="left" if col == "dtype" else "right")
+        t.add_column(col, num=col != "dtype")
     for dt, f in s["fits"].items():
         att = f["attention_tflops"]
         t.add_row(dt, f"{f['peak_tflops']:.4g}", f"{f['half_dim']:.0f}", f"{f['gemm_fit_mape']:.0%}",
@@ -80,9 +97,9 @@ def print_summary(result: dict) -> None:
         console.print(f"links: {lf['bw_gbytes_per_s']:.3g} GB/s per rank, latency {lf['alpha_us']:.0f} us, "
                       f"send/recv {lf['p2p_gbytes_per_s']:.3g} GB/s; fit error " +
                       ", ".join(f"{k} {v:.0%}" for k, v in lf["mape"].items()), highlight=False)
-        c = Table(title="Collectives (largest message per group)", box=box.SIMPLE_HEAD)
+        c = FitTable(title="Collectives (largest message per group)", compact=True)
         for col in ("collective", "group", "MB", "ms", "busbw GB/s", "fit ms"):
-            c.add_column(col, justify="left" if col == "collective" else "right")
+            c.add_column(col, num=col != "collective")
         biggest: dict = {}
         for r in s["collectives"]:
             k = (r["collective"], r["group"])

@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, human
+from dayzero.cli.next_steps import Step, print_next
+from dayzero.cli.render import FitTable
+from dayzero.runtime.manifest import DEFAULT_CHECKSUM
 
 ckpt_app = typer.Typer(help="Checkpoints: list versions, verify checksums, export/import Hugging Face safetensors.",
                        no_args_is_help=True)
@@ -54,7 +56,7 @@ def list_checkpoints(root: Path) -> list[dict]:
 
 
 def verify_checkpoints(path: Path, checksums: bool = True) -> list[dict]:
-    """Python API of ``dayzero ckpt verify``: marker, manifest, sizes and SHA-256 of every file."""
+    """Python API of ``dayzero ckpt verify``: marker, manifest, sizes and the checksum of every file."""
     from dayzero.runtime.manifest import verify_version
 
     out = []
@@ -101,41 +103,43 @@ def list_cmd(
     if json_out:
         emit_json({"root": str(root), "versions": rows})
         return
-    t = Table(title=f"Checkpoints in {root}")
+    t = FitTable(title=f"Checkpoints in {root}")
     for c in ("seq", "step", "state", "lineage", "size", "world", "layout", "created", "path"):
-        t.add_column(c, justify="right" if c in ("seq", "step", "size", "world") else "left")
+        t.add_column(c, num=c in ("seq", "step", "size", "world"))
     for r in rows:
         lay = r.get("layout") or {}
         desc = " ".join(f"{k}{lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if k in lay and lay[k] != 1) or "-"
         t.add_row(str(r["seq"] if r["seq"] is not None else "-"), str(r["step"]),
                   r["state"] + (" (!)" if r.get("problem") else ""), r["lineage"] or "-",
                   human(r["bytes"], "B") if r["bytes"] is not None else "-", str(r["world"] or "-"), desc,
-                  r["created"] or "-", Path(r["path"]).name)
+                  (r["created"] or "-").replace("T", " "), Path(r["path"]).name)
     console.print(t)
+    print_next(console, _after_list(root, rows))
 
 
-@ckpt_app.command("verify")
+@ckpt_app.command("verify", help=f"""Check versions against their manifests: COMPLETE marker, file sizes, the checksum
+    of every file (the algorithm each manifest names: {DEFAULT_CHECKSUM} unless the run chose another), safe paths.
+    Exits 1 when any version fails.
+
+    Example: [bold]dayzero ckpt verify runs/llama/ckpt/step-00001000[/bold]
+    """)
 def verify_cmd(
     path: Annotated[Path, typer.Argument(help="Checkpoint directory (all versions) or one version directory.")],
     checksums: Annotated[bool, typer.Option("--checksums/--sizes-only", help="Hash every file (default) or only compare sizes.")] = True,
     json_out: JsonOpt = False,
 ) -> None:
-    """Check versions against their manifests: COMPLETE marker, file sizes, SHA-256 checksums, safe paths.
-    Exits 1 when any version fails.
-
-    Example: [bold]dayzero ckpt verify runs/llama/ckpt/step-00001000[/bold]
-    """
     rows = verify_checkpoints(path, checksums)
     if json_out:
         emit_json({"path": str(path), "versions": rows, "ok": all(r["ok"] for r in rows)})
     else:
-        t = Table(title=f"Verify {path}")
+        t = FitTable(title=f"Verify {path}")
         for c in ("step", "ok", "problems", "path"):
-            t.add_column(c)
+            t.add_column(c, num=c == "step")
         for r in rows:
             t.add_row(str(r["step"]), "[green]ok[/green]" if r["ok"] else "[red]FAIL[/red]",
                       "; ".join(r["problems"]) or "-", Path(r["path"]).name)
         console.print(t)
+        print_next(console, _after_verify(path, rows))
     if not all(r["ok"] for r in rows):
         raise typer.Exit(1)
 
@@ -152,7 +156,7 @@ def export_cmd(
     """Export the model weights of a checkpoint (any layout) as consolidated Hugging Face safetensors,
     readable by transformers and by [bold]dayzero train --hf-weights[/bold].
 
-    Example: [bold]dayzero ckpt export runs/llama/ckpt/step-00001000 hf-out --dtype bf16[/bold]
+    Example: [bold]dayzero ckpt export runs/llama/ckpt/step-00001000 runs/llama/hf --dtype bf16[/bold]
     """
     from dayzero.runtime.interchange import export_hf
     from dayzero.runtime.manifest import CheckpointError
@@ -167,6 +171,7 @@ def export_cmd(
     else:
         console.print(f"exported step {res.step}: {res.tensors} tensors ({res.names} names), {human(res.bytes, 'B')} "
                       f"in {len(res.files)} file(s) under {res.out_dir}")
+        print_next(console, _after_export(version, res))
 
 
 @ckpt_app.command("import")
@@ -197,3 +202,64 @@ def import_cmd(
         console.print(f"imported {hf_dir} as {path}", highlight=False, soft_wrap=True)  # paths stay whole
         if backup:
             console.print(f"the version it replaces was moved to {backup}", highlight=False, soft_wrap=True)
+        print_next(console, _after_import(path, root))
+
+
+# -- the next command after each (built from the checkpoints just read) ---------------------------
+
+
+def _model_args(model: dict | None) -> list[str] | None:
+    """``MODEL [--layers N ...]`` of the run that wrote a checkpoint (its recorded recipe), or a
+    preset's name; None when the manifest does not say."""
+    from dayzero.specs.registry import model_presets
+
+    model = model or {}
+    recipe = model.get("recipe") or {}
+    if recipe.get("model"):
+        shrink = [w for k in ("layers", "hidden", "experts", "vocab") if recipe.get(k) is not None
+                  for w in (f"--{k}", str(recipe[k]))]
+        return [recipe["model"], *shrink]
+    return [model["name"]] if model.get("name") in model_presets() else None
+
+
+def _export_step(version: str, root: Path) -> Step:
+    return Step.of("dayzero", "ckpt", "export", version, f"{str(root).rstrip('/')}-hf",
+                   why="its weights as Hugging Face safetensors")
+
+
+def _after_list(root: Path, rows: list[dict]) -> list[Step]:
+    good = [r for r in rows if r["state"] == "complete" and not r.get("problem")]
+    if not good:
+        return [Step.of("dayzero", "ckpt", "verify", root, why="what is wrong with each version")]
+    steps = [_export_step(good[-1]["path"], root)]
+    model = _model_args(good[-1].get("model"))
+    if model:
+        steps.append(Step.of("dayzero", "train", *model, "--ckpt-dir", root, why="resume from the newest good one"))
+    return steps
+
+
+def _after_verify(path: Path, rows: list[dict]) -> list[Step]:
+    ok = [r for r in rows if r["ok"]]
+    if len(ok) < len(rows):
+        return [Step.of("dayzero", "ckpt", "list", path, why="every version's state; resume skips the failed ones")]
+    newest = max(ok, key=lambda r: r["step"])
+    return [_export_step(newest["path"], Path(newest["path"]).parent)]
+
+
+def _after_export(version: Path, res) -> list[Step]:
+    from dayzero.runtime.manifest import read_manifest
+
+    model = _model_args(read_manifest(version).model.model_dump())
+    if res.names == "hf" and model:
+        return [Step.of("dayzero", "train", *model, "--hf-weights", res.out_dir, why="train on from these weights")]
+    return [Step.of("dayzero", "ckpt", "import", res.out_dir, f"{str(res.out_dir).rstrip('/')}-ckpt",
+                    why="back into a checkpoint any layout resumes from")]
+
+
+def _after_import(version: Path, root: Path) -> list[Step]:
+    from dayzero.runtime.manifest import read_manifest
+
+    model = _model_args(read_manifest(version).model.model_dump())
+    if model:
+        return [Step.of("dayzero", "train", *model, "--ckpt-dir", root, why="resume from it at any layout")]
+    return [Step.of("dayzero", "ckpt", "list", root, why="the version just written")]

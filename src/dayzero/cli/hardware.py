@@ -5,10 +5,39 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json
+from dayzero.cli.next_steps import Step, print_next, starter_devices
+from dayzero.cli.render import Field, FitTable, sheet, value_text
+
+PER_DIRECTION = "GB/s per direction"
+ACCELERATOR_FIELDS = (
+    Field("id", "Identity", "id"), Field("name", "Identity", "name"), Field("vendor", "Identity", "vendor"),
+    Field("peak_tflops", "Compute", "dense peak", "TFLOP/s"),
+    Field("gemm_tflops_measured", "Compute", "best measured GEMM", "TFLOP/s"),
+    Field("tdp_w", "Compute", "TDP", "W"),
+    Field("hbm_gb", "Memory", "HBM capacity", "GB"), Field("hbm_tbytes_per_s", "Memory", "HBM bandwidth", "TB/s"),
+    Field("devices_per_node", "Interconnect", "devices per node"),
+    Field("scaleup_domain", "Interconnect", "scale-up domain", "devices"),
+    Field("topology", "Interconnect", "intra-node topology"),
+    Field("intra_node_gbytes_per_s", "Interconnect", "intra-node, all links of a device", PER_DIRECTION),
+    Field("intra_node_p2p_gbytes_per_s", "Interconnect", "intra-node, to one peer", PER_DIRECTION),
+    Field("inter_node_gbytes_per_s", "Interconnect", "inter-node (scale-out NIC)", PER_DIRECTION),
+    Field("allreduce_busbw_intra_gbytes_per_s", "Interconnect", "intra-node all-reduce bus bandwidth, measured",
+          "GB/s"),
+    Field("assumptions", "Assumptions", "assumptions"), Field("sources", "Sources", "sources"),
+)
+CLUSTER_FIELDS = (
+    Field("name", "Cluster", "name"), Field("description", "Cluster", "description"),
+    Field("accelerator", "Cluster", "accelerator"), Field("nodes", "Cluster", "nodes"),
+    Field("devices_per_node", "Cluster", "devices per node"), Field("devices", "Cluster", "devices"),
+    Field("memory_gb_per_device", "Cluster", "memory per device", "GB"),
+    Field("tiers", "Network tiers (GB/s per direction per device)", "network tiers", columns=(
+        ("name", "tier"), ("size", "devices"), ("gbytes_per_s", "GB/s"), ("p2p_gbytes_per_s", "to one peer GB/s"),
+        ("latency_us", "latency us"), ("topology", "topology"))),
+    Field("efficiency", "Efficiency constants (— : the planner's defaults)", "efficiency"),
+)
 
 
 @app.command("hardware")
@@ -20,42 +49,59 @@ def hardware_cmd(
 
     Example: [bold]dayzero hardware 910b --json[/bold]; [bold]dayzero hardware ascend910b-8192[/bold]
     """
+    from dayzero.cli.plan import DEFAULT_MODEL
     from dayzero.specs.cluster import cluster_presets, get_cluster
     from dayzero.specs.hardware import catalog, get_accelerator
+    from dayzero.specs.registry import load_model
 
     if name:
-        obj = get_cluster(name).summary() if name in cluster_presets() else get_accelerator(name).summary()
+        is_cluster = name in cluster_presets()
+        obj = get_cluster(name).summary() if is_cluster else get_accelerator(name).summary()
         if json_out:
             emit_json(obj)
+            return
+        if is_cluster:
+            console.print(sheet(obj["name"], obj, CLUSTER_FIELDS))
+            print_next(console, [Step.of("dayzero", "plan", "--cluster", obj["name"],
+                                         why=f"plan {DEFAULT_MODEL} on it"),
+                                 Step.of("dayzero", "hardware", obj["accelerator"], why="its accelerator in full")])
         else:
-            t = Table(title=obj["name"], show_header=False)
-            t.add_column("field")
-            t.add_column("value")
-            for k, v in obj.items():
-                t.add_row(k, "\n".join(map(str, v)) if isinstance(v, list) else str(v))
-            console.print(t)
+            acc = get_accelerator(name)
+            console.print(sheet(obj["name"], obj, ACCELERATOR_FIELDS))
+            n = starter_devices(load_model(DEFAULT_MODEL), acc)
+            print_next(console, [Step.of("dayzero", "plan", DEFAULT_MODEL, "--accelerator", acc.id, "--devices", n,
+                                         why="the Day-0 model on enough of them")])
         return
     accs = [a.summary() for a in catalog().values()]
     clusters = [get_cluster(c).summary() for c in sorted(cluster_presets())]
     if json_out:
         emit_json({"accelerators": accs, "clusters": clusters})
         return
-    t = Table(title="Accelerators (dense peak; GB/s per direction)")
-    for col in ("id", "bf16 TF", "fp8 TF", "HBM GB", "HBM TB/s", "per node", "topology", "intra GB/s", "per-peer GB/s", "inter GB/s"):
-        t.add_column(col, justify="left" if col in ("id", "topology") else "right", no_wrap=col == "id")
 
-    def f(x, fmt="{:g}"):
-        return "—" if x is None else fmt.format(x)
+    def f(x) -> str:
+        return value_text(x)
 
+    t = FitTable(title="Accelerators: compute and memory (dense peak)")
+    for col in ("id", "vendor", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W"):
+        t.add_column(col, num=col not in ("id", "vendor"))
     for a in accs:
         pk = a["peak_tflops"]
-        t.add_row(a["id"], f(pk.get("bf16")), f(pk.get("fp8")), f(a["hbm_gb"]), f(a["hbm_tbytes_per_s"]),
-                  str(a["devices_per_node"]), a["topology"], f(a["intra_node_gbytes_per_s"]),
-                  f(a["intra_node_p2p_gbytes_per_s"]), f(a["inter_node_gbytes_per_s"]))
+        t.add_row(a["id"], a["vendor"], f(pk.get("bf16")), f(pk.get("fp8")), f(a["hbm_gb"]),
+                  f(a["hbm_tbytes_per_s"]), f(a["tdp_w"]))
     console.print(t)
-    c = Table(title="Cluster presets (--cluster NAME)")
+    n = FitTable(title=f"Accelerators: interconnect ({PER_DIRECTION})")
+    for col in ("id", "per node", "scale-up", "topology", "intra-node", "per peer", "inter-node"):
+        n.add_column(col, num=col not in ("id", "topology"))
+    for a in accs:
+        n.add_row(a["id"], f(a["devices_per_node"]), f(a["scaleup_domain"]), a["topology"],
+                  f(a["intra_node_gbytes_per_s"]), f(a["intra_node_p2p_gbytes_per_s"]), f(a["inter_node_gbytes_per_s"]))
+    console.print(n)
+    c = FitTable(title="Cluster presets (--cluster NAME)")
     for col in ("name", "devices", "accelerator", "description"):
-        c.add_column(col)
+        c.add_column(col, num=col == "devices")
     for cl in clusters:
-        c.add_row(cl["name"], f"{cl['devices']:,}", cl["accelerator"], cl["description"])
+        c.add_row(cl["name"], f(cl["devices"]), cl["accelerator"], cl["description"])
     console.print(c)
+    print_next(console, [Step.of("dayzero", "hardware", accs[0]["id"], why="one in full, with sources"),
+                         Step.of("dayzero", "plan", "--cluster", clusters[0]["name"],
+                                 why="the Day-0 model on a preset")])

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
-
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, commas, console, emit_json, human
+from dayzero.cli.next_steps import Step, print_next, starter_devices
+from dayzero.cli.render import FitTable
 
 
 @app.command("inspect")
@@ -44,10 +44,10 @@ def inspect_cmd(
     if json_out:
         emit_json(obj)
         return
-    t = Table(title=f"{spec.name} ({spec.model_type})", show_header=False)
+    t = FitTable(title=f"{spec.name} ({spec.model_type})", show_header=False)
     t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_column("", justify="right")
+    t.add_column("value", num=True)
+    t.add_column("", num=True)
     t.add_row("parameters, total" + (" (with MTP)" if with_mtp else ""), commas(total), human(total))
     t.add_row("parameters, active per token", commas(s.params_active), human(s.params_active))
     t.add_row("parameters, embedding", commas(s.params_embedding), human(s.params_embedding))
@@ -68,13 +68,19 @@ def inspect_cmd(
             groups[-1][2] = lc.index
         else:
             groups.append([key, lc.index, lc.index, lc])
-    lt = Table(title="Per layer, by component")
+    lt = FitTable(title="Per layer, by component")
     lt.add_column("layers")
     lt.add_column("kind")
     for c in COMPONENTS:
-        lt.add_column(c.replace("_", " "), justify="right")
-    lt.add_column("total", justify="right")
+        lt.add_column(c.replace("_", " "), num=True)
+    lt.add_column("total", num=True)
     for _, a, b, lc in groups:
         lt.add_row(f"{a}" if a == b else f"{a}-{b}", lc.kind, *[human(getattr(lc, c)) if getattr(lc, c) else "·" for c in COMPONENTS],
                    human(lc.total))
     console.print(lt)
+    from dayzero.specs.hardware import get_accelerator
+
+    h100 = get_accelerator("h100")
+    n = starter_devices(spec, h100)
+    print_next(console, [Step.of("dayzero", "plan", model, "--accelerator", "h100", "--devices", n,
+                                 why="every layout, on enough H100s to hold it")])

@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from dayzero.cli.app import app
 from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
                                 GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt,
                                 SeqOpt, SplitOpt, SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json,
                                 parallel_from_options)
+from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
+from dayzero.cli.render import FitTable
 
 TARGET = 0.85  # DESIGN.md: plan for a peak below 85 % of device memory
 CATS = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
+HEADS = ("weights", "grads", "optim", "activ", "temp", "ovhd")  # the per-stage table's column heads
 
 
 def gb(n: float) -> str:
@@ -93,6 +95,10 @@ def memory_cmd(
         if compute_dtype not in ("bf16", "fp32"):
             raise ConfigError("--compute-dtype", None, f"must be bf16 or fp32, got {compute_dtype!r}")
         run_exact(spec, par, compute_dtype, json_out)
+        if not json_out:
+            where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
+            print_next(console, [Step.of("dayzero", "memory", *where, *layout_flags(par.to_dict()),
+                                         why="the analytic model alone, every stage")])
         return
     report = estimate_memory(spec, par, cap, opts)
     params = params_total(spec)
@@ -115,6 +121,44 @@ def memory_cmd(
         emit_json(obj)
         return
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
+    where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
+    extra = _option_flags(grad_dtype, attention, dropout, capacity_factor, fragmentation)
+    _next(spec, cl, par, report, opts, where, extra)
+
+
+def _option_flags(grad_dtype: str, attention: str, dropout: bool, capacity_factor: float,
+                  fragmentation: float) -> list[str]:
+    """The memory-model options that differ from their defaults, to carry into suggested commands."""
+    out = []
+    for flag, v, default in (("--grad-dtype", grad_dtype, "fp32"), ("--attention", attention, "flash"),
+                             ("--capacity-factor", capacity_factor, 1.0), ("--fragmentation", fragmentation, 0.10)):
+        if v != default:
+            out += [flag, f"{v:g}" if isinstance(v, float) else v]
+    return out + (["--dropout"] if dropout else [])
+
+
+def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> None:
+    """Fits: its step time next. Above the target: the one-flag changes that bring it under
+    (estimated here), then a search over every layout."""
+    if report.utilization <= TARGET:
+        print_next(console, [Step.of("dayzero", "predict", *where, *layout_flags(par.to_dict()),
+                                     why="step time, MFU and communication of this layout")])
+        return
+    from dayzero.planner.remedies import single_changes
+
+    fixes = single_changes(spec, par, cl.devices, report.capacity_bytes, opts, TARGET)
+    if fixes:
+        shown = "; ".join(f"{' '.join(f.change)} ({f.utilization:.0%})" for f in fixes[:4])
+        console.print(f"Under the {TARGET:.0%} target with one change: {shown}.", highlight=False)
+    else:
+        console.print(f"No single change of tp, pp, cp, ZeRO, recompute, sequence parallelism or micro-batch "
+                      f"brings the peak under {TARGET:.0%}; search every layout:", highlight=False)
+    steps = [Step.of("dayzero", "memory", *where, *layout_flags(fixes[0].parallel.to_dict()), *extra,
+                     why=f"with {' '.join(fixes[0].change)}")] if fixes else []
+    steps.append(Step.of("dayzero", "plan", *where, "--gbs", par.gbs, "--seq", par.seq,
+                         *(["--precision", par.precision] if par.precision != "bf16" else []),
+                         why="the fastest layouts that fit"))
+    print_next(console, steps)
 
 
 def _options_dict(opts) -> dict:
@@ -130,9 +174,9 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     console.print(f"layout {par.describe()}, {par.microbatches} micro-batch(es) per step, schedule {par.schedule}, "
                   f"seq {par.seq}, {par.precision}")
 
-    t = Table(title=f"Model states before sharding ({states.params:.4g} parameters)", show_header=False)
+    t = FitTable(title=f"Model states before sharding ({states.params:.4g} parameters)", show_header=False)
     t.add_column("state")
-    t.add_column("bytes", justify="right")
+    t.add_column("bytes", num=True)
     for name, val, per in (("weights, BF16", states.weights, opts.param_bytes),
                            (f"gradients, {'FP32' if opts.grad_bytes == 4 else 'BF16'}", states.gradients, opts.grad_bytes),
                            ("master weights, FP32", states.master, opts.master_bytes),
@@ -142,10 +186,10 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
               f"[bold]{tb(states.total)}[/bold] = {states.total / cap:,.0f} x {cap / 1e9:g} GB")
     console.print(t)
 
-    z = Table(title=f"ZeRO on this layout: model states per device (stage with the most; shards over dp*cp = "
+    z = FitTable(title=f"ZeRO on this layout: model states per device (stage with the most; shards over dp*cp = "
                     f"{par.dp * par.cp}{f', experts over edp = {par.edp}' if spec.is_moe else ''})")
-    for col in ("zero", "shards", "weights GB", "grads GB", "optimizer GB", "states GB", "cut vs 0", "peak GB", "fits"):
-        z.add_column(col, justify="right")
+    for col in ("zero", "shards", "weights GB", "grads GB", "optim GB", "states GB", "cut vs 0", "peak GB", "fits"):
+        z.add_column(col, num=col != "shards")
     shards = ("none", "optimizer", "+ gradients", "+ parameters")
     for r in zrows:
         mark = "bold" if r["zero"] == par.zero else ""
@@ -162,9 +206,10 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
                   f"with BF16 gradients); ZeRO-3 {o.bytes_per_param}/{n} = {o.bytes_per_param / n:.3g} B plus the gathered "
                   f"layers in flight (temporary).")
 
-    s = Table(title=f"Per stage, GB per device (capacity {cap / 1e9:g} GB; red above {TARGET:.0%})")
-    for col in ("stage", "layers", *CATS, "total", "% HBM"):
-        s.add_column(col, justify="right")
+    s = FitTable(title=f"Per stage, GB per device (capacity {cap / 1e9:g} GB; red above {TARGET:.0%}): weights, "
+                       "gradients, optimizer states, activations, temporary buffers, overhead", compact=True)
+    for col in ("stage", "layers", *HEADS, "total", "% HBM"):
+        s.add_column(col, num=True)
     for st in report.stages:
         util = st.total / cap
         style = "bold red" if util > TARGET else ("bold" if st.stage == report.busiest_stage else "")
@@ -172,9 +217,9 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     console.print(s)
 
     busiest = report.stages[report.busiest_stage]
-    b = Table(title=f"Stage {busiest.stage} (busiest) by term", show_header=False)
+    b = FitTable(title=f"Stage {busiest.stage} (busiest) by term", show_header=False)
     b.add_column("term")
-    b.add_column("GB", justify="right")
+    b.add_column("GB", num=True)
     for k, v in sorted(busiest.terms.items(), key=lambda kv: -kv[1]):
         if v:
             b.add_row(k, gb(v))

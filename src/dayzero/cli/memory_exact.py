@@ -3,10 +3,8 @@ stage under fake tensors, next to the analytic model (dayzero.validate.exact_mem
 
 from __future__ import annotations
 
-from rich import box
-from rich.table import Table
-
 from dayzero.cli.common import console, emit_json
+from dayzero.cli.render import FitTable
 
 
 def run_exact(spec, parallel, compute_dtype: str, json_out: bool) -> None:
@@ -18,9 +16,9 @@ def run_exact(spec, parallel, compute_dtype: str, json_out: bool) -> None:
         return
     console.print(f"[bold]{spec.name}[/bold] {parallel.describe()}, computing in {compute_dtype}: one fake rank per "
                   "stage through the runtime (FSDP2 memory tracker) vs the analytic model", highlight=False)
-    t = Table(box=box.SIMPLE_HEAD)
+    t = FitTable(compact=True)
     for col in ("stage", "category", "analytic MiB", "exact MiB", "error", ""):
-        t.add_column(col, justify="left" if col in ("category", "") else "right")
+        t.add_column(col, num=col not in ("category", ""))
     for r in result["rows"]:
         err = "—" if r["rel_error"] is None else f"{r['rel_error']:+.1%}"
         mark = "" if not r["compared"] else ("ok" if r["within"] else "[red]off[/red]")

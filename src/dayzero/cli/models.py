@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, human
+from dayzero.cli.next_steps import Step, print_next
+from dayzero.cli.render import FitTable
 
 
 @app.command("models")
@@ -27,11 +27,12 @@ def models_cmd(json_out: JsonOpt = False) -> None:
     if json_out:
         emit_json({"models": rows})
         return
-    t = Table(title="Model presets (also: any HF config.json or directory holding one)")
+    t = FitTable(title="Model presets (also: any HF config.json or directory holding one)")
     for col in ("name", "type", "params", "active", "layers", "hidden", "description"):
-        t.add_column(col, justify="right" if col in ("params", "active", "layers", "hidden") else "left",
-                     no_wrap=col != "description", overflow="ellipsis" if col == "description" else "fold")
+        t.add_column(col, num=col in ("params", "active", "layers", "hidden"))
     for r in rows:
         t.add_row(r["name"], r["model_type"], human(r["params_total"]), human(r["params_active"]),
                   str(r["layers"]), str(r["hidden"]), r["description"])
     console.print(t)
+    if rows:
+        print_next(console, [Step.of("dayzero", "inspect", rows[0]["name"], why="exact counts of one model")])

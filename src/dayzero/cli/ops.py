@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
-
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, human
+from dayzero.cli.next_steps import Step, print_next, starter_devices
+from dayzero.cli.render import FitTable
 from dayzero.errors import DayzeroError
 
 
@@ -36,7 +36,7 @@ def ops_cmd(
 
     Example: [bold]dayzero ops deepseek-v3 --manifest example-npu[/bold];
     [bold]dayzero ops ./my-model/ --trust-remote-code --json[/bold];
-    [bold]dayzero ops --emit-manifest CUDA -o cuda.yaml[/bold]
+    [bold]dayzero ops --emit-manifest CUDA -o runs/manifests/cuda.yaml[/bold]
     """
     _require("torch", *(() if emit_manifest else ("transformers",)))
     if emit_manifest:
@@ -45,8 +45,13 @@ def ops_cmd(
         m, header = emit(emit_manifest, source=manifest_source, name=name)
         text = m.to_yaml(header)
         if output:
+            output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(text)
             console.print(f"wrote {output} ({len(m.ops)} operators, fused: {', '.join(m.fused) or 'none'})")
+            from dayzero.cli.plan import DEFAULT_MODEL
+
+            print_next(console, [Step.of("dayzero", "ops", DEFAULT_MODEL, "--manifest", output,
+                                         why="the Day-0 model's operators against this manifest")])
         else:
             typer.echo(text, nl=False)
         return
@@ -61,6 +66,21 @@ def ops_cmd(
         emit_json(obj)
         return
     _print(obj, top)
+    steps = []
+    if top > 0 and len(obj["ops"]) > top:
+        again = ["dayzero", "ops", model, "--manifest", manifest, "--top", "0"]
+        for flag, v, default in (("--seq", seq, None), ("--batch", batch, 1), ("--dtype", dtype, "bfloat16"),
+                                 ("--experts", experts, "grouped_mm")):
+            if v != default:
+                again += [flag, v]
+        steps.append(Step.of(*again, *(["--trust-remote-code"] if trust_remote_code else []), why="every operator"))
+    from dayzero.specs.hardware import get_accelerator
+    from dayzero.specs.registry import load_model
+
+    n = starter_devices(load_model(model), get_accelerator("h100"))
+    steps.append(Step.of("dayzero", "plan", model, "--accelerator", "h100", "--devices", n,
+                         why="every layout, on enough H100s to hold it"))
+    print_next(console, steps)
 
 
 def _require(*modules: str) -> None:
@@ -83,7 +103,7 @@ _DT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp6
 
 
 def _dts(names: list[str]) -> str:
-    return ",".join(_DT.get(n, n) for n in names)
+    return ", ".join(_DT.get(n, n) for n in names)
 
 
 def _ops_list(ops: list[str], limit: int = 4) -> str:
@@ -96,8 +116,8 @@ def _pct(x: float) -> str:
 
 
 def _print(r: dict, top: int) -> None:
-    t = Table(title=f"{r['model']} ({r['model_type']}) on {r['manifest']}", show_header=False)
-    t.add_column("quantity")
+    t = FitTable(title=f"{r['model']} ({r['model_type']}) on {r['manifest']}", show_header=False)
+    t.add_column("quantity", wrap=False)
     t.add_column("value")
     kinds = "; ".join(f"{k['name']} x{k['count']} (layers {k['layers']})" for k in r["layer_kinds"])
     experts = f", experts: {r['experts']}" if r["experts"] else ""
@@ -116,10 +136,10 @@ def _print(r: dict, top: int) -> None:
         t.add_row("note", n)
     console.print(t)
 
-    ot = Table(title="Operators (by FLOPs, then bytes)")
-    ot.add_column("op", no_wrap=True)
+    ot = FitTable(title="Operators (by FLOPs, then bytes)")
+    ot.add_column("op", wrap=False)
     for col in ("calls", "FLOPs", "bytes", "dtypes", "where", "backend"):
-        ot.add_column(col, justify="right" if col in ("calls", "FLOPs", "bytes") else "left")
+        ot.add_column(col, num=col in ("calls", "FLOPs", "bytes"))
     rows = r["ops"] if top <= 0 else r["ops"][:top]
     for o in rows:
         where = ", ".join(list(o["categories"])[:2])
@@ -131,10 +151,10 @@ def _print(r: dict, top: int) -> None:
     console.print(ot)
 
     if r["unsupported"]:
-        ut = Table(title=f"Unsupported on {r['manifest']}")
-        ut.add_column("op", no_wrap=True)
+        ut = FitTable(title=f"Unsupported on {r['manifest']}")
+        ut.add_column("op", wrap=False)
         for col in ("calls", "FLOPs/bytes %", "decomposition", "checked"):
-            ut.add_column(col, justify="right" if col in ("calls", "FLOPs/bytes %") else "left")
+            ut.add_column(col, num=col in ("calls", "FLOPs/bytes %"))
         for u in r["unsupported"]:
             d = u["decomposition"] or {}
             why = "" if u["reason"] == "not in manifest" else f"{u['reason']}; "
@@ -152,9 +172,9 @@ def _print(r: dict, top: int) -> None:
         console.print(f"[green]Every operator is supported by {r['manifest']}.[/green]")
 
     if r["fusions"]:
-        ft = Table(title="Fusion opportunities (forward, per step)")
+        ft = FitTable(title="Fusion opportunities (forward, per step)")
         for col in ("pattern", "where", "kernels", "x", "launches saved", "traffic saved", "provided by"):
-            ft.add_column(col, justify="right" if col in ("kernels", "x", "launches saved", "traffic saved") else "left")
+            ft.add_column(col, num=col in ("kernels", "x", "launches saved", "traffic saved"))
         for f in r["fusions"][: max(top, 1) if top > 0 else None]:
             ft.add_row(f["pattern"], f"{f['where']} / {f['category']}", str(f["kernels"]), f"{f['occurrences']:,}",
                        f"{f['launches_saved']:,}", human(f["bytes_saved"], "B"),

@@ -6,14 +6,13 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
-
 from dayzero.cli.app import app
 from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt, InterNodeOpt, JsonOpt,
                                 cluster_from_options, console, emit_json)
 from dayzero.cli.predict import (AttentionOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
-                                 TpOverlapOpt, describe, perf_options, print_prediction)
+                                 TpOverlapOpt, describe, next_for_layout, perf_options, print_prediction)
+from dayzero.cli.next_steps import cluster_flags, print_next
+from dayzero.cli.render import FitTable
 
 DEFAULT_MODEL = "dense-3t"
 DEFAULT_CLUSTER = "ascend910b-8192"
@@ -80,10 +79,9 @@ def plan_cmd(
                   f"{obj['seconds']['search']:.2f} s ({obj['timed']:,} timed)")
     rej = ", ".join(f"{k} {v:,}" for k, v in obj["rejected"].items())
     console.print(f"rejected: {rej}")
-    t = Table(title=f"Best {len(obj['plans'])} plans (peak memory <= {max_memory:.0%})", box=box.SIMPLE_HEAD, pad_edge=False,
-              collapse_padding=True)
-    for col in ("layout", "step s", "tok/s/dev", "MFU", "comm", "bubble", "mem"):
-        t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=col == "layout")
+    t = FitTable(title=f"Best {len(obj['plans'])} plans (peak memory <= {max_memory:.0%})", compact=True)
+    for col in ("layout", "step s", "tok/s per dev", "MFU", "comm", "bubble", "mem"):
+        t.add_column(col, num=col != "layout")
     for i, p in enumerate(obj["plans"], 1):
         tm, th = p["time"], p["throughput"]
         ok = {c["metric"]: c["pass"] for c in p["checks"]}
@@ -91,8 +89,14 @@ def plan_cmd(
         def mark(text: str, metric: str) -> str:
             return f"[green]{text}[/green]" if ok[metric] else f"[red]{text}[/red]"
 
-        t.add_row(describe(p["parallel"]), f"{tm['step_s']:.4g}", f"{th['tokens_per_s_per_device']:,.4g}",
+        t.add_row(describe(p["parallel"]), f"{tm['step_s']:.4g}", _per_device(th["tokens_per_s_per_device"]),
                   mark(f"{th['mfu']:.0%}", "mfu"), mark(f"{p['comm_ratio']:.0%}", "comm_ratio"),
                   f"{tm['bubble_s'] / tm['step_s']:.0%}", mark(f"{p['memory']['utilization']:.0%}", "peak_memory_fraction"))
     console.print(t)
     print_prediction(obj["plans"][0], title="[bold]Best plan[/bold]")
+    where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps, DEFAULT_CLUSTER)]
+    print_next(console, next_for_layout(obj["plans"][0], model, where, cl))
+
+
+def _per_device(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
-
 from dayzero.cli.app import app
 from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
                                 GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt,
                                 SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json, human,
                                 parallel_from_options)
+from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
+from dayzero.cli.render import FitTable
 
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; memory as fp8).")]
 TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap).")]
@@ -79,6 +78,21 @@ def predict_cmd(
         emit_json(obj)
         return
     print_prediction(obj)
+    where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
+    print_next(console, next_for_layout(obj, model, where, cl))
+
+
+def next_for_layout(obj: dict, model: str, where: list[str], cl) -> list[Step]:
+    """After a prediction (or a plan's best layout): its memory per stage, then training it, or,
+    when its memory check fails, what to change and a search for layouts that fit."""
+    p = obj["parallel"]
+    memory = Step.of("dayzero", "memory", *where, *layout_flags(p), why="memory of every stage")
+    if all(c["pass"] for c in obj["checks"] if c["metric"] == "peak_memory_fraction"):
+        return [memory, train_step(model, p, cl.devices, cl.devices_per_node, why="train it")]
+    prec = p.get("gemm_precision", p["precision"])
+    return [Step.of(*memory.argv, why="above the memory target: what to change"),
+            Step.of("dayzero", "plan", *where, "--gbs", p["gbs"], "--seq", p["seq"],
+                    *(["--precision", prec] if prec != "bf16" else []), why="the fastest layouts that fit")]
 
 
 def print_prediction(obj: dict, title: str | None = None, inventory: bool = True) -> None:
@@ -87,10 +101,10 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
     console.print(head)
     console.print(f"layout {describe(p)}; {p['microbatches']} micro-batch(es) of {p['mbs']} x {p['seq']} tokens, "
                   f"gbs {p['gbs']}, {p['gemm_precision']} GEMMs, schedule {p['schedule']}")
-    s = Table(show_header=False, title="Step")
+    s = FitTable(show_header=False, title="Step")
     s.add_column("term")
-    s.add_column("seconds", justify="right")
-    s.add_column("share", justify="right")
+    s.add_column("seconds", num=True)
+    s.add_column("share", num=True)
     for k in ("compute_s", "comm_exposed_s", "bubble_s", "optimizer_s"):
         s.add_row(k[:-2].replace("_", " "), f"{t[k]:.3f}", f"{t[k] / t['step_s']:.1%}")
     s.add_row("[bold]step[/bold]", f"[bold]{t['step_s']:.3f}[/bold]", "")
@@ -99,10 +113,9 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
                   f"model {th['model_tflops_per_device']:.0f} TFLOP/s per device; MFU {th['mfu']:.1%}; "
                   f"peak memory {obj['memory']['peak_bytes'] / 1e9:.1f} GB of {obj['memory']['capacity_bytes'] / 1e9:g} GB")
     if inventory and obj["communication"]:
-        c = Table(title="Communication per step (busiest stage)", box=box.SIMPLE_HEAD, pad_edge=False,
-                  collapse_padding=True)
+        c = FitTable(title="Communication per step (busiest stage)", compact=True)
         for col in ("collective", "size", "tier", "MB/op", "ops", "busy s", "exposed", "hidden by"):
-            c.add_column(col, justify="left" if col in ("collective", "tier", "hidden by") else "right", no_wrap=col == "collective")
+            c.add_column(col, num=col not in ("collective", "tier", "hidden by"))
         for r in obj["communication"]:
             tier = r["tier"].replace("scale-up", "up").replace("scale-out", "out")
             c.add_row(r["name"], str(r["group_size"]), tier, f"{r['bytes'] / 1e6:,.0f}", f"{r['count']:,.0f}",

@@ -66,7 +66,7 @@ def train_cmd(
     vocab: Annotated[Optional[int], typer.Option("--vocab", min=257, help="Proxy: shrink the vocabulary (>= 257 for the byte tokenizer).")] = None,
     hf_weights: Annotated[Optional[Path], typer.Option("--hf-weights", help="Start from a Hugging Face safetensors checkpoint directory.")] = None,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")] = 1e-3,
-    warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warmup steps (default 10 %% of --steps, at most 100).")] = None,
+    warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warmup steps (default 10 % of --steps, at most 100).")] = None,
     grad_clip: Annotated[float, typer.Option("--grad-clip", help="Clip the global gradient norm to this (0: off).")] = 1.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (also off when CI=true).")] = False,
     ckpt_dir: Annotated[Optional[Path], typer.Option("--ckpt-dir", help="Checkpoint directory: resume from its newest good version, save into it.")] = None,
@@ -91,9 +91,9 @@ def train_cmd(
     job. Writes one JSONL record per step (loss, grad_norm, lr, tokens, step_time_s, tokens_per_s,
     peak_mem_bytes, comm_time_s) and a final end record.
 
-    Example: [bold]dayzero train tiny-llama --tp 2 --pp 2 --dp 2 --nproc 8 --steps 20 --seq 128 --gbs 8 --metrics m.jsonl[/bold]
+    Example: [bold]dayzero train tiny-llama --tp 2 --pp 2 --dp 2 --nproc 8 --steps 20 --seq 128 --gbs 8 --metrics runs/tiny-llama/metrics.jsonl[/bold]
 
-    Checkpoints and faults: [bold]dayzero train tiny-llama --nproc 4 --tp 2 --steps 100 --ckpt-dir ckpt --ckpt-every 10 --max-restarts 2 --async-save[/bold]
+    Checkpoints and faults: [bold]dayzero train tiny-llama --nproc 4 --tp 2 --steps 100 --ckpt-dir runs/tiny-llama/ckpt --ckpt-every 10 --max-restarts 2 --async-save[/bold]
     """
     from dayzero.errors import DayzeroError
     from dayzero.runtime.checks import check_runtime
@@ -154,6 +154,10 @@ def train_cmd(
 
         steps_out, end = read_metrics(cfg.metrics)
         emit_json({"config": cfg.to_dict(), "end": end, "steps": steps_out})
+    if not json_out and (not torchrun or os.environ.get("RANK") == "0"):
+        from dayzero.cli.next_steps import after_train, print_next
+
+        print_next(console, after_train(cfg, world))
     if tmp is not None:
         tmp.cleanup()
     sys.stdout.flush()

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
 from dayzero.cli.app import app
 from dayzero.cli.common import (ClusterOpt, CpOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt,
                                 ScheduleOpt, SplitOpt, SpOpt, TpOpt, VppOpt, ZeroOpt, console, emit_json,
                                 parallel_from_options)
+from dayzero.cli.next_steps import Step, layout_flags, print_next
+from dayzero.cli.render import FitTable
 
 
 @app.command("validate")
@@ -48,8 +48,9 @@ def validate_cmd(
 ) -> None:
     """Run a layout on the runtime at proxy scale (same layout, model shrunk to fit this machine), measure MFU, peak memory per rank, communication ratio (profiler), step time and the loss trend (Mann-Kendall + Theil-Sen), and print the targets table: target, measured, predicted, prediction error, pass. Writes validation.json and validation.md with --out.
 
-    Example: [bold]dayzero calibrate --nproc 8 --out host.yaml; dayzero validate tiny-llama --cluster host.yaml --nproc 8 --tp 2 --pp 2 --gbs 16 --mbs 2 --steps 12 --out val/[/bold]
-    Calibrate: [bold]dayzero validate --calibrate --cluster host.yaml --runs val/a/validation.json --runs val/b/validation.json[/bold]
+    Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml; dayzero validate tiny-llama --cluster runs/host.yaml --nproc 8 --tp 2 --pp 2 --gbs 16 --mbs 2 --steps 12 --out runs/validate/a[/bold]
+
+    Calibrate: [bold]dayzero validate --calibrate --cluster runs/host.yaml --runs runs/validate/a/validation.json --runs runs/validate/b/validation.json[/bold]
     """
     from dayzero.errors import ConfigError
 
@@ -58,7 +59,7 @@ def validate_cmd(
         if not calibrate:
             raise ConfigError("MODEL", None, "give a model to validate (or --calibrate --runs FILE... to fit stored runs)")
         result = {"calibration": _calibrate(cluster, [], runs or [], keys, profile_out)}
-        _finish(result, out, json_out, strict)
+        _finish(result, out, json_out, strict, cluster, runs or [])
         return
     if runs and not calibrate:
         raise ConfigError("--runs", None, "only applies with --calibrate")
@@ -83,7 +84,7 @@ def validate_cmd(
     result = validate(req, cl, nproc, tolerance)
     if calibrate:
         result["calibration"] = _calibrate(cluster, [result["record"]], runs or [], keys, profile_out)
-    _finish(result, out, json_out, strict)
+    _finish(result, out, json_out, strict, cluster, runs or [])
 
 
 def _compute_dtype(value: str) -> str:
@@ -165,7 +166,8 @@ def _calibrate(cluster_path: str | None, records: list[dict], run_files: list[Pa
     return calibrate_profile(cluster_path, records, keys, profile_out)
 
 
-def _finish(result: dict, out: Path | None, json_out: bool, strict: bool = False) -> None:
+def _finish(result: dict, out: Path | None, json_out: bool, strict: bool = False, cluster: str | None = None,
+            runs: list[Path] | None = None) -> None:
     from dayzero.report.validation import write_report
 
     paths = write_report(result, out) if out else None
@@ -175,15 +177,43 @@ def _finish(result: dict, out: Path | None, json_out: bool, strict: bool = False
         print_result(result)
         if paths:
             console.print(f"wrote {paths[0]} and {paths[1]}")
+        print_next(console, _next(result, paths[0] if paths else None, cluster, runs or []))
     if strict and result.get("summary") and not result["summary"]["all_pass"]:
         raise typer.Exit(1)
 
 
+def _rerun(record: dict, cluster: str, ranks: int) -> list[str]:
+    """``dayzero validate`` of a stored run: its model, proxy shrink and layout."""
+    shrink = [w for k, v in (record.get("shrink") or {}).items() if v is not None for w in (f"--{k}", str(v))]
+    return ["dayzero", "validate", record["model"], *shrink, "--cluster", cluster, "--nproc", str(ranks),
+            *layout_flags(record["parallel"], precision=False)]
+
+
+def _next(result: dict, written: Path | None, cluster: str | None, runs: list[Path]) -> list[Step]:
+    """After a run: fit the profile to it. After a fit: a run with the fitted profile."""
+    cal = result.get("calibration")
+    if cal:
+        record = result.get("record")
+        if record is None and runs:
+            record = json.loads(Path(runs[-1]).read_text())["record"]
+        ranks = result.get("run", {}).get("ranks") or record["parallel"]["world"]
+        return [Step.of(*_rerun(record, cal["profile"], ranks), why="the fitted profile against a new run")]
+    run = result["run"]
+    if not cluster or not Path(cluster).exists():
+        return [Step.of("dayzero", "calibrate", "--nproc", run["ranks"], "--out", "runs/host.yaml",
+                        why="a profile of this machine, to calibrate against runs")]
+    if written:
+        return [Step.of("dayzero", "validate", "--calibrate", "--cluster", cluster, "--runs", written,
+                        why="fit the profile's constants to this run")]
+    return [Step.of(*_rerun(result["record"], cluster, run["ranks"]), "--calibrate", "--out",
+                    f"runs/validate/{run['model']}", why="run again, keep it, fit the profile to it")]
+
+
 def print_result(result: dict) -> None:
     if "checks" in result:
-        t = Table(title="Day-0 targets", box=box.SIMPLE_HEAD)
+        t = FitTable(title="Day-0 targets", compact=True)
         for col in ("metric", "target", "measured", "predicted", "error", "pass"):
-            t.add_column(col, justify="left" if col in ("metric", "target") else "right")
+            t.add_column(col, num=col not in ("metric", "target"))
         for c in result["checks"]:
             unit = c.get("unit", "")
             fmt = (lambda x: "—" if x is None else (f"{x:.1%}" if unit == "fraction" else

@@ -305,5 +305,8 @@ def plot_timeline(sim: StepSimulation, path: str, title: str = "") -> None:
     ax.set_title(title or f"stage {sim.rank}: one training step")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -19,6 +19,7 @@ An import never replaces or deletes a version (``--force`` moves the one in its 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dayzero.runtime.checkpoint import Checkpointer
 from dayzero.runtime.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, single_process
-from dayzero.runtime.manifest import CheckpointError, manifest_digest, verify_version, write_json_durable
+from dayzero.runtime.manifest import (CheckpointError, default_file_mode, manifest_digest, verify_version,
+                                     write_json_durable)
 from dayzero.runtime.versions import version_name
 
 INDEX = "model.safetensors.index.json"
@@ -103,6 +105,7 @@ def export_hf(version_dir: str | Path, out_dir: str | Path, *, dtype: str | None
                 weight_map[hf] = fname
                 total += out[hf].numel() * out[hf].element_size()
         save_file(out, str(out_dir / fname), metadata={"format": "pt"})
+        os.chmod(out_dir / fname, default_file_mode())  # save_file creates the file 0600
         del shard, out
     if n > 1:
         write_json_durable(out_dir / INDEX, json.dumps({"metadata": {"total_size": total},

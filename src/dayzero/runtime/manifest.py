@@ -263,6 +263,21 @@ def write_json_durable(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def default_file_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask (0o644 under the usual
+    022), for files written by libraries that create them private (safetensors' ``save_file``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read the umask by setting it, and put it straight back
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

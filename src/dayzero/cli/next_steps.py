@@ -1,0 +1,152 @@
+"""The next command a verb's human output ends with, built from the values it just printed.
+
+A verb hands :func:`print_next` a few :class:`Step` s (a command as argv words and why to run it);
+they print as ``next:`` lines that a shell accepts as pasted, long ones continued with ``\\``
+so that they fit the console. ``--json`` output never carries them.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from rich.console import Console
+from rich.text import Text
+
+# Layout flags every verb that takes a layout understands; the value is the flag's default,
+# None for the degrees always written out (their defaults differ between verbs).
+_ALWAYS = ("tp", "pp", "dp", "mbs", "gbs", "seq", "zero")
+_WHEN_SET = (("cp", 1), ("ep", 1), ("etp", 1), ("vpp", 1), ("recompute", "none"))
+
+
+@dataclass(frozen=True)
+class Step:
+    argv: tuple[str, ...]
+    why: str = ""
+
+    @classmethod
+    def of(cls, *words: Any, why: str = "") -> "Step":
+        return cls(tuple(str(w) for w in words), why)
+
+
+def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
+    """The ``--tp .. --pp ..`` flags that reproduce a layout (a ``ParallelConfig.to_dict()`` or the
+    ``parallel`` of plan/predict JSON). The degrees are always written out; the rest when they
+    differ from the default. ``--precision`` is the memory and runtime precision (fp8 for an fp4
+    GEMM plan); ``precision=False`` for verbs without the flag (``dayzero validate``)."""
+    out: list[str] = []
+    for k in _ALWAYS:
+        out += [f"--{k}", str(p[k])]
+    for k, default in _WHEN_SET:
+        if p.get(k, default) != default:
+            out += [f"--{k}", str(p[k])]
+    if p.get("recompute_layers") is not None:
+        out += ["--recompute-layers", str(p["recompute_layers"])]
+    if p.get("sequence_parallel"):
+        out.append("--sequence-parallel")
+    if precision and p.get("precision", "bf16") != "bf16":
+        out += ["--precision", p["precision"]]
+    derived = "interleaved" if p.get("vpp", 1) > 1 else "1f1b"
+    if p.get("schedule", derived) != derived:
+        out += ["--schedule", p["schedule"]]
+    if p.get("layer_split"):
+        out += ["--layer-split", ",".join(str(x) for x in p["layer_split"])]
+    return out
+
+
+def cluster_flags(cluster: str | None, accelerator: str | None, devices: int | None,
+                  devices_per_node: int | None = None, inter_node_gbps: float | None = None,
+                  default: str | None = None) -> list[str]:
+    """The cluster options as the user gave them (or ``--cluster DEFAULT`` when they gave none)."""
+    if cluster or not accelerator:
+        return ["--cluster", cluster or default] if (cluster or default) else []
+    out = ["--accelerator", accelerator]
+    for flag, v in (("--devices", devices), ("--devices-per-node", devices_per_node),
+                    ("--inter-node-gbps", inter_node_gbps)):
+        if v is not None:
+            out += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
+    return out
+
+
+def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node: int, why: str) -> Step:
+    """``dayzero train`` of a layout: ``--nproc`` on one host, torchrun on every node beyond."""
+    flags = layout_flags(p)
+    if devices <= devices_per_node:
+        return Step.of("dayzero", "train", model, *flags, "--nproc", devices, why=why)
+    nodes = math.ceil(devices / devices_per_node)
+    return Step.of("torchrun", "--nnodes", nodes, "--nproc-per-node", devices_per_node, "-m", "dayzero", "train",
+                   model, *flags, why=f"{why}, on each of the {nodes:,} nodes")
+
+
+def after_train(cfg, world: int) -> list[Step]:
+    """After ``dayzero train``: export the newest checkpoint it saved, or, with none, measure the
+    layout against the planner's prediction (``dayzero validate``)."""
+    shrink = [w for k in ("layers", "hidden", "experts", "vocab") if getattr(cfg, k) is not None
+              for w in (f"--{k}", str(getattr(cfg, k)))]
+    if cfg.ckpt_dir:
+        from pathlib import Path
+
+        from dayzero.runtime.versions import scan
+
+        done = [v for v in scan(Path(cfg.ckpt_dir)) if v.state == "complete"]
+        if done:
+            return [Step.of("dayzero", "ckpt", "export", done[-1].path, f"{str(cfg.ckpt_dir).rstrip('/')}-hf",
+                            why="its weights as Hugging Face safetensors")]
+    return [Step.of("dayzero", "validate", cfg.model, *shrink, "--nproc", world, *layout_flags(cfg.parallel.to_dict(), precision=False),
+                    why="measured against the planner's prediction")]
+
+
+def starter_devices(spec, accelerator) -> int:
+    """Smallest power-of-two device count whose memory holds the model states (weights, gradients,
+    FP32 master weights and AdamW moments) in half of it, leaving the rest to activations."""
+    from dayzero.planner.memory import MemoryOptions, model_states
+    from dayzero.specs.counting import params_total
+
+    states = model_states(params_total(spec), MemoryOptions.for_accelerator(accelerator)).total
+    need = states / (0.5 * accelerator.hbm_bytes)
+    return 1 if need <= 1 else 2 ** math.ceil(math.log2(need))
+
+
+def print_next(console: Console, steps: Sequence[Step]) -> None:
+    """``next: COMMAND   # why`` for each step, wrapped with shell continuations to the console;
+    a comment that does not fit after the command goes on a line of its own above it."""
+    width = max(console.width, 40)
+    for i, s in enumerate(steps):
+        label = "next: " if i == 0 else "      "
+        for line in _lines(label, _chunks(s.argv), f"# {s.why}" if s.why else "", width):
+            console.print(Text(line), soft_wrap=True, highlight=False)
+
+
+def _chunks(argv: Sequence[str]) -> list[str]:
+    """Shell-quoted words, an option and its value kept together (a line never ends in --tp)."""
+    out: list[str] = []
+    for w in argv:
+        q = shlex.quote(w)
+        if out and out[-1].startswith("--") and " " not in out[-1] and not w.startswith("-"):
+            out[-1] += " " + q
+        else:
+            out.append(q)
+    return out
+
+
+def _lines(label: str, words: list[str], comment: str, width: int) -> list[str]:
+    lines = _wrap(label, words, width)
+    if comment and len(lines[-1]) + 3 + len(comment) <= width:
+        return lines[:-1] + [lines[-1] + "   " + comment]
+    if comment:
+        return [label + comment] + _wrap(" " * len(label), words, width)
+    return lines
+
+
+def _wrap(label: str, words: list[str], width: int) -> list[str]:
+    indent = " " * (len(label) + 2)
+    lines, cur = [], label + words[0]
+    for w in words[1:]:
+        if len(cur) + 1 + len(w) + 2 > width:  # room for " \"
+            lines.append(cur + " \\")
+            cur = indent + w
+        else:
+            cur += " " + w
+    return lines + [cur]

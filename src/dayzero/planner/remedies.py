@@ -1,0 +1,57 @@
+"""What to change when a layout does not fit: every single-flag change of the layout, checked.
+
+``dayzero memory`` ends a layout whose peak is above the target with the changes that bring it
+under, each estimated with the same memory model, so the advice is a measurement rather than a
+rule of thumb. Changes, in the order they cost step time (cheapest first, roughly): shard more
+with ZeRO, recompute activations, sequence parallelism, smaller micro-batches, then more tensor,
+pipeline or context parallelism at the same device count (data parallelism shrinks in step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dayzero.planner.memory import MemoryOptions, estimate_memory
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class Remedy:
+    change: tuple[str, ...]  # the flags that change, as typed: ("--zero", "3")
+    parallel: ParallelConfig
+    peak_bytes: int
+    utilization: float
+
+
+def _candidates(p: ParallelConfig) -> list[tuple[tuple[str, ...], ParallelConfig]]:
+    out: list[tuple[tuple[str, ...], ParallelConfig]] = []
+    for z in range(p.zero + 1, 4):
+        out.append((("--zero", str(z)), p.with_(zero=z)))
+    if p.recompute == "none":
+        out.append((("--recompute", "selective"), p.with_(recompute="selective")))
+    if p.recompute != "full" or p.recompute_layers is not None:
+        out.append((("--recompute", "full"), p.with_(recompute="full", recompute_layers=None)))
+    if p.tp > 1 and not p.sequence_parallel:
+        out.append((("--sequence-parallel",), p.with_(sequence_parallel=True)))
+    if p.mbs > 1:
+        out.append((("--mbs", str(p.mbs // 2)), p.with_(mbs=p.mbs // 2)))
+    if p.dp % 2 == 0:  # the same devices: the new degree takes its factor 2 from dp
+        for name in ("tp", "pp", "cp"):
+            q = p.with_(**{name: 2 * getattr(p, name)}, dp=p.dp // 2, layer_split=None)
+            out.append(((f"--{name}", str(getattr(q, name)), "--dp", str(q.dp)), q))
+    return out
+
+
+def single_changes(spec: ModelSpec, parallel: ParallelConfig, devices: int, capacity_bytes: int,
+                   options: MemoryOptions, target: float) -> list[Remedy]:
+    """The valid one-flag changes of ``parallel`` whose peak is at most ``target`` of capacity,
+    cheapest first."""
+    found = []
+    for change, q in _candidates(parallel):
+        if q.problems(spec, devices):
+            continue
+        rep = estimate_memory(spec, q, capacity_bytes, options)
+        if rep.utilization <= target:
+            found.append(Remedy(change, q, rep.peak_bytes, rep.utilization))
+    return found
