@@ -30,6 +30,7 @@ from dayzero.planner.collectives import Link
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.hardware import catalog
+from dayzero.specs.parallel import PRECISIONS
 
 DEFAULT_INTER_EFF = 0.9  # Calculon systems/h100_80g_nvl8.json: IB tier efficiency 0.9 (catalog simulator_params)
 
@@ -129,9 +130,6 @@ def catalog_medians() -> tuple[float, float]:
     return float(np.median(gemm)), float(np.median(busbw))
 
 
-PRECISION_CODES = ("bf16", "fp8", "fp4")
-
-
 @dataclass(frozen=True)
 class Rates:
     """What one device of a cluster achieves, with the constants applied."""
@@ -147,8 +145,8 @@ class Rates:
     native: tuple[bool, bool, bool] = (True, True, True)  # bf16, fp8, fp4 units exist (else GEMMs fall back)
 
     def gemm_rate(self, code):
-        """Large-GEMM FLOP/s for precision codes 0 bf16, 1 fp8, 2 fp4 (array in, array out)."""
-        r = np.array([self.peak[p] * self.gemm_eff[p] for p in PRECISION_CODES])
+        """Large-GEMM FLOP/s for precision codes (the grid's: 0 bf16, 1 fp8, 2 fp4; array in, array out)."""
+        r = np.array([self.peak[p] * self.gemm_eff[p] for p in PRECISIONS])
         return r[np.asarray(code, dtype=int)]
 
 
@@ -157,7 +155,7 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
     gemm_median, busbw_median = catalog_medians()
     peak, eff = {}, {}
     scale = {"bf16": constants.gemm_scale_bf16, "fp8": constants.gemm_scale_fp8, "fp4": constants.gemm_scale_fp4}
-    for p in PRECISION_CODES:
+    for p in PRECISIONS:
         used = p if p in acc.peak_flops else ("fp8" if p == "fp4" and "fp8" in acc.peak_flops else "bf16")
         peak[p] = acc.peak(used)
         measured = acc.gemm_efficiency(used) if used in acc.gemm_flops_measured else None
@@ -184,4 +182,4 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
     fused = peak["bf16"] * constants.attention_eff
     return Rates(peak=peak, gemm_eff=eff, attention_flops=fused, flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
                  hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster),
-                 native=tuple(p in acc.peak_flops for p in PRECISION_CODES))
+                 native=tuple(p in acc.peak_flops for p in PRECISIONS))
