@@ -159,7 +159,7 @@ def mask(grid: dict, spec: ModelSpec | None = None, devices: int | None = None, 
         if r.degree:
             ok &= np.asarray(r.ok(grid, where), dtype=bool)
     # rows with a degree below 1 are already rejected; give them 1 so the other rules never divide by 0
-    safe = {k: (np.where(ok, v, 1) if k in DEGREES else v) for k, v in grid.items() if k in FIELDS}
+    safe = grid if ok.all() else {k: (np.where(ok, v, 1) if k in DEGREES else v) for k, v in grid.items() if k in FIELDS}
     for r in rules:
         if not r.degree:
             ok &= np.broadcast_to(np.asarray(r.ok(safe, where), dtype=bool), (n,))
