@@ -20,7 +20,7 @@ from dayzero.planner.params import edge_params, embed_local, head_local, layer_p
 from dayzero.planner.schedule import head_inflight, inflight_microbatches
 from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded
+from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 KINDS = ("dense", "moe")
@@ -74,7 +74,7 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
 
     for cat, nbytes in (("weights", opts.param_bytes), ("gradients", opts.grad_bytes)):
         if cat == "weights" and opts.sharded_params_are_master:
-            nbytes = np.where(zero >= 3, 0, nbytes)  # FSDP2: the sharded copy is the fp32 master itself
+            nbytes = np.where(zero_shards(zero, "weights"), 0, nbytes)  # FSDP2: the sharded copy is the fp32 master itself
         t[f"{cat}:layers"] = nbytes * zero_sharded(dense, cat, zero, zd)
         t[f"{cat}:experts"] = nbytes * zero_sharded(experts, cat, zero, edp)
         t[f"{cat}:embedding"] = nbytes * zero_sharded(emb, cat, zero, zd)
@@ -85,7 +85,7 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
     # FP8 training caches an FP8 copy (+ transpose) of each local weight across micro-batches;
     # under ZeRO-3 only the gathered units have one (counted with the gather buffers).
     fp8_w = np.where(d.fp8, opts.fp8_weight_cache_bytes, 0)
-    t["weights:fp8_cache"] = np.where(zero >= 3, 0, fp8_w * (dense + experts))
+    t["weights:fp8_cache"] = np.where(zero_shards(zero, "weights"), 0, fp8_w * (dense + experts))
 
     # -- activations ------------------------------------------------------------------------
     inflight = inflight_microbatches(sched, pp, vpp, m, f.rank)
@@ -111,11 +111,11 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
         lp = layer_params(spec, k)
         unit = np.maximum(unit, np.where(f.layers[k] > 0, lp.local_dense(tp, kv) + lp.local_expert(ep, etp), 0))
     unit = np.maximum(np.maximum(unit, emb), head)
-    t["temporary:zero3_gather"] = np.where(zero >= 3, opts.zero3_prefetch_units * unit * (opts.param_bytes + fp8_w), 0)
+    t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"), opts.zero3_prefetch_units * unit * (opts.param_bytes + fp8_w), 0)
     bucket = opts.grad_bucket_params if opts.grad_bucket_params is not None else np.maximum(40e6, 1e6 * zd)
     local = dense + experts + emb + head
     t["temporary:grad_reduce"] = opts.grad_bytes * np.where(
-        zero == 2, np.minimum(opts.grad_buckets_in_flight * bucket, local), np.where(zero >= 3, unit, 0))
+        zero == 2, np.minimum(opts.grad_buckets_in_flight * bucket, local), np.where(zero_shards(zero, "weights"), unit, 0))
     ab, h = opts.act_bytes, spec.hidden
     t["temporary:sp_gather"] = np.where(d.sp & (tp > 1), ab * d.tok * h, 0)
     if "moe" in kinds:

@@ -24,7 +24,7 @@ from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import step_order
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, zero_sharded
+from dayzero.specs.parallel import ParallelConfig, zero_sharded, zero_shards
 
 TRACKED = ("weights", "gradients", "optimizer", "activations", "temporary")
 
@@ -140,9 +140,9 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
     fp8_cache = o.fp8_weight_cache_bytes if p.precision != "bf16" else 0
     for key, elems, expert in tensors:
         tr.new(key, o.param_bytes * shard(elems, expert, "weights"), "weights")
-        if fp8_cache and p.zero < 3 and key[1] not in ("embed", "head"):
+        if fp8_cache and not zero_shards(p.zero, "weights") and key[1] not in ("embed", "head"):
             tr.new(("fp8",) + key[1:], fp8_cache * elems, "weights")
-    if p.zero < 2:  # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
+    if not zero_shards(p.zero, "gradients"):  # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
         tr.new(("g", "buffer"), o.grad_bytes * sum(e for _, e, _ in tensors), "gradients")
     else:
         for key, elems, expert in tensors:
@@ -161,7 +161,7 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
     grad_fill = {"bytes": 0.0, "live": deque(), "n": 0}
 
     def gather(layer: int) -> None:  # ZeRO-3: all-gather this layer (and keep the previous one)
-        if p.zero < 3 or ("gather", layer) in tr.live:
+        if not zero_shards(p.zero, "weights") or ("gather", layer) in tr.live:
             return
         tr.new(("gather", layer), unit[layer] * (o.param_bytes + fp8_cache), "temporary")
         gathered.append(layer)
@@ -169,7 +169,7 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
             tr.drop(("gather", gathered.popleft()))
 
     def layer_grads(layer: int) -> None:
-        if p.zero >= 3:  # unsharded gradients of the unit, freed once reduce-scattered
+        if zero_shards(p.zero, "weights"):  # unsharded gradients of the unit, freed once reduce-scattered
             tr.new(("ugrad", layer), o.grad_bytes * unit[layer], "temporary")
             tr.drop(("ugrad", layer))
         elif p.zero == 2:  # fill DP buckets; two in flight

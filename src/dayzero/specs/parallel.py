@@ -209,7 +209,12 @@ def expert_data_parallel(tp, cp, dp, ep, etp):
 ZERO_SHARDS_FROM = {"optimizer": 1, "gradients": 2, "weights": 3}
 
 
+def zero_shards(zero, state: str):
+    """Whether ZeRO stage ``zero`` shards model state ``state`` (weights, gradients, optimizer)."""
+    return zero >= ZERO_SHARDS_FROM[state]
+
+
 def zero_sharded(x, state: str, zero, group):
     """``x`` bytes or elements of model state ``state`` per rank once ZeRO ``zero`` shards it over
     ``group`` ranks (dp*cp for dense parameters, edp for routed experts)."""
-    return x / np.where(zero >= ZERO_SHARDS_FROM[state], group, 1)
+    return x / np.where(zero_shards(zero, state), group, 1)
