@@ -4,7 +4,8 @@ configurations/s on a 2-core CPU), the scalar estimate_memory, the allocator rep
     PYTHONPATH=src python benchmarks/bench_memory.py [--n 200000] [--out benchmarks/RESULTS_memory.md]
 
 Candidates are drawn uniformly from a planner-sized search space per model (tp, pp, dp, cp, ep, etp,
-vpp, mbs, gbs, seq, zero, recompute, sp, fp8); before timing, a sample is checked against
+vpp, mbs, gbs, seq, zero, recompute, sequence_parallel, precision: the planner's grid,
+dayzero.specs.grid); before timing, a sample is checked against
 estimate_memory (agreement is a precondition of the number). Writes a Markdown table to --out and, when
 $OUT is set, a copy to $OUT/RESULTS_memory.md.
 """
@@ -23,6 +24,7 @@ import numpy as np
 from dayzero.planner.balance import balance_layers
 from dayzero.planner.memory import estimate_memory, peak_memory_batch
 from dayzero.planner.replay import simulate_step
+from dayzero.specs.grid import decode, default_schedule
 from dayzero.specs.parallel import ParallelConfig, even_split
 from dayzero.specs.registry import load_model
 
@@ -35,23 +37,20 @@ def grid(spec, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     pick = lambda values: rng.choice(np.array(values), n)  # noqa: E731
     g = dict(tp=pick([1, 2, 4, 8]), pp=pick([1, 2, 4, 8, 16, 32, 64]), cp=pick([1, 2, 4]), dp=pick([1, 2, 4, 8, 16, 32, 64, 128]),
              ep=pick([1, 2, 4, 8, 16, 32, 64]) if moe else np.ones(n, int), vpp=pick([1, 2, 4]), mbs=pick([1, 2, 4]),
-             seq=pick([2048, 4096, 8192]), zero=pick([0, 1, 2, 3]), recompute=pick([0, 1, 2]), sp=pick([0, 1]), fp8=pick([0, 1]))
+             seq=pick([2048, 4096, 8192]), zero=pick([0, 1, 2, 3]), recompute=pick([0, 1, 2]), sequence_parallel=pick([0, 1]),
+             precision=pick([0, 1]), rank_order=np.zeros(n, int))
     g["etp"] = np.minimum(pick([1, 2]) if moe else 1, g["tp"])
     g["vpp"] = np.where(g["pp"] > 1, g["vpp"], 1)
     g["gbs"] = g["mbs"] * g["dp"] * g["pp"] * pick([1, 2, 8])
+    g["schedule"] = default_schedule(g["vpp"])
     return {k: np.asarray(v, dtype=np.int64) for k, v in g.items()}
 
 
 def configs(spec, g, idx):
     """ParallelConfigs of grid rows; the even split is given explicitly so that layer counts that do
     not divide pp*vpp compare too (peak_memory_batch always uses the even split)."""
-    codes = ("none", "selective", "full")
-    for i in idx:
-        split = even_split(spec.layers, int(g["pp"][i] * g["vpp"][i]))
-        yield ParallelConfig(layer_split=split, tp=int(g["tp"][i]), pp=int(g["pp"][i]), dp=int(g["dp"][i]), cp=int(g["cp"][i]), ep=int(g["ep"][i]),
-                             etp=int(g["etp"][i]), vpp=int(g["vpp"][i]), mbs=int(g["mbs"][i]), gbs=int(g["gbs"][i]),
-                             seq=int(g["seq"][i]), zero=int(g["zero"][i]), recompute=codes[g["recompute"][i]],
-                             sequence_parallel=bool(g["sp"][i]), precision="fp8" if g["fp8"][i] else "bf16")
+    for p in decode(g, idx):
+        yield p.with_(layer_split=even_split(spec.layers, p.pp * p.vpp))
 
 
 def best_of(fn, repeat: int) -> float:

@@ -42,7 +42,7 @@ def test_predict_table_and_fp4(capsys):
     assert "Communication per step" in out and "mfu" in out
     obj = run_json(["predict", "llama-3.1-8b", "-a", "gb300", "-n", "8", "--precision", "fp4", "--gbs", "64",
                     "--seq", "8192", "--mbs", "2"], capsys)
-    assert obj["parallel"]["gemm_precision"] == "fp4" and obj["parallel"]["precision"] == "fp8"
+    assert obj["parallel"]["gemm_precision"] == "fp4" and obj["parallel"]["precision"] == "fp4"
 
 
 def test_plan_json_contract(capsys):

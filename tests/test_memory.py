@@ -10,6 +10,7 @@ from dayzero.planner.memory import (CATEGORIES, MemoryOptions, estimate_memory, 
                                     zero_comparison, zero_state_bytes)
 from dayzero.planner.params import layer_params
 from dayzero.specs.counting import layer_count, params_total
+from dayzero.specs.grid import encode
 from dayzero.specs.parallel import ParallelConfig, even_split
 from dayzero.specs.registry import load_model
 
@@ -139,17 +140,6 @@ def test_impossible_layouts_and_options_raise_one_line_errors():
         MemoryOptions(fragmentation=1.5)
 
 
-def _grid(configs: list[ParallelConfig]) -> dict[str, np.ndarray]:
-    codes = {"none": 0, "selective": 1, "full": 2}
-    g = {k: np.array([getattr(p, k) for p in configs]) for k in
-         ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "seq", "zero")}
-    g["recompute"] = np.array([codes[p.recompute] for p in configs])
-    g["sp"] = np.array([int(p.sequence_parallel) for p in configs])
-    g["fp8"] = np.array([int(p.precision == "fp8") for p in configs])
-    g["schedule"] = np.array([{"1f1b": 0, "interleaved": 1, "gpipe": 2}[p.schedule] for p in configs])
-    return g
-
-
 def test_batch_equals_scalar_on_named_layouts():
     cases = {
         "dense-3t": [seed_layout(), seed_layout(zero=1, recompute="selective", sequence_parallel=True, gbs=4096),
@@ -168,7 +158,7 @@ def test_batch_equals_scalar_on_named_layouts():
     for model, layouts in cases.items():
         spec = load_model(model)
         want = [estimate_memory(spec, p, 80 * GB).peak_bytes for p in layouts]
-        got = peak_memory_batch(spec, _grid(layouts), 80 * GB)
+        got = peak_memory_batch(spec, encode(layouts), 80 * GB)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=8)
 
 

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dayzero.planner.memory import estimate_memory, peak_memory_batch
+from dayzero.specs.grid import encode
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 
@@ -33,7 +34,7 @@ def layouts(draw):
                        seq=draw(st.sampled_from([512, 2048, 4096])), zero=draw(st.integers(0, 3)),
                        recompute=draw(st.sampled_from(["none", "selective", "full"])),
                        sequence_parallel=draw(st.booleans()) and tp > 1,
-                       precision=draw(st.sampled_from(["bf16", "fp8"])),
+                       precision=draw(st.sampled_from(["bf16", "fp8", "fp4"])),
                        schedule=draw(st.sampled_from(["1f1b", "gpipe"])) if vpp == 1 else "interleaved")
     assume(not p.problems(spec))
     return spec, p
@@ -86,11 +87,6 @@ def test_vectorised_peak_equals_estimate_memory(cases):
         by_model.setdefault(spec.name, []).append(p)
     for name, ps in by_model.items():
         spec = MODELS[name]
-        codes = {"none": 0, "selective": 1, "full": 2}
-        grid = {k: np.array([getattr(p, k) for p in ps]) for k in
-                ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "seq", "zero")}
-        grid.update(recompute=np.array([codes[p.recompute] for p in ps]), sp=np.array([int(p.sequence_parallel) for p in ps]),
-                    fp8=np.array([int(p.precision == "fp8") for p in ps]),
-                    schedule=np.array([{"1f1b": 0, "interleaved": 1, "gpipe": 2}[p.schedule] for p in ps]))
+        grid = encode(ps)
         want = [estimate_memory(spec, p, CAP).peak_bytes for p in ps]
         np.testing.assert_allclose(peak_memory_batch(spec, grid, CAP), want, rtol=1e-12, atol=8)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from dayzero.planner.calibration import PerfConstants
 from dayzero.planner.comm import CommOptions
-from dayzero.planner.perf import PerfOptions, evaluate, grid_from_parallel
+from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.specs.cluster import build_cluster, cluster_from_dict
 from dayzero.specs.counting import flops_per_token
+from dayzero.specs.grid import encode
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 
@@ -20,8 +20,8 @@ MOE = load_model("qwen3-235b-a22b")
 H100 = build_cluster("h100", 64)
 
 
-def one(spec, p, cluster=H100, options=None, prec=None):
-    ev = evaluate(spec, grid_from_parallel(p, prec), cluster, options, layer_split=p.layer_split)
+def one(spec, p, cluster=H100, options=None):
+    ev = evaluate(spec, encode([p]), cluster, options, layer_split=p.layer_split)
     return {k: float(getattr(ev, k)[0]) for k in ("step_s", "compute_s", "comm_exposed_s", "bubble_s", "optimizer_s",
                                                   "tokens_per_s_per_device", "mfu", "microbatch_s", "comm_ratio")}, ev
 
@@ -35,14 +35,12 @@ LAYOUTS = [
 
 
 def test_vectorised_equals_one_at_a_time():
-    grids = [grid_from_parallel(p) for p in LAYOUTS if p.cp == 1 or True]
     by_seq = {}
-    for p, g in zip(LAYOUTS, grids):
-        by_seq.setdefault(p.seq, []).append((p, g))
+    for p in LAYOUTS:
+        by_seq.setdefault(p.seq, []).append(p)
     for seq, items in by_seq.items():
-        batch = {k: np.concatenate([g[k] for _, g in items]) for k in items[0][1]}
-        ev = evaluate(LLAMA, batch, H100)
-        for i, (p, _) in enumerate(items):
+        ev = evaluate(LLAMA, encode(items), H100)
+        for i, p in enumerate(items):
             single, _ = one(LLAMA, p)
             assert ev.step_s[i] == pytest.approx(single["step_s"], rel=1e-12)
             assert ev.comm_exposed_s[i] == pytest.approx(single["comm_exposed_s"], rel=1e-12, abs=1e-15)
@@ -85,7 +83,7 @@ def test_fp8_and_fp4_speed_up_gemms_only_where_the_hardware_has_them():
     a100 = build_cluster("a100", 64)
     assert one(LLAMA, p, a100)[0]["step_s"] == pytest.approx(one(LLAMA, p.with_(precision="fp8"), a100)[0]["step_s"], rel=0.02)
     gb300 = build_cluster("gb300", 64)
-    assert one(LLAMA, p, gb300, prec="fp4")[0]["step_s"] < one(LLAMA, p, gb300, prec="fp8")[0]["step_s"]
+    assert one(LLAMA, p.with_(precision="fp4"), gb300)[0]["step_s"] < one(LLAMA, p.with_(precision="fp8"), gb300)[0]["step_s"]
 
 
 def test_tp_overlap_hides_tp_communication():

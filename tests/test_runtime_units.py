@@ -147,6 +147,11 @@ def test_checks_print_every_problem_with_numbers():
     assert any("cp 2" in p for p in runtime_problems(moe, ParallelConfig(cp=2, seq=64), 2))
     assert any("etp 2" in p for p in runtime_problems(moe, ParallelConfig(tp=2, etp=2, ep=1), 2))
     assert any("micro-batches for pp 2" in p for p in runtime_problems(spec, ParallelConfig(pp=2), 2))
+    for prec in ("fp8", "fp4"):
+        assert any(f"--precision {prec} is not in the runtime" in p
+                   for p in runtime_problems(spec, ParallelConfig(precision=prec), 1))
+    assert any("rank order tp-dp-cp-pp: the runtime's device mesh" in p
+               for p in runtime_problems(spec, ParallelConfig(dp=2, rank_order="tp-dp-cp-pp"), 2))
 
 
 # -- mesh arithmetic at scale (fake backend: no communication, one process) ------------------------
@@ -171,6 +176,34 @@ def test_mesh_views_at_64_ranks():
         assert m.ep.mesh.tolist() == [40, 41, 42, 43, 44, 45, 46, 47]  # ep borrows tp x dp ranks
         assert m.expert["edp_shard"].mesh.tolist() == [37, 45, 53, 61]
         assert (m.pp_rank, m.tp_rank, m.dp_rank) == (1, 1, 3)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("p,rank", [(ParallelConfig(tp=4, pp=2, dp=8, ep=8, zero=1), 45),
+                                    (ParallelConfig(tp=2, pp=3, dp=4, cp=2, ep=4, zero=0), 29),
+                                    (ParallelConfig(tp=1, pp=2, dp=16, ep=16, zero=3), 17)])
+def test_device_mesh_groups_are_view_groups_and_the_planners(p, rank):
+    """The DeviceMesh build_meshes makes holds the groups mesh.view_groups computes without torch,
+    and those are the planner's topology.group_ranks (tested for every rank in test_topology)."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers the "fake" backend
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from dayzero.planner.topology import group_ranks
+    from dayzero.runtime.mesh import build_meshes, view_groups
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=p.world)
+    try:
+        m = build_meshes(p, "cpu")
+        for view, dims, planner in (("dense", ("tp",), "tp"), ("dense", ("cp",), "cp"), ("dense", ("pp",), "pp"),
+                                    ("dense", ("dp_replicate", "dp_shard"), "dp"), ("expert", ("ep",), "ep"),
+                                    ("expert", ("edp_replicate", "edp_shard"), "edp"),
+                                    ("moe_dp", ("mdp_replicate", "mdp_shard"), None), ("stage", ("stage",), None)):
+            mesh = getattr(m, view)[dims if len(dims) > 1 else dims[0]].mesh.flatten().tolist()
+            assert mesh == next(g for g in view_groups(m.shape, view, dims) if rank in g), (view, dims)
+            if planner:
+                assert mesh == group_ranks(rank, planner, p), planner
     finally:
         dist.destroy_process_group()
 

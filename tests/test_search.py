@@ -10,6 +10,7 @@ from dayzero.planner.memory import MemoryOptions, peak_memory_batch
 from dayzero.planner.perf import evaluate
 from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
 from dayzero.specs.cluster import build_cluster
+from dayzero.specs.grid import code
 from dayzero.specs.registry import load_model
 
 MIXTRAL = load_model("mixtral-8x7b")
@@ -19,15 +20,13 @@ CLUSTER = build_cluster("h100", 32)
 def brute_force(spec, cluster, gbs, seq, space, limit):
     bases, considered, indivisible, variants = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8)
     n = len(bases["tp"])
-    zr = [(z, r) for z in space.zero for r in space.recompute]
+    zr = [(z, code("recompute", r)) for z in space.zero for r in space.recompute]
     full = {k: np.repeat(v, len(zr)) for k, v in bases.items()}
     full["zero"] = np.tile([z for z, _ in zr], n)
     full["recompute"] = np.tile([r for _, r in zr], n)
-    full["fp8"] = np.zeros(len(full["tp"]), dtype=np.int64)
     peak = peak_memory_batch(spec, full, cluster.memory_bytes, MemoryOptions.for_accelerator(cluster.accelerator))
     ok = peak <= limit
     fit = {k: v[ok] for k, v in full.items()}
-    fit["prec"] = np.zeros(int(ok.sum()), dtype=np.int64)
     ev = evaluate(spec, fit, cluster)
     return float(ev.step_s.min()), int(ok.sum()), considered, indivisible, n * variants
 

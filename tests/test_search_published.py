@@ -8,9 +8,10 @@ import pytest
 
 from conftest import data_file
 from dayzero.planner.memory import MemoryOptions, peak_memory_batch
-from dayzero.planner.perf import evaluate, grid_from_parallel
+from dayzero.planner.perf import evaluate
 from dayzero.planner.published import load_cases
 from dayzero.planner.search import search
+from dayzero.specs.grid import encode
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +22,7 @@ def _groups():
     for case in load_cases(data_file("published_runs_dev.csv"))[0]:
         if not case.full_layout:
             continue
-        key = (case.spec, case.cluster.name, case.cluster.devices, case.parallel, case.options, case.gemm_precision)
+        key = (case.spec, case.cluster.name, case.cluster.devices, case.parallel, case.options)
         seen.setdefault(key, case)
     return list(seen.values())
 
@@ -35,11 +36,10 @@ def pytest_generate_tests(metafunc):
 
 def test_search_is_at_least_as_fast_as_the_published_layout(case):
     p = case.parallel
-    grid = grid_from_parallel(p, case.gemm_precision)
+    grid = encode([p])
     published = float(evaluate(case.spec, grid, case.cluster, case.options, layer_split=p.layer_split).step_s[0])
-    mem_grid = {k: v for k, v in grid.items() if k != "prec"}
     opts = MemoryOptions.for_accelerator(case.cluster.accelerator)
-    peak = float(peak_memory_batch(case.spec, mem_grid, case.cluster.memory_bytes, opts)[0])
+    peak = float(peak_memory_batch(case.spec, grid, case.cluster.memory_bytes, opts)[0])
     limit = peak / case.cluster.memory_bytes * (1 + 1e-9)
     result = search(case.spec, case.cluster, p.gbs, p.seq, p.precision, case.options, top_k=1, max_memory=limit)
     assert result.evaluation.step_s[0] <= published * (1 + 1e-9), (case.id, p.describe())

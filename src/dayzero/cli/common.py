@@ -80,8 +80,10 @@ SplitOpt = Annotated[Optional[str], typer.Option("--layer-split", help="Layers p
 def parallel_from_options(devices: int | None, tp: int = 1, pp: int = 1, dp: int | None = None, cp: int = 1,
                           ep: int = 1, etp: int = 1, vpp: int = 1, mbs: int = 1, gbs: int | None = None,
                           seq: int = 4096, zero: int = 1, recompute: str = "none", sequence_parallel: bool = False,
-                          precision: str = "bf16", schedule: str | None = None, layer_split: str | None = None):
-    """Build a ParallelConfig from CLI options; ``--dp`` defaults to devices / (tp*pp*cp)."""
+                          precision: str = "bf16", schedule: str | None = None, layer_split: str | None = None,
+                          rank_order: str | None = None):
+    """Build a ParallelConfig from CLI options; ``--dp`` defaults to devices / (tp*pp*cp). The
+    layout is checked where it is used (``ParallelConfig.validate``)."""
     from dayzero.errors import LayoutError
     from dayzero.specs.parallel import ParallelConfig
 
@@ -100,7 +102,9 @@ def parallel_from_options(devices: int | None, tp: int = 1, pp: int = 1, dp: int
             split = tuple(int(x) for x in layer_split.split(","))
         except ValueError:
             raise LayoutError(f"--layer-split {layer_split!r}: expected comma-separated integers, e.g. 5,6,6,5") from None
-    sched = schedule or ("interleaved" if vpp > 1 else "1f1b")
+    extra = {"schedule": schedule} if schedule else {}  # ParallelConfig's default: interleaved when vpp > 1
+    if rank_order:
+        extra["rank_order"] = rank_order
     return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs or 0, seq=seq,
                           zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, precision=precision,
-                          schedule=sched, layer_split=split)
+                          layer_split=split, **extra)

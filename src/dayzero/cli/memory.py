@@ -13,8 +13,8 @@ from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, CpOpt, DevicesOpt, D
                                 parallel_from_options)
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
 from dayzero.cli.render import FitTable
+from dayzero.planner.targets import MEMORY_TARGET as TARGET
 
-TARGET = 0.85  # DESIGN.md: plan for a peak below 85 % of device memory
 CATS = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 HEADS = ("weights", "grads", "optim", "activ", "temp", "ovhd")  # the per-stage table's column heads
 
@@ -168,6 +168,8 @@ def _options_dict(opts) -> dict:
 
 
 def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
+    from dayzero.planner.memory import zero_state_bytes
+
     cap = report.capacity_bytes
     console.print(f"[bold]{spec.name}[/bold] on [bold]{cl.name}[/bold]: {cl.devices:,} x {cl.accelerator.id}, "
                   f"{cap / 1e9:g} GB each")
@@ -199,11 +201,12 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     console.print(z)
     n, o = par.dp * par.cp, opts
     g = o.grad_bytes
+    per = {z: zero_state_bytes(1, n, z, o) for z in (1, 2, 3)}  # bytes per dense parameter (ZeRO's rule)
     console.print(f"per dense parameter: ZeRO-0 {o.bytes_per_param} B; ZeRO-1 {o.param_bytes}+{g}+{o.master_bytes + o.optim_bytes}/{n} "
-                  f"= {o.param_bytes + g + (o.master_bytes + o.optim_bytes) / n:.3g} B; ZeRO-2 {o.param_bytes}+"
-                  f"{g + o.master_bytes + o.optim_bytes}/{n} = {o.param_bytes + (g + o.master_bytes + o.optim_bytes) / n:.3g} B "
+                  f"= {per[1]:.3g} B; ZeRO-2 {o.param_bytes}+"
+                  f"{g + o.master_bytes + o.optim_bytes}/{n} = {per[2]:.3g} B "
                   f"([bold]{zrows[2]['cut_factor']:.2f}x[/bold] here; the classic 'about 8x' is (2+2+12)/2 as dp grows, "
-                  f"with BF16 gradients); ZeRO-3 {o.bytes_per_param}/{n} = {o.bytes_per_param / n:.3g} B plus the gathered "
+                  f"with BF16 gradients); ZeRO-3 {o.bytes_per_param}/{n} = {per[3]:.3g} B plus the gathered "
                   f"layers in flight (temporary).")
 
     s = FitTable(title=f"Per stage, GB per device (capacity {cap / 1e9:g} GB; red above {TARGET:.0%}): weights, "

@@ -10,9 +10,11 @@ from dayzero.cli.app import app
 from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt, InterNodeOpt, JsonOpt,
                                 cluster_from_options, console, emit_json)
 from dayzero.cli.predict import (AttentionOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
-                                 TpOverlapOpt, describe, next_for_layout, perf_options, print_prediction)
+                                 TpOverlapOpt, check_precision, describe, next_for_layout, perf_options,
+                                 print_prediction)
 from dayzero.cli.next_steps import cluster_flags, print_next
 from dayzero.cli.render import FitTable
+from dayzero.planner.targets import MEMORY_TARGET
 
 DEFAULT_MODEL = "dense-3t"
 DEFAULT_CLUSTER = "ascend910b-8192"
@@ -46,7 +48,7 @@ def plan_cmd(
     seq: Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")] = 4096,
     precision: PrecisionOpt = "bf16",
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.")] = 5,
-    max_memory: Annotated[float, typer.Option("--max-memory", min=0.05, max=1.0, help="Peak memory limit, fraction of device memory.")] = 0.85,
+    max_memory: Annotated[float, typer.Option("--max-memory", min=0.05, max=1.0, help="Peak memory limit, fraction of device memory.")] = MEMORY_TARGET,
     tp: ListOpt("--tp", "tensor-parallel degrees") = None, pp: ListOpt("--pp", "pipeline degrees") = None,
     cp: ListOpt("--cp", "context-parallel degrees") = None, ep: ListOpt("--ep", "expert-parallel degrees") = None,
     mbs: ListOpt("--mbs", "micro-batch sizes") = None, zero: ListOpt("--zero", "ZeRO stages") = None,
@@ -65,12 +67,12 @@ def plan_cmd(
 
     spec = load_model(model)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
-    par_prec, opts = perf_options(precision, tp_overlap, ep_overlap, moe_imbalance, rank_order, calibration,
-                                  attention_kernel, cl)
+    check_precision(precision, cl)
+    opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")))
           if v is not None}
-    obj = plan(spec, cl, gbs, seq, par_prec, opts, top_k, max_memory, SearchSpace(**kw))
+    obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory, SearchSpace(rank_order=(rank_order,), **kw))
     if json_out:
         emit_json(obj)
         return

@@ -22,30 +22,34 @@ CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="JS
 AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class) | flash2 | unfused.")]
 
 
-def perf_options(precision: str, tp_overlap: bool, ep_overlap: bool, moe_imbalance: float, rank_order: str,
-                 calibration: str | None, attention_kernel: str = "fused", cluster=None):
-    """(ParallelConfig precision, PerfOptions) from the CLI's performance options."""
+def check_precision(precision: str, cluster=None) -> None:
+    """``--precision`` names one of ParallelConfig's GEMM precisions, one the cluster's card has units for."""
+    from dayzero.errors import ConfigError
+    from dayzero.specs.parallel import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise ConfigError("--precision", None, f"must be {', '.join(PRECISIONS)}, got {precision!r}")
+    if cluster is not None:
+        cluster.accelerator.require_native(precision)
+
+
+def perf_options(tp_overlap: bool, ep_overlap: bool, moe_imbalance: float, calibration: str | None,
+                 attention_kernel: str = "fused", cluster=None):
+    """PerfOptions from the CLI's performance options (precision and rank order are the layout's)."""
     from dayzero.errors import ConfigError
     from dayzero.planner.calibration import constants_for, load_calibration
     from dayzero.planner.comm import CommOptions
     from dayzero.planner.perf import PerfOptions
-    from dayzero.planner.topology import parse_order
 
-    if precision not in ("bf16", "fp8", "fp4"):
-        raise ConfigError("--precision", None, f"must be bf16, fp8 or fp4, got {precision!r}")
     if attention_kernel not in ("fused", "flash2", "unfused"):
         raise ConfigError("--attention-kernel", None, f"must be fused, flash2 or unfused, got {attention_kernel!r}")
     if moe_imbalance < 1.0:
         raise ConfigError("--moe-imbalance", None, f"must be >= 1.0 (busiest over average), got {moe_imbalance}")
-    parse_order(rank_order)
-    if cluster is not None:
-        cluster.accelerator.require_native(precision)
     constants = constants_for(cluster) if cluster is not None else None
     if calibration:
         constants = load_calibration(calibration, constants)
-    comm = CommOptions(rank_order=rank_order, tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance)
-    opts = PerfOptions(comm=comm, constants=constants, gemm_precision=precision, attention_kernel=attention_kernel)
-    return ("bf16" if precision == "bf16" else "fp8"), opts
+    comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance)
+    return PerfOptions(comm=comm, constants=constants, attention_kernel=attention_kernel)
 
 
 @app.command("predict")
@@ -69,10 +73,10 @@ def predict_cmd(
 
     spec = load_model(model)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
-    par_prec, opts = perf_options(precision, tp_overlap, ep_overlap, moe_imbalance, rank_order, calibration,
-                                  attention_kernel, cl)
+    check_precision(precision, cl)
+    opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
     par = parallel_from_options(cl.devices, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
-                                sequence_parallel, par_prec, schedule, layer_split)
+                                sequence_parallel, precision, schedule, layer_split, rank_order)
     obj = predict(spec, par, cl, opts)
     if json_out:
         emit_json(obj)

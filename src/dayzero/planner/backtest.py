@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from dayzero.planner.calibration import PerfConstants
-from dayzero.planner.perf import evaluate, grid_from_parallel
+from dayzero.planner.minimize import nelder_mead
+from dayzero.planner.perf import evaluate
 from dayzero.planner.published import Case, load_cases
+from dayzero.specs.grid import encode
 
 FIT_FIELDS = ("gemm_scale_bf16", "gemm_scale_fp8", "gemm_scale_fp4", "moe_gemm_scale", "gemm_half_dim", "attention_eff",
               "memory_scale", "layer_overhead_s", "moe_expert_overhead_s", "flash2_max_tflops")
@@ -32,7 +34,7 @@ def half_of(row_id: str) -> str:
 def predict_case(case: Case, constants: PerfConstants | None = None) -> float:
     """Predicted tokens/s per device of one row."""
     options = replace(case.options, constants=constants) if constants is not None else case.options
-    grid = grid_from_parallel(case.parallel, case.gemm_precision)
+    grid = encode([case.parallel])
     ev = evaluate(case.spec, grid, case.cluster, options, layer_split=case.parallel.layer_split)
     return float(ev.tokens_per_s_per_device[0])
 
@@ -43,14 +45,13 @@ def predict_cases(cases: list[Case], constants: PerfConstants | None = None) -> 
     groups: dict = {}
     for i, case in enumerate(cases):
         key = (case.spec, case.cluster.name, case.cluster.devices, case.options, case.parallel.seq,
-               case.parallel.layer_split)
+               case.parallel.layer_split, case.parallel.precision)
         groups.setdefault(key, []).append(i)
     out = np.zeros(len(cases))
     for idx in groups.values():
         first = cases[idx[0]]
         options = replace(first.options, constants=constants) if constants is not None else first.options
-        grids = [grid_from_parallel(cases[i].parallel, cases[i].gemm_precision) for i in idx]
-        grid = {k: np.concatenate([g[k] for g in grids]) for k in grids[0]}
+        grid = encode([cases[i].parallel for i in idx])
         ev = evaluate(first.spec, grid, first.cluster, options, layer_split=first.parallel.layer_split)
         out[idx] = ev.tokens_per_s_per_device
     return out
@@ -108,35 +109,6 @@ def fit_constants(path: str | Path | None, start: PerfConstants | None = None, i
 
     x, fx = nelder_mead(loss, x0, iterations)
     return make(x), fx
-
-
-def nelder_mead(f, x0: np.ndarray, iterations: int, step: float = 0.15) -> tuple[np.ndarray, float]:
-    """Plain Nelder-Mead (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
-    n = len(x0)
-    pts = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
-    vals = [f(p) for p in pts]
-    for _ in range(iterations):
-        order = np.argsort(vals)
-        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
-        centroid = np.mean(pts[:-1], axis=0)
-        xr = centroid + (centroid - pts[-1])
-        fr = f(xr)
-        if fr < vals[0]:
-            xe = centroid + 2 * (centroid - pts[-1])
-            fe = f(xe)
-            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < vals[-2]:
-            pts[-1], vals[-1] = xr, fr
-        else:
-            xc = centroid + 0.5 * (pts[-1] - centroid)
-            fc = f(xc)
-            if fc < vals[-1]:
-                pts[-1], vals[-1] = xc, fc
-            else:
-                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
-                vals = [vals[0]] + [f(p) for p in pts[1:]]
-    i = int(np.argmin(vals))
-    return pts[i], vals[i]
 
 
 def constant_fields() -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from dayzero.errors import LayoutError
-from dayzero.planner.memory import MemoryOptions, _candidate
+from dayzero.planner.memory import MemoryOptions, candidate
 from dayzero.planner.memory_terms import KINDS, RankFeatures, category_totals, stage_terms
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -32,7 +32,7 @@ def _totals_for_rank(spec: ModelSpec, p: ParallelConfig, rank: int, capacity: fl
         layers={k: (prefix[i, s + n] - prefix[i, s])[None, :] for i, k in enumerate(KINDS)},
         full={k: (prefix[i, s + full_n] - prefix[i, s])[None, :] for i, k in enumerate(KINDS)},
         first=np.full((1, cols), float(rank == 0)), last=np.full((1, cols), float(rank == p.pp - 1)))
-    total = sum(category_totals(stage_terms(spec, options, _candidate(p), feats, capacity)).values())
+    total = sum(category_totals(stage_terms(spec, options, candidate(p), feats, capacity)).values())
     out = np.full((layers + 1, layers + 1), np.inf)
     out[s, n] = np.broadcast_to(total, (1, cols))[0]
     return out

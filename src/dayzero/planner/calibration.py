@@ -30,6 +30,7 @@ from dayzero.planner.collectives import Link
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.hardware import catalog
+from dayzero.specs.parallel import PRECISIONS
 
 DEFAULT_INTER_EFF = 0.9  # Calculon systems/h100_80g_nvl8.json: IB tier efficiency 0.9 (catalog simulator_params)
 
@@ -58,7 +59,7 @@ class PerfConstants:
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def with_overrides(self, overrides: dict, source: str) -> "PerfConstants":
+    def with_overrides(self, overrides: dict, source: str, fraction_max: float = 1.0) -> "PerfConstants":
         known = {f.name for f in fields(self)}
         bad = sorted(set(overrides) - known)
         if bad:
@@ -68,7 +69,8 @@ class PerfConstants:
             if v is None and k == "intra_eff":  # None: derive from the catalog
                 clean[k] = None
                 continue
-            clean[k] = check_bound(v, CONSTANT_BOUNDS[k], source, k)
+            lo, hi, lo_open = CONSTANT_BOUNDS[k]
+            clean[k] = check_bound(v, (lo, fraction_max if (lo, hi, lo_open) == FRACTION else hi, lo_open), source, k)
         return replace(self, **clean)
 
 
@@ -76,6 +78,10 @@ class PerfConstants:
 # measured rate, in (0, 1]; overheads are seconds, [0, 1]; half-dim a GEMM size; memory_scale a
 # ratio of real to counted bytes; optimizer bytes per parameter a positive size.
 FRACTION = (0.0, 1.0, True)
+# A measured profile's peaks are fitted asymptotes of microbenchmarks, not datasheet figures: a
+# training step may beat them (fused kernels, better shapes), up to this factor; beyond it is not
+# physical (validate/fit.py bounds its search by the same factor).
+MEASURED_FRACTION_MAX = 4.0
 CONSTANT_BOUNDS = {
     "gemm_scale_bf16": FRACTION, "gemm_scale_fp8": FRACTION, "gemm_scale_fp4": FRACTION, "moe_gemm_scale": FRACTION,
     "attention_eff": FRACTION, "intra_eff": FRACTION, "inter_eff": FRACTION,
@@ -127,11 +133,12 @@ def constants_for(cluster: Cluster, base: PerfConstants | None = None) -> PerfCo
     if unknown:
         raise ConfigError(f"cluster {cluster.name}", f"efficiency.{unknown[0]}",
                           f"unknown efficiency key; known: {', '.join(sorted([*CLUSTER_KEYS, *GEMM_KEYS]))}")
+    top = MEASURED_FRACTION_MAX if cluster.measurements else 1.0
     for k in GEMM_KEYS:  # fractions of the dense peak a calibration measured
         if k in cluster.efficiency:
-            check_bound(cluster.efficiency[k], FRACTION, f"cluster {cluster.name}", f"efficiency.{k}")
+            check_bound(cluster.efficiency[k], (0.0, top, True), f"cluster {cluster.name}", f"efficiency.{k}")
     over = {CLUSTER_KEYS[k]: v for k, v in cluster.efficiency.items() if k in CLUSTER_KEYS}
-    return base.with_overrides(over, f"cluster {cluster.name}: efficiency") if over else base
+    return base.with_overrides(over, f"cluster {cluster.name}: efficiency", top) if over else base
 
 
 @lru_cache(maxsize=1)
@@ -145,9 +152,6 @@ def catalog_medians() -> tuple[float, float]:
         if acc.allreduce_busbw_intra and acc.intra_node_bw:
             busbw.append(acc.allreduce_busbw_intra / acc.intra_node_bw)
     return float(np.median(gemm)), float(np.median(busbw))
-
-
-PRECISION_CODES = ("bf16", "fp8", "fp4")
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,8 @@ class Rates:
     native: tuple[bool, bool, bool] = (True, True, True)  # bf16, fp8, fp4 units exist (else GEMMs fall back)
 
     def gemm_rate(self, code):
-        """Large-GEMM FLOP/s for precision codes 0 bf16, 1 fp8, 2 fp4 (array in, array out)."""
-        r = np.array([self.peak[p] * self.gemm_eff[p] for p in PRECISION_CODES])
+        """Large-GEMM FLOP/s for precision codes (the grid's: 0 bf16, 1 fp8, 2 fp4; array in, array out)."""
+        r = np.array([self.peak[p] * self.gemm_eff[p] for p in PRECISIONS])
         return r[np.asarray(code, dtype=int)]
 
 
@@ -175,7 +179,7 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
     gemm_median, busbw_median = catalog_medians()
     peak, eff = {}, {}
     scale = {"bf16": constants.gemm_scale_bf16, "fp8": constants.gemm_scale_fp8, "fp4": constants.gemm_scale_fp4}
-    for p in PRECISION_CODES:
+    for p in PRECISIONS:
         used = p if p in acc.peak_flops else ("fp8" if p == "fp4" and "fp8" in acc.peak_flops else "bf16")
         peak[p] = acc.peak(used)
         measured = acc.gemm_efficiency(used) if used in acc.gemm_flops_measured else None
@@ -202,4 +206,4 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
     fused = peak["bf16"] * constants.attention_eff
     return Rates(peak=peak, gemm_eff=eff, attention_flops=fused, flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
                  hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster),
-                 native=tuple(p in acc.peak_flops for p in PRECISION_CODES))
+                 native=tuple(p in acc.peak_flops for p in PRECISIONS))

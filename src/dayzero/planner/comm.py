@@ -36,13 +36,13 @@ import numpy as np
 from dayzero.planner.calibration import Rates
 from dayzero.planner.collectives import group_collective
 from dayzero.planner.compute import BF16, ComputeCosts, layer_classes, single_seq
-from dayzero.planner.topology import DENSE_ORDER, group_strides, span
+from dayzero.planner.topology import group_strides, span
+from dayzero.specs.grid import FULL
 from dayzero.specs.model import ModelSpec
 
 
 @dataclass(frozen=True)
 class CommOptions:
-    rank_order: str = DENSE_ORDER
     tp_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
     ep_overlap: bool = False  # EP all-to-all overlapped with another micro-batch (DualPipe, 1F1B a2a overlap)
     moe_imbalance: float = 1.0  # busiest device's routed tokens / average (NVIDIA benchmarks force-balance)
@@ -59,10 +59,10 @@ class Groups:
         return self.g[name]
 
 
-def place_groups(grid: dict, rates: Rates, order: str) -> Groups:
+def place_groups(grid: dict, rates: Rates) -> Groups:
+    """Every group of every candidate on the cluster's scale-up domains (each row's rank order)."""
     out = {}
-    for name, (size, stride) in group_strides(grid["tp"], grid["cp"], grid["dp"], grid["pp"], grid["ep"],
-                                              grid["etp"], order).items():
+    for name, (size, stride) in group_strides(grid).items():
         per, doms = span(size, stride, rates.domain)
         out[name] = (np.asarray(size), per, doms)
     return Groups(out)
@@ -94,8 +94,8 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     seq = single_seq(g)
     T = g["mbs"] * seq / cp
     H = spec.hidden
-    sp = (g["sp"] > 0) & (g["tp"] > 1)
-    full = g["recompute"] == 2
+    sp = (g["sequence_parallel"] > 0) & (g["tp"] > 1)
+    full = g["recompute"] == FULL
     classes = layer_classes(spec)
     kinds = np.array([k == "moe" for k, _ in classes])[:, None]  # (K, 1)
     layer_fb = costs.fwd + costs.bwd

@@ -34,6 +34,8 @@ import numpy as np
 from dayzero.planner.calibration import PerfConstants, Rates
 from dayzero.specs.counting import (attention_flops_per_token, attention_params, mlp_params, norm_params, router_params,
                                     shared_mlp)
+from dayzero.specs.grid import BF16 as BF16_CODE
+from dayzero.specs.grid import FULL, SELECTIVE
 from dayzero.specs.model import ModelSpec
 
 BF16 = 2  # bytes per activation element
@@ -92,13 +94,14 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     tp, cp, ep, etp = (g[k].astype(float) for k in ("tp", "cp", "ep", "etp"))
     seq = single_seq(g)
     T = g["mbs"] * seq / cp  # tokens of one micro-batch on this device's CP shard, (N,)
-    sp = (g["sp"] > 0) & (g["tp"] > 1)
+    sp = (g["sequence_parallel"] > 0) & (g["tp"] > 1)
     T_el = np.where(sp, T / tp, T)  # tokens seen by hidden-size elementwise kernels
-    rate_lo = rates.gemm_rate(g["prec"])  # FP8/FP4 GEMMs
-    rate_bf16 = rates.gemm_rate(np.zeros_like(g["prec"]))
+    prec = g["precision"]  # GEMM precision code (dayzero.specs.grid: 0 bf16, 1 fp8, 2 fp4)
+    rate_lo = rates.gemm_rate(prec)  # FP8/FP4 GEMMs
+    rate_bf16 = rates.gemm_rate(np.full_like(prec, BF16_CODE))
     # FP8/FP4 inputs are cast before each low-precision GEMM: read 2 B + write 1 B per element (in
     # BF16-element units); a card without those units runs the GEMM in BF16 and casts nothing
-    low = (g["prec"] > 0) & np.asarray(rates.native)[g["prec"]]
+    low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]
     cast = np.where(low, 1.5, 0.0)
     d0 = c.gemm_half_dim
     H, V = spec.hidden, spec.vocab
@@ -163,7 +166,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
         t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
         f = t_g + attn + t_mem
-        re = np.where(recompute == 2, f, np.where(recompute == 1, attn, 0.0))
+        re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, attn, 0.0))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
         bwd.append(2 * t_g + attn_bwd + 2 * t_mem + re + 2 * ovh / 3)

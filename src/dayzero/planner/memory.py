@@ -23,11 +23,10 @@ import numpy as np
 from dayzero.errors import LayoutError
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.memory_terms import CANDIDATE_KEYS, CATEGORIES, RankFeatures, category_totals, rank_features, stage_terms
-from dayzero.planner.schedule import SCHEDULE_CODES
+from dayzero.planner.schedule import effective_schedule
+from dayzero.specs.grid import encode
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split
-
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+from dayzero.specs.parallel import ParallelConfig, even_split, zero_sharded
 
 __all__ = ["MemoryOptions", "StageMemory", "MemoryReport", "estimate_memory", "peak_memory_batch",
            "model_states", "zero_comparison", "CATEGORIES"]
@@ -91,16 +90,21 @@ class MemoryReport:
 
 # -- the scalar path ---------------------------------------------------------------------------
 
-def _candidate(p: ParallelConfig) -> dict[str, np.ndarray]:
-    vals = dict(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=p.vpp, mbs=p.mbs, gbs=p.gbs,
-                seq=p.seq, zero=p.zero, recompute=RECOMPUTE_CODES[p.recompute], sp=int(p.sequence_parallel),
-                fp8=int(p.precision == "fp8"), schedule=_schedule_code(p.schedule, p.vpp))
-    return {k: np.array([[v]], dtype=np.int64) for k, v in vals.items()}
+def candidate(p: ParallelConfig) -> dict[str, np.ndarray]:
+    """One layout as the (1, 1) columns :func:`stage_terms` broadcasts against its ranks."""
+    return memory_columns(encode([p]), (1, 1))
 
 
-def _schedule_code(schedule: str, vpp: int) -> int:
-    code = SCHEDULE_CODES[schedule]
-    return 0 if code == 1 and vpp == 1 else code
+def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
+    """The grid columns the memory terms read, reshaped to ``shape``, with the schedule that
+    really runs (:func:`dayzero.planner.schedule.effective_schedule`)."""
+    missing = [k for k in CANDIDATE_KEYS if k not in grid]
+    if missing:
+        raise LayoutError(f"memory planner: grid lacks {', '.join(missing)}; give equal-length arrays for "
+                          f"{', '.join(CANDIDATE_KEYS)} (dayzero.specs.grid.encode builds them)")
+    cols = {k: np.asarray(grid[k], dtype=np.int64).reshape(shape) for k in CANDIDATE_KEYS}
+    cols["schedule"] = effective_schedule(cols["schedule"], cols["vpp"])
+    return cols
 
 
 def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[list[int]]]:
@@ -118,7 +122,7 @@ def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: i
     """Bytes per device on every pipeline stage. Raises LayoutError for an impossible layout."""
     parallel.validate(spec)
     feats, ranks = _features(spec, parallel)
-    terms = stage_terms(spec, options, _candidate(parallel), feats, float(capacity_bytes))
+    terms = stage_terms(spec, options, candidate(parallel), feats, float(capacity_bytes))
     cats = category_totals(terms)
     stages = []
     for r in range(parallel.pp):
@@ -134,22 +138,16 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
                       options: MemoryOptions = MemoryOptions()) -> np.ndarray:
     """Peak bytes (busiest stage, even layer split) for each candidate of ``grid``.
 
-    ``grid`` holds equal-length integer arrays keyed tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero,
-    recompute (0 none, 1 selective, 2 full), sp (0/1), fp8 (0/1), and optionally ``schedule``
-    (0 1f1b, 1 interleaved, 2 gpipe; default interleaved when vpp > 1, else 1f1b). Returns a float64
+    ``grid`` is the planner's grid (:mod:`dayzero.specs.grid`: equal-length integer arrays keyed by
+    ParallelConfig's field names, names coded; ``rank_order`` may be absent). Returns a float64
     array equal (to rounding) to ``estimate_memory(...).peak_bytes`` of each candidate. Layout
-    validity is not checked here: filter candidates with ParallelConfig.problems first.
+    validity is not checked here: filter candidates with :func:`dayzero.specs.layout_rules.mask`
+    (ParallelConfig.problems) first.
     """
-    missing = [k for k in CANDIDATE_KEYS if k not in grid]
-    if missing:
-        raise LayoutError(f"peak_memory_batch: grid lacks {', '.join(missing)}; give equal-length arrays for "
-                          f"{', '.join(CANDIDATE_KEYS)}")
-    cols = {k: np.asarray(grid[k], dtype=np.int64).ravel() for k in CANDIDATE_KEYS}
-    n = len(cols["tp"])
-    if any(len(v) != n for v in cols.values()):
+    n = len(np.ravel(grid["tp"])) if "tp" in grid else 0
+    if any(len(np.ravel(grid[k])) != n for k in CANDIDATE_KEYS if k in grid):
         raise LayoutError("peak_memory_batch: grid arrays must all have the same length")
-    sched = np.asarray(grid.get("schedule", np.where(cols["vpp"] > 1, 1, 0)), dtype=np.int64).ravel()
-    cols["schedule"] = np.where((sched == 1) & (cols["vpp"] == 1), 0, sched)
+    cols = memory_columns(grid, (n,))
     out = np.empty(n, dtype=np.float64)
     if n == 0:
         return out
@@ -218,7 +216,8 @@ def zero_state_bytes(params: float, dp: int, zero: int, options: MemoryOptions =
     """Model-state bytes per device for ``params`` replicated over ``dp`` ranks under ZeRO ``zero``
     (Rajbhandari et al. 2020, Fig. 1: (2 + 2 + K) psi, then 2psi + 2psi + K psi / Nd, ...)."""
     p, g, o = options.param_bytes, options.grad_bytes, options.master_bytes + options.optim_bytes
-    return params * (p / (dp if zero >= 3 else 1) + g / (dp if zero >= 2 else 1) + o / (dp if zero >= 1 else 1))
+    per_param = zero_sharded(p, "weights", zero, dp) + zero_sharded(g, "gradients", zero, dp) + zero_sharded(o, "optimizer", zero, dp)
+    return float(params * per_param)
 
 
 def zero_comparison(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int,

@@ -18,11 +18,13 @@ from dayzero.planner.activations import (Dims, attention_terms, first_stage_term
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import head_inflight, inflight_microbatches
+from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE
 from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 KINDS = ("dense", "moe")
-CANDIDATE_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "seq", "zero", "recompute", "sp", "fp8")
+CANDIDATE_KEYS = tuple(f for f in FIELDS if f != "rank_order")  # where the ranks sit changes no byte
 
 
 @dataclass(frozen=True)
@@ -51,14 +53,15 @@ def rank_features(per_rank_kinds: list[list[str]], per_rank_full: list[list[str]
 
 
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, capacity_bytes: float) -> dict[str, np.ndarray]:
-    """All terms (bytes per device) for candidates ``c`` (arrays (n, 1) keyed by CANDIDATE_KEYS plus
-    ``schedule``: 0 1f1b, 1 interleaved, 2 gpipe) on the ranks described by ``f``."""
+    """All terms (bytes per device) for candidates ``c`` (grid columns of shape (n, 1) keyed by
+    CANDIDATE_KEYS, schedule normalised by :func:`dayzero.planner.memory.memory_schedule`) on the
+    ranks described by ``f``. FP8 and FP4 GEMMs keep the same FP8 weight cache and activations."""
     tp, pp, dp, cp, ep, etp, vpp = (c[k] for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp"))
     zero, rc, sched = c["zero"], c["recompute"], c["schedule"]
-    d = Dims(seq=c["seq"], mbs=c["mbs"], tp=tp, cp=cp, etp=etp, sp=c["sp"] > 0, fp8=c["fp8"] > 0)
-    m = c["gbs"] // (c["mbs"] * dp)
+    d = Dims(seq=c["seq"], mbs=c["mbs"], tp=tp, cp=cp, etp=etp, sp=c["sequence_parallel"] > 0, fp8=c["precision"] != BF16)
+    m = microbatches(c["gbs"], c["mbs"], dp)
     zd = dp * cp  # dense ZeRO group: replicas of a dense shard (data x context parallel)
-    edp = np.maximum(1, (tp * cp * dp) // (ep * etp))  # expert ZeRO group
+    edp = expert_data_parallel(tp, cp, dp, ep, etp)  # expert ZeRO group
     kv = spec.attention.kv_heads
     kinds = [k for k in KINDS if f.layers[k].any()]
     t: dict[str, np.ndarray] = {}
@@ -69,24 +72,20 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
     dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
     experts = sum(f.layers[k] * layer_params(spec, k).local_expert(ep, etp) for k in kinds) + 0.0
 
-    def sharded(zero_stage: int, x, group):
-        """x / group once ZeRO reaches ``zero_stage`` (3: parameters, 2: gradients, 1: optimizer)."""
-        return x / np.where(zero >= zero_stage, group, 1)
-
-    for cat, zero_stage, nbytes in (("weights", 3, opts.param_bytes), ("gradients", 2, opts.grad_bytes)):
+    for cat, nbytes in (("weights", opts.param_bytes), ("gradients", opts.grad_bytes)):
         if cat == "weights" and opts.sharded_params_are_master:
-            nbytes = np.where(zero >= 3, 0, nbytes)  # FSDP2: the sharded copy is the fp32 master itself
-        t[f"{cat}:layers"] = nbytes * sharded(zero_stage, dense, zd)
-        t[f"{cat}:experts"] = nbytes * sharded(zero_stage, experts, edp)
-        t[f"{cat}:embedding"] = nbytes * sharded(zero_stage, emb, zd)
-        t[f"{cat}:head"] = nbytes * sharded(zero_stage, head, zd)
-    states = sharded(1, dense + emb + head, zd) + sharded(1, experts, edp)
+            nbytes = np.where(zero_shards(zero, "weights"), 0, nbytes)  # FSDP2: the sharded copy is the fp32 master itself
+        t[f"{cat}:layers"] = nbytes * zero_sharded(dense, cat, zero, zd)
+        t[f"{cat}:experts"] = nbytes * zero_sharded(experts, cat, zero, edp)
+        t[f"{cat}:embedding"] = nbytes * zero_sharded(emb, cat, zero, zd)
+        t[f"{cat}:head"] = nbytes * zero_sharded(head, cat, zero, zd)
+    states = zero_sharded(dense + emb + head, "optimizer", zero, zd) + zero_sharded(experts, "optimizer", zero, edp)
     t["optimizer:master"] = opts.master_bytes * states
     t["optimizer:moments"] = opts.optim_bytes * states
     # FP8 training caches an FP8 copy (+ transpose) of each local weight across micro-batches;
     # under ZeRO-3 only the gathered units have one (counted with the gather buffers).
     fp8_w = np.where(d.fp8, opts.fp8_weight_cache_bytes, 0)
-    t["weights:fp8_cache"] = np.where(zero >= 3, 0, fp8_w * (dense + experts))
+    t["weights:fp8_cache"] = np.where(zero_shards(zero, "weights"), 0, fp8_w * (dense + experts))
 
     # -- activations ------------------------------------------------------------------------
     inflight = inflight_microbatches(sched, pp, vpp, m, f.rank)
@@ -96,9 +95,9 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
     transient = 0.0
     for k in kinds:
         a, n = acts[k], f.layers[k]
-        nfull = np.where(rc == 2, f.full[k], 0)
-        per_mb = per_mb + (n - nfull) * np.where(rc == 1, a.selective, a.none) + nfull * a.full
-        tr = a.largest + np.where(rc == 1, a.core, 0) + np.where((rc == 2) & (nfull > 0), a.none - a.full, 0)
+        nfull = np.where(rc == FULL, f.full[k], 0)
+        per_mb = per_mb + (n - nfull) * np.where(rc == SELECTIVE, a.selective, a.none) + nfull * a.full
+        tr = a.largest + np.where(rc == SELECTIVE, a.core, 0) + np.where((rc == FULL) & (nfull > 0), a.none - a.full, 0)
         transient = np.maximum(transient, np.where(n > 0, tr, 0))
     t["activations:layers"] = per_mb * inflight
     t["activations:embedding"] = f.first * sum(first_stage_terms(spec, opts, d).values()) * inflight
@@ -112,11 +111,11 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
         lp = layer_params(spec, k)
         unit = np.maximum(unit, np.where(f.layers[k] > 0, lp.local_dense(tp, kv) + lp.local_expert(ep, etp), 0))
     unit = np.maximum(np.maximum(unit, emb), head)
-    t["temporary:zero3_gather"] = np.where(zero >= 3, opts.zero3_prefetch_units * unit * (opts.param_bytes + fp8_w), 0)
+    t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"), opts.zero3_prefetch_units * unit * (opts.param_bytes + fp8_w), 0)
     bucket = opts.grad_bucket_params if opts.grad_bucket_params is not None else np.maximum(40e6, 1e6 * zd)
     local = dense + experts + emb + head
     t["temporary:grad_reduce"] = opts.grad_bytes * np.where(
-        zero == 2, np.minimum(opts.grad_buckets_in_flight * bucket, local), np.where(zero >= 3, unit, 0))
+        zero == 2, np.minimum(opts.grad_buckets_in_flight * bucket, local), np.where(zero_shards(zero, "weights"), unit, 0))
     ab, h = opts.act_bytes, spec.hidden
     t["temporary:sp_gather"] = np.where(d.sp & (tp > 1), ab * d.tok * h, 0)
     if "moe" in kinds:

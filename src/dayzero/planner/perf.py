@@ -29,29 +29,17 @@ from dayzero.planner.compute import BF16, compute_costs, layer_class_index, laye
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split
-
-PRECISION_CODE = {"bf16": 0, "fp8": 1, "fp4": 2}
-RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
+from dayzero.specs.parallel import PRECISIONS, even_split, zero_sharded
 
 
 @dataclass(frozen=True)
 class PerfOptions:
-    """Everything the step-time model needs beyond the layout itself."""
+    """Everything the step-time model needs beyond the layout itself (the GEMM precision and the
+    rank order are the layout's: ParallelConfig.precision, ParallelConfig.rank_order)."""
 
     comm: CommOptions = field(default_factory=CommOptions)
     constants: PerfConstants | None = None  # None: defaults + the cluster file's efficiency overrides
-    gemm_precision: str | None = None  # "fp4" runs GEMMs in NVFP4/MXFP4 (ParallelConfig knows bf16|fp8)
     attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 | unfused
-
-
-def grid_from_parallel(p: ParallelConfig, gemm_precision: str | None = None) -> dict:
-    """One-candidate grid (the memory planner's keys plus ``prec``)."""
-    prec = PRECISION_CODE[gemm_precision or p.precision]
-    vals = dict(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp, vpp=p.vpp, mbs=p.mbs, gbs=p.gbs, seq=p.seq,
-                zero=p.zero, recompute=RECOMPUTE_CODE[p.recompute], sp=int(p.sequence_parallel),
-                fp8=int(prec > 0), prec=prec)
-    return {k: np.array([v]) for k, v in vals.items()}
 
 
 @lru_cache(maxsize=4096)
@@ -105,14 +93,15 @@ class Evaluation:
 
 def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions | None = None,
              layer_split: tuple[int, ...] | None = None) -> Evaluation:
-    """Vectorised step-time model over candidates (see the module docstring)."""
+    """Vectorised step-time model over the candidates of ``grid`` (:mod:`dayzero.specs.grid`;
+    valid layouts only, see :mod:`dayzero.specs.layout_rules`); see the module docstring."""
     options = options or PerfOptions()
     consts = options.constants or constants_for(cluster)
     r = rates(cluster, consts)
     g = {k: np.asarray(v) for k, v in grid.items()}
     n = len(g["tp"])
     costs = compute_costs(spec, g, r, consts, options.comm.moe_imbalance, options.attention_kernel)
-    groups = place_groups(g, r, options.comm.rank_order)
+    groups = place_groups(g, r)
     litems = layer_comm(spec, g, r, costs, groups, options.comm)
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
 
@@ -148,7 +137,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     expert_params = on_slow(costs.expert_params)
 
     seq = single_seq(g)
-    act = g["mbs"] * seq / g["cp"] * spec.hidden * BF16 / np.where((g["sp"] > 0) & (g["tp"] > 1), g["tp"], 1)
+    act = g["mbs"] * seq / g["cp"] * spec.hidden * BF16 / np.where((g["sequence_parallel"] > 0) & (g["tp"] > 1), g["tp"], 1)
     z3 = next((i for i in litems if i.name == "zero-3 param gather (dp_cp)"), None)
     first_ag = (z3.nbytes[cls[0]], z3.time[cls[0]]) if z3 is not None else (np.zeros(n), np.zeros(n))
     sitems = step_comm(g, r, groups, options.comm, dense_params=dense_params, expert_params=expert_params,
@@ -156,7 +145,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
 
     zero = g["zero"]
     edp = groups["edp"][0]
-    upd = dense_params / np.where(zero >= 1, groups["dp_cp"][0], 1) + expert_params / np.where(zero >= 1, edp, 1)
+    upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer", zero, edp)
     optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
     bubble_s = (g["pp"] - 1) / g["vpp"] * t_mb
     step_exposed = sum(i.exposed for i in sitems)
@@ -169,7 +158,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     per_dev = tokens_per_s / devices
     model_flops = flops_per_token(spec, seq, causal=True).train
     tflops = per_dev * model_flops
-    peak = np.array([r.peak[p] for p in ("bf16", "fp8", "fp4")])[g["prec"]]
+    peak = np.array([r.peak[p] for p in PRECISIONS])[g["precision"]]
     inventory = ([(i, on_slow(i.ops) * m, on_slow(i.ops * i.nbytes) * m, on_slow(i.ops * i.time) * m,
                    on_slow(i.exposed) * m) for i in litems]
                  + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])

@@ -1,26 +1,21 @@
 """One layout's prediction as the DESIGN.md contract object: memory, time, throughput, checks.
 
-The checks are the targets a Day-0 adaptation is judged by: MFU above 50 %, peak memory below
-85 % of device capacity, exposed communication below 15 % of the step.
+The checks are the targets a Day-0 adaptation is judged by (:mod:`dayzero.planner.targets`): MFU
+above 50 %, peak memory below 85 % of device capacity, exposed communication below 15 % of the step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from dayzero.planner.perf import Evaluation, PerfOptions, evaluate, grid_from_parallel
+from dayzero.planner.perf import Evaluation, PerfOptions, evaluate
+from dayzero.planner.targets import MEMORY_TARGET, Targets
 from dayzero.planner.topology import process_groups
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
+from dayzero.specs.grid import encode
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, even_split
 
-
-@dataclass(frozen=True)
-class Targets:
-    mfu: float = 0.50
-    memory: float = 0.85
-    comm_ratio: float = 0.15
+__all__ = ["MEMORY_TARGET", "Targets", "checks", "predict", "prediction", "with_even_split"]
 
 
 def checks(mfu: float, memory_utilization: float, comm_ratio: float, targets: Targets = Targets()) -> list[dict]:
@@ -45,10 +40,10 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
     """Assemble the contract object for candidate ``i`` of an evaluation."""
     f = lambda name: float(getattr(ev, name)[i])  # noqa: E731
     mfu, ratio = f("mfu"), f("comm_ratio")
-    groups = process_groups(parallel, cluster, options.comm.rank_order)
+    groups = process_groups(parallel, cluster)
     return {
         "model": spec.name, "cluster": cluster.name, "devices": cluster.devices,
-        "parallel": {**parallel.to_dict(), "gemm_precision": options.gemm_precision or parallel.precision},
+        "parallel": {**parallel.to_dict(), "gemm_precision": parallel.precision},
         "fits": bool(memory["fits"]),
         "memory": memory,
         "time": {"step_s": f("step_s"), "compute_s": f("compute_s"), "comm_exposed_s": f("comm_exposed_s"),
@@ -72,6 +67,5 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
     parallel = with_even_split(spec, parallel).validate(spec, cluster.devices)
     memory_options = memory_options or MemoryOptions.for_accelerator(cluster.accelerator)
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
-    ev = evaluate(spec, grid_from_parallel(parallel, options.gemm_precision), cluster, options,
-                  layer_split=parallel.layer_split)
+    ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)
     return prediction(spec, parallel, cluster, ev, 0, report.to_dict(), options)

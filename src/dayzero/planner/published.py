@@ -38,7 +38,7 @@ from dayzero.specs.cluster import Cluster, build_cluster
 from dayzero.specs.hardware import resolve_accelerator
 from dayzero.specs.hf_config import spec_from_hf_config
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split
+from dayzero.specs.parallel import ParallelConfig, even_split, even_split_fills
 from dayzero.specs.presets import reference_data
 from dayzero.specs.registry import load_model
 
@@ -56,8 +56,12 @@ class Case:
     parallel: ParallelConfig
     options: PerfOptions
     published: float  # tokens/s per device
-    gemm_precision: str  # bf16 | fp8 | fp4
     full_layout: bool  # the row states tp and pp (a layout experts picked, not only a sharding strategy)
+
+    @property
+    def gemm_precision(self) -> str:
+        """bf16 | fp8 | fp4: the layout's precision."""
+        return self.parallel.precision
 
 
 @dataclass(frozen=True)
@@ -246,12 +250,12 @@ def case_of(row: dict) -> Case:
     vpp = vpp if pp > 1 else 1
     # Megatron counts the embedding and the loss as one layer each when splitting
     # (account_for_embedding/loss_in_pipeline_split): 126 layers fill pp*vp = 128 stages.
-    if spec.layers < pp * vpp - 2:
+    if not even_split_fills(spec.layers, pp * vpp):
         raise DayzeroError(f"{spec.layers} layers cannot fill pp*vp = {pp * vpp} stages")
     split = None if spec.layers % (pp * vpp) == 0 else even_split(spec.layers, pp * vpp)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
                               zero=zero, recompute=_recompute(row), sequence_parallel=tp > 1,
-                              precision="bf16" if prec == "bf16" else "fp8", layer_split=split)
+                              precision=prec, layer_split=split)
     problems = parallel.problems(spec, devices)
     if problems:
         raise DayzeroError("layout inconsistent: " + "; ".join(problems))
@@ -267,10 +271,9 @@ def case_of(row: dict) -> Case:
     kernel = "flash2" if "foundry" in framework or "mosaic" in row.get("source", "").lower() else "fused"
     if spec.attention.sinks and kernel == "fused":
         kernel = "unfused"
-    options = PerfOptions(comm=CommOptions(tp_overlap=megatron, ep_overlap=bridge), gemm_precision=prec,
-                          attention_kernel=kernel)
+    options = PerfOptions(comm=CommOptions(tp_overlap=megatron, ep_overlap=bridge), attention_kernel=kernel)
     return Case(id=rid, source=row.get("source", "").strip(), spec=spec, cluster=cluster, parallel=parallel,
-                options=options, published=published, gemm_precision=prec,
+                options=options, published=published,
                 full_layout=bool((row.get("tp") or "").strip() and (row.get("pp") or "").strip()))
 
 

@@ -24,7 +24,7 @@ from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import step_order
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig
+from dayzero.specs.parallel import ParallelConfig, zero_sharded, zero_shards
 
 TRACKED = ("weights", "gradients", "optimizer", "activations", "temporary")
 
@@ -137,13 +137,13 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
     m = m_all if p.schedule == "gpipe" else min(m_all, 2 * p.pp)
     tr = _Tracker(capacity_bytes, record_timeline)
     zd, edp = p.dp * p.cp, p.edp
-    d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel, fp8=p.precision == "fp8")
+    d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel, fp8=p.precision != "bf16")
     o = options
     first, last = rank == 0, rank == p.pp - 1
 
     # -- persistent model states -------------------------------------------------------------
-    def shard(elems: float, expert: bool, zero_stage: int) -> float:
-        return elems / ((edp if expert else zd) if p.zero >= zero_stage else 1)
+    def shard(elems: float, expert: bool, state: str) -> float:
+        return float(zero_sharded(elems, state, p.zero, edp if expert else zd))
 
     tensors: list[tuple[tuple, float, bool]] = []
     for layer in (i for ch in chunks for i in ch):
@@ -153,19 +153,19 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
         tensors.append((("w", "embed"), float(embed_local(edge, p.tp)), False))
     if last:
         tensors.append((("w", "head"), float(head_local(edge, p.tp, p.pp)), False))
-    fp8_cache = o.fp8_weight_cache_bytes if p.precision == "fp8" else 0
+    fp8_cache = o.fp8_weight_cache_bytes if p.precision != "bf16" else 0
     for key, elems, expert in tensors:
-        tr.new(key, o.param_bytes * shard(elems, expert, 3), "weights")
-        if fp8_cache and p.zero < 3 and key[1] not in ("embed", "head"):
+        tr.new(key, o.param_bytes * shard(elems, expert, "weights"), "weights")
+        if fp8_cache and not zero_shards(p.zero, "weights") and key[1] not in ("embed", "head"):
             tr.new(("fp8",) + key[1:], fp8_cache * elems, "weights")
-    if p.zero < 2:  # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
+    if not zero_shards(p.zero, "gradients"):  # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
         tr.new(("g", "buffer"), o.grad_bytes * sum(e for _, e, _ in tensors), "gradients")
     else:
         for key, elems, expert in tensors:
-            tr.new(("g",) + key[1:], o.grad_bytes * shard(elems, expert, 2), "gradients")
+            tr.new(("g",) + key[1:], o.grad_bytes * shard(elems, expert, "gradients"), "gradients")
     for key, elems, expert in tensors:
         for name, nbytes in (("master", o.master_bytes), ("exp_avg", o.optim_bytes / 2), ("exp_avg_sq", o.optim_bytes / 2)):
-            tr.new((name,) + key[1:], nbytes * shard(elems, expert, 1), "optimizer")
+            tr.new((name,) + key[1:], nbytes * shard(elems, expert, "optimizer"), "optimizer")
 
     # -- per-layer sizes from the activation model ---------------------------------------------
     terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_kinds)}
@@ -177,7 +177,7 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
     grad_fill = {"bytes": 0.0, "live": deque(), "n": 0}
 
     def gather(layer: int) -> None:  # ZeRO-3: all-gather this layer (and keep the previous one)
-        if p.zero < 3 or ("gather", layer) in tr.live:
+        if not zero_shards(p.zero, "weights") or ("gather", layer) in tr.live:
             return
         tr.new(("gather", layer), unit[layer] * (o.param_bytes + fp8_cache), "temporary")
         gathered.append(layer)
@@ -185,7 +185,7 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
             tr.drop(("gather", gathered.popleft()))
 
     def layer_grads(layer: int) -> None:
-        if p.zero >= 3:  # unsharded gradients of the unit, freed once reduce-scattered
+        if zero_shards(p.zero, "weights"):  # unsharded gradients of the unit, freed once reduce-scattered
             tr.new(("ugrad", layer), o.grad_bytes * unit[layer], "temporary")
             tr.drop(("ugrad", layer))
         elif p.zero == 2:  # fill DP buckets; two in flight

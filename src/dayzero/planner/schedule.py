@@ -9,22 +9,30 @@ activations a rank holds at its peak.
   layers. For rank 0 that is pp (1 + (pp - 1)/(pp vpp)) micro-batches' worth of its layers:
   Korthikanti et al. 2022's interleaving factor 1 + (p - 1)/(p v).
 
-``inflight_*`` are numpy-compatible (arrays of candidates x ranks broadcast).
+``inflight_*`` are numpy-compatible (arrays of candidates x ranks broadcast); schedules are the
+grid's codes (:mod:`dayzero.specs.grid`: 0 1f1b, 1 interleaved, 2 gpipe).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-SCHEDULE_CODES = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
+from dayzero.specs.grid import GPIPE, INTERLEAVED, ONE_F_ONE_B
+from dayzero.specs.grid import code as code_of
+
+
+def effective_schedule(code, vpp):
+    """The schedule that really runs: interleaved 1F1B with one model chunk per rank is 1F1B."""
+    code = np.asarray(code)
+    return np.where((code == INTERLEAVED) & (np.asarray(vpp) == 1), ONE_F_ONE_B, code)
 
 
 def warmup_chunks(code, pp, vpp, m, rank):
     """Chunk-forwards a rank runs before its first backward (Megatron's num_warmup_microbatches)."""
     total = np.asarray(m) * vpp
-    interleaved = (np.asarray(code) == 1) & (np.asarray(vpp) > 1)
+    interleaved = effective_schedule(code, vpp) == INTERLEAVED
     w = np.where(interleaved, 2 * (np.asarray(pp) - rank - 1) + (np.asarray(vpp) - 1) * pp, np.asarray(pp) - rank - 1)
-    w = np.where(np.asarray(code) == 2, total, w)
+    w = np.where(np.asarray(code) == GPIPE, total, w)
     return np.minimum(w, total)
 
 
@@ -43,27 +51,25 @@ def inflight_microbatches(code, pp, vpp, m, rank):
 def head_inflight(code, m):
     """Micro-batches whose logits the last stage holds: its loss backward follows each forward
     immediately except under GPipe, where all m forwards run first."""
-    return np.where(np.asarray(code) == 2, m, 1)
+    return np.where(np.asarray(code) == GPIPE, m, 1)
 
 
 def step_order(schedule: str, pp: int, vpp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
     """The passes of one training step on ``rank``: ("F" | "B", micro-batch, model chunk)."""
-    code = SCHEDULE_CODES[schedule]
-    if code == 1 and vpp == 1:
-        code = 0
+    sched = int(effective_schedule(code_of("schedule", schedule), vpp))
     total = m * vpp
-    if code == 2:
+    if sched == GPIPE:
         return [("F", i, c) for c in range(vpp) for i in range(m)] + \
                [("B", i, c) for c in reversed(range(vpp)) for i in range(m)]
 
     def chunk(k: int, forward: bool) -> tuple[int, int]:
-        if code == 0:
+        if sched == ONE_F_ONE_B:
             return k, 0
         group, pos = divmod(k, pp * vpp)
         c = pos // pp
         return group * pp + pos % pp, (c if forward else vpp - 1 - c)
 
-    warm = int(warmup_chunks(code, pp, vpp, m, rank))
+    warm = int(warmup_chunks(sched, pp, vpp, m, rank))
     order = [("F", *chunk(k, True)) for k in range(warm)]
     for i in range(total - warm):
         order.append(("F", *chunk(warm + i, True)))

@@ -2,13 +2,16 @@
 predicted step time.
 
 The space is the cartesian product of per-dim options (tp, pp, cp, ep, etp, vpp, mbs, zero,
-recompute, sequence parallelism; dp = devices / (tp pp cp)). Enumeration is staged with numpy
-so a rejected prefix is counted (times the size of the dims not yet expanded) without being
-materialised; survivors are checked against device memory in one vectorised call
-(:func:`dayzero.planner.memory.peak_memory_batch`), and only layouts that fit are timed, in one
-vectorised call of the step-time model (:func:`dayzero.planner.perf.evaluate`). Every layout
-considered ends in exactly one bucket: a plan, or rejected as ``indivisible``, ``does not fit``
-or ``worse``.
+recompute, sequence parallelism, rank order; dp = devices / (tp pp cp)), held as the planner's grid
+(:mod:`dayzero.specs.grid`). Enumeration is staged with numpy so a rejected prefix is counted
+(times the size of the dims not yet expanded) without being materialised: after each dim is
+expanded, every layout rule (:mod:`dayzero.specs.layout_rules`, the rules ParallelConfig.problems
+reports) whose columns are now present is ANDed into a mask, together with the few limits that
+define the space itself (:func:`space_mask`). Survivors are checked against device memory in one
+vectorised call (:func:`dayzero.planner.memory.peak_memory_batch`), and only layouts that fit are
+timed, in one vectorised call of the step-time model (:func:`dayzero.planner.perf.evaluate`).
+Every layout considered ends in exactly one bucket: a plan, or rejected as ``indivisible``,
+``does not fit`` or ``worse``.
 """
 
 from __future__ import annotations
@@ -19,12 +22,18 @@ import numpy as np
 
 from dayzero.errors import FitError, LayoutError
 from dayzero.planner.perf import PerfOptions, evaluate
+from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
+from dayzero.specs.grid import TABLES, code, decode, default_schedule
+from dayzero.specs.layout_rules import field_problems, mask, rules_reading
 from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills
 
-PREC = {"bf16": 0, "fp8": 1, "fp4": 2}
 CHUNK = 100_000  # bases per vectorised batch (bounds memory)
+# the order dims are expanded in (a base is every dim but zero and recompute)
+STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), ("etp",), ("vpp",), ("mbs",))
+VARIANTS = ("zero", "recompute")
 
 
 def _divisors(n: int) -> list[int]:
@@ -33,7 +42,8 @@ def _divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Options per dim; None means the default list derived from the model and cluster."""
+    """Options per dim, in ParallelConfig's terms; None means the default list derived from the
+    model and cluster."""
 
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
@@ -43,14 +53,17 @@ class SearchSpace:
     vpp: tuple[int, ...] | None = None
     mbs: tuple[int, ...] = (1, 2, 4, 8)
     zero: tuple[int, ...] = (0, 1, 2, 3)
-    recompute: tuple[int, ...] = (0, 1, 2)  # none, selective, full
-    sp: tuple[int, ...] = (1,)  # sequence parallelism with tp > 1 (it only removes work and memory)
+    recompute: tuple[str, ...] = RECOMPUTES
+    # with tp > 1 (it only removes work and memory); a tp = 1 layout is one layout, without it
+    sequence_parallel: tuple[bool, ...] = (True,)
+    rank_order: tuple[str, ...] = (DENSE_ORDER,)
 
     def resolve(self, spec: ModelSpec, devices: int, seq: int, domain: int) -> dict[str, tuple[int, ...]]:
-        """Default lists: tp divides the heads and stays inside one scale-up domain (a per-layer
-        all-reduce over the scale-out network is never competitive); pp up to layers + 2 (embedding
-        and loss may take a stage each); cp up to 32; ep any divisor of the experts; etp up to 8;
-        vpp up to 8 or any count splitting the layers evenly."""
+        """Grid codes per dim. Default lists: tp divides the heads and stays inside one scale-up
+        domain (a per-layer all-reduce over the scale-out network is never competitive); pp up to
+        layers + 2 (embedding and loss may take a stage each); cp up to 32; ep any divisor of the
+        experts; etp up to 8; vpp up to 8 or any count splitting the layers evenly. An option no
+        layout could use (a degree below 1, an unknown name) is a LayoutError."""
         a, L = spec.attention, spec.layers
         tp = self.tp or tuple(d for d in _divisors(a.heads) if d <= min(64, domain) and devices % d == 0)
         pp = self.pp or tuple(d for d in _divisors(devices) if d <= min(L + 2, 128))
@@ -62,10 +75,32 @@ class SearchSpace:
             ep, etp = self.ep or (1,), self.etp or (1,)
         vpp = self.vpp or tuple(sorted(set(range(1, 9)) | {v for p in pp for v in range(9, 33)
                                                           if L % (p * v) == 0 or (L + 2) % (p * v) == 0}))
-        if self.sp not in ((0,), (1,), (0, 1)):
-            raise LayoutError(f"sequence-parallel options must be (0,), (1,) or (0, 1), got {self.sp}")
-        return dict(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=self.mbs, zero=self.zero,
-                    recompute=self.recompute, sp=self.sp)
+        sp = tuple(sorted(set(self.sequence_parallel)))
+        if not sp or any(not isinstance(x, (bool, np.bool_)) and x not in (0, 1) for x in sp):
+            raise LayoutError(f"sequence-parallel options must be a non-empty subset of (False, True), got "
+                              f"{self.sequence_parallel}")
+        opts = dict(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=self.mbs, zero=self.zero,
+                    recompute=self.recompute, sequence_parallel=tuple(bool(x) for x in sp), rank_order=self.rank_order)
+        for dim, values in opts.items():
+            if not values:
+                raise LayoutError(f"search space: no {dim} options")
+            for v in values:
+                bad = field_problems(dim, v)
+                if bad:
+                    raise LayoutError(f"search space: {dim} option {v!r}: {'; '.join(bad)}")
+        return {dim: tuple(code(dim, v) if dim in TABLES else int(v) for v in values) for dim, values in opts.items()}
+
+
+def space_mask(g: dict, spec: ModelSpec) -> np.ndarray:
+    """The limits that define the space beyond the layout rules, on the columns present: the
+    layers split near-evenly with every middle stage holding some (Megatron's embedding/loss
+    accounting), and more than 8 virtual stages only where they split the layers exactly."""
+    ok = np.ones(len(g["tp"]), dtype=bool)
+    if "vpp" in g:
+        L, stages = spec.layers, g["pp"] * g["vpp"]
+        ok &= even_split_fills(L, stages)
+        ok &= (g["vpp"] <= 8) | (L % stages == 0) | ((L + 2) % stages == 0)
+    return ok
 
 
 @dataclass
@@ -98,61 +133,45 @@ def _cross(g: dict, name: str, values) -> dict:
 
 
 def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: SearchSpace,
-                      domain: int = 8) -> tuple[dict, int, int, int]:
-    """All divisor-consistent *bases* (every dim but zero and recompute).
+                      domain: int = 8, precision: str = "bf16") -> tuple[dict, int, int, int]:
+    """All valid *bases* (every dim but zero and recompute), as a grid.
 
     Returns (bases, considered, indivisible, variants): ``considered`` and ``indivisible`` count
     full layouts (a base times its ``variants`` = |zero| x |recompute| options)."""
+    for name, value in (("gbs", gbs), ("seq", seq), ("precision", precision)):
+        bad = field_problems(name, value)
+        if bad:
+            raise LayoutError(f"search: {'; '.join(bad)}")
     o = space.resolve(spec, devices, seq, domain)
-    a, L = spec.attention, spec.layers
-    later = lambda *names: int(np.prod([len(o[n]) for n in names]))  # noqa: E731
-    variants = later("zero", "recompute")
-    considered = indivisible = 0
+    variants = int(np.prod([len(o[d]) for d in VARIANTS]))
 
+    def later(i: int) -> int:  # full layouts behind one row after stage i
+        return variants * int(np.prod([len(o[d]) for stage in STAGES[i + 1:] for d in stage]))
+
+    g = _mesh(**{d: o[d] for d in STAGES[0]})
     # sequence parallelism exists only with tp > 1: a tp = 1 layout is one layout, sp off
-    g = _mesh(tp=o["tp"], sp=o["sp"])
-    g = _take(g, (g["tp"] > 1) | (g["sp"] == np.min(o["sp"])))
-    g["sp"] = np.where(g["tp"] > 1, g["sp"], 0)
-    g = _cross(_cross(g, "pp", o["pp"]), "cp", o["cp"])
-    rest = ("ep", "etp", "vpp", "mbs", "zero", "recompute")
-    considered += len(g["tp"]) * later(*rest)
-    world = g["tp"] * g["pp"] * g["cp"]
-    ok = (devices % world == 0) & (a.heads % g["tp"] == 0) & (L >= g["pp"] - 2)
-    ok &= (g["sp"] == 0) | (seq % (g["tp"] * g["cp"]) == 0)  # sequence parallelism splits seq by tp x cp
-    if a.kind == "gqa":
-        ok &= (a.kv_heads % g["tp"] == 0) | (g["tp"] % a.kv_heads == 0)
-    indivisible += int((~ok).sum()) * later(*rest)
-    g = _take(g, ok)
-    g["dp"] = devices // (g["tp"] * g["pp"] * g["cp"])
-
-    g = _cross(g, "ep", o["ep"])
-    ok = (g["ep"] == 1) | ((spec.moe.experts % g["ep"] == 0) if spec.moe is not None else False)
-    indivisible += int((~ok).sum()) * later(*rest[1:])
-    g = _take(g, ok)
-
-    g = _cross(g, "etp", o["etp"])
-    ok = (g["tp"] % g["etp"] == 0) & ((g["tp"] * g["cp"] * g["dp"]) % (g["ep"] * g["etp"]) == 0)
-    indivisible += int((~ok).sum()) * later(*rest[2:])
-    g = _take(g, ok)
-
-    # virtual stages: up to 8, or any count that splits the layers (with embedding and loss
-    # counted as layers, as Megatron's account_for_embedding/loss_in_pipeline_split does) evenly
-    g = _cross(g, "vpp", o["vpp"])
-    stages = g["pp"] * g["vpp"]
-    allowed = (g["vpp"] <= 8) | (L % stages == 0) | ((L + 2) % stages == 0)
-    ok = ((g["pp"] > 1) | (g["vpp"] == 1)) & (L >= stages - 2) & allowed
-    indivisible += int((~ok).sum()) * later(*rest[3:])
-    g = _take(g, ok)
-
-    g = _cross(g, "mbs", o["mbs"])
-    per = g["mbs"] * g["dp"]
-    m = np.where(gbs % per == 0, gbs // np.maximum(per, 1), 0)
-    ok = (m >= 1) & ((g["vpp"] == 1) | (m % g["pp"] == 0))
-    indivisible += int((~ok).sum()) * later(*rest[4:])
-    g = _take(g, ok)
+    sp = g["sequence_parallel"]
+    g = _take(g, (g["tp"] > 1) | (sp == np.min(o["sequence_parallel"])))
+    g["sequence_parallel"] = np.where(g["tp"] > 1, g["sequence_parallel"], 0)
     n = len(g["tp"])
-    g["gbs"] = np.full(n, gbs, dtype=np.int64)
-    g["seq"] = np.full(n, seq, dtype=np.int64)
+    for name, value in (("gbs", gbs), ("seq", seq), ("precision", code("precision", precision))):
+        g[name] = np.full(n, value, dtype=np.int64)
+    considered = n * later(0)
+    indivisible = 0
+    applied: set = set()
+    for i, stage in enumerate(STAGES):
+        if i:
+            for d in stage:
+                g = _cross(g, d, o[d])
+        if "cp" in stage:
+            g["dp"] = devices // (g["tp"] * g["pp"] * g["cp"])  # the device-count rule rejects a remainder
+        if "vpp" in stage:
+            g["schedule"] = default_schedule(g["vpp"])
+        rules = tuple(r for r in rules_reading(g, spec, devices) if r not in applied)
+        applied.update(rules)
+        ok = mask(g, spec, devices, rules) & space_mask(g, spec)
+        indivisible += int((~ok).sum()) * later(i)
+        g = _take(g, ok)
     return g, considered, indivisible, variants
 
 
@@ -190,10 +209,11 @@ def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit) -> tu
 
 
 def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
-           options: PerfOptions | None = None, top_k: int = 5, max_memory: float = 0.85,
+           options: PerfOptions | None = None, top_k: int = 5, max_memory: float = MEMORY_TARGET,
            space: SearchSpace | None = None, memory_fn=None, memory_options=None) -> SearchResult:
     """Best ``top_k`` layouts by predicted step time among those whose peak memory is at most
-    ``max_memory`` x device capacity. Raises FitError when none fits.
+    ``max_memory`` x device capacity, with GEMMs in ``precision`` (bf16 | fp8 | fp4). Raises
+    FitError when none fits.
 
     Pruning is exact under the models: for each ZeRO stage only the least recompute that fits is
     timed (more recompute only adds time), and ZeRO-2 only where ZeRO-1 needs more recompute to
@@ -205,11 +225,10 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         memory_options = memory_options or MemoryOptions.for_accelerator(cluster.accelerator)
     options = options or PerfOptions()
     space = space or SearchSpace()
-    devices = cluster.devices
-    bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, scaleup_domain(cluster))
+    devices, domain = cluster.devices, scaleup_domain(cluster)
+    bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
     n = len(bases["tp"])
-    prec = PREC[options.gemm_precision or precision]
-    bases["fp8"] = np.full(n, int(prec > 0), dtype=np.int64)
+    codes = space.resolve(spec, devices, seq, domain)
     capacity = cluster.memory_bytes
     limit = max_memory * capacity
 
@@ -218,7 +237,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
             return np.asarray(memory_fn(spec, grid, capacity), dtype=float)
         return np.asarray(memory_fn(spec, grid, capacity, memory_options), dtype=float)
 
-    zeros, recomputes = space.zero, space.recompute
+    zeros, recomputes = codes["zero"], codes["recompute"]
     best_rows, best_step, best_peak = [], [], []
     n_fit = n_timed = 0
     for start in range(0, n, CHUNK):
@@ -242,7 +261,6 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         cand["zero"] = np.concatenate([p[1] for p in parts]).astype(np.int64)
         cand["recompute"] = np.concatenate([p[2] for p in parts]).astype(np.int64)
         peaks = np.concatenate([p[3] for p in parts])
-        cand["prec"] = np.full(len(idx), prec, dtype=np.int64)
         n_timed += len(idx)
         ev = evaluate(spec, cand, cluster, options)
         order = np.argsort(ev.step_s, kind="stable")[:top_k]
@@ -263,44 +281,27 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                         rejected=rejected, timed=n_timed)
 
 
-def candidate_layouts(result: SearchResult) -> list[dict]:
-    """The top plans' layouts as ParallelConfig keyword dicts, best first."""
-    g = result.candidates
-    rec = ("none", "selective", "full")
-    out = []
-    for i in range(len(g["tp"])):
-        vpp = int(g["vpp"][i])
-        out.append(dict(tp=int(g["tp"][i]), pp=int(g["pp"][i]), dp=int(g["dp"][i]), cp=int(g["cp"][i]),
-                        ep=int(g["ep"][i]), etp=int(g["etp"][i]), vpp=vpp, mbs=int(g["mbs"][i]),
-                        gbs=int(g["gbs"][i]), seq=int(g["seq"][i]), zero=int(g["zero"][i]),
-                        recompute=rec[int(g["recompute"][i])], sequence_parallel=bool(g["sp"][i]),
-                        precision="bf16" if int(g["prec"][i]) == 0 else "fp8",
-                        schedule="interleaved" if vpp > 1 else "1f1b"))
-    return out
-
+def candidate_layouts(result: SearchResult) -> list[ParallelConfig]:
+    """The top plans' layouts, best first."""
+    return decode(result.candidates)
 
 
 def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
-         options: PerfOptions | None = None, top_k: int = 5, max_memory: float = 0.85,
+         options: PerfOptions | None = None, top_k: int = 5, max_memory: float = MEMORY_TARGET,
          space: SearchSpace | None = None, memory_options=None) -> dict:
     """The DESIGN.md plan object: the best layouts as full predictions, best first, with how
     many layouts were considered and why the others were rejected."""
     import time
 
     from dayzero.planner.predict import predict
-    from dayzero.specs.parallel import ParallelConfig
 
     options = options or PerfOptions()
     t0 = time.perf_counter()
     result = search(spec, cluster, gbs, seq, precision, options, top_k, max_memory, space,
                     memory_options=memory_options)
     t_search = time.perf_counter() - t0
-    gemm = options.gemm_precision or precision
-    plans = []
-    for kw in candidate_layouts(result):
-        kw["precision"] = "bf16" if gemm == "bf16" else "fp8"
-        plans.append(predict(spec, ParallelConfig(**kw), cluster, options, memory_options))
+    plans = [predict(spec, p, cluster, options, memory_options) for p in candidate_layouts(result)]
     return {"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "gbs": gbs, "seq": seq,
-            "precision": gemm, "max_memory": max_memory, "plans": plans, "considered": result.considered,
+            "precision": precision, "max_memory": max_memory, "plans": plans, "considered": result.considered,
             "rejected": result.rejected, "timed": result.timed,
             "seconds": {"search": t_search, "total": time.perf_counter() - t0}}

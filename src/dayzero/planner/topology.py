@@ -16,7 +16,10 @@ scale-up domain (a node, an NVL72 rack) and ``domains`` domains; it is a scale-u
 ``domains == 1`` and a hierarchical (scale-up + scale-out) group when both exceed 1.
 
 Every function here takes numpy arrays or Python ints, so the search evaluates thousands of
-layouts in one call.
+layouts in one call. The rank order is part of the layout (``ParallelConfig.rank_order``, the
+grid's ``rank_order`` column); which orders are allowed is a rule of
+:mod:`dayzero.specs.layout_rules` (cp and dp adjacent, since gradients are reduced over dp x cp),
+so the functions here expect valid layouts.
 """
 
 from __future__ import annotations
@@ -25,21 +28,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dayzero.errors import LayoutError
 from dayzero.specs.cluster import Cluster
+from dayzero.specs.grid import RANK_ORDERS, columns
+from dayzero.specs.parallel import DENSE_DIMS, DENSE_ORDER, expert_data_parallel, parse_order
 
-DENSE_ORDER = "tp-cp-dp-pp"
+__all__ = ["DENSE_DIMS", "DENSE_ORDER", "EXPERT_ORDER", "Group", "group_ranks", "group_strides", "parse_order",
+           "process_groups", "scaleup_domain", "span", "strides"]
+
 EXPERT_ORDER = "etp-ep-edp-pp"
-DENSE_DIMS = ("tp", "cp", "dp", "pp")
-
-
-def parse_order(order: str) -> tuple[str, ...]:
-    """``"tp-cp-dp-pp"`` -> ``("tp", "cp", "dp", "pp")``; every dense dim exactly once."""
-    dims = tuple(d.strip() for d in order.lower().split("-") if d.strip())
-    if sorted(dims) != sorted(DENSE_DIMS):
-        raise LayoutError(f"rank order {order!r} must name each of tp, cp, dp, pp exactly once, fastest first "
-                          f"(e.g. {DENSE_ORDER})")
-    return dims
+# ORDER_POSITIONS[code, i]: where dense dim DENSE_DIMS[i] sits in rank order RANK_ORDERS[code], fastest = 0
+ORDER_POSITIONS = np.array([[o.split("-").index(d) for d in DENSE_DIMS] for o in RANK_ORDERS])
 
 
 def strides(order: tuple[str, ...], sizes: dict) -> dict:
@@ -106,40 +104,52 @@ class Group:
                 "domains": self.domains, "tiers": list(self.tiers)}
 
 
-def group_strides(tp, cp, dp, pp, ep, etp, order: str = DENSE_ORDER) -> dict:
-    """Stride and size of every group the planner uses; values are arrays or ints.
+def group_strides(c: dict) -> dict:
+    """Stride and size of every group the planner uses, from a grid (arrays) or one layout's
+    columns (ints): tp, cp, dp, pp, ep, etp and the rank order's code.
 
+    A dense dim's stride is the product of the sizes of the dims before it in its row's order.
     ``dp_cp`` is the gradient group (dense grads are reduced over dp x cp, as in Megatron);
     ``ep``/``etp``/``edp`` follow the expert order within a stage (stride of etp is 1)."""
-    dims = parse_order(order)
+    tp, cp, dp, pp, ep, etp = (c[k] for k in ("tp", "cp", "dp", "pp", "ep", "etp"))
     sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
-    st = strides(dims, sizes)
-    i_cp, i_dp = dims.index("cp"), dims.index("dp")
-    if abs(i_cp - i_dp) != 1:
-        raise LayoutError(f"rank order {order!r}: cp and dp must be adjacent (gradients are reduced over dp x cp)")
-    stage = np.asarray(tp) * cp * dp
-    edp = np.maximum(1, stage // (np.asarray(ep) * etp))
+    pos = ORDER_POSITIONS[np.asarray(c["rank_order"])]  # (..., 4)
+    st = {}
+    for i, d in enumerate(DENSE_DIMS):
+        s = 1
+        for j, e in enumerate(DENSE_DIMS):
+            if j != i:
+                s = s * np.where(pos[..., j] < pos[..., i], sizes[e], 1)
+        st[d] = s
     return {
         "tp": (tp, st["tp"]), "cp": (cp, st["cp"]), "dp": (dp, st["dp"]), "pp": (pp, st["pp"]),
         "dp_cp": (np.asarray(dp) * cp, np.minimum(st["dp"], st["cp"])),
-        "etp": (etp, 1), "ep": (ep, etp), "edp": (edp, np.asarray(ep) * etp),
+        "etp": (etp, 1), "ep": (ep, etp), "edp": (expert_data_parallel(tp, cp, dp, ep, etp), np.asarray(ep) * etp),
     }
 
 
-def process_groups(parallel, cluster: Cluster, order: str = DENSE_ORDER) -> dict[str, Group]:
-    """Every process group of one layout, with the tiers it spans."""
-    p = parallel
+def _with_order(parallel, order: str | None):
+    """``parallel`` with ``order`` as its rank order (checked), or as it is."""
+    return parallel if order is None else parallel.with_(rank_order="-".join(parse_order(order)))
+
+
+def process_groups(parallel, cluster: Cluster, order: str | None = None) -> dict[str, Group]:
+    """Every process group of one layout, with the tiers it spans (``order`` overrides the
+    layout's rank order)."""
+    p = _with_order(parallel, order)
     domain = scaleup_domain(cluster)
     out = {}
-    for name, (size, stride) in group_strides(p.tp, p.cp, p.dp, p.pp, p.ep, p.etp, order).items():
+    for name, (size, stride) in group_strides(columns(p)).items():
         per, doms = span(size, stride, domain)
         out[name] = Group(name, int(size), int(stride), int(per), int(doms))
     return out
 
 
-def group_ranks(rank: int, dim: str, parallel, order: str = DENSE_ORDER) -> list[int]:
-    """The global ranks in ``rank``'s group of ``dim`` (tp, cp, dp, pp, ep, etp or edp)."""
-    p = parallel
+def group_ranks(rank: int, dim: str, parallel, order: str | None = None) -> list[int]:
+    """The global ranks in ``rank``'s group of ``dim`` (tp, cp, dp, pp, ep, etp or edp), under the
+    layout's rank order (or ``order``)."""
+    p = _with_order(parallel, order)
+    order = p.rank_order
     if dim in DENSE_DIMS:
         dims = parse_order(order)
         sizes = {"tp": p.tp, "cp": p.cp, "dp": p.dp, "pp": p.pp}
@@ -147,11 +157,9 @@ def group_ranks(rank: int, dim: str, parallel, order: str = DENSE_ORDER) -> list
         coord = (rank // st[dim]) % sizes[dim]
         base = rank - coord * st[dim]
         return [base + i * st[dim] for i in range(sizes[dim])]
-    stage_size = p.tp * p.cp * p.dp
     stage_rank = _stage_local_rank(rank, p, order)
     stage_base = rank - _rank_of_local(stage_rank, p, order, rank)
-    edp = max(1, stage_size // (p.ep * p.etp))
-    sizes = {"etp": p.etp, "ep": p.ep, "edp": edp}
+    sizes = {"etp": p.etp, "ep": p.ep, "edp": p.edp}
     st = {"etp": 1, "ep": p.etp, "edp": p.etp * p.ep}
     coord = (stage_rank // st[dim]) % sizes[dim]
     local = [stage_rank - coord * st[dim] + i * st[dim] for i in range(sizes[dim])]

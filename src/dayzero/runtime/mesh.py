@@ -14,6 +14,13 @@ neighbouring ranks (one node's fast links). Four views share the same 1-D world 
 ZeRO 1-3 shard over ``*_shard`` (``*_replicate`` is 1); ZeRO-0 replicates over ``*_replicate``
 (``*_shard`` is 1), which FSDP2 runs as plain all-reduce data parallelism.
 
+Each view numbers the world's ranks row-major over its dims, slowest first (the last dim is the
+fastest): rank r of a view (pp, ..., tp) sits at ``np.arange(world).reshape(sizes)`` == r, which
+is what ``DeviceMesh`` unflattening a 1-D world mesh does. :func:`view_groups` computes a view's
+groups that way without torch; tests hold them equal to the planner's
+``dayzero.planner.topology.group_ranks`` (dense order ``tp-cp-dp-pp``, experts ``etp-ep-edp-pp``
+with etp 1) and to the real DeviceMesh.
+
 Worked example, 8 ranks, tp2 pp2 dp2, ep2: stage 0 is ranks 0-3, stage 1 ranks 4-7; tp groups
 {0,1} {2,3} {4,5} {6,7}; dp groups {0,2} {1,3} ...; ep groups equal the tp groups here and the
 expert-data-parallel groups {0,2} {1,3} ... hold the same experts.
@@ -22,6 +29,8 @@ expert-data-parallel groups {0,2} {1,3} ... hold the same experts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from dayzero.specs.parallel import ParallelConfig
 
@@ -60,6 +69,29 @@ class MeshShape:
     @property
     def world(self) -> int:
         return self.pp * self.stage
+
+    def views(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """Every view's (dim name, size), slowest dim first: how :func:`build_meshes` unflattens
+        the world mesh."""
+        return {
+            "dense": (("pp", self.pp), ("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard),
+                      ("cp", self.cp), ("tp", self.tp)),
+            "expert": (("pp", self.pp), ("edp_replicate", self.edp_replicate), ("edp_shard", self.edp_shard),
+                       ("ep", self.ep)),
+            "moe_dp": (("pp", self.pp), ("mdp_replicate", self.mdp_replicate), ("mdp_shard", self.mdp_shard)),
+            "stage": (("pp", self.pp), ("stage", self.stage)),
+        }
+
+
+def view_groups(shape: MeshShape, view: str, dims: tuple[str, ...]) -> list[list[int]]:
+    """The rank groups of ``dims`` of one view (several dims flatten into one group, earlier dim
+    major, as ``DeviceMesh[dims]``): every rank in exactly one group."""
+    names, sizes = zip(*shape.views()[view])
+    ranks = np.arange(shape.world).reshape(sizes)  # the view's coordinates of every rank
+    axes = [names.index(d) for d in dims]
+    rest = [i for i in range(len(names)) if i not in axes]
+    groups = np.transpose(ranks, rest + axes).reshape(-1, int(np.prod([sizes[i] for i in axes])))
+    return groups.tolist()
 
 
 @dataclass(frozen=True)
@@ -126,10 +158,8 @@ def build_meshes(parallel: ParallelConfig, device_type: str) -> Meshes:
 
     s = MeshShape.of(parallel)
     world = init_device_mesh(device_type, (s.world,), mesh_dim_names=("world",))
-    dense = unflatten_mesh(world, (s.pp, s.dp_replicate, s.dp_shard, s.cp, s.tp),
-                           ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
-    expert = unflatten_mesh(world, (s.pp, s.edp_replicate, s.edp_shard, s.ep),
-                            ("pp", "edp_replicate", "edp_shard", "ep"))
-    moe_dp = unflatten_mesh(world, (s.pp, s.mdp_replicate, s.mdp_shard), ("pp", "mdp_replicate", "mdp_shard"))
-    stage = unflatten_mesh(world, (s.pp, s.stage), ("pp", "stage"))
-    return Meshes(parallel, s, device_type, world, dense, expert, moe_dp, stage)
+    views = {}
+    for name, dims in s.views().items():
+        names, sizes = zip(*dims)
+        views[name] = unflatten_mesh(world, sizes, names)
+    return Meshes(parallel, s, device_type, world, **views)

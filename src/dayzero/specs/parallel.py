@@ -7,19 +7,49 @@ sharded by ZeRO over the expert-data-parallel group ``edp``.
 
 Worked example (16 ranks, tp2 cp1 dp4 pp2, ep4 etp1): each stage has 8 ranks; dense weights are
 split 2-way by tp and replicated 4-way by dp; experts are split 4-way by ep with edp = 8/4 = 2.
+
+The rules a layout must obey are in :mod:`dayzero.specs.layout_rules` (written once, for one
+layout and for numpy arrays of many); :mod:`dayzero.specs.grid` turns layouts into the numpy
+columns the planner evaluates and back. The functions at the end of this module are the derived
+facts both need, valid on ints and on arrays alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
+
+import numpy as np
 
 from dayzero.errors import LayoutError
 from dayzero.specs.model import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
-Precision = Literal["bf16", "fp8"]
+Precision = Literal["bf16", "fp8", "fp4"]  # GEMM precision; fp4 (NVFP4/MXFP4) keeps fp8's memory
+RECOMPUTES: tuple[str, ...] = get_args(Recompute)
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+# Ranks are numbered by a dim-order string, fastest-varying dim first (Megatron's
+# ``--rank-order``-style ``tp-cp-dp-pp``: tensor parallelism inside a node, pipeline outermost).
+DENSE_DIMS = ("tp", "cp", "dp", "pp")
+DENSE_ORDER = "tp-cp-dp-pp"
+
+
+def order_dims(order: str) -> tuple[str, ...] | None:
+    """``"tp-cp-dp-pp"`` -> ``("tp", "cp", "dp", "pp")``; None unless every dense dim appears once."""
+    dims = tuple(d.strip() for d in str(order).lower().split("-") if d.strip())
+    return dims if sorted(dims) == sorted(DENSE_DIMS) else None
+
+
+def parse_order(order: str) -> tuple[str, ...]:
+    """:func:`order_dims`, raising a one-line LayoutError for a malformed order."""
+    dims = order_dims(order)
+    if dims is None:
+        raise LayoutError(f"rank order {order!r} must name each of tp, cp, dp, pp exactly once, fastest first "
+                          f"(e.g. {DENSE_ORDER})")
+    return dims
 
 
 @dataclass(frozen=True)
@@ -41,6 +71,7 @@ class ParallelConfig:
     precision: Precision = "bf16"
     schedule: Schedule = "1f1b"
     layer_split: tuple[int, ...] | None = None  # layers per (virtual) stage, first to last
+    rank_order: str = DENSE_ORDER  # dense dims, fastest-varying first (the expert order is etp-ep-edp)
 
     def __post_init__(self):
         if not self.gbs:
@@ -49,6 +80,9 @@ class ParallelConfig:
             object.__setattr__(self, "layer_split", tuple(int(x) for x in self.layer_split))
         if self.vpp > 1 and self.schedule == "1f1b":
             object.__setattr__(self, "schedule", "interleaved")
+        dims = order_dims(self.rank_order)
+        if dims is not None:  # canonical spelling; a malformed order is kept for problems() to name
+            object.__setattr__(self, "rank_order", "-".join(dims))
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -58,11 +92,11 @@ class ParallelConfig:
     @property
     def edp(self) -> int:
         """Expert-data-parallel degree: replicas of each expert shard within a stage."""
-        return max(1, (self.tp * self.cp * self.dp) // (self.ep * self.etp))
+        return int(expert_data_parallel(self.tp, self.cp, self.dp, self.ep, self.etp))
 
     @property
     def microbatches(self) -> int:
-        return self.gbs // (self.mbs * self.dp)
+        return int(microbatches(self.gbs, self.mbs, self.dp))
 
     @property
     def tokens_per_step(self) -> int:
@@ -110,65 +144,13 @@ class ParallelConfig:
         return self
 
     def problems(self, spec: ModelSpec | None = None, devices: int | None = None) -> list[str]:
-        p: list[str] = []
-        for name in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "seq"):
-            if getattr(self, name) < 1:
-                p.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if p:
-            return p
-        if self.zero not in (0, 1, 2, 3):
-            p.append(f"zero must be 0-3, got {self.zero}")
-        if self.recompute not in ("none", "selective", "full"):
-            p.append(f"recompute must be none|selective|full, got {self.recompute!r}")
-        if self.schedule not in ("1f1b", "interleaved", "gpipe"):
-            p.append(f"schedule must be 1f1b|interleaved|gpipe, got {self.schedule!r}")
-        if self.precision not in ("bf16", "fp8"):
-            p.append(f"precision must be bf16|fp8, got {self.precision!r}")
-        if devices is not None and self.world != devices:
-            p.append(f"tp*cp*dp*pp = {self.tp}*{self.cp}*{self.dp}*{self.pp} = {self.world} must equal the "
-                     f"{devices} devices; adjust --dp (default: devices / (tp*pp*cp))")
-        if self.gbs % (self.mbs * self.dp):
-            p.append(f"gbs {self.gbs} must be divisible by mbs*dp = {self.mbs}*{self.dp}")
-        if self.etp > self.tp:
-            p.append(f"etp {self.etp} must be <= tp {self.tp}")
-        if (self.tp * self.cp * self.dp) % (self.ep * self.etp):
-            p.append(f"ep*etp = {self.ep}*{self.etp} must divide tp*cp*dp = {self.tp * self.cp * self.dp}")
-        if self.vpp > 1 and self.pp == 1:
-            p.append("vpp > 1 needs pp > 1")
-        if self.schedule == "interleaved" and self.vpp > 1 and self.microbatches % self.pp:
-            p.append(f"interleaved schedule needs micro-batches ({self.microbatches}) divisible by pp ({self.pp})")
-        if self.cp > 1 and self.seq % (2 * self.cp):
-            p.append(f"seq {self.seq} must be divisible by 2*cp = {2 * self.cp} (load-balanced causal CP)")
-        if self.sequence_parallel and self.tp > 1 and self.seq % (self.tp * self.cp):
-            p.append(f"seq {self.seq} must be divisible by tp*cp = {self.tp * self.cp} with sequence parallelism")
-        if spec is not None:
-            p += self._model_problems(spec)
-        return p
+        """Every reason this layout is invalid (for ``spec`` on ``devices`` when given), each
+        with the degrees involved; empty when it is valid. The rules are
+        :data:`dayzero.specs.layout_rules.RULES`, the same arithmetic the planner's search
+        applies to whole arrays of layouts."""
+        from dayzero.specs.layout_rules import problems  # the rules read this module's tables
 
-    def _model_problems(self, spec: ModelSpec) -> list[str]:
-        p: list[str] = []
-        a = spec.attention
-        if a.heads % self.tp:
-            p.append(f"attention heads ({a.heads}) must be divisible by tp ({self.tp})")
-        if a.kind == "gqa" and a.kv_heads % self.tp and self.tp % a.kv_heads:
-            p.append(f"kv heads ({a.kv_heads}) and tp ({self.tp}) must divide one another")
-        if self.ep > 1:
-            if spec.moe is None:
-                p.append(f"ep {self.ep} > 1 but {spec.name} has no experts")
-            elif spec.moe.experts % self.ep:
-                p.append(f"experts ({spec.moe.experts}) must be divisible by ep ({self.ep})")
-        stages = self.pp * self.vpp
-        if self.layer_split is not None:
-            if len(self.layer_split) != stages:
-                p.append(f"layer_split has {len(self.layer_split)} entries, expected pp*vpp = {stages}")
-            elif sum(self.layer_split) != spec.layers:
-                p.append(f"layer_split sums to {sum(self.layer_split)}, the model has {spec.layers} layers")
-            elif min(self.layer_split) < 0:
-                p.append("layer_split entries must be >= 0")
-        elif spec.layers % stages:
-            p.append(f"layers ({spec.layers}) must be divisible by pp*vpp = {self.pp}*{self.vpp} "
-                     f"(or give an explicit layer split)")
-        return p
+        return problems(self, spec, devices)
 
     # -- layer assignment ------------------------------------------------------------------
     def stage_layers(self, spec: ModelSpec) -> list[range]:
@@ -191,6 +173,14 @@ class ParallelConfig:
         return per_rank
 
 
+def even_split_fills(layers, stages):
+    """Whether the near-even split of ``layers`` over ``stages`` leaves no stage but the first
+    (embedding) and the last (head and loss) without decoder layers: Megatron counts those two as
+    one layer each when splitting (account_for_embedding/loss_in_pipeline_split), so 126 layers
+    fill 128 stages. Ints or arrays."""
+    return layers >= stages - 2
+
+
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
     """Layers per stage as even as possible; the remainder goes to the middle stages, keeping the
     first (embedding) and last (head + loss) stages light."""
@@ -200,3 +190,31 @@ def even_split(layers: int, stages: int) -> tuple[int, ...]:
     for i in order[:rem]:
         split[i] += 1
     return tuple(split)
+
+
+# -- derived facts, for one layout (ints) or many (numpy arrays) ------------------------------------
+
+def microbatches(gbs, mbs, dp):
+    """Micro-batches per step and pipeline: gbs / (mbs * dp)."""
+    return gbs // (mbs * dp)
+
+
+def expert_data_parallel(tp, cp, dp, ep, etp):
+    """edp: replicas of each expert shard within a stage, tp*cp*dp / (ep*etp)."""
+    return np.maximum(1, (tp * cp * dp) // (ep * etp))
+
+
+# The ZeRO stage from which each model state is sharded (Rajbhandari et al. 2020, Fig. 1): ZeRO-1
+# shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the parameters.
+ZERO_SHARDS_FROM = {"optimizer": 1, "gradients": 2, "weights": 3}
+
+
+def zero_shards(zero, state: str):
+    """Whether ZeRO stage ``zero`` shards model state ``state`` (weights, gradients, optimizer)."""
+    return zero >= ZERO_SHARDS_FROM[state]
+
+
+def zero_sharded(x, state: str, zero, group):
+    """``x`` bytes or elements of model state ``state`` per rank once ZeRO ``zero`` shards it over
+    ``group`` ranks (dp*cp for dense parameters, edp for routed experts)."""
+    return x / np.where(zero_shards(zero, state), group, 1)

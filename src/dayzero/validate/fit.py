@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.backtest import nelder_mead
-from dayzero.planner.calibration import CLUSTER_KEYS, constants_for, rates
+from dayzero.planner.minimize import nelder_mead
+from dayzero.planner.calibration import CLUSTER_KEYS, MEASURED_FRACTION_MAX, constants_for, rates
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -53,8 +53,9 @@ def observation_from_record(rec: dict) -> Observation:
 
 def predict_steps(observations: list[Observation], cluster: Cluster) -> np.ndarray:
     """The planner's step time for each observation on ``cluster`` (its efficiency applied)."""
-    from dayzero.planner.perf import evaluate, grid_from_parallel
+    from dayzero.planner.perf import evaluate
     from dayzero.planner.predict import with_even_split
+    from dayzero.specs.grid import encode
 
     out = np.zeros(len(observations))
     groups: dict = {}  # one vectorised evaluation per model, dtype, sequence length and layer split
@@ -63,8 +64,7 @@ def predict_steps(observations: list[Observation], cluster: Cluster) -> np.ndarr
         groups.setdefault((o.spec, o.compute_dtype, p.seq, p.layer_split), []).append((i, p))
     for (spec, dtype, _, split), members in groups.items():
         view = compute_view(cluster, dtype)
-        grids = [grid_from_parallel(p) for _, p in members]
-        grid = {k: np.concatenate([g[k] for g in grids]) for k in grids[0]}
+        grid = encode([p for _, p in members])
         ev = evaluate(spec, grid, view, perf_options(dtype, constants_for(view)), layer_split=split)
         out[[i for i, _ in members]] = ev.step_s
     return out
@@ -133,7 +133,7 @@ def fit(observations: list[Observation], cluster: Cluster, keys: tuple[str, ...]
 
     def loss(x) -> float:
         vals = {k: float(np.exp(v)) for k, v in zip(keys, x)}
-        if vals.get("intra", 1.0) > 4.0 or vals.get("gemm_bf16", 1.0) > 4.0:
+        if vals.get("intra", 1.0) > MEASURED_FRACTION_MAX or vals.get("gemm_bf16", 1.0) > MEASURED_FRACTION_MAX:
             return 1e9  # 4x faster than its own microbenchmark is not physical
         pred = predict_steps(observations, with_efficiency(cluster, vals))
         return float(np.mean(np.log(pred / measured) ** 2))

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.backtest import nelder_mead
+from dayzero.planner.minimize import nelder_mead
 from dayzero.planner.collectives import Link, group_collective
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")

@@ -28,6 +28,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from dayzero.errors import LayoutError
+from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
 from dayzero.specs.model import ModelSpec
@@ -82,7 +83,7 @@ def proxy_shrink(spec: ModelSpec, parallel: ParallelConfig, given: dict, capacit
         peak = estimate_memory(spec, eff, capacity_bytes, memory_options(None, "fp32", spec, eff)).peak_bytes
     except LayoutError:
         peak = float("inf")
-    if peak <= 0.85 * capacity_bytes:
+    if peak <= MEMORY_TARGET * capacity_bytes:
         return {}
     out = {"layers": 4 * parallel.pp * parallel.vpp, "hidden": 256, "vocab": 512}
     if spec.moe is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dayzero.planner.predict import Targets
+from dayzero.planner.targets import Targets
 from dayzero.validate.loss_trend import LossTrend
 
 

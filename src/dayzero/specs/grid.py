@@ -1,0 +1,102 @@
+"""The planner's grid: many ParallelConfigs as numpy columns, one integer per layout and field.
+
+A grid is a ``dict`` of equal-length int64 arrays keyed by :data:`FIELDS`, which are
+ParallelConfig's own field names. Numbers stay numbers; the fields that are names are coded as
+their index in ParallelConfig's tables:
+
+    recompute          RECOMPUTES   0 none, 1 selective, 2 full
+    precision          PRECISIONS   0 bf16, 1 fp8, 2 fp4
+    schedule           SCHEDULES    0 1f1b, 1 interleaved, 2 gpipe
+    rank_order         RANK_ORDERS  0 tp-cp-dp-pp, then the other 23 orders of the dense dims
+    sequence_parallel  0 / 1
+
+``layer_split`` and ``recompute_layers`` are not columns: a grid row stands for the near-even
+split (:func:`dayzero.specs.parallel.even_split`) with full recompute on every layer of a stage,
+which is what the vectorised memory and time models evaluate. :func:`columns` is the one-layout
+form (ints, with -1 for a name outside its table, so that the rules can report it);
+:func:`encode` and :func:`decode` go from ParallelConfigs to a grid and back::
+
+    g = encode([ParallelConfig(tp=8, pp=2, dp=4, recompute="full")])
+    g["tp"], g["recompute"]          # array([8]), array([2])
+    decode(g)[0].recompute           # 'full'
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from itertools import permutations
+
+import numpy as np
+
+from dayzero.errors import LayoutError
+from dayzero.specs.parallel import DENSE_DIMS, DENSE_ORDER, PRECISIONS, RECOMPUTES, SCHEDULES, ParallelConfig, order_dims
+
+# every order of the dense dims, the default first (rules decide which of them are allowed)
+RANK_ORDERS: tuple[str, ...] = (DENSE_ORDER,) + tuple(
+    o for o in ("-".join(p) for p in permutations(DENSE_DIMS)) if o != DENSE_ORDER)
+TABLES: dict[str, tuple[str, ...]] = {"recompute": RECOMPUTES, "precision": PRECISIONS, "schedule": SCHEDULES,
+                                      "rank_order": RANK_ORDERS}
+NOT_COLUMNS = ("layer_split", "recompute_layers")
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelConfig) if f.name not in NOT_COLUMNS)
+
+# codes the models test against
+SELECTIVE, FULL = RECOMPUTES.index("selective"), RECOMPUTES.index("full")
+ONE_F_ONE_B, INTERLEAVED, GPIPE = (SCHEDULES.index(s) for s in ("1f1b", "interleaved", "gpipe"))
+BF16 = PRECISIONS.index("bf16")
+
+
+def code(field: str, name) -> int:
+    """Index of ``name`` in the table of ``field`` (-1 when it is not there)."""
+    if field == "rank_order":
+        dims = order_dims(name)
+        name = "-".join(dims) if dims is not None else None
+    table = TABLES[field]
+    return table.index(name) if name in table else -1
+
+
+def columns(p: ParallelConfig) -> dict[str, int]:
+    """One layout as the grid's integers (names outside their tables code as -1)."""
+    out = {}
+    for f in FIELDS:
+        v = getattr(p, f)
+        out[f] = code(f, v) if f in TABLES else int(v)
+    return out
+
+
+def encode(layouts) -> dict[str, np.ndarray]:
+    """ParallelConfigs -> grid. Raises LayoutError for a name outside its table (validate first)."""
+    rows = [columns(p) for p in layouts]
+    for p, r in zip(layouts, rows):
+        bad = [f for f in TABLES if r[f] < 0]
+        if bad:
+            raise LayoutError(f"cannot encode {p.describe()}: {bad[0]} {getattr(p, bad[0])!r} is not one of "
+                              f"{'|'.join(TABLES[bad[0]])}")
+    return {f: np.array([r[f] for r in rows], dtype=np.int64) for f in FIELDS}
+
+
+def decode(grid: dict, index=None) -> list[ParallelConfig]:
+    """Grid (or the rows ``index`` of it) -> ParallelConfigs, in row order."""
+    n = len(grid["tp"])
+    rows = range(n) if index is None else np.asarray(index).ravel()
+    out = []
+    for i in rows:
+        kw = {f: int(grid[f][i]) for f in FIELDS}
+        for f, table in TABLES.items():
+            kw[f] = table[kw[f]]
+        kw["sequence_parallel"] = bool(kw["sequence_parallel"])
+        out.append(ParallelConfig(**kw))
+    return out
+
+
+def default_schedule(vpp):
+    """The schedule a layout runs when none is named: interleaved 1F1B with virtual stages, else
+    1F1B (ParallelConfig promotes 1f1b to interleaved the same way)."""
+    return np.where(np.asarray(vpp) > 1, INTERLEAVED, ONE_F_ONE_B)
+
+
+def pick(table, index, default=False):
+    """``table[index]`` for an int or an array of indices; ``default`` where the index is outside
+    the table (-1: a name that is not in it)."""
+    index = np.asarray(index)
+    inside = (index >= 0) & (index < len(table))
+    return np.where(inside, np.asarray(table)[np.where(inside, index, 0)], default)

@@ -1,0 +1,175 @@
+"""The rules a parallel layout must obey, written once for one layout and for many.
+
+Each :class:`Rule` is a predicate over the grid's columns (:mod:`dayzero.specs.grid`): plain
+arithmetic and comparisons, so the same expression takes Python ints (one layout) or numpy
+arrays (a whole search space). ``ParallelConfig.problems()`` turns the failures into messages that
+print the degrees involved (:func:`problems`); the search ANDs the predicates into a mask
+(:func:`mask`), applying each rule as soon as the columns it reads are expanded.
+
+Worked example: ``ParallelConfig(tp=4, etp=3, dp=3)`` breaks "etp divides tp" (each expert's
+tensor-parallel group must nest inside a tp group), so ``problems()`` names it and the search
+never builds that layout.
+
+Rules that read ``layer_split`` apply to one layout only: a grid row stands for the near-even
+split, which always exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from dayzero.specs.grid import FIELDS, INTERLEAVED, RANK_ORDERS, TABLES, columns, pick
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig, microbatches
+
+DEGREES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "seq")
+
+
+@dataclass(frozen=True)
+class Where:
+    """What a layout is checked against: the model and the device count, when known."""
+
+    spec: ModelSpec | None = None
+    devices: int | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    reads: tuple[str, ...]  # the columns the predicate reads
+    ok: Callable[[dict, Where], Any]  # columns -> bool (ints) or bool array (arrays)
+    says: Callable[[Any, Where], str]  # ParallelConfig -> the message when ok is False
+    needs: str = ""  # "spec" or "devices": skipped when that is not known
+    degree: bool = False  # a degree >= 1: the other rules assume these hold
+
+
+def _cp_dp_adjacent(order: str) -> bool:
+    dims = order.split("-")
+    return abs(dims.index("cp") - dims.index("dp")) == 1
+
+
+CP_DP_ADJACENT = tuple(_cp_dp_adjacent(o) for o in RANK_ORDERS)
+
+
+def _in_table(field: str) -> Rule:
+    names = "|".join(TABLES[field])
+    return Rule((field,), lambda c, w: (c[field] >= 0) & (c[field] < len(TABLES[field])),
+                lambda p, w: f"{field} must be {names}, got {getattr(p, field)!r}")
+
+
+def _degree(name: str) -> Rule:
+    return Rule((name,), lambda c, w: c[name] >= 1, lambda p, w: f"{name} must be >= 1, got {getattr(p, name)}",
+                degree=True)
+
+
+def _kv_heads_ok(c, w):
+    a = w.spec.attention
+    return (a.kind != "gqa") | (a.kv_heads % c["tp"] == 0) | (c["tp"] % a.kv_heads == 0)
+
+
+def _split_problem(split: tuple[int, ...] | None, pp: int, vpp: int, spec: ModelSpec) -> str | None:
+    """What is wrong with one layout's layer split (None: nothing)."""
+    stages = pp * vpp
+    if split is None:
+        if spec.layers % stages:
+            return f"layers ({spec.layers}) must be divisible by pp*vpp = {pp}*{vpp} (or give an explicit layer split)"
+        return None
+    if len(split) != stages:
+        return f"layer_split has {len(split)} entries, expected pp*vpp = {stages}"
+    if sum(split) != spec.layers:
+        return f"layer_split sums to {sum(split)}, the model has {spec.layers} layers"
+    if min(split) < 0:
+        return "layer_split entries must be >= 0"
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    *(_degree(d) for d in DEGREES),
+    Rule(("zero",), lambda c, w: (c["zero"] >= 0) & (c["zero"] <= 3), lambda p, w: f"zero must be 0-3, got {p.zero}"),
+    *(_in_table(f) for f in ("recompute", "schedule", "precision")),
+    Rule(("rank_order",), lambda c, w: (c["rank_order"] >= 0) & (c["rank_order"] < len(RANK_ORDERS)),
+         lambda p, w: f"rank order {p.rank_order!r} must name each of tp, cp, dp, pp exactly once, fastest first "
+                      f"(e.g. {DENSE_ORDER})"),
+    Rule(("tp", "cp", "dp", "pp"), lambda c, w: c["tp"] * c["cp"] * c["dp"] * c["pp"] == w.devices,
+         lambda p, w: f"tp*cp*dp*pp = {p.tp}*{p.cp}*{p.dp}*{p.pp} = {p.world} must equal the {w.devices} devices; "
+                      f"adjust --dp (default: devices / (tp*pp*cp))", needs="devices"),
+    Rule(("gbs", "mbs", "dp"), lambda c, w: c["gbs"] % (c["mbs"] * c["dp"]) == 0,
+         lambda p, w: f"gbs {p.gbs} must be divisible by mbs*dp = {p.mbs}*{p.dp}"),
+    Rule(("tp", "etp"), lambda c, w: c["tp"] % c["etp"] == 0,
+         lambda p, w: f"etp {p.etp} must divide tp {p.tp} (each expert's tensor-parallel group lies inside a tp group)"),
+    Rule(("tp", "cp", "dp", "ep", "etp"), lambda c, w: (c["tp"] * c["cp"] * c["dp"]) % (c["ep"] * c["etp"]) == 0,
+         lambda p, w: f"ep*etp = {p.ep}*{p.etp} must divide tp*cp*dp = {p.tp * p.cp * p.dp}"),
+    Rule(("vpp", "pp"), lambda c, w: (c["vpp"] == 1) | (c["pp"] > 1), lambda p, w: "vpp > 1 needs pp > 1"),
+    Rule(("schedule", "vpp", "pp", "gbs", "mbs", "dp"),
+         lambda c, w: ((c["schedule"] != INTERLEAVED) | (c["vpp"] == 1)
+                       | (microbatches(c["gbs"], c["mbs"], c["dp"]) % c["pp"] == 0)),
+         lambda p, w: f"interleaved schedule needs micro-batches ({p.microbatches}) divisible by pp ({p.pp})"),
+    Rule(("cp", "seq"), lambda c, w: (c["cp"] == 1) | (c["seq"] % (2 * c["cp"]) == 0),
+         lambda p, w: f"seq {p.seq} must be divisible by 2*cp = {2 * p.cp} (load-balanced causal CP)"),
+    Rule(("sequence_parallel", "tp", "cp", "seq"),
+         lambda c, w: (c["sequence_parallel"] == 0) | (c["tp"] == 1) | (c["seq"] % (c["tp"] * c["cp"]) == 0),
+         lambda p, w: f"seq {p.seq} must be divisible by tp*cp = {p.tp * p.cp} with sequence parallelism"),
+    Rule(("rank_order",), lambda c, w: pick(CP_DP_ADJACENT, c["rank_order"], default=True),
+         lambda p, w: f"rank order {p.rank_order!r}: cp and dp must be adjacent (gradients are reduced over dp x cp)"),
+    # -- the model ------------------------------------------------------------------------------
+    Rule(("tp",), lambda c, w: w.spec.attention.heads % c["tp"] == 0,
+         lambda p, w: f"attention heads ({w.spec.attention.heads}) must be divisible by tp ({p.tp})", needs="spec"),
+    Rule(("tp",), _kv_heads_ok,
+         lambda p, w: f"kv heads ({w.spec.attention.kv_heads}) and tp ({p.tp}) must divide one another", needs="spec"),
+    Rule(("ep",), lambda c, w: (c["ep"] == 1) | (w.spec.moe is not None),
+         lambda p, w: f"ep {p.ep} > 1 but {w.spec.name} has no experts", needs="spec"),
+    Rule(("ep",), lambda c, w: (w.spec.moe is None) or (w.spec.moe.experts % c["ep"] == 0),
+         lambda p, w: f"experts ({w.spec.moe.experts}) must be divisible by ep ({p.ep})", needs="spec"),
+    Rule(("layer_split", "pp", "vpp"), lambda c, w: _split_problem(c["layer_split"], c["pp"], c["vpp"], w.spec) is None,
+         lambda p, w: _split_problem(p.layer_split, p.pp, p.vpp, w.spec), needs="spec"),
+)
+
+
+def _applies(rule: Rule, where: Where) -> bool:
+    return not rule.needs or getattr(where, rule.needs) is not None
+
+
+def problems(p, spec: ModelSpec | None = None, devices: int | None = None) -> list[str]:
+    """The message of every rule ``p`` (a ParallelConfig) breaks, in table order; only the degree
+    rules when a degree is below 1 (the others would divide by it)."""
+    where = Where(spec, devices)
+    c = {**columns(p), "layer_split": p.layer_split}
+    out = [r.says(p, where) for r in RULES if r.degree and not r.ok(c, where)]
+    if out:
+        return out
+    return [r.says(p, where) for r in RULES if not r.degree and _applies(r, where) and not bool(r.ok(c, where))]
+
+
+def rules_reading(present, spec: ModelSpec | None = None, devices: int | None = None) -> tuple[Rule, ...]:
+    """The rules that can be evaluated on columns ``present`` (with what is known)."""
+    where = Where(spec, devices)
+    return tuple(r for r in RULES if set(r.reads) <= set(present) and _applies(r, where))
+
+
+def mask(grid: dict, spec: ModelSpec | None = None, devices: int | None = None, rules=None) -> np.ndarray:
+    """True for each row of ``grid`` that breaks none of ``rules`` (default: every rule whose
+    columns the grid has)."""
+    where = Where(spec, devices)
+    rules = rules_reading(grid, spec, devices) if rules is None else rules
+    n = len(next(iter(grid.values())))
+    ok = np.ones(n, dtype=bool)
+    for r in rules:
+        if r.degree:
+            ok &= np.asarray(r.ok(grid, where), dtype=bool)
+    # rows with a degree below 1 are already rejected; give them 1 so the other rules never divide by 0
+    safe = grid if ok.all() else {k: (np.where(ok, v, 1) if k in DEGREES else v) for k, v in grid.items() if k in FIELDS}
+    for r in rules:
+        if not r.degree:
+            ok &= np.broadcast_to(np.asarray(r.ok(safe, where), dtype=bool), (n,))
+    return ok
+
+
+def field_problems(field: str, value) -> list[str]:
+    """Messages of the rules that read ``field`` alone, for a layout whose ``field`` is ``value``
+    (how the search checks its option lists)."""
+    p = ParallelConfig(**{field: value})
+    where = Where()
+    c = columns(p)
+    return [r.says(p, where) for r in RULES if r.reads == (field,) and not r.needs and not bool(r.ok(c, where))]
