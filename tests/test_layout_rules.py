@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -204,5 +205,11 @@ def assert_same(got, want, path="") -> None:
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_RUNS))
 def test_cli_json_matches_the_golden_file(name, capsys):
+    """A deliberate change of the model's numbers regenerates the files, reviewed in the diff:
+    ``DAYZERO_UPDATE_GOLDEN=1 pytest tests/test_layout_rules.py -k golden``."""
     assert main(GOLDEN_RUNS[name] + ["--json"]) == 0
-    assert_same(json.loads(capsys.readouterr().out), json.loads((GOLDEN / f"{name}.json").read_text()))
+    got = json.loads(capsys.readouterr().out)
+    if os.environ.get("DAYZERO_UPDATE_GOLDEN"):
+        (GOLDEN / f"{name}.json").write_text(json.dumps(got, indent=1) + "\n")
+        pytest.skip("golden file rewritten")
+    assert_same(got, json.loads((GOLDEN / f"{name}.json").read_text()))

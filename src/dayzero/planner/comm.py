@@ -46,7 +46,11 @@ class CommOptions:
     tp_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
     ep_overlap: bool = False  # EP all-to-all overlapped with another micro-batch (DualPipe, 1F1B a2a overlap)
     moe_imbalance: float = 1.0  # busiest device's routed tokens / average (NVIDIA benchmarks force-balance)
-    grad_reduce_bytes: int = 2  # bytes per gradient element on the wire (Megatron default: bf16)
+    # bytes per gradient element on the wire: FP32, as Megatron-LM reduces BF16 runs unless
+    # --grad-reduce-in-bf16 (megatron/training/arguments.py: grad_reduce_in_fp32 defaults on with
+    # --bf16), as Llama 3 reduce-scattered (Llama Team 2024, sec. 3.3.2: "reduce-scatter gradients in
+    # FP32") and as dayzero's runtime reduces (FSDP2 reduce_dtype=float32); 2 for BF16 reduction
+    grad_reduce_bytes: int = 4
 
 
 @dataclass(frozen=True)
