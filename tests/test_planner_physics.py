@@ -35,3 +35,18 @@ def test_bf16_gradient_reduction_halves_the_bytes():
     assert rs16["bytes"] == LLAMA_8B_PARAMS * 2
     assert rs16["time_s"] < rs32["time_s"]
     assert rs32["time_s"] == pytest.approx(2 * rs16["time_s"], rel=0.05)  # bandwidth-bound at 32 GB
+
+
+def test_single_member_groups_cost_nothing_and_warn_nothing():
+    """A group of one moves no bytes; numpy must not warn about 0/0 on the masked lane."""
+    import warnings
+
+    import numpy as np
+
+    from dayzero.planner.collectives import all_to_all_mesh
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = all_to_all_mesh(np.array([1e6, 1e6]), np.array([1, 8]), 50e9, 400e9, 1e-5)
+    # n = 8 on a mesh: max(busiest pair 1e6/8/50e9, aggregate 7/8 x 1e6 / min(400e9, 7 x 50e9)) + alpha
+    assert t[0] == 0.0 and t[1] == pytest.approx(1e-5 + 7 / 8 * 1e6 / 350e9)

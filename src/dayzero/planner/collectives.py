@@ -91,7 +91,8 @@ def all_to_all_mesh(nbytes, n, link_bw, agg_bw, alpha, imbalance=1.0):
     pair) crosses its own link, and the device's links together carry (n-1)/n of B."""
     n = _n(n)
     busiest_pair = imbalance * nbytes / n / link_bw
-    aggregate = (n - 1) / n * nbytes / np.minimum(agg_bw, (n - 1) * link_bw)
+    # single-member groups (n = 1) move nothing: divide by 1 there instead of 0 (the result is masked)
+    aggregate = (n - 1) / n * nbytes / np.maximum(np.minimum(agg_bw, (n - 1) * link_bw), np.where(n > 1, 0.0, 1.0))
     return np.where(n > 1, alpha + np.maximum(busiest_pair, aggregate), 0.0)
 
 
