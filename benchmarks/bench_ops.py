@@ -43,7 +43,7 @@ def run_one(model: str, manifest: str, experts: str) -> dict:
     load = os.getloadavg()[0]  # other jobs on the shared machine: explains wall >> cpu
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "dayzero", "ops", model, "--manifest", manifest, "--experts", experts,
+    proc = subprocess.run([sys.executable, "-m", "dayzero", "ops", model, "--manifest", manifest, "--experts-impl", experts,
                            "--json"],
                           capture_output=True, text=True, env=env, cwd=ROOT)
     wall = time.perf_counter() - start
@@ -68,7 +68,7 @@ def run_one(model: str, manifest: str, experts: str) -> dict:
 HEADER = f"""# `dayzero ops` benchmark
 
 Machine: 2-core CPU, 24 GiB, shared with other jobs. Each row: one cold `python -m dayzero ops PRESET
---manifest M --experts E --json` process (imports, meta-device build, trace of forward + backward at
+--manifest M --experts-impl E --json` process (imports, meta-device build, trace of forward + backward at
 the default sequence length, numerical checks of every decomposition, fusion search), repeated; the
 table shows the best and worst wall time, the smallest CPU time (user+sys), the time after imports
 (`seconds` in the JSON) of the best run and the machine's 1-minute load average when it started (2

@@ -327,7 +327,7 @@ def test_help_fits_and_has_no_type_noise(path, cmd, capsys, width):
     assert_fits(out, 80)
     assert not re.search(r"<(bool|str|int|float|path|int range|float range)>", out, re.I), out
     assert "%%" not in out and out.startswith("Usage: ")
-    flat = out.split()
+    flat = [w.strip(",") for w in out.split()]  # "--tp, --tensor-model-parallel-size INT"
     for param in cmd.params:
         for opt in (*param.opts, *param.secondary_opts):
             if opt.startswith("--"):
@@ -338,7 +338,7 @@ def test_help_fits_and_has_no_type_noise(path, cmd, capsys, width):
             continue
         options = out[out.index("\nOptions\n"):].splitlines()
         line = next(line for line in options if long[0] in [w.strip(",") for w in line.split()[:2]])
-        after = line.split(long[0], 1)[1].split()
+        after = line.split(long[-1], 1)[1].split()  # the metavar follows the last alias
         if getattr(p, "is_flag", False):
             assert not after or not after[0].isupper(), line
         else:

@@ -90,7 +90,7 @@ def test_malformed_manifest(capsys, tmp_path, text):
 
 def test_missing_manifest_and_bad_options(capsys):
     assert "no such manifest" in _one_line_error(*run(capsys, "ops", "tiny-llama", "--manifest", "tpu9"))
-    assert "--experts" in _one_line_error(*run(capsys, "ops", "tiny-llama", "--experts", "magic"))
+    assert "--experts-impl" in _one_line_error(*run(capsys, "ops", "tiny-llama", "--experts-impl", "magic"))
     assert "MODEL" in _one_line_error(*run(capsys, "ops"))
 
 

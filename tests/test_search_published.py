@@ -38,7 +38,7 @@ def test_search_is_at_least_as_fast_as_the_published_layout(case):
     p = case.parallel
     grid = encode([p])
     published = float(evaluate(case.spec, grid, case.cluster, case.options, layer_split=p.layer_split).step_s[0])
-    opts = MemoryOptions.for_accelerator(case.cluster.accelerator)
+    opts = MemoryOptions.for_run(case.cluster.accelerator, case.options.attention_kernel)
     peak = float(peak_memory_batch(case.spec, grid, case.cluster.memory_bytes, opts)[0])
     limit = peak / case.cluster.memory_bytes * (1 + 1e-9)
     result = search(case.spec, case.cluster, p.gbs, p.seq, p.precision, case.options, top_k=1, max_memory=limit)

@@ -59,22 +59,31 @@ def cluster_from_options(cluster: str | None, accelerator: str | None, devices: 
 
 # -- parallel layout options (memory, predict, train, validate) -------------------------------
 
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")]
-PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")]
+TpOpt = Annotated[int, typer.Option("--tp", "--tensor-model-parallel-size", min=1, help="Tensor-parallel degree.")]
+PpOpt = Annotated[int, typer.Option("--pp", "--pipeline-model-parallel-size", min=1, help="Pipeline-parallel degree.")]
 DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: devices / (tp*pp*cp)).")]
-CpOpt = Annotated[int, typer.Option("--cp", help="Context-parallel degree.")]
-EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (folded over dp x cp).")]
-EtpOpt = Annotated[int, typer.Option("--etp", help="Tensor-parallel degree inside experts.")]
-VppOpt = Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaved 1F1B).")]
-MbsOpt = Annotated[int, typer.Option("--mbs", help="Micro-batch size (sequences).")]
-GbsOpt = Annotated[Optional[int], typer.Option("--gbs", help="Global batch size (sequences; default mbs*dp).")]
-SeqOpt = Annotated[int, typer.Option("--seq", help="Sequence length (tokens).")]
+CpOpt = Annotated[int, typer.Option("--cp", "--context-parallel-size", min=1, help="Context-parallel degree.")]
+EpOpt = Annotated[int, typer.Option("--ep", "--expert-model-parallel-size", min=1, help="Expert-parallel degree (folded over dp x cp).")]
+EtpOpt = Annotated[int, typer.Option("--etp", "--expert-tensor-parallel-size", min=1, help="Tensor-parallel degree inside experts.")]
+VppOpt = Annotated[int, typer.Option("--vpp", "--virtual-pipeline-model-parallel-size", min=1, help="Virtual pipeline stages per rank (interleaved 1F1B).")]
+MbsOpt = Annotated[int, typer.Option("--mbs", "--micro-batch-size", min=1, help="Micro-batch size (sequences).")]
+GbsOpt = Annotated[Optional[int], typer.Option("--gbs", "--global-batch-size", min=1, help="Global batch size (sequences; default mbs*dp).")]
+SeqOpt = Annotated[int, typer.Option("--seq", "--seq-length", min=1, help="Sequence length (tokens).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters.")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recompute: none | selective | full.")]
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism with TP.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Compute precision: bf16 | fp8.")]
 ScheduleOpt = Annotated[Optional[str], typer.Option("--schedule", help="Pipeline schedule: 1f1b | interleaved | gpipe.")]
 SplitOpt = Annotated[Optional[str], typer.Option("--layer-split", help="Layers per (virtual) stage, comma-separated, e.g. 5,6,6,5.")]
+AttentionKernelOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class: saves log-sum-exp) | flash2 | unfused (saves the s x s scores).")]
+
+
+def check_attention_kernel(kernel: str) -> None:
+    from dayzero.errors import ConfigError
+    from dayzero.planner.memory_options import KERNEL_MEMORY
+
+    if kernel not in KERNEL_MEMORY:
+        raise ConfigError("--attention-kernel", None, f"must be {', '.join(KERNEL_MEMORY)}, got {kernel!r}")
 
 
 def parallel_from_options(devices: int | None, tp: int = 1, pp: int = 1, dp: int | None = None, cp: int = 1,

@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
+from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
                                 GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt,
                                 SeqOpt, SplitOpt, SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json,
-                                parallel_from_options)
+                                check_attention_kernel, parallel_from_options)
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
 from dayzero.cli.render import FitTable
 from dayzero.planner.targets import MEMORY_TARGET as TARGET
@@ -50,7 +50,7 @@ def memory_cmd(
     recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: only the first N layers of each stage.")] = None,
     balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp 1).")] = False,
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 (ZeRO paper).")] = "fp32",
-    attention: Annotated[str, typer.Option("--attention", help="flash (saves log-sum-exp) | eager (saves the s x s scores).")] = "flash",
+    attention_kernel: AttentionKernelOpt = "fused",
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced share.")] = 1.0,
     fragmentation: Annotated[float, typer.Option("--fragmentation", help="Allocator slack budget, fraction of allocated bytes.")] = 0.10,
@@ -80,9 +80,9 @@ def memory_cmd(
         par = par.with_(recompute_layers=recompute_layers)
     if grad_dtype not in ("fp32", "bf16"):
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
-    opts = MemoryOptions.for_accelerator(cl.accelerator, grad_bytes=4 if grad_dtype == "fp32" else 2,
-                                         attention=attention, dropout=dropout, moe_capacity_factor=capacity_factor,
-                                         fragmentation=fragmentation)
+    check_attention_kernel(attention_kernel)
+    opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
+                                 dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation)
     cap = cl.memory_bytes
     par.validate(spec, cl.devices) if not balance else par.with_(layer_split=None).validate(None, cl.devices)
     if balance:
@@ -122,15 +122,15 @@ def memory_cmd(
         return
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
-    extra = _option_flags(grad_dtype, attention, dropout, capacity_factor, fragmentation)
+    extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation)
     _next(spec, cl, par, report, opts, where, extra)
 
 
-def _option_flags(grad_dtype: str, attention: str, dropout: bool, capacity_factor: float,
+def _option_flags(grad_dtype: str, attention_kernel: str, dropout: bool, capacity_factor: float,
                   fragmentation: float) -> list[str]:
     """The memory-model options that differ from their defaults, to carry into suggested commands."""
     out = []
-    for flag, v, default in (("--grad-dtype", grad_dtype, "fp32"), ("--attention", attention, "flash"),
+    for flag, v, default in (("--grad-dtype", grad_dtype, "fp32"), ("--attention-kernel", attention_kernel, "fused"),
                              ("--capacity-factor", capacity_factor, 1.0), ("--fragmentation", fragmentation, 0.10)):
         if v != default:
             out += [flag, f"{v:g}" if isinstance(v, float) else v]

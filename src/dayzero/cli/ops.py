@@ -13,21 +13,25 @@ from dayzero.cli.render import FitTable
 from dayzero.errors import DayzeroError
 
 
+# the dtype vocabulary of every verb (bf16 | fp16 | fp32) -> transformers' torch dtype names
+TRACE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
 @app.command("ops")
 def ops_cmd(
     model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json, or a directory (with its own modeling_*.py: needs --trust-remote-code).")] = None,
     manifest: Annotated[str, typer.Option("--manifest", "-m", help="Backend manifest: cuda, cpu, example-npu, or a YAML file.")] = "cuda",
     seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length traced (default: min(max positions, 4096)).")] = None,
     batch: Annotated[int, typer.Option("--batch", help="Micro-batch size traced.")] = 1,
-    dtype: Annotated[str, typer.Option("--dtype", help="Model dtype: bfloat16 | float16 | float32.")] = "bfloat16",
-    experts: Annotated[str, typer.Option("--experts", help="MoE experts implementation: grouped_mm | eager | batched_mm.")] = "grouped_mm",
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="Dtype the model is traced in: bf16 | fp16 | fp32.")] = "bf16",
+    experts_impl: Annotated[str, typer.Option("--experts-impl", help="transformers' MoE experts implementation: grouped_mm | eager | batched_mm.")] = "grouped_mm",
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a local directory's own modeling_*.py.")] = False,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Check decompositions numerically on random CPU inputs.")] = True,
     top: Annotated[int, typer.Option("--top", help="Rows in the operator table (0: all).")] = 25,
     emit_manifest: Annotated[Optional[str], typer.Option("--emit-manifest", help="Print a manifest for a dispatch key (CPU, CUDA, PrivateUse1, ...; 'core' = Core ATen opset) and exit.")] = None,
     manifest_source: Annotated[str, typer.Option("--manifest-source", help="With --emit-manifest: auto | dispatcher | native_functions.")] = "auto",
     name: Annotated[Optional[str], typer.Option("--name", help="With --emit-manifest: the manifest's name.")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="With --emit-manifest: write to this file instead of stdout.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="With --emit-manifest: write to this file instead of stdout.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Trace one training step of MODEL's real modeling code (transformers, meta tensors, one layer
@@ -44,13 +48,13 @@ def ops_cmd(
 
         m, header = emit(emit_manifest, source=manifest_source, name=name)
         text = m.to_yaml(header)
-        if output:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text)
-            console.print(f"wrote {output} ({len(m.ops)} operators, fused: {', '.join(m.fused) or 'none'})")
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+            console.print(f"wrote {out} ({len(m.ops)} operators, fused: {', '.join(m.fused) or 'none'})")
             from dayzero.cli.plan import DEFAULT_MODEL
 
-            print_next(console, [Step.of("dayzero", "ops", DEFAULT_MODEL, "--manifest", output,
+            print_next(console, [Step.of("dayzero", "ops", DEFAULT_MODEL, "--manifest", out,
                                          why="the Day-0 model's operators against this manifest")])
         else:
             typer.echo(text, nl=False)
@@ -59,7 +63,10 @@ def ops_cmd(
         raise DayzeroError("give a MODEL (preset, config.json or directory), or --emit-manifest KEY")
     from dayzero.ops.report import analyze
 
-    report = analyze(model, manifest=manifest, seq=seq, batch=batch, dtype=dtype, experts=experts,
+    dtype = TRACE_DTYPES.get(compute_dtype)
+    if dtype is None:
+        raise DayzeroError(f"--compute-dtype {compute_dtype!r}: expected one of {', '.join(TRACE_DTYPES)}")
+    report = analyze(model, manifest=manifest, seq=seq, batch=batch, dtype=dtype, experts=experts_impl,
                      trust_remote_code=trust_remote_code, check=check)
     obj = report.to_dict()
     if json_out:
@@ -69,8 +76,8 @@ def ops_cmd(
     steps = []
     if top > 0 and len(obj["ops"]) > top:
         again = ["dayzero", "ops", model, "--manifest", manifest, "--top", "0"]
-        for flag, v, default in (("--seq", seq, None), ("--batch", batch, 1), ("--dtype", dtype, "bfloat16"),
-                                 ("--experts", experts, "grouped_mm")):
+        for flag, v, default in (("--seq", seq, None), ("--batch", batch, 1), ("--compute-dtype", compute_dtype, "bf16"),
+                                 ("--experts-impl", experts_impl, "grouped_mm")):
             if v != default:
                 again += [flag, v]
         steps.append(Step.of(*again, *(["--trust-remote-code"] if trust_remote_code else []), why="every operator"))

@@ -9,7 +9,7 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt, InterNodeOpt, JsonOpt,
                                 cluster_from_options, console, emit_json)
-from dayzero.cli.predict import (AttentionOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
+from dayzero.cli.predict import (AttentionKernelOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
                                  TpOverlapOpt, check_precision, describe, next_for_layout, perf_options,
                                  print_prediction)
 from dayzero.cli.next_steps import cluster_flags, print_next
@@ -53,7 +53,7 @@ def plan_cmd(
     cp: ListOpt("--cp", "context-parallel degrees") = None, ep: ListOpt("--ep", "expert-parallel degrees") = None,
     mbs: ListOpt("--mbs", "micro-batch sizes") = None, zero: ListOpt("--zero", "ZeRO stages") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
-    rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionOpt = "fused",
+    rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, json_out: JsonOpt = False,
 ) -> None:
     """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass.

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
+from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt,
+                                DpOpt, EpOpt, EtpOpt, check_attention_kernel,
                                 GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt,
                                 SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json, human,
                                 parallel_from_options)
@@ -19,7 +20,6 @@ EpOverlapOpt = Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help
 ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="Busiest device's routed tokens over the average (1.0: balanced).")]
 OrderOpt = Annotated[str, typer.Option("--rank-order", help="Rank layout, fastest dim first.")]
 CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="JSON/YAML of efficiency constants (see docs/performance.md).")]
-AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class) | flash2 | unfused.")]
 
 
 def check_precision(precision: str, cluster=None) -> None:
@@ -41,8 +41,7 @@ def perf_options(tp_overlap: bool, ep_overlap: bool, moe_imbalance: float, calib
     from dayzero.planner.comm import CommOptions
     from dayzero.planner.perf import PerfOptions
 
-    if attention_kernel not in ("fused", "flash2", "unfused"):
-        raise ConfigError("--attention-kernel", None, f"must be fused, flash2 or unfused, got {attention_kernel!r}")
+    check_attention_kernel(attention_kernel)
     if moe_imbalance < 1.0:
         raise ConfigError("--moe-imbalance", None, f"must be >= 1.0 (busiest over average), got {moe_imbalance}")
     constants = constants_for(cluster) if cluster is not None else None
@@ -61,7 +60,7 @@ def predict_cmd(
     mbs: MbsOpt = 1, gbs: GbsOpt = None, seq: SeqOpt = 4096, zero: ZeroOpt = 1, recompute: RecomputeOpt = "none",
     sequence_parallel: SpOpt = False, precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None,
     layer_split: SplitOpt = None, tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
-    moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionOpt = "fused",
+    moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, json_out: JsonOpt = False,
 ) -> None:
     """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, and the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %).

@@ -150,7 +150,7 @@ def build_meta_model(model: str, dtype: str = "bfloat16", experts: str = "groupe
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
-        raise DayzeroError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        raise DayzeroError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if experts not in EXPERTS_IMPLEMENTATIONS:
         raise DayzeroError(f"--experts {experts!r}: expected one of {', '.join(EXPERTS_IMPLEMENTATIONS)}")
     config, name, spec, notes, remote = resolve_config(model, trust_remote_code)

@@ -16,6 +16,10 @@ from typing import Literal
 from dayzero.errors import ConfigError
 
 MiB = 2**20
+# What an attention kernel keeps for its backward: fused kernels (cuDNN, FlashAttention 2/3) the
+# log-sum-exp per row; unfused attention (plain matmul + softmax) the s x s probabilities
+# (Korthikanti et al. 2022, sec. 4.1: the 5as^2/t term disappears only with a fused kernel).
+KERNEL_MEMORY = {"fused": "flash", "flash2": "flash", "unfused": "eager"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,13 @@ class MemoryOptions:
 
     def with_(self, **kw) -> "MemoryOptions":
         return replace(self, **kw)
+
+    @classmethod
+    def for_run(cls, accelerator, attention_kernel: str = "fused", **kw) -> "MemoryOptions":
+        """Defaults for an accelerator and the attention kernel the step runs
+        (:data:`KERNEL_MEMORY`: what compute assumes, memory assumes too)."""
+        kw.setdefault("attention", KERNEL_MEMORY[attention_kernel])
+        return cls.for_accelerator(accelerator, **kw)
 
     @classmethod
     def for_accelerator(cls, accelerator, **kw) -> "MemoryOptions":

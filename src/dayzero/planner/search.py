@@ -222,7 +222,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         from dayzero.planner.memory import MemoryOptions
         from dayzero.planner.memory import peak_memory_batch as memory_fn  # noqa: N813
 
-        memory_options = memory_options or MemoryOptions.for_accelerator(cluster.accelerator)
+        options = options or PerfOptions()
+        memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
     options = options or PerfOptions()
     space = space or SearchSpace()
     devices, domain = cluster.devices, scaleup_domain(cluster)

@@ -269,5 +269,5 @@ def _dtype(name: str | None) -> torch.dtype | None:
     if name is None:
         return None
     if name not in DTYPES:
-        raise CheckpointError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}")
+        raise CheckpointError(f"--weights-dtype {name!r}: expected one of {', '.join(DTYPES)}")
     return DTYPES[name]

@@ -1,0 +1,105 @@
+"""One vocabulary across verbs: a flag name means one thing everywhere (same type, same default),
+and no concept is spelled two ways."""
+
+from __future__ import annotations
+
+import typer.main
+
+from dayzero.cli.app import app
+
+# spellings replaced by one name for the concept (the name to use instead)
+RETIRED = {"--output": "--out", "--attention": "--attention-kernel", "--dtype": "--compute-dtype or --weights-dtype",
+           "--calibrate-file": "--calibration"}
+# a flag whose default differs by verb on purpose, with the reason
+DEFAULTS_DIFFER = {
+    "--steps": "train runs 100 steps; validate 30 (a loss-trend test needs fewer)",
+    "--seq": "planner verbs default to 4096; the runtime's proxies to short sequences",
+    "--top": "how many rows each verb lists",
+    "--cluster": "plan and day0 default to the seed scenario; other verbs require one",
+    "--compute-dtype": "train/validate resolve 'auto' to the device; memory --exact and ops take an explicit dtype",
+    "--out": "each verb writes its own kind of output",
+    "--model": "the checkpoint verbs' model is optional",
+    "--nproc": "calibrate measures 1 rank by default; validate/train their layout's world",
+    "--manifest": "ops reads a backend manifest; other verbs none",
+    "--gbs": "sizes are resolved per verb from the layout",
+    "--zero": "planner verbs default to ZeRO-1 (Megatron's distributed optimizer); the runtime alike",
+}
+
+
+def _commands():
+    root = typer.main.get_command(app)
+    stack = [("", root)]
+    while stack:
+        path, cmd = stack.pop()
+        sub = getattr(cmd, "commands", None)
+        if sub:
+            stack.extend((f"{path} {name}".strip(), c) for name, c in sub.items())
+        else:
+            yield path, cmd
+
+
+def _options():
+    for path, cmd in _commands():
+        for p in cmd.params:
+            for opt in getattr(p, "opts", []):
+                if opt.startswith("--"):
+                    yield path, opt, p
+
+
+def _kind(p) -> str:
+    """The option's Python type (Optional unwrapped; a flag is 'flag')."""
+    import typing
+
+    if getattr(p, "is_flag", False):
+        return "flag"
+    ann = p.type_descriptor.annotation
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    ann = args[0] if typing.get_origin(ann) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args else ann
+    return getattr(ann, "__name__", str(ann))
+
+
+# plan pins each layout dimension to a candidate list ("--tp 4,8"; absent: search all), so its layout
+# flags are comma-separated text with no default, where the other verbs take one value
+CANDIDATE_LISTS = {("plan", f) for f in ("--tp", "--pp", "--dp", "--cp", "--ep", "--etp", "--vpp", "--mbs", "--zero",
+                                         "--recompute", "--schedule")}
+
+
+def test_no_retired_spelling_is_used():
+    used = [(path, opt) for path, opt, _ in _options() if opt in RETIRED]
+    assert not used, [f"{path}: {opt} (use {RETIRED[opt]})" for path, opt in used]
+
+
+def test_a_flag_has_one_type_and_one_default_everywhere():
+    seen: dict[str, dict] = {}
+    for path, opt, p in _options():
+        if (path, opt) not in CANDIDATE_LISTS:
+            seen.setdefault(opt, {})[path] = (_kind(p), p.default)
+    conflicts = []
+    for opt, by_verb in seen.items():
+        kinds = {k for k, _ in by_verb.values()}
+        if len(kinds) > 1:
+            conflicts.append(f"{opt}: types {sorted(kinds)} in {sorted(by_verb)}")
+        defaults = {repr(d) for _, d in by_verb.values()}
+        if len(defaults) > 1 and opt not in DEFAULTS_DIFFER:
+            conflicts.append(f"{opt}: defaults {sorted(defaults)} in {sorted(by_verb)}")
+    assert not conflicts, conflicts
+
+
+def test_megatron_names_reach_the_same_layout():
+    from dayzero.cli.app import main
+
+    import contextlib
+    import io
+    import json
+
+    def parallel(argv):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(argv + ["--json"]) == 0
+        return json.loads(out.getvalue())["parallel"]
+
+    base = ["predict", "llama-3.1-8b", "-a", "h100", "-n", "16"]
+    ours = parallel(base + ["--tp", "2", "--pp", "2", "--mbs", "2", "--gbs", "64", "--seq", "2048"])
+    megatron = parallel(base + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                "--micro-batch-size", "2", "--global-batch-size", "64", "--seq-length", "2048"])
+    assert ours == megatron
