@@ -61,7 +61,8 @@ def _kind(p) -> str:
 # plan pins each layout dimension to a candidate list ("--tp 4,8"; absent: search all), so its layout
 # flags are comma-separated text with no default, where the other verbs take one value
 CANDIDATE_LISTS = {("plan", f) for f in ("--tp", "--pp", "--dp", "--cp", "--ep", "--etp", "--vpp", "--mbs", "--zero",
-                                         "--recompute", "--schedule")}
+                                         "--recompute", "--schedule",
+                                         "--sequence-parallel")}
 
 
 def test_no_retired_spelling_is_used():
@@ -103,3 +104,23 @@ def test_megatron_names_reach_the_same_layout():
     megatron = parallel(base + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                                 "--micro-batch-size", "2", "--global-batch-size", "64", "--seq-length", "2048"])
     assert ours == megatron
+
+
+def test_plan_pins_every_searched_dimension():
+    import contextlib
+    import io
+    import json
+
+    from dayzero.cli.app import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", "mixtral-8x7b", "-a", "h100", "-n", "64", "--gbs", "128", "--seq", "4096", "--top", "3",
+                     "--tp", "2", "--pp", "2", "--ep", "4", "--etp", "1", "--vpp", "2", "--mbs", "1", "--zero", "1",
+                     "--recompute", "selective", "--sequence-parallel", "on", "--json"]) == 0
+    plans = json.loads(out.getvalue())["plans"]
+    assert plans
+    for p in plans:
+        q = p["parallel"]
+        assert (q["tp"], q["pp"], q["ep"], q["etp"], q["vpp"], q["mbs"], q["zero"], q["recompute"],
+                q["sequence_parallel"]) == (2, 2, 4, 1, 2, 1, 1, "selective", True)

@@ -39,6 +39,22 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
     return vals
 
 
+def _words(text: str | None) -> tuple[str, ...] | None:
+    return tuple(w.strip() for w in text.split(",") if w.strip()) if text else None
+
+
+def _bools(text: str | None, name: str) -> tuple[bool, ...] | None:
+    from dayzero.errors import ConfigError
+
+    words = _words(text)
+    if words is None:
+        return None
+    table = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
+    if any(w.lower() not in table for w in words):
+        raise ConfigError(name, None, f"expected on, off or both (on,off), got {text!r}")
+    return tuple(table[w.lower()] for w in words)
+
+
 @app.command("plan")
 def plan_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")] = DEFAULT_MODEL,
@@ -52,6 +68,9 @@ def plan_cmd(
     tp: ListOpt("--tp", "tensor-parallel degrees") = None, pp: ListOpt("--pp", "pipeline degrees") = None,
     cp: ListOpt("--cp", "context-parallel degrees") = None, ep: ListOpt("--ep", "expert-parallel degrees") = None,
     mbs: ListOpt("--mbs", "micro-batch sizes") = None, zero: ListOpt("--zero", "ZeRO stages") = None,
+    etp: ListOpt("--etp", "expert tensor-parallel degrees") = None, vpp: ListOpt("--vpp", "virtual stages per rank") = None,
+    recompute: ListOpt("--recompute", "recompute modes (none, selective, full)") = None,
+    sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, json_out: JsonOpt = False,
@@ -70,7 +89,9 @@ def plan_cmd(
     check_precision(precision, cl)
     opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
-                            ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")))
+                            ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
+                            ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("recompute", _words(recompute)),
+                            ("sequence_parallel", _bools(sequence_parallel, "--sequence-parallel")))
           if v is not None}
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory, SearchSpace(rank_order=(rank_order,), **kw))
     if json_out:
