@@ -124,3 +124,35 @@ def test_plan_pins_every_searched_dimension():
         q = p["parallel"]
         assert (q["tp"], q["pp"], q["ep"], q["etp"], q["vpp"], q["mbs"], q["zero"], q["recompute"],
                 q["sequence_parallel"]) == (2, 2, 4, 1, 2, 1, 1, "selective", True)
+
+
+def test_train_and_validate_take_a_plan_file(tmp_path):
+    """`plan/predict --json` output feeds train --plan and validate --plan through one function."""
+    import contextlib
+    import io
+    import json
+
+    import pytest
+
+    from dayzero.cli.app import main
+    from dayzero.errors import DayzeroError
+    from dayzero.specs.plan_layout import plan_layout
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", "tiny-moe", "-a", "h100", "-n", "16", "--gbs", "64", "--seq", "512", "--tp", "2",
+                     "--pp", "2", "--top", "1", "--json"]) == 0
+    f = tmp_path / "plan.json"
+    f.write_text(out.getvalue())
+    best = json.loads(out.getvalue())["plans"][0]["parallel"]
+    p = plan_layout(f, world=8, seq=128)
+    assert (p.tp, p.pp, p.ep, p.zero, p.recompute, p.dp) == (best["tp"], best["pp"], best["ep"], best["zero"],
+                                                             best["recompute"], 8 // (best["tp"] * best["pp"]))
+    assert p.microbatches >= p.pp
+    with pytest.raises(DayzeroError, match="multiple of 4"):
+        plan_layout(f, world=6, seq=128)
+    assert main(["train", "tiny-moe", "--plan", str(f), "--nproc", "8", "--tp", "4", "--steps", "1"]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"plans": []}')
+    with pytest.raises(DayzeroError, match="expected `dayzero plan --json`"):
+        plan_layout(bad, world=8, seq=128)

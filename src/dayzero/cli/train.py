@@ -54,6 +54,7 @@ def train_cmd(
     seq: Annotated[int, typer.Option("--seq", help="Sequence length (tokens).")] = 256,
     zero: ZeroOpt = 1, recompute: RecomputeOpt = "none", sequence_parallel: SpOpt = False,
     precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None, layer_split: SplitOpt = None,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Take the layout from a `dayzero plan/predict --json` file (its best plan), on --nproc ranks.")] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the weights and the data order.")] = 0,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Write one JSON record per step here (JSONL).")] = None,
@@ -109,8 +110,19 @@ def train_cmd(
         compute_dtype = "bf16" if torch.cuda.is_available() else "fp32"
     torchrun = _under_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
-    parallel = parallel_from_options(world, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
-                                     sequence_parallel, precision, schedule, layer_split)
+    if plan:
+        from dayzero.specs.plan_layout import plan_layout
+
+        given = [f for f, v, d in (("--tp", tp, 1), ("--pp", pp, 1), ("--dp", dp, None), ("--cp", cp, 1), ("--ep", ep, 1),
+                                   ("--etp", etp, 1), ("--vpp", vpp, 1), ("--mbs", mbs, 1), ("--zero", zero, 1),
+                                   ("--recompute", recompute, "none"), ("--schedule", schedule, None),
+                                   ("--layer-split", layer_split, None)) if v != d]
+        if given:
+            raise DayzeroError(f"--plan sets the layout; drop {', '.join(given)}")
+        parallel = plan_layout(plan, world, seq, gbs)
+    else:
+        parallel = parallel_from_options(world, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
+                                         sequence_parallel, precision, schedule, layer_split)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     tmp = None
     if metrics is None and json_out:

@@ -68,7 +68,9 @@ def validate_cmd(
     dtype = _compute_dtype(compute_dtype)
     cl = _cluster(cluster, nproc)
     if plan:
-        par = _from_plan(plan, nproc, seq, gbs)
+        from dayzero.specs.plan_layout import plan_layout
+
+        par = plan_layout(plan, nproc, seq, gbs)
     else:
         par = parallel_from_options(nproc, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
                                     sequence_parallel, "bf16", schedule, layer_split)
@@ -116,36 +118,6 @@ def _cluster(path: str | None, nproc: int):
             return build_cluster(acc, nproc, nproc)
     raise ConfigError("--cluster", None, f"no hardware profile for this machine; run `dayzero calibrate --nproc {nproc} "
                       "--out host.yaml` and pass --cluster host.yaml")
-
-
-def _from_plan(path: Path, nproc: int, seq: int, gbs: int | None):
-    """The layout of a plan/predict JSON at proxy scale: its tp, pp, cp, ep, vpp, ZeRO, recompute,
-    sequence parallelism and micro-batch size; dp fills the local ranks; gbs keeps its
-    micro-batch count (at least pp, for the pipeline) unless --gbs is given."""
-    from dayzero.errors import ConfigError, LayoutError
-    from dayzero.specs.parallel import ParallelConfig
-
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(path), None, f"cannot read a plan: {str(e).splitlines()[0]}") from None
-    if isinstance(obj, dict) and obj.get("plans"):
-        obj = obj["plans"][0]
-    p = obj.get("parallel") if isinstance(obj, dict) else None
-    if not isinstance(p, dict):
-        raise ConfigError(str(path), "parallel", "expected `dayzero plan --json` or `dayzero predict --json` output")
-    tp, pp, cp = int(p.get("tp", 1)), int(p.get("pp", 1)), int(p.get("cp", 1))
-    if nproc % (tp * pp * cp):
-        raise LayoutError(f"the plan needs tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp} ranks per data-parallel replica; "
-                          f"use --nproc as a multiple of {tp * pp * cp}")
-    dp = nproc // (tp * pp * cp)
-    mbs = int(p.get("mbs", 1))
-    m = max(pp, min(int(p.get("microbatches", 1)), 4 * pp))
-    vpp = int(p.get("vpp", 1))
-    return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=int(p.get("ep", 1)), etp=int(p.get("etp", 1)), vpp=vpp,
-                          mbs=mbs, gbs=gbs or mbs * dp * m, seq=seq, zero=int(p.get("zero", 1)),
-                          recompute=p.get("recompute", "none"), sequence_parallel=bool(p.get("sequence_parallel")),
-                          schedule=p.get("schedule", "1f1b"))
 
 
 def _calibrate(cluster_path: str | None, records: list[dict], run_files: list[Path], keys, profile_out: Path | None) -> dict:
