@@ -33,6 +33,7 @@ these rules, and where the text does not say, the convention used is returned in
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -90,15 +91,33 @@ class _Figure:
     generation: bool = False  # a named generation's rate: already per device and one direction
 
 
-def _nearest(text: str, pos: int, *patterns: re.Pattern) -> int | None:
-    """Index of the pattern with a match nearest to ``pos`` (None when none matches)."""
-    best = None
-    for i, p in enumerate(patterns):
-        for m in p.finditer(text):
-            d = min(abs(m.start() - pos), abs(m.end() - pos))
-            if best is None or d < best[0]:
-                best = (d, i)
-    return None if best is None else best[1]
+class _Words:
+    """Where each word pattern matches in one segment, for nearest-word lookups in O(log n)."""
+
+    def __init__(self, seg: str):
+        self.seg = seg
+        self._spans: dict[re.Pattern, tuple[list[int], list[int]]] = {}
+        self.bidir, self.unidir = bool(_BIDIR.search(seg)), bool(_UNIDIR.search(seg))
+        self.efa = bool(re.search(r"\befa\b", seg, re.I))
+
+    def _of(self, p: re.Pattern) -> tuple[list[int], list[int]]:
+        if p not in self._spans:
+            ms = list(p.finditer(self.seg))
+            self._spans[p] = ([m.start() for m in ms], [m.end() for m in ms])
+        return self._spans[p]
+
+    def nearest(self, pos: int, *patterns: re.Pattern) -> int | None:
+        """Index of the pattern with a match nearest to ``pos`` (None when none matches)."""
+        best = None
+        for i, p in enumerate(patterns):
+            starts, ends = self._of(p)
+            k = bisect.bisect_left(starts, pos)
+            for j in (k - 1, k):
+                if 0 <= j < len(starts):
+                    d = min(abs(starts[j] - pos), abs(ends[j] - pos))
+                    if best is None or d < best[0]:
+                        best = (d, i)
+        return None if best is None else best[1]
 
 
 def _unit(prefix: str, rest: str) -> str:
@@ -115,13 +134,15 @@ def _figures(seg: str) -> list[_Figure]:
         value = float(m.group("num")) * _PREFIX[m.group("prefix").lower()]
         unit = _unit(m.group("prefix"), m.group("rest"))
         count = int(m.group("count") or m.group("count_after") or 1)
+        if value <= 0 or count < 1:  # "0G" is no rate
+            continue
         out.append(_Figure(m.start(), value * (8 if unit == "bytes" else 1), unit, count, m.group(0).strip()))
     if not out:
         for m in _NVLINK_GEN.finditer(seg):
             gen = int(m.group("a") or m.group("b"))
             out.append(_Figure(m.start(), NVLINK_GBYTES[gen] * 8, "bytes", 1, f"NVLink {gen}", generation=True))
         for m in _IB_GEN.finditer(seg):
-            out.append(_Figure(m.start(), IB_GBITS[m.group("gen").lower()], "bits", int(m.group("count") or 1),
+            out.append(_Figure(m.start(), IB_GBITS[m.group("gen").lower()], "bits", max(1, int(m.group("count") or 1)),
                                m.group(0).strip()))
         if not out:
             for m in _PCIE_GEN.finditer(seg):
@@ -129,7 +150,7 @@ def _figures(seg: str) -> list[_Figure]:
                                    f"PCIe Gen{m.group('gen')} x16", generation=True))
     if out and all(f.count == 1 for f in out):
         m = _COUNT_WORDS.search(seg)
-        if m and int(m.group(1)) > 1:
+        if m and 1 < int(m.group(1)) <= 1024:
             out = [_Figure(f.pos, f.gbits, f.unit, int(m.group(1)), f.phrase, f.generation) for f in out]
     return out
 
@@ -146,21 +167,26 @@ def _segments(text: str) -> list[str]:
     return merged
 
 
-def _tier_word(seg: str, pos: int) -> str | None:
+def _quote(seg: str, limit: int = 80) -> str:
+    return repr(seg if len(seg) <= limit else seg[:limit - 3] + "...")
+
+
+def _tier_word(words: _Words, pos: int) -> str | None:
     """The tier the word nearest to ``pos`` names; PCIe only where no other tier word appears."""
-    if _UP_WORDS.search(seg) or _OUT_WORDS.search(seg):
-        return (SCALE_UP, SCALE_OUT)[_nearest(seg, pos, _UP_WORDS, _OUT_WORDS)]
-    return SCALE_UP if _WEAK_UP_WORDS.search(seg) else None
+    i = words.nearest(pos, _UP_WORDS, _OUT_WORDS)
+    if i is not None:
+        return (SCALE_UP, SCALE_OUT)[i]
+    return SCALE_UP if words.nearest(pos, _WEAK_UP_WORDS) is not None else None
 
 
-def _read_figure(seg: str, f: _Figure, dpn: int) -> tuple[str, float, str, list[str]]:
+def _read_figure(words: _Words, f: _Figure, dpn: int) -> tuple[str, float, str, list[str]]:
     """(tier, GB/s per device per direction, how it was read, conventions applied)."""
     notes = []
     generation = f.generation
-    scope = _nearest(seg, f.pos, _PER_NODE, _PER_DEVICE)  # 0: the node's total, 1: one device's
+    scope = words.nearest(f.pos, _PER_NODE, _PER_DEVICE)  # 0: the node's total, 1: one device's
     if scope is None and f.count > 1:
         scope = 0
-    tier = _tier_word(seg, f.pos)
+    tier = _tier_word(words, f.pos)
     if tier is None:
         if f.unit == "bytes":
             per_device = f.gbits / 8 * f.count / (dpn if scope == 0 else 1)
@@ -176,7 +202,7 @@ def _read_figure(seg: str, f: _Figure, dpn: int) -> tuple[str, float, str, list[
     if scope is None:
         if tier == SCALE_UP or generation:
             scope = 1
-        elif re.search(r"\befa\b", seg, re.I):
+        elif words.efa:
             scope = 0
             notes.append("an EFA figure is per instance (as AWS quotes it)")
         else:
@@ -184,9 +210,9 @@ def _read_figure(seg: str, f: _Figure, dpn: int) -> tuple[str, float, str, list[
             notes.append(f"no 'per node' or 'per GPU': {gbits:g} Gb/s read as "
                          f"{'a node total (above one NIC port)' if scope == 0 else 'one device NIC'}")
     per_device = gbits * f.count / (dpn if scope == 0 else 1)
-    if _BIDIR.search(seg):
+    if words.bidir:
         per_device /= 2
-    elif tier == SCALE_UP and not generation and not _UNIDIR.search(seg):
+    elif tier == SCALE_UP and not generation and not words.unidir:
         per_device /= 2
         notes.append("scale-up figure without a direction: read as both directions (vendor convention)")
     how = (f"{f.count} x " if f.count > 1 else "") + f"{gbits:g} Gb/s" + \
@@ -205,7 +231,7 @@ def read_interconnect(text: str, devices_per_node: int) -> InterconnectReading:
     read, assumed, unread = [], [], []
     for seg in _segments(text or ""):
         if _IGNORED.search(seg):
-            read.append(f"'{seg}': not the compute fabric (ignored)")
+            read.append(f"{_quote(seg)}: not the compute fabric (ignored)")
             continue
         figs = _figures(seg)
         if not figs:
@@ -213,12 +239,13 @@ def read_interconnect(text: str, devices_per_node: int) -> InterconnectReading:
             for t in tiers:
                 named.setdefault(t, seg)
             if not tiers and not _DPN.search(seg):
-                unread.append(f"'{seg}': no bandwidth figure")
+                unread.append(f"{_quote(seg)}: no bandwidth figure")
             continue
+        words = _Words(seg)
         for f in figs:
-            tier, gbytes, how, notes = _read_figure(seg, f, dpn)
-            read.append(f"'{seg}': {tier} {gbytes:g} GB/s per device per direction ({how})")
-            assumed.extend(f"'{seg}': {n}" for n in notes)
+            tier, gbytes, how, notes = _read_figure(words, f, dpn)
+            read.append(f"{_quote(seg)}: {tier} {gbytes:g} GB/s per device per direction ({how})")
+            assumed.extend(f"{_quote(seg)}: {n}" for n in notes)
             got[tier].append(gbytes)
     value = {}
     for tier, vals in got.items():
@@ -229,7 +256,7 @@ def read_interconnect(text: str, devices_per_node: int) -> InterconnectReading:
                            f"{vals[0]:g}); the first is used")
     for tier, seg in named.items():
         if value[tier] is None:
-            unread.append(f"'{seg}': names the {tier} fabric but gives no bandwidth")
+            unread.append(f"{_quote(seg)}: names the {tier} fabric but gives no bandwidth")
     return InterconnectReading(intra_gbytes_per_s=value[SCALE_UP], inter_gbytes_per_s=value[SCALE_OUT],
                                devices_per_node=stated_dpn, read=tuple(read), assumed=tuple(assumed),
                                unread=tuple(unread))

@@ -28,7 +28,11 @@ the row does not state is a documented default, returned with the case as an
 * precision: FP8 in any scaling recipe (per-tensor, current, block, MXFP8) or Float8 training
   named in the text runs GEMMs at the FP8 peak, NVFP4 at the FP4 peak, everything else BF16.
 * measured value: ``tokens_per_sec_per_gpu``, else ``tokens_per_sec_total`` / devices, else
-  gbs x seq / ``step_time_s`` / devices.
+  gbs x seq / ``step_time_s`` / devices, else ``tflops_per_gpu`` / model FLOPs per token, counted
+  as public formulas count them (Megatron-LM's, PaLM's, torchtitan's: 6 x parameters + full,
+  non-causal attention; ``causal`` in ``tflops_definition`` halves the attention term) and
+  x 4/3 when the definition counts hardware FLOPs with full recompute (listed: the conversion
+  carries the source's FLOP convention).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from dayzero.planner.perf import PerfOptions
 from dayzero.planner.row_arch import NoArchitecture, UnsupportedLayers, model_of, table
 from dayzero.planner.run_features import Features, read_features
 from dayzero.specs.cluster import Cluster, build_cluster
+from dayzero.specs.counting import flops_per_token
 from dayzero.specs.hardware import Accelerator, resolve_accelerator
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, even_split
@@ -65,7 +70,7 @@ INTERLEAVED_DEFAULT_VP = 2  # torchtitan: looped schedules default to 2 stages p
 class Assumption:
     """A value the row does not state, and what was used instead."""
 
-    kind: str  # model | interconnect | interconnect not stated | layout | batch | precision | options
+    kind: str  # model | interconnect | interconnect not stated | layout | batch | precision | options | throughput
     text: str
 
 
@@ -150,6 +155,23 @@ def published_tokens_per_device(row: dict, devices: int) -> float | None:
     if step and gbs and seq:
         return gbs * seq / step / devices
     return None
+
+
+def tokens_from_tflops(row: dict, spec: ModelSpec, seq: int, recompute: str, assumed: list[Assumption]) -> float | None:
+    """tokens/s per device from ``tflops_per_gpu`` (module docstring, measured value)."""
+    tflops = positive(row, "tflops_per_gpu")
+    if not tflops:
+        return None
+    definition = text(row, "tflops_definition").lower()
+    causal = "causal" in definition and "non-causal" not in definition and "noncausal" not in definition
+    per_token = flops_per_token(spec, seq, causal=causal).train
+    hardware = re.search(r"hardware|\bhfu\b|incl\w* recomput|with recomput", definition) and recompute == "full"
+    if hardware:
+        per_token *= 4 / 3
+    assumed.append(Assumption("throughput", f"tokens/s from tflops_per_gpu {tflops:g} / {per_token / 1e9:.4g} "
+                                            f"GFLOP per token ({'causal' if causal else 'full'} attention"
+                                            f"{', with the recompute forward' if hardware else ''})"))
+    return tflops * 1e12 / per_token
 
 
 def _degree(row: dict, key: str, feats: Features, assumed: list[Assumption]) -> int:
@@ -270,8 +292,8 @@ def case_of(row: dict) -> Case:
     assumed: list[Assumption] = []
     devices = _devices(row, assumed)
     published = published_tokens_per_device(row, devices)
-    if not published:
-        raise Unpredictable("no throughput", "no tokens/s, total tokens/s or step time published")
+    if not published and not positive(row, "tflops_per_gpu"):
+        raise Unpredictable("no throughput", "no tokens/s, total tokens/s, step time or TFLOP/s per GPU published")
     acc = resolve_accelerator(row["accelerator"])
     if acc is None:
         raise Unpredictable("unknown accelerator", f"accelerator {row['accelerator']!r} is not in the catalog")
@@ -320,6 +342,7 @@ def case_of(row: dict) -> Case:
     problems = parallel.problems(spec, devices)
     if problems:
         raise Unpredictable("inconsistent layout", "layout inconsistent: " + "; ".join(problems))
+    published = published or tokens_from_tflops(row, spec, seq, parallel.recompute, assumed)
     return Case(id=rid, source=text(row, "source"), spec=spec, cluster=cluster, parallel=parallel,
                 options=_options(row, spec, recipe, feats), published=published, gemm_precision=prec,
                 full_layout=bool(text(row, "tp") and text(row, "pp")), model=arch.name, recipe=recipe,
