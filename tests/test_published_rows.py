@@ -130,6 +130,14 @@ def test_gpt_style_is_inferred_from_mha_and_a_4h_ffn(rows):
     assert any("GPT-style" in a.text for a in case.assumed)
 
 
+def test_a_gpt_family_row_without_ffn_gets_4h(rows):
+    """Megatron-LM's scaling tables give layers, hidden and heads of 'GPT 3.6B' but no FFN."""
+    rid = next(r for r, v in rows.items() if v["model"] == "MPT-3b")
+    case = case_of(edited(rows, rid, model="GPT 3.6B", ffn_hidden_size="", vocab_size="", arch_source=""))
+    assert case.spec.mlp.intermediate == 4 * case.spec.hidden and case.spec.vocab == 50257
+    assert not case.spec.mlp.gated and any("4 x hidden_size" in a.text for a in case.assumed)
+
+
 def test_sliding_window_from_attention_type(rows):
     case = case_of(edited(rows, "R0383", model="Acme-SW 8B",
                           attention_type="GQA (alternating sliding-window 4096 / full)"))

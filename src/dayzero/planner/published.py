@@ -60,7 +60,8 @@ from dayzero.specs.parallel import ParallelConfig, even_split
 from dayzero.specs.presets import reference_data
 
 REQUIRED_COLUMNS = ("id", "model", "accelerator", "num_accelerators", "tp", "pp", "mbs", "gbs", "seq_len", "precision")
-SKIP_KINDS = ("no throughput", "no device count", "no architecture", "unsupported layer type", "unknown accelerator",
+SKIP_KINDS = ("no throughput", "no device count", "no architecture", "unsupported layer type",
+              "unknown accelerator",  # not in the catalog, or a bandwidth neither the catalog nor the row gives
               "inconsistent layout", "bad value")
 DEFAULT_SEQ = 4096
 INTERLEAVED_DEFAULT_VP = 2  # torchtitan: looped schedules default to 2 stages per pipeline rank
@@ -255,6 +256,15 @@ def _layout_default(row: dict, key: str, tp: int, pp: int) -> tuple[int, str] | 
 
 
 def _cluster(row: dict, acc: Accelerator, devices: int, assumed: list[Assumption]) -> Cluster:
+    try:
+        return _read_cluster(row, acc, devices, assumed)
+    except ConfigError as e:  # a bandwidth neither the catalog nor the text gives, or devices vs nodes
+        if (e.field or "").endswith("gbytes_per_s"):
+            raise Unpredictable("unknown accelerator", f"{e}; or state it in the row's interconnect") from None
+        raise Unpredictable("inconsistent layout", str(e)) from None
+
+
+def _read_cluster(row: dict, acc: Accelerator, devices: int, assumed: list[Assumption]) -> Cluster:
     fabric = text(row, "interconnect")
     intra, inter = acc.intra_node_bw, acc.inter_node_bw
     default = (f"the catalog's {acc.id} tiers ({(intra or 0) / 1e9:g} GB/s scale-up, "
@@ -268,12 +278,8 @@ def _cluster(row: dict, acc: Accelerator, devices: int, assumed: list[Assumption
     dpn = reading.devices_per_node
     if reading.inter_gbytes_per_s is None and devices > max(acc.scaleup_domain, dpn or acc.devices_per_node):
         assumed.append(Assumption("interconnect", f"no scale-out figure in {fabric!r}: {default}"))
-    try:
-        return build_cluster(acc, devices, devices_per_node=dpn, inter_node_gbytes_per_s=reading.inter_gbytes_per_s,
-                             intra_node_gbytes_per_s=reading.intra_gbytes_per_s,
-                             name=f"{acc.id}-{devices} ({fabric})")
-    except ConfigError as e:
-        raise Unpredictable("inconsistent layout", str(e)) from None
+    return build_cluster(acc, devices, devices_per_node=dpn, inter_node_gbytes_per_s=reading.inter_gbytes_per_s,
+                         intra_node_gbytes_per_s=reading.intra_gbytes_per_s, name=f"{acc.id}-{devices} ({fabric})")
 
 
 def _arch(row: dict):

@@ -13,8 +13,9 @@
    dense prefix when ``arch_source`` or ``notes`` say "first 3 layers dense"). The layer style
    (:data:`STYLES`) and a blank vocabulary come from the family's ``families`` entry; with none,
    the style is what ``attention_type``/``arch_source`` name (SwiGLU, GELU, squared ReLU, ...),
-   else Llama-style unless the row is multi-head attention with ``ffn = 4 x hidden`` (GPT-style),
-   and the vocabulary is :data:`DEFAULT_VOCAB`; each such choice is returned as a note.
+   else GPT-style (non-gated MLP) when ``ffn = 4 x hidden``, Llama-style (gated) otherwise, and
+   the vocabulary is :data:`DEFAULT_VOCAB`; a family's ``ffn_hidden_ratio`` fills a blank FFN.
+   Each such choice is returned as a note.
 """
 
 from __future__ import annotations
@@ -161,6 +162,11 @@ def from_columns(row: dict) -> tuple[ModelSpec, tuple[str, ...]]:
     family = fam.candidate.entry if fam else None
     layers, hidden, heads = (whole(row, k) for k in ("layers", "hidden_size", "attention_heads"))
     ffn = whole(row, "ffn_hidden_size")
+    notes = []
+    ratio = (family or {}).get("ffn_hidden_ratio")
+    if not ffn and hidden and ratio:
+        ffn = int(ratio * hidden)
+        notes.append(f"ffn_hidden_size blank: {ratio} x hidden_size = {ffn} ({fam.candidate.target} family)")
     experts = whole(row, "moe_num_experts", strict=False)
     moe = experts is not None and experts > 1
     missing = [k for k, v in (("layers", layers), ("hidden_size", hidden), ("attention_heads", heads)) if not v]
@@ -173,13 +179,12 @@ def from_columns(row: dict) -> tuple[ModelSpec, tuple[str, ...]]:
     if missing:
         raise NoArchitecture(f"model {raw!r} is not one dayzero knows (a preset or data/published_models.json) and "
                              f"the row's architecture columns are incomplete ({', '.join(missing)} blank)")
-    notes = []
     att_text = text(row, "attention_type")
     kv = _kv_heads(row, heads, att_text, notes)
     if hidden % heads or heads % kv:
         raise NoArchitecture(f"hidden_size {hidden}, attention_heads {heads}, kv_heads {kv}: heads must divide the "
                              "width and kv_heads the heads (head_dim is not a column)")
-    style_key = family["style"] if family else _style(row, heads, kv, ffn, hidden, notes)
+    style_key = family["style"] if family else _style(row, ffn or expert_ffn, hidden, notes)
     st = STYLES[style_key]
     vocab = whole(row, "vocab_size") or (family or {}).get("vocab_size")
     if not vocab:
@@ -239,16 +244,16 @@ def _kv_heads(row: dict, heads: int, att_text: str, notes: list[str]) -> int:
     return heads
 
 
-def _style(row: dict, heads: int, kv: int, ffn: int | None, hidden: int, notes: list[str]) -> str:
+def _style(row: dict, ffn: int, hidden: int, notes: list[str]) -> str:
     # file paths and URLs name repositories, not the layer style (NeMo keeps Llama under .../gpt/model/)
     words = re.sub(r"\S*/\S*", " ", f"{text(row, 'attention_type')} ; {text(row, 'arch_source')}")
     hinted = [k for k, p in STYLE_HINTS.items() if re.search(p, words, re.I)]
     if len(hinted) == 1:
         key, why = hinted[0], "as the row's attention_type/arch_source say"
-    elif kv < heads:
-        key, why = "llama", "grouped-query attention and no family entry"
     elif ffn == 4 * hidden:
-        key, why = "gpt", "multi-head attention with ffn_hidden_size = 4 x hidden_size and no family entry"
+        # a 4h FFN is the non-gated GELU/ReLU MLP of GPT, OPT, BLOOM, Falcon, StarCoder2 (GQA or not);
+        # gated (SwiGLU) models size theirs near 8h/3 to keep the same FLOPs
+        key, why = "gpt", "ffn_hidden_size = 4 x hidden_size and no family entry"
     else:
         key, why = "llama", f"ffn_hidden_size {ffn} is not 4 x hidden_size and no family entry"
     notes.append(f"{STYLES[key].label}: {why}")
