@@ -170,6 +170,13 @@ def test_throughput_from_tflops_when_tokens_are_not_published(rows):
     assert any(a.kind == "throughput" for a in case.assumed)
 
 
+def test_blank_batch_columns_are_derived_and_listed(rows):
+    """R0740 publishes total tokens/s and step time: gbs = tokens per step / seq; mbs defaults to 1."""
+    case = case_of(edited(rows, "R0740", gbs="", mbs=""))
+    assert (case.parallel.gbs, case.parallel.mbs) == (1024, 1)
+    assert sum(a.kind == "batch" for a in case.assumed) == 2
+
+
 def test_devices_counted_from_the_layout_when_blank(rows):
     case = case_of(edited(rows, "R0383", num_accelerators="", dp="8"))
     assert case.cluster.devices == 8 and any("tp*pp*cp*dp" in a.text for a in case.assumed)

@@ -57,7 +57,8 @@ _DPN = re.compile(r"(\d+)\s*(?:x\s*)?(?:gpus?|devices?|accelerators?|cards?|chip
                   r"(?:node|server|host)|(\d+)-(?:gpu|device|accelerator)\s+(?:nodes?|servers?|hosts?)|nodes? of (\d+)", re.I)
 _UP_WORDS = re.compile(r"nvlink|nvswitch|xgmi|infinity fabric|hccs|\bici\b|intra[- ]?node|\bintra\b|scale[- ]?up|"
                        r"within (?:a|the|each) node|\bnvl\d+", re.I)
-_OUT_WORDS = re.compile(r"infiniband|\bib\b|\b(?:edr|hdr|ndr|xdr)\d*\b|roce|ethernet|gbe\b|\befa\b|slingshot|\bnics?\b|\bhcas?\b|\bdcn\b|connectx|"
+_OUT_WORDS = re.compile(r"infiniband|\bib\b|\b(?:edr|hdr|ndr|xdr)\d*\b|roce|ethernet|gbe\b|\befa\b|slingshot|"
+                        r"\bnics?\b|\bhcas?\b|\bdcn\b|connectx|"
                         r"inter[- ]?node|\binter\b|node[- ]?(?:to[- ])?node|between nodes|cross[- ]node|scale[- ]?out|"
                         r"network|omni-?path|spectrum-?x|\btcp\b", re.I)
 _WEAK_UP_WORDS = re.compile(r"\bpcie", re.I)

@@ -197,7 +197,9 @@ def _zero(row: dict, feats: Features) -> int:
     z = text(row, "zero_or_dist_optimizer").lower()
     if m := re.search(r"zero[- _]?([0-3])", z):
         return int(m.group(1))
-    if re.search(r"dist|yes|true|on", z):
+    if re.search(r"\b(?:no|none|false|off)\b", z):
+        return 0
+    if re.search(r"dist|\b(?:yes|true|on)\b", z):
         return 1
     return 1 if feats.zero is None else feats.zero
 
@@ -233,7 +235,8 @@ def _batch(row: dict, dp: int, assumed: list[Assumption]) -> tuple[int, int, int
         assumed.append(Assumption("batch", "mbs blank: 1"))
     if not gbs:
         ga = whole(row, "grad_accum", 1)
-        gbs = round(total * step / seq) if total and step else mbs * dp * ga
+        per_step = mbs * dp  # gbs is a whole number of micro-batches per data-parallel rank
+        gbs = max(1, round(total * step / seq / per_step)) * per_step if total and step else per_step * ga
         assumed.append(Assumption("batch", f"gbs blank: {gbs}" + (" (total tokens/s x step time / seq)"
                                                                    if total and step else f" (mbs x dp x {ga})")))
     return mbs, gbs, seq
@@ -326,7 +329,8 @@ def case_of(row: dict) -> Case:
     dp = devices // (tp * pp * cp)  # MaxText rows give dp x fsdp; both are data-parallel here
     stated_dp = whole(row, "dp")
     # DGX Cloud's Grok rows count dp without the expert-parallel ranks (tp*pp*cp*dp*ep = devices)
-    if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not maxtext_fsdp and not whole(row, "fsdp", strict=False):
+    sharded = maxtext_fsdp or whole(row, "fsdp", strict=False)
+    if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not sharded:
         raise Unpredictable("inconsistent layout", f"dp {stated_dp} disagrees with devices / (tp*pp*cp) = {dp}")
     mbs, gbs, seq = _batch(row, dp, assumed)
     recipe = recipe_of(row["precision"], feats.fp8, feats.mx)

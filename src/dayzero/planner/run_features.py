@@ -53,7 +53,8 @@ _DEGREE = re.compile(r"\b(tp|pp|cp|ep|etp|dp|vpp|vp)\s*[=:]?\s*(\d+)\b", re.I)
 _NOT_MODELLED = (("torch.compile", r"\bcompiled?\b|torch\.compile"), ("CUDA graphs", r"cuda[- ]?graphs?"),
                  ("activation CPU offload", r"cpu[- ]offload|offload(?:ing)? activations"))
 _CONDITIONAL = re.compile(r"\b(?:when|if|unless|whether)\b|\bcolumn\b|legend|\d\s*=\s*[a-z]", re.I)
-_NEGATED = r"(?:\bno\s+|\bwithout\s+|\bw/o\s+|\bdisabled?\s+)(?:{p})|(?:{p})[\w ]{{0,20}}?\s*(?:=|:|is)\s*(?:false|off|no|disabled|0)\b"
+_NEGATED = (r"(?:\bno\s+|\bwithout\s+|\bw/o\s+|\bdisabled?\s+)(?:{p})"
+            r"|(?:{p})[\w ]{{0,20}}?\s*(?:=|:|is)\s*(?:false|off|no|disabled|0)\b")
 
 
 @dataclass(frozen=True)
