@@ -313,6 +313,8 @@ def case_of(row: dict) -> Case:
     feats = read_features(text(row, "framework"), annotations(text(row, "model")), text(row, "notes"))
     assumed.extend(Assumption("options", f"{f}: no planner option; predicted without it") for f in feats.not_modelled)
     tp, pp, cp = (_degree(row, k, feats, assumed) for k in ("tp", "pp", "cp"))
+    if feats.context_parallel and not text(row, "cp") and "cp" not in feats.degrees:
+        assumed.append(Assumption("layout", "context parallelism named without a degree: cp 1"))
     ep, etp = _degree(row, "ep", feats, assumed), _degree(row, "etp", feats, assumed)
     vpp = _degree(row, "vp", feats, assumed) if text(row, "vp") or "vp" in feats.degrees else None
     if vpp is None and (found := _layout_default(row, "vp", tp, pp)):

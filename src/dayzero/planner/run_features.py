@@ -19,6 +19,7 @@ Float8, FP8, MXFP8                     GEMMs in FP8 (``mxfp8`` marks block scali
 async TP, TP comm overlap              ``CommOptions.tp_overlap``
 DualPipe, a2a overlap, EP overlap      ``CommOptions.ep_overlap``
 interleaved 1F1B, virtual pipeline     interleaved schedule (``vpp``; the degree from ``vp``)
+context parallel, CP, ring attention   ``cp`` (the degree from ``cp`` or ``cp4``; none: listed)
 full / selective AC (recompute)        ``recompute``
 FlashAttention-2 / FA2                 ``attention_kernel = "flash2"``
 FlashAttention-3 / FA3, cuDNN attn     ``attention_kernel = "fused"``
@@ -43,6 +44,7 @@ _MX = r"mxfp8|\bmx\b|block[- ]?scal"
 _TP_OVERLAP = r"async[- _]?tp\b|tp[- _]comm[- _]overlap|tp[- ]overlap|micro[- ]?pipeline[- _]tp"
 _EP_OVERLAP = r"dualpipe|a2a[- _]overlap|ep[- _]overlap|all[- ]to[- ]all overlap"
 _INTERLEAVED = r"interleaved|virtual[- ]pipeline|\bvpp\b|looped"
+_CONTEXT_PARALLEL = r"context[- ]parallel\w*|\bcp\b|ring[- ]attention"
 _RECOMPUTE = (("selective", r"selective|\bsac\b|op[- ]level (?:ac|checkpoint)"),
               ("none", r"\bno (?:ac|activation checkpointing|activation recomput\w*|recomput\w*)\b|\bac[ =:]+(?:none|off)"),
               ("full", r"\bfull (?:ac|activation checkpointing|activation recomput\w*|recomput\w*)\b|\bac[ =:]+full"
@@ -65,6 +67,7 @@ class Features:
     tp_overlap: bool = False
     ep_overlap: bool = False
     interleaved: bool = False
+    context_parallel: bool = False  # context parallelism named (its degree, if stated, is in ``degrees``)
     recompute: str | None = None
     kernel: str | None = None
     degrees: dict = field(default_factory=dict)  # tp/pp/cp/ep/etp/dp/vp stated in the framework or the annotations
@@ -109,7 +112,8 @@ def read_features(framework: str, annotations: list[str], notes: str) -> Feature
             mark("fp8", True, where, m)
             if re.search(_MX, text, re.I):
                 got.setdefault("mx", True)
-        for key, pat in (("tp_overlap", _TP_OVERLAP), ("ep_overlap", _EP_OVERLAP), ("interleaved", _INTERLEAVED)):
+        for key, pat in (("tp_overlap", _TP_OVERLAP), ("ep_overlap", _EP_OVERLAP), ("interleaved", _INTERLEAVED),
+                         ("context_parallel", _CONTEXT_PARALLEL)):
             if m := _on(pat, text):
                 mark(key, True, where, m)
         for value, pat in _RECOMPUTE:
@@ -130,6 +134,7 @@ def read_features(framework: str, annotations: list[str], notes: str) -> Feature
         found.append("degrees " + " ".join(f"{k}{v}" for k, v in got["degrees"].items()))
     return Features(zero=got.get("zero"), fp8=got.get("fp8", False), mx=got.get("mx", False),
                     tp_overlap=got.get("tp_overlap", False), ep_overlap=got.get("ep_overlap", False),
-                    interleaved=got.get("interleaved", False), recompute=got.get("recompute"),
+                    interleaved=got.get("interleaved", False), context_parallel=got.get("context_parallel", False),
+                    recompute=got.get("recompute"),
                     kernel=got.get("kernel"), degrees=got["degrees"], not_modelled=tuple(not_modelled),
                     found=tuple(found))
