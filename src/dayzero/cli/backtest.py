@@ -20,41 +20,46 @@ def backtest_cmd(
     fit: Annotated[bool, typer.Option("--fit", help="First fit the efficiency constants on the even-id half (minutes).")] = False,
     write_calibration: Annotated[Optional[str], typer.Option("--write-calibration", help="With --fit: save the constants to FILE.json.")] = None,
     worst: Annotated[int, typer.Option("--worst", min=0, help="Rows with the largest errors to list.")] = 10,
+    by: Annotated[str, typer.Option("--by", help="Group the error table by source, model, accelerator or precision "
+                                    "(the GEMM recipe: bf16, fp8, mxfp8, fp4).")] = "source",
     json_out: JsonOpt = False,
 ) -> None:
-    """Predict tokens/s per device for every row of a published-runs file; report MAPE overall, per half (fit on even ids, held-out odd ids) and per source, and which rows were skipped and why.
+    """Predict tokens/s per device for every row of a published-runs file; report MAPE overall, per half (fit on even ids, held-out odd ids) and per group (--by), which rows were skipped and why, and what was assumed where a row does not say.
 
-    Example: [bold]dayzero backtest[/bold] (the shipped runs); [bold]dayzero backtest runs.csv --json[/bold]
+    Example: [bold]dayzero backtest[/bold] (the shipped runs); [bold]dayzero backtest runs.csv --by model --json[/bold]
     """
     import json
     from pathlib import Path
 
-    from dayzero.planner.backtest import fit_constants, run_backtest
+    from dayzero.planner.backtest import GROUP_BY, fit_constants, run_backtest
     from dayzero.planner.calibration import load_calibration
 
+    if by not in GROUP_BY:
+        raise typer.BadParameter(f"{by!r}; one of: {', '.join(GROUP_BY)}", param_hint="--by")
     constants = load_calibration(calibration) if calibration else None
     if fit:
         constants, _ = fit_constants(csv, constants)
         if write_calibration:
             Path(write_calibration).parent.mkdir(parents=True, exist_ok=True)
             Path(write_calibration).write_text(json.dumps({"constants": constants.to_dict()}, indent=1) + "\n")
-    result = run_backtest(csv, constants)
+    result = run_backtest(csv, constants, by=by)
     if json_out:
         emit_json(result)
         return
     s = result["summary"]
+    pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
     console.print(f"[bold]{s['n']}[/bold] rows predicted, {s['skipped']} skipped ({s['skipped_fraction']:.1%}); "
-                  f"MAPE [bold]{s['mape']:.1%}[/bold], p90 |error| {s['p90_abs_rel_error']:.1%}")
+                  f"MAPE [bold]{pct(s['mape'])}[/bold], p90 |error| {pct(s['p90_abs_rel_error'])}")
     for half, h in result["halves"].items():
         label = "fit half (even ids)" if half == "fit" else "held-out half (odd ids)"
-        console.print(f"  {label}: n {h['n']}, MAPE {h['mape']:.1%}, p90 {h['p90_abs_rel_error']:.1%}")
-    t = FitTable(title="Per source")
-    for col in ("source", "n", "MAPE", "p90"):
-        t.add_column(col, num=col != "source")
-    for src, v in result["by_source"].items():
-        t.add_row(src, str(v["n"]), f"{v['mape']:.1%}", f"{v['p90_abs_rel_error']:.1%}")
+        console.print(f"  {label}: n {h['n']}, MAPE {pct(h['mape'])}, p90 {pct(h['p90_abs_rel_error'])}")
+    t = FitTable(title=f"Per {by}")
+    for col in (by, "n", "MAPE", "p90", "bias"):
+        t.add_column(col, num=col != by)
+    for group, v in s["by_group"].items():
+        t.add_row(group, str(v["n"]), f"{v['mape']:.1%}", f"{v['p90_abs_rel_error']:.1%}", f"{v['bias']:+.1%}")
     console.print(t)
-    if worst:
+    if worst and result["rows"]:
         w = FitTable(title=f"Largest errors (of {s['n']})")
         for col in ("id", "run", "layout", "published tok/s/dev", "predicted", "error"):
             w.add_column(col, num=col in ("published tok/s/dev", "predicted", "error"))
@@ -62,11 +67,17 @@ def backtest_cmd(
             w.add_row(r["id"], f"{r['model']} on {r['devices']:,} x {r['accelerator']}", r["layout"], f"{r['published']:,.0f}",
                       f"{r['predicted']:,.0f}", f"{r['rel_error']:+.1%}")
         console.print(w)
+    if s["assumed"]:
+        console.print(f"assumed where rows do not say ({s['rows_with_assumptions']} rows; per row under "
+                      "'assumed' in --json):")
+        for kind, n in s["assumed"].items():
+            example = next(a["text"] for r in result["rows"] for a in r["assumed"] if a["kind"] == kind)
+            console.print(f"  {n} x {kind} (e.g. {example})")
     if result["skipped"]:
+        console.print("skipped: " + ", ".join(f"{n} {kind}" for kind, n in s["skipped_by_reason"].items()))
         reasons: dict[str, list[str]] = {}
         for sk in result["skipped"]:
-            reasons.setdefault(sk["reason"], []).append(sk["id"])
-        console.print("skipped:")
+            reasons.setdefault(f"{sk['kind']}: {sk['reason']}", []).append(sk["id"])
         for reason, ids in reasons.items():
             console.print(f"  {len(ids)} x {reason} ({', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''})")
     args = ["dayzero", "backtest", *([csv] if csv else [])]

@@ -1,7 +1,8 @@
 """Backtest: predict every published run and compare tokens/s per device with the measurement.
 
 ``mape`` is the mean of |predicted - published| / published over the predicted rows;
-``p90_abs_rel_error`` its 90th percentile. Rows are split into two documented halves by the
+``p90_abs_rel_error`` its 90th percentile; ``bias`` the median signed relative error (positive:
+the planner predicts too fast). Rows are split into two documented halves by the
 parity of their numeric id (``R0124`` -> 124, even = **fit** half, odd = **held** half): the
 efficiency constants are fitted on the fit half only (:func:`fit_constants`), so the held
 half's error is the honest out-of-sample figure.
@@ -10,17 +11,20 @@ half's error is the honest out-of-sample figure.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 
+from dayzero.errors import ConfigError
 from dayzero.planner.calibration import PerfConstants
 from dayzero.planner.minimize import nelder_mead
 from dayzero.planner.perf import evaluate
 from dayzero.planner.published import Case, load_cases
 from dayzero.specs.grid import encode
 
+GROUP_BY = ("source", "model", "accelerator", "precision")  # precision groups on the recipe: bf16 fp8 mxfp8 fp4
 FIT_FIELDS = ("gemm_scale_bf16", "gemm_scale_fp8", "gemm_scale_fp4", "moe_gemm_scale", "gemm_half_dim", "attention_eff",
               "memory_scale", "layer_overhead_s", "moe_expert_overhead_s", "flash2_max_tflops")
 
@@ -44,7 +48,7 @@ def predict_cases(cases: list[Case], constants: PerfConstants | None = None) -> 
     layer split and options are evaluated in one vectorised call (same numbers as one by one)."""
     groups: dict = {}
     for i, case in enumerate(cases):
-        key = (case.spec, case.cluster.name, case.cluster.devices, case.options, case.parallel.seq,
+        key = (case.spec, case.cluster.name, case.cluster.devices, case.cluster.tiers, case.options, case.parallel.seq,
                case.parallel.layer_split, case.parallel.precision)
         groups.setdefault(key, []).append(i)
     out = np.zeros(len(cases))
@@ -58,14 +62,23 @@ def predict_cases(cases: list[Case], constants: PerfConstants | None = None) -> 
 
 
 def _summary(errors: list[float]) -> dict:
-    a = np.abs(np.asarray(errors, dtype=float))
+    a = np.asarray(errors, dtype=float)
     if a.size == 0:
-        return {"n": 0, "mape": None, "p90_abs_rel_error": None}
-    return {"n": int(a.size), "mape": float(a.mean()), "p90_abs_rel_error": float(np.percentile(a, 90))}
+        return {"n": 0, "mape": None, "p90_abs_rel_error": None, "bias": None}
+    return {"n": int(a.size), "mape": float(np.abs(a).mean()), "p90_abs_rel_error": float(np.percentile(np.abs(a), 90)),
+            "bias": float(np.median(a))}
 
 
-def run_backtest(path: str | Path | None = None, constants: PerfConstants | None = None) -> dict:
-    """The DESIGN.md backtest object, plus per-half and per-source summaries."""
+def group_of(row: dict, by: str) -> str:
+    """The value of a result row that ``--by`` groups on."""
+    return str(row["recipe" if by == "precision" else by])
+
+
+def run_backtest(path: str | Path | None = None, constants: PerfConstants | None = None, by: str = "source") -> dict:
+    """The DESIGN.md backtest object, plus per-half and per-source summaries, ``by_group`` in the
+    summary (one of :data:`GROUP_BY`), skip reasons counted by kind, and the assumptions made."""
+    if by not in GROUP_BY:
+        raise ConfigError("--by", None, f"{by!r} is not a grouping; one of: {', '.join(GROUP_BY)}")
     cases, skips = load_cases(path)
     rows, by_source, by_half = [], {}, {"fit": [], "held": []}
     preds = predict_cases(cases, constants)
@@ -74,18 +87,28 @@ def run_backtest(path: str | Path | None = None, constants: PerfConstants | None
         err = (pred - case.published) / case.published
         half = half_of(case.id)
         rows.append({"id": case.id, "published": case.published, "predicted": pred, "rel_error": err,
-                     "half": half, "source": case.source, "model": case.spec.name,
+                     "half": half, "source": case.source, "model": case.model or case.spec.name,
                      "accelerator": case.cluster.accelerator.id, "devices": case.cluster.devices,
-                     "layout": case.parallel.describe(), "precision": case.gemm_precision})
+                     "layout": case.parallel.describe(), "precision": case.gemm_precision,
+                     "recipe": case.recipe or case.gemm_precision,
+                     "assumed": [{"kind": a.kind, "text": a.text} for a in case.assumed]})
         by_source.setdefault(case.source, []).append(err)
         by_half[half].append(err)
+    grouped: dict[str, list[float]] = {}
+    for r in rows:
+        grouped.setdefault(group_of(r, by), []).append(r["rel_error"])
     summary = _summary([r["rel_error"] for r in rows])
     summary["skipped"] = len(skips)
     summary["skipped_fraction"] = len(skips) / max(1, len(skips) + len(rows))
+    summary["skipped_by_reason"] = dict(Counter(s.kind for s in skips).most_common())
+    summary["assumed"] = dict(Counter(a.kind for c in cases for a in c.assumed).most_common())
+    summary["rows_with_assumptions"] = sum(1 for c in cases if c.assumed)
+    summary["by"] = by
+    summary["by_group"] = {g: _summary(e) for g, e in sorted(grouped.items())}
     return {"rows": rows, "summary": summary,
             "halves": {h: _summary(e) for h, e in by_half.items()},
             "by_source": {s: _summary(e) for s, e in sorted(by_source.items())},
-            "skipped": [{"id": s.id, "reason": s.reason} for s in skips],
+            "skipped": [{"id": s.id, "reason": s.reason, "kind": s.kind} for s in skips],
             "constants": (constants or PerfConstants()).to_dict()}
 
 

@@ -1,48 +1,78 @@
 """Rows of a published-runs file (columns of the shipped ``published_runs_dev.csv``) as planner
 inputs: model spec, cluster, parallel layout and options, and the measured tokens/s per device.
 
-Reading the sources' conventions (see the data README):
+Any row is predicted unless it has no throughput, no device count, no architecture (neither a
+name dayzero knows nor complete columns: :mod:`row_arch`), a layer type dayzero does not model,
+an accelerator outside the catalog, or a layout that cannot run (:data:`SKIP_KINDS`). Every value
+the row does not state is a documented default, returned with the case as an
+:class:`Assumption` so the report lists it. Reading the sources' conventions (see the data README):
 
-* layout: ``tp pp dp cp ep etp vp`` as published; blank means 1 (``dp``: devices / (tp pp cp));
-  ``fsdp`` (Megatron/NeMo: a shard degree, MaxText: the FSDP axis) or an llm-foundry sharding
-  strategy selects ZeRO-3 (FULL_SHARD, Megatron FSDP, MaxText) or ZeRO-2 (SHARD_GRAD_OP); other
-  Megatron-family rows use the distributed optimizer (ZeRO-1). Sequence parallelism is on with
-  tp > 1 (the NeMo/Megatron-Bridge recipes' default), TP communication overlap is on for
-  Megatron-family sources (their performance recipes enable it), routing is force-balanced
-  (imbalance 1.0, per the data README).
-* precision: FP8 in any scaling recipe (per-tensor, current, block, MXFP8) runs GEMMs at the FP8
-  peak, NVFP4 at the FP4 peak, everything else BF16.
+* model: :mod:`row_arch` (names by :mod:`model_names`; else the architecture columns).
+* cluster: the accelerator from the catalog; ``interconnect`` text read by
+  :mod:`interconnect_text` into the scale-up and scale-out tiers; a tier the text leaves open
+  keeps the catalog's rate (a blank column: the catalog's standard node, e.g. a DGX).
+* layout: ``tp pp dp cp ep etp vp`` as published; blank means the degree the framework text or
+  the model name's annotations state (``TP2``), else 1 (``dp``: devices / (tp pp cp)); a
+  blank ``num_accelerators`` is tp x pp x cp x dp. ``fsdp`` (Megatron/NeMo: a shard degree,
+  MaxText: the FSDP axis) or an llm-foundry sharding strategy selects ZeRO-3 (FULL_SHARD,
+  Megatron FSDP, MaxText) or ZeRO-2 (SHARD_GRAD_OP); a blank ``fsdp`` column defers to
+  ``zero_or_dist_optimizer``, then to FSDP/ZeRO words in the text (:mod:`run_features`), then
+  ZeRO-1 (Megatron's distributed optimizer). Sequence parallelism is on with tp > 1 unless
+  ``sequence_parallel`` says no (the NeMo/Megatron-Bridge recipes' default); TP communication
+  overlap is on for Megatron-family sources (their performance recipes enable it) or where the
+  text says async TP; routing is force-balanced (imbalance 1.0, per the data README).
+  Interleaved 1F1B stated without ``vp``: 2 virtual stages per rank (torchtitan's default for
+  looped schedules).
+* batch: blank ``mbs`` is 1; blank ``gbs`` is total tokens/s x step time / seq when published,
+  else mbs x dp x ``grad_accum`` (1 when blank); blank ``seq_len`` is 4096.
+* precision: FP8 in any scaling recipe (per-tensor, current, block, MXFP8) or Float8 training
+  named in the text runs GEMMs at the FP8 peak, NVFP4 at the FP4 peak, everything else BF16.
 * measured value: ``tokens_per_sec_per_gpu``, else ``tokens_per_sec_total`` / devices, else
-  gbs x seq / ``step_time_s`` / devices.
-* model: see ``data/published_models.json`` (presets, published configs, or the row's columns
-  with a family's defaults); the row's ``layers`` replaces the preset's depth for proxy models.
+  gbs x seq / ``step_time_s`` / devices, else ``tflops_per_gpu`` / model FLOPs per token, counted
+  as public formulas count them (Megatron-LM's, PaLM's, torchtitan's: 6 x parameters + full,
+  non-causal attention; ``causal`` in ``tflops_definition`` halves the attention term) and
+  x 4/3 when the definition counts hardware FLOPs with full recompute (listed: the conversion
+  carries the source's FLOP convention).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
-import math
 import re
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 from dayzero.errors import ConfigError, DayzeroError
 from dayzero.inputs import read_text
 from dayzero.planner.comm import CommOptions
+from dayzero.planner.csv_values import positive, text, whole
+from dayzero.planner.interconnect_text import read_interconnect
+from dayzero.planner.model_names import Candidate, annotations, best_match, parse_name
 from dayzero.planner.perf import PerfOptions
+from dayzero.planner.row_arch import NoArchitecture, UnsupportedLayers, model_of, table
+from dayzero.planner.run_features import Features, read_features
 from dayzero.specs.cluster import Cluster, build_cluster
-from dayzero.specs.hardware import resolve_accelerator
-from dayzero.specs.hf_config import spec_from_hf_config
+from dayzero.specs.counting import flops_per_token
+from dayzero.specs.hardware import Accelerator, resolve_accelerator
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, even_split, even_split_fills
 from dayzero.specs.presets import reference_data
-from dayzero.specs.registry import load_model
 
 REQUIRED_COLUMNS = ("id", "model", "accelerator", "num_accelerators", "tp", "pp", "mbs", "gbs", "seq_len", "precision")
+SKIP_KINDS = ("no throughput", "no device count", "no architecture", "unsupported layer type",
+              "unknown accelerator",  # not in the catalog, or a bandwidth neither the catalog nor the row gives
+              "inconsistent layout", "bad value")
+DEFAULT_SEQ = 4096
+INTERLEAVED_DEFAULT_VP = 2  # torchtitan: looped schedules default to 2 stages per pipeline rank
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """A value the row does not state, and what was used instead."""
+
+    kind: str  # model | interconnect | interconnect not stated | layout | batch | precision | options | throughput
+    text: str
 
 
 @dataclass(frozen=True)
@@ -57,6 +87,9 @@ class Case:
     options: PerfOptions
     published: float  # tokens/s per device
     full_layout: bool  # the row states tp and pp (a layout experts picked, not only a sharding strategy)
+    model: str = ""  # the architecture as reports name it (preset, table entry, or the row's name)
+    recipe: str = ""  # bf16 | fp8 | mxfp8 | fp4: the GEMM precision and its scaling
+    assumed: tuple[Assumption, ...] = ()
 
     @property
     def gemm_precision(self) -> str:
@@ -68,12 +101,13 @@ class Case:
 class Skip:
     id: str
     reason: str
+    kind: str = "bad value"  # one of SKIP_KINDS
 
 
-@lru_cache(maxsize=1)
-def model_table() -> list[dict]:
-    path = resources.files("dayzero.planner") / "data" / "published_models.json"
-    return json.loads(path.read_text())["models"]
+class Unpredictable(DayzeroError):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
 
 
 def default_runs() -> Path:
@@ -84,9 +118,9 @@ def default_runs() -> Path:
 def read_rows(path: str | Path | None = None) -> list[dict]:
     """The rows of a published-runs CSV (the shipped one when ``path`` is None)."""
     p = default_runs() if path is None else Path(path)
-    text = read_text(p, "pass a CSV with the columns of published_runs_dev.csv")
+    content = read_text(p, "pass a CSV with the columns of published_runs_dev.csv")
     try:
-        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+        rows = list(csv.DictReader(io.StringIO(content, newline="")))
     except csv.Error as e:
         raise ConfigError(str(p), None, f"malformed CSV: {e}") from None
     if not rows:
@@ -97,31 +131,8 @@ def read_rows(path: str | Path | None = None) -> list[dict]:
     return rows
 
 
-def _int(row: dict, key: str, default: int | None = None, strict: bool = True) -> int | None:
-    """A positive whole-number column (``4``, ``8k`` = 8192, ``1m``); blank -> ``default``. Any other
-    text is the row's skip reason (``strict``; lenient columns such as ``fsdp`` may hold words)."""
-    v = (row.get(key) or "").strip()
-    if not v:
-        return default
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmM]?)", v)
-    x = float(m.group(1)) * {"": 1, "k": 1024, "m": 2**20}[m.group(2).lower()] if m else None
-    if x is None or not x.is_integer() or x < 1:
-        if strict:
-            raise DayzeroError(f"{key} {v!r} is not a positive whole number")
-        return default
-    return int(x)
-
-
-def _float(row: dict, key: str) -> float | None:
-    try:
-        v = float((row.get(key) or "").strip())
-    except ValueError:
-        return None
-    return v if math.isfinite(v) and v > 0 else None
-
-
-def precision_of(text: str) -> str:
-    t = text.lower()
+def precision_of(label: str) -> str:
+    t = label.lower()
     if "fp4" in t:
         return "fp4"
     if "fp8" in t:
@@ -129,152 +140,247 @@ def precision_of(text: str) -> str:
     return "bf16"
 
 
+def recipe_of(label: str, fp8_named: bool = False, mx_named: bool = False) -> str:
+    """bf16 | fp8 | mxfp8 | fp4: the GEMM precision and, for FP8, block scaling (MXFP8, 32x32)."""
+    prec = precision_of(label)
+    if prec == "bf16" and fp8_named:
+        prec = "fp8"
+    block = re.search(r"mx|block", label, re.I) or (mx_named and precision_of(label) == "bf16")
+    return "mxfp8" if prec == "fp8" and block else prec
+
+
 def published_tokens_per_device(row: dict, devices: int) -> float | None:
-    v = _float(row, "tokens_per_sec_per_gpu")
+    v = positive(row, "tokens_per_sec_per_gpu")
     if v:
         return v
-    v = _float(row, "tokens_per_sec_total")
+    v = positive(row, "tokens_per_sec_total")
     if v:
         return v / devices
-    step, gbs, seq = _float(row, "step_time_s"), _int(row, "gbs"), _int(row, "seq_len")
+    step, gbs, seq = positive(row, "step_time_s"), whole(row, "gbs"), whole(row, "seq_len")
     if step and gbs and seq:
         return gbs * seq / step / devices
     return None
 
 
-def model_entry(row: dict) -> dict:
-    """The first entry of the published-model table whose pattern matches the row's model."""
-    name = row["model"].strip()
-    for entry in model_table():
-        if re.search(entry["pattern"], name):
-            return entry
-    return {}
+def tokens_from_tflops(row: dict, spec: ModelSpec, seq: int, recompute: str, assumed: list[Assumption]) -> float | None:
+    """tokens/s per device from ``tflops_per_gpu`` (module docstring, measured value)."""
+    tflops = positive(row, "tflops_per_gpu")
+    if not tflops:
+        return None
+    definition = text(row, "tflops_definition").lower()
+    causal = "causal" in definition and "non-causal" not in definition and "noncausal" not in definition
+    per_token = flops_per_token(spec, seq, causal=causal).train
+    hardware = re.search(r"hardware|\bhfu\b|incl\w* recomput|with recomput", definition) and recompute == "full"
+    if hardware:
+        per_token *= 4 / 3
+    assumed.append(Assumption("throughput", f"tokens/s from tflops_per_gpu {tflops:g} / {per_token / 1e9:.4g} "
+                                            f"GFLOP per token ({'causal' if causal else 'full'} attention"
+                                            f"{', with the recompute forward' if hardware else ''})"))
+    return tflops * 1e12 / per_token
 
 
-def model_for(row: dict) -> ModelSpec:
-    """The row's architecture; DayzeroError with the reason when it cannot be known."""
-    name = row["model"].strip()
-    for entry in model_table():
-        if not re.search(entry["pattern"], name):
-            continue
-        if "unsupported" in entry:
-            raise DayzeroError(entry["unsupported"])
-        layers = _int(row, "layers")
-        if "preset" in entry:
-            spec = load_model(entry["preset"])
-        elif "config" in entry:
-            spec = spec_from_hf_config(dict(entry["config"]), name=name, source=entry.get("source", name))
-        else:
-            spec = _from_columns(row, entry)
-        if layers and layers != spec.layers:
-            spec = spec.shrink(layers=layers)
-        return spec
-    raise DayzeroError(f"model {name!r} is not in dayzero's published-model table")
+def _degree(row: dict, key: str, feats: Features, assumed: list[Assumption]) -> int:
+    v = whole(row, key)
+    if v is not None:
+        return v
+    stated = feats.degrees.get(key)
+    if stated:
+        assumed.append(Assumption("layout", f"{key} {stated} from the framework text or the model name"))
+        return stated
+    return 1
 
 
-def _from_columns(row: dict, entry: dict) -> ModelSpec:
-    fam = entry["family"]
-    need = ("layers", "hidden_size", "attention_heads", "ffn_hidden_size")
-    vals = {k: _int(row, k) for k in need}
-    missing = [k for k, v in vals.items() if not v]
-    if missing:
-        raise DayzeroError(f"architecture incomplete in the row ({', '.join(missing)} blank)")
-    vocab = _int(row, "vocab_size") or entry.get("vocab_size")
-    if not vocab:
-        raise DayzeroError("vocab_size blank and no family default")
-    heads = vals["attention_heads"]
-    kv = _int(row, "kv_heads") or heads
-    if fam == "gpt2":
-        cfg = {"model_type": "gpt2", "n_embd": vals["hidden_size"], "n_layer": vals["layers"], "n_head": heads,
-               "n_inner": vals["ffn_hidden_size"], "vocab_size": vocab, "n_positions": _int(row, "seq_len") or 2048,
-               "tie_word_embeddings": entry.get("tie_word_embeddings", True)}
-    else:
-        cfg = {"model_type": fam, "hidden_size": vals["hidden_size"], "num_hidden_layers": vals["layers"],
-               "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": vals["ffn_hidden_size"],
-               "vocab_size": vocab, "max_position_embeddings": _int(row, "seq_len") or 4096}
-    return spec_from_hf_config(cfg, name=row["model"].strip(), source=entry.get("source", fam))
-
-
-def _zero(row: dict) -> int:
-    fsdp = (row.get("fsdp") or "").strip().upper()
+def _zero(row: dict, feats: Features) -> int:
+    fsdp = text(row, "fsdp").upper()
     if fsdp in ("FULL_SHARD", "HYBRID_SHARD"):
         return 3
     if fsdp == "SHARD_GRAD_OP":
         return 2
-    if fsdp.isdigit() and int(fsdp) > 0:
-        return 3
-    return 1
+    if fsdp.isdigit():
+        return 3 if int(fsdp) > 0 else 1
+    z = text(row, "zero_or_dist_optimizer").lower()
+    if m := re.search(r"zero[- _]?([0-3])", z):
+        return int(m.group(1))
+    if re.search(r"\b(?:no|none|false|off)\b", z):
+        return 0
+    if re.search(r"dist|\b(?:yes|true|on)\b", z):
+        return 1
+    return 1 if feats.zero is None else feats.zero
 
 
-def _recompute(row: dict) -> str:
-    r = (row.get("activation_recompute") or "").strip().lower()
-    if r.startswith("full"):
-        return "full"
-    if r.startswith("selective"):
-        return "selective"
-    return "none"
+def _recompute(row: dict, feats: Features) -> str:
+    r = text(row, "activation_recompute").lower()
+    for value in ("full", "selective", "none"):
+        if r.startswith(value):
+            return value
+    return feats.recompute or "none"
+
+
+def _devices(row: dict, assumed: list[Assumption]) -> int:
+    devices = whole(row, "num_accelerators")
+    if devices:
+        return devices
+    dp = whole(row, "dp")
+    if not dp:
+        raise Unpredictable("no device count", "num_accelerators blank (and no dp to count them from)")
+    devices = whole(row, "tp", 1) * whole(row, "pp", 1) * whole(row, "cp", 1) * dp
+    assumed.append(Assumption("layout", f"num_accelerators blank: tp*pp*cp*dp = {devices}"))
+    return devices
+
+
+def _batch(row: dict, dp: int, assumed: list[Assumption]) -> tuple[int, int, int]:
+    mbs, gbs, seq = whole(row, "mbs"), whole(row, "gbs"), whole(row, "seq_len")
+    total, step = positive(row, "tokens_per_sec_total"), positive(row, "step_time_s")
+    if not seq:
+        seq = round(total * step / gbs) if total and step and gbs else DEFAULT_SEQ
+        assumed.append(Assumption("batch", f"seq_len blank: {seq}"))
+    if not mbs:
+        mbs = 1
+        assumed.append(Assumption("batch", "mbs blank: 1"))
+    if not gbs:
+        ga = whole(row, "grad_accum", 1)
+        per_step = mbs * dp  # gbs is a whole number of micro-batches per data-parallel rank
+        gbs = max(1, round(total * step / seq / per_step)) * per_step if total and step else per_step * ga
+        assumed.append(Assumption("batch", f"gbs blank: {gbs}" + (" (total tokens/s x step time / seq)"
+                                                                   if total and step else f" (mbs x dp x {ga})")))
+    return mbs, gbs, seq
+
+
+def _layout_default(row: dict, key: str, tp: int, pp: int) -> tuple[int, str] | None:
+    """A blank layout column's value from the table's ``layout_defaults`` (with its source)."""
+    cands = [Candidate(parse_name(e["name"]), "layout", e["name"], e) for e in table()["layout_defaults"] if key in e]
+    match = best_match(text(row, "model"), cands)
+    if match is None:
+        return None
+    e = match.candidate.entry
+    when = e.get("when", {})
+    src = f"{text(row, 'source')} {text(row, 'source_group')} {text(row, 'framework')}".lower()
+    if when.get("tp", tp) != tp or when.get("pp", pp) != pp:
+        return None
+    if when.get("source_mentions") and not any(w in src for w in when["source_mentions"]):
+        return None
+    return int(e[key]), e["source"]
+
+
+def _cluster(row: dict, acc: Accelerator, devices: int, assumed: list[Assumption]) -> Cluster:
+    try:
+        return _read_cluster(row, acc, devices, assumed)
+    except ConfigError as e:  # a bandwidth neither the catalog nor the text gives, or devices vs nodes
+        if (e.field or "").endswith("gbytes_per_s"):
+            raise Unpredictable("unknown accelerator", f"{e}; or state it in the row's interconnect") from None
+        raise Unpredictable("inconsistent layout", str(e)) from None
+
+
+def _read_cluster(row: dict, acc: Accelerator, devices: int, assumed: list[Assumption]) -> Cluster:
+    fabric = text(row, "interconnect")
+    intra, inter = acc.intra_node_bw, acc.inter_node_bw
+    default = (f"the catalog's {acc.id} tiers ({(intra or 0) / 1e9:g} GB/s scale-up, "
+               f"{(inter or 0) / 1e9:g} GB/s per device scale-out)")
+    if not fabric:
+        assumed.append(Assumption("interconnect not stated", default))
+        return build_cluster(acc, devices)
+    reading = read_interconnect(fabric, acc.devices_per_node)
+    assumed.extend(Assumption("interconnect", a) for a in reading.assumed)
+    assumed.extend(Assumption("interconnect", f"{u}; catalog rate kept") for u in reading.unread)
+    dpn = reading.devices_per_node
+    if reading.inter_gbytes_per_s is None and devices > max(acc.scaleup_domain, dpn or acc.devices_per_node):
+        assumed.append(Assumption("interconnect", f"no scale-out figure in {fabric!r}: {default}"))
+    return build_cluster(acc, devices, devices_per_node=dpn, inter_node_gbytes_per_s=reading.inter_gbytes_per_s,
+                         intra_node_gbytes_per_s=reading.intra_gbytes_per_s, name=f"{acc.id}-{devices} ({fabric})")
+
+
+def _arch(row: dict):
+    try:
+        return model_of(row)
+    except NoArchitecture as e:
+        raise Unpredictable("no architecture", str(e)) from None
+    except UnsupportedLayers as e:
+        raise Unpredictable("unsupported layer type", str(e)) from None
 
 
 def case_of(row: dict) -> Case:
-    """Resolve one row; raises DayzeroError with the reason it cannot be predicted."""
-    rid = row["id"].strip()
-    devices = _int(row, "num_accelerators")
-    if not devices:
-        raise DayzeroError("num_accelerators blank")
+    """Resolve one row; raises DayzeroError (an :class:`Unpredictable` with its kind for the reasons
+    of :data:`SKIP_KINDS`) with the reason it cannot be predicted."""
+    rid = text(row, "id")
+    assumed: list[Assumption] = []
+    devices = _devices(row, assumed)
+    published = published_tokens_per_device(row, devices)
+    if not published and not positive(row, "tflops_per_gpu"):
+        raise Unpredictable("no throughput", "no tokens/s, total tokens/s, step time or TFLOP/s per GPU published")
     acc = resolve_accelerator(row["accelerator"])
     if acc is None:
-        raise DayzeroError(f"accelerator {row['accelerator']!r} is not in the catalog")
-    published = published_tokens_per_device(row, devices)
-    if not published:
-        raise DayzeroError("no tokens/s, total tokens/s or step time published")
-    spec = model_for(row)
-    tp, pp, cp = _int(row, "tp", 1), _int(row, "pp", 1), _int(row, "cp", 1)
-    defaults = model_entry(row).get("layout_defaults", {})
-    ep, etp = _int(row, "ep", 1), _int(row, "etp", 1)
-    vpp = _int(row, "vp") or defaults.get("vp", 1)
-    mbs, gbs, seq = _int(row, "mbs"), _int(row, "gbs"), _int(row, "seq_len")
-    if not (mbs and gbs and seq):
-        raise DayzeroError("mbs, gbs or seq_len blank")
-    zero = _zero(row)
-    framework = (row.get("framework") or "").lower()
+        raise Unpredictable("unknown accelerator", f"accelerator {row['accelerator']!r} is not in the catalog")
+    arch = _arch(row)
+    spec = arch.spec
+    assumed.extend(Assumption("model", n) for n in arch.notes)
+    framework = text(row, "framework").lower()
+    feats = read_features(text(row, "framework"), annotations(text(row, "model")), text(row, "notes"))
+    assumed.extend(Assumption("options", f"{f}: no planner option; predicted without it") for f in feats.not_modelled)
+    tp, pp, cp = (_degree(row, k, feats, assumed) for k in ("tp", "pp", "cp"))
+    if feats.context_parallel and not text(row, "cp") and "cp" not in feats.degrees:
+        assumed.append(Assumption("layout", "context parallelism named without a degree: cp 1"))
+    ep, etp = _degree(row, "ep", feats, assumed), _degree(row, "etp", feats, assumed)
+    vpp = _degree(row, "vp", feats, assumed) if text(row, "vp") or "vp" in feats.degrees else None
+    if vpp is None and (found := _layout_default(row, "vp", tp, pp)):
+        vpp = found[0]
+        assumed.append(Assumption("layout", f"vp blank: {vpp} ({found[1]})"))
+    if vpp is None and feats.interleaved and pp > 1:
+        vpp = INTERLEAVED_DEFAULT_VP
+        assumed.append(Assumption("layout", f"interleaved schedule without vp: {vpp} virtual stages per rank "
+                                            "(torchtitan's default)"))
+    vpp = (vpp or 1) if pp > 1 else 1
     maxtext_fsdp = "maxtext" in framework or "maxtext" in row["model"].lower()
     if devices % (tp * pp * cp):
-        raise DayzeroError(f"{devices} devices not divisible by tp*pp*cp = {tp * pp * cp}")
+        raise Unpredictable("inconsistent layout", f"{devices} devices not divisible by tp*pp*cp = {tp * pp * cp}")
     dp = devices // (tp * pp * cp)  # MaxText rows give dp x fsdp; both are data-parallel here
-    stated_dp = _int(row, "dp")
+    stated_dp = whole(row, "dp")
     # DGX Cloud's Grok rows count dp without the expert-parallel ranks (tp*pp*cp*dp*ep = devices)
-    if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not maxtext_fsdp and not _int(row, "fsdp", strict=False):
-        raise DayzeroError(f"dp {stated_dp} disagrees with devices / (tp*pp*cp) = {dp}")
-    prec = precision_of(row["precision"])
-    cluster = build_cluster(acc, devices)
-    vpp = vpp if pp > 1 else 1
+    sharded = maxtext_fsdp or whole(row, "fsdp", strict=False)
+    if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not sharded:
+        raise Unpredictable("inconsistent layout", f"dp {stated_dp} disagrees with devices / (tp*pp*cp) = {dp}")
+    mbs, gbs, seq = _batch(row, dp, assumed)
+    recipe = recipe_of(row["precision"], feats.fp8, feats.mx)
+    prec = "fp8" if recipe == "mxfp8" else recipe
+    if prec != precision_of(row["precision"]):
+        assumed.append(Assumption("precision", f"precision {row['precision']!r} with Float8 training named in the "
+                                               f"text: GEMMs in {recipe}"))
+    cluster = _cluster(row, acc, devices, assumed)
     # Megatron counts the embedding and the loss as one layer each when splitting
     # (account_for_embedding/loss_in_pipeline_split): 126 layers fill pp*vp = 128 stages.
     if not even_split_fills(spec.layers, pp * vpp):
-        raise DayzeroError(f"{spec.layers} layers cannot fill pp*vp = {pp * vpp} stages")
+        raise Unpredictable("inconsistent layout", f"{spec.layers} layers cannot fill pp*vp = {pp * vpp} stages")
     split = None if spec.layers % (pp * vpp) == 0 else even_split(spec.layers, pp * vpp)
+    sp_text = text(row, "sequence_parallel").lower()
+    sp = tp > 1 and not re.fullmatch(r"no|false|off|0|n", sp_text)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
-                              zero=zero, recompute=_recompute(row), sequence_parallel=tp > 1,
+                              zero=_zero(row, feats), recompute=_recompute(row, feats), sequence_parallel=sp,
                               precision=prec, layer_split=split)
     problems = parallel.problems(spec, devices)
     if problems:
-        raise DayzeroError("layout inconsistent: " + "; ".join(problems))
-    megatron = "megatron" in framework or "nemo" in framework or ("nemo" in row.get("source", "").lower())
+        raise Unpredictable("inconsistent layout", "layout inconsistent: " + "; ".join(problems))
+    published = published or tokens_from_tflops(row, spec, seq, parallel.recompute, assumed)
+    return Case(id=rid, source=text(row, "source"), spec=spec, cluster=cluster, parallel=parallel,
+                options=_options(row, spec, recipe, feats), published=published,
+                full_layout=bool(text(row, "tp") and text(row, "pp")), model=arch.name, recipe=recipe,
+                assumed=tuple(assumed))
+
+
+def _options(row: dict, spec: ModelSpec, recipe: str, feats: Features) -> PerfOptions:
+    framework = text(row, "framework").lower()
+    megatron = "megatron" in framework or "nemo" in framework or "nemo" in text(row, "source").lower()
     # Megatron-Bridge overlaps the EP all-to-all with another micro-batch's compute in its MXFP8 MoE
     # presets (moe_a2a_overlap=True in scripts/performance/configs/*/..._workload_base_configs.py,
     # *_FP8_MX_* for DeepSeek-V3 and GPT-OSS); its BF16, FP8-CS and NVFP4 presets leave it off
-    mxfp8 = "mxfp8" in row["precision"].lower() or "fp8-mx" in row["precision"].lower()
-    bridge = "megatron-bridge" in framework and mxfp8
+    bridge = "megatron-bridge" in framework and recipe == "mxfp8"
     # llm-foundry's MPT benchmarks (2023) ran FlashAttention-2; Megatron uses cuDNN fused attention,
     # except for learnable softmax sinks (gpt-oss), where Transformer Engine falls back to unfused
     # attention (NVIDIA/TransformerEngine issue #2318, TE 2.8)
-    kernel = "flash2" if "foundry" in framework or "mosaic" in row.get("source", "").lower() else "fused"
+    foundry = "foundry" in framework or "mosaic" in text(row, "source").lower()
+    kernel = feats.kernel or ("flash2" if foundry else "fused")
     if spec.attention.sinks and kernel == "fused":
         kernel = "unfused"
-    options = PerfOptions(comm=CommOptions(tp_overlap=megatron, ep_overlap=bridge), attention_kernel=kernel)
-    return Case(id=rid, source=row.get("source", "").strip(), spec=spec, cluster=cluster, parallel=parallel,
-                options=options, published=published,
-                full_layout=bool((row.get("tp") or "").strip() and (row.get("pp") or "").strip()))
+    return PerfOptions(comm=CommOptions(tp_overlap=megatron or feats.tp_overlap, ep_overlap=bridge or feats.ep_overlap),
+                       attention_kernel=kernel)
 
 
 def load_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skip]]:
@@ -282,8 +388,10 @@ def load_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skip]]:
     for row in read_rows(path):
         try:
             cases.append(case_of(row))
+        except Unpredictable as e:
+            skips.append(Skip(text(row, "id") or "?", str(e), e.kind))
         except DayzeroError as e:
-            skips.append(Skip(row.get("id", "?").strip(), str(e)))
+            skips.append(Skip(text(row, "id") or "?", str(e), "bad value"))
     return cases, skips
 
 

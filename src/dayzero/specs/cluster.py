@@ -186,9 +186,19 @@ class ClusterFile(BaseModel):
 
 
 def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node: int | None = None,
-                  inter_node_gbytes_per_s: float | None = None, name: str | None = None) -> Cluster:
-    """A standard cluster of ``devices`` cards (``--accelerator NAME --devices N``)."""
+                  inter_node_gbytes_per_s: float | None = None, name: str | None = None,
+                  intra_node_gbytes_per_s: float | None = None) -> Cluster:
+    """A standard cluster of ``devices`` cards (``--accelerator NAME --devices N``). A given
+    ``intra_node_gbytes_per_s`` (per device per direction) replaces the scale-up fabric's rate and
+    scales its per-peer rate in proportion (a mesh keeps its shape)."""
     acc = accelerator if isinstance(accelerator, Accelerator) else get_accelerator(accelerator)
+    p2p = None
+    if intra_node_gbytes_per_s is not None:
+        if not (math.isfinite(intra_node_gbytes_per_s) and intra_node_gbytes_per_s > 0):
+            raise ConfigError("intra_node_gbytes_per_s", None,
+                              f"must be a positive bandwidth, got {intra_node_gbytes_per_s:g}")
+        if acc.intra_node_bw and acc.intra_node_p2p_bw:
+            p2p = intra_node_gbytes_per_s * acc.intra_node_p2p_bw / acc.intra_node_bw
     if devices_per_node is not None and devices_per_node < 1:
         raise ConfigError("--devices-per-node", None, f"must be >= 1, got {devices_per_node}")
     dpn = devices_per_node or acc.devices_per_node
@@ -202,7 +212,8 @@ def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node
         raise ConfigError("--devices", None, f"{devices} devices is not a whole number of {dpn}-device nodes; "
                           f"use a multiple of {dpn} or set --devices-per-node")
     spec = ClusterFile(name=name or f"{acc.id}-{devices}", accelerator=acc.id, nodes=devices // dpn,
-                       devices_per_node=dpn, inter_node_gbytes_per_s=inter_node_gbytes_per_s)
+                       devices_per_node=dpn, inter_node_gbytes_per_s=inter_node_gbytes_per_s,
+                       intra_node_gbytes_per_s=intra_node_gbytes_per_s, intra_node_p2p_gbytes_per_s=p2p)
     return _from_file(spec, acc)
 
 
