@@ -130,12 +130,8 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
 
 
 def describe(p: dict) -> str:
-    """Compact layout string: tp8 pp2 dp512 v32 z3 mb2 rc-full sp."""
-    s = f"tp{p['tp']} pp{p['pp']} dp{p['dp']}"
-    for k, short in (("cp", "cp"), ("ep", "ep"), ("etp", "etp"), ("vpp", "v")):
-        if p.get(k, 1) > 1:
-            s += f" {short}{p[k]}"
-    s += f" z{p['zero']} mb{p['mbs']}"
-    if p["recompute"] != "none":
-        s += " rc-" + ("full" if p["recompute"] == "full" else "sel")
-    return s + (" sp" if p.get("sequence_parallel") else "")
+    """The layout string of a ``parallel`` JSON object: ParallelConfig.describe, the one spelling
+    every verb prints (tp8 pp8 dp128 vpp24 zero3 mbs2 gbs4096 full sp)."""
+    from dayzero.specs.parallel import ParallelConfig
+
+    return ParallelConfig.from_dict(p).describe()
