@@ -6,9 +6,10 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
-                                GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt,
-                                SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json, human,
+from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt,
+                                DpOpt, EpOpt, EtpOpt, GbsOpt, HostOverheadOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt,
+                                PriceOpt, PueOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt, SpOpt, TokensOpt, TpOpt,
+                                VppOpt, ZeroOpt, cluster_from_options, console, cost_options, emit_json, human,
                                 parallel_from_options)
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
 from dayzero.cli.render import FitTable
@@ -62,22 +63,25 @@ def predict_cmd(
     sequence_parallel: SpOpt = False, precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None,
     layer_split: SplitOpt = None, tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionOpt = "fused",
-    calibration: CalibrationOpt = None, json_out: JsonOpt = False,
+    calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
 ) -> None:
-    """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, and the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %).
+    """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %), and the time, energy and cost of training --tokens tokens.
 
     Example: [bold]dayzero predict llama-3.1-70b --accelerator h100 --devices 64 --tp 4 --pp 4 --vpp 5 --gbs 128 --seq 8192 --sequence-parallel --precision fp8 --tp-overlap[/bold]
     """
     from dayzero.planner.predict import predict
+    from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
 
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
     spec = load_model(model)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
     opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
     par = parallel_from_options(cl.devices, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
                                 sequence_parallel, precision, schedule, layer_split, rank_order)
-    obj = predict(spec, par, cl, opts)
+    obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
     if json_out:
         emit_json(obj)
         return
@@ -128,6 +132,38 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
     for ch in obj["checks"]:
         mark = "[green]pass[/green]" if ch["pass"] else "[red]fail[/red]"
         console.print(f"  {mark}  {ch['metric']} {ch['value']:.1%} (target {ch['target']})")
+    if obj.get("training"):
+        print_training(obj["training"])
+
+
+def training_rows(tr: dict) -> list[tuple[str, str]]:
+    """The time, energy and cost of a ``training`` object (planner.training_cost) as (label,
+    value) rows: the terminal's table and the Day-0 report show the same."""
+    f, e = tr["failures"], tr["energy"]
+    rows = [("tokens", f"{human(tr['tokens'])} in {tr['steps']:,} steps"),
+            ("wall time", f"{tr['wall_days']:,.1f} days ({tr['ideal_days']:,.1f} at 100 % goodput)"),
+            ("device-hours", f"{tr['device_hours']:,.0f}")]
+    if e:
+        rows += [("energy", f"{e['mwh']:,.0f} MWh (PUE {e['pue']:g}, host +{e['host_overhead']:.0%})"),
+                 ("cluster power", f"{e['cluster_mw']:.2f} MW ({e['device_w']:.0f} W per device)"),
+                 ("TFLOP/s per W", f"{e['model_tflops_per_w']:.3f}")]
+    else:
+        rows.append(("energy", "no TDP in the catalog for this accelerator"))
+    if tr["cost"]:
+        rows.append(("cost", f"{tr['cost']['total']:,.0f} ({tr['cost']['price_per_device_hour']:g} per device-hour)"))
+    rows += [("goodput", f"{tr['goodput']:.1%} ({f['interruptions_per_day']:.1f} interruptions a day)"),
+             ("checkpoint", f"every {f['optimal_checkpoint_interval_steps']:,} steps "
+                            f"({f['optimal_checkpoint_interval_s'] / 60:.0f} min), a save blocks {f['checkpoint_s']:.0f} s")]
+    return rows
+
+
+def print_training(tr: dict) -> None:
+    t = FitTable(show_header=False, title="Training", compact=True)
+    t.add_column("quantity", wrap=False)
+    t.add_column("value")
+    for label, value in training_rows(tr):
+        t.add_row(label, value)
+    console.print(t)
 
 
 def describe(p: dict) -> str:
