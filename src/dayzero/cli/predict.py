@@ -136,28 +136,9 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
         print_training(obj["training"])
 
 
-def training_rows(tr: dict) -> list[tuple[str, str]]:
-    """The time, energy and cost of a ``training`` object (planner.training_cost) as (label,
-    value) rows: the terminal's table and the Day-0 report show the same."""
-    f, e = tr["failures"], tr["energy"]
-    rows = [("tokens", f"{human(tr['tokens'])} in {tr['steps']:,} steps"),
-            ("wall time", f"{tr['wall_days']:,.1f} days ({tr['ideal_days']:,.1f} at 100 % goodput)"),
-            ("device-hours", f"{tr['device_hours']:,.0f}")]
-    if e:
-        rows += [("energy", f"{e['mwh']:,.0f} MWh (PUE {e['pue']:g}, host +{e['host_overhead']:.0%})"),
-                 ("cluster power", f"{e['cluster_mw']:.2f} MW ({e['device_w']:.0f} W per device)"),
-                 ("TFLOP/s per W", f"{e['model_tflops_per_w']:.3f}")]
-    else:
-        rows.append(("energy", "no TDP in the catalog for this accelerator"))
-    if tr["cost"]:
-        rows.append(("cost", f"{tr['cost']['total']:,.0f} ({tr['cost']['price_per_device_hour']:g} per device-hour)"))
-    rows += [("goodput", f"{tr['goodput']:.1%} ({f['interruptions_per_day']:.1f} interruptions a day)"),
-             ("checkpoint", f"every {f['optimal_checkpoint_interval_steps']:,} steps "
-                            f"({f['optimal_checkpoint_interval_s'] / 60:.0f} min), a save blocks {f['checkpoint_s']:.0f} s")]
-    return rows
-
-
 def print_training(tr: dict) -> None:
+    from dayzero.report.training import training_rows
+
     t = FitTable(show_header=False, title="Training", compact=True)
     t.add_column("quantity", wrap=False)
     t.add_column("value")
