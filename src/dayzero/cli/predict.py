@@ -13,6 +13,7 @@ from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, CpOp
                                 parallel_from_options)
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
 from dayzero.cli.render import FitTable
+from dayzero.report.layout_text import describe  # noqa: F401 - plan, compare and day0 use it from here too
 
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; memory as fp8).")]
 TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap).")]
@@ -145,15 +146,3 @@ def print_training(tr: dict) -> None:
     for label, value in training_rows(tr):
         t.add_row(label, value)
     console.print(t)
-
-
-def describe(p: dict) -> str:
-    """Compact layout string: tp8 pp2 dp512 v32 z3 mb2 rc-full sp."""
-    s = f"tp{p['tp']} pp{p['pp']} dp{p['dp']}"
-    for k, short in (("cp", "cp"), ("ep", "ep"), ("etp", "etp"), ("vpp", "v")):
-        if p.get(k, 1) > 1:
-            s += f" {short}{p[k]}"
-    s += f" z{p['zero']} mb{p['mbs']}"
-    if p["recompute"] != "none":
-        s += " rc-" + ("full" if p["recompute"] == "full" else "sel")
-    return s + (" sp" if p.get("sequence_parallel") else "")
