@@ -94,7 +94,7 @@ def test_html_is_self_contained_with_one_svg_per_chart(tmp_path, capsys):
     assert html.count("<svg") == html.count("</svg>") == len(names)
     for n in names:
         assert f'data-chart="{n}"' in html
-    assert not re.search(r"""(src|href)\s*=\s*["']?[^"'>]*http""", html, re.I)
+    assert not re.search(r"""(src|href)\s*=\s*["']?[^"'>]*http""", html, re.IGNORECASE)
     assert "<script" not in html and "@import" not in html and "url(" not in html
 
 
@@ -163,11 +163,51 @@ def test_report_renders_in_a_headless_browser(tmp_path, capsys):
     probe.write_text(html.read_text().replace("</body>", check + "</body>"))
     base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
             "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120, check=False)
     m = re.search(r"<title>svgs:(\d+):(\d+)</title>", dom.stdout)
     assert m and int(m.group(1)) == int(m.group(2)) == html.read_text().count("<svg"), dom.stdout[:500]
     assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
     shot = tmp_path / "report.png"
     subprocess.run([*base, f"--screenshot={shot}", "--window-size=1000,3000", html.as_uri()],
-                   capture_output=True, timeout=120)
+                   capture_output=True, timeout=120, check=False)
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_outputs_fit_80_columns_and_help_has_examples(tmp_path, capsys, monkeypatch):
+    from dayzero.cli import common
+
+    monkeypatch.setattr(common.console, "_width", 80)
+    monkeypatch.chdir(tmp_path)  # relative paths: a path longer than a line cannot wrap
+    out = run(capsys, ["compare", "llama-3.1-8b", "--accelerators", "h100,h200,b200,mi300x,910b", "--devices", "16",
+                       "--gbs", "64"])
+    llama_config(tmp_path)
+    out += run(capsys, ["day0", "never-seen/config.json", "-a", "h100", "-n", "16", "--gbs", "64", "--no-ops",
+                        "--out", "r"])
+    assert [line for line in out.splitlines() if len(line) > 80] == []
+    for verb in ("day0", "compare"):
+        assert main([verb, "--help"]) == 0 and "Example" in capsys.readouterr().out
+
+
+def test_operator_tracing_failure_is_a_note(tmp_path, monkeypatch):
+    """A model transformers cannot trace still gets its report; the section says why."""
+    import dayzero.ops.report as ops_report
+    from dayzero.report.day0 import Day0Request, build
+    from dayzero.specs.cluster import build_cluster
+
+    def boom(*a, **k):
+        raise RuntimeError("no modeling code for this config")
+
+    monkeypatch.setattr(ops_report, "analyze", boom)
+    pytest.importorskip("transformers")
+    r = build(Day0Request(str(llama_config(tmp_path)), build_cluster("h100", 8), gbs=32))
+    assert r["operators"]["note"] == "not traced: RuntimeError: no modeling code for this config"
+    assert r["operators"]["manifest"] == "cuda" and r["plans"]
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("")
+    assert main(["day0", str(llama_config(tmp_path)), "-a", "h100", "-n", "8", "--gbs", "32", "--no-ops",
+                 "--out", str(f)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dayzero: error: --out") and len(err.splitlines()) == 1

@@ -5,9 +5,20 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+
 from dayzero.cli.app import app
-from dayzero.cli.common import (DEFAULT_TOKENS, DevicesOpt, HostOverheadOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
-                                console, cost_options, emit_json)
+from dayzero.cli.common import (
+    DEFAULT_TOKENS,
+    DevicesOpt,
+    HostOverheadOpt,
+    JsonOpt,
+    PriceOpt,
+    PueOpt,
+    TokensOpt,
+    console,
+    cost_options,
+    emit_json,
+)
 from dayzero.cli.next_steps import Step, print_next
 from dayzero.cli.plan import DEFAULT_GBS, DEFAULT_MODEL
 from dayzero.cli.predict import PrecisionOpt, check_precision, perf_options

@@ -6,11 +6,27 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
 from dayzero.cli.app import app
+from dayzero.cli.common import (
+    DEFAULT_TOKENS,
+    AcceleratorOpt,
+    ClusterOpt,
+    DevicesOpt,
+    DevicesPerNodeOpt,
+    HostOverheadOpt,
+    InterNodeOpt,
+    JsonOpt,
+    PriceOpt,
+    PueOpt,
+    TokensOpt,
+    cluster_from_options,
+    console,
+    cost_options,
+    emit_json,
+    err_console,
+)
 from dayzero.cli.compare import DEFAULT_ACCELERATORS
-from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
-                                HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
-                                cluster_from_options, console, cost_options, emit_json, err_console)
 from dayzero.cli.next_steps import Step, print_next, train_step
 from dayzero.cli.plan import DEFAULT_CLUSTER, DEFAULT_GBS, DEFAULT_MODEL
 from dayzero.cli.predict import PrecisionOpt, check_precision
@@ -37,7 +53,13 @@ def day0_cmd(
 
     Example: [bold]dayzero day0[/bold]; [bold]dayzero day0 ./my-model/config.json -a h100 -n 1024 --tokens 15T --price-per-device-hour 2.5 --out runs/my-day0[/bold]
     """
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from dayzero.report.day0 import Day0Request, default_dir, steps, write
     from dayzero.report.day0_render import headline

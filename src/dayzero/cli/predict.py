@@ -13,7 +13,7 @@ from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, CpOp
                                 parallel_from_options)
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
 from dayzero.cli.render import FitTable
-from dayzero.report.layout_text import describe  # noqa: F401 - plan, compare and day0 use it from here too
+from dayzero.report.layout_text import describe  # plan uses it from here too
 
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; memory as fp8).")]
 TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap).")]

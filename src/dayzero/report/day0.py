@@ -20,9 +20,9 @@ caller can show progress between them); :func:`build` runs them all. The report 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from dayzero.planner.perf import PerfOptions
 from dayzero.planner.targets import MEMORY_TARGET

@@ -10,8 +10,8 @@ time by term), :func:`grouped_hbars` (busy vs exposed time per collective) and :
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
-from typing import Sequence
 
 # colour-blind-safe (Okabe-Ito), in series order
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
