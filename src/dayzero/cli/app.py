@@ -29,8 +29,8 @@ app = typer.Typer(
     cls=HelpGroup,
 )
 
-VERBS = ["models", "hardware", "inspect", "ops", "memory", "predict", "plan", "backtest", "train", "ckpt",
-         "calibrate", "validate"]
+VERBS = ["day0", "models", "hardware", "inspect", "ops", "memory", "predict", "plan", "compare", "backtest", "train",
+         "ckpt", "calibrate", "validate"]
 
 
 def package_version() -> str:

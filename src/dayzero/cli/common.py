@@ -117,3 +117,39 @@ def parallel_from_options(devices: int | None, tp: int = 1, pp: int = 1, dp: int
     return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs or 0, seq=seq,
                           zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, precision=precision,
                           layer_split=split, **extra)
+
+
+# -- time, energy and cost of training (predict, plan, day0, compare) -------------------------
+
+TokensOpt = Annotated[str, typer.Option("--tokens", help="Tokens to train on: 15T, 300B, 1e12, 2.5e11 (K, M, B, T suffixes).")]
+PriceOpt = Annotated[Optional[float], typer.Option("--price-per-device-hour", help="Price of one device-hour (any currency); adds the cost.")]
+PueOpt = Annotated[float, typer.Option("--pue", help="Data-centre power usage effectiveness (>= 1; 1: device energy only).")]
+HostOverheadOpt = Annotated[float, typer.Option("--host-overhead", help="Host power (CPUs, NICs, switches) per device, fraction of device power.")]
+DEFAULT_TOKENS = "1T"
+
+_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_tokens(text: str, flag: str = "--tokens") -> float:
+    """'15T' -> 1.5e13, '300B' -> 3e11, '1e12' -> 1e12 (suffixes K, M, B or G, T, any case; a
+    positive finite count)."""
+    from dayzero.errors import ConfigError
+
+    s = str(text).strip().replace(",", "").replace("_", "")
+    suffix = s[-1:].upper() if s[-1:].isalpha() and s[-1:].upper() in _SCALE else ""
+    try:
+        value = float(s[:-1] if suffix else s) * _SCALE[suffix]
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 1):
+        raise ConfigError(flag, None, f"expected a token count such as 15T, 300B or 1e12, got {text!r}")
+    return value
+
+
+def cost_options(tokens: str = DEFAULT_TOKENS, price_per_device_hour: float | None = None, pue: float = 1.0,
+                 host_overhead: float = 0.0):
+    """CostOptions from the CLI's training-cost flags (each checked there, one line on bad input)."""
+    from dayzero.planner.training_cost import CostOptions
+
+    return CostOptions(tokens=parse_tokens(tokens), price_per_device_hour=price_per_device_hour, pue=pue,
+                       host_overhead=host_overhead)

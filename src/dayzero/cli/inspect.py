@@ -29,18 +29,7 @@ def inspect_cmd(
     spec = load_model(model)
     s = summarize(spec, seq, causal)
     total = s.params_total_with_mtp if with_mtp else s.params_total
-    obj = {
-        "name": spec.name, "model_type": spec.model_type,
-        "params_total": total, "params_total_main": s.params_total, "params_total_with_mtp": s.params_total_with_mtp,
-        "params_active": s.params_active, "params_embedding": s.params_embedding, "params_head": s.params_head,
-        "checkpoint_elements": s.checkpoint_elements,
-        "flops_per_token_train": s.flops.train, "flops_per_token_forward": s.flops.forward,
-        "flops_breakdown_forward": {"matmul": s.flops.matmul_forward, "attention": s.flops.attention_forward,
-                                    "head": s.flops.head_forward},
-        "seq": s.seq, "causal": s.causal, "layers": spec.layers, "mtp_layers": spec.mtp_layers,
-        "hidden": spec.hidden, "vocab": spec.vocab,
-        "per_layer": [lc.as_dict() for lc in s.layers],
-    }
+    obj = s.to_dict(spec, with_mtp)
     if json_out:
         emit_json(obj)
         return

@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import (AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt, InterNodeOpt, JsonOpt,
-                                cluster_from_options, console, emit_json)
+from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
+                                HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
+                                cluster_from_options, console, cost_options, emit_json)
 from dayzero.cli.predict import (AttentionKernelOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
                                  TpOverlapOpt, check_precision, describe, next_for_layout, perf_options,
                                  print_prediction)
@@ -73,17 +74,20 @@ def plan_cmd(
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
-    calibration: CalibrationOpt = None, json_out: JsonOpt = False,
+    calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
 ) -> None:
-    """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass.
+    """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass; each plan with the time, energy and cost of training --tokens tokens.
 
     With no arguments: [bold]dense-3t[/bold] on [bold]ascend910b-8192[/bold] (8,192 Ascend 910B, 8-card HCCS full-mesh nodes).
 
     Example: [bold]dayzero plan[/bold]; [bold]dayzero plan moe-3t --cluster dgx-h100-16384 --json[/bold]; [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --gbs 128 --seq 8192 --precision fp8 --tp-overlap[/bold]
     """
     from dayzero.planner.search import SearchSpace, plan
+    from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
 
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
     spec = load_model(model)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
@@ -94,6 +98,7 @@ def plan_cmd(
                             ("sequence_parallel", _bools(sequence_parallel, "--sequence-parallel")))
           if v is not None}
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory, SearchSpace(rank_order=(rank_order,), **kw))
+    obj = with_training(obj, cl.accelerator, copt)
     if json_out:
         emit_json(obj)
         return

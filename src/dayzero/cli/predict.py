@@ -6,13 +6,14 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt,
-                                DpOpt, EpOpt, EtpOpt, check_attention_kernel,
-                                GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt,
-                                SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json, human,
+from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt,
+                                DpOpt, EpOpt, EtpOpt, GbsOpt, HostOverheadOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt,
+                                PriceOpt, PueOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt, SpOpt, TokensOpt, TpOpt,
+                                VppOpt, ZeroOpt, check_attention_kernel, cluster_from_options, console, cost_options, emit_json, human,
                                 parallel_from_options)
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
 from dayzero.cli.render import FitTable
+from dayzero.report.layout_text import describe  # plan uses it from here too
 
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; memory as fp8).")]
 TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap).")]
@@ -61,22 +62,25 @@ def predict_cmd(
     sequence_parallel: SpOpt = False, precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None,
     layer_split: SplitOpt = None, tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
-    calibration: CalibrationOpt = None, json_out: JsonOpt = False,
+    calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
 ) -> None:
-    """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, and the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %).
+    """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %), and the time, energy and cost of training --tokens tokens.
 
     Example: [bold]dayzero predict llama-3.1-70b --accelerator h100 --devices 64 --tp 4 --pp 4 --vpp 5 --gbs 128 --seq 8192 --sequence-parallel --precision fp8 --tp-overlap[/bold]
     """
     from dayzero.planner.predict import predict
+    from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
 
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
     spec = load_model(model)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
     opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
     par = parallel_from_options(cl.devices, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
                                 sequence_parallel, precision, schedule, layer_split, rank_order)
-    obj = predict(spec, par, cl, opts)
+    obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
     if json_out:
         emit_json(obj)
         return
@@ -127,11 +131,16 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
     for ch in obj["checks"]:
         mark = "[green]pass[/green]" if ch["pass"] else "[red]fail[/red]"
         console.print(f"  {mark}  {ch['metric']} {ch['value']:.1%} (target {ch['target']})")
+    if obj.get("training"):
+        print_training(obj["training"])
 
 
-def describe(p: dict) -> str:
-    """The layout string of a ``parallel`` JSON object: ParallelConfig.describe, the one spelling
-    every verb prints (tp8 pp8 dp128 vpp24 zero3 mbs2 gbs4096 full sp)."""
-    from dayzero.specs.parallel import ParallelConfig
+def print_training(tr: dict) -> None:
+    from dayzero.report.training import training_rows
 
-    return ParallelConfig.from_dict(p).describe()
+    t = FitTable(show_header=False, title="Training", compact=True)
+    t.add_column("quantity", wrap=False)
+    t.add_column("value")
+    for label, value in training_rows(tr):
+        t.add_row(label, value)
+    console.print(t)

@@ -289,20 +289,29 @@ def candidate_layouts(result: SearchResult) -> list[ParallelConfig]:
 
 def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
          options: PerfOptions | None = None, top_k: int = 5, max_memory: float = MEMORY_TARGET,
-         space: SearchSpace | None = None, memory_options=None) -> dict:
+         space: SearchSpace | None = None, memory_options=None, cloud: int = 0) -> dict:
     """The DESIGN.md plan object: the best layouts as full predictions, best first, with how
-    many layouts were considered and why the others were rejected."""
+    many layouts were considered and why the others were rejected. With ``cloud`` > 0 it also
+    holds ``candidates``: the step time and peak memory of the best ``cloud`` fitting layouts
+    (the search's own vectorised figures, no extra prediction), the plans among them."""
     import time
 
     from dayzero.planner.predict import predict
 
     options = options or PerfOptions()
     t0 = time.perf_counter()
-    result = search(spec, cluster, gbs, seq, precision, options, top_k, max_memory, space,
+    result = search(spec, cluster, gbs, seq, precision, options, max(top_k, cloud), max_memory, space,
                     memory_options=memory_options)
     t_search = time.perf_counter() - t0
-    plans = [predict(spec, p, cluster, options, memory_options) for p in candidate_layouts(result)]
+    layouts = candidate_layouts(result)
+    plans = [predict(spec, p, cluster, options, memory_options) for p in layouts[:top_k]]
+    rejected = dict(result.rejected)
+    rejected["worse"] += max(0, len(layouts) - top_k)  # timed and kept for the cloud, not plans
+    extra = {}
+    if cloud:
+        extra["candidates"] = [{"layout": p.to_dict(), "step_s": float(t), "peak_bytes": float(m)}
+                               for p, t, m in zip(layouts, result.evaluation.step_s, result.peak_bytes)]
     return {"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "gbs": gbs, "seq": seq,
             "precision": precision, "max_memory": max_memory, "plans": plans, "considered": result.considered,
-            "rejected": result.rejected, "timed": result.timed,
-            "seconds": {"search": t_search, "total": time.perf_counter() - t0}}
+            "rejected": rejected, "timed": result.timed,
+            "seconds": {"search": t_search, "total": time.perf_counter() - t0}, **extra}

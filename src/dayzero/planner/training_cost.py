@@ -142,3 +142,11 @@ def cost_of_prediction(pred: dict, accelerator, options: CostOptions = CostOptio
                          model_tflops_per_device=pred["throughput"]["model_tflops_per_device"],
                          state_bytes_per_device=busiest["weights"] + busiest["optimizer"],
                          tdp_w=accelerator.tdp_w, options=options)
+
+
+def with_training(obj: dict, accelerator, options: CostOptions = CostOptions()) -> dict:
+    """A ``predict`` object with its ``training`` (:func:`cost_of_prediction`), or a ``plan``
+    object with every plan's; the input is not changed."""
+    if "plans" in obj:
+        return {**obj, "plans": [with_training(p, accelerator, options) for p in obj["plans"]]}
+    return {**obj, "training": cost_of_prediction(obj, accelerator, options)}

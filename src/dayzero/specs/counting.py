@@ -270,6 +270,22 @@ class Summary:
     causal: bool
     layers: list[LayerCount]
 
+    def to_dict(self, spec: ModelSpec, with_mtp: bool = False) -> dict:
+        """The ``dayzero inspect --json`` object of ``spec`` (this summary's model)."""
+        return {
+            "name": spec.name, "model_type": spec.model_type,
+            "params_total": self.params_total_with_mtp if with_mtp else self.params_total,
+            "params_total_main": self.params_total, "params_total_with_mtp": self.params_total_with_mtp,
+            "params_active": self.params_active, "params_embedding": self.params_embedding,
+            "params_head": self.params_head, "checkpoint_elements": self.checkpoint_elements,
+            "flops_per_token_train": self.flops.train, "flops_per_token_forward": self.flops.forward,
+            "flops_breakdown_forward": {"matmul": self.flops.matmul_forward, "attention": self.flops.attention_forward,
+                                        "head": self.flops.head_forward},
+            "seq": self.seq, "causal": self.causal, "layers": spec.layers, "mtp_layers": spec.mtp_layers,
+            "hidden": spec.hidden, "vocab": spec.vocab,
+            "per_layer": [lc.as_dict() for lc in self.layers],
+        }
+
 
 def summarize(spec: ModelSpec, seq: int | None = None, causal: bool = False) -> Summary:
     seq = seq or min(spec.max_positions, 4096)

@@ -1,0 +1,114 @@
+"""``dayzero day0 [MODEL]``: from a config.json to a Day-0 decision, in one report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dayzero.cli.app import app
+from dayzero.cli.common import (
+    DEFAULT_TOKENS,
+    AcceleratorOpt,
+    ClusterOpt,
+    DevicesOpt,
+    DevicesPerNodeOpt,
+    HostOverheadOpt,
+    InterNodeOpt,
+    JsonOpt,
+    PriceOpt,
+    PueOpt,
+    TokensOpt,
+    cluster_from_options,
+    console,
+    cost_options,
+    emit_json,
+    err_console,
+)
+from dayzero.cli.compare import DEFAULT_ACCELERATORS
+from dayzero.cli.next_steps import Step, print_next, train_step
+from dayzero.cli.plan import DEFAULT_CLUSTER, DEFAULT_GBS, DEFAULT_MODEL
+from dayzero.cli.predict import PrecisionOpt, check_precision
+from dayzero.cli.render import FitTable
+
+
+@app.command("day0")
+def day0_cmd(
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")] = DEFAULT_MODEL,
+    cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
+    devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    gbs: Annotated[int, typer.Option("--gbs", min=1, help="Global batch size, sequences.")] = DEFAULT_GBS,
+    seq: Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")] = 4096,
+    precision: PrecisionOpt = "bf16",
+    tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = 1.0,
+    host_overhead: HostOverheadOpt = 0.0,
+    ops: Annotated[bool, typer.Option("--ops/--no-ops", help="Trace the modeling code for operator coverage (needs torch and transformers).")] = True,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Report directory (default: runs/day0-MODEL-CLUSTER).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The Day-0 answer for a model on a cluster: can it train, how must it be split, how long will it take, what energy and cost, and which checks pass. Writes report.json, report.md and report.html (charts as inline SVG: opens offline).
+
+    With no arguments: [bold]dense-3t[/bold] on [bold]ascend910b-8192[/bold], as [bold]dayzero plan[/bold].
+
+    Example: [bold]dayzero day0[/bold]; [bold]dayzero day0 ./my-model/config.json -a h100 -n 1024 --tokens 15T --price-per-device-hour 2.5 --out runs/my-day0[/bold]
+    """
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from dayzero.report.day0 import Day0Request, default_dir, steps, write
+    from dayzero.report.day0_render import headline
+
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
+    check_precision(precision, cl)
+    from dayzero.cli.predict import perf_options
+
+    req = Day0Request(model=model, cluster=cl, gbs=gbs, seq=seq, precision=precision, cost=copt,
+                      perf=perf_options(False, False, 1.0, None, "fused", cl), operators=ops)
+    out_dir = out or default_dir(model, cl)
+    report: dict = {}
+    todo = steps(req)
+    # progress on stderr: stdout stays the report summary (or the JSON)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task("day0", total=len(todo))
+        for label, run in todo:
+            progress.update(task, description=label)
+            run(report)
+            progress.advance(task)
+    paths = write(report, out_dir)
+    if json_out:
+        emit_json({**report, "files": {k: str(v) for k, v in paths.items()}})
+        return
+    t = FitTable(show_header=False, title=f"Day 0: {report['model']['name']} on {cl.name}", compact=True)
+    t.add_column("", wrap=False)
+    t.add_column("")
+    for label, value in headline(report):
+        t.add_row(label, value)
+    for c in report["checks"]:
+        t.add_row(f"  {c['metric']}", ("[green]pass[/green]" if c["pass"] else "[red]fail[/red]")
+                  + f" {c['value']:.1%} (target {c['target']})")
+    op = report["operators"]
+    t.add_row("operators", f"{op['coverage']:.1%} of calls on {op['manifest']}, "
+                           f"{len(op['needs_kernel'])} need a kernel" if "coverage" in op else op["note"])
+    console.print(t)
+    console.print(f"wrote {paths['json']}, {paths['md'].name}, {paths['html'].name}")
+    print_next(console, next_steps(report, model, cl, paths["json"]))
+
+
+def next_steps(report: dict, model: str, cl, report_json: Path) -> list[Step]:
+    """Validate the best plan at proxy scale (its report.json is the plan file), train it, and
+    ask what other cards would change."""
+    p = report["plans"][0]["parallel"]
+    ranks = p["tp"] * p["pp"] * p["cp"]
+    return [Step.of("dayzero", "validate", model, "--plan", report_json, "--nproc", ranks,
+                    why="the plan at proxy scale, measured vs predicted"),
+            train_step(model, p, cl.devices, cl.devices_per_node, why="train it"),
+            Step.of("dayzero", "compare", model, "--accelerators", DEFAULT_ACCELERATORS, "--devices", cl.devices,
+                    why="the best plan on other cards")]

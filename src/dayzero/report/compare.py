@@ -1,0 +1,53 @@
+"""The best plan of one model on several clusters, side by side: what a different card changes.
+
+:func:`compare` plans the model on each cluster (:func:`dayzero.planner.search.plan`, its best
+layout with :func:`~dayzero.planner.training_cost.cost_of_prediction`) and returns one row per
+cluster: the card (HBM capacity and bandwidth, scale-up and scale-out bandwidth and topology,
+TDP), the plan (layout, step time, MFU) and training (wall days, MWh, TFLOP/s per W, cost). A
+cluster where no layout fits gets a row with ``fits: false`` and the reason, not an error.
+"""
+
+from __future__ import annotations
+
+from dayzero.errors import FitError
+from dayzero.planner.perf import PerfOptions
+from dayzero.planner.targets import MEMORY_TARGET
+from dayzero.planner.training_cost import CostOptions, cost_of_prediction
+from dayzero.specs.cluster import Cluster
+from dayzero.specs.model import ModelSpec
+
+
+def card(cluster: Cluster) -> dict:
+    a = cluster.accelerator
+    up, out = cluster.tiers[0], cluster.tiers[-1]
+    return {"cluster": cluster.name, "accelerator": a.id, "name": a.name, "devices": cluster.devices,
+            "hbm_gb": a.hbm_bytes / 1e9, "hbm_tbytes_per_s": None if a.hbm_bw is None else a.hbm_bw / 1e12,
+            "scaleup_gbytes_per_s": up.bw / 1e9, "scaleup_size": up.size, "scaleup_topology": up.topology,
+            "scaleout_gbytes_per_s": out.bw / 1e9 if len(cluster.tiers) > 1 else None, "tdp_w": a.tdp_w,
+            "peak_tflops_bf16": a.peak("bf16") / 1e12}
+
+
+def compare(spec: ModelSpec, clusters: list[Cluster], gbs: int, seq: int, precision: str = "bf16",
+            cost: CostOptions = CostOptions(), perf_for=lambda cluster: PerfOptions(),
+            max_memory: float = MEMORY_TARGET) -> dict:
+    """One row per cluster, in the order given; ``perf_for(cluster)`` gives its PerfOptions."""
+    from dayzero.planner.search import plan
+
+    rows = []
+    for cl in clusters:
+        row = card(cl)
+        try:
+            obj = plan(spec, cl, gbs, seq, precision, perf_for(cl), 1, max_memory)
+        except FitError as e:
+            rows.append({**row, "fits": False, "reason": str(e)})
+            continue
+        best = obj["plans"][0]
+        tr = cost_of_prediction(best, cl.accelerator, cost)
+        e = tr["energy"]
+        rows.append({**row, "fits": True, "parallel": best["parallel"], "step_s": best["time"]["step_s"],
+                     "mfu": best["throughput"]["mfu"], "comm_ratio": best["comm_ratio"],
+                     "memory_utilization": best["memory"]["utilization"], "wall_days": tr["wall_days"],
+                     "device_hours": tr["device_hours"], "mwh": e["mwh"] if e else None,
+                     "model_tflops_per_w": e["model_tflops_per_w"] if e else None,
+                     "cost": tr["cost"]["total"] if tr["cost"] else None, "training": tr})
+    return {"model": spec.name, "gbs": gbs, "seq": seq, "precision": precision, "tokens": cost.tokens, "rows": rows}

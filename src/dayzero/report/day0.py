@@ -1,0 +1,168 @@
+"""The Day-0 report: one model on one cluster, from its config to a decision.
+
+:func:`steps` lists the workflow as named steps, each filling one part of the report dict (so a
+caller can show progress between them); :func:`build` runs them all. The report holds:
+
+* ``model``: ``dayzero inspect``'s object (parameters total/active/embedding/head, FLOPs per
+  token, per layer by component);
+* ``cluster``: the cluster and its accelerator's catalog entry;
+* ``operators``: ``dayzero ops``'s coverage of the model's real modeling code on the backend
+  manifest of the cluster's card (:func:`manifest_for`), or a ``note`` saying why not;
+* ``search``: layouts considered, rejected by reason, seconds; ``plans``: the best layouts as
+  full predictions (memory per stage, step time, every collective, checks), each with its
+  ``training`` (time, energy, cost: :func:`planner.training_cost.cost_of_prediction`);
+  ``candidates``: step time and peak memory of the best fitting layouts (the cloud);
+* ``best``: the first plan's figures and the Day-0 ``checks`` (planner/targets.py).
+
+:func:`write` puts ``report.json``, ``report.md`` and ``report.html`` in a directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dayzero.planner.perf import PerfOptions
+from dayzero.planner.targets import MEMORY_TARGET
+from dayzero.planner.training_cost import CostOptions, with_training
+from dayzero.specs.cluster import Cluster
+
+CLOUD = 500  # fitting layouts drawn in the candidate cloud
+# the PyTorch dispatch key a vendor's cards run under: ROCm builds register HIP as CUDA
+CUDA_VENDORS = ("nvidia", "amd")
+
+
+@dataclass(frozen=True)
+class Day0Request:
+    model: str  # preset, config.json or directory
+    cluster: Cluster
+    gbs: int = 4096
+    seq: int = 4096
+    precision: str = "bf16"
+    cost: CostOptions = CostOptions()
+    perf: PerfOptions = field(default_factory=PerfOptions)
+    top_k: int = 5
+    max_memory: float = MEMORY_TARGET
+    operators: bool = True  # trace the modeling code (needs torch and transformers)
+
+
+def manifest_for(accelerator) -> tuple[str, str]:
+    """The shipped backend manifest (dayzero ops --manifest) for a card, and a note on the choice."""
+    vendor = (accelerator.vendor or "").lower()
+    if any(v in vendor for v in CUDA_VENDORS):
+        return "cuda", f"{accelerator.vendor} cards run PyTorch's CUDA dispatch key (ROCm registers HIP as CUDA)"
+    return "example-npu", (f"no shipped manifest for {accelerator.vendor or accelerator.id}: the illustrative "
+                           "example-npu (Core ATen + composite kernels); give your backend's own with "
+                           "dayzero ops --manifest FILE")
+
+
+def _model(req: Day0Request, r: dict) -> None:
+    from dayzero.specs.counting import summarize
+    from dayzero.specs.registry import load_model
+
+    spec = load_model(req.model)
+    r["model"] = summarize(spec, req.seq).to_dict(spec)
+
+
+def _cluster(req: Day0Request, r: dict) -> None:
+    cl = req.cluster
+    r["cluster"] = {**cl.summary(), "accelerator": cl.accelerator.summary()}
+    r["scenario"] = {"gbs": req.gbs, "seq": req.seq, "precision": req.precision, "tokens": req.cost.tokens,
+                     "max_memory": req.max_memory}
+
+
+def _operators(req: Day0Request, r: dict) -> None:
+    manifest, why = manifest_for(req.cluster.accelerator)
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if not req.operators:
+        r["operators"] = {"manifest": manifest, "note": "not traced (--no-ops)"}
+        return
+    if missing:
+        r["operators"] = {"manifest": manifest, "note": f"not traced: {' and '.join(missing)} not installed "
+                          "(pip install 'dayzero[ops]')"}
+        return
+    from dayzero.ops.report import analyze
+
+    try:
+        # decompositions listed, not checked numerically here: `dayzero ops` checks them
+        ops = analyze(req.model, manifest=manifest, seq=req.seq, check=False).to_dict()
+    except Exception as e:  # noqa: BLE001 - an optional section: its failure is reported, not raised
+        r["operators"] = {"manifest": manifest, "note": f"not traced: {type(e).__name__}: {' '.join(str(e).split())}"}
+        return
+    r["operators"] = {"manifest": manifest, "manifest_choice": why, "coverage": ops["coverage"],
+                      "coverage_flops": ops["coverage_flops"], "calls": ops["calls"], "distinct": len(ops["ops"]),
+                      "unsupported": [{"op": u["op"], "calls": u["unsupported_count"], "flops_share": u["flops_share"],
+                                       "needs_kernel": u["needs_kernel"]} for u in ops["unsupported"]],
+                      "needs_kernel": ops["needs_kernel"], "seconds": ops["seconds"], "notes": ops["notes"]}
+
+
+def _plan(req: Day0Request, r: dict) -> None:
+    from dayzero.planner.search import plan
+    from dayzero.specs.registry import load_model
+
+    obj = plan(load_model(req.model), req.cluster, req.gbs, req.seq, req.precision, req.perf, req.top_k,
+               req.max_memory, cloud=CLOUD)
+    obj = with_training(obj, req.cluster.accelerator, req.cost)
+    r["search"] = {k: obj[k] for k in ("considered", "rejected", "timed", "seconds")}
+    r["plans"] = obj["plans"]
+    r["candidates"] = obj["candidates"]
+
+
+def _best(req: Day0Request, r: dict) -> None:
+    b = r["plans"][0]
+    t = b["time"]
+    r["best"] = {"parallel": b["parallel"], "step_s": t["step_s"], "mfu": b["throughput"]["mfu"],
+                 "comm_ratio": b["comm_ratio"], "bubble_ratio": t["bubble_s"] / t["step_s"],
+                 "memory_utilization": b["memory"]["utilization"], "peak_bytes": b["memory"]["peak_bytes"],
+                 "tokens_per_s": b["throughput"]["tokens_per_s"], "all_pass": all(c["pass"] for c in b["checks"])}
+    r["checks"] = b["checks"]
+    r["training"] = b["training"]
+
+
+STEPS: tuple[tuple[str, Callable[[Day0Request, dict], None]], ...] = (
+    ("model: parameters and FLOPs", _model),
+    ("cluster", _cluster),
+    ("search: every layout, memory first", _plan),
+    ("Day-0 checks, time, energy, cost", _best),
+    ("operators: trace the modeling code", _operators),
+)
+
+
+def steps(req: Day0Request) -> list[tuple[str, Callable[[dict], None]]]:
+    """The workflow as (label, run) pairs; ``run(report)`` fills its part of ``report``."""
+    return [(label, lambda r, f=f: f(req, r)) for label, f in STEPS]
+
+
+def build(req: Day0Request) -> dict:
+    report: dict = {}
+    for _, run in steps(req):
+        run(report)
+    return report
+
+
+def default_dir(model: str, cluster: Cluster, root: Path = Path("runs")) -> Path:
+    """``runs/day0-<model>-<cluster>``, names reduced to file-safe characters."""
+    def safe(s: str) -> str:
+        return "".join(c if c.isalnum() or c in "-_." else "-" for c in s).strip("-.") or "model"
+
+    name = Path(model).parent.name if Path(model).name == "config.json" else Path(model).name
+    return root / f"day0-{safe(name)}-{safe(cluster.name)}"
+
+
+def write(report: dict, out: Path) -> dict[str, Path]:
+    """``report.json``, ``report.md`` and ``report.html`` in ``out`` (created); returns their paths."""
+    from dayzero.errors import ConfigError
+    from dayzero.report.day0_render import to_html, to_markdown
+    from dayzero.report.jsonable import dumps
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"json": out / "report.json", "md": out / "report.md", "html": out / "report.html"}
+        paths["json"].write_text(dumps(report) + "\n")
+        paths["md"].write_text(to_markdown(report))
+        paths["html"].write_text(to_html(report))
+    except OSError as e:
+        raise ConfigError("--out", None, f"cannot write the report in {out}: {e.strerror or e}") from None
+    return paths

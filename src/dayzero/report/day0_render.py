@@ -1,0 +1,195 @@
+"""The Day-0 report (:mod:`dayzero.report.day0`) as Markdown and as one self-contained HTML page.
+
+Both show the same :func:`tables` (title, header, rows of text); the HTML adds :func:`charts`,
+inline SVG from :mod:`dayzero.report.svg`: no script, no stylesheet or font from elsewhere, so
+the page renders offline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+
+from dayzero.report import svg
+from dayzero.report.layout_text import describe
+from dayzero.report.training import count_text, training_rows
+
+MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
+STEP_TERMS = (("compute", "compute_s"), ("exposed comm", "comm_exposed_s"), ("bubble", "bubble_s"),
+              ("optimizer", "optimizer_s"))
+COMPONENTS = ("attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms")
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    note: str = ""
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f}"
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def _big(n: float) -> str:
+    for div, s in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if abs(n) >= div:
+            return f"{n / div:.4g} {s}"
+    return f"{n:,.0f}"
+
+
+def parameter_breakdown(model: dict) -> dict[str, int]:
+    """Parameters by component over all layers, plus embedding and output head."""
+    out = {c: sum(lc[c] for lc in model["per_layer"]) for c in COMPONENTS}
+    out = {k: v for k, v in out.items() if v}
+    out["embedding"] = model["params_embedding"]
+    if model["params_head"]:
+        out["output head"] = model["params_head"]
+    return out
+
+
+def headline(r: dict) -> list[tuple[str, str]]:
+    """The answer in a few lines: what a meeting needs first."""
+    b, tr, cl = r["best"], r["training"], r["cluster"]
+    e, cost = tr["energy"], tr["cost"]
+    fails = [c["metric"] for c in r["checks"] if not c["pass"]]
+    rows = [("model", f"{r['model']['name']} ({r['model']['model_type']}), {_big(r['model']['params_total'])} "
+                      f"parameters, {_big(r['model']['params_active'])} active"),
+            ("cluster", f"{cl['name']}: {cl['devices']:,} x {cl['accelerator']['name']}"),
+            ("fits", f"yes: {describe(b['parallel'])}, peak {_gb(b['peak_bytes'])} GB "
+                     f"({_pct(b['memory_utilization'])} of device memory)"),
+            ("step", f"{b['step_s']:.4g} s for {r['scenario']['gbs']:,} x {r['scenario']['seq']:,} tokens; "
+                     f"MFU {_pct(b['mfu'])}, comm {_pct(b['comm_ratio'])}, bubble {_pct(b['bubble_ratio'])}"),
+            ("training", f"{count_text(tr['tokens'])} tokens in {tr['wall_days']:,.1f} days"
+                         + (f", {e['mwh']:,.0f} MWh at {e['cluster_mw']:.3g} MW" if e else "")
+                         + (f", cost {cost['total']:,.0f}" if cost else "")),
+            ("Day-0 checks", "all pass" if not fails else f"fail: {', '.join(fails)}")]
+    return rows
+
+
+def tables(r: dict) -> list[Table]:
+    m, best = r["model"], r["plans"][0]
+    out = [Table("Summary", ("", ""), tuple(headline(r)))]
+    out.append(Table("Model", ("quantity", "value"), (
+        ("parameters, total", f"{m['params_total']:,}"), ("parameters, active per token", f"{m['params_active']:,}"),
+        ("layers x hidden, vocab", f"{m['layers']} x {m['hidden']:,}, {m['vocab']:,}"),
+        ("FLOPs per token, train", f"{m['flops_per_token_train']:.4g} (seq {m['seq']:,})"))))
+    pb = parameter_breakdown(m)
+    out.append(Table("Parameters by component", ("component", "parameters", "share"),
+                     tuple((k, f"{v:,}", _pct(v / m["params_total"])) for k, v in pb.items())))
+    op = r["operators"]
+    if "coverage" in op:
+        rows = [("manifest", op["manifest"]), ("coverage by calls", _pct(op["coverage"])),
+                ("coverage by FLOPs", _pct(op["coverage_flops"])),
+                ("operators needing a kernel", ", ".join(op["needs_kernel"]) or "none")]
+        rows += [(f"unsupported: {u['op']}", f"{u['calls']:,} calls/step, {_pct(u['flops_share'])} of FLOPs"
+                  + (", needs a kernel" if u["needs_kernel"] else ", decomposes (not checked here; dayzero ops checks it)")) for u in op["unsupported"]]
+        out.append(Table("Operator coverage", ("", ""), tuple(rows), op.get("manifest_choice", "")))
+    else:
+        out.append(Table("Operator coverage", ("", ""), (("manifest", op["manifest"]), ("note", op["note"]))))
+    out.append(Table("Best plans", ("layout", "step s", "MFU", "comm", "bubble", "memory", "days", "MWh"), tuple(
+        (describe(p["parallel"]), f"{p['time']['step_s']:.4g}", _pct(p["throughput"]["mfu"]), _pct(p["comm_ratio"]),
+         _pct(p["time"]["bubble_s"] / p["time"]["step_s"]), _pct(p["memory"]["utilization"]),
+         f"{p['training']['wall_days']:,.1f}",
+         f"{p['training']['energy']['mwh']:,.0f}" if p["training"]["energy"] else "—") for p in r["plans"])))
+    out.append(Table("Memory per stage of the best plan (GB)", ("stage", *MEMORY_CATEGORIES, "total"), tuple(
+        (str(s["stage"]), *(_gb(s[c]) for c in MEMORY_CATEGORIES), _gb(s["total"])) for s in best["memory"]["stages"])))
+    t = best["time"]
+    out.append(Table("Step time of the best plan", ("term", "seconds", "share"), tuple(
+        (name, f"{t[k]:.3f}", _pct(t[k] / t["step_s"])) for name, k in STEP_TERMS) + (("step", f"{t['step_s']:.3f}", ""),)))
+    out.append(Table("Communication per step (busiest stage)",
+                     ("collective", "group", "tier", "MB/op", "ops", "busy s", "exposed s", "hidden by"), tuple(
+        (c["name"], str(c["group_size"]), c["tier"], f"{c['bytes'] / 1e6:,.0f}", f"{c['count']:,.0f}",
+         f"{c['total_s']:.3g}", f"{c['exposed_s']:.3g}", c["hidden_by"] or "—") for c in best["communication"])))
+    out.append(Table("Day-0 checks", ("metric", "value", "target", "result"), tuple(
+        (c["metric"], _pct(c["value"]), c["target"], "pass" if c["pass"] else "FAIL") for c in r["checks"])))
+    out.append(Table("Training: time, energy, cost", ("", ""), tuple(training_rows(r["training"])),
+                     "; ".join(r["training"]["assumptions"])))
+    s = r["search"]
+    out.append(Table("Search", ("", ""), (("layouts considered", f"{s['considered']:,}"),
+                                         *((f"rejected: {k}", f"{v:,}") for k, v in s["rejected"].items()),
+                                         ("timed", f"{s['timed']:,}"), ("seconds", f"{s['seconds']['total']:.2f}"))))
+    return out
+
+
+def charts(r: dict) -> list[tuple[str, str]]:
+    """(title, svg) of every chart of the report."""
+    best = r["plans"][0]
+    stages = best["memory"]["stages"]
+    cap = best["memory"]["capacity_bytes"]
+    out = []
+    pb = parameter_breakdown(r["model"])
+    out.append(("Parameters by component", svg.stacked_bars(
+        "Parameters by component", ["model"], {k: [v / 1e9] for k, v in pb.items()}, "billion parameters")))
+    out.append(("Memory per stage", svg.stacked_bars(
+        "Memory per stage of the best plan", [f"stage {s['stage']}" for s in stages],
+        {c: [s[c] / 1e9 for s in stages] for c in MEMORY_CATEGORIES}, "GB",
+        marks=[(cap / 1e9, "capacity"), (r["scenario"]["max_memory"] * cap / 1e9, "target")])))
+    plans = r["plans"]
+    out.append(("Step time of the best plans", svg.stacked_bars(
+        "Step time of the best plans", [f"#{i + 1}" for i in range(len(plans))],
+        {name: [p["time"][k] for p in plans] for name, k in STEP_TERMS}, "seconds")))
+    comm = best["communication"]
+    if comm:
+        out.append(("Communication per step", svg.grouped_hbars(
+            "Communication per step (busiest stage)", [c["name"] for c in comm],
+            {"busy": [c["total_s"] for c in comm], "exposed": [c["exposed_s"] for c in comm]}, "seconds")))
+    cands = r["candidates"]
+    if cands:
+        chosen = 0  # candidates are ranked as the plans are: the best plan is the first
+        out.append(("Candidate cloud", svg.scatter(
+            f"Best {len(cands)} fitting layouts: step time vs peak memory", [(c["peak_bytes"] / 1e9, c["step_s"]) for c in cands],
+            chosen, "peak memory, GB", "step s", xmarks=[(r["scenario"]["max_memory"] * cap / 1e9, "limit")])))
+    return out
+
+
+def to_markdown(r: dict) -> str:
+    lines = [f"# Day 0: {r['model']['name']} on {r['cluster']['name']}", ""]
+    for t in tables(r):
+        lines += [f"## {t.title}", ""]
+        head = t.header if any(t.header) else ("", "")
+        lines.append("| " + " | ".join(h or " " for h in head) + " |")
+        lines.append("|" + "|".join("---" for _ in head) + "|")
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in t.rows]
+        if t.note:
+            lines += ["", t.note]
+        lines.append("")
+    lines += ["Charts: report.html (same directory).", ""]
+    return "\n".join(lines)
+
+
+_CSS = ("body{font-family:sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#222}"
+        "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 8px;"
+        "text-align:left}td.n{text-align:right}th{background:#f2f2f2}.fail{color:#C00;font-weight:bold}"
+        ".pass{color:#070}figure{margin:1em 0 2em}p.note{color:#555;font-size:90%}")
+
+
+def _cell(c: str) -> str:
+    cls = ' class="fail"' if c == "FAIL" else (' class="pass"' if c == "pass" else "")
+    if not cls and c[:1].isdigit():
+        cls = ' class="n"'
+    return f"<td{cls}>{escape(c)}</td>"
+
+
+def to_html(r: dict) -> str:
+    title = f"Day 0: {r['model']['name']} on {r['cluster']['name']}"
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{escape(title)}</title>",
+             f"<style>{_CSS}</style></head><body>", f"<h1>{escape(title)}</h1>"]
+    for t in tables(r):
+        parts.append(f"<h2>{escape(t.title)}</h2><table>")
+        if any(t.header):
+            parts.append("<tr>" + "".join(f"<th>{escape(h)}</th>" for h in t.header) + "</tr>")
+        parts += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in t.rows]
+        parts.append("</table>")
+        if t.note:
+            parts.append(f'<p class="note">{escape(t.note)}</p>')
+    parts.append("<h2>Charts</h2>")
+    for name, chart in charts(r):
+        parts.append(f'<figure data-chart="{escape(name)}">{chart}</figure>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,41 @@
+"""The time, energy and cost of training (a ``training`` object of
+:mod:`dayzero.planner.training_cost`) as labelled lines: what ``predict``, ``plan`` and the Day-0
+report show, in one place."""
+
+from __future__ import annotations
+
+
+def count_text(n: float) -> str:
+    """1.5e13 -> '15T', 3e11 -> '300B', 2.5e6 -> '2.5M' (the form ``--tokens`` accepts)."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.4g}{suffix}"
+    return f"{n:.4g}"
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _duration(s: float) -> str:
+    return f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def training_rows(tr: dict) -> list[tuple[str, str]]:
+    """(label, value) rows of a ``training`` object."""
+    f, e = tr["failures"], tr["energy"]
+    rows = [("tokens", f"{count_text(tr['tokens'])} in {tr['steps']:,} steps"),
+            ("wall time", f"{tr['wall_days']:,.1f} days ({tr['ideal_days']:,.1f} at 100 % goodput)"),
+            ("device-hours", f"{tr['device_hours']:,.0f}")]
+    if e:
+        rows += [("energy", f"{_num(e['mwh'])} MWh (PUE {e['pue']:g}, host +{e['host_overhead']:.0%})"),
+                 ("cluster power", f"{_num(e['cluster_mw'])} MW ({e['device_w']:.0f} W per device)"),
+                 ("TFLOP/s per W", f"{e['model_tflops_per_w']:.3f}")]
+    else:
+        rows.append(("energy", "no TDP in the catalog for this accelerator"))
+    if tr["cost"]:
+        rows.append(("cost", f"{tr['cost']['total']:,.0f} ({tr['cost']['price_per_device_hour']:g} per device-hour)"))
+    rows += [("goodput", f"{tr['goodput']:.1%} ({_num(f['interruptions_per_day'])} interruptions a day)"),
+             ("checkpoint", f"every {f['optimal_checkpoint_interval_steps']:,} steps "
+                            f"({_duration(f['optimal_checkpoint_interval_s'])}), a save blocks {f['checkpoint_s']:.0f} s")]
+    return rows
