@@ -64,7 +64,9 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
     from dayzero.planner.memory import MemoryOptions, estimate_memory
 
     options = options or PerfOptions()
-    parallel = with_even_split(spec, parallel).validate(spec, cluster.devices)
+    # the layout as given, by the rules memory and train apply (an implicit split must divide the
+    # layers: filling in a near-even one first let pp x vpp > layers through as empty stages)
+    parallel = parallel.validate(spec, cluster.devices)
     memory_options = memory_options or MemoryOptions.for_accelerator(cluster.accelerator)
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)
