@@ -127,3 +127,62 @@ def test_rollback_reloads_and_skips_the_offending_batch(tmp_path):
     # before the spike, the guarded run is the plain run
     clean = _toy(tmp_path, "ref", "--ckpt-dir", str(tmp_path / "ck2"), "--ckpt-every", "5", "--steps", "5")
     assert [r["loss"] for r in clean if "event" not in r] == [r["loss"] for r in before[:5]]
+
+
+def _train_config(**kw):
+    from dayzero.runtime.config import TrainConfig
+    from dayzero.specs.parallel import ParallelConfig
+
+    return TrainConfig(model="tiny-llama", parallel=ParallelConfig(dp=2, gbs=4, seq=32), steps=10, **kw)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"inject_faults": ("step=11,rank=0,kind=kill",)}, "step 11 is past the last step (10)"),
+    ({"inject_faults": ("step=3,rank=2,kind=kill",)}, "rank 2 does not exist in a world of 2"),
+    ({"inject_faults": ("step=3,rank=0,kind=kill,at=save",)}, "no checkpoint is saved at step 3 (saves happen at no step"),
+    ({"inject_faults": ("step=3,rank=0,kind=kill,at=save",), "ckpt_dir": "ck", "ckpt_every": 4},
+     "saves happen at steps divisible by --ckpt-every 4 and the last step 10"),
+    ({"inject_faults": ("step=3,rank=0,kind=kill,at=save",), "ckpt_dir": "ck"}, "saves happen at the last step 10"),
+    ({"ckpt_every": 2}, "--ckpt-every applies only with --ckpt-dir"),
+    ({"keep": 5}, "--keep applies only with --ckpt-dir"),
+    ({"async_save": True}, "--async-save applies only with --ckpt-dir"),
+    ({"ckpt_prune_other_lineages": True}, "--ckpt-prune-other-lineages applies only with --ckpt-dir"),
+    ({"ckpt_checksum": "sha256"}, "--ckpt-checksum applies only with --ckpt-dir"),
+    ({"spike_factor": 3.0}, "--spike-factor applies only with --on-bad-loss"),
+])
+def test_options_that_would_be_ignored_are_refused(kw, needle):
+    from dayzero.errors import DayzeroError
+    from dayzero.runtime.resilience import resilience_config
+
+    with pytest.raises(DayzeroError) as e:
+        resilience_config(_train_config(**kw))
+    assert needle in str(e.value)
+
+
+def test_drills_that_can_fire_are_accepted():
+    from dayzero.runtime.resilience import resilience_config
+
+    ok = ("step=10,rank=1,kind=kill", "step=4,rank=0,kind=hang,at=save", "step=10,rank=1,kind=exception,at=save")
+    r = resilience_config(_train_config(inject_faults=ok, ckpt_dir="ck", ckpt_every=4))
+    assert len(r.faults) == 3
+
+
+def test_rank_failures_name_the_causes_not_the_consequences(tmp_path):
+    import json as _json
+    import signal
+
+    from dayzero.runtime.rank_log import attempt_dir, causes, consequence_line, read_failure
+
+    d = attempt_dir(tmp_path, 0)
+    d.mkdir()
+    (d / "rank0.crash").write_text(_json.dumps({"cause": "RuntimeError: Connection reset by peer", "lost_peer": True}))
+    (d / "rank1.log").write_text("noise\ndayzero: injecting fault step=3\n[W gloo] more noise\n")
+    killed = [read_failure(tmp_path, 0, 0, 1), read_failure(tmp_path, 0, 1, -signal.SIGKILL),
+              read_failure(tmp_path, 0, 2, 128 + signal.SIGTERM)]
+    assert [f.line() for f in causes(killed)] == ["rank 1: killed by SIGKILL; last message: injecting fault step=3"]
+    assert consequence_line(killed) == "ranks 0, 2 stopped as a consequence"
+    (tmp_path / "rank3.err").write_text("checkpoint save failed\n")
+    user = read_failure(tmp_path, 0, 3, 2)
+    assert causes([killed[1], user]) == [killed[1]]  # a fault explains the user error it caused
+    assert causes([killed[0], user]) == [user] and user.line() == "rank 3: checkpoint save failed"
+    assert [f.rank for f in causes([killed[0], killed[2]])] == [0, 2]  # nothing else: every failure as it is

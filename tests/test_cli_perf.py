@@ -86,6 +86,9 @@ def test_backtest_json_on_a_small_file(tmp_path: Path, capsys):
     (["plan", "dense-3t", "-a", "h100", "-n", "8", "--gbs", "64"], "no layout of dense-3t fits"),
     (["plan", "llama-3.1-8b", "-a", "h100", "-n", "8", "--tp", "x"], "--tp"),
     (["backtest", "/nonexistent.csv"], "not found"),
+    # more stages than layers: the rule memory applies, not a prediction with empty stages
+    (["predict", "tiny-llama", "-a", "h100", "-n", "8", "--pp", "8"], "layers (4) must be divisible by pp*vpp"),
+    (["memory", "tiny-llama", "-a", "h100", "-n", "8", "--pp", "8"], "layers (4) must be divisible by pp*vpp"),
     (["predict", "llama-3.1-8b", "-a", "h100", "-n", "8", "--calibration", "/nonexistent.json"], "calibration"),
 ])
 def test_errors_are_one_line_exit_2(argv, needle, capsys):

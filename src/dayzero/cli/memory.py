@@ -84,6 +84,10 @@ def memory_cmd(
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation)
     cap = cl.memory_bytes
+    if not balance:  # the near-even split predict applies too (planner.predict.with_even_split)
+        from dayzero.planner.predict import with_even_split
+
+        par = with_even_split(spec, par)
     par.validate(spec, cl.devices) if not balance else par.with_(layer_split=None).validate(None, cl.devices)
     if balance:
         from dayzero.planner.balance import balance_layers

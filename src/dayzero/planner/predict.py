@@ -13,7 +13,7 @@ from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
 from dayzero.specs.grid import encode
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split
+from dayzero.specs.parallel import ParallelConfig, even_split, even_split_fills
 
 __all__ = ["MEMORY_TARGET", "Targets", "checks", "predict", "prediction", "with_even_split"]
 
@@ -29,8 +29,11 @@ def checks(mfu: float, memory_utilization: float, comm_ratio: float, targets: Ta
 
 
 def with_even_split(spec: ModelSpec, p: ParallelConfig) -> ParallelConfig:
-    """The layout with an explicit near-even layer split when pp x vpp does not divide the layers."""
-    if p.layer_split is None and spec.layers % (p.pp * p.vpp):
+    """The layout with an explicit near-even layer split when pp x vpp does not divide the layers
+    and the split fills every stage (Megatron's rule, ``even_split_fills``); otherwise the layout
+    as given, which validation then refuses (no prediction with empty stages)."""
+    stages = p.pp * p.vpp
+    if p.layer_split is None and spec.layers % stages and even_split_fills(spec.layers, stages):
         return p.with_(layer_split=even_split(spec.layers, p.pp * p.vpp))
     return p
 

@@ -4,7 +4,7 @@
 fail on purpose: at the start of step N (``at=step``, the default) or during the save of step N
 just before that rank writes its shards (``at=save``, a crash between shard writes). ``kill``
 sends SIGKILL to itself (a lost node), ``exception`` raises (a software fault), ``hang`` blocks
-forever (a stuck collective or device). A fault fires only on torchrun restart attempt A
+forever (a stuck collective or device). A fault fires only on restart attempt A
 (default 0), so the restarted job runs clean.
 
 The :class:`Watchdog` turns a hang into a restart: when the loop stops calling ``beat()`` for
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Literal
 
 from dayzero.errors import DayzeroError
+from dayzero.runtime.rank_log import WATCHDOG_EXIT, launcher_attempt
 
 Kind = Literal["kill", "exception", "hang"]
-WATCHDOG_EXIT = getattr(os, "EX_TEMPFAIL", 75)  # "temporary failure; retry" (sysexits.h)
 
 
 class FaultSpecError(DayzeroError):
@@ -77,11 +77,12 @@ class FaultSpec:
 
 
 def restart_attempt() -> int:
-    """Which torchrun attempt this process belongs to (0 on the first run, or outside torchrun)."""
+    """Which restart attempt this process belongs to (0 on the first run): dayzero's launcher
+    restarts ranks itself (:mod:`dayzero.runtime.rank_log`), the user's torchrun counts its own."""
     try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        return launcher_attempt() + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     except ValueError:
-        return 0
+        return launcher_attempt()
 
 
 def init_process_group(backend: str = "gloo", **kwargs) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from dayzero.errors import DayzeroError
+from dayzero.runtime import rank_log
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.stopping import STOP_GRACE_S, Interrupted, StopOnSignal, exit_now, training_process
 from dayzero.runtime.versions import scan
@@ -94,53 +95,102 @@ def destroy_process_group() -> None:
         pass
 
 
-def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_restarts: int = 0) -> None:
-    """Run ``python <argv>`` on ``nproc`` local ranks; raise :class:`RanksFailed` if any fails,
-    :class:`Interrupted` after a stop signal (every rank stopped, nothing relaunched). The ranks
-    write user errors to ``error_dir`` (see :func:`write_rank_error`)."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_restarts: int = 0,
+                 log: str | Path | None = None, restart_from: Callable[[], str] | None = None) -> None:
+    """Run ``python <argv>`` on ``nproc`` local ranks; raise :class:`RanksFailed` if any fails
+    (after ``max_restarts`` restarts of every rank; a user error is never restarted: it would only
+    repeat), :class:`Interrupted` after a stop signal (every rank stopped, nothing relaunched). The
+    ranks write user errors to ``error_dir`` (see :func:`write_rank_error`); their stderr goes to
+    ``log`` (``ranks.log``; None: a file kept in the temp directory when the launch fails) and only
+    their ``dayzero:`` lines to the terminal (:mod:`dayzero.runtime.rank_log`). Before a restart
+    the terminal gets one line per failed rank and ``restarting (attempt a/K) <restart_from()>``."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
 
     # the agent's own log lines would bury the one line that matters (each of its modules' loggers
     # has a level of its own, so the parent's is not enough)
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    # on a signal the agent passes it on to every rank and SIGKILLs those still alive this much later
+    # restarts are ours, not the agent's, so that each can be announced between attempts; on a
+    # signal the agent passes it on to every rank and SIGKILLs those still alive this much later
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
+                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn", shutdown_timeout=math.ceil(STOP_GRACE_S))
-    env_threads = os.environ.get("OMP_NUM_THREADS")
-    if env_threads is None:  # as torchrun does: one thread per rank unless told otherwise
+    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", rank_log.DIR_ENV, rank_log.ATTEMPT_ENV)}
+    if saved_env["OMP_NUM_THREADS"] is None:  # as torchrun does: one thread per rank unless told otherwise
         os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ[rank_log.DIR_ENV] = str(error_dir)
+    log_path = Path(log) if log is not None else Path(error_dir, "ranks.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
     handlers = _signal_handlers()  # the agent installs its own and never puts these back
     try:
-        for attempt in (1, 2):
+        for attempt in range(max_restarts + 1):
+            os.environ[rank_log.ATTEMPT_ENV] = str(attempt)
+            for stale in Path(error_dir).glob("rank*.err"):  # a previous attempt's
+                stale.unlink()
+            failures: list[rank_log.RankFailure] = []
             try:
-                elastic_launch(lc, sys.executable)(*argv)
+                _run_agent(lc, argv, nproc)
                 return
-            except ChildFailedError:
-                raise
-            except SignalException as e:  # the agent has stopped every rank: a stop, never a retry
-                raise Interrupted(e.sigval, ranks=nproc) from None
-            except Interrupted as e:  # our own handler: the agent had not started the ranks yet
-                raise Interrupted(e.signum, ranks=0) from None
-            except Exception as e:  # noqa: BLE001 - the launcher itself (rendezvous, store) failed
-                what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-                if attempt == 2:
-                    raise RanksFailed(1, [f"could not run {nproc} ranks: {what}"]) from None
-                print(f"dayzero: note: starting {nproc} ranks failed ({what}); retrying once", file=sys.stderr)
-                lc.run_id = str(uuid.uuid4())
-    except ChildFailedError as e:
-        messages = sorted({f.read_text().strip() for f in Path(error_dir).glob("rank*.err")})
-        if messages:
-            raise RanksFailed(2, messages) from None
-        rank, failure = e.get_first_failure()
-        raise RanksFailed(1, [f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above"]) from None
+            except ChildFailedError as e:
+                failures = [rank_log.read_failure(error_dir, attempt, rank, f.exitcode)
+                            for rank, f in sorted(e.failures.items())]
+            finally:
+                rank_log.append_attempt(log_path, error_dir, attempt, nproc, failures)
+            causes = rank_log.causes(failures)
+            if all(f.user_error for f in causes):
+                raise RanksFailed(2, sorted({f.cause for f in causes})) from None
+            if attempt == max_restarts:
+                if log is None:
+                    log_path = _keep(log_path)
+                after = f"; gave up after {max_restarts} restart{'s' * (max_restarts != 1)}" if max_restarts else ""
+                raise RanksFailed(1, ["; ".join(f.line() for f in causes) + f"{after}; details in {log_path}"]) from None
+            also = rank_log.consequence_line(failures)
+            for line in [f.line() for f in causes] + ([also] if also else []):
+                print(f"dayzero: {line}", file=sys.stderr)
+            where = f" {restart_from()}" if restart_from is not None else ""
+            print(f"dayzero: restarting (attempt {attempt + 1}/{max_restarts}){where}", file=sys.stderr, flush=True)
+            lc.run_id = str(uuid.uuid4())
     finally:
         _restore_signal_handlers(handlers)
-        if env_threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_agent(lc, argv: list[str], nproc: int) -> None:
+    """One attempt: every rank under torchrun's agent (a failed rendezvous is retried once)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    for attempt in (1, 2):
+        try:
+            elastic_launch(lc, sys.executable)(*argv)
+            return
+        except ChildFailedError:
+            raise
+        except SignalException as e:  # the agent has stopped every rank: a stop, never a retry
+            raise Interrupted(e.sigval, ranks=nproc) from None
+        except Interrupted as e:  # our own handler: the agent had not started the ranks yet
+            raise Interrupted(e.signum, ranks=0) from None
+        except Exception as e:  # noqa: BLE001 - the launcher itself (rendezvous, store) failed
+            what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            if attempt == 2:
+                raise RanksFailed(1, [f"could not run {nproc} ranks: {what}"]) from None
+            print(f"dayzero: note: starting {nproc} ranks failed ({what}); retrying once", file=sys.stderr)
+            lc.run_id = str(uuid.uuid4())
+
+
+def _keep(log: Path) -> Path:
+    """A copy of ``log`` that outlives the launch directory."""
+    fd, kept = tempfile.mkstemp(prefix="dayzero-ranks-", suffix=".log")
+    with os.fdopen(fd, "w") as out:
+        out.write(log.read_text())
+    return Path(kept)
 
 
 def _signal_handlers() -> dict[int, object]:
@@ -157,18 +207,19 @@ def _restore_signal_handlers(handlers: dict[int, object]) -> None:
 
 def run_as_rank(main: Callable[[StopOnSignal], int | None]) -> None:
     """The ``__main__`` of a rank module: run ``main(stop)`` (see :func:`training_process`: the
-    rank dies with its launcher) and exit with its code; a crash shows its traceback and exits 1
-    so the agent stops the other ranks. After a stop signal the rank exits 128 + the signal at
+    rank dies with its launcher) and exit with its code; a crash logs its traceback, leaves its
+    one-line cause (:mod:`dayzero.runtime.rank_log`) and exits 1 so the agent stops the other ranks. After a stop signal the rank exits 128 + the signal at
     once, whatever ``main`` did with it (it reaches DCP as an error on every rank)."""
     code: int | str | None = 1
-    with training_process(bind_to_parent=True) as stop:
+    with rank_log.capture_stderr(), training_process(bind_to_parent=True) as stop:
         try:
             code = main(stop)
         except SystemExit as e:
             code = e.code
-        except BaseException:
+        except BaseException as e:
             if stop.signum is None:
-                traceback.print_exc()
+                traceback.print_exc()  # into the run's log (ranks.log); the launcher prints the one line
+                rank_log.write_crash(e)
     if stop.signum is not None:
         exit_now(128 + stop.signum)
     sys.exit(code)
@@ -221,6 +272,31 @@ def committed_note(ckpt_dirs: Iterable[str | None]) -> str:
     return "".join(f"; {n}" for n in notes)
 
 
+def ranks_log(configs: list[TrainConfig]) -> Path | None:
+    """Where a spawned run keeps its ranks' output: ``<metrics>.ranks.log`` next to the metrics
+    file, else ``ranks.log`` in the checkpoint directory; None (a temp file, kept on failure)."""
+    cfg = configs[0]
+    if cfg.metrics:
+        return Path(cfg.metrics).with_suffix(".ranks.log")
+    return Path(cfg.ckpt_dir, "ranks.log") if cfg.ckpt_dir else None
+
+
+def resume_point(configs: list[TrainConfig]) -> str:
+    """Where restarted ranks pick up: ``from checkpoint step N`` (the version ``--resume`` picks:
+    auto's first complete one in resume order, or the step asked for), or ``from the start``."""
+    from dayzero.runtime.lineage import resume_order
+
+    cfg = configs[0]  # restarted ranks run the configs again from the first
+    if not cfg.ckpt_dir or cfg.resume == "never":
+        return "from the start"
+    if str(cfg.resume).isdigit():
+        return f"from checkpoint step {int(cfg.resume)}"
+    if cfg.resume != "auto":
+        return f"from checkpoint {cfg.resume}"
+    step = next((v.step for v in resume_order(scan(Path(cfg.ckpt_dir))) if v.state == "complete"), None)
+    return f"from checkpoint step {step}" if step is not None else "from the start"
+
+
 def _train_one(cfg: TrainConfig, device) -> None:
     import gc
 
@@ -255,7 +331,8 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
         errors.mkdir()
         try:
             launch_local(["-m", "dayzero.runtime.launch", "--error-dir", str(errors), *paths], nproc, errors,
-                         max_restarts=max(c.max_restarts for c in configs))
+                         max_restarts=max(c.max_restarts for c in configs), log=ranks_log(configs),
+                         restart_from=lambda: resume_point(configs))
             return 0
         except RanksFailed as e:
             for m in e.messages:

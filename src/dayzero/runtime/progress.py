@@ -14,9 +14,14 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
+            from dayzero.runtime.rank_log import terminal_stream
+
             self._p = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-                                   console=Console(stderr=True), transient=False)
+                                   # the terminal even when this rank's stderr goes to ranks.log; other
+                                   # stderr lines are not redrawn above the bar (they would skip the log)
+                                   console=Console(file=terminal_stream()), transient=False,
+                                   redirect_stderr=False)
             self._p.__enter__()
             self._task = self._p.add_task("train", total=self.total, completed=self.start, info="")
         return self

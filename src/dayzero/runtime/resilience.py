@@ -227,19 +227,47 @@ def resilience_config(cfg) -> ResilienceConfig:
     """The ResilienceConfig of a :class:`dayzero.runtime.config.TrainConfig` (validates every
     option: call it before starting ranks, so a typo is one line, not a crashed job)."""
     guard = None
+    only_with("--spike-factor", bool(cfg.spike_factor), "--on-bad-loss skip|rollback", cfg.on_bad_loss is not None)
     if cfg.on_bad_loss is not None:
         guard = GuardConfig(spike_factor=cfg.spike_factor, action=cfg.on_bad_loss)
-    elif cfg.spike_factor:
-        raise DayzeroError("--spike-factor needs --on-bad-loss skip|rollback")
+    # checkpoint options that mean nothing without a checkpoint directory (their defaults excepted)
+    for flag, used in (("--ckpt-every", cfg.ckpt_every != 0), ("--keep", cfg.keep != ResilienceConfig.keep),
+                       ("--async-save", cfg.async_save), ("--ckpt-prune-other-lineages", cfg.ckpt_prune_other_lineages),
+                       ("--ckpt-checksum", cfg.ckpt_checksum != DEFAULT_CHECKSUM)):
+        only_with(flag, used, "--ckpt-dir", bool(cfg.ckpt_dir))
     if cfg.keep < 1:
         raise DayzeroError(f"--keep {cfg.keep}: at least 1 checkpoint must be kept")
     if cfg.resume not in ("auto", "never") and not str(cfg.resume).isdigit() and not Path(cfg.resume).is_dir():
         raise DayzeroError(f"--resume {cfg.resume}: expected auto, never, a step number or a checkpoint directory")
+    faults = tuple(FaultSpec.parse(f) for f in cfg.inject_faults)
+    for f in faults:
+        check_fires(f, steps=cfg.steps, world=cfg.parallel.world, ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every)
     return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep,
                             prune_other_lineages=cfg.ckpt_prune_other_lineages, resume=cfg.resume,
-                            async_save=cfg.async_save, checksum=cfg.ckpt_checksum,
-                            faults=tuple(FaultSpec.parse(f) for f in cfg.inject_faults), watchdog_s=cfg.watchdog,
-                            save_timeout_s=cfg.save_timeout, guard=guard)
+                            async_save=cfg.async_save, checksum=cfg.ckpt_checksum, faults=faults,
+                            watchdog_s=cfg.watchdog, save_timeout_s=cfg.save_timeout, guard=guard)
+
+
+def only_with(flag: str, used: bool, needed: str, present: bool) -> None:
+    """Refuse an option that applies only together with another one (it would be ignored)."""
+    if used and not present:
+        raise DayzeroError(f"{flag} applies only with {needed}; add {needed} or drop {flag}")
+
+
+def check_fires(f: FaultSpec, *, steps: int, world: int, ckpt_dir: str | None, every: int) -> None:
+    """Refuse a drill that can never fire in this run (a drill that silently does nothing would
+    pass as a run that survived it)."""
+    what = f"--inject-fault {f.describe()}"
+    if f.step > steps:
+        raise DayzeroError(f"{what}: step {f.step} is past the last step ({steps}); use a step <= --steps")
+    if f.rank >= world:
+        raise DayzeroError(f"{what}: rank {f.rank} does not exist in a world of {world}; use a rank < {world}")
+    if f.at == "save":
+        saves = bool(ckpt_dir) and (f.step == steps or (every > 0 and f.step % every == 0))
+        if not saves:
+            when = f"steps divisible by --ckpt-every {every} and the last step {steps}" if ckpt_dir and every \
+                else f"the last step {steps}" if ckpt_dir else "no step: there is no --ckpt-dir"
+            raise DayzeroError(f"{what}: no checkpoint is saved at step {f.step} (saves happen at {when})")
 
 
 def build_resilience(cfg, state, on_event: Callable[[dict], None]) -> Resilience:

@@ -295,6 +295,8 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
             state.step = pos.step
             if pos.data is not None:
                 state.data.restore(pos.data["stream"])
+        if rank0 and restart_attempt() > 0:  # the line a restart announced is answered by this one
+            print(f"dayzero: resumed at step {state.step}", file=sys.stderr, flush=True)
         # a run that continues (checkpoint, torchrun restart, or a state handed in mid-run) appends
         resumed = pos.path is not None or restart_attempt() > 0 or state.step > 0
         writer = MetricsWriter(config.metrics, rank0, append=resumed)
