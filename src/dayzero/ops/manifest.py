@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
 from dayzero.errors import ConfigError, DayzeroError
+from dayzero.runtime.device import REFERENCE_DEVICE_TYPE
 
 # fused kernels a manifest may name, and what each replaces (the patterns ops/fusion.py detects)
 FUSED_KERNELS = {
@@ -47,7 +48,10 @@ FUSED_ATEN = {
 }
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "complex64",
                "complex128", "int64", "int32", "int16", "int8", "uint8", "bool")
-SHIPPED = ("cuda", "cpu", "example-npu")
+# the manifests under ops/manifests, the reference device type's first (the default)
+DEFAULT_MANIFEST = REFERENCE_DEVICE_TYPE
+SHIPPED = (DEFAULT_MANIFEST, *sorted(p.name.removesuffix(".yaml") for p in (resources.files("dayzero.ops") / "manifests").iterdir()
+                                     if p.name.endswith(".yaml") and p.name != f"{DEFAULT_MANIFEST}.yaml"))
 _OP_RE = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*\.[A-Za-z_]\w*$")
 
 
