@@ -263,7 +263,7 @@ def _native_functions_ops(path: str, key: str, composite: bool = True) -> set[st
         for k in (e.get("dispatch") or {}):
             keys |= {s.strip() for s in k.split(",")}
         if e.get("ufunc_inner_loop"):  # torchgen generates CPU and CUDA kernels from the ufunc loop
-            keys |= {"CPU", "CUDA"}
+            keys |= {"CPU", REFERENCE_DEVICE_TYPE.upper()}  # the reference device's dispatch key
         keys_of[fname] = keys
         if e.get("structured_delegate"):
             delegate[fname] = e["structured_delegate"]

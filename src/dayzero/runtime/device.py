@@ -32,6 +32,8 @@ BACKEND_ENV = "DAYZERO_BACKEND"
 # PyTorch >= 2.9 reads one allocator setting for every device; vendors keep their own too
 ALLOC_CONF_ENV = "PYTORCH_ALLOC_CONF"
 _EXTENSIONS = {"npu": "torch_npu"}  # the package that registers a device type with PyTorch
+# where each vendor's health counters come from (dayzero.runtime.telemetry); psutil elsewhere
+_TELEMETRY = {"cuda": "nvml", "npu": "npu-smi"}
 # the device type whose kernel set is the porting reference (``dayzero ops``' default manifest)
 REFERENCE_DEVICE_TYPE = "cuda"
 
@@ -212,6 +214,12 @@ def _call(name: str, device_type: str, *args, fallback: str | None = None):
         except (AttributeError, NotImplementedError, RuntimeError):
             pass
     return getattr(torch.get_device_module(device_type), fallback or name)(*args)
+
+
+def telemetry_source(device_type: str) -> str:
+    """The telemetry source for a device type: the vendor's management library where one is
+    known, psutil (host counters) on CPU and any other device."""
+    return _TELEMETRY.get(device_type, "psutil")
 
 
 def compute_dtype(acc: Accelerator) -> str:

@@ -95,7 +95,6 @@ def proxy_shrink(spec: ModelSpec, parallel: ParallelConfig, given: dict, capacit
 
 def run_rank(args: dict) -> dict:
     """One rank of a validation run (called through validate.launch.run_ranks)."""
-    import torch
     import torch.distributed as dist
 
     from dayzero.runtime.config import TrainConfig
