@@ -250,15 +250,20 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module, verb", [(False, "train"), (True, "train"), (False, "calibrate")])
-def test_privateuse1_backend_without_kernels_is_one_line(module, verb, tmp_path):
+@pytest.mark.parametrize("module, verb, extra, says", [
+    (False, "train", [], "cannot run here"),  # no device module: stopped in the CLI
+    (True, "train", [], "no process-group backend"),  # a device module but no backend registered
+    (True, "train", ["--backend", "gloo"], "cannot run a kernel"),  # reaches the rank: no kernels
+    (False, "calibrate", [], "cannot run here"),
+])
+def test_privateuse1_backend_without_kernels_is_one_line(module, verb, extra, says, tmp_path):
     args = (["train", "tiny-llama", "--steps", "1", "--seq", "16", "--layers", "1", "--hidden", "64",
-             "--vocab", "257", "--quiet", "--device", "fakeaccel", "--skip-memory-check"] if verb == "train" else
-            ["calibrate", "--quick", "--device", "fakeaccel"])
+             "--vocab", "257", "--quiet", "--skip-memory-check"] if verb == "train" else ["calibrate", "--quick"])
+    args += ["--device", "fakeaccel", *extra]
     out = subprocess.run([sys.executable, "-c", RENAMED.format(module=module), *args], capture_output=True,
                          text=True, env=_env(), cwd=tmp_path, timeout=300)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
-    assert len(lines) == 1 and lines[0].startswith("dayzero: error: device") and "fakeaccel" in lines[0], out.stderr
-    assert "--device cpu" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("dayzero: error: ") and "fakeaccel" in lines[0], out.stderr
+    assert says in lines[0], lines[0]
