@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import JsonOpt, console, emit_json
+from dayzero.cli.common import BackendOpt, DeviceOpt, JsonOpt, console, emit_json
 from dayzero.cli.next_steps import Step, print_next
 from dayzero.cli.render import FitTable
 
@@ -22,9 +22,10 @@ def calibrate_cmd(
     nccl_tests: Annotated[Optional[list[Path]], typer.Option("--import-nccl-tests", help="Import nccl-tests output file(s) instead of measuring (repeat the option per file).")] = None,
     accelerator: Annotated[Optional[str], typer.Option("--accelerator", "-a", help="With --import-nccl-tests: catalog accelerator (default: from the device name).")] = None,
     base: Annotated[Optional[str], typer.Option("--base", help="With --import-nccl-tests: a profile or preset to extend.")] = None,
+    device: DeviceOpt = None, backend: BackendOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Measure GEMM throughput by shape and dtype, memory bandwidth, attention and collective bandwidth by message and group size on N ranks (gloo on CPU, NCCL on GPUs), fit them with the planner's own formulas, and write a hardware profile the planner accepts as [bold]--cluster FILE[/bold].
+    """Measure GEMM throughput by shape and dtype, memory bandwidth, attention and collective bandwidth by message and group size on N ranks (gloo on CPU, the vendor's backend on an accelerator), fit them with the planner's own formulas, and write a hardware profile the planner accepts as [bold]--cluster FILE[/bold].
 
     Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml[/bold], then [bold]dayzero predict tiny-llama --cluster runs/host.yaml --dp 8[/bold].
     Import nccl-tests: [bold]dayzero calibrate --import-nccl-tests all_reduce_perf.txt --import-nccl-tests all_gather_perf.txt --accelerator h100 --out runs/h100.yaml[/bold]
@@ -52,9 +53,11 @@ def calibrate_cmd(
         return
     if accelerator or base:
         raise ConfigError("--accelerator/--base", None, "only apply with --import-nccl-tests")
+    from dayzero.runtime.device import resolve
     from dayzero.validate.calibrate import calibrate
 
-    result = calibrate(nproc, out, quick, name)
+    with resolve(device, backend).exported():
+        result = calibrate(nproc, out, quick, name)
     if json_out:
         emit_json(result)
         return

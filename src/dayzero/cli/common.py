@@ -41,6 +41,8 @@ def commas(n: int) -> str:
 
 # -- shared options ----------------------------------------------------------------------------
 
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="Device type to run on, e.g. cpu or npu (default: the current accelerator, else cpu).")]
+BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="Process-group backend, e.g. gloo (default: PyTorch's for the device: gloo on cpu, the vendor's on an accelerator).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster preset (dayzero hardware) or YAML file.")]
 AcceleratorOpt = Annotated[Optional[str], typer.Option("--accelerator", "-a", help="Accelerator name, e.g. h100, 910b, mi300x.")]

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, human
+from dayzero.ops.manifest import DEFAULT_MANIFEST, SHIPPED
 from dayzero.cli.next_steps import Step, print_next, starter_devices
 from dayzero.cli.render import FitTable
 from dayzero.errors import DayzeroError
@@ -20,7 +21,7 @@ TRACE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @app.command("ops")
 def ops_cmd(
     model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json, or a directory (with its own modeling_*.py: needs --trust-remote-code).")] = None,
-    manifest: Annotated[str, typer.Option("--manifest", "-m", help="Backend manifest: cuda, cpu, example-npu, or a YAML file.")] = "cuda",
+    manifest: Annotated[str, typer.Option("--manifest", "-m", help=f"Backend manifest: {', '.join(SHIPPED)}, or a YAML file.")] = DEFAULT_MANIFEST,
     seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length traced (default: min(max positions, 4096)).")] = None,
     batch: Annotated[int, typer.Option("--batch", help="Micro-batch size traced.")] = 1,
     compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="Dtype the model is traced in: bf16 | fp16 | fp32.")] = "bf16",

@@ -13,7 +13,7 @@ import typer
 
 from dayzero.cli.app import app
 from dayzero.cli.common import (
-    CpOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt, SpOpt,
+    BackendOpt, CpOpt, DeviceOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt, SpOpt,
     SplitOpt, TpOpt, VppOpt, ZeroOpt, console, emit_json, parallel_from_options,
 )
 from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
@@ -58,7 +58,8 @@ def train_cmd(
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the weights and the data order.")] = 0,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Write one JSON record per step here (JSONL).")] = None,
-    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 (fp32 master weights and reductions) | fp32 | auto (bf16 on CUDA, fp32 on CPU, where bf16 matmuls are slow).")] = "auto",
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 (fp32 master weights and reductions) | fp32 | auto (bf16 on an accelerator, fp32 on CPU, where bf16 matmuls are slow).")] = "auto",
+    device: DeviceOpt = None, backend: BackendOpt = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="Spawn this many local ranks with torchrun (default 1; ignored under torchrun).")] = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Text file, directory or glob (default: the built-in corpus).")] = None,
     layers: Annotated[Optional[int], typer.Option("--layers", min=1, help="Proxy: shrink to this many layers.")] = None,
@@ -86,7 +87,7 @@ def train_cmd(
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak memory exceeds what this machine has free.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Train MODEL with a parallel layout on torch.distributed (CPU: gloo, CUDA: NCCL).
+    """Train MODEL with a parallel layout on torch.distributed (CPU: gloo; an accelerator: its vendor's backend, see docs/devices.md).
 
     Spawns [bold]--nproc[/bold] local ranks with torchrun, or runs as one rank of an existing torchrun
     job. Writes one JSONL record per step (loss, grad_norm, lr, tokens, step_time_s, tokens_per_s,
@@ -104,10 +105,11 @@ def train_cmd(
 
     if compute_dtype not in _COMPUTE:
         raise DayzeroError(f"--compute-dtype {compute_dtype!r}: expected one of {', '.join(_COMPUTE)}")
-    if compute_dtype == "auto":
-        import torch
+    from dayzero.runtime.device import compute_dtype as default_dtype, resolve
 
-        compute_dtype = "bf16" if torch.cuda.is_available() else "fp32"
+    acc = resolve(device, backend)
+    if compute_dtype == "auto":
+        compute_dtype = default_dtype(acc)
     torchrun = _under_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
     if plan:
@@ -142,7 +144,7 @@ def train_cmd(
     if not torchrun and not skip_memory_check:  # under torchrun the ranks are already up, allocating
         from dayzero.runtime.memory_check import check_memory
 
-        check_memory(spec, parallel, world, compute_dtype)
+        check_memory(spec, parallel, world, compute_dtype, "cpu" if acc.is_cpu else None)
     resolve_data(data)
     resilience_config(cfg)  # checkpoint, drill and guard options
     if not torchrun and not quiet and not json_out:
@@ -150,7 +152,7 @@ def train_cmd(
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "
                       f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel rank", highlight=False)
 
-    with _ckpt_dir_lock(cfg.ckpt_dir, torchrun, world):
+    with _ckpt_dir_lock(cfg.ckpt_dir, torchrun, world), acc.exported():
         if torchrun or world == 1:
             from dayzero.runtime.launch import train_here
 

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import (ClusterOpt, CpOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt,
+from dayzero.cli.common import (BackendOpt, ClusterOpt, DeviceOpt, CpOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt,
                                 ScheduleOpt, SplitOpt, SpOpt, TpOpt, VppOpt, ZeroOpt, console, emit_json,
                                 parallel_from_options)
 from dayzero.cli.next_steps import Step, layout_flags, print_next
@@ -33,7 +33,8 @@ def validate_cmd(
     hidden: Annotated[Optional[int], typer.Option("--hidden", min=8, help="Proxy: this width (heads scale along).")] = None,
     experts: Annotated[Optional[int], typer.Option("--experts", min=1, help="Proxy: this many routed experts.")] = None,
     vocab: Annotated[Optional[int], typer.Option("--vocab", min=257, help="Proxy: this vocabulary (>= 257).")] = None,
-    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 | fp32 | auto (bf16 on CUDA, fp32 on CPU, as dayzero train).")] = "auto",
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 | fp32 | auto (bf16 on an accelerator, fp32 on CPU, as dayzero train).")] = "auto",
+    device: DeviceOpt = None, backend: BackendOpt = None,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")] = 1e-3,
     grad_clip: Annotated[float, typer.Option("--grad-clip", help="Gradient-norm clip (0: off).")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Weights and data order.")] = 0,
@@ -65,8 +66,11 @@ def validate_cmd(
         raise ConfigError("--runs", None, "only applies with --calibrate")
     from dayzero.validate.run import ValidationRequest, local_cluster, proxy_shrink, validate
 
-    dtype = _compute_dtype(compute_dtype)
-    cl = _cluster(cluster, nproc)
+    from dayzero.runtime.device import resolve
+
+    acc = resolve(device, backend)
+    dtype = _compute_dtype(compute_dtype, acc)
+    cl = _cluster(cluster, nproc, acc)
     if plan:
         from dayzero.specs.plan_layout import plan_layout
 
@@ -83,39 +87,41 @@ def validate_cmd(
     if not json_out:
         console.print(f"[bold]{req.spec().name}[/bold] ({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
                       f"{par.describe()} on {nproc} rank(s), {steps} steps in {dtype}; profile {cl.name}", highlight=False)
-    result = validate(req, cl, nproc, tolerance)
+    with acc.exported():
+        result = validate(req, cl, nproc, tolerance)
     if calibrate:
         result["calibration"] = _calibrate(cluster, [result["record"]], runs or [], keys, profile_out)
     _finish(result, out, json_out, strict, cluster, runs or [])
 
 
-def _compute_dtype(value: str) -> str:
+def _compute_dtype(value: str, acc) -> str:
     from dayzero.errors import ConfigError
 
     if value not in ("bf16", "fp32", "auto"):
         raise ConfigError("--compute-dtype", None, f"must be bf16, fp32 or auto, got {value!r}")
     if value == "auto":
-        import torch
+        from dayzero.runtime.device import compute_dtype
 
-        return "bf16" if torch.cuda.is_available() else "fp32"
+        return compute_dtype(acc)
     return value
 
 
-def _cluster(path: str | None, nproc: int):
-    """The profile to predict with: --cluster, or on CUDA the catalog entry of this GPU."""
+def _cluster(path: str | None, nproc: int, acc):
+    """The profile to predict with: --cluster, or on an accelerator the catalog entry of its name."""
     from dayzero.errors import ConfigError
     from dayzero.specs.cluster import build_cluster, get_cluster
 
     if path:
         return get_cluster(path)
-    import torch
+    if not acc.is_cpu:
+        import torch
 
-    if torch.cuda.is_available():
+        from dayzero.runtime.device import device_name
         from dayzero.specs.hardware import resolve_accelerator
 
-        acc = resolve_accelerator(torch.cuda.get_device_name(0))
-        if acc is not None:
-            return build_cluster(acc, nproc, nproc)
+        entry = resolve_accelerator(device_name(torch.device(acc.type, 0)))
+        if entry is not None:
+            return build_cluster(entry, nproc, nproc)
     raise ConfigError("--cluster", None, f"no hardware profile for this machine; run `dayzero calibrate --nproc {nproc} "
                       "--out host.yaml` and pass --cluster host.yaml")
 

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
 from dayzero.errors import ConfigError, DayzeroError
+from dayzero.runtime.device import REFERENCE_DEVICE_TYPE
 
 # fused kernels a manifest may name, and what each replaces (the patterns ops/fusion.py detects)
 FUSED_KERNELS = {
@@ -47,7 +48,10 @@ FUSED_ATEN = {
 }
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "complex64",
                "complex128", "int64", "int32", "int16", "int8", "uint8", "bool")
-SHIPPED = ("cuda", "cpu", "example-npu")
+# the manifests under ops/manifests, the reference device type's first (the default)
+DEFAULT_MANIFEST = REFERENCE_DEVICE_TYPE
+SHIPPED = (DEFAULT_MANIFEST, *sorted(p.name.removesuffix(".yaml") for p in (resources.files("dayzero.ops") / "manifests").iterdir()
+                                     if p.name.endswith(".yaml") and p.name != f"{DEFAULT_MANIFEST}.yaml"))
 _OP_RE = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*\.[A-Za-z_]\w*$")
 
 
@@ -259,7 +263,7 @@ def _native_functions_ops(path: str, key: str, composite: bool = True) -> set[st
         for k in (e.get("dispatch") or {}):
             keys |= {s.strip() for s in k.split(",")}
         if e.get("ufunc_inner_loop"):  # torchgen generates CPU and CUDA kernels from the ufunc loop
-            keys |= {"CPU", "CUDA"}
+            keys |= {"CPU", REFERENCE_DEVICE_TYPE.upper()}  # the reference device's dispatch key
         keys_of[fname] = keys
         if e.get("structured_delegate"):
             delegate[fname] = e["structured_delegate"]

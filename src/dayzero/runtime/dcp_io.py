@@ -308,7 +308,7 @@ class HookedWriter(FileSystemWriter):
 
 class CachedStager(BlockingAsyncStager):
     """Copies the state for an async save into CPU buffers created on the first save and reused
-    after (pinned only when CUDA is present). With ``background=True`` the copy runs on a thread
+    after (pinned only when an accelerator is present). With ``background=True`` the copy runs on a thread
     and :meth:`stage` returns a Future, so the copy overlaps the next forward/backward; the caller
     must not change the state (optimizer step) before that Future is done."""
 
@@ -324,8 +324,10 @@ class CachedStager(BlockingAsyncStager):
     def _copy(self, state_dict):
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
+        from dayzero.runtime.device import has_accelerator
+
         if self.state_dict_cache is None:
-            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=has_accelerator())
         return _copy_state_dict(state_dict, self.state_dict_cache)
 
     def close(self) -> None:

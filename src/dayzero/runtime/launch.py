@@ -8,7 +8,7 @@ every other rank, so nothing hangs, and :class:`RanksFailed` carries each distin
 A SIGINT or SIGTERM to the launcher stops every rank and raises :class:`Interrupted`: never a
 retry or a restart, whatever ``max_restarts`` says. Each rank dies with the launcher and stops on
 the signal as :mod:`dayzero.runtime.stopping` describes (:func:`run_as_rank`).
-``init_distributed()`` is how a rank joins the group (gloo on CPU, NCCL on CUDA).
+``init_distributed()`` is how a rank joins the group (device and backend: :mod:`dayzero.runtime.device`).
 
 ``spawn(configs, nproc)`` trains one or more configs that way (``dayzero train --nproc``); ``main``
 is what each of its ranks runs (``python -m dayzero.runtime.launch [--error-dir DIR] CONFIG.json
@@ -54,22 +54,20 @@ class RanksFailed(Exception):
 
 def init_distributed():
     """Join torchrun's process group (or make a one-process group) and pick this rank's device."""
-    import torch
     import torch.distributed as dist
 
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
+    from dayzero.runtime import device as devices
+
+    acc = devices.resolve()
+    device = devices.bind(acc, int(os.environ.get("LOCAL_RANK", "0")))
+    backend = acc.backend
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             from dayzero.runtime.faults import init_process_group
 
             # keys apart from a failed attempt's (torchrun restarts)
             init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S),
-                               device_id=device if backend == "nccl" else None)
+                               device_id=devices.process_group_device(acc, device))
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return device

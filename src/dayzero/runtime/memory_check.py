@@ -7,7 +7,7 @@ proxy flags that would fit, not a process the kernel's OOM killer ends a minute 
 * Where ranks share memory (CPU: every rank is a process on this host) the need is ranks x per
   rank against the host's available memory (``MemAvailable``); on an accelerator each rank has
   its own device and the need is one rank's peak against that device's free memory.
-* CPU processes carry no CUDA context or NCCL buffers: a rank's fixed cost is the torch runtime,
+* CPU processes carry no accelerator context or communicator buffers: a rank's fixed cost is the torch runtime,
   ``CPU_RANK_CONTEXT_BYTES`` (303 MiB measured by ``dayzero calibrate`` on this project's CI
   host, torch 2.13, gloo: ``memory_overhead.runtime_context_bytes``).
 * ``HEADROOM``: the check refuses when the need exceeds 90 % of what is available, leaving room
@@ -28,6 +28,7 @@ MiB = 2**20
 GiB = 2**30
 CPU_RANK_CONTEXT_BYTES = 303 * MiB
 HEADROOM = 0.90
+ACCELERATOR = "accelerator"  # the planner's memory options tell only "cpu" from any accelerator
 PROXY_LAYERS = (64, 32, 16, 8, 4, 2)
 PROXY_HIDDEN = (8192, 4096, 2048, 1024, 512, 256)
 PROXY_EXPERTS = (64, 16, 8, 4)
@@ -67,18 +68,15 @@ def host_available_bytes() -> int:
 
 
 def device_available_bytes() -> tuple[int, str] | None:
-    """(free bytes, name) of the current accelerator through PyTorch's device-generic API; None on
-    a CPU-only machine or where the backend does not report memory."""
-    import torch
+    """(free bytes, name) of the current accelerator (:mod:`dayzero.runtime.device`); None on a
+    CPU-only machine or where the backend does not report memory."""
+    from dayzero.runtime import device as devices
 
-    if not torch.accelerator.is_available():
+    if not devices.has_accelerator():
         return None
-    try:
-        free, _ = torch.accelerator.get_memory_info()
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return None
-    acc = torch.accelerator.current_accelerator()
-    return int(free), f"{acc.type} device"
+    device = devices.current_device()
+    free = devices.memory_stats(device).free
+    return None if free is None else (int(free), f"{device.type} device")
 
 
 def peak_per_rank(spec: ModelSpec, parallel: ParallelConfig, compute_dtype: str, device: str) -> int:
@@ -100,13 +98,13 @@ def memory_need(spec: ModelSpec, parallel: ParallelConfig, world: int, compute_d
     if dev is None:
         return MemoryNeed(peak_per_rank(spec, parallel, compute_dtype, "cpu"), world, host_available_bytes(), "host")
     free, name = dev
-    return MemoryNeed(peak_per_rank(spec, parallel, compute_dtype, "cuda"), 1, free, name)
+    return MemoryNeed(peak_per_rank(spec, parallel, compute_dtype, ACCELERATOR), 1, free, name)
 
 
 def proxy_that_fits(spec: ModelSpec, parallel: ParallelConfig, need: MemoryNeed, compute_dtype: str) -> dict | None:
     """The largest proxy (fewest size reductions first: depth, then width, then experts) whose need
     fits; its shrink flags, or None when even the smallest does not."""
-    device = "cpu" if need.where == "host" else "cuda"
+    device = "cpu" if need.where == "host" else ACCELERATOR
     layers = [n for n in PROXY_LAYERS if n < spec.layers and n >= parallel.pp] or [spec.layers]
     hidden = [None] + [h for h in PROXY_HIDDEN if h < spec.hidden]
     experts = [None] + ([e for e in PROXY_EXPERTS if spec.moe and e < spec.moe.experts and e % parallel.ep == 0]

@@ -5,24 +5,24 @@ One record per step, exactly these keys (``dayzero validate`` and the checkpoint
     step, loss, grad_norm, lr, tokens, step_time_s, tokens_per_s, peak_mem_bytes, comm_time_s
 
 then one ``{"event": "end", ...}`` record. Every record also has ``attempt`` (see MetricsWriter), and
-a record with a non-finite value writes it as ``null`` and names it in ``nonfinite``. ``peak_mem_bytes`` is the largest over ranks of CUDA's
-max allocated bytes, or of the process's peak resident set size on CPU. ``comm_time_s`` is the
+a record with a non-finite value writes it as ``null`` and names it in ``nonfinite``. ``peak_mem_bytes`` is the largest over ranks of the
+accelerator's max allocated bytes, or of the process's peak resident set size on CPU. ``comm_time_s`` is the
 largest over ranks of the wall time during which at least one collective or point-to-point
 transfer was in flight (the union of their intervals), read from the PyTorch profiler: on CPU
-gloo's ``gloo:*`` work items, on CUDA NCCL kernels. A single process has no collectives and reports 0 without profiling.
+gloo's ``gloo:*`` work items, on an accelerator its communication library's kernels
+(:func:`dayzero.runtime.device.is_comm_event`). A single process has no collectives and reports 0 without profiling.
 """
 
 from __future__ import annotations
 
 import json
-import resource
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from dayzero.report.jsonable import record_line
+from dayzero.runtime.device import is_comm_event, peak_allocated_bytes, profiler_activities
 
 STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "step_time_s", "tokens_per_s", "peak_mem_bytes",
              "comm_time_s")
@@ -45,10 +45,7 @@ class StepRecord:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+    return peak_allocated_bytes(device)
 
 
 class CommTimer:
@@ -67,12 +64,11 @@ class CommTimer:
         if self.enabled:
             import os
 
-            from torch.profiler import ProfilerActivity, profile
+            from torch.profiler import profile
 
             # kineto prints two lines per trace on stderr unless its log level is raised
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-            self._prof = profile(activities=acts)
+            self._prof = profile(activities=profiler_activities(self.device))
             self._prof.__enter__()
 
     def stop(self, window_ns: tuple[int, int] | None = None) -> float:
@@ -83,14 +79,10 @@ class CommTimer:
             return 0.0
         self._prof.__exit__(None, None, None)
         spans = []
+        backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else ""
         # raw kineto events: building FunctionEvent trees with .events() costs more than a step
         for e in self._prof.profiler.kineto_results.events():
-            name = e.name()
-            if self.device.type == "cuda":
-                keep = "nccl" in name.lower() and e.device_type().name == "CUDA"
-            else:
-                keep = name.startswith("gloo:")
-            if keep:
+            if is_comm_event(self.device, e.name(), e.device_type().name, backend):
                 a, b = e.start_ns(), e.end_ns()
                 if window_ns is not None:
                     a, b = max(a, window_ns[0]), min(b, window_ns[1])

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dayzero.runtime import device as devices
 from dayzero.runtime.checks import check_runtime
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.data import TokenStream, resolve_data
@@ -54,15 +55,10 @@ class TrainState:
         return dist.get_rank()
 
     def rng_state(self) -> dict:
-        s = {"torch": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            s["cuda"] = torch.cuda.get_rng_state(self.device)
-        return s
+        return devices.rng_state(self.device)
 
     def set_rng_state(self, s: dict) -> None:
-        torch.set_rng_state(s["torch"])
-        if "cuda" in s and self.device.type == "cuda":
-            torch.cuda.set_rng_state(s["cuda"], self.device)
+        devices.set_rng_state(s, self.device)
 
 
 # -- building --------------------------------------------------------------------------------
@@ -212,8 +208,7 @@ def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool =
         update_expert_bias(state)
     else:
         _reset_expert_counts(state)
-    if state.device.type == "cuda":
-        torch.cuda.synchronize(state.device)
+    devices.synchronize(state.device)
     elapsed = time.perf_counter() - g.t0
     comm = timer.stop((g.wall0, g.wall0 + int(elapsed * 1e9)))
     stats = torch.tensor([float(peak_memory_bytes(state.device)), comm], dtype=torch.float64,

@@ -81,26 +81,26 @@ def capture_rng() -> dict:
     Python's ``random`` and numpy's global generator."""
     import numpy as np
 
+    from dayzero.runtime.device import current_rng_state
+
     state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
+        **current_rng_state(),  # "torch" and, once initialised, the accelerator's (keyed by its type)
         "python": random.getstate(),
         "numpy": _numpy_state(np.random.get_state()),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
     return to_json(state, "rng")
 
 
 def restore_rng(saved: dict) -> None:
     import numpy as np
 
+    from dayzero.runtime.device import restore_current_rng_state
+
     s = from_json(saved)
-    torch.set_rng_state(s["torch"])
+    restore_current_rng_state(s)
     random.setstate(s["python"])
     kind, keys, pos, has_gauss, cached = s["numpy"]
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state(s["cuda"])
 
 
 def _numpy_state(st: tuple) -> tuple:

@@ -30,8 +30,8 @@ def measure(nproc: int, quick: bool = False, skip: tuple[str, ...] = ()) -> dict
 
 
 def catalog_entry(machine: dict):
-    """The catalog accelerator a GPU's reported name maps to (None on CPU or when unknown)."""
-    if machine.get("device") != "cuda":
+    """The catalog accelerator an accelerator's reported name maps to (None on CPU or when unknown)."""
+    if machine.get("device", "cpu") == "cpu":
         return None
     from dayzero.specs.hardware import resolve_accelerator
 

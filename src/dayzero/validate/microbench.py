@@ -15,7 +15,7 @@ rank's share of the cores, which is what a training job on that host sees.
   Seconds per op are the slowest rank's; sizes follow nccl-tests (doc/PERFORMANCE.md): the
   whole buffer for all-gather / reduce-scatter / all-to-all, the message for send/recv.
 * **Memory overhead**: the resident bytes of a rank after joining the process group, before
-  any tensor (CPU), or the device memory the CUDA context and NCCL take (GPU).
+  any tensor (CPU), or the device memory the runtime context and communicators take (accelerator).
 
 Timing: one warm-up, then enough iterations for ``min_time_s``, ``trials`` times; the median.
 """
@@ -31,8 +31,9 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def plan(device_type: str, world: int, quick: bool = False) -> dict:
-    """What to measure on this kind of device (sizes chosen to finish in ~1 min on a CPU host)."""
-    if device_type == "cuda":
+    """What to measure on this kind of device (sizes chosen to finish in ~1 min on a CPU host,
+    larger on any accelerator)."""
+    if device_type != "cpu":
         squares = [256, 512, 1024, 2048, 4096, 8192]
         shapes = [(d, d, d) for d in squares] + [(8192, 4096, 14336), (8192, 14336, 4096), (4096, 8192, 1024)]
         gemm = {"bf16": shapes, "fp32": [(d, d, d) for d in squares[:5]]}
@@ -52,10 +53,9 @@ def plan(device_type: str, world: int, quick: bool = False) -> dict:
 
 
 def _sync(device):
-    import torch
+    from dayzero.runtime.device import synchronize
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
 
 
 def _time_local(fn, device, min_time: float, trials: int) -> float:
@@ -68,12 +68,14 @@ def _time_local(fn, device, min_time: float, trials: int) -> float:
     one = max(time.perf_counter() - t0, 1e-7)
     iters = max(1, int(min_time / one))
     samples = []
+    from dayzero.runtime.device import Timer
+
+    timer = Timer(device)  # device events on an accelerator, a synchronised wall clock on CPU
     for _ in range(trials):
-        t0 = time.perf_counter()
+        timer.start()
         for _ in range(iters):
             fn()
-        _sync(device)
-        samples.append((time.perf_counter() - t0) / iters)
+        samples.append(timer.stop() / iters)
     return statistics.median(samples)
 
 
@@ -215,6 +217,15 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _held_bytes(device) -> int:
+    """What the process holds outside tensors: on an accelerator the device memory PyTorch's
+    allocator did not reserve (context, communicators), on CPU the resident set."""
+    from dayzero.runtime.device import memory_stats
+
+    context = memory_stats(device).context
+    return _rss_bytes() if context is None else int(context)
+
+
 def memory_overhead(device) -> dict:
     """Bytes a rank holds before any tensor, and what each extra communicator adds."""
     import torch
@@ -225,21 +236,13 @@ def memory_overhead(device) -> dict:
         import dayzero.runtime.train  # noqa: F401
     except ImportError:
         pass
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        before = total - free - torch.cuda.memory_reserved(device)
-    else:
-        before = _rss_bytes()
+    before = _held_bytes(device)
     n = 2
     for _ in range(n):
         grp = dist.new_group(list(range(world)))
         dist.all_reduce(torch.ones(1, device=device), group=grp)
     _sync(device)
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        after = total - free - torch.cuda.memory_reserved(device)
-    else:
-        after = _rss_bytes()
+    after = _held_bytes(device)
     return {"runtime_context_bytes": int(before), "comm_buffer_bytes": int(max(0, after - before) / n)}
 
 
@@ -252,9 +255,12 @@ def machine(device) -> dict:
     info = {"hostname": platform.node(), "device": device.type, "torch": torch.__version__,
             "backend": dist.get_backend(), "ranks": dist.get_world_size(), "threads_per_rank": torch.get_num_threads(),
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
-    if device.type == "cuda":
-        prop = torch.cuda.get_device_properties(device)
-        info.update(name=prop.name, memory_bytes=int(prop.total_memory))
+    if device.type != "cpu":
+        from dayzero.runtime.device import alloc_conf, device_name, device_total_bytes
+
+        info.update(name=device_name(device), memory_bytes=int(device_total_bytes(device) or 0))
+        if alloc_conf(device.type):  # expandable segments and the like change what memory_overhead sees
+            info["allocator"] = alloc_conf(device.type)
     else:
         try:
             with open("/proc/cpuinfo") as f:

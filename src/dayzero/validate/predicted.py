@@ -23,6 +23,7 @@ from dayzero.errors import ConfigError
 from dayzero.planner.comm import CommOptions
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.perf import PerfOptions
+from dayzero.runtime.memory_check import ACCELERATOR
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -112,7 +113,8 @@ def predict_run(spec, parallel, cluster: Cluster, compute_dtype: str, constants=
     on ``cluster`` in ``compute_dtype``; memory is per device at the cluster's capacity."""
     from dayzero.planner.predict import predict
 
-    device = device or ("cuda" if compute_dtype == "bf16" and cluster.accelerator.vendor != "cpu" else "cpu")
+    if device is None:
+        device = ACCELERATOR if compute_dtype == "bf16" and cluster.accelerator.vendor != "cpu" else "cpu"
     view = compute_view(cluster, compute_dtype)
     eff = runtime_layout(parallel)
     return predict(spec, eff, view, perf_options(compute_dtype, constants),

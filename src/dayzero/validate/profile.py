@@ -178,7 +178,7 @@ def merge_ranks(results: list[dict]) -> dict:
 
 def compute_dtype(device: str) -> str:
     """The dtype ``dayzero train`` computes in on this device by default (``--compute-dtype auto``)."""
-    return "bf16" if device == "cuda" else "fp32"
+    return "fp32" if device == "cpu" else "bf16"
 
 
 def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) -> dict:

@@ -6,7 +6,7 @@
     result   = validate(request, cluster)          + prediction, targets table (validate.targets)
 
 Per rank, odd steady steps run under the PyTorch profiler (``runtime.metrics.CommTimer``: the
-time of gloo work items or NCCL kernels) and even ones without it, so step time is measured
+time of gloo work items or the accelerator's communication kernels) and even ones without it, so step time is measured
 without profiling overhead and communication from the profiled steps. The first step pays
 one-time setup and is not measured.
 
@@ -14,8 +14,8 @@ one-time setup and is not measured.
 * communication ratio: per rank, time inside collectives over the profiled steps' time; the
   mean over ranks (the largest rank's is reported too). On an oversubscribed CPU host this
   includes waiting for peers that the OS has descheduled.
-* peak memory: per rank, peak resident set size on CPU, or on CUDA the peak reserved by
-  PyTorch's allocator plus what the CUDA context and communicators hold (device memory used
+* peak memory: per rank, peak resident set size on CPU, or on an accelerator the peak reserved by
+  PyTorch's allocator plus what the device context and communicators hold (device memory used
   before the first step minus PyTorch's own).
 * MFU: model FLOPs per step (causal attention, no recompute) / step time / (ranks x the
   calibrated peak of the compute dtype).
@@ -95,10 +95,10 @@ def proxy_shrink(spec: ModelSpec, parallel: ParallelConfig, given: dict, capacit
 
 def run_rank(args: dict) -> dict:
     """One rank of a validation run (called through validate.launch.run_ranks)."""
-    import torch
     import torch.distributed as dist
 
     from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.device import memory_stats
     from dayzero.runtime.metrics import CommTimer, peak_memory_bytes
     from dayzero.runtime.train import build_state, train_step
     from dayzero.runtime.launch import init_distributed
@@ -110,10 +110,7 @@ def run_rank(args: dict) -> dict:
                       lr=req.lr, grad_clip=req.grad_clip, warmup=req.warmup,
                       **{k: req.shrink.get(k) for k in SHRINK_KEYS})
     state = build_state(cfg, device)
-    context = 0
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        context = total - free - torch.cuda.memory_reserved(device)
+    context = memory_stats(device).context or 0
     world = dist.get_world_size()
     profiled_timer, plain_timer = CommTimer(world > 1, device), CommTimer(False, device)
     records = []
@@ -123,10 +120,8 @@ def run_rank(args: dict) -> dict:
         rec = train_step(state, timer)
         records.append({"step": rec.step, "loss": rec.loss, "grad_norm": rec.grad_norm, "step_time_s": rec.step_time_s,
                         "comm_s": timer.seconds if profiled else 0.0, "profiled": profiled})
-    if device.type == "cuda":
-        peak = int(torch.cuda.max_memory_reserved(device)) + int(context)
-    else:
-        peak = peak_memory_bytes(device)
+    peak_reserved = memory_stats(device).peak_reserved
+    peak = peak_memory_bytes(device) if peak_reserved is None else int(peak_reserved) + int(context)
     return {"rank": dist.get_rank(), "records": records, "peak_memory_bytes": peak, "device": device.type}
 
 
