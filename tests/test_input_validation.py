@@ -141,3 +141,43 @@ def test_a_published_row_with_an_impossible_layout_is_skipped_not_predicted(tmp_
     assert result["summary"]["n"] == 0
     assert sorted(s["reason"] for s in result["skipped"]) == ["tp '-2' is not a positive whole number",
                                                               "tp '0' is not a positive whole number"]
+
+
+# -- found by the fuzz suite (tests/test_fuzz.py, DAYZERO_FUZZ_EXAMPLES=1000) --------------------
+
+def test_fuzz_finding_absurd_cluster_figures(tmp_path, capsys):
+    """1e300 GB/s and MiB were finite, so accepted, and overflowed int conversion in the memory model."""
+    f = tmp_path / "c.yaml"
+    f.write_text("accelerator: h100\nnodes: 2\ncomm_buffer_mib: 1.0e+300\nintra_node_p2p_gbytes_per_s: 1.0e+300\n")
+    one_line_error(["predict", "llama-3.1-8b", "--cluster", f], capsys, "less than or equal")
+    f.write_text("accelerator: h100\nnodes: 1000000\ndevices_per_node: 1000\n")
+    one_line_error(["predict", "llama-3.1-8b", "--cluster", f], capsys, "exceeds")
+
+
+def test_fuzz_finding_zero_pipeline_degree(capsys):
+    """--pp 0 divided by zero in the near-even split before validation."""
+    one_line_error(["predict", "tiny-moe", "-a", "h100", "-n", "64", "--dp", "2", "--pp", "0"], capsys, "--pp")
+    from dayzero.planner.predict import with_even_split
+    from dayzero.specs.parallel import ParallelConfig
+    from dayzero.specs.registry import load_model
+
+    p = ParallelConfig(pp=0)
+    assert with_even_split(load_model("tiny-moe"), p) is p and p.problems()
+
+
+def test_fuzz_finding_a_batch_beyond_int64(tmp_path):
+    """A published gbs of 21 nines overflowed the grid's int64 encoding; now the row is skipped."""
+    import csv
+
+    from dayzero.planner.backtest import run_backtest
+    from dayzero.planner.published import read_rows
+
+    rows = [dict(r) for r in read_rows() if r["id"] == "R0132"]
+    rows[0]["gbs"] = "999999999999999999999"
+    f = tmp_path / "runs.csv"
+    with f.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    result = run_backtest(f)
+    assert result["summary"]["n"] == 0 and "gbs must be <= 16,777,216" in result["skipped"][0]["reason"]

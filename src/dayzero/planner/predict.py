@@ -33,7 +33,7 @@ def with_even_split(spec: ModelSpec, p: ParallelConfig) -> ParallelConfig:
     and the split fills every stage (Megatron's rule, ``even_split_fills``); otherwise the layout
     as given, which validation then refuses (no prediction with empty stages)."""
     stages = p.pp * p.vpp
-    if p.layer_split is None and spec.layers % stages and even_split_fills(spec.layers, stages):
+    if stages >= 1 and p.layer_split is None and spec.layers % stages and even_split_fills(spec.layers, stages):
         return p.with_(layer_split=even_split(spec.layers, p.pp * p.vpp))
     return p
 

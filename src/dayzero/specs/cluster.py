@@ -49,9 +49,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dayzero.errors import ConfigError
 from dayzero.inputs import load_yaml
@@ -59,6 +59,12 @@ from dayzero.specs.hardware import Accelerator, get_accelerator
 
 
 MAX_DEVICES = 2**20  # a cluster of a million devices is beyond any built; larger is a typo, not a plan
+# Upper bounds of a cluster file's figures, each ~1,000x beyond today's hardware (GB200 NVL72: 2.5
+# PFLOP/s BF16 dense, 192 GB HBM at 8 TB/s, 900 GB/s NVLink per direction): larger is a unit error.
+PositiveFloat = Annotated[float, Field(gt=0, le=1e7)]  # TFLOP/s, GB/s: at most 10 EFLOP/s or 10 PB/s
+BANDWIDTH = dict(gt=0, le=1e6)  # GB/s per device per direction
+LATENCY = dict(ge=0, le=1e6)  # microseconds
+MIB = dict(ge=0, le=1e9)  # MiB per device
 
 
 @dataclass(frozen=True)
@@ -119,20 +125,20 @@ class AcceleratorFile(BaseModel):
     name: str = ""
     vendor: str = ""
     peak_tflops: dict[str, PositiveFloat]
-    hbm_gb: float = Field(gt=0)
-    hbm_tbytes_per_s: float = Field(gt=0)
+    hbm_gb: float = Field(gt=0, le=1e6)
+    hbm_tbytes_per_s: float = Field(gt=0, le=1e4)
     devices_per_node: int = Field(default=1, ge=1, le=MAX_DEVICES)
     scaleup_domain: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     topology: Literal["switch", "mesh", "torus"] = "switch"
-    intra_node_gbytes_per_s: float | None = Field(default=None, gt=0)
-    intra_node_p2p_gbytes_per_s: float | None = Field(default=None, gt=0)
-    inter_node_gbytes_per_s: float | None = Field(default=None, gt=0)
-    intra_latency_us: float | None = Field(default=None, ge=0)
-    inter_latency_us: float | None = Field(default=None, ge=0)
+    intra_node_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)
+    intra_node_p2p_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)
+    inter_node_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)
+    intra_latency_us: float | None = Field(default=None, **LATENCY)
+    inter_latency_us: float | None = Field(default=None, **LATENCY)
     gemm_tflops_measured: dict[str, PositiveFloat] = Field(default_factory=dict)
-    allreduce_busbw_intra_gbytes_per_s: float | None = Field(default=None, gt=0)
-    runtime_context_mib: float | None = Field(default=None, ge=0)
-    comm_buffer_mib: float | None = Field(default=None, ge=0)
+    allreduce_busbw_intra_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)
+    runtime_context_mib: float | None = Field(default=None, **MIB)
+    comm_buffer_mib: float | None = Field(default=None, **MIB)
     sources: list[str] = Field(default_factory=list)
 
     def build(self) -> Accelerator:
@@ -170,18 +176,18 @@ class ClusterFile(BaseModel):
     devices_per_node: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     scaleup_domain: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     topology: Literal["switch", "mesh", "torus"] | None = None
-    intra_node_gbytes_per_s: float | None = Field(default=None, gt=0)
-    intra_node_p2p_gbytes_per_s: float | None = Field(default=None, gt=0)
-    inter_node_gbytes_per_s: float | None = Field(default=None, gt=0)
-    intra_latency_us: float | None = Field(default=None, ge=0)
-    inter_latency_us: float | None = Field(default=None, ge=0)
+    intra_node_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)
+    intra_node_p2p_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)
+    inter_node_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)
+    intra_latency_us: float | None = Field(default=None, **LATENCY)
+    inter_latency_us: float | None = Field(default=None, **LATENCY)
     peak_tflops: dict[str, PositiveFloat] | None = None
-    hbm_gb: float | None = Field(default=None, gt=0)
-    hbm_tbytes_per_s: float | None = Field(default=None, gt=0)
+    hbm_gb: float | None = Field(default=None, gt=0, le=1e6)
+    hbm_tbytes_per_s: float | None = Field(default=None, gt=0, le=1e4)
     gemm_tflops_measured: dict[str, PositiveFloat] | None = None
     efficiency: dict[str, float] = Field(default_factory=dict)  # ranges: planner/calibration.py CONSTANT_BOUNDS
-    runtime_context_mib: float | None = Field(default=None, ge=0)  # measured per device (dayzero calibrate)
-    comm_buffer_mib: float | None = Field(default=None, ge=0)
+    runtime_context_mib: float | None = Field(default=None, **MIB)  # measured per device (dayzero calibrate)
+    comm_buffer_mib: float | None = Field(default=None, **MIB)
     measurements: dict | None = None  # raw calibration tables (dayzero calibrate); informational
 
 
@@ -238,6 +244,8 @@ def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
         acc = replace(acc, **overrides)
     dpn = f.devices_per_node or acc.devices_per_node
     devices = f.nodes * dpn
+    if devices > MAX_DEVICES:
+        raise ConfigError(f.name, "nodes", f"{f.nodes:,} nodes x {dpn} devices = {devices:,} exceeds {MAX_DEVICES:,} devices")
     domain = min(f.scaleup_domain or max(acc.scaleup_domain, dpn), devices)
     intra = (f.intra_node_gbytes_per_s * 1e9) if f.intra_node_gbytes_per_s else acc.intra_node_bw
     p2p = (f.intra_node_p2p_gbytes_per_s * 1e9) if f.intra_node_p2p_gbytes_per_s else acc.intra_node_p2p_bw

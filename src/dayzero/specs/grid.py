@@ -59,7 +59,8 @@ def columns(p: ParallelConfig) -> dict[str, int]:
     out = {}
     for f in FIELDS:
         v = getattr(p, f)
-        out[f] = code(f, v) if f in TABLES else int(v)
+        # sizes beyond int64 code as -1 (the degree rules refuse them; encoding must not overflow)
+        out[f] = code(f, v) if f in TABLES else (int(v) if -2**62 < int(v) < 2**62 else -1)
     return out
 
 

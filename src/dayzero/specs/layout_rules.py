@@ -59,9 +59,16 @@ def _in_table(field: str) -> Rule:
                 lambda p, w: f"{field} must be {names}, got {getattr(p, field)!r}")
 
 
+# every degree and size at most 2^24 (16.7 M: no run has that many sequences per batch, tokens per
+# sequence or ranks per group), so the products the planner forms (gbs x seq x hidden x ...) stay
+# inside int64 and float64's exact integers
+MAX_DEGREE = 2**24
+
+
 def _degree(name: str) -> Rule:
-    return Rule((name,), lambda c, w: c[name] >= 1, lambda p, w: f"{name} must be >= 1, got {getattr(p, name)}",
-                degree=True)
+    return Rule((name,), lambda c, w: (c[name] >= 1) & (c[name] <= MAX_DEGREE),
+                lambda p, w: f"{name} must be >= 1, got {getattr(p, name)}" if getattr(p, name) < 1 else
+                f"{name} must be <= {MAX_DEGREE:,}, got {getattr(p, name)}", degree=True)
 
 
 def _kv_heads_ok(c, w):
