@@ -19,6 +19,17 @@ def config(**changes) -> dict:
     return c
 
 
+def write_rows(path, rows: list[dict]):
+    """A published-runs CSV of ``rows`` (the shipped file's columns)."""
+    import csv
+
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
 def one_line_error(argv, capsys, needle: str = "") -> str:
     code = main([str(a) for a in argv])
     err = capsys.readouterr().err
@@ -124,20 +135,13 @@ def test_inputs_that_would_be_silently_reinterpreted(capsys, argv, needle):
 
 
 def test_a_published_row_with_an_impossible_layout_is_skipped_not_predicted(tmp_path):
-    import csv
-
     from dayzero.planner.backtest import run_backtest
     from dayzero.planner.published import read_rows
 
     rows = [dict(r) for r in read_rows() if r["id"] in ("R0132", "R0555")]  # rows the backtest predicts
     rows[0]["tp"] = "-2"
     rows[1]["tp"] = "0"
-    f = tmp_path / "runs.csv"
-    with f.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    result = run_backtest(f)
+    result = run_backtest(write_rows(tmp_path / "runs.csv", rows))
     assert result["summary"]["n"] == 0
     assert sorted(s["reason"] for s in result["skipped"]) == ["tp '-2' is not a positive whole number",
                                                               "tp '0' is not a positive whole number"]
@@ -167,17 +171,10 @@ def test_fuzz_finding_zero_pipeline_degree(capsys):
 
 def test_fuzz_finding_a_batch_beyond_int64(tmp_path):
     """A published gbs of 21 nines overflowed the grid's int64 encoding; now the row is skipped."""
-    import csv
-
     from dayzero.planner.backtest import run_backtest
     from dayzero.planner.published import read_rows
 
     rows = [dict(r) for r in read_rows() if r["id"] == "R0132"]
     rows[0]["gbs"] = "999999999999999999999"
-    f = tmp_path / "runs.csv"
-    with f.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    result = run_backtest(f)
+    result = run_backtest(write_rows(tmp_path / "runs.csv", rows))
     assert result["summary"]["n"] == 0 and "gbs must be <= 16,777,216" in result["skipped"][0]["reason"]

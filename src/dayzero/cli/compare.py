@@ -20,7 +20,7 @@ from dayzero.cli.common import (
     emit_json,
 )
 from dayzero.cli.next_steps import Step, print_next
-from dayzero.cli.plan import DEFAULT_GBS, DEFAULT_MODEL
+from dayzero.cli.plan import DEFAULT_GBS, DEFAULT_MODEL, ScenarioGbsOpt, ScenarioSeqOpt
 from dayzero.cli.predict import PrecisionOpt, check_precision, perf_options
 from dayzero.cli.render import MISSING, FitTable
 from dayzero.report.layout_text import describe
@@ -43,8 +43,7 @@ def compare_cmd(
     accelerators: Annotated[Optional[str], typer.Option("--accelerators", help=f"Cards, comma-separated (default {DEFAULT_ACCELERATORS}), each with --devices.")] = None,
     devices: DevicesOpt = None,
     clusters: Annotated[Optional[str], typer.Option("--clusters", help="Cluster presets or YAML files, comma-separated (instead of --accelerators).")] = None,
-    gbs: Annotated[int, typer.Option("--gbs", min=1, help="Global batch size, sequences.")] = DEFAULT_GBS,
-    seq: Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")] = 4096,
+    gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = 1.0,
     host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,

@@ -28,7 +28,7 @@ from dayzero.cli.common import (
 )
 from dayzero.cli.compare import DEFAULT_ACCELERATORS
 from dayzero.cli.next_steps import Step, print_next, train_step
-from dayzero.cli.plan import DEFAULT_CLUSTER, DEFAULT_GBS, DEFAULT_MODEL
+from dayzero.cli.plan import DEFAULT_CLUSTER, DEFAULT_GBS, DEFAULT_MODEL, ScenarioGbsOpt, ScenarioSeqOpt
 from dayzero.cli.predict import PrecisionOpt, check_precision
 from dayzero.cli.render import FitTable
 
@@ -38,8 +38,7 @@ def day0_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")] = DEFAULT_MODEL,
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    gbs: Annotated[int, typer.Option("--gbs", min=1, help="Global batch size, sequences.")] = DEFAULT_GBS,
-    seq: Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")] = 4096,
+    gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = 1.0,
     host_overhead: HostOverheadOpt = 0.0,

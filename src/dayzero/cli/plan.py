@@ -22,6 +22,9 @@ DEFAULT_CLUSTER = "ascend910b-8192"
 # 4,096 sequences of 4,096 tokens = 16M tokens per step: Llama 3 405B's final batch size
 # (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.4.1).
 DEFAULT_GBS = 4096
+# the batch of a whole-cluster scenario (plan, day0, compare): sequences and tokens per sequence
+ScenarioGbsOpt = Annotated[int, typer.Option("--gbs", min=1, help="Global batch size, sequences.")]
+ScenarioSeqOpt = Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")]
 
 ListOpt = lambda name, what: Annotated[Optional[str], typer.Option(name, help=f"Only these {what} (comma-separated).")]  # noqa: E731
 
@@ -61,8 +64,7 @@ def plan_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")] = DEFAULT_MODEL,
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    gbs: Annotated[int, typer.Option("--gbs", min=1, help="Global batch size, sequences.")] = DEFAULT_GBS,
-    seq: Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")] = 4096,
+    gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.")] = 5,
     max_memory: Annotated[float, typer.Option("--max-memory", min=0.05, max=1.0, help="Peak memory limit, fraction of device memory.")] = MEMORY_TARGET,
