@@ -548,8 +548,8 @@ class Checkpointer:
             self._on_event(ev)
 
     def _warn(self, msg: str) -> None:
-        if self.rank == 0:
-            log.warning(msg)
+        if self.rank == 0:  # "dayzero:" marks a line for a person: the rank log forwards it to the terminal
+            log.warning("dayzero: warning: %s", msg)
 
     def _gather(self, obj: Any) -> list:
         if self.pg is None:
