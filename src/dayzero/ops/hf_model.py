@@ -152,7 +152,7 @@ def build_meta_model(model: str, dtype: str = "bfloat16", experts: str = "groupe
     if dtype not in DTYPES:
         raise DayzeroError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if experts not in EXPERTS_IMPLEMENTATIONS:
-        raise DayzeroError(f"--experts {experts!r}: expected one of {', '.join(EXPERTS_IMPLEMENTATIONS)}")
+        raise DayzeroError(f"--experts-impl {experts!r}: expected one of {', '.join(EXPERTS_IMPLEMENTATIONS)}")
     config, name, spec, notes, remote = resolve_config(model, trust_remote_code)
     # eager attention is the reference implementation every backend can run; fused attention then
     # shows up as a fusion opportunity instead of being hidden inside one SDPA call.
