@@ -14,6 +14,7 @@ RETIRED = {"--output": "--out", "--attention": "--attention-kernel", "--dtype": 
 DEFAULTS_DIFFER = {
     "--steps": "train runs 100 steps; validate 30 (a loss-trend test needs fewer)",
     "--seq": "planner verbs default to 4096; the runtime's proxies to short sequences",
+    "--seq-length": "the Megatron spelling of --seq, same defaults",
     "--top": "how many rows each verb lists",
     "--cluster": "plan and day0 default to the seed scenario; other verbs require one",
     "--compute-dtype": "train/validate resolve 'auto' to the device; memory --exact and ops take an explicit dtype",

@@ -88,37 +88,45 @@ def check_attention_kernel(kernel: str) -> None:
         raise ConfigError("--attention-kernel", None, f"must be {', '.join(KERNEL_MEMORY)}, got {kernel!r}")
 
 
-def parallel_from_options(devices: int | None, tp: int = 1, pp: int = 1, dp: int | None = None, cp: int = 1,
-                          ep: int = 1, etp: int = 1, vpp: int = 1, mbs: int = 1, gbs: int | None = None,
-                          seq: int = 4096, zero: int = 1, recompute: str = "none", sequence_parallel: bool = False,
-                          precision: str = "bf16", schedule: str | None = None, layer_split: str | None = None,
-                          rank_order: str | None = None):
-    """Build a ParallelConfig from CLI options; ``--dp`` defaults to devices / (tp*pp*cp). The
-    layout is checked where it is used (``ParallelConfig.validate``)."""
-    from dayzero.errors import LayoutError
-    from dayzero.specs.parallel import ParallelConfig
+def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
+    """Decorator for a verb that takes a layout: its ``layout`` parameter becomes the layout flags
+    (``--tp`` ... ``--layer-split``, the same names, help and defaults on every verb) and reaches
+    the verb as one :class:`~dayzero.specs.layout_options.LayoutOptions`."""
+    import functools
+    import inspect
 
-    if dp is None:
-        if devices is None:
-            dp = 1
-        else:
-            denom = tp * pp * cp
-            if denom < 1 or devices % denom:
-                raise LayoutError(f"{devices} devices are not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {denom}; "
-                                  "choose degrees whose product divides the device count, or give --dp")
-            dp = devices // denom
-    split = None
-    if layer_split:
-        try:
-            split = tuple(int(x) for x in layer_split.split(","))
-        except ValueError:
-            raise LayoutError(f"--layer-split {layer_split!r}: expected comma-separated integers, e.g. 5,6,6,5") from None
-    extra = {"schedule": schedule} if schedule else {}  # ParallelConfig's default: interleaved when vpp > 1
-    if rank_order:
-        extra["rank_order"] = rank_order
-    return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs or 0, seq=seq,
-                          zero=zero, recompute=recompute, sequence_parallel=sequence_parallel, precision=precision,
-                          layer_split=split, **extra)
+    from dayzero.specs.layout_options import LayoutOptions
+
+    seq_opt = SeqOpt if seq_help is None else Annotated[int, typer.Option("--seq", "--seq-length", min=1, help=seq_help)]
+    flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("ep", EpOpt, 1),
+             ("etp", EtpOpt, 1), ("vpp", VppOpt, 1), ("mbs", MbsOpt, 1), ("gbs", GbsOpt, None),
+             ("seq", seq_opt, seq_default), ("zero", ZeroOpt, 1), ("recompute", RecomputeOpt, "none"),
+             ("sequence_parallel", SpOpt, False), ("schedule", ScheduleOpt, None), ("layer_split", SplitOpt, None)]
+    names = [n for n, _, _ in flags]
+
+    def wrap(fn):
+        sig = inspect.signature(fn, eval_str=True)
+        if "layout" not in sig.parameters:
+            raise TypeError(f"{fn.__name__} has no `layout` parameter")
+        params, keyword = [], False
+        for p in sig.parameters.values():
+            keyword = keyword or p.default is not p.empty or p.name == "layout"
+            if p.name == "layout":
+                params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d)
+                           for n, a, d in flags]
+            else:
+                params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if keyword else p)
+
+        @functools.wraps(fn)
+        def verb(*args, **kwargs):
+            layout = LayoutOptions(**{n: kwargs.pop(n) for n in names if n in kwargs})
+            return fn(*args, layout=layout, **kwargs)
+
+        verb.__signature__ = sig.replace(parameters=params)
+        verb.__annotations__ = {p.name: p.annotation for p in params}
+        return verb
+
+    return wrap
 
 
 # -- time, energy and cost of training (predict, plan, day0, compare) -------------------------

@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
-                                GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt,
-                                SeqOpt, SplitOpt, SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json,
-                                check_attention_kernel, parallel_from_options)
+from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
+                                InterNodeOpt, JsonOpt, PrecisionOpt, check_attention_kernel, cluster_from_options,
+                                console, emit_json, takes_layout)
+from dayzero.specs.layout_options import LayoutOptions
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
 from dayzero.cli.render import FitTable
 from dayzero.planner.targets import MEMORY_TARGET as TARGET
@@ -39,14 +39,12 @@ def ranges(layers) -> str:
 
 
 @app.command("memory")
+@takes_layout()
 def memory_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    tp: TpOpt = 1, pp: PpOpt = 1, dp: DpOpt = None, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1, vpp: VppOpt = 1,
-    mbs: MbsOpt = 1, gbs: GbsOpt = None, seq: SeqOpt = 4096, zero: ZeroOpt = 1, recompute: RecomputeOpt = "none",
-    sequence_parallel: SpOpt = False, precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None,
-    layer_split: SplitOpt = None,
+    layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
     recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: only the first N layers of each stage.")] = None,
     balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp 1).")] = False,
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 (ZeRO paper).")] = "fp32",
@@ -74,8 +72,7 @@ def memory_cmd(
 
     spec = load_model(model)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
-    par = parallel_from_options(cl.devices, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
-                                sequence_parallel, precision, schedule, layer_split)
+    par = layout.parallel(cl.devices, precision)
     if recompute_layers is not None:
         par = par.with_(recompute_layers=recompute_layers)
     if grad_dtype not in ("fp32", "bf16"):

@@ -6,11 +6,11 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt,
-                                DpOpt, EpOpt, EtpOpt, GbsOpt, HostOverheadOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt,
-                                PriceOpt, PueOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt, SpOpt, TokensOpt, TpOpt,
-                                VppOpt, ZeroOpt, check_attention_kernel, cluster_from_options, console, cost_options, emit_json, human,
-                                parallel_from_options)
+from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, DEFAULT_TOKENS, DevicesOpt,
+                                DevicesPerNodeOpt, HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
+                                check_attention_kernel, cluster_from_options, console, cost_options, emit_json, human,
+                                takes_layout)
+from dayzero.specs.layout_options import LayoutOptions
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
 from dayzero.cli.render import FitTable
 from dayzero.report.layout_text import describe  # plan uses it from here too
@@ -53,14 +53,12 @@ def perf_options(tp_overlap: bool, ep_overlap: bool, moe_imbalance: float, calib
 
 
 @app.command("predict")
+@takes_layout()
 def predict_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    tp: TpOpt = 1, pp: PpOpt = 1, dp: DpOpt = None, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1, vpp: VppOpt = 1,
-    mbs: MbsOpt = 1, gbs: GbsOpt = None, seq: SeqOpt = 4096, zero: ZeroOpt = 1, recompute: RecomputeOpt = "none",
-    sequence_parallel: SpOpt = False, precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None,
-    layer_split: SplitOpt = None, tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
+    layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
@@ -78,8 +76,7 @@ def predict_cmd(
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
     opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
-    par = parallel_from_options(cl.devices, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
-                                sequence_parallel, precision, schedule, layer_split, rank_order)
+    par = layout.parallel(cl.devices, precision, rank_order)
     obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
     if json_out:
         emit_json(obj)

@@ -12,10 +12,8 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import (
-    BackendOpt, CpOpt, DeviceOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt, SpOpt,
-    SplitOpt, TpOpt, VppOpt, ZeroOpt, console, emit_json, parallel_from_options,
-)
+from dayzero.cli.common import (BackendOpt, DeviceOpt, JsonOpt, PrecisionOpt, console, emit_json, takes_layout)
+from dayzero.specs.layout_options import LayoutOptions
 from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 
 _COMPUTE = ("bf16", "fp32", "auto")
@@ -47,13 +45,10 @@ def _ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator
 
 
 @app.command("train")
+@takes_layout(seq_default=256)
 def train_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
-    tp: TpOpt = 1, pp: PpOpt = 1, dp: DpOpt = None, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1, vpp: VppOpt = 1,
-    mbs: MbsOpt = 1, gbs: GbsOpt = None,
-    seq: Annotated[int, typer.Option("--seq", help="Sequence length (tokens).")] = 256,
-    zero: ZeroOpt = 1, recompute: RecomputeOpt = "none", sequence_parallel: SpOpt = False,
-    precision: PrecisionOpt = "bf16", schedule: ScheduleOpt = None, layer_split: SplitOpt = None,
+    layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
     plan: Annotated[Optional[Path], typer.Option("--plan", help="Take the layout from a `dayzero plan/predict --json` file (its best plan), on --nproc ranks.")] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the weights and the data order.")] = 0,
@@ -112,19 +107,7 @@ def train_cmd(
         compute_dtype = default_dtype(acc)
     torchrun = _under_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
-    if plan:
-        from dayzero.specs.plan_layout import plan_layout
-
-        given = [f for f, v, d in (("--tp", tp, 1), ("--pp", pp, 1), ("--dp", dp, None), ("--cp", cp, 1), ("--ep", ep, 1),
-                                   ("--etp", etp, 1), ("--vpp", vpp, 1), ("--mbs", mbs, 1), ("--zero", zero, 1),
-                                   ("--recompute", recompute, "none"), ("--schedule", schedule, None),
-                                   ("--layer-split", layer_split, None)) if v != d]
-        if given:
-            raise DayzeroError(f"--plan sets the layout; drop {', '.join(given)}")
-        parallel = plan_layout(plan, world, seq, gbs)
-    else:
-        parallel = parallel_from_options(world, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
-                                         sequence_parallel, precision, schedule, layer_split)
+    parallel = layout.resolve(world, precision, plan)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     tmp = None
     if metrics is None and json_out:

@@ -10,22 +10,18 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import (BackendOpt, ClusterOpt, DeviceOpt, CpOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, RecomputeOpt,
-                                ScheduleOpt, SplitOpt, SpOpt, TpOpt, VppOpt, ZeroOpt, console, emit_json,
-                                parallel_from_options)
+from dayzero.cli.common import (BackendOpt, ClusterOpt, DeviceOpt, JsonOpt, console, emit_json, takes_layout)
+from dayzero.specs.layout_options import LayoutOptions
 from dayzero.cli.next_steps import Step, layout_flags, print_next
 from dayzero.cli.render import FitTable
 
 
 @app.command("validate")
+@takes_layout(seq_default=256, seq_help="Sequence length of the proxy run (tokens).")
 def validate_cmd(
     model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json or directory (omit with --calibrate --runs).")] = None,
     plan: Annotated[Optional[Path], typer.Option("--plan", help="Take the layout from a `dayzero plan/predict --json` file (its best plan).")] = None,
-    tp: TpOpt = 1, pp: PpOpt = 1, dp: DpOpt = None, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1, vpp: VppOpt = 1,
-    mbs: MbsOpt = 1, gbs: GbsOpt = None,
-    seq: Annotated[int, typer.Option("--seq", help="Sequence length of the proxy run (tokens).")] = 256,
-    zero: ZeroOpt = 1, recompute: RecomputeOpt = "none", sequence_parallel: SpOpt = False,
-    schedule: ScheduleOpt = None, layer_split: SplitOpt = None,
+    layout: LayoutOptions = LayoutOptions(),
     steps: Annotated[int, typer.Option("--steps", min=4, help="Optimizer steps (the first is not timed).")] = 12,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Local ranks to run on.")] = 1,
     cluster: ClusterOpt = None,
@@ -71,13 +67,7 @@ def validate_cmd(
     acc = resolve(device, backend)
     dtype = _compute_dtype(compute_dtype, acc)
     cl = _cluster(cluster, nproc, acc)
-    if plan:
-        from dayzero.specs.plan_layout import plan_layout
-
-        par = plan_layout(plan, nproc, seq, gbs)
-    else:
-        par = parallel_from_options(nproc, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
-                                    sequence_parallel, "bf16", schedule, layer_split)
+    par = layout.resolve(nproc, plan=plan)
     from dayzero.specs.registry import load_model
 
     shrink = proxy_shrink(load_model(model), par, dict(layers=layers, hidden=hidden, experts=experts, vocab=vocab),

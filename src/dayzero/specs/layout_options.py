@@ -1,0 +1,88 @@
+"""The layout a user states as flags: one object for every verb that takes a layout (``memory``,
+``predict``, ``train``, ``validate``), turned into a :class:`ParallelConfig` in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from dayzero.errors import LayoutError
+from dayzero.specs.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    """Degrees, batch and the memory-shaping settings of one layout, as given (``dp`` None: the
+    devices left over by tp x pp x cp; ``gbs`` None: mbs x dp; ``schedule`` None: interleaved when
+    vpp > 1, else 1F1B; ``layer_split`` as the comma-separated text of ``--layer-split``)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    vpp: int = 1
+    mbs: int = 1
+    gbs: int | None = None
+    seq: int = 4096
+    zero: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    schedule: str | None = None
+    layer_split: str | None = None
+
+    def pinned(self, seq_default: int | None = None) -> list[str]:
+        """The ``--flag`` of every field set away from its default (``seq`` and ``gbs`` are not
+        layout choices a plan makes, so they are left out)."""
+        out = []
+        for f in fields(self):
+            if f.name in ("seq", "gbs"):
+                continue
+            if getattr(self, f.name) != f.default:
+                out.append("--" + f.name.replace("_", "-"))
+        return out
+
+    def split(self) -> tuple[int, ...] | None:
+        if not self.layer_split:
+            return None
+        try:
+            return tuple(int(x) for x in self.layer_split.split(","))
+        except ValueError:
+            raise LayoutError(f"--layer-split {self.layer_split!r}: expected comma-separated integers, "
+                              "e.g. 5,6,6,5") from None
+
+    def data_parallel(self, devices: int | None) -> int:
+        """``dp`` as given, else the devices tp x pp x cp leave (1 without a device count)."""
+        if self.dp is not None:
+            return self.dp
+        if devices is None:
+            return 1
+        denom = self.tp * self.pp * self.cp
+        if denom < 1 or devices % denom:
+            raise LayoutError(f"{devices} devices are not divisible by tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = "
+                              f"{denom}; choose degrees whose product divides the device count, or give --dp")
+        return devices // denom
+
+    def parallel(self, devices: int | None, precision: str = "bf16", rank_order: str | None = None) -> ParallelConfig:
+        """The ParallelConfig on ``devices`` (checked where it is used: ``ParallelConfig.validate``)."""
+        extra: dict = {"schedule": self.schedule} if self.schedule else {}
+        if rank_order:
+            extra["rank_order"] = rank_order
+        return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.data_parallel(devices), cp=self.cp, ep=self.ep,
+                              etp=self.etp, vpp=self.vpp, mbs=self.mbs, gbs=self.gbs or 0, seq=self.seq,
+                              zero=self.zero, recompute=self.recompute, sequence_parallel=self.sequence_parallel,
+                              precision=precision, layer_split=self.split(), **extra)
+
+    def resolve(self, devices: int | None, precision: str = "bf16", plan: str | None = None,
+                rank_order: str | None = None) -> ParallelConfig:
+        """The layout from ``--plan`` (a ``dayzero plan --json`` file; these flags must then be left
+        at their defaults, but for ``--seq`` and ``--gbs``) or else from the flags."""
+        if not plan:
+            return self.parallel(devices, precision, rank_order)
+        from dayzero.specs.plan_layout import plan_layout
+
+        given = self.pinned()
+        if given:
+            raise LayoutError(f"--plan sets the layout; drop {', '.join(given)}")
+        par = plan_layout(plan, devices or 1, self.seq, self.gbs).with_(precision=precision)
+        return par.with_(rank_order=rank_order) if rank_order else par
