@@ -19,16 +19,6 @@ from torch.utils._pytree import tree_flatten, tree_map  # noqa: F401  (re-export
 
 from dayzero.errors import DayzeroError
 
-MIN_TORCH = (2, 10)
-
-
-def check_torch_version() -> None:
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    if (major, minor) < MIN_TORCH:
-        raise DayzeroError(f"dayzero ops needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found {torch.__version__}; "
-                           "upgrade torch")
-
-
 def op_name(func) -> str:
     """OpOverload -> manifest name, e.g. ``aten.silu.default`` (what ``str(op)`` prints)."""
     return str(func)

@@ -23,7 +23,8 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakIdKeyDictionary
 
 from dayzero.errors import DayzeroError
-from dayzero.ops._torch_compat import (TorchDispatchMode, check_torch_version, current_autograd_node, flop_formulas,
+from dayzero.torch_version import require_torch
+from dayzero.ops._torch_compat import (TorchDispatchMode, current_autograd_node, flop_formulas,
                                        tree_flatten, tree_map)
 from dayzero.ops.hf_model import LayerKind, MetaModel, build_meta_model
 from dayzero.ops.modules import ModuleMap
@@ -256,7 +257,7 @@ class OpRecorder(TorchDispatchMode):
 def trace_model(model: str, seq: int | None = None, batch: int = 1, dtype: str = "bfloat16",
                 experts: str = "grouped_mm", trust_remote_code: bool = False) -> Trace:
     """Trace one training step (forward, loss, backward) of MODEL's real modeling code."""
-    check_torch_version()
+    require_torch("dayzero ops")
     meta = build_meta_model(model, dtype=dtype, experts=experts, trust_remote_code=trust_remote_code)
     max_pos = getattr(meta.model.config, "max_position_embeddings", None) or 4096
     seq = seq or min(max_pos, 4096)

@@ -50,10 +50,11 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, CachingSavePlanner, HookedWriter, SafeLoadPlanner,
-                                    SafeReader, check_torch, forget_plans, load_metadata, referenced_files,
+                                    SafeReader, forget_plans, load_metadata, referenced_files,
                                     single_process)
 from dayzero.runtime.dirlock import CheckpointLocked, DirLock
 from dayzero.runtime.lineage import RunLineage, history, new_lineage_id, target_copy, write_order
+from dayzero.torch_version import require_torch
 from dayzero.runtime.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo,
                                       Verdict, VersionRef, check_algorithm, check_file, check_marker, dayzero_version,
                                       describe_file, read_manifest, safe_join, utc_now, write_json_durable)
@@ -107,7 +108,7 @@ class Checkpointer:
                  on_event: Callable[[dict], None] | None = None, thread_count: int = 1,
                  overlap_staging: bool = True, checksum: str = DEFAULT_CHECKSUM,
                  prune_other_lineages: bool = False):
-        check_torch()
+        require_torch("dayzero checkpoints", CheckpointError)
         if keep < 1:
             raise CheckpointError(f"--keep {keep}: at least 1 checkpoint must be kept")
         self.checksum = check_algorithm(checksum)

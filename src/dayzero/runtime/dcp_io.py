@@ -18,7 +18,7 @@ would run arbitrary code from a crafted checkpoint. Here:
   each shard file as it is written so the manifest's checksums cost no second read.
 
 Uses private names (``_StorageInfo``, ``_traverse.set_element``, ``_state_dict_utils``, the
-planner's ``_cached_*`` caches); :func:`check_torch` guards the torch version.
+planner's ``_cached_*`` caches); :func:`dayzero.torch_version.require_torch` guards the torch version.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import contextlib
 import io
 import os
 import pickle
-import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,7 +43,6 @@ from torch.utils.serialization import config as _serialization_config
 
 from dayzero.runtime.manifest import DEFAULT_CHECKSUM, CheckpointError, check_relpath, new_hasher
 
-MIN_TORCH = (2, 10)  # FSDP2 gradients on gloo are wrong before 2.10 (see pyproject.toml)
 METADATA_FILE = ".metadata"
 
 _DCP_META = "torch.distributed.checkpoint.metadata"
@@ -68,15 +66,6 @@ def single_process(active: bool):
         if active:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def check_torch() -> None:
-    """Raise CheckpointError when torch is older than the DCP behaviour this module relies on."""
-    parts = torch.__version__.split("+")[0].split(".")
-    have = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts[:2])
-    if have < MIN_TORCH:
-        raise CheckpointError(f"torch {torch.__version__} is too old for dayzero checkpoints; install torch >= "
-                              f"{MIN_TORCH[0]}.{MIN_TORCH[1]}")
 
 
 class _MetadataUnpickler(pickle.Unpickler):

@@ -32,7 +32,7 @@ from dayzero.runtime.moe import MoE
 from dayzero.runtime.optim import build_optimizer, build_scheduler, clip_grad_norm_
 from dayzero.runtime.parallelize import ParallelModel, parallelize, seeded_weights
 from dayzero.runtime.pipeline import Pipeline, build_pipeline
-from dayzero.runtime.torch_compat import require_torch
+from dayzero.torch_version import require_torch
 from dayzero.specs.model import ModelSpec
 
 
@@ -86,7 +86,7 @@ def loss_context(tp: int):
 def build_state(config: TrainConfig, device: torch.device | None = None) -> TrainState:
     """Everything a run needs, on every rank. Raises DayzeroError (identically on all ranks)
     before any collective if the request cannot run."""
-    require_torch()
+    require_torch("the runtime")
     device = device or init_distributed()
     spec, parallel = config.spec(), config.parallel
     check_runtime(spec, parallel, dist.get_world_size())

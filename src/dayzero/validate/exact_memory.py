@@ -157,9 +157,10 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
     from dayzero.runtime.optim import build_optimizer
     from dayzero.runtime.parallelize import parallelize
     from dayzero.runtime.train import loss_context
-    from dayzero.validate.torch_tools import category_tracker, fake_store, require_torch
+    from dayzero.torch_version import require_torch
+    from dayzero.validate.torch_tools import category_tracker, fake_store
 
-    require_torch()
+    require_torch("memory --exact")
     p = parallel
     check_runtime(spec, p, p.world)
     if p.vpp > 1:

@@ -3,24 +3,10 @@
 ``dayzero memory --exact`` needs three things PyTorch has only under private names so far:
 the ``fake`` process group's store (``torch.testing._internal.distributed.fake_pg``), the FSDP2
 memory tracker (``torch.distributed._tools.fsdp2_mem_tracker``) and its running snapshot. They
-exist from torch 2.5 on; the runtime needs torch >= 2.10 anyway.
+exist from torch 2.5 on; the floor is :mod:`dayzero.torch_version`.
 """
 
 from __future__ import annotations
-
-from dayzero.errors import DayzeroError
-
-MIN_TORCH = (2, 10)
-
-
-def require_torch() -> None:
-    import torch
-
-    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if (major, minor) < MIN_TORCH:
-        raise DayzeroError(f"torch {torch.__version__} is too old for --exact: need torch >= "
-                           f"{MIN_TORCH[0]}.{MIN_TORCH[1]}; pip install 'torch>=2.10'")
-
 
 def fake_store():
     from torch.testing._internal.distributed.fake_pg import FakeStore
