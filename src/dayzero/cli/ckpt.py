@@ -12,6 +12,7 @@ from dayzero.cli.common import JsonOpt, console, emit_json, human
 from dayzero.cli.next_steps import Step, print_next
 from dayzero.cli.render import FitTable
 from dayzero.runtime.manifest import DEFAULT_CHECKSUM
+from dayzero.specs.model import SHRINK_KEYS
 
 ckpt_app = typer.Typer(help="Checkpoints: list versions, verify checksums, export/import Hugging Face safetensors.",
                        no_args_is_help=True)
@@ -216,7 +217,7 @@ def _model_args(model: dict | None) -> list[str] | None:
     model = model or {}
     recipe = model.get("recipe") or {}
     if recipe.get("model"):
-        shrink = [w for k in ("layers", "hidden", "experts", "vocab") if recipe.get(k) is not None
+        shrink = [w for k in SHRINK_KEYS if recipe.get(k) is not None
                   for w in (f"--{k}", str(recipe[k]))]
         return [recipe["model"], *shrink]
     return [model["name"]] if model.get("name") in model_presets() else None

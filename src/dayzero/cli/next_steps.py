@@ -15,6 +15,8 @@ from typing import Any, Mapping, Sequence
 from rich.console import Console
 from rich.text import Text
 
+from dayzero.specs.model import SHRINK_KEYS
+
 # Layout flags every verb that takes a layout understands; the value is the flag's default,
 # None for the degrees always written out (their defaults differ between verbs).
 _ALWAYS = ("tp", "pp", "dp", "mbs", "gbs", "seq", "zero")
@@ -83,7 +85,7 @@ def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node:
 def after_train(cfg, world: int) -> list[Step]:
     """After ``dayzero train``: export the newest checkpoint it saved, or, with none, measure the
     layout against the planner's prediction (``dayzero validate``)."""
-    shrink = [w for k in ("layers", "hidden", "experts", "vocab") if getattr(cfg, k) is not None
+    shrink = [w for k in SHRINK_KEYS if getattr(cfg, k) is not None
               for w in (f"--{k}", str(getattr(cfg, k)))]
     if cfg.ckpt_dir:
         from pathlib import Path

@@ -34,6 +34,7 @@ from dayzero.runtime.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, s
 from dayzero.runtime.manifest import (CheckpointError, default_file_mode, manifest_digest, verify_version,
                                      write_json_durable)
 from dayzero.runtime.versions import version_name
+from dayzero.specs.model import SHRINK_KEYS
 
 INDEX = "model.safetensors.index.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -200,7 +201,7 @@ def _recipe_spec(manifest):
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.hf_weights import FAMILIES
 
-    spec = TrainConfig(**{k: v for k, v in recipe.items() if k in ("model", "layers", "hidden", "experts", "vocab")}
+    spec = TrainConfig(**{k: v for k, v in recipe.items() if k in ("model", *SHRINK_KEYS)}
                        ).spec()
     if manifest.model.spec_digest and spec.digest() != manifest.model.spec_digest:
         raise CheckpointError(f"the checkpoint was written for {manifest.model.name} (spec {manifest.model.spec_digest}) "
@@ -226,7 +227,7 @@ def _hf_renamer(spec) -> Callable[[str, torch.Tensor], list[tuple[str, torch.Ten
 
 def _hf_config(recipe: dict) -> dict | None:
     """config.json of an unshrunk preset or config file; None for proxies (no HF config matches)."""
-    if any(recipe.get(k) is not None for k in ("layers", "hidden", "experts", "vocab")):
+    if any(recipe.get(k) is not None for k in SHRINK_KEYS):
         return None
     from dayzero.specs.hf_config import load_config_file
     from dayzero.specs.registry import model_presets

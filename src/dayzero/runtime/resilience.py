@@ -31,6 +31,7 @@ from dayzero.runtime.checkpoint import Checkpointer, SavedCheckpoint
 from dayzero.runtime.faults import FaultInjector, FaultSpec, Watchdog, restart_attempt
 from dayzero.runtime.guards import GuardConfig, GuardVerdict, LossDivergedError, LossGuard
 from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
+from dayzero.specs.model import SHRINK_KEYS
 
 DEFAULT_SAVE_TIMEOUT_S = 600.0  # with --watchdog and no --save-timeout
 
@@ -281,4 +282,4 @@ def build_resilience(cfg, state, on_event: Callable[[dict], None]) -> Resilience
 def model_recipe(cfg) -> dict:
     """The TrainConfig fields that rebuild the run's ModelSpec (see ``TrainConfig.spec``)."""
     model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # as load_model decides
-    return {"model": model, **{k: getattr(cfg, k) for k in ("layers", "hidden", "experts", "vocab")}}
+    return {"model": model, **{k: getattr(cfg, k) for k in SHRINK_KEYS}}

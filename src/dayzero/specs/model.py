@@ -83,6 +83,10 @@ class MoESpec:
     topk_group: int = 1
 
 
+# the proxy sizes of ModelSpec.shrink, the names of the --layers/--hidden/--experts/--vocab flags
+SHRINK_KEYS = ("layers", "hidden", "experts", "vocab")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only language model, by shape."""

@@ -31,12 +31,10 @@ from dayzero.errors import LayoutError
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
-from dayzero.specs.model import ModelSpec
+from dayzero.specs.model import SHRINK_KEYS, ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.validate.loss_trend import loss_trend
 from dayzero.validate.targets import Measured, checks, summary
-
-SHRINK_KEYS = ("layers", "hidden", "experts", "vocab")
 
 
 @dataclass(frozen=True)
@@ -99,9 +97,9 @@ def run_rank(args: dict) -> dict:
 
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.device import memory_stats
+    from dayzero.runtime.launch import init_distributed
     from dayzero.runtime.metrics import CommTimer, peak_memory_bytes
     from dayzero.runtime.train import build_state, train_step
-    from dayzero.runtime.launch import init_distributed
 
     req = ValidationRequest.from_dict(args["request"])
     device = init_distributed()
