@@ -80,14 +80,6 @@ SplitOpt = Annotated[Optional[str], typer.Option("--layer-split", help="Layers p
 AttentionKernelOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class: saves log-sum-exp) | flash2 | unfused (saves the s x s scores).")]
 
 
-def check_attention_kernel(kernel: str) -> None:
-    from dayzero.errors import ConfigError
-    from dayzero.planner.memory_options import KERNEL_MEMORY
-
-    if kernel not in KERNEL_MEMORY:
-        raise ConfigError("--attention-kernel", None, f"must be {', '.join(KERNEL_MEMORY)}, got {kernel!r}")
-
-
 def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
     """Decorator for a verb that takes a layout: its ``layout`` parameter becomes the layout flags
     (``--tp`` ... ``--layer-split``, the same names, help and defaults on every verb) and reaches

@@ -21,7 +21,7 @@ from dayzero.cli.common import (
 )
 from dayzero.cli.next_steps import Step, print_next
 from dayzero.cli.plan import DEFAULT_GBS, DEFAULT_MODEL, ScenarioGbsOpt, ScenarioSeqOpt
-from dayzero.cli.predict import PrecisionOpt, check_precision, perf_options
+from dayzero.cli.predict import PrecisionOpt, check_precision
 from dayzero.cli.render import MISSING, FitTable
 from dayzero.report.layout_text import describe
 
@@ -53,6 +53,7 @@ def compare_cmd(
     Example: [bold]dayzero compare dense-3t --accelerators 910b,h100,h200,b200,mi300x --devices 8192[/bold]; [bold]dayzero compare llama-3.1-70b --clusters dgx-h100-1024,my-cluster.yaml --tokens 15T --json[/bold]
     """
     from dayzero.errors import ConfigError
+    from dayzero.planner.perf import PerfOptions
     from dayzero.report.compare import compare
     from dayzero.specs.cluster import build_cluster, get_cluster
     from dayzero.specs.registry import load_model
@@ -72,7 +73,7 @@ def compare_cmd(
         check_precision(precision, cl)
     spec = load_model(model)
     obj = compare(spec, cls, gbs, seq, precision, copt,
-                  perf_for=lambda cl: perf_options(False, False, 1.0, None, "fused", cl))
+                  perf_for=PerfOptions.for_run)
     if json_out:
         emit_json(obj)
         return

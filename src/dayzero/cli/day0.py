@@ -66,10 +66,10 @@ def day0_cmd(
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
-    from dayzero.cli.predict import perf_options
+    from dayzero.planner.perf import PerfOptions
 
     req = Day0Request(model=model, cluster=cl, gbs=gbs, seq=seq, precision=precision, cost=copt,
-                      perf=perf_options(False, False, 1.0, None, "fused", cl), operators=ops)
+                      perf=PerfOptions.for_run(cl), operators=ops)
     out_dir = out or default_dir(model, cl)
     report: dict = {}
     todo = steps(req)

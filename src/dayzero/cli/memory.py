@@ -8,7 +8,7 @@ import typer
 
 from dayzero.cli.app import app
 from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
-                                InterNodeOpt, JsonOpt, PrecisionOpt, check_attention_kernel, cluster_from_options,
+                                InterNodeOpt, JsonOpt, PrecisionOpt, cluster_from_options,
                                 console, emit_json, takes_layout)
 from dayzero.specs.layout_options import LayoutOptions
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
@@ -77,7 +77,6 @@ def memory_cmd(
         par = par.with_(recompute_layers=recompute_layers)
     if grad_dtype not in ("fp32", "bf16"):
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
-    check_attention_kernel(attention_kernel)
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation)
     cap = cl.memory_bytes

@@ -11,7 +11,7 @@ from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, Devi
                                 HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
                                 cluster_from_options, console, cost_options, emit_json)
 from dayzero.cli.predict import (AttentionKernelOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
-                                 TpOverlapOpt, check_precision, describe, next_for_layout, perf_options,
+                                 TpOverlapOpt, check_precision, describe, next_for_layout,
                                  print_prediction)
 from dayzero.cli.next_steps import cluster_flags, print_next
 from dayzero.cli.render import FitTable
@@ -85,6 +85,7 @@ def plan_cmd(
 
     Example: [bold]dayzero plan[/bold]; [bold]dayzero plan moe-3t --cluster dgx-h100-16384 --json[/bold]; [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --gbs 128 --seq 8192 --precision fp8 --tp-overlap[/bold]
     """
+    from dayzero.planner.perf import PerfOptions
     from dayzero.planner.search import SearchSpace, plan
     from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
@@ -93,7 +94,7 @@ def plan_cmd(
     spec = load_model(model)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
-    opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
+    opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
                             ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("recompute", _words(recompute)),

@@ -8,7 +8,7 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, DEFAULT_TOKENS, DevicesOpt,
                                 DevicesPerNodeOpt, HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
-                                check_attention_kernel, cluster_from_options, console, cost_options, emit_json, human,
+                                cluster_from_options, console, cost_options, emit_json, human,
                                 takes_layout)
 from dayzero.specs.layout_options import LayoutOptions
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
@@ -34,24 +34,6 @@ def check_precision(precision: str, cluster=None) -> None:
         cluster.accelerator.require_native(precision)
 
 
-def perf_options(tp_overlap: bool, ep_overlap: bool, moe_imbalance: float, calibration: str | None,
-                 attention_kernel: str = "fused", cluster=None):
-    """PerfOptions from the CLI's performance options (precision and rank order are the layout's)."""
-    from dayzero.errors import ConfigError
-    from dayzero.planner.calibration import constants_for, load_calibration
-    from dayzero.planner.comm import CommOptions
-    from dayzero.planner.perf import PerfOptions
-
-    check_attention_kernel(attention_kernel)
-    if moe_imbalance < 1.0:
-        raise ConfigError("--moe-imbalance", None, f"must be >= 1.0 (busiest over average), got {moe_imbalance}")
-    constants = constants_for(cluster) if cluster is not None else None
-    if calibration:
-        constants = load_calibration(calibration, constants)
-    comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance)
-    return PerfOptions(comm=comm, constants=constants, attention_kernel=attention_kernel)
-
-
 @app.command("predict")
 @takes_layout()
 def predict_cmd(
@@ -67,6 +49,7 @@ def predict_cmd(
 
     Example: [bold]dayzero predict llama-3.1-70b --accelerator h100 --devices 64 --tp 4 --pp 4 --vpp 5 --gbs 128 --seq 8192 --sequence-parallel --precision fp8 --tp-overlap[/bold]
     """
+    from dayzero.planner.perf import PerfOptions
     from dayzero.planner.predict import predict
     from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
@@ -75,7 +58,7 @@ def predict_cmd(
     spec = load_model(model)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
-    opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
+    opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
     par = layout.parallel(cl.devices, precision, rank_order)
     obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
     if json_out:

@@ -22,6 +22,14 @@ MiB = 2**20
 KERNEL_MEMORY = {"fused": "flash", "flash2": "flash", "unfused": "eager"}
 
 
+def check_attention_kernel(kernel: str) -> None:
+    """``--attention-kernel`` names one of :data:`KERNEL_MEMORY`'s kernels."""
+    from dayzero.errors import ConfigError
+
+    if kernel not in KERNEL_MEMORY:
+        raise ConfigError("--attention-kernel", None, f"must be {', '.join(KERNEL_MEMORY)}, got {kernel!r}")
+
+
 @dataclass(frozen=True)
 class MemoryOptions:
     # -- model states (bytes per parameter element) ---------------------------------------------
@@ -85,6 +93,7 @@ class MemoryOptions:
     def for_run(cls, accelerator, attention_kernel: str = "fused", **kw) -> "MemoryOptions":
         """Defaults for an accelerator and the attention kernel the step runs
         (:data:`KERNEL_MEMORY`: what compute assumes, memory assumes too)."""
+        check_attention_kernel(attention_kernel)
         kw.setdefault("attention", KERNEL_MEMORY[attention_kernel])
         return cls.for_accelerator(accelerator, **kw)
 

@@ -41,6 +41,25 @@ class PerfOptions:
     constants: PerfConstants | None = None  # None: defaults + the cluster file's efficiency overrides
     attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 | unfused
 
+    @classmethod
+    def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool = False, moe_imbalance: float = 1.0,
+                calibration: str | None = None, attention_kernel: str = "fused") -> "PerfOptions":
+        """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
+        file's overrides, then a ``calibration`` file's), the overlap switches, the MoE imbalance
+        (busiest device's routed tokens over the average, >= 1) and the attention kernel."""
+        from dayzero.errors import ConfigError
+        from dayzero.planner.calibration import constants_for, load_calibration
+        from dayzero.planner.memory_options import check_attention_kernel
+
+        check_attention_kernel(attention_kernel)
+        if not moe_imbalance >= 1.0:
+            raise ConfigError("--moe-imbalance", None, f"must be >= 1.0 (busiest over average), got {moe_imbalance}")
+        constants = constants_for(cluster) if cluster is not None else None
+        if calibration:
+            constants = load_calibration(calibration, constants)
+        comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance)
+        return cls(comm=comm, constants=constants, attention_kernel=attention_kernel)
+
 
 @lru_cache(maxsize=4096)
 def stage_counts(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
