@@ -16,7 +16,6 @@ from dayzero.cli.common import (BackendOpt, DeviceOpt, JsonOpt, PrecisionOpt, co
 from dayzero.specs.layout_options import LayoutOptions
 from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 
-_COMPUTE = ("bf16", "fp32", "auto")
 
 
 def _under_torchrun() -> bool:
@@ -92,19 +91,15 @@ def train_cmd(
 
     Checkpoints and faults: [bold]dayzero train tiny-llama --nproc 4 --tp 2 --steps 100 --ckpt-dir runs/tiny-llama/ckpt --ckpt-every 10 --max-restarts 2 --async-save[/bold]
     """
-    from dayzero.errors import DayzeroError
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.data import resolve_data
     from dayzero.runtime.resilience import resilience_config
 
-    if compute_dtype not in _COMPUTE:
-        raise DayzeroError(f"--compute-dtype {compute_dtype!r}: expected one of {', '.join(_COMPUTE)}")
     from dayzero.runtime.device import compute_dtype as default_dtype, resolve
 
     acc = resolve(device, backend)
-    if compute_dtype == "auto":
-        compute_dtype = default_dtype(acc)
+    compute_dtype = default_dtype(acc, compute_dtype)
     torchrun = _under_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
     parallel = layout.resolve(world, precision, plan)

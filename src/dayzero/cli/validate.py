@@ -62,10 +62,10 @@ def validate_cmd(
         raise ConfigError("--runs", None, "only applies with --calibrate")
     from dayzero.validate.run import ValidationRequest, local_cluster, proxy_shrink, validate
 
-    from dayzero.runtime.device import resolve
+    from dayzero.runtime.device import compute_dtype as resolve_dtype, resolve
 
     acc = resolve(device, backend)
-    dtype = _compute_dtype(compute_dtype, acc)
+    dtype = resolve_dtype(acc, compute_dtype)
     cl = _cluster(cluster, nproc, acc)
     par = layout.resolve(nproc, plan=plan)
     from dayzero.specs.registry import load_model
@@ -82,18 +82,6 @@ def validate_cmd(
     if calibrate:
         result["calibration"] = _calibrate(cluster, [result["record"]], runs or [], keys, profile_out)
     _finish(result, out, json_out, strict, cluster, runs or [])
-
-
-def _compute_dtype(value: str, acc) -> str:
-    from dayzero.errors import ConfigError
-
-    if value not in ("bf16", "fp32", "auto"):
-        raise ConfigError("--compute-dtype", None, f"must be bf16, fp32 or auto, got {value!r}")
-    if value == "auto":
-        from dayzero.runtime.device import compute_dtype
-
-        return compute_dtype(acc)
-    return value
 
 
 def _cluster(path: str | None, nproc: int, acc):

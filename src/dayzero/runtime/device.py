@@ -222,8 +222,18 @@ def telemetry_source(device_type: str) -> str:
     return _TELEMETRY.get(device_type, "psutil")
 
 
-def compute_dtype(acc: Accelerator) -> str:
-    """``--compute-dtype auto``: bf16 on an accelerator, fp32 on CPU (where bf16 matmuls are slow)."""
+COMPUTE_DTYPES = ("bf16", "fp32", "auto")
+
+
+def compute_dtype(acc: Accelerator, requested: str = "auto") -> str:
+    """``--compute-dtype``: bf16 or fp32 as asked; auto is bf16 on an accelerator, fp32 on CPU
+    (where bf16 matmuls are slow)."""
+    if requested not in COMPUTE_DTYPES:
+        from dayzero.errors import ConfigError
+
+        raise ConfigError("--compute-dtype", None, f"must be {', '.join(COMPUTE_DTYPES)}, got {requested!r}")
+    if requested != "auto":
+        return requested
     return "fp32" if acc.is_cpu else "bf16"
 
 
