@@ -50,23 +50,24 @@ def validate_cmd(
     Calibrate: [bold]dayzero validate --calibrate --cluster runs/host.yaml --runs runs/validate/a/validation.json --runs runs/validate/b/validation.json[/bold]
     """
     from dayzero.errors import ConfigError
+    from dayzero.validate.calibration_store import calibrate_from_files
 
     keys = tuple(k.strip() for k in fit_keys.split(",") if k.strip())
     if model is None:
         if not calibrate:
             raise ConfigError("MODEL", None, "give a model to validate (or --calibrate --runs FILE... to fit stored runs)")
-        result = {"calibration": _calibrate(cluster, [], runs or [], keys, profile_out)}
+        result = {"calibration": calibrate_from_files(cluster, [], runs or [], keys, profile_out)}
         _finish(result, out, json_out, strict, cluster, runs or [])
         return
     if runs and not calibrate:
         raise ConfigError("--runs", None, "only applies with --calibrate")
-    from dayzero.validate.run import ValidationRequest, local_cluster, proxy_shrink, validate
+    from dayzero.validate.run import ValidationRequest, host_profile, local_cluster, proxy_shrink, validate
 
     from dayzero.runtime.device import compute_dtype as resolve_dtype, resolve
 
     acc = resolve(device, backend)
     dtype = resolve_dtype(acc, compute_dtype)
-    cl = _cluster(cluster, nproc, acc)
+    cl = host_profile(cluster, nproc, acc)
     par = layout.resolve(nproc, plan=plan)
     from dayzero.specs.registry import load_model
 
@@ -80,46 +81,8 @@ def validate_cmd(
     with acc.exported():
         result = validate(req, cl, nproc, tolerance)
     if calibrate:
-        result["calibration"] = _calibrate(cluster, [result["record"]], runs or [], keys, profile_out)
+        result["calibration"] = calibrate_from_files(cluster, [result["record"]], runs or [], keys, profile_out)
     _finish(result, out, json_out, strict, cluster, runs or [])
-
-
-def _cluster(path: str | None, nproc: int, acc):
-    """The profile to predict with: --cluster, or on an accelerator the catalog entry of its name."""
-    from dayzero.errors import ConfigError
-    from dayzero.specs.cluster import build_cluster, get_cluster
-
-    if path:
-        return get_cluster(path)
-    if not acc.is_cpu:
-        import torch
-
-        from dayzero.runtime.device import device_name
-        from dayzero.specs.hardware import resolve_accelerator
-
-        entry = resolve_accelerator(device_name(torch.device(acc.type, 0)))
-        if entry is not None:
-            return build_cluster(entry, nproc, nproc)
-    raise ConfigError("--cluster", None, f"no hardware profile for this machine; run `dayzero calibrate --nproc {nproc} "
-                      "--out host.yaml` and pass --cluster host.yaml")
-
-
-def _calibrate(cluster_path: str | None, records: list[dict], run_files: list[Path], keys, profile_out: Path | None) -> dict:
-    from dayzero.errors import ConfigError
-    from dayzero.validate.calibration_store import calibrate_profile
-
-    if not cluster_path or not Path(cluster_path).exists():
-        raise ConfigError("--cluster", None, "--calibrate updates a profile file: pass --cluster FILE.yaml "
-                          "(from dayzero calibrate)")
-    for f in run_files:
-        try:
-            obj = json.loads(Path(f).read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(str(f), None, f"cannot read a validation result: {str(e).splitlines()[0]}") from None
-        if "record" not in obj:
-            raise ConfigError(str(f), "record", "not a dayzero validate result (no 'record')")
-        records.append(obj["record"])
-    return calibrate_profile(cluster_path, records, keys, profile_out)
 
 
 def _finish(result: dict, out: Path | None, json_out: bool, strict: bool = False, cluster: str | None = None,

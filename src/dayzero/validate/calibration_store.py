@@ -61,3 +61,21 @@ def calibrate_profile(profile_path: str | Path, records: list[dict], keys=FIT_KE
     raw["measurements"] = meas
     target = write_profile(raw, out or path)
     return {**report, "profile": str(target)}
+
+
+def calibrate_from_files(profile_path: str | None, records: list[dict], run_files, keys=FIT_KEYS,
+                         out: str | Path | None = None) -> dict:
+    """:func:`calibrate_profile` on ``records`` plus the records of stored ``dayzero validate``
+    results (``validation.json`` files); the profile must be a file (``dayzero calibrate`` writes one)."""
+    from dayzero.inputs import load_json
+
+    if not profile_path or not Path(profile_path).exists():
+        raise ConfigError("--cluster", None, "--calibrate updates a profile file: pass --cluster FILE.yaml "
+                          "(from dayzero calibrate)")
+    records = list(records)
+    for f in run_files:
+        obj = load_json(f, "pass validation.json files written by `dayzero validate --out DIR`")
+        if not isinstance(obj, dict) or "record" not in obj:
+            raise ConfigError(str(f), "record", "not a dayzero validate result (no 'record')")
+        records.append(obj["record"])
+    return calibrate_profile(profile_path, records, keys, out)

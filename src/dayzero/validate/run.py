@@ -167,6 +167,27 @@ def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label
             "device": measured.get("device")}
 
 
+def host_profile(path: str | None, nproc: int, acc) -> Cluster:
+    """The profile to predict a run here with: ``path`` (``--cluster``), or on an accelerator the
+    catalog entry of the device's own name; a CPU host needs a measured profile."""
+    from dayzero.errors import ConfigError
+    from dayzero.specs.cluster import build_cluster, get_cluster
+
+    if path:
+        return get_cluster(path)
+    if not acc.is_cpu:
+        import torch
+
+        from dayzero.runtime.device import device_name
+        from dayzero.specs.hardware import resolve_accelerator
+
+        entry = resolve_accelerator(device_name(torch.device(acc.type, 0)))
+        if entry is not None:
+            return build_cluster(entry, nproc, nproc)
+    raise ConfigError("--cluster", None, f"no hardware profile for this machine; run `dayzero calibrate --nproc {nproc} "
+                      "--out host.yaml` and pass --cluster host.yaml")
+
+
 def local_cluster(cluster: Cluster, nproc: int) -> Cluster:
     """The profile's machine running ``nproc`` local ranks: one node, its scale-up tier."""
     from dataclasses import replace
