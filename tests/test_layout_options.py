@@ -42,3 +42,15 @@ def test_every_layout_verb_exposes_the_same_flags():
         names = list(inspect.signature(verb).parameters)
         assert "layout" not in names
         assert [n for n in names if n in LAYOUT_FLAGS] == list(LAYOUT_FLAGS), verb.__name__
+
+
+def test_a_runtime_default_batch_fills_the_pipeline_and_says_so():
+    lay = LayoutOptions(tp=2, pp=2, mbs=2)
+    planner = lay.parallel(8)
+    assert (planner.gbs, planner.microbatches) == (4, 1)  # the planner's default: mbs x dp
+    runtime = lay.parallel(8, fill_pipeline=True)
+    assert (runtime.gbs, runtime.microbatches) == (8, 2)
+    assert "--gbs not given: 8" in lay.gbs_note(runtime) and "pp 2" in lay.gbs_note(runtime)
+    given = LayoutOptions(tp=2, pp=2, gbs=16)
+    assert given.parallel(8, fill_pipeline=True).gbs == 16 and given.gbs_note(given.parallel(8)) is None
+    assert LayoutOptions(dp=4).gbs_note(LayoutOptions(dp=4).parallel(4, fill_pipeline=True)) is None

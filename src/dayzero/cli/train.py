@@ -12,7 +12,7 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import (BackendOpt, DeviceOpt, JsonOpt, PrecisionOpt, console, emit_json, takes_layout)
+from dayzero.cli.common import BackendOpt, DeviceOpt, JsonOpt, PrecisionOpt, console, emit_json, err_console, takes_layout
 from dayzero.specs.layout_options import LayoutOptions
 from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 
@@ -102,7 +102,9 @@ def train_cmd(
     compute_dtype = default_dtype(acc, compute_dtype)
     torchrun = _under_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
-    parallel = layout.resolve(world, precision, plan)
+    parallel = layout.resolve(world, precision, plan, fill_pipeline=True)
+    if (note := layout.gbs_note(parallel)) and not torchrun:
+        err_console.print(f"dayzero: {note}", highlight=False)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     tmp = None
     if metrics is None and json_out:

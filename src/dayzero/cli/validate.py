@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import (BackendOpt, ClusterOpt, DeviceOpt, JsonOpt, console, emit_json, takes_layout)
+from dayzero.cli.common import BackendOpt, ClusterOpt, DeviceOpt, JsonOpt, console, emit_json, err_console, takes_layout
 from dayzero.specs.layout_options import LayoutOptions
 from dayzero.cli.next_steps import Step, layout_flags, print_next
 from dayzero.cli.render import FitTable
@@ -68,7 +68,9 @@ def validate_cmd(
     acc = resolve(device, backend)
     dtype = resolve_dtype(acc, compute_dtype)
     cl = host_profile(cluster, nproc, acc)
-    par = layout.resolve(nproc, plan=plan)
+    par = layout.resolve(nproc, plan=plan, fill_pipeline=True)
+    if note := layout.gbs_note(par):
+        err_console.print(f"dayzero: {note}", highlight=False)
     from dayzero.specs.registry import load_model
 
     shrink = proxy_shrink(load_model(model), par, dict(layers=layers, hidden=hidden, experts=experts, vocab=vocab),

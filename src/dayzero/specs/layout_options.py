@@ -63,22 +63,40 @@ class LayoutOptions:
                               f"{denom}; choose degrees whose product divides the device count, or give --dp")
         return devices // denom
 
-    def parallel(self, devices: int | None, precision: str = "bf16", rank_order: str | None = None) -> ParallelConfig:
-        """The ParallelConfig on ``devices`` (checked where it is used: ``ParallelConfig.validate``)."""
+    def default_gbs(self, dp: int, fill_pipeline: bool = False) -> int:
+        """The global batch when ``--gbs`` is not given: one micro-batch per data-parallel rank
+        (mbs x dp), or, to run a pipeline (``fill_pipeline``), pp micro-batches, the fewest a
+        pipeline schedule accepts (each of the pp stages holds one in flight)."""
+        if self.gbs:
+            return self.gbs
+        return self.mbs * dp * (self.pp if fill_pipeline and self.pp > 1 else 1)
+
+    def gbs_note(self, parallel: ParallelConfig) -> str | None:
+        """What was chosen for a global batch nobody gave, when it is more than mbs x dp."""
+        if self.gbs or parallel.gbs == parallel.mbs * parallel.dp:
+            return None
+        return (f"--gbs not given: {parallel.gbs} (mbs {parallel.mbs} x dp {parallel.dp} x {parallel.microbatches} "
+                f"micro-batches, the fewest a pipeline of pp {parallel.pp} runs)")
+
+    def parallel(self, devices: int | None, precision: str = "bf16", rank_order: str | None = None,
+                 fill_pipeline: bool = False) -> ParallelConfig:
+        """The ParallelConfig on ``devices`` (checked where it is used: ``ParallelConfig.validate``);
+        ``fill_pipeline``: a default global batch holds pp micro-batches (what a runtime needs)."""
         extra: dict = {"schedule": self.schedule} if self.schedule else {}
         if rank_order:
             extra["rank_order"] = rank_order
-        return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.data_parallel(devices), cp=self.cp, ep=self.ep,
-                              etp=self.etp, vpp=self.vpp, mbs=self.mbs, gbs=self.gbs or 0, seq=self.seq,
+        dp = self.data_parallel(devices)
+        return ParallelConfig(tp=self.tp, pp=self.pp, dp=dp, cp=self.cp, ep=self.ep, etp=self.etp, vpp=self.vpp,
+                              mbs=self.mbs, gbs=self.default_gbs(dp, fill_pipeline), seq=self.seq,
                               zero=self.zero, recompute=self.recompute, sequence_parallel=self.sequence_parallel,
                               precision=precision, layer_split=self.split(), **extra)
 
     def resolve(self, devices: int | None, precision: str = "bf16", plan: str | None = None,
-                rank_order: str | None = None) -> ParallelConfig:
+                rank_order: str | None = None, fill_pipeline: bool = False) -> ParallelConfig:
         """The layout from ``--plan`` (a ``dayzero plan --json`` file; these flags must then be left
         at their defaults, but for ``--seq`` and ``--gbs``) or else from the flags."""
         if not plan:
-            return self.parallel(devices, precision, rank_order)
+            return self.parallel(devices, precision, rank_order, fill_pipeline)
         from dayzero.specs.plan_layout import plan_layout
 
         given = self.pinned()
