@@ -103,8 +103,6 @@ def train_cmd(
     torchrun = _under_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
     parallel = layout.resolve(world, precision, plan, fill_pipeline=True)
-    if (note := layout.gbs_note(parallel)) and not torchrun:
-        err_console.print(f"dayzero: {note}", highlight=False)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     tmp = None
     if metrics is None and json_out:
@@ -127,6 +125,8 @@ def train_cmd(
         check_memory(spec, parallel, world, compute_dtype, "cpu" if acc.is_cpu else None)
     resolve_data(data)
     resilience_config(cfg)  # checkpoint, drill and guard options
+    if (note := layout.gbs_note(parallel)) and not torchrun:
+        err_console.print(f"dayzero: {note}", highlight=False)
     if not torchrun and not quiet and not json_out:
         console.print(f"[bold]{spec.name}[/bold]: {parallel.describe()} on {world} rank(s); "
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "

@@ -69,8 +69,6 @@ def validate_cmd(
     dtype = resolve_dtype(acc, compute_dtype)
     cl = host_profile(cluster, nproc, acc)
     par = layout.resolve(nproc, plan=plan, fill_pipeline=True)
-    if note := layout.gbs_note(par):
-        err_console.print(f"dayzero: {note}", highlight=False)
     from dayzero.specs.registry import load_model
 
     shrink = proxy_shrink(load_model(model), par, dict(layers=layers, hidden=hidden, experts=experts, vocab=vocab),
@@ -80,6 +78,11 @@ def validate_cmd(
     if not json_out:
         console.print(f"[bold]{req.spec().name}[/bold] ({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
                       f"{par.describe()} on {nproc} rank(s), {steps} steps in {dtype}; profile {cl.name}", highlight=False)
+    if note := layout.gbs_note(par):
+        from dayzero.runtime.checks import check_runtime
+
+        check_runtime(req.spec(), par, nproc)  # a layout that cannot run is the one line to print
+        err_console.print(f"dayzero: {note}", highlight=False)
     with acc.exported():
         result = validate(req, cl, nproc, tolerance)
     if calibrate:
