@@ -67,7 +67,7 @@ def validate_cmd(
 
     acc = resolve(device, backend)
     dtype = resolve_dtype(acc, compute_dtype)
-    cl = host_profile(cluster, nproc, acc)
+    cl = host_profile(cluster, nproc, acc, lambda text: err_console.print(f"dayzero: {text}", highlight=False))
     par = layout.resolve(nproc, plan=plan, fill_pipeline=True)
     from dayzero.specs.registry import load_model
 

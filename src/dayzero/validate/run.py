@@ -167,9 +167,10 @@ def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label
             "device": measured.get("device")}
 
 
-def host_profile(path: str | None, nproc: int, acc) -> Cluster:
+def host_profile(path: str | None, nproc: int, acc, announce=lambda _: None) -> Cluster:
     """The profile to predict a run here with: ``path`` (``--cluster``), or on an accelerator the
-    catalog entry of the device's own name; a CPU host needs a measured profile."""
+    catalog entry of the device's own name, else a measured profile of this host (made once and
+    cached: :mod:`dayzero.validate.host_cache`)."""
     from dayzero.errors import ConfigError
     from dayzero.specs.cluster import build_cluster, get_cluster
 
@@ -184,8 +185,12 @@ def host_profile(path: str | None, nproc: int, acc) -> Cluster:
         entry = resolve_accelerator(device_name(torch.device(acc.type, 0)))
         if entry is not None:
             return build_cluster(entry, nproc, nproc)
-    raise ConfigError("--cluster", None, f"no hardware profile for this machine; run `dayzero calibrate --nproc {nproc} "
-                      "--out host.yaml` and pass --cluster host.yaml")
+    if acc.is_cpu:
+        from dayzero.validate.host_cache import cached_profile
+
+        return get_cluster(str(cached_profile(nproc, announce)))
+    raise ConfigError("--cluster", None, f"no hardware profile for this {acc.type} device in the catalog; run `dayzero "
+                      f"calibrate --nproc {nproc} --out host.yaml` and pass --cluster host.yaml")
 
 
 def local_cluster(cluster: Cluster, nproc: int) -> Cluster:
