@@ -147,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dayzero: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a path the user gave that cannot be read or written, found late
+        if e.filename is None:
+            raise
+        print(f"dayzero: error: {e.filename}: {e.strerror or e}; check the path and its permissions", file=sys.stderr)
+        return 2
     except Exception as e:  # click usage errors and friends
         import click
 

@@ -30,6 +30,10 @@ def calibrate_cmd(
     Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml[/bold], then [bold]dayzero predict tiny-llama --cluster runs/host.yaml --dp 8[/bold].
     Import nccl-tests: [bold]dayzero calibrate --import-nccl-tests all_reduce_perf.txt --import-nccl-tests all_gather_perf.txt --accelerator h100 --out runs/h100.yaml[/bold]
     """
+    from dayzero.outputs import prepare_output
+
+    if out:
+        prepare_output(out, "--out")
     from dayzero.errors import ConfigError
 
     if nccl_tests:

@@ -65,6 +65,10 @@ def memory_cmd(
     Example: [bold]dayzero memory dense-3t --cluster ascend910b-8192 --tp 8 --pp 16 --dp 64 --zero 3 --recompute full[/bold]
     Ground truth: [bold]dayzero memory llama-3.1-8b --accelerator h100 --devices 8 --tp 2 --dp 4 --seq 4096 --gbs 8 --exact[/bold]
     """
+    from dayzero.outputs import prepare_output
+
+    if timeline:
+        prepare_output(timeline, "--timeline")
     from dayzero.errors import ConfigError
     from dayzero.planner.memory import MemoryOptions, estimate_memory, model_states, zero_comparison
     from dayzero.specs.counting import params_total

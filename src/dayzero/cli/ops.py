@@ -43,6 +43,10 @@ def ops_cmd(
     [bold]dayzero ops ./my-model/ --trust-remote-code --json[/bold];
     [bold]dayzero ops --emit-manifest CUDA -o runs/manifests/cuda.yaml[/bold]
     """
+    from dayzero.outputs import prepare_output
+
+    if out:
+        prepare_output(out, "--out")
     _require("torch", *(() if emit_manifest else ("transformers",)))
     if emit_manifest:
         from dayzero.ops.manifest import emit_manifest as emit

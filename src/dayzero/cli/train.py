@@ -91,6 +91,10 @@ def train_cmd(
 
     Checkpoints and faults: [bold]dayzero train tiny-llama --nproc 4 --tp 2 --steps 100 --ckpt-dir runs/tiny-llama/ckpt --ckpt-every 10 --max-restarts 2 --async-save[/bold]
     """
+    from dayzero.outputs import prepare_output
+
+    if metrics:
+        prepare_output(metrics, "--metrics")
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.data import resolve_data

@@ -49,6 +49,12 @@ def validate_cmd(
 
     Calibrate: [bold]dayzero validate --calibrate --cluster runs/host.yaml --runs runs/validate/a/validation.json --runs runs/validate/b/validation.json[/bold]
     """
+    from dayzero.outputs import prepare_output
+
+    if out:
+        prepare_output(out, "--out", "dir")
+    if profile_out:
+        prepare_output(profile_out, "--profile-out")
     from dayzero.errors import ConfigError
     from dayzero.validate.calibration_store import calibrate_from_files
 

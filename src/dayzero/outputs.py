@@ -1,0 +1,33 @@
+"""Where a verb writes: checked before any work, so an unwritable ``--out`` costs one line, not a
+traceback after minutes of computation."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from dayzero.errors import ConfigError
+
+
+def prepare_output(path: str | Path, flag: str, kind: Literal["file", "dir"] = "file") -> Path:
+    """Make sure ``path`` can be written as a ``kind`` (creating the directories it needs) or raise
+    one ConfigError naming ``flag``, the path and what to do."""
+    p = Path(path)
+    folder = p if kind == "dir" else p.parent
+    if kind == "file" and p.is_dir():
+        raise ConfigError(flag, None, f"{p} is a directory; give a file path")
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise ConfigError(flag, None, f"{p} is a file; give a directory path")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # a real probe: permissions, read-only mounts and quotas all show up here
+        fd, probe = tempfile.mkstemp(prefix=".dayzero-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        where = e.filename or folder
+        raise ConfigError(flag, None, f"cannot write in {folder} ({where}: {e.strerror or e}); "
+                          "choose a writable location") from None
+    return p
