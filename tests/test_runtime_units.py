@@ -148,7 +148,7 @@ def test_checks_print_every_problem_with_numbers():
     assert any("etp 2" in p for p in runtime_problems(moe, ParallelConfig(tp=2, etp=2, ep=1), 2))
     assert any("micro-batches for pp 2" in p for p in runtime_problems(spec, ParallelConfig(pp=2), 2))
     for prec in ("fp8", "fp4"):
-        assert any(f"--precision {prec} is not in the runtime" in p
+        assert any(f"precision {prec}: the runtime computes in bf16" in p
                    for p in runtime_problems(spec, ParallelConfig(precision=prec), 1))
     assert any("rank order tp-dp-cp-pp: the runtime's device mesh" in p
                for p in runtime_problems(spec, ParallelConfig(dp=2, rank_order="tp-dp-cp-pp"), 2))

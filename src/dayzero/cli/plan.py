@@ -77,7 +77,10 @@ def plan_cmd(
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Only layouts this engine runs as laid out: "
+                                                  "megatron | torchtitan | deepspeed | dayzero.")] = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass; each plan with the time, energy and cost of training --tokens tokens.
 
@@ -100,7 +103,12 @@ def plan_cmd(
                             ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("recompute", _words(recompute)),
                             ("sequence_parallel", _bools(sequence_parallel, "--sequence-parallel")))
           if v is not None}
-    obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory, SearchSpace(rank_order=(rank_order,), **kw))
+    if engine:
+        from dayzero.planner.engines import get_engine
+
+        engine = get_engine(engine).name
+    obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
+               SearchSpace(rank_order=(rank_order,), engine=engine, **kw))
     obj = with_training(obj, cl.accelerator, copt)
     if json_out:
         emit_json(obj)

@@ -108,11 +108,26 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
             c.add_row(r["name"], str(r["group_size"]), tier, f"{r['bytes'] / 1e6:,.0f}", f"{r['count']:,.0f}",
                       f"{r['total_s']:.3g}", f"{r['exposed_s']:.3g}", r["hidden_by"])
         console.print(c)
+    if "engines" in obj:
+        print_engines(obj)
     for ch in obj["checks"]:
         mark = "[green]pass[/green]" if ch["pass"] else "[red]fail[/red]"
         console.print(f"  {mark}  {ch['metric']} {ch['value']:.1%} (target {ch['target']})")
     if obj.get("training"):
         print_training(obj["training"])
+
+
+def print_engines(obj: dict) -> None:
+    """Which engines run the layout as laid out, and why each other one does not."""
+    from dayzero.planner.engines import ENGINES, engine_problems
+    from dayzero.specs.parallel import ParallelConfig
+
+    p = ParallelConfig.from_dict(obj["parallel"])
+    runs = [ENGINES[n].title for n in obj["engines"] if n in ENGINES]
+    console.print(f"runs on: {', '.join(runs) or 'none of the engines dayzero knows as laid out'}", highlight=False)
+    for name, e in ENGINES.items():
+        if name not in obj["engines"]:
+            console.print(f"  not {e.title}: {'; '.join(engine_problems(e, p))}", highlight=False)
 
 
 def print_training(tr: dict) -> None:

@@ -6,6 +6,7 @@ above 50 %, peak memory below 85 % of device capacity, exposed communication bel
 
 from __future__ import annotations
 
+from dayzero.planner.engines import engines_for
 from dayzero.planner.perf import Evaluation, PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET, Targets
 from dayzero.planner.topology import process_groups
@@ -58,6 +59,7 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "checks": checks(mfu, memory["utilization"], ratio),
         "communication": ev.inventory_of(i),
         "groups": {k: g.to_dict() for k, g in groups.items() if g.size > 1},
+        "engines": engines_for(parallel),  # the engines that run this layout as laid out (planner.engines)
     }
 
 

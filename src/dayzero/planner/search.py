@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dayzero.errors import FitError, LayoutError
+from dayzero.planner.engines import engine_mask
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
@@ -57,6 +58,7 @@ class SearchSpace:
     # with tp > 1 (it only removes work and memory); a tp = 1 layout is one layout, without it
     sequence_parallel: tuple[bool, ...] = (True,)
     rank_order: tuple[str, ...] = (DENSE_ORDER,)
+    engine: str | None = None  # only layouts this engine runs as laid out (planner.engines)
 
     def resolve(self, spec: ModelSpec, devices: int, seq: int, domain: int) -> dict[str, tuple[int, ...]]:
         """Grid codes per dim. Default lists: tp divides the heads and stays inside one scale-up
@@ -76,6 +78,8 @@ class SearchSpace:
         vpp = self.vpp or tuple(sorted(set(range(1, 9)) | {v for p in pp for v in range(9, 33)
                                                           if L % (p * v) == 0 or (L + 2) % (p * v) == 0}))
         sp = tuple(sorted(set(self.sequence_parallel)))
+        if self.engine and sp == (True,):  # the default: let an engine without SP keep its TP layouts
+            sp = (False, True)
         if not sp or any(not isinstance(x, (bool, np.bool_)) and x not in (0, 1) for x in sp):
             raise LayoutError(f"sequence-parallel options must be a non-empty subset of (False, True), got "
                               f"{self.sequence_parallel}")
@@ -180,20 +184,24 @@ def _with(g: dict, **cols) -> dict:
     return {**g, **{k: np.full(n, v, dtype=np.int64) if np.ndim(v) == 0 else v for k, v in cols.items()}}
 
 
-def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit) -> tuple[list, int]:
+def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit, engine=None) -> tuple[list, int, int]:
     """For each base and ZeRO stage, the least recompute that fits. Memory falls as recompute
     grows (but not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost
     more than they save), so each ZeRO stage is walked down from full recompute and stops at the
     first level that does not fit; the levels above it fit but only add time. Returns
     ([(base indices, zero, recompute per base, peak per base)], number of fitting (base, zero,
-    recompute) layouts)."""
+    recompute) layouts, number ruled out by ``engine``)."""
     n = len(bases["tp"])
     recomputes = np.asarray(sorted(recomputes))
-    out, n_fit = [], 0
+    out, n_fit, n_engine = [], 0, 0
     for z in sorted(zeros):
         level = np.full(n, -1, dtype=np.int64)  # least fitting recompute index so far
         peak_at = np.zeros(n)
         alive = np.arange(n)
+        if engine:
+            runs = engine_mask(engine, _with(bases, zero=z))
+            n_engine += int((~runs).sum()) * len(recomputes)
+            alive = alive[runs]
         for ri in range(len(recomputes) - 1, -1, -1):
             if not len(alive):
                 break
@@ -205,7 +213,7 @@ def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit) -> tu
         idx = np.nonzero(level >= 0)[0]
         n_fit += int((len(recomputes) - level[idx]).sum())
         out.append((idx, z, recomputes[level[idx]], peak_at[idx]))
-    return out, n_fit
+    return out, n_fit, n_engine
 
 
 def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
@@ -228,6 +236,12 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     space = space or SearchSpace()
     devices, domain = cluster.devices, scaleup_domain(cluster)
     bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
+    by_engine = 0  # full layouts the engine cannot run
+    if space.engine:  # the engine's limits on every column but zero (applied per ZeRO stage below)
+        runs = engine_mask(space.engine, bases)
+        by_engine = int((~runs).sum()) * variants
+        bases = _take(bases, runs)
+    by_base = by_engine
     n = len(bases["tp"])
     codes = space.resolve(spec, devices, seq, domain)
     capacity = cluster.memory_bytes
@@ -243,8 +257,9 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     n_fit = n_timed = 0
     for start in range(0, n, CHUNK):
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
-        found, fit_here = _fitting_variants(spec, chunk, zeros, recomputes, memory, limit)
+        found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, recomputes, memory, limit, space.engine)
         n_fit += fit_here
+        by_engine += engine_here
         by_zero = {z: (idx, r, pk) for idx, z, r, pk in found}
         parts = []
         for idx, z, r, pk in found:
@@ -271,13 +286,17 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     if n_fit == 0:
         raise FitError(f"no layout of {spec.name} fits in {max_memory:.0%} of {capacity / 2**30:.1f} GiB per device on "
                        f"{devices} devices (gbs {gbs}, seq {seq}; {considered:,} layouts considered); add devices, "
-                       f"lower --seq, or raise --max-memory")
+                       f"lower --seq, or raise --max-memory"
+                       + (f" ({by_engine:,} layouts {space.engine} cannot run were left out)" if space.engine else ""))
     allrows = {k: np.concatenate([b[k] for b in best_rows]) for k in best_rows[0]}
     steps, peaks = np.concatenate(best_step), np.concatenate(best_peak)
     order = np.argsort(steps, kind="stable")[:top_k]
     top = {k: v[order] for k, v in allrows.items()}
     ev = evaluate(spec, top, cluster, options)
-    rejected = {"indivisible": indivisible, "does not fit": n * variants - n_fit, "worse": n_fit - len(order)}
+    rejected = {"indivisible": indivisible, "does not fit": n * variants - n_fit - (by_engine - by_base),
+                "worse": n_fit - len(order)}
+    if space.engine:
+        rejected["engine"] = by_engine
     return SearchResult(candidates=top, evaluation=ev, peak_bytes=peaks[order], considered=considered,
                         rejected=rejected, timed=n_timed)
 

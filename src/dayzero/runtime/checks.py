@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dayzero.errors import LayoutError
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig
+from dayzero.planner.engines import DAYZERO, engine_problems
+from dayzero.specs.parallel import ParallelConfig
 
 BYTE_VOCAB = 257  # runtime.data: 256 bytes + end of document
 
@@ -14,17 +15,7 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
     """Every reason the runtime cannot train ``spec`` with ``parallel`` on ``world`` ranks."""
     p = parallel.problems(spec, world)
     a = spec.attention
-    if parallel.cp > 1:
-        p.append(f"cp {parallel.cp}: context parallelism is not in the runtime yet (PyTorch's ring attention has "
-                 "no CPU sharding rule for SDPA); use --cp 1")
-    if parallel.etp != 1:
-        p.append(f"etp {parallel.etp}: the runtime runs routed experts without tensor parallelism; use --etp 1 "
-                 "(experts are split by --ep instead)")
-    if parallel.precision != "bf16":
-        p.append(f"--precision {parallel.precision} is not in the runtime yet; use --precision bf16 (or --compute-dtype fp32)")
-    if parallel.rank_order != DENSE_ORDER:
-        p.append(f"rank order {parallel.rank_order}: the runtime's device mesh numbers ranks {DENSE_ORDER} "
-                 "(runtime/mesh.py)")
+    p += engine_problems(DAYZERO, parallel)  # the layout limits of the runtime, as the planner labels them
     if a.sinks:
         p.append(f"{spec.name}: attention sinks (gpt-oss) are not in the runtime's model zoo yet")
     acts = {spec.mlp.activation} | ({spec.moe.expert.activation} if spec.moe else set())

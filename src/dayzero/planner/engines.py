@@ -1,0 +1,150 @@
+"""Which training engines can run a layout as laid out, written once for one layout and for many.
+
+Each engine is a list of :class:`Limit` s in the style of :mod:`dayzero.specs.layout_rules`: a
+predicate over grid columns (plain arithmetic, so it takes the ints of one layout or the arrays
+of a whole search space) and the reason it gives when the layout breaks it, with the source the
+limit comes from. ``dayzero plan`` labels every plan with the engines that run it
+(:func:`engines_for`) and ``--engine NAME`` restricts the search to them (:func:`engine_mask`).
+
+A limit reads layout columns only; what an engine cannot do for a *model* (an attention variant,
+a layer type) is the model's verdict (``dayzero ops``), not the layout's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from dayzero.errors import ConfigError
+from dayzero.specs.grid import GPIPE, ONE_F_ONE_B, code, columns
+from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig
+
+BF16 = code("precision", "bf16")
+FP4 = code("precision", "fp4")
+DENSE = code("rank_order", DENSE_ORDER)
+# Megatron's --use-tp-pp-dp-mapping numbers ranks tp, cp, pp, dp (fastest first)
+TP_PP_DP = code("rank_order", "tp-cp-pp-dp")
+
+
+@dataclass(frozen=True)
+class Limit:
+    reads: tuple[str, ...]
+    ok: Callable[[dict], Any]  # columns -> bool (ints) or bool array (arrays)
+    says: str  # why the engine cannot run a layout that breaks it
+    source: str
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    title: str
+    limits: tuple[Limit, ...]
+
+
+MEGATRON = Engine("megatron", "Megatron-Core", (
+    Limit(("zero", "pp"), lambda c: (c["zero"] <= 1) | (c["pp"] == 1),
+          "ZeRO-2/3 is Megatron FSDP, which composes with TP, EP and CP but not with pipeline parallelism "
+          "(ZeRO-1 is --use-distributed-optimizer)",
+          "Megatron-Core developer guide, Megatron FSDP: 'Compatible with TP, EP and CP configurations'"),
+    Limit(("schedule",), lambda c: c["schedule"] != GPIPE,
+          "Megatron-Core schedules are 1F1B and interleaved 1F1B, not GPipe",
+          "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func"),
+    Limit(("rank_order",), lambda c: (c["rank_order"] == DENSE) | (c["rank_order"] == TP_PP_DP),
+          "Megatron numbers ranks tp-cp-(ep)-dp-pp, or tp-cp-pp-dp with --use-tp-pp-dp-mapping",
+          "megatron/core/parallel_state.py RankGenerator (order 'tp-cp-ep-dp-pp')"),
+))
+
+TORCHTITAN = Engine("torchtitan", "torchtitan", (
+    Limit(("zero",), lambda c: c["zero"] != 1,
+          "torchtitan shards with FSDP2 (ZeRO-3; ZeRO-2 with fsdp_reshard_after_forward=never) or replicates "
+          "with DDP; it has no optimizer-only sharding (ZeRO-1)",
+          "torchtitan docs/fsdp.md; config parallelism.fsdp_reshard_after_forward"),
+    Limit(("zero", "tp", "pp", "cp", "ep"), lambda c: (c["zero"] != 0) | (c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1),
+          "torchtitan's DDP (ZeRO-0) does not combine with other parallelism",
+          "torchtitan parallelize: apply_ddp raises 'DDP has not supported > 1D parallelism'"),
+    Limit(("ep", "etp", "tp"), lambda c: (c["etp"] == 1) | (c["etp"] == c["tp"]),
+          "torchtitan runs experts with etp 1 or etp = tp",
+          "torchtitan ParallelDims: 'Currently we only support ETP=TP or ETP=1'"),
+    Limit(("tp", "sequence_parallel"), lambda c: (c["tp"] == 1) | (c["sequence_parallel"] == 1),
+          "torchtitan's tensor-parallel plans always shard norms along the sequence (SequenceParallel)",
+          "torchtitan models/llama3/infra/parallelize.py apply_tp"),
+    Limit(("precision",), lambda c: c["precision"] != FP4,
+          "torchtitan trains in bf16 or float8 (torchao); it has no fp4 training recipe",
+          "torchtitan docs/float8.md"),
+    Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
+          "torchtitan's device mesh is [pp, dp_replicate, dp_shard, cp, tp] (tp fastest)",
+          "torchtitan distributed/parallel_dims.py build_mesh"),
+))
+
+DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
+    Limit(("zero", "pp"), lambda c: (c["pp"] == 1) | (c["zero"] <= 1),
+          "DeepSpeed's pipeline engine runs only with ZeRO-0/1",
+          "deepspeed/runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'"),
+    Limit(("vpp", "schedule"), lambda c: (c["vpp"] == 1) & (c["schedule"] == ONE_F_ONE_B),
+          "DeepSpeed's pipeline engine has one schedule (1F1B, no interleaving)",
+          "deepspeed/runtime/pipe/schedule.py TrainSchedule"),
+    Limit(("cp",), lambda c: c["cp"] == 1,
+          "DeepSpeed splits sequences with Ulysses (all-to-all over heads), not ring context parallelism",
+          "DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509"),
+    Limit(("tp", "pp", "zero"), lambda c: (c["tp"] == 1) | ((c["pp"] == 1) & (c["zero"] <= 2)),
+          "DeepSpeed's AutoTP training composes with ZeRO-0/1/2, without pipeline parallelism",
+          "DeepSpeed AutoTP training tutorial (tensor parallel training with ZeRO-1/2)"),
+    Limit(("tp", "sequence_parallel"), lambda c: (c["tp"] == 1) | (c["sequence_parallel"] == 0),
+          "DeepSpeed's AutoTP has no Megatron-style sequence parallelism", "DeepSpeed AutoTP training tutorial"),
+    Limit(("etp",), lambda c: c["etp"] == 1, "DeepSpeed-MoE splits experts by ep only (etp 1)",
+          "DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596"),
+    Limit(("precision",), lambda c: c["precision"] == BF16, "DeepSpeed's engine trains in bf16/fp16, not fp8 or fp4",
+          "DeepSpeed config reference: bf16 / fp16 sections"),
+    Limit(("rank_order",), lambda c: c["rank_order"] == DENSE, "DeepSpeed's topology numbers ranks data-fastest "
+          "within a pipe stage", "deepspeed/runtime/pipe/topology.py PipeModelDataParallelTopology"),
+))
+
+DAYZERO = Engine("dayzero", "dayzero runtime", (
+    Limit(("cp",), lambda c: c["cp"] == 1,
+          "context parallelism is not in the runtime yet (PyTorch's ring attention has no CPU sharding rule for "
+          "SDPA); use --cp 1", "dayzero runtime"),
+    Limit(("etp",), lambda c: c["etp"] == 1,
+          "the runtime runs routed experts without tensor parallelism; use --etp 1 (experts are split by --ep "
+          "instead)", "dayzero runtime"),
+    Limit(("precision",), lambda c: c["precision"] == BF16,
+          "the runtime computes in bf16 or fp32; use --precision bf16 (or --compute-dtype fp32)", "dayzero runtime"),
+    Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
+          f"the runtime's device mesh numbers ranks {DENSE_ORDER}", "dayzero runtime"),
+))
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}
+
+
+def get_engine(name: str) -> Engine:
+    key = name.strip().lower().replace("-core", "").replace("_", "").replace("-", "")
+    for e in ENGINES.values():
+        if key in (e.name, e.title.lower().replace("-core", "").replace(" ", "").replace("-", "")):
+            return e
+    raise ConfigError("--engine", None, f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
+
+
+def engine_problems(engine: Engine | str, parallel: ParallelConfig) -> list[str]:
+    """Why ``engine`` cannot run ``parallel`` as laid out (empty: it can)."""
+    e = get_engine(engine) if isinstance(engine, str) else engine
+    c = columns(parallel)
+    return [f"{', '.join(f'{k.replace(chr(95), chr(32))} {getattr(parallel, k)}' for k in lim.reads)}: {lim.says}"
+            for lim in e.limits if not bool(lim.ok(c))]
+
+
+def engines_for(parallel: ParallelConfig) -> list[str]:
+    """The engines that run ``parallel`` as laid out."""
+    return [name for name, e in ENGINES.items() if not engine_problems(e, parallel)]
+
+
+def engine_mask(engine: Engine | str, grid: dict) -> np.ndarray:
+    """The rows of ``grid`` ``engine`` can run, judged on the columns present (a limit reading a
+    column not yet expanded is applied later, when it is)."""
+    e = get_engine(engine) if isinstance(engine, str) else engine
+    n = len(next(iter(grid.values())))
+    ok = np.ones(n, dtype=bool)
+    for lim in e.limits:
+        if all(k in grid for k in lim.reads):
+            ok &= np.broadcast_to(np.asarray(lim.ok(grid), dtype=bool), (n,))
+    return ok
