@@ -118,8 +118,9 @@ def plan_cmd(
                   f"{obj['seconds']['search']:.2f} s ({obj['timed']:,} timed)")
     rej = ", ".join(f"{k} {v:,}" for k, v in obj["rejected"].items())
     console.print(f"rejected: {rej}")
-    t = FitTable(title=f"Best {len(obj['plans'])} plans (peak memory <= {max_memory:.0%})", compact=True)
-    for col in ("layout", "step s", "tok/s per dev", "MFU", "comm", "bubble", "mem"):
+    t = FitTable(title=f"Best {len(obj['plans'])} plans, one per family of tp, pp, ep, ZeRO and recompute "
+                       f"(peak memory <= {max_memory:.0%})", compact=True)
+    for col in ("layout", "step s", "vs best", "tok/s per dev", "MFU", "comm", "bubble", "mem"):
         t.add_column(col, num=col != "layout")
     for i, p in enumerate(obj["plans"], 1):
         tm, th = p["time"], p["throughput"]
@@ -128,11 +129,14 @@ def plan_cmd(
         def mark(text: str, metric: str) -> str:
             return f"[green]{text}[/green]" if ok[metric] else f"[red]{text}[/red]"
 
-        t.add_row(describe(p["parallel"]), f"{tm['step_s']:.4g}", _per_device(th["tokens_per_s_per_device"]),
+        t.add_row(describe(p["parallel"]), f"{tm['step_s']:.4g}", "best" if i == 1 else f"{p['vs_best']:+.1%}",
+                  _per_device(th["tokens_per_s_per_device"]),
                   mark(f"{th['mfu']:.0%}", "mfu"), mark(f"{p['comm_ratio']:.0%}", "comm_ratio"),
                   f"{tm['bubble_s'] / tm['step_s']:.0%}", mark(f"{p['memory']['utilization']:.0%}", "peak_memory_fraction"))
     console.print(t)
     print_prediction(obj["plans"][0], title="[bold]Best plan[/bold]")
+    if "binding" in obj["plans"][0]:
+        console.print(f"what binds it: {obj['plans'][0]['binding']['detail']}", highlight=False)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps, DEFAULT_CLUSTER)]
     print_next(console, next_for_layout(obj["plans"][0], model, where, cl))
 

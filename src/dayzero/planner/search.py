@@ -22,6 +22,7 @@ import numpy as np
 
 from dayzero.errors import FitError, LayoutError
 from dayzero.planner.engines import engine_mask
+from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
@@ -301,6 +302,23 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                         rejected=rejected, timed=n_timed)
 
 
+FAMILY_POOL = 20  # layouts timed per plan shown, so that the runner-ups can come from other families
+
+
+def best_of_families(layouts: list[ParallelConfig], k: int) -> list[int]:
+    """Indices of the best layout of each of the ``k`` best families (:func:`explain.family`),
+    best first; when fewer families exist, the next best layouts fill the list."""
+    chosen, seen = [], set()
+    for i, p in enumerate(layouts):
+        if family(p) not in seen:
+            seen.add(family(p))
+            chosen.append(i)
+            if len(chosen) == k:
+                return chosen
+    rest = [i for i in range(len(layouts)) if i not in chosen]
+    return sorted(chosen + rest[:k - len(chosen)], key=lambda i: i)
+
+
 def candidate_layouts(result: SearchResult) -> list[ParallelConfig]:
     """The top plans' layouts, best first."""
     return decode(result.candidates)
@@ -319,13 +337,19 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
 
     options = options or PerfOptions()
     t0 = time.perf_counter()
-    result = search(spec, cluster, gbs, seq, precision, options, max(top_k, cloud), max_memory, space,
+    result = search(spec, cluster, gbs, seq, precision, options, max(top_k * FAMILY_POOL, cloud), max_memory, space,
                     memory_options=memory_options)
     t_search = time.perf_counter() - t0
     layouts = candidate_layouts(result)
-    plans = [predict(spec, p, cluster, options, memory_options) for p in layouts[:top_k]]
+    chosen = best_of_families(layouts, top_k)
+    plans = [predict(spec, layouts[i], cluster, options, memory_options) for i in chosen]
+    best = plans[0]["time"]["step_s"]
+    for p, i in zip(plans, chosen):
+        p["family"] = family(layouts[i])
+        p["vs_best"] = p["time"]["step_s"] / best - 1.0
+    plans[0]["binding"] = binding(plans[0], max_memory)
     rejected = dict(result.rejected)
-    rejected["worse"] += max(0, len(layouts) - top_k)  # timed and kept for the cloud, not plans
+    rejected["worse"] += max(0, len(layouts) - len(plans))  # timed (runner-ups of a family, the cloud), not plans
     extra = {}
     if cloud:
         extra["candidates"] = [{"layout": p.to_dict(), "step_s": float(t), "peak_bytes": float(m)}
