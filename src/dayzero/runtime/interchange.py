@@ -172,7 +172,7 @@ def _hf_tensors(hf_dir: Path, shards: list[Path], spec, cast: torch.dtype | None
     tensors: dict[str, torch.Tensor] = {}
     if spec is not None:
         from dayzero.runtime.hf_weights import HFCheckpoint
-        from dayzero.runtime.model import build_model
+        from dayzero.runtime.models.model import build_model
 
         hf = HFCheckpoint(hf_dir, spec)
         zoo = build_model(spec)  # meta device: names and shapes only

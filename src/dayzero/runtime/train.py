@@ -27,8 +27,8 @@ from dayzero.runtime.data import TokenStream, resolve_data
 from dayzero.runtime.launch import init_distributed
 from dayzero.runtime.mesh import Meshes, build_meshes
 from dayzero.runtime.metrics import CommTimer, MetricsWriter, StepRecord, peak_memory_bytes
-from dayzero.runtime.model import build_model
-from dayzero.runtime.moe import MoE
+from dayzero.runtime.models.model import build_model
+from dayzero.runtime.models.moe import MoE
 from dayzero.runtime.optim import build_optimizer, build_scheduler, clip_grad_norm_
 from dayzero.runtime.parallelize import ParallelModel, parallelize, seeded_weights
 from dayzero.runtime.pipeline import Pipeline, build_pipeline

@@ -110,7 +110,7 @@ class _Complete:
 
 
 def _balanced_moe_forward(self, x):
-    """MoE.forward (runtime/moe.py) with a balanced routing table instead of the data-dependent
+    """MoE.forward (runtime/models/moe.py) with a balanced routing table instead of the data-dependent
     one; every tensor the real forward keeps is kept here with the same shape."""
     import torch
 
@@ -152,8 +152,8 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
 
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.mesh import build_meshes
-    from dayzero.runtime.model import build_model
-    from dayzero.runtime.moe import MoE
+    from dayzero.runtime.models.model import build_model
+    from dayzero.runtime.models.moe import MoE
     from dayzero.runtime.optim import build_optimizer
     from dayzero.runtime.parallelize import parallelize
     from dayzero.runtime.train import loss_context
