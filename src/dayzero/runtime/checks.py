@@ -24,7 +24,7 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
         p.append(f"--precision {parallel.precision} is not in the runtime yet; use --precision bf16 (or --compute-dtype fp32)")
     if parallel.rank_order != DENSE_ORDER:
         p.append(f"rank order {parallel.rank_order}: the runtime's device mesh numbers ranks {DENSE_ORDER} "
-                 "(runtime/mesh.py)")
+                 "(runtime/parallel/mesh.py)")
     if a.sinks:
         p.append(f"{spec.name}: attention sinks (gpt-oss) are not in the runtime's model zoo yet")
     acts = {spec.mlp.activation} | ({spec.moe.expert.activation} if spec.moe else set())

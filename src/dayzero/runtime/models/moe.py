@@ -3,7 +3,7 @@ selection and score-correction bias), routed experts stored as grouped weights, 
 and the auxiliary balance loss.
 
 Token movement goes through ``self.dispatcher``: :class:`LocalDispatch` runs every expert here;
-expert parallelism swaps in an all-to-all dispatcher (``expert_parallel.py``) without the layer
+expert parallelism swaps in an all-to-all dispatcher (:mod:`dayzero.runtime.parallel.expert_parallel`) without the layer
 knowing. ``stats_group`` (set by tensor parallelism) is the process group whose ranks together
 hold one micro-batch's tokens, so the balance loss sees the whole micro-batch.
 """
