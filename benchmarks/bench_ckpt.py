@@ -103,7 +103,7 @@ def max_over_ranks(x: float) -> float:
 
 
 def run(rank: int, args, out: dict) -> None:
-    from dayzero.runtime.checkpoint import Checkpointer
+    from dayzero.runtime.checkpoint.checkpointer import Checkpointer
 
     if args.world > 1:
         dist.init_process_group("gloo", init_method=f"file://{args.tmp}/store", rank=rank, world_size=args.world)

@@ -15,11 +15,11 @@ import torch
 import torch.nn as nn
 
 from dayzero.cli.app import main
-from dayzero.runtime.checkpoint import Checkpointer
-from dayzero.runtime.dirlock import LOCK_FILE, CheckpointLocked, DirLock, read_holder
-from dayzero.runtime.interchange import export_hf, import_hf
-from dayzero.runtime.manifest import MANIFEST, CheckpointError, read_manifest, verify_version, write_marker
-from dayzero.runtime.versions import SEQUENCE, commit, prepare_partial, scan, version_name
+from dayzero.runtime.checkpoint.checkpointer import Checkpointer
+from dayzero.runtime.checkpoint.dirlock import LOCK_FILE, CheckpointLocked, DirLock, read_holder
+from dayzero.runtime.checkpoint.interchange import export_hf, import_hf
+from dayzero.runtime.checkpoint.manifest import MANIFEST, CheckpointError, read_manifest, verify_version, write_marker
+from dayzero.runtime.checkpoint.versions import SEQUENCE, commit, prepare_partial, scan, version_name
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -258,7 +258,7 @@ def test_import_deletes_nothing_and_an_unfit_import_does_not_block_resume(tmp_pa
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from dayzero.runtime.checkpoint import Checkpointer
+    from dayzero.runtime.checkpoint.checkpointer import Checkpointer
     ck = Checkpointer(sys.argv[1])
     print("ready", flush=True)
     time.sleep(120)
@@ -293,7 +293,7 @@ def test_a_second_job_is_refused_naming_the_holder_and_a_dead_holders_lock_is_ta
 
 @pytest.mark.slow
 def test_a_launcher_lends_its_lock_to_the_processes_it_starts(tmp_path):
-    child = "import sys; from dayzero.runtime.dirlock import DirLock; l = DirLock(sys.argv[1]).acquire(); print(l.owned)"
+    child = "import sys; from dayzero.runtime.checkpoint.dirlock import DirLock; l = DirLock(sys.argv[1]).acquire(); print(l.owned)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"), os.environ.get("PYTHONPATH")] if p)}
     for lend, expect in ((True, "False"), (False, None)):
         with DirLock(tmp_path, lend_to_children=lend):

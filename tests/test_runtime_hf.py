@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from dayzero.errors import ConfigError  # noqa: E402
-from dayzero.runtime.hf_weights import HFCheckpoint  # noqa: E402
+from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint  # noqa: E402
 from dayzero.runtime.models.model import build_model  # noqa: E402
 from dayzero.runtime.parallel.parallelize import write_full  # noqa: E402
 from dayzero.specs.registry import load_model  # noqa: E402

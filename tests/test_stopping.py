@@ -15,7 +15,7 @@ import pytest
 from dayzero.errors import DayzeroError
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.faults import WATCHDOG_EXIT
-from dayzero.runtime.manifest import MARKER
+from dayzero.runtime.checkpoint.manifest import MARKER
 from dayzero.runtime.resilience import DEFAULT_SAVE_TIMEOUT_S, ResilienceConfig, resilience_config
 from dayzero.runtime.stopping import Interrupted, StopOnSignal
 from test_signals import alive  # tests/test_signals.py: /proc helpers

@@ -16,7 +16,7 @@ from dayzero.cli.common import (
     BackendOpt, CpOpt, DeviceOpt, DpOpt, EpOpt, EtpOpt, GbsOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt, SpOpt,
     SplitOpt, TpOpt, VppOpt, ZeroOpt, console, emit_json, parallel_from_options,
 )
-from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
+from dayzero.runtime.checkpoint.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 
 _COMPUTE = ("bf16", "fp32", "auto")
 
@@ -27,7 +27,7 @@ def _under_torchrun() -> bool:
 
 @contextlib.contextmanager
 def _ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator[None]:
-    """One job per checkpoint directory (:mod:`dayzero.runtime.dirlock`), refused before any work.
+    """One job per checkpoint directory (:mod:`dayzero.runtime.checkpoint.dirlock`), refused before any work.
 
     Spawning ranks, this process owns the job (it outlives restarts of its ranks): it holds the
     lock and lends it to them. Otherwise rank 0's Checkpointer takes it; here it is only checked
@@ -35,7 +35,7 @@ def _ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator
     if not ckpt_dir:
         yield
         return
-    from dayzero.runtime.dirlock import DirLock, check_free
+    from dayzero.runtime.checkpoint.dirlock import DirLock, check_free
 
     if torchrun or world == 1:
         if not torchrun or os.environ.get("RANK") == "0":

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from dayzero.runtime.manifest import DEFAULT_CHECKSUM
+from dayzero.runtime.checkpoint.manifest import DEFAULT_CHECKSUM
 from dayzero.specs.parallel import ParallelConfig
 
 COMPUTE_DTYPES = ("bf16", "fp32")

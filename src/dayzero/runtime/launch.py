@@ -38,7 +38,7 @@ from dayzero.errors import DayzeroError
 from dayzero.runtime import rank_log
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.stopping import STOP_GRACE_S, Interrupted, StopOnSignal, exit_now, training_process
-from dayzero.runtime.versions import scan
+from dayzero.runtime.checkpoint.versions import scan
 
 PG_TIMEOUT_S = 600  # a rank stuck longer than this in a collective fails instead of hanging
 
@@ -282,7 +282,7 @@ def ranks_log(configs: list[TrainConfig]) -> Path | None:
 def resume_point(configs: list[TrainConfig]) -> str:
     """Where restarted ranks pick up: ``from checkpoint step N`` (the version ``--resume`` picks:
     auto's first complete one in resume order, or the step asked for), or ``from the start``."""
-    from dayzero.runtime.lineage import resume_order
+    from dayzero.runtime.checkpoint.lineage import resume_order
 
     cfg = configs[0]  # restarted ranks run the configs again from the first
     if not cfg.ckpt_dir or cfg.resume == "never":

@@ -99,7 +99,7 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     model = build_model(spec, parallel.seq)
     weights, buffers = seeded_weights(config.seed, device), None
     if config.hf_weights:
-        from dayzero.runtime.hf_weights import HFCheckpoint
+        from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint
 
         ckpt = HFCheckpoint(config.hf_weights, spec)
         weights = buffers = ckpt.tensor
@@ -124,7 +124,7 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
 
 def rope_scaling_type(checkpoint: str) -> str | None:
     """The RoPE scaling a HF checkpoint's config.json asks for (llama3, yarn, ...), if any."""
-    from dayzero.runtime.hf_weights import checkpoint_config
+    from dayzero.runtime.checkpoint.hf_weights import checkpoint_config
 
     cfg = checkpoint_config(checkpoint)
     for key in ("rope_scaling", "rope_parameters"):
