@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from dayzero.runtime.checkpoint.checkpointer import TRAIN_STATE, Checkpointer
 from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, load_metadata
-from dayzero.runtime.faults import InjectedFault
+from dayzero.runtime.resilience.faults import InjectedFault
 from dayzero.runtime.checkpoint.manifest import MANIFEST, CheckpointError, describe_file, read_manifest
 from dayzero.runtime.checkpoint.json_state import from_json, to_json
 from dayzero.runtime.checkpoint.versions import partial_name, scan, version_name
@@ -64,7 +64,7 @@ def test_resume_continues_bitwise(tmp_path):
 
 
 def test_scalar_optimizer_state_goes_to_json_and_older_layouts_still_load(tmp_path, monkeypatch):
-    from dayzero.runtime.checkpoint import checkpointer as checkpoint as ckpt_mod
+    from dayzero.runtime.checkpoint import checkpointer as ckpt_mod
 
     run(tmp_path / "new", 5, every=5)
     v = tmp_path / "new" / version_name(5)

@@ -101,7 +101,7 @@ GUARD_SCRIPT = textwrap.dedent("""
     import math, sys
     import dayzero.runtime.train as T
     from dayzero.runtime.config import TrainConfig
-    from dayzero.runtime.launch import run_configs
+    from dayzero.runtime.train_entry import run_configs
     from dayzero.specs.parallel import ParallelConfig
 
     real = T.compute_step

@@ -107,7 +107,7 @@ def test_hf_weights_through_a_parallel_run(checkpoint, tmp_path):
 
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.data import TokenStream
-    from dayzero.runtime.launch import spawn
+    from dayzero.runtime.train_entry import spawn
     from dayzero.runtime.metrics import read_metrics
     from dayzero.specs.parallel import ParallelConfig
 

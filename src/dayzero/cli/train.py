@@ -101,7 +101,7 @@ def train_cmd(
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.data import resolve_data
-    from dayzero.runtime.resilience import resilience_config
+    from dayzero.runtime.resilience.loop import resilience_config
 
     if compute_dtype not in _COMPUTE:
         raise DayzeroError(f"--compute-dtype {compute_dtype!r}: expected one of {', '.join(_COMPUTE)}")
@@ -154,11 +154,11 @@ def train_cmd(
 
     with _ckpt_dir_lock(cfg.ckpt_dir, torchrun, world), acc.exported():
         if torchrun or world == 1:
-            from dayzero.runtime.launch import train_here
+            from dayzero.runtime.train_entry import train_here
 
             code = train_here([cfg], under_agent=torchrun)
         else:
-            from dayzero.runtime.launch import spawn
+            from dayzero.runtime.train_entry import spawn
 
             code = spawn(cfg, world)
     if code:

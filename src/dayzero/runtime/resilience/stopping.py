@@ -3,7 +3,7 @@
 Ranks run in sessions of their own (torch elastic starts them with ``start_new_session``), so a
 Ctrl-C at the terminal reaches only the launcher. Its agent sends the same signal to every rank
 and SIGKILLs those still alive ``STOP_GRACE_S`` later; the launcher then exits 128 + the signal
-number (130 for SIGINT, 143 for SIGTERM) and never relaunches (:func:`launch.launch_local`).
+number (130 for SIGINT, 143 for SIGTERM) and never relaunches (:func:`dayzero.runtime.launch.launch_local`).
 
 A process that runs the training loop (a rank, or a single-process run) enters
 :func:`training_process`:
