@@ -11,9 +11,9 @@ import time
 import pytest
 
 from dayzero.runtime.resilience.faults import FaultInjector, FaultSpec, FaultSpecError, InjectedFault
-from dayzero.runtime.resilience.rank_log import WATCHDOG_EXIT
 from dayzero.runtime.resilience.guards import GuardConfig, LossDivergedError, LossGuard
 from dayzero.runtime.resilience.loop import ResilienceConfig
+from dayzero.runtime.resilience.rank_log import WATCHDOG_EXIT
 
 import ckpt_toy  # tests/ckpt_toy.py: the small tp/pp/dp harness, here in one plain process
 

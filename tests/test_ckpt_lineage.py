@@ -293,7 +293,8 @@ def test_a_second_job_is_refused_naming_the_holder_and_a_dead_holders_lock_is_ta
 
 @pytest.mark.slow
 def test_a_launcher_lends_its_lock_to_the_processes_it_starts(tmp_path):
-    child = "import sys; from dayzero.runtime.checkpoint.dirlock import DirLock; l = DirLock(sys.argv[1]).acquire(); print(l.owned)"
+    child = ("import sys; from dayzero.runtime.checkpoint.dirlock import DirLock; "
+             "l = DirLock(sys.argv[1]).acquire(); print(l.owned)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"), os.environ.get("PYTHONPATH")] if p)}
     for lend, expect in ((True, "False"), (False, None)):
         with DirLock(tmp_path, lend_to_children=lend):

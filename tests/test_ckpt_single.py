@@ -15,10 +15,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from dayzero.runtime.checkpoint.checkpointer import TRAIN_STATE, Checkpointer
 from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, load_metadata
-from dayzero.runtime.resilience.faults import InjectedFault
-from dayzero.runtime.checkpoint.manifest import MANIFEST, CheckpointError, describe_file, read_manifest
 from dayzero.runtime.checkpoint.json_state import from_json, to_json
+from dayzero.runtime.checkpoint.manifest import MANIFEST, CheckpointError, describe_file, read_manifest
 from dayzero.runtime.checkpoint.versions import partial_name, scan, version_name
+from dayzero.runtime.resilience.faults import InjectedFault
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -107,8 +107,8 @@ def test_hf_weights_through_a_parallel_run(checkpoint, tmp_path):
 
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.data import TokenStream
-    from dayzero.runtime.train_entry import spawn
     from dayzero.runtime.metrics import read_metrics
+    from dayzero.runtime.train_entry import spawn
     from dayzero.specs.parallel import ParallelConfig
 
     family, ref, path = checkpoint

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("torch")
 
 from dayzero.runtime.config import TrainConfig  # noqa: E402
-from dayzero.runtime.train_entry import spawn  # noqa: E402
 from dayzero.runtime.metrics import STEP_KEYS, read_metrics  # noqa: E402
+from dayzero.runtime.train_entry import spawn  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow

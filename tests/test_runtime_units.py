@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 from dayzero.errors import LayoutError  # noqa: E402
 from dayzero.runtime.checks import check_runtime, runtime_problems  # noqa: E402
 from dayzero.runtime.data import EOS, DataError, TokenStream, default_corpus, resolve_data  # noqa: E402
-from dayzero.runtime.parallel.mesh import MeshShape  # noqa: E402
 from dayzero.runtime.models.model import build_model, initial_value  # noqa: E402
-from dayzero.runtime.optim import clip_grad_norm_, lr_lambda  # noqa: E402
 from dayzero.runtime.models.recompute import apply_activation_checkpointing  # noqa: E402
+from dayzero.runtime.optim import clip_grad_norm_, lr_lambda  # noqa: E402
+from dayzero.runtime.parallel.mesh import MeshShape  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 from dayzero.specs.registry import load_model  # noqa: E402
 

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from dayzero.errors import DayzeroError
-from dayzero.runtime.config import TrainConfig
-from dayzero.runtime.resilience.rank_log import WATCHDOG_EXIT
 from dayzero.runtime.checkpoint.manifest import MARKER
+from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.resilience.loop import DEFAULT_SAVE_TIMEOUT_S, ResilienceConfig, resilience_config
+from dayzero.runtime.resilience.rank_log import WATCHDOG_EXIT
 from dayzero.runtime.resilience.stopping import Interrupted, StopOnSignal
 from test_signals import alive  # tests/test_signals.py: /proc helpers
 

@@ -25,11 +25,11 @@ from dayzero.runtime.checks import check_runtime
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.data import TokenStream, resolve_data
 from dayzero.runtime.distributed import init_distributed, restart_attempt
-from dayzero.runtime.parallel.mesh import Meshes, build_meshes
 from dayzero.runtime.metrics import CommTimer, MetricsWriter, StepRecord, peak_memory_bytes
 from dayzero.runtime.models.model import build_model
 from dayzero.runtime.models.moe import MoE
 from dayzero.runtime.optim import build_optimizer, build_scheduler, clip_grad_norm_
+from dayzero.runtime.parallel.mesh import Meshes, build_meshes
 from dayzero.runtime.parallel.parallelize import ParallelModel, parallelize, seeded_weights
 from dayzero.runtime.parallel.pipeline import Pipeline, build_pipeline
 from dayzero.runtime.torch_compat import require_torch

@@ -70,7 +70,8 @@ def committed_note(ckpt_dirs: Iterable[str | None]) -> str:
     for d in dirs:
         steps = [v.step for v in scan(Path(d)) if v.state == "complete"]
         where = f" in {d}" if len(dirs) > 1 else ""
-        notes.append(f"last committed checkpoint step {max(steps)}{where}" if steps else f"no committed checkpoint{where}")
+        notes.append(f"last committed checkpoint step {max(steps)}{where}" if steps
+                     else f"no committed checkpoint{where}")
     return "".join(f"; {n}" for n in notes)
 
 

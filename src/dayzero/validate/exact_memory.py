@@ -151,10 +151,10 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from dayzero.runtime.checks import check_runtime
-    from dayzero.runtime.parallel.mesh import build_meshes
     from dayzero.runtime.models.model import build_model
     from dayzero.runtime.models.moe import MoE
     from dayzero.runtime.optim import build_optimizer
+    from dayzero.runtime.parallel.mesh import build_meshes
     from dayzero.runtime.parallel.parallelize import parallelize
     from dayzero.runtime.train import loss_context
     from dayzero.validate.torch_tools import category_tracker, fake_store, require_torch

@@ -99,9 +99,9 @@ def run_rank(args: dict) -> dict:
 
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.device import memory_stats
+    from dayzero.runtime.distributed import init_distributed
     from dayzero.runtime.metrics import CommTimer, peak_memory_bytes
     from dayzero.runtime.train import build_state, train_step
-    from dayzero.runtime.distributed import init_distributed
 
     req = ValidationRequest.from_dict(args["request"])
     device = init_distributed()

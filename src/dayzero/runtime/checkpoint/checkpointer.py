@@ -49,19 +49,20 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from dayzero.runtime.checkpoint.dcp_io import (METADATA_FILE, CachedStager, CachingSavePlanner, HookedWriter, SafeLoadPlanner,
-                                    SafeReader, check_torch, forget_plans, load_metadata, referenced_files,
-                                    single_process)
+from dayzero.runtime.checkpoint.dcp_io import (METADATA_FILE, CachedStager, CachingSavePlanner, HookedWriter,
+                                               SafeLoadPlanner, SafeReader, check_torch, forget_plans, load_metadata,
+                                               referenced_files, single_process)
 from dayzero.runtime.checkpoint.dirlock import CheckpointLocked, DirLock
-from dayzero.runtime.checkpoint.lineage import RunLineage, history, new_lineage_id, target_copy, write_order
-from dayzero.runtime.checkpoint.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, FileEntry, CheckpointManifest, ModelInfo,
-                                      Verdict, VersionRef, check_algorithm, check_file, check_marker, dayzero_version,
-                                      describe_file, read_manifest, safe_join, utc_now, write_json_durable)
-from dayzero.runtime.checkpoint.state_dicts import (fit_problems, model_shapes, set_train_state, split_small, take_saved,
-                                         train_state_dict)
 from dayzero.runtime.checkpoint.json_state import capture_rng, from_json, restore_rng, to_json
+from dayzero.runtime.checkpoint.lineage import RunLineage, history, new_lineage_id, target_copy, write_order
+from dayzero.runtime.checkpoint.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, CheckpointManifest,
+                                                 FileEntry, ModelInfo, Verdict, VersionRef, check_algorithm, check_file,
+                                                 check_marker, dayzero_version, describe_file, read_manifest, safe_join,
+                                                 utc_now, write_json_durable)
+from dayzero.runtime.checkpoint.state_dicts import (fit_problems, model_shapes, set_train_state, split_small,
+                                                    take_saved, train_state_dict)
 from dayzero.runtime.checkpoint.versions import (Version, backup, commit, next_seq, prepare_partial, purge, retire,
-                                      scan, select_first, select_newest, version_name)
+                                                 scan, select_first, select_newest, version_name)
 
 log = logging.getLogger("dayzero.checkpoint")
 TRAIN_STATE = "train_state.json"
@@ -501,8 +502,8 @@ class Checkpointer:
             self._warn(f"skipping checkpoint {v.path.name}: {v.summary()}")
             self._event({"event": "checkpoint_skipped", "path": str(v.path), "problems": list(v.problems)})
 
-    def load(self, path: str | Path, model, optimizer=None, scheduler=None, *, manifest: CheckpointManifest | None = None,
-             skipped: Sequence[Verdict] = ()) -> Resumed:
+    def load(self, path: str | Path, model, optimizer=None, scheduler=None, *,
+             manifest: CheckpointManifest | None = None, skipped: Sequence[Verdict] = ()) -> Resumed:
         """Load one version into ``model`` (any layout), ``optimizer`` and ``scheduler``."""
         path = Path(path)
         manifest = manifest or read_manifest(path)

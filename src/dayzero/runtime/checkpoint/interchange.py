@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from dayzero.runtime.checkpoint.checkpointer import Checkpointer
 from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, single_process
 from dayzero.runtime.checkpoint.manifest import (CheckpointError, default_file_mode, manifest_digest, verify_version,
-                                     write_json_durable)
+                                                 write_json_durable)
 from dayzero.runtime.checkpoint.versions import version_name
 
 INDEX = "model.safetensors.index.json"
@@ -197,8 +197,8 @@ def _recipe_spec(manifest):
     recipe = manifest.model.recipe
     if not recipe.get("model"):
         return None
-    from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.checkpoint.hf_weights import FAMILIES
+    from dayzero.runtime.config import TrainConfig
 
     spec = TrainConfig(**{k: v for k, v in recipe.items() if k in ("model", "layers", "hidden", "experts", "vocab")}
                        ).spec()

@@ -28,7 +28,7 @@ from typing import Callable, Literal
 
 from dayzero.runtime.checkpoint.lineage import Record, resume_order, retention
 from dayzero.runtime.checkpoint.manifest import (MARKER, CheckpointError, Verdict, fsync_dir, read_manifest, utc_now,
-                                      write_json_durable, write_marker)
+                                                 write_json_durable, write_marker)
 
 _NAME = re.compile(r"^step-(\d{8,})(?:-v(\d+))?(\.partial|\.replaced|\.deleting)?$")
 State = Literal["complete", "incomplete", "partial", "replaced", "deleting"]

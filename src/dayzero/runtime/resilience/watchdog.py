@@ -82,7 +82,8 @@ class Watchdog:
         while not self._stop.wait(self._poll_s()):
             with self._lock:
                 now = time.monotonic()
-                stalled, limit, step, doing, bg = now - self._last, self._limit, self._step, self._doing, self._background
+                stalled, limit, step = now - self._last, self._limit, self._step
+                doing, bg = self._doing, self._background
             if stalled > limit:
                 self._abort(step, stalled, limit, doing)
             if bg is not None:
