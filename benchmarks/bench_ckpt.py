@@ -1,6 +1,6 @@
 """Benchmark: checkpoint write throughput and async-save blocking.
 
-Two targets (issue 6):
+Two targets:
 1. checkpoint write throughput >= 60 % of raw disk write throughput for the same bytes. The
    checkpoint is a full dayzero save (DCP shards + JSON state + a checksum of every file,
    XXH3-128 or ``--checksum sha256``, + manifest + verify + rename + marker), synchronous; "raw"

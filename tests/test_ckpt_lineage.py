@@ -1,5 +1,5 @@
 """Checkpoint lineage, lineage-aware retention and resume, import that never overwrites, and the
-directory lock (issue 22, findings 1, 2 and 5), driven through the Checkpointer in one process."""
+directory lock, driven through the Checkpointer in one process."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def run_a(root, keep=4):
     return versions
 
 
-# -- finding 1: retention and resume by lineage ---------------------------------------------------
+# -- retention and resume by lineage --------------------------------------------------------------
 
 @pytest.mark.parametrize("async_save", [False, True])
 def test_resume_of_an_older_step_branches_and_retention_keeps_the_other_run(tmp_path, caplog, async_save):
@@ -206,7 +206,7 @@ def test_legacy_older_step_branches(tmp_path):
     assert sorted(complete(tmp_path)) == [version_name(s) for s in (2, 3, 4, 6)]
 
 
-# -- finding 2: import never overwrites --------------------------------------------------------------
+# -- import never overwrites -------------------------------------------------------------------------
 
 def run_cli(capsys, *args):
     code = main(list(args))
@@ -254,7 +254,7 @@ def test_import_deletes_nothing_and_an_unfit_import_does_not_block_resume(tmp_pa
         job(tmp_path / "ck", 10, resume="10")
 
 
-# -- finding 5: one job per checkpoint directory ------------------------------------------------------
+# -- one job per checkpoint directory -----------------------------------------------------------------
 
 HOLD = textwrap.dedent("""
     import sys, time

@@ -29,11 +29,6 @@ def check_torch_version() -> None:
                            "upgrade torch")
 
 
-def op_name(func) -> str:
-    """OpOverload -> manifest name, e.g. ``aten.silu.default`` (what ``str(op)`` prints)."""
-    return str(func)
-
-
 def registrations(dispatch_key: str) -> list[str]:
     """Operators with a kernel registered directly for ``dispatch_key`` in this process, in
     manifest spelling (``aten::add.Tensor`` -> ``aten.add.Tensor``; ``aten::silu`` -> ``aten.silu.default``)."""
