@@ -166,7 +166,8 @@ def run_as_rank(main: Callable[[StopOnSignal], int | None]) -> None:
     """The ``__main__`` of a rank module: run ``main(stop)`` (see :func:`training_process`: the
     rank dies with its launcher) and exit with its code; a crash logs its traceback, leaves its
     one-line cause (:mod:`dayzero.runtime.resilience.rank_log`) and exits 1 so the agent stops the
-    other ranks. After a stop signal the rank exits 128 + the signal at once, whatever ``main`` did with it (it reaches DCP as an error on every rank)."""
+    other ranks. After a stop signal the rank exits 128 + the signal at once, whatever ``main`` did
+    with it (it reaches DCP as an error on every rank)."""
     code: int | str | None = 1
     with rank_log.capture_stderr(), training_process(bind_to_parent=True) as stop:
         try:
