@@ -1,6 +1,6 @@
 """Benchmark: checkpoint write throughput and async-save blocking.
 
-Two targets (issue 6):
+Two targets:
 1. checkpoint write throughput >= 60 % of raw disk write throughput for the same bytes. The
    checkpoint is a full dayzero save (DCP shards + JSON state + a checksum of every file,
    XXH3-128 or ``--checksum sha256``, + manifest + verify + rename + marker), synchronous; "raw"
@@ -103,7 +103,7 @@ def max_over_ranks(x: float) -> float:
 
 
 def run(rank: int, args, out: dict) -> None:
-    from dayzero.runtime.checkpoint import Checkpointer
+    from dayzero.runtime.checkpoint.checkpointer import Checkpointer
 
     if args.world > 1:
         dist.init_process_group("gloo", init_method=f"file://{args.tmp}/store", rank=rank, world_size=args.world)

@@ -1,6 +1,6 @@
 """Benchmark: wall time of `dayzero inspect moe-3t` as a user runs it (fresh process each time).
 
-Target (issue: foundation): under 1 s wall on the 2-core CI machine. Also asserts that inspect
+Target: under 1 s wall on the 2-core CI machine. Also asserts that inspect
 never imports torch. Run: python benchmarks/bench_inspect.py [--runs 10]
 """
 

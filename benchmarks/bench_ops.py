@@ -5,7 +5,7 @@
 
 Each run is a fresh `python -m dayzero ops PRESET --manifest M --json` process, so the time
 includes importing torch and transformers, building the model on the meta device, tracing one
-training step, checking every decomposition numerically and finding fusions. Target (issue 8):
+training step, checking every decomposition numerically and finding fusions. Target:
 under 30 s per model on the 2-core development machine. That machine is shared with other jobs, so
 wall time varies with their load: each configuration runs --repeat times and the table shows the
 best and worst wall time, the smallest CPU time and the load average. Adds a run section at the top
@@ -74,7 +74,7 @@ table shows the best and worst wall time, the smallest CPU time (user+sys), the 
 (`seconds` in the JSON) of the best run and the machine's 1-minute load average when it started (2
 cores: above 2, other jobs were competing for them, and wall time exceeds CPU time accordingly).
 FLOPs diff: traced forward+backward FLOPs/token vs `dayzero inspect --full-attention`.
-Target (issue 8): under {TARGET_S:.0f} s per model with the default options (experts: grouped_mm).
+Target: under {TARGET_S:.0f} s per model with the default options (experts: grouped_mm).
 Runs are listed newest first; `PYTHONPATH=src python benchmarks/bench_ops.py` adds one.
 
 gpt-oss-120b: eager attention computes the full s x s scores in its sliding-window layers, inspect

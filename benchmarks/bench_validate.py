@@ -10,7 +10,7 @@
 3. Predictions three ways: the profile as measured (no fit); **leave-one-out**: each layout
    predicted with constants fitted on the other layouts only (the honest out-of-sample figure);
    in-sample: fitted on all layouts (what ``dayzero validate --calibrate`` stores).
-4. Targets (issue 7): median |relative error| <= 20 %, Spearman >= 0.8, and the layout the
+4. Targets: median |relative error| <= 20 %, Spearman >= 0.8, and the layout the
    planner ranks first is among the two fastest measured.
 
 Writes ``<out>/bench_validate.json``, the runs, the calibrated profile, and the Markdown tables
@@ -206,7 +206,7 @@ def analyse(names, requests, runs, cluster, profile, out) -> dict:
 
 def markdown(s: dict) -> str:
     m = s.get("meta", {})
-    lines = ["# Validation benchmark: predicted vs measured step time (issue 7)", "",
+    lines = ["# Validation benchmark: predicted vs measured step time", "",
              f"Date {m.get('date')}; machine: {m.get('cores')}-core CPU (shared with other jobs), 24 GiB, torch "
              f"{m.get('torch')}, 8 gloo ranks, one thread each; load average {m.get('load_start', 0):.1f} at start, "
              f"{m.get('load_end', 0):.1f} at end. Proxy: benchmarks/validate/proxy-moe.json (Mixtral architecture, "

@@ -16,7 +16,7 @@ MFU = model FLOPs per step / step time / peak. Model FLOPs per token come from
 ``dayzero.specs.counting`` (6 x matmul parameters + attention scores; ``causal=True`` counts the
 causal half of the score matrix, the convention of PaLM's MFU, Chowdhery et al. 2022; the full
 s x s convention of Narayanan et al. 2021 is reported too). Peak: the accelerator catalog's dense
-BF16 figure (H200: 989 TFLOP/s, NVIDIA H200 datasheet, via shared/data/hardware_catalog.json).
+BF16 figure (H200: 989 TFLOP/s, NVIDIA H200 datasheet, via src/dayzero/specs/presets/data/hardware_catalog.json).
 Step time: median over the steps after ``--warmup`` (first steps pay allocator growth and the
 flash-attention autotuning). Writes ``gpu_mfu.json`` to $OUT (or --out) and prints it.
 """

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Every GPU check the open issues ask for, in ONE device call (a session has 15 device minutes,
+# Every GPU check, in ONE device call (a session has 15 device minutes,
 # machine start included), results under $OUT (at most 8 files come back):
-#   issue 5  benchmarks/gpu_mfu.py       MFU of a Llama-3-8B-shaped proxy in BF16 (target >= 40 %)
-#   issue 7  benchmarks/gpu_validate.py  predicted vs measured memory (5 %) and step time (10 %)
+#   mfu      benchmarks/gpu_mfu.py       MFU of a Llama-3-8B-shaped proxy in BF16 (target >= 40 %)
+#   validate benchmarks/gpu_validate.py  predicted vs measured memory (5 %) and step time (10 %)
 #   ops      benchmarks/gpu_check_ops.py live CUDA dispatcher vs the shipped cuda manifest (last;
 #            whatever time is left)
 #

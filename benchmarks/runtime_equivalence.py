@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from dayzero.runtime.config import TrainConfig
-from dayzero.runtime.launch import spawn
 from dayzero.runtime.metrics import read_metrics
+from dayzero.runtime.train_entry import spawn
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import model_presets
 

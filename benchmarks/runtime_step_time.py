@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dayzero.runtime.config import TrainConfig
-from dayzero.runtime.model import build_model, initial_value
+from dayzero.runtime.models.model import build_model, initial_value
 from dayzero.runtime.optim import build_scheduler
 from dayzero.runtime.train import build_state, train_step
 from dayzero.specs.parallel import ParallelConfig

@@ -20,9 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dayzero.runtime.faults import FaultSpec, init_process_group, restart_attempt
-from dayzero.runtime.guards import GuardConfig
-from dayzero.runtime.resilience import Resilience, ResilienceConfig
+from dayzero.runtime.distributed import init_process_group, restart_attempt
+from dayzero.runtime.resilience.faults import FaultSpec
+from dayzero.runtime.resilience.guards import GuardConfig
+from dayzero.runtime.resilience.loop import Resilience, ResilienceConfig
 
 HIDDEN = 32
 

@@ -11,9 +11,9 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from dayzero.runtime.expert_parallel import apply_expert_parallel
-from dayzero.runtime.mesh import build_meshes
-from dayzero.runtime.model import Transformer, initial_value
+from dayzero.runtime.models.model import Transformer, initial_value
+from dayzero.runtime.parallel.expert_parallel import apply_expert_parallel
+from dayzero.runtime.parallel.mesh import build_meshes
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 

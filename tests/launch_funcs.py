@@ -9,7 +9,7 @@ def echo(args: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from dayzero.runtime.launch import init_distributed
+    from dayzero.runtime.distributed import init_distributed
 
     init_distributed()
     t = torch.tensor([float(dist.get_rank() + 1)])
@@ -21,7 +21,7 @@ def user_error_on_rank1(args: dict) -> None:
     import torch.distributed as dist
 
     from dayzero.errors import LayoutError
-    from dayzero.runtime.launch import init_distributed
+    from dayzero.runtime.distributed import init_distributed
 
     init_distributed()
     if dist.get_rank() == 1:
@@ -32,7 +32,7 @@ def user_error_on_rank1(args: dict) -> None:
 def crash_on_rank0(args: dict) -> None:
     import torch.distributed as dist
 
-    from dayzero.runtime.launch import init_distributed
+    from dayzero.runtime.distributed import init_distributed
 
     init_distributed()
     if dist.get_rank() == 0:

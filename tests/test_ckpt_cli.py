@@ -9,10 +9,10 @@ import torch
 import torch.nn as nn
 
 from dayzero.cli.app import main
-from dayzero.runtime.checkpoint import Checkpointer
-from dayzero.runtime.interchange import export_hf, import_hf
-from dayzero.runtime.manifest import CheckpointError
-from dayzero.runtime.versions import prepare_partial, version_name
+from dayzero.runtime.checkpoint.checkpointer import Checkpointer
+from dayzero.runtime.checkpoint.interchange import export_hf, import_hf
+from dayzero.runtime.checkpoint.manifest import CheckpointError
+from dayzero.runtime.checkpoint.versions import prepare_partial, version_name
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from dayzero.runtime.faults import WATCHDOG_EXIT, FaultInjector, FaultSpec, FaultSpecError, InjectedFault
-from dayzero.runtime.guards import GuardConfig, LossDivergedError, LossGuard
-from dayzero.runtime.resilience import ResilienceConfig
+from dayzero.runtime.resilience.faults import FaultInjector, FaultSpec, FaultSpecError, InjectedFault
+from dayzero.runtime.resilience.guards import GuardConfig, LossDivergedError, LossGuard
+from dayzero.runtime.resilience.loop import ResilienceConfig
+from dayzero.runtime.resilience.rank_log import WATCHDOG_EXIT
 
 import ckpt_toy  # tests/ckpt_toy.py: the small tp/pp/dp harness, here in one plain process
 
@@ -44,7 +45,7 @@ def test_injector_fires_only_for_its_rank_step_and_attempt():
 
 
 def test_watchdog_aborts_a_hung_process():
-    code = ("from dayzero.runtime.faults import Watchdog\n"
+    code = ("from dayzero.runtime.resilience.watchdog import Watchdog\n"
             "import time\n"
             "w = Watchdog(0.6).start()\n"
             "w.beat(1)\n"
@@ -56,7 +57,7 @@ def test_watchdog_aborts_a_hung_process():
 
 
 def test_watchdog_allows_a_declared_slow_operation():
-    code = ("from dayzero.runtime.faults import Watchdog\n"
+    code = ("from dayzero.runtime.resilience.watchdog import Watchdog\n"
             "import time\n"
             "w = Watchdog(0.5).start()\n"
             "with w.allow(5):\n"
@@ -152,7 +153,7 @@ def _train_config(**kw):
 ])
 def test_options_that_would_be_ignored_are_refused(kw, needle):
     from dayzero.errors import DayzeroError
-    from dayzero.runtime.resilience import resilience_config
+    from dayzero.runtime.resilience.loop import resilience_config
 
     with pytest.raises(DayzeroError) as e:
         resilience_config(_train_config(**kw))
@@ -160,7 +161,7 @@ def test_options_that_would_be_ignored_are_refused(kw, needle):
 
 
 def test_drills_that_can_fire_are_accepted():
-    from dayzero.runtime.resilience import resilience_config
+    from dayzero.runtime.resilience.loop import resilience_config
 
     ok = ("step=10,rank=1,kind=kill", "step=4,rank=0,kind=hang,at=save", "step=10,rank=1,kind=exception,at=save")
     r = resilience_config(_train_config(inject_faults=ok, ckpt_dir="ck", ckpt_every=4))
@@ -171,7 +172,7 @@ def test_rank_failures_name_the_causes_not_the_consequences(tmp_path):
     import json as _json
     import signal
 
-    from dayzero.runtime.rank_log import attempt_dir, causes, consequence_line, read_failure
+    from dayzero.runtime.resilience.rank_log import attempt_dir, causes, consequence_line, read_failure
 
     d = attempt_dir(tmp_path, 0)
     d.mkdir()

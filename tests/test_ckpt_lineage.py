@@ -1,5 +1,5 @@
 """Checkpoint lineage, lineage-aware retention and resume, import that never overwrites, and the
-directory lock (issue 22, findings 1, 2 and 5), driven through the Checkpointer in one process."""
+directory lock, driven through the Checkpointer in one process."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import torch
 import torch.nn as nn
 
 from dayzero.cli.app import main
-from dayzero.runtime.checkpoint import Checkpointer
-from dayzero.runtime.dirlock import LOCK_FILE, CheckpointLocked, DirLock, read_holder
-from dayzero.runtime.interchange import export_hf, import_hf
-from dayzero.runtime.manifest import MANIFEST, CheckpointError, read_manifest, verify_version, write_marker
-from dayzero.runtime.versions import SEQUENCE, commit, prepare_partial, scan, version_name
+from dayzero.runtime.checkpoint.checkpointer import Checkpointer
+from dayzero.runtime.checkpoint.dirlock import LOCK_FILE, CheckpointLocked, DirLock, read_holder
+from dayzero.runtime.checkpoint.interchange import export_hf, import_hf
+from dayzero.runtime.checkpoint.manifest import MANIFEST, CheckpointError, read_manifest, verify_version, write_marker
+from dayzero.runtime.checkpoint.versions import SEQUENCE, commit, prepare_partial, scan, version_name
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -73,7 +73,7 @@ def run_a(root, keep=4):
     return versions
 
 
-# -- finding 1: retention and resume by lineage ---------------------------------------------------
+# -- retention and resume by lineage --------------------------------------------------------------
 
 @pytest.mark.parametrize("async_save", [False, True])
 def test_resume_of_an_older_step_branches_and_retention_keeps_the_other_run(tmp_path, caplog, async_save):
@@ -206,7 +206,7 @@ def test_legacy_older_step_branches(tmp_path):
     assert sorted(complete(tmp_path)) == [version_name(s) for s in (2, 3, 4, 6)]
 
 
-# -- finding 2: import never overwrites --------------------------------------------------------------
+# -- import never overwrites -------------------------------------------------------------------------
 
 def run_cli(capsys, *args):
     code = main(list(args))
@@ -254,11 +254,11 @@ def test_import_deletes_nothing_and_an_unfit_import_does_not_block_resume(tmp_pa
         job(tmp_path / "ck", 10, resume="10")
 
 
-# -- finding 5: one job per checkpoint directory ------------------------------------------------------
+# -- one job per checkpoint directory -----------------------------------------------------------------
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from dayzero.runtime.checkpoint import Checkpointer
+    from dayzero.runtime.checkpoint.checkpointer import Checkpointer
     ck = Checkpointer(sys.argv[1])
     print("ready", flush=True)
     time.sleep(120)
@@ -293,7 +293,8 @@ def test_a_second_job_is_refused_naming_the_holder_and_a_dead_holders_lock_is_ta
 
 @pytest.mark.slow
 def test_a_launcher_lends_its_lock_to_the_processes_it_starts(tmp_path):
-    child = "import sys; from dayzero.runtime.dirlock import DirLock; l = DirLock(sys.argv[1]).acquire(); print(l.owned)"
+    child = ("import sys; from dayzero.runtime.checkpoint.dirlock import DirLock; "
+             "l = DirLock(sys.argv[1]).acquire(); print(l.owned)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"), os.environ.get("PYTHONPATH")] if p)}
     for lend, expect in ((True, "False"), (False, None)):
         with DirLock(tmp_path, lend_to_children=lend):

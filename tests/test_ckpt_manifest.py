@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dayzero.runtime.manifest import (MANIFEST, MARKER, CheckpointError, FileEntry, Manifest, check_relpath,
-                                      checksum_file, describe_file, read_manifest, safe_join, utc_now, verify_version,
-                                      write_marker)
-from dayzero.runtime.versions import (Version, apply_retention, commit, partial_name, prepare_partial, retention, scan,
-                                      select_newest, version_name)
+from dayzero.runtime.checkpoint.manifest import (MANIFEST, MARKER, CheckpointError, CheckpointManifest, FileEntry,
+                                                 check_relpath, checksum_file, describe_file, read_manifest, safe_join,
+                                                 utc_now, verify_version, write_marker)
+from dayzero.runtime.checkpoint.versions import (Version, apply_retention, commit, partial_name, prepare_partial,
+                                                 retention, scan, select_newest, version_name)
 
 
 def make_version(root, step, files=None, complete=True, algo="xxh3-128"):
@@ -22,7 +22,7 @@ def make_version(root, step, files=None, complete=True, algo="xxh3-128"):
     partial = prepare_partial(root, step)
     for name, data in files.items():
         (partial / name).write_bytes(data)
-    m = Manifest(step=step, created=utc_now(), dayzero_version="test", world=2,
+    m = CheckpointManifest(step=step, created=utc_now(), dayzero_version="test", world=2,
                  files=[describe_file(partial, n, algo) for n in sorted(files)])
     (partial / MANIFEST).write_text(m.to_json())
     if not complete:
@@ -210,7 +210,7 @@ def test_file_entry_validation():
 
 
 def test_retire_renames_without_marker_and_purge_deletes(tmp_path):
-    from dayzero.runtime.versions import purge, retire
+    from dayzero.runtime.checkpoint.versions import purge, retire
 
     for s in (1, 2, 3):
         make_version(tmp_path, s)

@@ -13,12 +13,12 @@ import torch.nn as nn
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from dayzero.runtime.checkpoint import TRAIN_STATE, Checkpointer
-from dayzero.runtime.dcp_io import SafeLoadPlanner, SafeReader, load_metadata
-from dayzero.runtime.faults import InjectedFault
-from dayzero.runtime.manifest import MANIFEST, CheckpointError, describe_file, read_manifest
-from dayzero.runtime.train_state import from_json, to_json
-from dayzero.runtime.versions import partial_name, scan, version_name
+from dayzero.runtime.checkpoint.checkpointer import TRAIN_STATE, Checkpointer
+from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, load_metadata
+from dayzero.runtime.checkpoint.json_state import from_json, to_json
+from dayzero.runtime.checkpoint.manifest import MANIFEST, CheckpointError, describe_file, read_manifest
+from dayzero.runtime.checkpoint.versions import partial_name, scan, version_name
+from dayzero.runtime.resilience.faults import InjectedFault
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -64,7 +64,7 @@ def test_resume_continues_bitwise(tmp_path):
 
 
 def test_scalar_optimizer_state_goes_to_json_and_older_layouts_still_load(tmp_path, monkeypatch):
-    from dayzero.runtime import checkpoint as ckpt_mod
+    from dayzero.runtime.checkpoint import checkpointer as ckpt_mod
 
     run(tmp_path / "new", 5, every=5)
     v = tmp_path / "new" / version_name(5)
@@ -206,7 +206,7 @@ def _refresh_manifest(v):
     m = read_manifest(v)
     files = [describe_file(v, f.path) for f in m.files]
     (v / MANIFEST).write_text(m.model_copy(update={"files": files}).to_json())
-    from dayzero.runtime.manifest import write_marker
+    from dayzero.runtime.checkpoint.manifest import write_marker
 
     write_marker(v)
 

@@ -7,8 +7,8 @@ import os
 import pytest
 import xxhash
 
-from dayzero.runtime import dcp_io
-from dayzero.runtime.dcp_io import _HashingStream
+from dayzero.runtime.checkpoint import dcp_io
+from dayzero.runtime.checkpoint.dcp_io import _HashingStream
 
 
 def _chunks():

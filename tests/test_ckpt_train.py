@@ -101,7 +101,7 @@ GUARD_SCRIPT = textwrap.dedent("""
     import math, sys
     import dayzero.runtime.train as T
     from dayzero.runtime.config import TrainConfig
-    from dayzero.runtime.launch import run_configs
+    from dayzero.runtime.train_entry import run_configs
     from dayzero.specs.parallel import ParallelConfig
 
     real = T.compute_step
@@ -202,7 +202,7 @@ def torch_equal(a, b) -> bool:
 
 
 def test_resume_of_an_older_step_keeps_the_other_run_and_auto_follows_the_branch(tmp_path):
-    """Issue 22, finding 1, end to end: a 2-rank job (its launcher holds the directory's lock and
+    """Lineage-aware resume, end to end: a 2-rank job (its launcher holds the directory's lock and
     lends it to the ranks) resumes step 2 of a directory holding steps 2-8 of run A."""
     ck = tmp_path / "ck"
     train("--steps", "8", "--ckpt-every", "2", "--keep", "4", "--ckpt-dir", str(ck))

@@ -436,7 +436,7 @@ def test_next_lines_fit_and_paste_into_a_shell(capsys, width):
 def test_ckpt_export_files_follow_the_umask(umask, tmp_path, capsys, width):
     torch = pytest.importorskip("torch")
     pytest.importorskip("safetensors")
-    from dayzero.runtime.checkpoint import Checkpointer
+    from dayzero.runtime.checkpoint.checkpointer import Checkpointer
 
     m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))  # 128 + 32 + 96 + 12 bytes
     ck = Checkpointer(tmp_path / "ck", model_name="toy", layout={"tp": 1, "dp": 1})

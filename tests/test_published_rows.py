@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import data_file
-from dayzero.planner.backtest import predict_case, run_backtest
+from dayzero.planner.backtest import predict_cases, run_backtest
 from dayzero.planner.interconnect_text import read_interconnect
 from dayzero.planner.model_names import parse_name
 from dayzero.planner.published import Unpredictable, case_of, load_cases, read_rows
@@ -24,6 +24,11 @@ ITEM1_KINDS = {"no throughput", "no device count", "no architecture", "unsupport
 @pytest.fixture(scope="module")
 def rows():
     return {r["id"]: r for r in read_rows(CSV)}
+
+
+def predict_case(case) -> float:
+    """Predicted tokens/s per device of one row."""
+    return float(predict_cases([case])[0])
 
 
 def edited(rows, rid, **cols):

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 from dayzero.cli.app import main  # noqa: E402
 from dayzero.runtime.config import TrainConfig  # noqa: E402
-from dayzero.runtime.launch import spawn  # noqa: E402
+from dayzero.runtime.train_entry import spawn  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def test_error_inside_ranks_stops_every_rank(tmp_path, capfd):
     assert len(msgs) == 1 and "no such file" in msgs[0], err
     assert elapsed < 120
     ps = subprocess.run(["ps", "-eo", "ppid=,args="], capture_output=True, text=True).stdout.splitlines()
-    mine = [line for line in ps if line.split(None, 1)[0] == str(os.getpid()) and "dayzero.runtime.launch" in line]
+    mine = [line for line in ps if line.split(None, 1)[0] == str(os.getpid()) and "dayzero.runtime.train_entry" in line]
     assert mine == []  # the agent stopped (and reaped) every rank before returning
 
 

@@ -9,9 +9,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from dayzero.errors import ConfigError  # noqa: E402
-from dayzero.runtime.hf_weights import HFCheckpoint  # noqa: E402
-from dayzero.runtime.model import build_model  # noqa: E402
-from dayzero.runtime.parallelize import write_full  # noqa: E402
+from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint  # noqa: E402
+from dayzero.runtime.models.model import build_model  # noqa: E402
+from dayzero.runtime.parallel.parallelize import write_full  # noqa: E402
 from dayzero.specs.registry import load_model  # noqa: E402
 
 SEQ = 24
@@ -107,8 +107,8 @@ def test_hf_weights_through_a_parallel_run(checkpoint, tmp_path):
 
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.data import TokenStream
-    from dayzero.runtime.launch import spawn
     from dayzero.runtime.metrics import read_metrics
+    from dayzero.runtime.train_entry import spawn
     from dayzero.specs.parallel import ParallelConfig
 
     family, ref, path = checkpoint

@@ -1,7 +1,7 @@
 """Every parallel layout trains the same model as one process does (fp32, same seed and global
 batch): per-step losses within 1e-5 relative for 10 steps, on gloo with up to 8 ranks.
 
-Worlds are spawned once per size and run several layouts in turn (``launch.spawn`` takes a list)
+Worlds are spawned once per size and run several layouts in turn (``train_entry.spawn`` takes a list)
 to keep the suite's runtime modest.
 """
 
@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("torch")
 
 from dayzero.runtime.config import TrainConfig  # noqa: E402
-from dayzero.runtime.launch import spawn  # noqa: E402
 from dayzero.runtime.metrics import STEP_KEYS, read_metrics  # noqa: E402
+from dayzero.runtime.train_entry import spawn  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow

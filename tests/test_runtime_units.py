@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 from dayzero.errors import LayoutError  # noqa: E402
 from dayzero.runtime.checks import check_runtime, runtime_problems  # noqa: E402
 from dayzero.runtime.data import EOS, DataError, TokenStream, default_corpus, resolve_data  # noqa: E402
-from dayzero.runtime.mesh import MeshShape  # noqa: E402
-from dayzero.runtime.model import build_model, initial_value  # noqa: E402
+from dayzero.runtime.models.model import build_model, initial_value  # noqa: E402
+from dayzero.runtime.models.recompute import apply_activation_checkpointing  # noqa: E402
 from dayzero.runtime.optim import clip_grad_norm_, lr_lambda  # noqa: E402
-from dayzero.runtime.recompute import apply_activation_checkpointing  # noqa: E402
+from dayzero.runtime.parallel.mesh import MeshShape  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 from dayzero.specs.registry import load_model  # noqa: E402
 
@@ -161,7 +161,7 @@ def test_mesh_views_at_64_ranks():
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers the "fake" backend
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from dayzero.runtime.mesh import build_meshes
+    from dayzero.runtime.parallel.mesh import build_meshes
 
     p = ParallelConfig(tp=4, pp=2, dp=8, ep=8, zero=1)
     s = MeshShape.of(p)
@@ -191,7 +191,7 @@ def test_device_mesh_groups_are_view_groups_and_the_planners(p, rank):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from dayzero.planner.topology import group_ranks
-    from dayzero.runtime.mesh import build_meshes, view_groups
+    from dayzero.runtime.parallel.mesh import build_meshes, view_groups
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=p.world)
     try:

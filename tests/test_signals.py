@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dayzero.runtime.manifest import verify_version
-from dayzero.runtime.versions import scan
+from dayzero.runtime.checkpoint.manifest import verify_version
+from dayzero.runtime.checkpoint.versions import scan
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds rank processes through /proc")]

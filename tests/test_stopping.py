@@ -1,4 +1,4 @@
-"""Stop signals and parent death for one process (dayzero.runtime.stopping), the watchdog's save
+"""Stop signals and parent death for one process (dayzero.runtime.resilience.stopping), the watchdog's save
 budget, and the launcher's one-line summary; the multi-rank drills are in test_signals.py."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import time
 import pytest
 
 from dayzero.errors import DayzeroError
+from dayzero.runtime.checkpoint.manifest import MARKER
 from dayzero.runtime.config import TrainConfig
-from dayzero.runtime.faults import WATCHDOG_EXIT
-from dayzero.runtime.manifest import MARKER
-from dayzero.runtime.resilience import DEFAULT_SAVE_TIMEOUT_S, ResilienceConfig, resilience_config
-from dayzero.runtime.stopping import Interrupted, StopOnSignal
+from dayzero.runtime.resilience.loop import DEFAULT_SAVE_TIMEOUT_S, ResilienceConfig, resilience_config
+from dayzero.runtime.resilience.rank_log import WATCHDOG_EXIT
+from dayzero.runtime.resilience.stopping import Interrupted, StopOnSignal
 from test_signals import alive  # tests/test_signals.py: /proc helpers
 
 
@@ -49,7 +49,7 @@ def test_interrupted_says_how_many_ranks_stopped():
 def test_backstop_ends_a_process_that_does_not_unwind():
     p = run_py("""
         import os, signal, time
-        from dayzero.runtime.stopping import StopOnSignal
+        from dayzero.runtime.resilience.stopping import StopOnSignal
         with StopOnSignal(grace_s=0.5):
             try:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -66,7 +66,7 @@ def test_backstop_ends_a_process_that_does_not_unwind():
 def test_backstop_stands_down_once_the_block_is_left():
     p = run_py("""
         import os, signal, time
-        from dayzero.runtime.stopping import StopOnSignal
+        from dayzero.runtime.resilience.stopping import StopOnSignal
         try:
             with StopOnSignal(grace_s=0.5):
                 os.kill(os.getpid(), signal.SIGINT)
@@ -88,7 +88,7 @@ def test_a_process_dies_with_its_parent(tmp_path, pdeathsig):
     pidfile = tmp_path / "child.pid"
     child = textwrap.dedent(f"""
         import os, sys, time
-        import dayzero.runtime.stopping as S
+        import dayzero.runtime.resilience.stopping as S
         if not {pdeathsig}:
             S._set_parent_death_signal = lambda sig: False
         with S.ParentWatch(poll_s=0.1):
@@ -123,7 +123,7 @@ def test_save_budget_shorter_than_the_step_timeout_catches_a_hung_save():
     t0 = time.monotonic()
     p = run_py("""
         import time
-        from dayzero.runtime.faults import Watchdog
+        from dayzero.runtime.resilience.watchdog import Watchdog
         w = Watchdog(60).start()
         with w.allow(0.5, "checkpoint save of step 3"):
             time.sleep(30)
@@ -136,7 +136,7 @@ def test_save_budget_shorter_than_the_step_timeout_catches_a_hung_save():
 def test_background_save_past_its_budget_is_a_hang_and_a_finished_one_is_not():
     p = run_py("""
         import time
-        from dayzero.runtime.faults import Watchdog
+        from dayzero.runtime.resilience.watchdog import Watchdog
         w = Watchdog(float("inf")).start()  # steps not timed: only checkpoint I/O
         w.watch("async checkpoint save of step 1", lambda: True, 0.3)
         time.sleep(1.5)
@@ -164,7 +164,7 @@ def test_save_timeout_config():
 # -- the launcher's summary line --------------------------------------------------------------
 
 def test_committed_note_names_the_newest_marked_version(tmp_path):
-    from dayzero.runtime.launch import committed_note
+    from dayzero.runtime.train_entry import committed_note
 
     a, b = tmp_path / "a", tmp_path / "b"
     for name, marked in [("step-00000002", True), ("step-00000004", True), ("step-00000006", False),

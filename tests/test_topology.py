@@ -76,7 +76,7 @@ RUNTIME_LAYOUTS = [ParallelConfig(tp=4, pp=2, dp=8, ep=8, zero=1), ParallelConfi
 
 @pytest.mark.parametrize("p", RUNTIME_LAYOUTS, ids=lambda p: p.describe())
 def test_planner_groups_are_the_runtime_mesh_groups(p):
-    from dayzero.runtime.mesh import MeshShape, view_groups
+    from dayzero.runtime.parallel.mesh import MeshShape, view_groups
 
     shape = MeshShape.of(p)
     assert shape.world == p.world

@@ -99,13 +99,3 @@ def load_json(path: str | Path, hint: str = "") -> Any:
 
 def load_yaml(path: str | Path, hint: str = "") -> Any:
     return parse_yaml(read_text(path, hint), str(path))
-
-
-def load_mapping(path: str | Path, hint: str = "") -> dict:
-    """A JSON or YAML file (by suffix; YAML is a superset of JSON otherwise) holding a mapping."""
-    p = Path(path)
-    text = read_text(p, hint)
-    data = parse_json(text, str(p)) if p.suffix == ".json" else parse_yaml(text, str(p))
-    if not isinstance(data, dict):
-        raise ConfigError(str(p), None, f"expected a mapping, got {type(data).__name__}")
-    return data

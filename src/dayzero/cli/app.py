@@ -17,7 +17,7 @@ import typer
 
 from dayzero.cli.help import HelpCommand, HelpGroup
 from dayzero.errors import DayzeroError
-from dayzero.runtime.stopping import Interrupted, StopOnSignal
+from dayzero.runtime.resilience.stopping import Interrupted, StopOnSignal
 
 app = typer.Typer(
     name="dayzero",
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print("dayzero: aborted", file=sys.stderr)
         return 130
-    except Interrupted as e:  # a stop signal (dayzero.runtime.stopping): 128 + its number
+    except Interrupted as e:  # a stop signal (dayzero.runtime.resilience.stopping): 128 + its number
         print(f"dayzero: {e.describe()}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

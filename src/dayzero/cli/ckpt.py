@@ -11,7 +11,7 @@ from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, human
 from dayzero.cli.next_steps import Step, print_next
 from dayzero.cli.render import FitTable
-from dayzero.runtime.manifest import DEFAULT_CHECKSUM
+from dayzero.runtime.checkpoint.manifest import DEFAULT_CHECKSUM
 from dayzero.specs.model import SHRINK_KEYS
 
 ckpt_app = typer.Typer(help="Checkpoints: list versions, verify checksums, export/import Hugging Face safetensors.",
@@ -21,8 +21,8 @@ app.add_typer(ckpt_app, name="ckpt")
 
 def _versions_of(path: Path):
     """A checkpoint root (all versions) or one version directory."""
-    from dayzero.runtime.manifest import CheckpointError
-    from dayzero.runtime.versions import Version, scan
+    from dayzero.runtime.checkpoint.manifest import CheckpointError
+    from dayzero.runtime.checkpoint.versions import Version, scan
 
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint directory")
@@ -37,8 +37,8 @@ def _versions_of(path: Path):
 def list_checkpoints(root: Path) -> list[dict]:
     """Python API of ``dayzero ckpt list``: one dict per version, oldest first by write order
     (no hashing)."""
-    from dayzero.runtime.lineage import write_order
-    from dayzero.runtime.manifest import CheckpointError, read_manifest
+    from dayzero.runtime.checkpoint.lineage import write_order
+    from dayzero.runtime.checkpoint.manifest import CheckpointError, read_manifest
 
     rows = []
     for v in sorted(_versions_of(Path(root)), key=write_order):
@@ -58,7 +58,7 @@ def list_checkpoints(root: Path) -> list[dict]:
 
 def verify_checkpoints(path: Path, checksums: bool = True) -> list[dict]:
     """Python API of ``dayzero ckpt verify``: marker, manifest, sizes and the checksum of every file."""
-    from dayzero.runtime.manifest import verify_version
+    from dayzero.runtime.checkpoint.manifest import verify_version
 
     out = []
     for v in _versions_of(Path(path)):
@@ -77,10 +77,10 @@ def _deep_check(verdict):
     """Also open the DCP index with the restricted unpickler (needs torch)."""
     from dataclasses import replace
 
-    from dayzero.runtime.manifest import CheckpointError
+    from dayzero.runtime.checkpoint.manifest import CheckpointError
 
     try:
-        from dayzero.runtime.dcp_io import load_metadata
+        from dayzero.runtime.checkpoint.dcp_io import load_metadata
     except ImportError:  # torch not installed: the file-level checks above still stand
         return verdict
     try:
@@ -159,8 +159,8 @@ def export_cmd(
 
     Example: [bold]dayzero ckpt export runs/llama/ckpt/step-00001000 runs/llama/hf --weights-dtype bf16[/bold]
     """
-    from dayzero.runtime.interchange import export_hf
-    from dayzero.runtime.manifest import CheckpointError
+    from dayzero.runtime.checkpoint.interchange import export_hf
+    from dayzero.runtime.checkpoint.manifest import CheckpointError
 
     if shard_gb <= 0:
         raise CheckpointError(f"--shard-gb {shard_gb}: must be > 0")
@@ -192,7 +192,7 @@ def import_cmd(
 
     Example: [bold]dayzero ckpt import ./Llama-3.1-8B runs/llama/ckpt[/bold]
     """
-    from dayzero.runtime.interchange import import_hf
+    from dayzero.runtime.checkpoint.interchange import import_hf
 
     events: list[dict] = []
     path = import_hf(hf_dir, root, step=step, dtype=dtype, model=model, force=force, on_event=events.append)
@@ -248,7 +248,7 @@ def _after_verify(path: Path, rows: list[dict]) -> list[Step]:
 
 
 def _after_export(version: Path, res) -> list[Step]:
-    from dayzero.runtime.manifest import read_manifest
+    from dayzero.runtime.checkpoint.manifest import read_manifest
 
     model = _model_args(read_manifest(version).model.model_dump())
     if res.names == "hf" and model:
@@ -258,7 +258,7 @@ def _after_export(version: Path, res) -> list[Step]:
 
 
 def _after_import(version: Path, root: Path) -> list[Step]:
-    from dayzero.runtime.manifest import read_manifest
+    from dayzero.runtime.checkpoint.manifest import read_manifest
 
     model = _model_args(read_manifest(version).model.model_dump())
     if model:

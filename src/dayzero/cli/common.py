@@ -31,10 +31,6 @@ def human(n: float, unit: str = "") -> str:
     return f"{n:.3g} {unit}".rstrip()
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:,.2f} GiB"
-
-
 def commas(n: int) -> str:
     return f"{n:,}"
 

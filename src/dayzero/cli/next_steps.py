@@ -90,7 +90,7 @@ def after_train(cfg, world: int) -> list[Step]:
     if cfg.ckpt_dir:
         from pathlib import Path
 
-        from dayzero.runtime.versions import scan
+        from dayzero.runtime.checkpoint.versions import scan
 
         done = [v for v in scan(Path(cfg.ckpt_dir)) if v.state == "complete"]
         if done:

@@ -14,7 +14,7 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import BackendOpt, DeviceOpt, JsonOpt, PrecisionOpt, console, emit_json, err_console, takes_layout
 from dayzero.specs.layout_options import LayoutOptions
-from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
+from dayzero.runtime.checkpoint.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 
 
 
@@ -24,7 +24,7 @@ def _under_torchrun() -> bool:
 
 @contextlib.contextmanager
 def _ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator[None]:
-    """One job per checkpoint directory (:mod:`dayzero.runtime.dirlock`), refused before any work.
+    """One job per checkpoint directory (:mod:`dayzero.runtime.checkpoint.dirlock`), refused before any work.
 
     Spawning ranks, this process owns the job (it outlives restarts of its ranks): it holds the
     lock and lends it to them. Otherwise rank 0's Checkpointer takes it; here it is only checked
@@ -32,7 +32,7 @@ def _ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator
     if not ckpt_dir:
         yield
         return
-    from dayzero.runtime.dirlock import DirLock, check_free
+    from dayzero.runtime.checkpoint.dirlock import DirLock, check_free
 
     if torchrun or world == 1:
         if not torchrun or os.environ.get("RANK") == "0":
@@ -98,7 +98,7 @@ def train_cmd(
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.data import resolve_data
-    from dayzero.runtime.resilience import resilience_config
+    from dayzero.runtime.resilience.loop import resilience_config
 
     from dayzero.runtime.device import compute_dtype as default_dtype, resolve
 
@@ -138,11 +138,11 @@ def train_cmd(
 
     with _ckpt_dir_lock(cfg.ckpt_dir, torchrun, world), acc.exported():
         if torchrun or world == 1:
-            from dayzero.runtime.launch import train_here
+            from dayzero.runtime.train_entry import train_here
 
             code = train_here([cfg], under_agent=torchrun)
         else:
-            from dayzero.runtime.launch import spawn
+            from dayzero.runtime.train_entry import spawn
 
             code = spawn(cfg, world)
     if code:

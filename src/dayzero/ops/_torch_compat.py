@@ -19,9 +19,6 @@ from torch.utils._pytree import tree_flatten, tree_map  # noqa: F401  (re-export
 
 from dayzero.errors import DayzeroError
 
-def op_name(func) -> str:
-    """OpOverload -> manifest name, e.g. ``aten.silu.default`` (what ``str(op)`` prints)."""
-    return str(func)
 
 
 def registrations(dispatch_key: str) -> list[str]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dayzero.ops.manifest import Manifest
+from dayzero.ops.manifest import BackendManifest
 from dayzero.ops.trace import OpCall, Trace
 
 _GEMMS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
@@ -87,7 +87,7 @@ def _fusable(call: OpCall) -> bool:
     return torch.Tag.pointwise in op.tags
 
 
-def find_fusions(trace: Trace, manifest: Manifest | None = None) -> list[Fusion]:
+def find_fusions(trace: Trace, manifest: BackendManifest | None = None) -> list[Fusion]:
     calls = trace.calls
     consumers: dict[int, list[int]] = defaultdict(list)
     for i, c in enumerate(calls):
@@ -133,7 +133,7 @@ def find_fusions(trace: Trace, manifest: Manifest | None = None) -> list[Fusion]
     return sorted(out, key=lambda f: (-f.bytes_saved, -f.launches_saved, f.pattern))
 
 
-def _provided(pattern: str, manifest: Manifest | None) -> str | None:
+def _provided(pattern: str, manifest: BackendManifest | None) -> str | None:
     """The manifest's fused kernel(s) covering ``pattern`` (all of its parts), else None."""
     if manifest is None:
         return None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from dayzero.ops.decompose import Decomposition, decompose
 from dayzero.ops.fusion import Fusion, find_fusions
-from dayzero.ops.manifest import DEFAULT_MANIFEST, Manifest, load_manifest
+from dayzero.ops.manifest import DEFAULT_MANIFEST, BackendManifest, load_manifest
 from dayzero.ops.trace import Trace, trace_model
 
 MODULES_SHOWN = 8  # module paths listed per operator in the JSON
@@ -63,7 +63,7 @@ class OpRow:
 @dataclass
 class OpsReport:
     trace: Trace
-    manifest: Manifest
+    manifest: BackendManifest
     rows: list[OpRow]
     fusions: list[Fusion]
     seconds: float = 0.0
@@ -147,7 +147,7 @@ class OpsReport:
         }
 
 
-def map_trace(trace: Trace, manifest: Manifest | str = DEFAULT_MANIFEST, check: bool = True) -> OpsReport:
+def map_trace(trace: Trace, manifest: BackendManifest | str = DEFAULT_MANIFEST, check: bool = True) -> OpsReport:
     """Map a trace onto ``manifest``: support, decompositions (numerically checked), fusions."""
     start = time.perf_counter()
     manifest = load_manifest(manifest)
@@ -190,7 +190,7 @@ def map_trace(trace: Trace, manifest: Manifest | str = DEFAULT_MANIFEST, check: 
                      seconds=time.perf_counter() - start)
 
 
-def analyze(model: str, manifest: Manifest | str = DEFAULT_MANIFEST, seq: int | None = None, batch: int = 1,
+def analyze(model: str, manifest: BackendManifest | str = DEFAULT_MANIFEST, seq: int | None = None, batch: int = 1,
             dtype: str = "bfloat16", experts: str = "grouped_mm", trust_remote_code: bool = False,
             check: bool = True) -> OpsReport:
     """Trace MODEL's real modeling code and map it onto ``manifest`` (the ``dayzero ops`` verb)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +33,6 @@ def half_of(row_id: str) -> str:
     """'fit' for even numeric ids, 'held' for odd ones."""
     m = re.search(r"(\d+)", row_id)
     return "fit" if m and int(m.group(1)) % 2 == 0 else "held"
-
-
-def predict_case(case: Case, constants: PerfConstants | None = None) -> float:
-    """Predicted tokens/s per device of one row."""
-    options = replace(case.options, constants=constants) if constants is not None else case.options
-    grid = encode([case.parallel])
-    ev = evaluate(case.spec, grid, case.cluster, options, layer_split=case.parallel.layer_split)
-    return float(ev.tokens_per_s_per_device[0])
 
 
 def predict_cases(cases: list[Case], constants: PerfConstants | None = None) -> np.ndarray:
@@ -132,7 +124,3 @@ def fit_constants(path: str | Path | None, start: PerfConstants | None = None, i
 
     x, fx = nelder_mead(loss, x0, iterations)
     return make(x), fx
-
-
-def constant_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(PerfConstants))

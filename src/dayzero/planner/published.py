@@ -40,7 +40,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from dayzero.errors import ConfigError, DayzeroError
@@ -374,7 +374,7 @@ def _options(row: dict, spec: ModelSpec, recipe: str, feats: Features) -> PerfOp
     bridge = "megatron-bridge" in framework and recipe == "mxfp8"
     # llm-foundry's MPT benchmarks (2023) ran FlashAttention-2; Megatron uses cuDNN fused attention,
     # except for learnable softmax sinks (gpt-oss), where Transformer Engine falls back to unfused
-    # attention (NVIDIA/TransformerEngine issue #2318, TE 2.8)
+    # attention (TE 2.8; https://github.com/NVIDIA/TransformerEngine/issues/2318)
     foundry = "foundry" in framework or "mosaic" in text(row, "source").lower()
     kernel = feats.kernel or ("flash2" if foundry else "fused")
     if spec.attention.sinks and kernel == "fused":
@@ -393,7 +393,3 @@ def load_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skip]]:
         except DayzeroError as e:
             skips.append(Skip(text(row, "id") or "?", str(e), "bad value"))
     return cases, skips
-
-
-def with_constants(case: Case, constants) -> Case:
-    return replace(case, options=replace(case.options, constants=constants))

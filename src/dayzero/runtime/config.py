@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from dayzero.runtime.manifest import DEFAULT_CHECKSUM
+from dayzero.runtime.checkpoint.manifest import DEFAULT_CHECKSUM
 from dayzero.specs.parallel import ParallelConfig
 
 COMPUTE_DTYPES = ("bf16", "fp32")
@@ -42,7 +42,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     # DeepSeek-V3's bias update speed gamma for auxiliary-loss-free balancing (DeepSeek-AI 2024, sec. 4.2)
     expert_bias_rate: float = 1e-3
-    # checkpoints and fault recovery (see dayzero.runtime.resilience and docs/checkpoints.md)
+    # checkpoints and fault recovery (see dayzero.runtime.resilience.loop and docs/checkpoints.md)
     ckpt_dir: str | None = None
     ckpt_every: int = 0  # steps between saves (0: only at the end)
     keep: int = 3  # versions of the run's own lineage kept by retention

@@ -7,20 +7,15 @@ its one-line message to ``rank<R>.err`` in the error directory and exits 2; the 
 every other rank, so nothing hangs, and :class:`RanksFailed` carries each distinct message once.
 A SIGINT or SIGTERM to the launcher stops every rank and raises :class:`Interrupted`: never a
 retry or a restart, whatever ``max_restarts`` says. Each rank dies with the launcher and stops on
-the signal as :mod:`dayzero.runtime.stopping` describes (:func:`run_as_rank`).
-``init_distributed()`` is how a rank joins the group (device and backend: :mod:`dayzero.runtime.device`).
+the signal as :mod:`dayzero.runtime.resilience.stopping` describes (:func:`run_as_rank`).
+A rank joins its process group through :mod:`dayzero.runtime.distributed`.
 
-``spawn(configs, nproc)`` trains one or more configs that way (``dayzero train --nproc``); ``main``
-is what each of its ranks runs (``python -m dayzero.runtime.launch [--error-dir DIR] CONFIG.json
-...``). Several configs run one after another in the same process group (tests share one spawned
-world across runs this way). :func:`train_here` trains in the calling process instead (a
-single-process run, or one rank of the user's own torchrun). :mod:`dayzero.validate.launch`
-runs a function on every rank and collects its results through the same ``launch_local``.
+Who launches: :mod:`dayzero.runtime.train_entry` (``dayzero train --nproc``) and
+:mod:`dayzero.validate.launch` (a function on every rank, its results collected).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -30,17 +25,12 @@ import tempfile
 import threading
 import traceback
 import uuid
-from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from dayzero.errors import DayzeroError
-from dayzero.runtime import rank_log
-from dayzero.runtime.config import TrainConfig
-from dayzero.runtime.stopping import STOP_GRACE_S, Interrupted, StopOnSignal, exit_now, training_process
-from dayzero.runtime.versions import scan
-
-PG_TIMEOUT_S = 600  # a rank stuck longer than this in a collective fails instead of hanging
+from dayzero.runtime.resilience import rank_log
+from dayzero.runtime.resilience.stopping import STOP_GRACE_S, Interrupted, StopOnSignal, exit_now, training_process
 
 
 class RanksFailed(Exception):
@@ -50,27 +40,6 @@ class RanksFailed(Exception):
     def __init__(self, exit_code: int, messages: list[str]):
         super().__init__("; ".join(messages))
         self.exit_code, self.messages = exit_code, messages
-
-
-def init_distributed():
-    """Join torchrun's process group (or make a one-process group) and pick this rank's device."""
-    import torch.distributed as dist
-
-    from dayzero.runtime import device as devices
-
-    acc = devices.resolve()
-    device = devices.bind(acc, int(os.environ.get("LOCAL_RANK", "0")))
-    backend = acc.backend
-    if not dist.is_initialized():
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            from dayzero.runtime.faults import init_process_group
-
-            # keys apart from a failed attempt's (torchrun restarts)
-            init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S),
-                               device_id=devices.process_group_device(acc, device))
-        else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return device
 
 
 def write_rank_error(error_dir: str | Path | None, err: DayzeroError) -> None:
@@ -83,16 +52,6 @@ def write_rank_error(error_dir: str | Path | None, err: DayzeroError) -> None:
         print(f"dayzero: error: {err}", file=sys.stderr)
 
 
-def destroy_process_group() -> None:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - shutting down after an error must not mask it
-        pass
-
-
 def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_restarts: int = 0,
                  log: str | Path | None = None, restart_from: Callable[[], str] | None = None) -> None:
     """Run ``python <argv>`` on ``nproc`` local ranks; raise :class:`RanksFailed` if any fails
@@ -100,7 +59,7 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
     repeat), :class:`Interrupted` after a stop signal (every rank stopped, nothing relaunched). The
     ranks write user errors to ``error_dir`` (see :func:`write_rank_error`); their stderr goes to
     ``log`` (``ranks.log``; None: a file kept in the temp directory when the launch fails) and only
-    their ``dayzero:`` lines to the terminal (:mod:`dayzero.runtime.rank_log`). Before a restart
+    their ``dayzero:`` lines to the terminal (:mod:`dayzero.runtime.resilience.rank_log`). Before a restart
     the terminal gets one line per failed rank and ``restarting (attempt a/K) <restart_from()>``."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig
@@ -206,8 +165,9 @@ def _restore_signal_handlers(handlers: dict[int, object]) -> None:
 def run_as_rank(main: Callable[[StopOnSignal], int | None]) -> None:
     """The ``__main__`` of a rank module: run ``main(stop)`` (see :func:`training_process`: the
     rank dies with its launcher) and exit with its code; a crash logs its traceback, leaves its
-    one-line cause (:mod:`dayzero.runtime.rank_log`) and exits 1 so the agent stops the other ranks. After a stop signal the rank exits 128 + the signal at
-    once, whatever ``main`` did with it (it reaches DCP as an error on every rank)."""
+    one-line cause (:mod:`dayzero.runtime.resilience.rank_log`) and exits 1 so the agent stops the
+    other ranks. After a stop signal the rank exits 128 + the signal at once, whatever ``main`` did
+    with it (it reaches DCP as an error on every rank)."""
     code: int | str | None = 1
     with rank_log.capture_stderr(), training_process(bind_to_parent=True) as stop:
         try:
@@ -221,125 +181,3 @@ def run_as_rank(main: Callable[[StopOnSignal], int | None]) -> None:
     if stop.signum is not None:
         exit_now(128 + stop.signum)
     sys.exit(code)
-
-
-# -- dayzero train --nproc -----------------------------------------------------------------------
-
-def run_configs(configs: list[TrainConfig], error_dir: str | None = None, stop: StopOnSignal | None = None) -> int:
-    """Train each config in turn on this rank; returns the process exit code. With ``stop``, an
-    error after a stop signal (a save it cut short) raises :class:`Interrupted` instead."""
-    try:
-        device = init_distributed()
-        for cfg in configs:
-            _train_one(cfg, device)
-        return 0
-    except DayzeroError as e:
-        if stop is not None and stop.signum is not None:
-            raise Interrupted(stop.signum) from None
-        write_rank_error(error_dir, e)
-        return e.exit_code
-    finally:
-        destroy_process_group()
-
-
-def train_here(configs: list[TrainConfig], *, under_agent: bool) -> int:
-    """Train in this process (a single-process run, or ``under_agent``: one rank of the user's
-    torchrun, which dies with its agent). After a stop signal, rank 0 prints one line and the
-    process exits 128 + the signal at once (an async save in flight is abandoned)."""
-    with training_process(bind_to_parent=under_agent) as stop:
-        try:
-            return run_configs(configs, stop=stop)
-        except BaseException:
-            if stop.signum is None:
-                raise
-    if os.environ.get("RANK", "0") == "0":
-        print(f"dayzero: {Interrupted(stop.signum).describe()}{committed_note(c.ckpt_dir for c in configs)}",
-              file=sys.stderr)
-    exit_now(128 + stop.signum)
-
-
-def committed_note(ckpt_dirs: Iterable[str | None]) -> str:
-    """``"; last committed checkpoint step N"`` for each checkpoint directory (its newest version
-    with the COMPLETE marker), ``""`` without one."""
-    dirs = list(dict.fromkeys(d for d in ckpt_dirs if d))
-    notes = []
-    for d in dirs:
-        steps = [v.step for v in scan(Path(d)) if v.state == "complete"]
-        where = f" in {d}" if len(dirs) > 1 else ""
-        notes.append(f"last committed checkpoint step {max(steps)}{where}" if steps else f"no committed checkpoint{where}")
-    return "".join(f"; {n}" for n in notes)
-
-
-def ranks_log(configs: list[TrainConfig]) -> Path | None:
-    """Where a spawned run keeps its ranks' output: ``<metrics>.ranks.log`` next to the metrics
-    file, else ``ranks.log`` in the checkpoint directory; None (a temp file, kept on failure)."""
-    cfg = configs[0]
-    if cfg.metrics:
-        return Path(cfg.metrics).with_suffix(".ranks.log")
-    return Path(cfg.ckpt_dir, "ranks.log") if cfg.ckpt_dir else None
-
-
-def resume_point(configs: list[TrainConfig]) -> str:
-    """Where restarted ranks pick up: ``from checkpoint step N`` (the version ``--resume`` picks:
-    auto's first complete one in resume order, or the step asked for), or ``from the start``."""
-    from dayzero.runtime.lineage import resume_order
-
-    cfg = configs[0]  # restarted ranks run the configs again from the first
-    if not cfg.ckpt_dir or cfg.resume == "never":
-        return "from the start"
-    if str(cfg.resume).isdigit():
-        return f"from checkpoint step {int(cfg.resume)}"
-    if cfg.resume != "auto":
-        return f"from checkpoint {cfg.resume}"
-    step = next((v.step for v in resume_order(scan(Path(cfg.ckpt_dir))) if v.state == "complete"), None)
-    return f"from checkpoint step {step}" if step is not None else "from the start"
-
-
-def _train_one(cfg: TrainConfig, device) -> None:
-    import gc
-
-    from dayzero.runtime.train import build_state, train
-
-    state = build_state(cfg, device)
-    train(cfg, state=state)
-    del state
-    gc.collect()
-
-
-def main(argv: list[str] | None = None, stop: StopOnSignal | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dayzero.runtime.launch")
-    ap.add_argument("--error-dir", default=None)
-    ap.add_argument("configs", nargs="+")
-    a = ap.parse_args(argv)
-    return run_configs([TrainConfig.load(p) for p in a.configs], a.error_dir, stop)
-
-
-def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
-    """Run the config(s) on ``nproc`` local ranks (torchrun --standalone). Returns 0, 2 after a
-    user error (its message printed once on stderr), 1 after a crash, or 128 + the signal after
-    SIGINT/SIGTERM (one line: ranks stopped, the last committed checkpoint)."""
-    configs = configs if isinstance(configs, list) else [configs]
-    with tempfile.TemporaryDirectory(prefix="dayzero-launch-") as tmp:
-        paths = []
-        for i, cfg in enumerate(configs):
-            p = Path(tmp, f"config{i}.json")
-            cfg.save(p)
-            paths.append(str(p))
-        errors = Path(tmp, "errors")
-        errors.mkdir()
-        try:
-            launch_local(["-m", "dayzero.runtime.launch", "--error-dir", str(errors), *paths], nproc, errors,
-                         max_restarts=max(c.max_restarts for c in configs), log=ranks_log(configs),
-                         restart_from=lambda: resume_point(configs))
-            return 0
-        except RanksFailed as e:
-            for m in e.messages:
-                print(f"dayzero: error: {m}", file=sys.stderr)
-            return e.exit_code
-        except Interrupted as e:
-            print(f"dayzero: {e.describe()}{committed_note(c.ckpt_dir for c in configs)}", file=sys.stderr)
-            return e.exit_code
-
-
-if __name__ == "__main__":
-    run_as_rank(lambda stop: main(stop=stop))

@@ -14,7 +14,7 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
-            from dayzero.runtime.rank_log import terminal_stream
+            from dayzero.runtime.resilience.rank_log import terminal_stream
 
             self._p = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(),

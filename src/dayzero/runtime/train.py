@@ -4,7 +4,7 @@
 position, RNG, step); ``train_step(state)`` advances it by one optimizer step and returns the
 step's :class:`StepRecord` (``compute_step`` + ``apply_step``: the loss guard judges in between);
 ``train(config, hooks)`` runs the loop, calling each hook with ``(state, record)`` after every
-step, with checkpoints, resume and fault handling from :mod:`dayzero.runtime.resilience`.
+step, with checkpoints, resume and fault handling from :mod:`dayzero.runtime.resilience.loop`.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from dayzero.runtime import device as devices
 from dayzero.runtime.checks import check_runtime
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.data import TokenStream, resolve_data
-from dayzero.runtime.launch import init_distributed
-from dayzero.runtime.mesh import Meshes, build_meshes
+from dayzero.runtime.distributed import init_distributed, restart_attempt
 from dayzero.runtime.metrics import CommTimer, MetricsWriter, StepRecord, peak_memory_bytes
-from dayzero.runtime.model import build_model
-from dayzero.runtime.moe import MoE
+from dayzero.runtime.models.model import build_model
+from dayzero.runtime.models.moe import MoE
 from dayzero.runtime.optim import build_optimizer, build_scheduler, clip_grad_norm_
-from dayzero.runtime.parallelize import ParallelModel, parallelize, seeded_weights
-from dayzero.runtime.pipeline import Pipeline, build_pipeline
+from dayzero.runtime.parallel.mesh import Meshes, build_meshes
+from dayzero.runtime.parallel.parallelize import ParallelModel, parallelize, seeded_weights
+from dayzero.runtime.parallel.pipeline import Pipeline, build_pipeline
 from dayzero.torch_version import require_torch
 from dayzero.specs.model import ModelSpec
 
@@ -99,7 +99,7 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     model = build_model(spec, parallel.seq)
     weights, buffers = seeded_weights(config.seed, device), None
     if config.hf_weights:
-        from dayzero.runtime.hf_weights import HFCheckpoint
+        from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint
 
         ckpt = HFCheckpoint(config.hf_weights, spec)
         weights = buffers = ckpt.tensor
@@ -124,7 +124,7 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
 
 def rope_scaling_type(checkpoint: str) -> str | None:
     """The RoPE scaling a HF checkpoint's config.json asks for (llama3, yarn, ...), if any."""
-    from dayzero.runtime.hf_weights import checkpoint_config
+    from dayzero.runtime.checkpoint.hf_weights import checkpoint_config
 
     cfg = checkpoint_config(checkpoint)
     for key in ("rope_scaling", "rope_parameters"):
@@ -271,10 +271,9 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
 
     With ``config.ckpt_dir`` the run resumes from the newest good checkpoint and saves every
     ``config.ckpt_every`` steps; fault drills, the hang watchdog and loss guards come from the
-    same config (see :mod:`dayzero.runtime.resilience`)."""
-    from dayzero.runtime.faults import restart_attempt
+    same config (see :mod:`dayzero.runtime.resilience.loop`)."""
     from dayzero.runtime.progress import Progress
-    from dayzero.runtime.resilience import build_resilience
+    from dayzero.runtime.resilience.loop import build_resilience
 
     state = state or build_state(config)
     rank0 = dist.get_rank() == 0

@@ -130,10 +130,6 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         return sum(k == "moe" for k in self.layer_kinds)
 
-    @property
-    def num_dense_layers(self) -> int:
-        return self.layers - self.num_moe_layers
-
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("extra")

@@ -98,10 +98,6 @@ class ParallelConfig:
     def microbatches(self) -> int:
         return int(microbatches(self.gbs, self.mbs, self.dp))
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.gbs * self.seq
-
     def describe(self) -> str:
         s = f"tp{self.tp} pp{self.pp} dp{self.dp}"
         if self.cp > 1:

@@ -110,11 +110,11 @@ class _Complete:
 
 
 def _balanced_moe_forward(self, x):
-    """MoE.forward (runtime/moe.py) with a balanced routing table instead of the data-dependent
+    """MoE.forward (runtime/models/moe.py) with a balanced routing table instead of the data-dependent
     one; every tensor the real forward keeps is kept here with the same shape."""
     import torch
 
-    from dayzero.runtime.expert_parallel import AllToAllDispatch, _AllToAll
+    from dayzero.runtime.parallel.expert_parallel import AllToAllDispatch, _AllToAll
 
     bs, seq, hidden = x.shape
     xf = x.reshape(-1, hidden)  # (T, H)
@@ -151,11 +151,11 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from dayzero.runtime.checks import check_runtime
-    from dayzero.runtime.mesh import build_meshes
-    from dayzero.runtime.model import build_model
-    from dayzero.runtime.moe import MoE
+    from dayzero.runtime.models.model import build_model
+    from dayzero.runtime.models.moe import MoE
     from dayzero.runtime.optim import build_optimizer
-    from dayzero.runtime.parallelize import parallelize
+    from dayzero.runtime.parallel.mesh import build_meshes
+    from dayzero.runtime.parallel.parallelize import parallelize
     from dayzero.runtime.train import loss_context
     from dayzero.torch_version import require_torch
     from dayzero.validate.torch_tools import category_tracker, fake_store

@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 from dayzero.errors import DayzeroError
-from dayzero.runtime.launch import RanksFailed, destroy_process_group, launch_local, run_as_rank, write_rank_error
+from dayzero.runtime.distributed import destroy_process_group
+from dayzero.runtime.launch import RanksFailed, launch_local, run_as_rank, write_rank_error
 
 
 def _resolve(func: str):

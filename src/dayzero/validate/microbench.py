@@ -277,7 +277,7 @@ def run_rank(args: dict) -> dict:
     slowest rank's, the rest this rank's own)."""
     import torch
 
-    from dayzero.runtime.launch import init_distributed
+    from dayzero.runtime.distributed import init_distributed
 
     device = init_distributed()
     import torch.distributed as dist

@@ -97,7 +97,7 @@ def run_rank(args: dict) -> dict:
 
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.device import memory_stats
-    from dayzero.runtime.launch import init_distributed
+    from dayzero.runtime.distributed import init_distributed
     from dayzero.runtime.metrics import CommTimer, peak_memory_bytes
     from dayzero.runtime.train import build_state, train_step
 

@@ -17,13 +17,13 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from dayzero.runtime.data_parallel import apply_fsdp
-from dayzero.runtime.expert_parallel import apply_expert_parallel
-from dayzero.runtime.mesh import Meshes
-from dayzero.runtime.model import Transformer, initial_value
-from dayzero.runtime.pipeline import split_stages
-from dayzero.runtime.recompute import apply_activation_checkpointing
-from dayzero.runtime.tensor_parallel import apply_tensor_parallel
+from dayzero.runtime.models.model import Transformer, initial_value
+from dayzero.runtime.models.recompute import apply_activation_checkpointing
+from dayzero.runtime.parallel.data_parallel import apply_fsdp
+from dayzero.runtime.parallel.expert_parallel import apply_expert_parallel
+from dayzero.runtime.parallel.mesh import Meshes
+from dayzero.runtime.parallel.pipeline import split_stages
+from dayzero.runtime.parallel.tensor_parallel import apply_tensor_parallel
 
 # fqn, full shape -> the full tensor (fp32, any device)
 WeightSource = Callable[[str, tuple[int, ...]], torch.Tensor]

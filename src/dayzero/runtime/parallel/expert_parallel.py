@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch import nn
 
-from dayzero.runtime.model import Transformer
+from dayzero.runtime.models.model import Transformer
 
 
 class _AllToAll(torch.autograd.Function):

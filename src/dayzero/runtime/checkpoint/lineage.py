@@ -2,7 +2,7 @@
 
 Step numbers do not order a checkpoint directory: a run resumed from step 2 of a directory that
 holds steps 2, 4, 6 and 8 writes a step 3 that is *newer* than step 8, on another trajectory.
-So every manifest records (:class:`dayzero.runtime.manifest.Manifest`):
+So every manifest records (:class:`dayzero.runtime.checkpoint.manifest.CheckpointManifest`):
 
 - ``lineage``: the id of the run it belongs to. A run that resumes the newest version of a
   lineage continues that lineage (a restart, or the next job of the same run); a run that
@@ -17,9 +17,9 @@ Manifests written before lineage existed read as lineage ``legacy``, seq 0, orde
 among themselves and before everything written since; a run that continues the newest of them
 continues lineage ``legacy``.
 
-The rules here are pure functions over :class:`dayzero.runtime.versions.Version` lists, plus
-:class:`RunLineage`, one run's place in them (torch-free, no I/O); :mod:`dayzero.runtime.versions`
-reads the records from disk and :class:`dayzero.runtime.checkpoint.Checkpointer` applies the rules.
+The rules here are pure functions over :class:`dayzero.runtime.checkpoint.versions.Version` lists, plus
+:class:`RunLineage`, one run's place in them (torch-free, no I/O); :mod:`dayzero.runtime.checkpoint.versions`
+reads the records from disk and :class:`dayzero.runtime.checkpoint.checkpointer.Checkpointer` applies the rules.
 
 Worked example (``--keep 3``)::
 
@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from dayzero.runtime.manifest import LEGACY, CheckpointError, Manifest, VersionRef
+from dayzero.runtime.checkpoint.manifest import LEGACY, CheckpointError, CheckpointManifest, VersionRef
 
 if TYPE_CHECKING:
-    from dayzero.runtime.versions import Version
+    from dayzero.runtime.checkpoint.versions import Version
 
 __all__ = ["LEGACY", "Record", "RunLineage", "new_lineage_id", "write_order", "history", "resume_order",
            "newer_in_lineage", "retention", "ref", "target_copy"]
@@ -58,7 +58,7 @@ class Record:
     fork: VersionRef | None = None
 
     @classmethod
-    def of(cls, m: Manifest) -> "Record":
+    def of(cls, m: CheckpointManifest) -> "Record":
         return cls(m.lineage, m.seq, m.step, m.fork)
 
 

@@ -1,9 +1,9 @@
 """Checkpoint manifests: what one checkpoint version holds, and whether it is intact.
 
-One version is a directory (see :mod:`dayzero.runtime.versions` for naming)::
+One version is a directory (see :mod:`dayzero.runtime.checkpoint.versions` for naming)::
 
     step-00000010/
-        manifest.json      this module's Manifest (JSON, never pickled)
+        manifest.json      this module's CheckpointManifest (JSON, never pickled)
         COMPLETE           commit marker, written last: {"manifest_sha256": ...}
         .metadata          DCP's index of tensor shards (read with a restricted unpickler)
         __0_0.distcp ...   tensor shards, one file per rank (DCP)
@@ -19,7 +19,7 @@ catch any corruption a storage system produces, and at ~20 GB/s per core it cost
 nothing, where SHA-256 (~1.7 GB/s per core with SHA-NI) competes with the write itself when every
 core runs a rank (benchmarks/RESULTS_ckpt.md). SHA-256 stays available (``sha256``). Neither
 stops an attacker who can rewrite a checkpoint and its manifest together; the restricted loaders
-in :mod:`dayzero.runtime.dcp_io` are what keep such a checkpoint from running code. Manifests of
+in :mod:`dayzero.runtime.checkpoint.dcp_io` are what keep such a checkpoint from running code. Manifests of
 format 1 (a ``sha256`` field per file) are still read.
 
 This module imports no torch: ``dayzero ckpt list|verify`` stay instant.
@@ -192,7 +192,7 @@ class VersionRef(BaseModel):
     step: int = Field(ge=0)
 
 
-class Manifest(BaseModel):
+class CheckpointManifest(BaseModel):
     """The JSON document at ``<version>/manifest.json``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -208,7 +208,7 @@ class Manifest(BaseModel):
     contents: list[str] = []  # of "model", "optimizer", "scheduler", "data", "rng"
     files: list[FileEntry] = []
     extra: dict[str, Any] = {}
-    # lineage (see dayzero.runtime.lineage): the run this version belongs to, its place in the
+    # lineage (see dayzero.runtime.checkpoint.lineage): the run this version belongs to, its place in the
     # directory's write order (0: written before lineage existed), the version it descends from
     # (the one its run resumed from, or the run's previous save) and the version its lineage
     # branched from (None for a run that started fresh, or an import)
@@ -291,7 +291,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def read_manifest(version_dir: Path) -> Manifest:
+def read_manifest(version_dir: Path) -> CheckpointManifest:
     """Parse ``manifest.json``; raise CheckpointError naming the directory on any problem."""
     p = Path(version_dir) / MANIFEST
     try:
@@ -303,7 +303,7 @@ def read_manifest(version_dir: Path) -> Manifest:
         raise CheckpointError(f"{p}: unreadable manifest ({e}); the checkpoint is corrupt, resume from an "
                               "older one") from None
     try:
-        return Manifest.model_validate(raw)
+        return CheckpointManifest.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
@@ -328,7 +328,7 @@ class Verdict:
     """Result of checking one checkpoint version; ``problems`` name every file at fault."""
 
     path: Path
-    manifest: Manifest | None
+    manifest: CheckpointManifest | None
     problems: tuple[str, ...]
 
     @property

@@ -23,8 +23,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from dayzero.runtime.attention import MultiHeadLatentAttention
-from dayzero.runtime.model import Transformer
+from dayzero.runtime.models.attention import MultiHeadLatentAttention
+from dayzero.runtime.models.model import Transformer
 
 
 class ReplicatedInput(ParallelStyle):

@@ -9,7 +9,7 @@ so a stale lock is taken over by the next job without anyone removing anything.
 Who holds it: the process that owns the job. ``dayzero train --nproc N`` (the launcher, which
 outlives restarts of its ranks) takes it before starting ranks and lends it to its child
 processes; otherwise (one process, or ranks started by your own ``torchrun``) rank 0's
-:class:`~dayzero.runtime.checkpoint.Checkpointer` takes it, and every rank's writes happen under
+:class:`~dayzero.runtime.checkpoint.checkpointer.Checkpointer` takes it, and every rank's writes happen under
 it. ``dayzero ckpt import`` takes it too; ``ckpt list|verify|export`` only read and do not.
 
 A process that already holds the lock (another Checkpointer of the same process), or whose
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
-from dayzero.runtime.manifest import CheckpointError, utc_now
+from dayzero.runtime.checkpoint.manifest import CheckpointError, utc_now
 
 LOCK_FILE = ".lock"
 

@@ -16,8 +16,9 @@ import hashlib
 import torch
 from torch import nn
 
-from dayzero.runtime.attention import RMSNorm, build_attention, rope_cache
-from dayzero.runtime.moe import MLP, MoE
+from dayzero.runtime.models.attention import RMSNorm, build_attention, rope_cache
+from dayzero.runtime.models.mlp import MLP
+from dayzero.runtime.models.moe import MoE
 from dayzero.specs.model import ModelSpec
 
 INIT_STD = 0.02  # HF ``initializer_range`` default and GPT-2's (Radford et al. 2019)

@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
-from dayzero.runtime.manifest import CheckpointError
+from dayzero.runtime.checkpoint.manifest import CheckpointError
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 

@@ -23,7 +23,7 @@ from torch.distributed.pipelining import (
     ScheduleLoopedBFS,
 )
 
-from dayzero.runtime.model import Transformer
+from dayzero.runtime.models.model import Transformer
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 

@@ -3,7 +3,7 @@ selection and score-correction bias), routed experts stored as grouped weights, 
 and the auxiliary balance loss.
 
 Token movement goes through ``self.dispatcher``: :class:`LocalDispatch` runs every expert here;
-expert parallelism swaps in an all-to-all dispatcher (``expert_parallel.py``) without the layer
+expert parallelism swaps in an all-to-all dispatcher (:mod:`dayzero.runtime.parallel.expert_parallel`) without the layer
 knowing. ``stats_group`` (set by tensor parallelism) is the process group whose ranks together
 hold one micro-batch's tokens, so the balance loss sees the whole micro-batch.
 """
@@ -15,33 +15,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from dayzero.runtime.models.mlp import MLP, activation
 from dayzero.specs.model import MLPSpec, MoESpec
-
-
-def activation(name: str):
-    if name == "silu":
-        return F.silu
-    if name == "gelu":
-        return lambda x: F.gelu(x, approximate="tanh")  # GPT-2's "gelu_new"
-    if name == "relu2":
-        return lambda x: F.relu(x).square()  # Nemotron's squared ReLU
-    raise ValueError(f"activation {name!r}")
-
-
-class MLP(nn.Module):
-    """SwiGLU (w2(act(w1 x) * w3 x), Shazeer 2020) or plain (w2(act(w1 x)))."""
-
-    def __init__(self, hidden: int, spec: MLPSpec, intermediate: int | None = None):
-        super().__init__()
-        inter = intermediate or spec.intermediate
-        self.act = activation(spec.activation)
-        self.w1 = nn.Linear(hidden, inter, bias=spec.bias)
-        self.w2 = nn.Linear(inter, hidden, bias=spec.bias)
-        self.w3 = nn.Linear(hidden, inter, bias=spec.bias) if spec.gated else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.act(self.w1(x))
-        return self.w2(h * self.w3(x) if self.w3 is not None else h)
 
 
 class GroupedExperts(nn.Module):

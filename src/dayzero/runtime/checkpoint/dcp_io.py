@@ -12,7 +12,7 @@ would run arbitrary code from a crafted checkpoint. Here:
 - :class:`CachedStager` copies the state for an async save into CPU buffers allocated once and
   reused (DCP's own cache pins memory, which a CPU-only build cannot do), optionally on a thread;
 - :class:`CachingSavePlanner` is DCP's default save planner with plan caching under a key of its
-  owner's (one :class:`~dayzero.runtime.checkpoint.Checkpointer`), dropped by :func:`forget_plans`;
+  owner's (one :class:`~dayzero.runtime.checkpoint.checkpointer.Checkpointer`), dropped by :func:`forget_plans`;
 - :class:`HookedWriter` is DCP's ``FileSystemWriter`` with a callback just before this rank
   writes its shards (fault drills inject a crash "between shard writes" there), checksumming
   each shard file as it is written so the manifest's checksums cost no second read.
@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.utils.serialization import config as _serialization_config
 
-from dayzero.runtime.manifest import DEFAULT_CHECKSUM, CheckpointError, check_relpath, new_hasher
+from dayzero.runtime.checkpoint.manifest import DEFAULT_CHECKSUM, CheckpointError, check_relpath, new_hasher
 
 METADATA_FILE = ".metadata"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from dayzero.runtime.model import Transformer
+from dayzero.runtime.models.model import Transformer
 
 
 def apply_fsdp(model: Transformer, meshes, param_dtype: torch.dtype, zero: int, gloo: bool) -> list:

@@ -3,7 +3,7 @@
 A checkpoint root holds one directory per saved version::
 
     ckpt/
-        .lock                     advisory lock of the job writing here (dayzero.runtime.dirlock)
+        .lock                     advisory lock of the job writing here (dayzero.runtime.checkpoint.dirlock)
         step-00000005/            complete: has the COMPLETE marker
         step-00000010/            complete
         step-00000010-v2/         step 10 again, written by another lineage (a branch)
@@ -13,9 +13,9 @@ A checkpoint root holds one directory per saved version::
 A save writes everything into ``<name>.partial``, verifies it, renames it to ``<name>`` and then
 writes the ``COMPLETE`` marker (see :func:`commit`). A crash at any point leaves either a
 ``.partial`` directory or a final directory without a marker; neither is ever resumed from.
-Which versions to keep and which to resume is decided by lineage (:mod:`dayzero.runtime.lineage`).
+Which versions to keep and which to resume is decided by lineage (:mod:`dayzero.runtime.checkpoint.lineage`).
 
-Torch-free, like :mod:`dayzero.runtime.manifest`.
+Torch-free, like :mod:`dayzero.runtime.checkpoint.manifest`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from dayzero.runtime.lineage import Record, resume_order, retention
-from dayzero.runtime.manifest import (MARKER, CheckpointError, Verdict, fsync_dir, read_manifest, utc_now,
-                                      write_json_durable, write_marker)
+from dayzero.runtime.checkpoint.lineage import Record, resume_order, retention
+from dayzero.runtime.checkpoint.manifest import (MARKER, CheckpointError, Verdict, fsync_dir, read_manifest, utc_now,
+                                                 write_json_durable, write_marker)
 
 _NAME = re.compile(r"^step-(\d{8,})(?:-v(\d+))?(\.partial|\.replaced|\.deleting)?$")
 State = Literal["complete", "incomplete", "partial", "replaced", "deleting"]
@@ -46,7 +46,7 @@ def partial_name(step: int, copy: int = 1) -> str:
 @dataclass(frozen=True)
 class Version:
     """One directory under a checkpoint root. ``complete`` means the marker exists (checked
-    cheaply here; :func:`dayzero.runtime.manifest.verify_version` checks the contents).
+    cheaply here; :func:`dayzero.runtime.checkpoint.manifest.verify_version` checks the contents).
     ``record`` holds the manifest's lineage fields (None: no readable manifest)."""
 
     path: Path

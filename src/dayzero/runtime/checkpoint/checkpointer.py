@@ -15,7 +15,7 @@ and writing, hashing and the commit run on another thread, whose collectives use
 process group.
 
 Resume (:meth:`Checkpointer.resume`) walks versions newest first by write order (see
-:mod:`dayzero.runtime.lineage`) and loads the first complete one whose files all match their
+:mod:`dayzero.runtime.checkpoint.lineage`) and loads the first complete one whose files all match their
 manifest checksums (hashing is split across ranks) and whose tensors fit the model; newer ones
 that are partial, truncated, corrupt or for another model are skipped with a warning naming them.
 Loading goes through ``get_state_dict``/``set_state_dict``, so a checkpoint saved at one layout
@@ -24,7 +24,7 @@ loads into another (reshard on load).
 Lineage: a checkpointer saves into one lineage. It continues the lineage of the version it
 resumed when that is the lineage's newest, and otherwise starts a branch from it (said in a
 ``checkpoint_branch`` event and a warning); retention deletes only the lineage's own old
-versions. Rank 0 holds the directory's lock (:mod:`dayzero.runtime.dirlock`) from construction
+versions. Rank 0 holds the directory's lock (:mod:`dayzero.runtime.checkpoint.dirlock`) from construction
 to :meth:`Checkpointer.close`.
 """
 
@@ -49,20 +49,21 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from dayzero.runtime.dcp_io import (METADATA_FILE, CachedStager, CachingSavePlanner, HookedWriter, SafeLoadPlanner,
-                                    SafeReader, forget_plans, load_metadata, referenced_files,
-                                    single_process)
-from dayzero.runtime.dirlock import CheckpointLocked, DirLock
-from dayzero.runtime.lineage import RunLineage, history, new_lineage_id, target_copy, write_order
+from dayzero.runtime.checkpoint.dcp_io import (METADATA_FILE, CachedStager, CachingSavePlanner, HookedWriter,
+                                               SafeLoadPlanner, SafeReader, forget_plans, load_metadata,
+                                               referenced_files, single_process)
+from dayzero.runtime.checkpoint.dirlock import CheckpointLocked, DirLock
+from dayzero.runtime.checkpoint.json_state import capture_rng, from_json, restore_rng, to_json
+from dayzero.runtime.checkpoint.lineage import RunLineage, history, new_lineage_id, target_copy, write_order
+from dayzero.runtime.checkpoint.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, CheckpointManifest,
+                                                 FileEntry, ModelInfo, Verdict, VersionRef, check_algorithm, check_file,
+                                                 check_marker, dayzero_version, describe_file, read_manifest, safe_join,
+                                                 utc_now, write_json_durable)
+from dayzero.runtime.checkpoint.state_dicts import (fit_problems, model_shapes, set_train_state, split_small,
+                                                    take_saved, train_state_dict)
+from dayzero.runtime.checkpoint.versions import (Version, backup, commit, next_seq, prepare_partial, purge, retire,
+                                                 scan, select_first, select_newest, version_name)
 from dayzero.torch_version import require_torch
-from dayzero.runtime.manifest import (DEFAULT_CHECKSUM, MANIFEST, CheckpointError, FileEntry, Manifest, ModelInfo,
-                                      Verdict, VersionRef, check_algorithm, check_file, check_marker, dayzero_version,
-                                      describe_file, read_manifest, safe_join, utc_now, write_json_durable)
-from dayzero.runtime.state_dicts import (fit_problems, model_shapes, set_train_state, split_small, take_saved,
-                                         train_state_dict)
-from dayzero.runtime.train_state import capture_rng, from_json, restore_rng, to_json
-from dayzero.runtime.versions import (Version, backup, commit, next_seq, prepare_partial, purge, retire,
-                                      scan, select_first, select_newest, version_name)
 
 log = logging.getLogger("dayzero.checkpoint")
 TRAIN_STATE = "train_state.json"
@@ -90,7 +91,7 @@ class Resumed:
     path: Path
     data: Any  # the data-stream position given to save()
     extra: dict  # loop extras given to save() (loss-guard state, skipped batches, ...)
-    manifest: Manifest
+    manifest: CheckpointManifest
     skipped: tuple[Verdict, ...] = ()
 
 
@@ -162,7 +163,7 @@ class Checkpointer:
                    extra: dict | None = None, backup_existing: bool = False) -> SavedCheckpoint | float:
         """Save a ready state dict ({"model": {fqn: tensor}, ...}); used by ``dayzero ckpt import``.
         ``backup_existing``: write ``step-N`` itself, moving a version already there to a backup
-        (:func:`dayzero.runtime.versions.backup`) once the new one is verified."""
+        (:func:`dayzero.runtime.checkpoint.versions.backup`) once the new one is verified."""
         t0 = time.perf_counter()
         self.wait()
         own = {}
@@ -351,7 +352,7 @@ class Checkpointer:
             files.append(describe_file(partial, OPTIM_GROUPS, self.checksum))
         files.sort(key=lambda f: f.path)
         seq = next_seq(self.root, scan(self.root))
-        manifest = Manifest(step=step, created=utc_now(), dayzero_version=dayzero_version(),
+        manifest = CheckpointManifest(step=step, created=utc_now(), dayzero_version=dayzero_version(),
                             torch_version=torch.__version__, model=self.model, layout=self.layout,
                             world=self.world, contents=contents, files=files, lineage=self.lineage.id, seq=seq,
                             parent=self.lineage.parent, fork=self.lineage.fork)
@@ -376,12 +377,12 @@ class Checkpointer:
     def resume(self, model, optimizer=None, scheduler=None, *, which: str | int = "auto") -> Resumed | None:
         """Load the most recently written good version (``which="auto"``), or a given step or directory.
 
-        ``auto`` tries versions in :func:`dayzero.runtime.lineage.resume_order` and skips, with a
+        ``auto`` tries versions in :func:`dayzero.runtime.checkpoint.lineage.resume_order` and skips, with a
         warning, any that fails verification or does not fit the model; a step number with several
         versions (several lineages) means its most recently written one. Returns None when there is
         nothing to resume from (no complete version). Raises CheckpointError when complete versions
         exist but none is usable, or an explicit one fails. The first resume settles the lineage
-        that later saves go to (continued, or a new branch: see :mod:`dayzero.runtime.lineage`).
+        that later saves go to (continued, or a new branch: see :mod:`dayzero.runtime.checkpoint.lineage`).
         """
         self.wait()
         versions = self.versions()
@@ -450,7 +451,7 @@ class Checkpointer:
         problems, raw, saved, unfit = self._broadcast(head)
         if raw is None:
             return Verdict(version.path, None, problems), []
-        manifest = Manifest.model_validate(raw)
+        manifest = CheckpointManifest.model_validate(raw)
         mine = [f for i, f in enumerate(manifest.files) if i % self.world == self.rank]
         local = [p for f in mine if (p := check_file(version.path, f, checksum=True))]
         fits = fit_problems(want, saved) if want is not None and not unfit else []
@@ -502,8 +503,8 @@ class Checkpointer:
             self._warn(f"skipping checkpoint {v.path.name}: {v.summary()}")
             self._event({"event": "checkpoint_skipped", "path": str(v.path), "problems": list(v.problems)})
 
-    def load(self, path: str | Path, model, optimizer=None, scheduler=None, *, manifest: Manifest | None = None,
-             skipped: Sequence[Verdict] = ()) -> Resumed:
+    def load(self, path: str | Path, model, optimizer=None, scheduler=None, *,
+             manifest: CheckpointManifest | None = None, skipped: Sequence[Verdict] = ()) -> Resumed:
         """Load one version into ``model`` (any layout), ``optimizer`` and ``scheduler``."""
         path = Path(path)
         manifest = manifest or read_manifest(path)

@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from dayzero.errors import DayzeroError
-from dayzero.runtime.checkpoint import Checkpointer, SavedCheckpoint
-from dayzero.runtime.faults import FaultInjector, FaultSpec, Watchdog, restart_attempt
-from dayzero.runtime.guards import GuardConfig, GuardVerdict, LossDivergedError, LossGuard
-from dayzero.runtime.manifest import CHECKSUMS, DEFAULT_CHECKSUM
+from dayzero.runtime.checkpoint.checkpointer import Checkpointer, SavedCheckpoint
+from dayzero.runtime.checkpoint.manifest import CHECKSUMS, DEFAULT_CHECKSUM
+from dayzero.runtime.distributed import restart_attempt
+from dayzero.runtime.resilience.faults import FaultInjector, FaultSpec
+from dayzero.runtime.resilience.guards import GuardConfig, GuardVerdict, LossDivergedError, LossGuard
+from dayzero.runtime.resilience.watchdog import Watchdog
 from dayzero.specs.model import SHRINK_KEYS
 
 DEFAULT_SAVE_TIMEOUT_S = 600.0  # with --watchdog and no --save-timeout

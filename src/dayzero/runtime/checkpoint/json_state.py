@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dayzero.runtime.manifest import CheckpointError
+from dayzero.runtime.checkpoint.manifest import CheckpointError
 
 _TUPLE, _TENSOR = "__tuple__", "__tensor__"
 

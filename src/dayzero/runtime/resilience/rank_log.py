@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 
-from dayzero.runtime.stopping import STOP_SIGNALS, signal_name
+from dayzero.runtime.resilience.stopping import STOP_SIGNALS, signal_name
 
 DIR_ENV = "DAYZERO_LAUNCH_DIR"  # set by the launcher for its ranks: where they leave logs and causes
 ATTEMPT_ENV = "DAYZERO_RESTART_ATTEMPT"  # the launcher's restart attempt (0 first)

@@ -14,7 +14,7 @@ import functools
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from dayzero.runtime.model import Transformer
+from dayzero.runtime.models.model import Transformer
 
 
 def _checkpoint_forward(module: nn.Module) -> None:

@@ -3,7 +3,7 @@
 Ranks run in sessions of their own (torch elastic starts them with ``start_new_session``), so a
 Ctrl-C at the terminal reaches only the launcher. Its agent sends the same signal to every rank
 and SIGKILLs those still alive ``STOP_GRACE_S`` later; the launcher then exits 128 + the signal
-number (130 for SIGINT, 143 for SIGTERM) and never relaunches (:func:`launch.launch_local`).
+number (130 for SIGINT, 143 for SIGTERM) and never relaunches (:func:`dayzero.runtime.launch.launch_local`).
 
 A process that runs the training loop (a rank, or a single-process run) enters
 :func:`training_process`:
@@ -13,7 +13,7 @@ A process that runs the training loop (a rank, or a single-process run) enters
   the process with :func:`exit_now`, without waiting for background threads, so an async save in
   flight is abandoned where it stands. That is safe at any instant: a version counts as saved
   only once rank 0 has renamed ``step-N.partial`` to ``step-N`` and written its ``COMPLETE``
-  marker (:mod:`dayzero.runtime.versions`), so an abandoned save leaves a ``.partial`` (or an
+  marker (:mod:`dayzero.runtime.checkpoint.versions`), so an abandoned save leaves a ``.partial`` (or an
   unmarked) directory that resume skips, and the previous version stays the newest. A main
   thread blocked in native code (a collective whose peer is gone) cannot raise; a backstop
   thread, woken through ``signal.set_wakeup_fd`` by the signal itself, ends the process

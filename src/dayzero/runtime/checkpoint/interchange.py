@@ -4,7 +4,7 @@ Export reads a verified checkpoint version in one process, whatever layout wrote
 the model weights as ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` shards plus
 ``model.safetensors.index.json``, the Hugging Face layout). When the manifest records how to
 rebuild the model (``model.recipe``, written by ``dayzero train``) and its family is one the zoo
-maps (:data:`dayzero.runtime.hf_weights.FAMILIES`), tensors get their Hugging Face names (stacked
+maps (:data:`dayzero.runtime.checkpoint.hf_weights.FAMILIES`), tensors get their Hugging Face names (stacked
 experts are split per expert) and, for a model that is not a shrunk proxy, its ``config.json`` is
 written too: ``transformers`` and ``dayzero train --hf-weights`` read the result. Otherwise the
 zoo's own names are kept. Export streams: each output file's tensors are loaded from the DCP
@@ -29,11 +29,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from dayzero.runtime.checkpoint import Checkpointer
-from dayzero.runtime.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, single_process
-from dayzero.runtime.manifest import (CheckpointError, default_file_mode, manifest_digest, verify_version,
-                                     write_json_durable)
-from dayzero.runtime.versions import version_name
+from dayzero.runtime.checkpoint.checkpointer import Checkpointer
+from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, single_process
+from dayzero.runtime.checkpoint.manifest import (CheckpointError, default_file_mode, manifest_digest, verify_version,
+                                                 write_json_durable)
+from dayzero.runtime.checkpoint.versions import version_name
 from dayzero.specs.model import SHRINK_KEYS
 
 INDEX = "model.safetensors.index.json"
@@ -140,7 +140,7 @@ def import_hf(hf_dir: str | Path, ckpt_root: str | Path, *, step: int = 0, dtype
         model = str(hf_dir.resolve())
     spec = None
     if model is not None:
-        from dayzero.runtime.hf_weights import FAMILIES
+        from dayzero.runtime.checkpoint.hf_weights import FAMILIES
         from dayzero.specs.registry import load_model
 
         spec = load_model(model)
@@ -172,8 +172,8 @@ def _hf_tensors(hf_dir: Path, shards: list[Path], spec, cast: torch.dtype | None
 
     tensors: dict[str, torch.Tensor] = {}
     if spec is not None:
-        from dayzero.runtime.hf_weights import HFCheckpoint
-        from dayzero.runtime.model import build_model
+        from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint
+        from dayzero.runtime.models.model import build_model
 
         hf = HFCheckpoint(hf_dir, spec)
         zoo = build_model(spec)  # meta device: names and shapes only
@@ -198,8 +198,8 @@ def _recipe_spec(manifest):
     recipe = manifest.model.recipe
     if not recipe.get("model"):
         return None
+    from dayzero.runtime.checkpoint.hf_weights import FAMILIES
     from dayzero.runtime.config import TrainConfig
-    from dayzero.runtime.hf_weights import FAMILIES
 
     spec = TrainConfig(**{k: v for k, v in recipe.items() if k in ("model", *SHRINK_KEYS)}
                        ).spec()
@@ -210,7 +210,7 @@ def _recipe_spec(manifest):
 
 
 def _hf_renamer(spec) -> Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]]:
-    from dayzero.runtime.hf_weights import hf_sources
+    from dayzero.runtime.checkpoint.hf_weights import hf_sources
 
     mla_q_lora = spec.attention.q_lora_rank is not None
 

@@ -1,0 +1,9 @@
+"""The parallel system: one module per dimension, applied to a zoo model in a fixed order.
+
+Read in this order: ``mesh`` (the ParallelConfig as one device mesh with named views), then one
+``apply_*`` per dimension: ``pipeline`` (pp: the model cut into virtual stages and the schedule
+that runs them), ``tensor_parallel`` (tp + sequence parallel as DTensor plans), ``expert_parallel``
+(ep: routed experts sharded, tokens moved with all-to-all), ``data_parallel`` (dp: FSDP2, ZeRO and
+mixed precision), and ``parallelize`` (the one function that applies them all, with activation
+checkpointing from :mod:`dayzero.runtime.models.recompute`, then materializes the weights).
+"""

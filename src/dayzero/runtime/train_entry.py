@@ -1,0 +1,144 @@
+"""The entry point of ``dayzero train``: train one or more configs here or on spawned ranks.
+
+``spawn(configs, nproc)`` trains them on ``nproc`` local ranks through
+:func:`dayzero.runtime.launch.launch_local` (``dayzero train --nproc``); ``main`` is what each of
+those ranks runs (``python -m dayzero.runtime.train_entry [--error-dir DIR] CONFIG.json ...``).
+Several configs run one after another in the same process group (tests share one spawned world
+across runs this way). :func:`train_here` trains in the calling process instead (a single-process
+run, or one rank of the user's own torchrun). After a stop signal both say where a restart would
+pick up (:func:`committed_note`, :func:`resume_point`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from dayzero.errors import DayzeroError
+from dayzero.runtime.checkpoint.lineage import resume_order
+from dayzero.runtime.checkpoint.versions import scan
+from dayzero.runtime.config import TrainConfig
+from dayzero.runtime.distributed import destroy_process_group, init_distributed
+from dayzero.runtime.launch import RanksFailed, launch_local, run_as_rank, write_rank_error
+from dayzero.runtime.resilience.stopping import Interrupted, StopOnSignal, exit_now, training_process
+from dayzero.runtime.train import build_state, train
+
+
+def run_configs(configs: list[TrainConfig], error_dir: str | None = None, stop: StopOnSignal | None = None) -> int:
+    """Train each config in turn on this rank; returns the process exit code. With ``stop``, an
+    error after a stop signal (a save it cut short) raises :class:`Interrupted` instead."""
+    try:
+        device = init_distributed()
+        for cfg in configs:
+            _train_one(cfg, device)
+        return 0
+    except DayzeroError as e:
+        if stop is not None and stop.signum is not None:
+            raise Interrupted(stop.signum) from None
+        write_rank_error(error_dir, e)
+        return e.exit_code
+    finally:
+        destroy_process_group()
+
+
+def train_here(configs: list[TrainConfig], *, under_agent: bool) -> int:
+    """Train in this process (a single-process run, or ``under_agent``: one rank of the user's
+    torchrun, which dies with its agent). After a stop signal, rank 0 prints one line and the
+    process exits 128 + the signal at once (an async save in flight is abandoned)."""
+    with training_process(bind_to_parent=under_agent) as stop:
+        try:
+            return run_configs(configs, stop=stop)
+        except BaseException:
+            if stop.signum is None:
+                raise
+    if os.environ.get("RANK", "0") == "0":
+        print(f"dayzero: {Interrupted(stop.signum).describe()}{committed_note(c.ckpt_dir for c in configs)}",
+              file=sys.stderr)
+    exit_now(128 + stop.signum)
+
+
+def committed_note(ckpt_dirs: Iterable[str | None]) -> str:
+    """``"; last committed checkpoint step N"`` for each checkpoint directory (its newest version
+    with the COMPLETE marker), ``""`` without one."""
+    dirs = list(dict.fromkeys(d for d in ckpt_dirs if d))
+    notes = []
+    for d in dirs:
+        steps = [v.step for v in scan(Path(d)) if v.state == "complete"]
+        where = f" in {d}" if len(dirs) > 1 else ""
+        notes.append(f"last committed checkpoint step {max(steps)}{where}" if steps
+                     else f"no committed checkpoint{where}")
+    return "".join(f"; {n}" for n in notes)
+
+
+def ranks_log(configs: list[TrainConfig]) -> Path | None:
+    """Where a spawned run keeps its ranks' output: ``<metrics>.ranks.log`` next to the metrics
+    file, else ``ranks.log`` in the checkpoint directory; None (a temp file, kept on failure)."""
+    cfg = configs[0]
+    if cfg.metrics:
+        return Path(cfg.metrics).with_suffix(".ranks.log")
+    return Path(cfg.ckpt_dir, "ranks.log") if cfg.ckpt_dir else None
+
+
+def resume_point(configs: list[TrainConfig]) -> str:
+    """Where restarted ranks pick up: ``from checkpoint step N`` (the version ``--resume`` picks:
+    auto's first complete one in resume order, or the step asked for), or ``from the start``."""
+    cfg = configs[0]  # restarted ranks run the configs again from the first
+    if not cfg.ckpt_dir or cfg.resume == "never":
+        return "from the start"
+    if str(cfg.resume).isdigit():
+        return f"from checkpoint step {int(cfg.resume)}"
+    if cfg.resume != "auto":
+        return f"from checkpoint {cfg.resume}"
+    step = next((v.step for v in resume_order(scan(Path(cfg.ckpt_dir))) if v.state == "complete"), None)
+    return f"from checkpoint step {step}" if step is not None else "from the start"
+
+
+def _train_one(cfg: TrainConfig, device) -> None:
+    state = build_state(cfg, device)
+    train(cfg, state=state)
+    del state
+    gc.collect()
+
+
+def main(argv: list[str] | None = None, stop: StopOnSignal | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dayzero.runtime.train_entry")
+    ap.add_argument("--error-dir", default=None)
+    ap.add_argument("configs", nargs="+")
+    a = ap.parse_args(argv)
+    return run_configs([TrainConfig.load(p) for p in a.configs], a.error_dir, stop)
+
+
+def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
+    """Run the config(s) on ``nproc`` local ranks (torchrun --standalone). Returns 0, 2 after a
+    user error (its message printed once on stderr), 1 after a crash, or 128 + the signal after
+    SIGINT/SIGTERM (one line: ranks stopped, the last committed checkpoint)."""
+    configs = configs if isinstance(configs, list) else [configs]
+    with tempfile.TemporaryDirectory(prefix="dayzero-launch-") as tmp:
+        paths = []
+        for i, cfg in enumerate(configs):
+            p = Path(tmp, f"config{i}.json")
+            cfg.save(p)
+            paths.append(str(p))
+        errors = Path(tmp, "errors")
+        errors.mkdir()
+        try:
+            launch_local(["-m", "dayzero.runtime.train_entry", "--error-dir", str(errors), *paths], nproc, errors,
+                         max_restarts=max(c.max_restarts for c in configs), log=ranks_log(configs),
+                         restart_from=lambda: resume_point(configs))
+            return 0
+        except RanksFailed as e:
+            for m in e.messages:
+                print(f"dayzero: error: {m}", file=sys.stderr)
+            return e.exit_code
+        except Interrupted as e:
+            print(f"dayzero: {e.describe()}{committed_note(c.ckpt_dir for c in configs)}", file=sys.stderr)
+            return e.exit_code
+
+
+if __name__ == "__main__":
+    run_as_rank(lambda stop: main(stop=stop))
