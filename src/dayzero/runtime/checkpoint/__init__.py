@@ -8,5 +8,5 @@ never pickled), ``state_dicts`` (model and optimizer state dicts named as the fu
 ``dcp_io`` (the one wrapper around PyTorch Distributed Checkpoint internals), ``checkpointer``
 (save, resume and load: the :class:`Checkpointer`), ``hf_weights`` (Hugging Face safetensors ->
 zoo parameter names), ``interchange`` (export a version as safetensors, import safetensors as a
-version).
+version), ``inventory`` (list the versions of a directory and verify them: ``dayzero ckpt``).
 """
