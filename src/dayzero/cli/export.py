@@ -1,0 +1,141 @@
+"""``dayzero export`` and ``dayzero import``: a plan as an engine's launch, and an engine's launch
+as a layout dayzero can judge."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dayzero.cli.app import app
+from dayzero.cli.common import JsonOpt, console, emit_json, takes_layout
+from dayzero.cli.next_steps import Step, layout_flags, print_next
+from dayzero.specs.layout_options import LayoutOptions
+
+WRITERS = ("megatron", "deepspeed")
+
+
+def _plan_source(source: str, model: str | None) -> tuple[str, dict] | None:
+    """(model, parallel dict) of a ``dayzero plan/predict --json`` file, or None for a model."""
+    from dayzero.errors import ConfigError
+    from dayzero.inputs import load_json
+
+    path = Path(source)
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    obj = load_json(path)
+    if isinstance(obj, dict) and obj.get("plans"):
+        obj = {**obj["plans"][0], "model": obj.get("model")}
+    if not isinstance(obj, dict) or not isinstance(obj.get("parallel"), dict):
+        if isinstance(obj, dict) and "model_type" in obj:
+            return None  # a config.json: the model itself
+        raise ConfigError(str(path), "parallel", "expected `dayzero plan --json` or `dayzero predict --json` output, or a "
+                          "model config.json")
+    return model or obj.get("model"), obj["parallel"]
+
+
+@app.command("export")
+@takes_layout()
+def export_cmd(
+    source: Annotated[str, typer.Argument(help="A `dayzero plan/predict --json` file (its best plan), or a model "
+                                               "(preset, config.json, directory) with layout flags.")],
+    to: Annotated[str, typer.Option("--to", help=f"Engine: {' | '.join(WRITERS)}.")],
+    layout: LayoutOptions = LayoutOptions(),
+    precision: Annotated[str, typer.Option("--precision", help="GEMM precision with a model: bf16 | fp8 | fp4.")] = "bf16",
+    devices: Annotated[Optional[int], typer.Option("--devices", "-n", min=1, help="Ranks, with a model (dp fills them).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="With a plan file: the model, when the plan's name is "
+                                                 "not a preset.")] = None,
+    devices_per_node: Annotated[Optional[int], typer.Option("--devices-per-node", min=1, help="Ranks per node in the "
+                                                            "launch (default 8).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the engine's files into this directory.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments or a DeepSpeed config JSON and its launch line, with every setting the engine cannot express listed. A layout the engine cannot run is refused with the reason.
+
+    Example: [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --engine megatron --json > plan.json; dayzero export plan.json --to megatron -o runs/export/megatron[/bold]
+    """
+    from dayzero.errors import ConfigError
+    from dayzero.outputs import prepare_output
+    from dayzero.specs.parallel import ParallelConfig
+    from dayzero.specs.registry import load_model
+
+    if out:
+        prepare_output(out, "--out", "dir")
+    if to not in WRITERS:
+        raise ConfigError("--to", None, f"must be {', '.join(WRITERS)}, got {to!r}")
+    found = _plan_source(source, model)
+    if found:
+        name, pdict = found
+        given = layout.pinned()
+        if given:
+            raise ConfigError("--plan", None, f"the plan file sets the layout; drop {', '.join(given)}")
+        if not name:
+            raise ConfigError("--model", None, "the plan file names no model; give --model")
+        spec, parallel = load_model(name), ParallelConfig.from_dict(pdict)
+    else:
+        if devices is None:
+            raise ConfigError("--devices", None, "give the rank count with a model (dp fills it)")
+        spec, parallel = load_model(source), layout.parallel(devices, precision)
+        parallel.validate(spec, devices)
+    writer = _writer(to)
+    result = writer.export(spec, parallel, devices_per_node=devices_per_node or 8)
+    paths = result.write(out) if out else []
+    if json_out:
+        emit_json({**result.to_dict(), "parallel": parallel.to_dict(), "written": [str(p) for p in paths]})
+        return
+    console.print(f"[bold]{spec.name}[/bold] {parallel.describe()} for {to}:", highlight=False)
+    for name, text in result.files.items():
+        console.print(f"--- {name}", highlight=False)
+        console.print(text, end="", highlight=False, markup=False)
+    console.print("launch: " + " ".join(result.command), highlight=False, markup=False, soft_wrap=True)
+    for item in result.unexpressed:
+        console.print(f"  not expressible in {to}: {item}", highlight=False)
+    if paths:
+        console.print(f"wrote {', '.join(str(p) for p in paths)}")
+        print_next(console, [Step.of("dayzero", "import", paths[0], "--devices", parallel.world,
+                                     why="read it back: the same layout")])
+
+
+def _writer(engine: str):
+    import importlib
+
+    return importlib.import_module(f"dayzero.export.{engine}")
+
+
+def _detect(path: Path) -> str:
+    from dayzero.errors import ConfigError
+    from dayzero.inputs import parse_json, read_text
+
+    text = read_text(path)
+    if path.suffix == ".json":
+        obj = parse_json(text, str(path))
+        if isinstance(obj, dict) and ("zero_optimization" in obj or "train_batch_size" in obj):
+            return "deepspeed"
+    elif "--tensor-model-parallel-size" in text or "--pipeline-model-parallel-size" in text:
+        return "megatron"
+    raise ConfigError(str(path), None, "unknown launch format: expected a DeepSpeed config JSON or a Megatron "
+                      "argument list (--tensor-model-parallel-size ...)")
+
+
+@app.command("import")
+def import_cmd(
+    file: Annotated[Path, typer.Argument(help="A Megatron argument list or a DeepSpeed config JSON.")],
+    devices: Annotated[int, typer.Option("--devices", "-n", min=1, help="Ranks the job runs on (the launcher's world size).")],
+    model: Annotated[Optional[str], typer.Option("--model", help="The model, for the next step's command.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Read an engine's launch (a Megatron argument list, a DeepSpeed config JSON) into a dayzero layout, so predict and memory can judge a launch a team already has.
+
+    Example: [bold]dayzero import runs/export/megatron/megatron_args.txt --devices 64[/bold]
+    """
+    engine = _detect(file)
+    parallel, notes = _writer(engine).import_file(file, devices)
+    if json_out:
+        emit_json({"engine": engine, "parallel": parallel.to_dict(), "notes": notes})
+        return
+    console.print(f"{file} ({engine}): [bold]{parallel.describe()}[/bold] on {devices} ranks", highlight=False)
+    for n in notes:
+        console.print(f"  {n}", highlight=False)
+    print_next(console, [Step.of("dayzero", "predict", model or "MODEL", "--accelerator", "ACCELERATOR", "--devices", devices,
+                                 *layout_flags(parallel.to_dict()), why="its step time and memory")])

@@ -1,0 +1,8 @@
+"""A plan, launched where teams run it: one writer and one reader per engine.
+
+Read in this order: ``common`` (the :class:`Export` an engine writer returns: its files, its launch
+line and every setting the engine cannot express, listed, never dropped), ``megatron`` (the
+``pretrain_gpt.py`` argument list and the Megatron-Core config objects), ``deepspeed`` (the
+DeepSpeed config JSON and its launch line). Each engine module has ``export(spec, parallel)`` and
+``import_file(path)``: importing an export gives back the same :class:`ParallelConfig`.
+"""

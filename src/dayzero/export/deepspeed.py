@@ -1,0 +1,108 @@
+"""DeepSpeed: the config JSON of a plan (what ``deepspeed.runtime.config.DeepSpeedConfig`` parses)
+and its launch line, and the reverse.
+
+The JSON holds the batch (``train_batch_size`` = micro-batch x accumulation x dp), ZeRO, bf16,
+clipping, AutoTP (``tensor_parallel.autotp_size``) and the pipeline stages; what DeepSpeed sets in
+the model's code instead, the expert-parallel size of ``deepspeed.moe.layer.MoE(ep_size=...)`` and
+the sequence length, travels as arguments of the training script in the launch line.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from dayzero.errors import ConfigError
+from dayzero.export.common import Export, require_engine
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig
+
+CONFIG_FILE = "ds_config.json"
+LAUNCH_FILE = "launch.sh"
+
+
+def config(parallel: ParallelConfig, grad_clip: float = 1.0) -> dict:
+    p = parallel
+    cfg: dict = {
+        "train_batch_size": p.gbs, "train_micro_batch_size_per_gpu": p.mbs,
+        "gradient_accumulation_steps": p.microbatches, "gradient_clipping": grad_clip,
+        "bf16": {"enabled": True},
+        # reduce in FP32 as the other engines do for BF16 (DeepSpeed's default communication dtype is the model's)
+        "communication_data_type": "fp32",
+        "zero_optimization": {"stage": p.zero, "overlap_comm": True, "contiguous_gradients": True},
+    }
+    if p.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": p.tp}
+    if p.pp > 1:
+        cfg["pipeline"] = {"stages": p.pp, "partition": "parameters",
+                           "activation_checkpoint_interval": 1 if p.recompute == "full" else 0}
+    elif p.recompute == "full":
+        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+    return cfg
+
+
+def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8) -> Export:
+    require_engine("deepspeed", parallel)
+    missing = []
+    if parallel.recompute == "selective":
+        missing.append("selective recompute (DeepSpeed checkpoints whole layers: recompute full or none)")
+    if parallel.layer_split:
+        missing.append(f"layer split {parallel.layer_split} (PipelineModule partitions by 'parameters' or 'uniform')")
+    nnodes = nodes or max(1, parallel.world // devices_per_node)
+    script = ["train.py", "--deepspeed_config", CONFIG_FILE, "--seq-length", str(parallel.seq),
+              "--ep-size", str(parallel.ep), "--model", spec.name]
+    command = ["deepspeed", f"--num_nodes={nnodes}", f"--num_gpus={parallel.world // nnodes}", *script]
+    launch = "#!/bin/sh\n# train.py: your DeepSpeed script; --ep-size goes to deepspeed.moe.layer.MoE(ep_size=...)\n" \
+             + " ".join(shlex.quote(w) for w in command) + "\n"
+    return Export("deepspeed", {CONFIG_FILE: json.dumps(config(parallel), indent=1) + "\n", LAUNCH_FILE: launch},
+                  command, missing)
+
+
+def parallel_from_config(cfg: dict, world: int, seq: int = 4096, ep: int = 1) -> ParallelConfig:
+    """A DeepSpeed config (and the launch line's sequence length and expert-parallel size) on
+    ``world`` ranks -> ParallelConfig."""
+    def num(key, sub=None, default=None):
+        v = (cfg.get(sub) or {}).get(key, default) if sub else cfg.get(key, default)
+        if v == "auto" or v is None:
+            return default
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            raise ConfigError("deepspeed config", f"{sub + '.' if sub else ''}{key}", f"expected an integer, "
+                              f"got {v!r}") from None
+
+    tp = num("autotp_size", "tensor_parallel", 1)
+    pp = num("stages", "pipeline", 1)
+    if world % (tp * pp):
+        raise ConfigError("deepspeed config", None, f"{world} ranks are not divisible by tp*pp = {tp * pp}")
+    dp = world // (tp * pp)
+    mbs = num("train_micro_batch_size_per_gpu", None, 1)
+    gbs = num("train_batch_size", None, None) or mbs * dp * num("gradient_accumulation_steps", None, 1)
+    full = ("activation_checkpointing" in cfg) or num("activation_checkpoint_interval", "pipeline", 0) > 0
+    return ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, mbs=mbs, gbs=gbs, seq=seq,
+                          zero=num("stage", "zero_optimization", 0), recompute="full" if full else "none")
+
+
+def import_file(path: str | Path, world: int) -> tuple[ParallelConfig, list[str]]:
+    """``ds_config.json`` (with ``launch.sh`` beside it, when there, for --seq-length and --ep-size)."""
+    from dayzero.inputs import load_json, read_text
+
+    cfg = load_json(path, "a DeepSpeed config JSON")
+    if not isinstance(cfg, dict) or "zero_optimization" not in cfg and "train_batch_size" not in cfg:
+        raise ConfigError(str(path), None, "not a DeepSpeed config (no zero_optimization or train_batch_size)")
+    seq, ep, notes = 4096, 1, []
+    launch = Path(path).with_name(LAUNCH_FILE)
+    if launch.exists():
+        words = shlex.split(read_text(launch), comments=True)
+        for flag in ("--seq-length", "--ep-size"):
+            if flag in words and words.index(flag) + 1 < len(words):
+                value = int(words[words.index(flag) + 1])
+                seq, ep = (value, ep) if flag == "--seq-length" else (seq, value)
+    else:
+        notes.append(f"no {LAUNCH_FILE} beside it: seq 4096 and ep 1 assumed")
+    known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+             "bf16", "fp16", "communication_data_type", "zero_optimization", "tensor_parallel", "pipeline",
+             "activation_checkpointing"}
+    notes += [f"{k}: not a layout setting, not read" for k in cfg if k not in known]
+    return parallel_from_config(cfg, world, seq, ep), notes

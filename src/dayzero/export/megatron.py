@@ -1,0 +1,230 @@
+"""Megatron-LM / Megatron-Core: the ``pretrain_gpt.py`` argument list of a plan, the same plan as
+Megatron-Core's own config objects, and the reverse (an argument list -> ParallelConfig).
+
+Flag names are Megatron-LM's (``megatron/training/arguments.py``): ZeRO-1 is
+``--use-distributed-optimizer``; ZeRO-2/3 are Megatron FSDP (``--use-megatron-fsdp
+--data-parallel-sharding-strategy optim_grads|optim_grads_params``); interleaving is
+``--num-virtual-stages-per-pipeline-rank``; FP8 is ``--fp8-format hybrid``, NVFP4 ``--fp4-format
+e2m1``. Gradients are reduced in FP32 unless a plan says otherwise (Megatron's default for BF16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from dayzero.errors import ConfigError
+from dayzero.export.common import Export, require_engine
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import ParallelConfig
+
+ARGS_FILE = "megatron_args.txt"
+# the architecture flags model_args writes: an importer reads the layout and leaves these to the model
+MODEL_FLAGS = frozenset((
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--max-position-embeddings",
+    "--vocab-size", "--position-embedding-type", "--normalization", "--kv-channels", "--group-query-attention",
+    "--num-query-groups", "--multi-latent-attention", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+    "--v-head-dim", "--q-lora-rank", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--qk-layernorm", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-token-dispatcher-type",
+    "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
+    "--moe-router-enable-expert-bias", "--moe-router-num-groups", "--moe-router-group-topk", "--moe-layer-freq",
+    "--mtp-num-layers"))
+SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def layout_args(p: ParallelConfig) -> list[str]:
+    """The flags that state the layout, batch and precision."""
+    a = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
+         "--context-parallel-size", p.cp, "--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp,
+         "--micro-batch-size", p.mbs, "--global-batch-size", p.gbs, "--seq-length", p.seq, "--bf16"]
+    if p.vpp > 1:
+        a += ["--num-virtual-stages-per-pipeline-rank", p.vpp]
+    if p.sequence_parallel:
+        a.append("--sequence-parallel")
+    if p.zero == 1:
+        a.append("--use-distributed-optimizer")
+    elif p.zero >= 2:
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", SHARDING[p.zero], "--use-distributed-optimizer"]
+    if p.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    elif p.recompute == "full":
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
+    if p.precision == "fp8":
+        a += ["--fp8-format", "hybrid"]
+    elif p.precision == "fp4":
+        a += ["--fp4-format", "e2m1"]
+    return [str(x) for x in a]
+
+
+def model_args(spec: ModelSpec) -> tuple[list[str], list[str]]:
+    """The flags that state the architecture, and what the argument list cannot say about it."""
+    att, mlp = spec.attention, spec.mlp
+    a: list = ["--num-layers", spec.layers, "--hidden-size", spec.hidden, "--num-attention-heads", att.heads,
+               "--ffn-hidden-size", mlp.intermediate, "--max-position-embeddings", spec.max_positions,
+               "--vocab-size", spec.vocab, "--position-embedding-type", "rope" if spec.position == "rope" else "learned_absolute",
+               "--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm", "--kv-channels", att.head_dim]
+    missing = []
+    if att.kind == "gqa" and att.kv_heads != att.heads:
+        a += ["--group-query-attention", "--num-query-groups", att.kv_heads]
+    if att.kind == "mla":
+        a += ["--multi-latent-attention", "--kv-lora-rank", att.kv_lora_rank, "--qk-head-dim", att.qk_nope_head_dim,
+              "--qk-pos-emb-head-dim", att.qk_rope_head_dim, "--v-head-dim", att.v_head_dim]
+        if att.q_lora_rank:
+            a += ["--q-lora-rank", att.q_lora_rank]
+    if mlp.gated and mlp.activation == "silu":
+        a.append("--swiglu")
+    elif mlp.gated:
+        missing.append(f"gated MLP with {mlp.activation} (Megatron's gated MLP flags are --swiglu and --geglu-style "
+                       "custom activations)")
+    if not spec.tie_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if not att.qkv_bias:
+        a.append("--disable-bias-linear")
+    if att.qk_norm:
+        a.append("--qk-layernorm")
+    if att.sliding_window:
+        missing.append(f"sliding-window attention ({att.sliding_window} tokens on some layers)")
+    if att.sinks:
+        missing.append("attention sinks")
+    if spec.moe is not None and spec.is_moe:
+        m = spec.moe
+        a += ["--num-experts", m.experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert.intermediate,
+              "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        if m.shared_experts:
+            a += ["--moe-shared-expert-intermediate-size", m.shared_intermediate]
+        if m.scoring == "sigmoid":
+            a += ["--moe-router-score-function", "sigmoid"]
+        if m.score_correction_bias:
+            a.append("--moe-router-enable-expert-bias")
+        if m.n_group > 1:
+            a += ["--moe-router-num-groups", m.n_group, "--moe-router-group-topk", m.topk_group]
+        dense = [i for i, k in enumerate(spec.layer_kinds) if k != "moe"]
+        if dense:
+            pattern = "[" + ",".join("0" if k != "moe" else "1" for k in spec.layer_kinds) + "]"
+            a += ["--moe-layer-freq", pattern]
+    if spec.mtp_layers:
+        a += ["--mtp-num-layers", spec.mtp_layers]
+    return [str(x) for x in a], missing
+
+
+def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8) -> Export:
+    require_engine("megatron", parallel)
+    margs, missing = model_args(spec)
+    args = margs + layout_args(parallel)
+    nnodes = nodes or max(1, parallel.world // devices_per_node)
+    per_node = parallel.world // nnodes
+    command = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
+               "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT", "pretrain_gpt.py", *args]
+    text = "\n".join(" ".join(shlex.quote(w) for w in pair) for pair in _pairs(args)) + "\n"
+    if parallel.layer_split:
+        missing.append(f"layer split {parallel.layer_split} (Megatron splits evenly, with "
+                       "--decoder-first/last-pipeline-num-layers for the ends)")
+    return Export("megatron", {ARGS_FILE: text}, command, missing)
+
+
+def _pairs(args: list[str]) -> list[list[str]]:
+    out: list[list[str]] = []
+    for w in args:
+        if w.startswith("--") or not out:
+            out.append([w])
+        else:
+            out[-1].append(w)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag, default in (("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
+                          ("--context-parallel-size", 1), ("--expert-model-parallel-size", 1),
+                          ("--expert-tensor-parallel-size", None), ("--micro-batch-size", 1),
+                          ("--global-batch-size", None), ("--seq-length", 4096),
+                          ("--num-virtual-stages-per-pipeline-rank", None), ("--recompute-num-layers", None)):
+        ap.add_argument(flag, type=int, default=default)
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16"):
+        ap.add_argument(flag, action="store_true")
+    ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")
+    ap.add_argument("--recompute-granularity", default=None)
+    ap.add_argument("--recompute-method", default=None)
+    ap.add_argument("--fp8-format", default=None)
+    ap.add_argument("--fp4-format", default=None)
+    return ap
+
+
+def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[ParallelConfig, list[str]]:
+    """A Megatron argument list -> (ParallelConfig on ``world`` ranks, the flags it did not read).
+    The world size comes from the launcher, not the arguments, so it must be given."""
+    ns, rest = _parser().parse_known_args(argv)
+    tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size
+    if world is None:
+        raise ConfigError("megatron arguments", "world", "the data-parallel degree needs the world size; give "
+                          "--devices N (the ranks the job runs on)")
+    if world % (tp * pp * cp):
+        raise ConfigError("megatron arguments", "world", f"{world} ranks are not divisible by tp*pp*cp = {tp * pp * cp}")
+    zero = 0
+    if ns.use_megatron_fsdp:
+        zero = {v: k for k, v in SHARDING.items()}.get(ns.data_parallel_sharding_strategy, 1)
+    elif ns.use_distributed_optimizer:
+        zero = 1
+    recompute = ns.recompute_granularity or "none"
+    precision = "fp8" if ns.fp8_format else "fp4" if ns.fp4_format else "bf16"
+    dp = world // (tp * pp * cp)
+    vpp = ns.num_virtual_stages_per_pipeline_rank or 1
+    p = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ns.expert_model_parallel_size,
+                       etp=ns.expert_tensor_parallel_size or 1,
+                       vpp=vpp, mbs=ns.micro_batch_size, gbs=ns.global_batch_size or 0, seq=ns.seq_length, zero=zero,
+                       recompute=recompute, sequence_parallel=ns.sequence_parallel, precision=precision)
+    return p, [w for w in rest if w.startswith("--") and w not in MODEL_FLAGS]
+
+
+def import_file(path: str | Path, world: int | None = None) -> tuple[ParallelConfig, list[str]]:
+    from dayzero.inputs import read_text
+
+    argv = shlex.split(read_text(path, "a Megatron argument list (one or more flags per line)"), comments=True)
+    if argv and argv[0] == "torchrun":  # a whole launch line: the arguments after the script
+        script = next((i for i, w in enumerate(argv) if w.endswith(".py")), len(argv) - 1)
+        argv = argv[script + 1:]
+    parallel, unread = parallel_from_args(argv, world)
+    return parallel, [f"{flag}: not a layout or architecture flag, not read" for flag in unread]
+
+
+def core_configs(spec: ModelSpec, parallel: ParallelConfig) -> dict:
+    """The plan as Megatron-Core's own config objects (needs ``megatron-core``): their
+    ``__post_init__`` checks are Megatron's verdict on the layout."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    p, att = parallel, spec.attention
+    kw = dict(num_layers=spec.layers, hidden_size=spec.hidden, num_attention_heads=att.heads,
+              ffn_hidden_size=spec.mlp.intermediate, kv_channels=att.head_dim,
+              num_query_groups=att.kv_heads if att.kind == "gqa" else None,
+              tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp, context_parallel_size=p.cp,
+              expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp,
+              virtual_pipeline_model_parallel_size=p.vpp if p.vpp > 1 else None,
+              sequence_parallel=p.sequence_parallel, bf16=True, params_dtype=torch.bfloat16,
+              pipeline_dtype=torch.bfloat16 if p.pp > 1 else None,
+              gated_linear_unit=spec.mlp.gated, normalization="RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm")
+    if p.recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    elif p.recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    notes = []
+    if p.precision in ("fp8", "fp4"):
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is None:  # Megatron's FP8/FP4 checks need TE
+            notes.append(f"{p.precision} recipe not checked: Megatron-Core checks it only with Transformer Engine "
+                         "installed")
+        else:
+            kw.update(fp8="hybrid") if p.precision == "fp8" else kw.update(fp4="e2m1")
+    if spec.moe is not None and spec.is_moe:
+        kw.update(num_moe_experts=spec.moe.experts, moe_router_topk=spec.moe.top_k,
+                  moe_ffn_hidden_size=spec.moe.expert.intermediate, moe_token_dispatcher_type="alltoall",
+                  moe_shared_expert_intermediate_size=spec.moe.shared_intermediate or None)
+    ddp = DistributedDataParallelConfig(use_distributed_optimizer=p.zero >= 1, grad_reduce_in_fp32=True,
+                                        use_megatron_fsdp=p.zero >= 2,
+                                        data_parallel_sharding_strategy=SHARDING.get(p.zero, "no_shard"))
+    opt = OptimizerConfig(bf16=True, use_distributed_optimizer=p.zero >= 1)
+    return {"transformer": TransformerConfig(**kw), "ddp": ddp, "optimizer": opt, "notes": notes}

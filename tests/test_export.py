@@ -1,0 +1,112 @@
+"""dayzero export / import: each engine's own config classes accept the export, import(export(p)) == p,
+and what an engine cannot run or express is said, never dropped."""
+
+import json
+
+import pytest
+
+from dayzero.cli.app import main
+from dayzero.errors import LayoutError
+from dayzero.export import deepspeed, megatron
+from dayzero.specs.parallel import ParallelConfig as P
+from dayzero.specs.registry import load_model
+
+MEGATRON_PLANS = [
+    ("llama-3.1-8b", P(tp=2, pp=2, dp=2, gbs=16, sequence_parallel=True, zero=1)),  # dense
+    ("mixtral-8x7b", P(tp=2, pp=1, dp=4, ep=4, gbs=16, sequence_parallel=True, zero=1)),  # MoE with EP
+    ("llama-3.1-8b", P(tp=1, pp=4, dp=2, vpp=2, gbs=32, recompute="full", zero=1)),  # interleaved PP
+    ("llama-3.1-8b", P(tp=2, pp=1, dp=4, cp=2, gbs=8, sequence_parallel=True, zero=3)),  # ZeRO-3 (Megatron FSDP)
+    ("deepseek-v3", P(tp=1, pp=4, dp=4, ep=4, gbs=64, zero=1, precision="fp8", recompute="selective")),  # FP8, MLA
+]
+DEEPSPEED_PLANS = [
+    ("llama-3.1-8b", P(dp=8, zero=1, gbs=32, mbs=2)),  # dense
+    ("mixtral-8x7b", P(dp=8, ep=4, zero=2, gbs=16)),  # MoE with EP
+    ("llama-3.1-8b", P(pp=4, dp=2, gbs=16, zero=1, recompute="full")),  # pipeline
+    ("llama-3.1-8b", P(dp=8, zero=3, gbs=32, mbs=2, recompute="full")),  # ZeRO-3
+    ("llama-3.1-8b", P(tp=2, dp=4, zero=2, gbs=8)),  # AutoTP
+]
+
+
+@pytest.mark.parametrize("model, p", MEGATRON_PLANS)
+def test_megatron_round_trip(model, p, tmp_path):
+    exp = megatron.export(load_model(model), p)
+    exp.write(tmp_path)
+    back, notes = megatron.import_file(tmp_path / megatron.ARGS_FILE, p.world)
+    assert back == p and notes == []
+
+
+@pytest.mark.parametrize("model, p", MEGATRON_PLANS)
+def test_megatron_cores_own_config_classes_accept_the_export(model, p):
+    pytest.importorskip("megatron.core")
+    cfg = megatron.core_configs(load_model(model), p)
+    t = cfg["transformer"]
+    assert (t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.context_parallel_size,
+            t.expert_model_parallel_size) == (p.tp, p.pp, p.cp, p.ep)
+    assert cfg["ddp"].use_distributed_optimizer == (p.zero >= 1)
+
+
+@pytest.mark.parametrize("model, p", DEEPSPEED_PLANS)
+def test_deepspeed_round_trip(model, p, tmp_path):
+    exp = deepspeed.export(load_model(model), p)
+    exp.write(tmp_path)
+    back, notes = deepspeed.import_file(tmp_path / deepspeed.CONFIG_FILE, p.world)
+    assert back == p and notes == []
+
+
+@pytest.mark.parametrize("model, p", DEEPSPEED_PLANS)
+def test_deepspeeds_own_config_class_parses_the_export(model, p, monkeypatch):
+    dsc = pytest.importorskip("deepspeed.runtime.config")
+    monkeypatch.setattr(dsc.dist, "get_rank", lambda *a, **k: 0)  # it asks only to pick the world size
+
+    class MPU:  # the data-parallel size DeepSpeed divides the batch by
+        def get_data_parallel_world_size(self):
+            return p.dp
+
+    c = dsc.DeepSpeedConfig(deepspeed.config(p), mpu=MPU())
+    assert (c.zero_optimization_stage, c.train_batch_size, c.train_micro_batch_size_per_gpu,
+            c.gradient_accumulation_steps) == (p.zero, p.gbs, p.mbs, p.microbatches)
+
+
+def test_what_an_engine_cannot_run_is_refused_with_the_reason():
+    with pytest.raises(LayoutError, match="DeepSpeed's pipeline engine runs only with ZeRO-0/1"):
+        deepspeed.export(load_model("llama-3.1-8b"), P(pp=2, dp=4, zero=3, gbs=8))
+    with pytest.raises(LayoutError, match="not GPipe"):
+        megatron.export(load_model("llama-3.1-8b"), P(pp=2, dp=4, schedule="gpipe", gbs=8))
+
+
+def test_what_an_engine_cannot_express_is_listed():
+    exp = deepspeed.export(load_model("llama-3.1-8b"), P(dp=8, recompute="selective"))
+    assert any("selective recompute" in u for u in exp.unexpressed)
+    assert any("attention sinks" in u for u in megatron.export(load_model("gpt-oss-120b"), P(dp=8, ep=8)).unexpressed)
+
+
+def test_cli_export_then_import_is_the_same_layout(tmp_path, capsys):
+    out = tmp_path / "mg"
+    assert main(["export", "llama-3.1-8b", "--to", "megatron", "--devices", "16", "--tp", "2", "--pp", "2",
+                 "--vpp", "2", "--gbs", "32", "-o", str(out), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)["parallel"]
+    assert main(["import", str(out / megatron.ARGS_FILE), "--devices", "16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"] == exported
+
+
+def test_cli_export_of_a_plan_file(tmp_path, capsys):
+    assert main(["plan", "llama-3.1-8b", "-a", "h100", "-n", "16", "--gbs", "64", "--engine", "megatron", "--top", "1",
+                 "--json"]) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(capsys.readouterr().out)
+    assert main(["export", str(plan), "--to", "megatron", "--json"]) == 0
+    assert "--tensor-model-parallel-size" in json.loads(capsys.readouterr().out)["command"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["import", "{bad}", "--devices", "8"], "unknown launch format"),
+    (["export", "llama-3.1-8b", "--to", "nemo", "--devices", "8"], "--to"),
+    (["export", "llama-3.1-8b", "--to", "deepspeed", "--devices", "8", "--pp", "2", "--zero", "3", "--gbs", "8"],
+     "DeepSpeed cannot run"),
+])
+def test_bad_input_is_one_line(argv, says, tmp_path, capsys):
+    bad = tmp_path / "x.toml"
+    bad.write_text("[job]\nname = 'x'\n")
+    assert main([a.replace("{bad}", str(bad)) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dayzero: error: ") and says in err[0]
