@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.calibration import PerfConstants
+from dayzero.planner.calibration import CONSTANT_BOUNDS, PerfConstants
 from dayzero.planner.minimize import nelder_mead
 from dayzero.planner.perf import evaluate
 from dayzero.planner.published import Case, load_cases
@@ -148,12 +148,17 @@ def fit_cases(cases: list[Case], start: PerfConstants | None = None, iterations:
 
     def loss(x) -> float:
         c = make(x)
-        if c.gemm_scale_bf16 > 1.3 or c.attention_eff > 1.0:
-            return 1e9
+        if not all(in_bounds(getattr(c, f), CONSTANT_BOUNDS[f]) for f in FIT_FIELDS):
+            return 1e9  # outside the physical range a calibration file may hold
         return float(np.mean(np.abs(predict_cases(cases, c) - published) / published))
 
     x, fx = nelder_mead(loss, x0, iterations, step)
     return make(x), fx
+
+
+def in_bounds(v: float, bound: tuple[float, float, bool]) -> bool:
+    lo, hi, lo_open = bound
+    return (v > lo if lo_open else v >= lo) and v <= hi
 
 
 def constrained_fields(cases: list[Case]) -> tuple[str, ...]:
