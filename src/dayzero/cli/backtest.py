@@ -30,7 +30,7 @@ def backtest_cmd(
         help="Nelder-Mead steps per held-out group, warm-started from the constants in use.")] = 20,
     json_out: JsonOpt = False,
 ) -> None:
-    """Predict tokens/s per device for every row of a published-runs file; report MAPE overall, per half (fit on even ids, held-out odd ids) and per group (--by), which rows were skipped and why, and what was assumed where a row does not say.
+    """Predict tokens/s per device for every row of a published-runs file; report MAPE overall, per half (fit on even ids, held-out odd ids) and per group (--by), the share of rows whose layout is predicted to fit device memory, which rows were skipped and why, and what was assumed where a row does not say. --holdout source adds the leave-one-source-group-out error.
 
     Example: [bold]dayzero backtest[/bold] (the shipped runs); [bold]dayzero backtest runs.csv --by model --json[/bold]
     """

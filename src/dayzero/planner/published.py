@@ -27,6 +27,8 @@ the row does not state is a documented default, returned with the case as an
   else mbs x dp x ``grad_accum`` (1 when blank); blank ``seq_len`` is 4096.
 * precision: FP8 in any scaling recipe (per-tensor, current, block, MXFP8) or Float8 training
   named in the text runs GEMMs at the FP8 peak, NVFP4 at the FP4 peak, everything else BF16.
+* memory: the recompute setting and (Megatron family) the gradient-buffer precision a row leaves
+  blank are the cheapest its recipe allows that fit the device (:mod:`row_memory`), listed.
 * measured value: ``tokens_per_sec_per_gpu``, else ``tokens_per_sec_total`` / devices, else
   gbs x seq / ``step_time_s`` / devices, else ``tflops_per_gpu`` / model FLOPs per token, counted
   as public formulas count them (Megatron-LM's, PaLM's, torchtitan's: 6 x parameters + full,

@@ -27,8 +27,7 @@ from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import RECOMPUTES, ParallelConfig
 
-MEGATRON_GRAD_BYTES = 4  # Megatron-LM arguments.py: bf16 training accumulates and reduces gradients in fp32
-BF16_GRAD_BYTES = 2
+BF16_GRAD_BYTES = 2  # the engine default is MemoryOptions.grad_bytes: FP32 (Megatron-LM: bf16 implies fp32 grad reduce)
 
 
 @dataclass(frozen=True)
