@@ -28,7 +28,7 @@ def test_seed_scenario_json_follows_the_contract(capsys):
     assert rc == 0
     d = json.loads(out)
     assert {"peak_bytes", "capacity_bytes", "utilization", "stages", "fits"} <= set(d)
-    assert d["capacity_bytes"] == 64 * 10**9 and len(d["stages"]) == 16
+    assert d["capacity_bytes"] == 64 * 2**30 and len(d["stages"]) == 16  # device "GB" are GiB (HBM_GB)
     for s in d["stages"]:
         assert s["total"] == sum(s[c] for c in ("weights", "gradients", "optimizer", "activations", "temporary", "overhead"))
     assert d["peak_bytes"] == max(s["total"] for s in d["stages"]) and d["fits"] is True

@@ -33,7 +33,7 @@ def test_free_text_accelerators(text, acc_id):
 def test_catalog_units():
     h100 = catalog()["nvidia_h100_sxm"]
     assert h100.peak("bf16") == pytest.approx(989.4e12)
-    assert h100.hbm_bytes == 80e9 and h100.inter_node_bw == pytest.approx(50e9)
+    assert h100.hbm_bytes == 80 * 2**30 and h100.inter_node_bw == pytest.approx(50e9)  # HBM "GB" are GiB
     assert h100.gemm_efficiency("bf16") == pytest.approx(794.5 / 989.4)
     assert get_accelerator("910b").peak("bf16") == 313e12  # fp16 stand-in, recorded as an assumption
     assert get_accelerator("910b").assumptions

@@ -5,7 +5,9 @@
 the planner predicts too fast). Rows are split into two documented halves by the
 parity of their numeric id (``R0124`` -> 124, even = **fit** half, odd = **held** half): the
 efficiency constants are fitted on the fit half only (:func:`fit_constants`), so the held
-half's error is the honest out-of-sample figure.
+half's error is an out-of-sample figure. :func:`leave_one_group_out` is the stricter one: each
+source group (one publication series, with its own software and conventions) is predicted with
+constants fitted on the other groups only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.calibration import PerfConstants
+from dayzero.planner.calibration import CONSTANT_BOUNDS, PerfConstants
 from dayzero.planner.minimize import nelder_mead
 from dayzero.planner.perf import evaluate
 from dayzero.planner.published import Case, load_cases
@@ -61,6 +63,15 @@ def _summary(errors: list[float]) -> dict:
             "bias": float(np.median(a))}
 
 
+def memory_summary(rows: list[dict]) -> dict:
+    """Share of rows whose predicted peak fits the device (every published run ran), overall and
+    among the rows that state their recompute setting."""
+    stated = [r for r in rows if r["recompute_stated"]]
+    share = lambda rs: sum(r["fits"] for r in rs) / len(rs) if rs else None  # noqa: E731
+    return {"fits_share": share(rows), "fits_share_recompute_stated": share(stated),
+            "recompute_stated": len(stated), "not_fitting": [r["id"] for r in rows if not r["fits"]]}
+
+
 def group_of(row: dict, by: str) -> str:
     """The value of a result row that ``--by`` groups on."""
     return str(row["recipe" if by == "precision" else by])
@@ -82,7 +93,10 @@ def run_backtest(path: str | Path | None = None, constants: PerfConstants | None
                      "half": half, "source": case.source, "model": case.model or case.spec.name,
                      "accelerator": case.cluster.accelerator.id, "devices": case.cluster.devices,
                      "layout": case.parallel.describe(), "precision": case.gemm_precision,
-                     "recipe": case.recipe or case.gemm_precision,
+                     "recipe": case.recipe or case.gemm_precision, "source_group": case.source_group,
+                     "family": "moe" if case.spec.is_moe else "dense",
+                     "memory_fraction": case.memory_fraction, "fits": case.memory_fraction <= 1.0,
+                     "recompute": case.parallel.recompute, "recompute_stated": case.recompute_stated,
                      "assumed": [{"kind": a.kind, "text": a.text} for a in case.assumed]})
         by_source.setdefault(case.source, []).append(err)
         by_half[half].append(err)
@@ -95,6 +109,7 @@ def run_backtest(path: str | Path | None = None, constants: PerfConstants | None
     summary["skipped_by_reason"] = dict(Counter(s.kind for s in skips).most_common())
     summary["assumed"] = dict(Counter(a.kind for c in cases for a in c.assumed).most_common())
     summary["rows_with_assumptions"] = sum(1 for c in cases if c.assumed)
+    summary.update(memory_summary(rows))
     summary["by"] = by
     summary["by_group"] = {g: _summary(e) for g, e in sorted(grouped.items())}
     return {"rows": rows, "summary": summary,
@@ -109,6 +124,13 @@ def fit_constants(path: str | Path | None, start: PerfConstants | None = None, i
     """Fit FIT_FIELDS on one half's rows by minimising its MAPE (Nelder-Mead on log-parameters).
     Returns the constants and the half's MAPE."""
     cases = [c for c in load_cases(path)[0] if half_of(c.id) == half]
+    return fit_cases(cases, start, iterations)
+
+
+def fit_cases(cases: list[Case], start: PerfConstants | None = None, iterations: int = 400,
+              step: float = 0.15) -> tuple[PerfConstants, float]:
+    """Fit FIT_FIELDS on ``cases`` by minimising their MAPE (Nelder-Mead on log-parameters, the
+    first simplex ``step`` along each axis). Returns the constants and the MAPE."""
     published = np.array([c.published for c in cases])
     start = start or PerfConstants()
     x0 = np.log([getattr(start, f) for f in FIT_FIELDS])
@@ -118,9 +140,64 @@ def fit_constants(path: str | Path | None, start: PerfConstants | None = None, i
 
     def loss(x) -> float:
         c = make(x)
-        if c.gemm_scale_bf16 > 1.3 or c.attention_eff > 1.0:
-            return 1e9
+        if not all(in_bounds(getattr(c, f), CONSTANT_BOUNDS[f]) for f in FIT_FIELDS):
+            return 1e9  # outside the physical range a calibration file may hold
         return float(np.mean(np.abs(predict_cases(cases, c) - published) / published))
 
-    x, fx = nelder_mead(loss, x0, iterations)
+    x, fx = nelder_mead(loss, x0, iterations, step)
     return make(x), fx
+
+
+def in_bounds(v: float, bound: tuple[float, float, bool]) -> bool:
+    lo, hi, lo_open = bound
+    return (v > lo if lo_open else v >= lo) and v <= hi
+
+
+def constrained_fields(cases: list[Case]) -> tuple[str, ...]:
+    """The FIT_FIELDS some of ``cases`` depend on: a precision's GEMM scale needs a row in that
+    precision, the MoE constants a MoE row, the FlashAttention-2 cap a row running FA2."""
+    precisions = {c.gemm_precision for c in cases}
+    moe = any(c.spec.is_moe for c in cases)
+    flash2 = any(c.options.attention_kernel == "flash2" for c in cases)
+    need = {"gemm_scale_bf16": "bf16" in precisions, "gemm_scale_fp8": "fp8" in precisions,
+            "gemm_scale_fp4": "fp4" in precisions, "moe_gemm_scale": moe, "moe_expert_overhead_s": moe,
+            "flash2_max_tflops": flash2}
+    return tuple(f for f in FIT_FIELDS if need.get(f, True))
+
+
+def leave_one_group_out(path: str | Path | None = None, start: PerfConstants | None = None, iterations: int = 20,
+                        step: float = 0.05) -> dict:
+    """Honest error: for every source group, fit FIT_FIELDS on the other groups' rows (Nelder-Mead
+    warm-started from ``start``, by default the shipped constants, ``iterations`` steps) and predict
+    the held-out group with those constants. Returns MAPE summaries per held-out group
+    (``by_group``), per family (dense/MoE), per precision recipe and ``overall``, each group's
+    fitted constants, and the fields the other groups cannot constrain (``unconstrained``: they
+    keep the start value, which saw every group's even-id rows)."""
+    cases, _ = load_cases(path)
+    start = start or PerfConstants()
+    groups = sorted({c.source_group for c in cases})
+    if len(groups) < 2:
+        raise ConfigError(str(path or "published runs"), "source_group",
+                          f"leave-one-group-out needs rows of at least 2 source groups, got {len(groups)}")
+    rows, fitted, free = [], {}, {}
+    for g in groups:
+        train = [c for c in cases if c.source_group != g]
+        held = [c for c in cases if c.source_group == g]
+        constants, _ = fit_cases(train, start, iterations, step)
+        fitted[g] = {f: getattr(constants, f) for f in FIT_FIELDS}
+        free[g] = [f for f in FIT_FIELDS if f not in constrained_fields(train) and f in constrained_fields(held)]
+        for case, pred in zip(held, predict_cases(held, constants)):
+            rows.append({"id": case.id, "group": g, "family": "moe" if case.spec.is_moe else "dense",
+                         "precision": case.recipe or case.gemm_precision, "published": case.published,
+                         "predicted": float(pred), "rel_error": (float(pred) - case.published) / case.published})
+
+    def by(key: str) -> dict:
+        out: dict[str, list[float]] = {}
+        for r in rows:
+            out.setdefault(r[key], []).append(r["rel_error"])
+        return {k: _summary(v) for k, v in sorted(out.items())}
+
+    return {"by": "source_group", "iterations": iterations, "overall": _summary([r["rel_error"] for r in rows]),
+            "by_group": by("group"), "by_family": by("family"), "by_precision": by("precision"),
+            "constants": fitted, "unconstrained": free, "rows": rows}
+

@@ -20,6 +20,9 @@ MiB = 2**20
 # log-sum-exp per row; unfused attention (plain matmul + softmax) the s x s probabilities
 # (Korthikanti et al. 2022, sec. 4.1: the 5as^2/t term disappears only with a fused kernel).
 KERNEL_MEMORY = {"fused": "flash", "flash2": "flash", "unfused": "eager"}
+# Device memory the NVIDIA driver never exposes: nvidia-smi shows 81559 MiB total on an
+# "H100 80GB HBM3" (80 GiB = 81920 MiB), 361 MiB less (specs.hardware.HBM_GB).
+NVIDIA_DRIVER_RESERVED = 1 - 81559 / 81920
 
 
 def check_attention_kernel(kernel: str) -> None:
@@ -103,6 +106,8 @@ class MemoryOptions:
         by default) per communicator (CANN docs, HCCL_BUFFSIZE); NCCL's footprint is measured at
         544-688 MiB per communicator on A100 (NVIDIA/nccl#964)."""
         vendor = getattr(accelerator, "vendor", "") or ""
+        if vendor.lower().startswith("nvidia"):  # nvidia-smi: 81559 of 81920 MiB on an H100 80GB HBM3
+            kw.setdefault("reserved_fraction", NVIDIA_DRIVER_RESERVED)
         if vendor.lower().startswith("huawei"):
             kw.setdefault("comm_buffer_bytes", 2 * 200 * 10**6)
         # a calibrated profile (dayzero calibrate) measured these on the machine itself

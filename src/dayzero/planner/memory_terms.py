@@ -129,8 +129,13 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
     has_moe = f.layers["moe"] > 0
     comms = ((tp > 1) * 1 + (cp > 1) + (zd > 1) + 2 * (pp > 1) + has_moe * ((ep > 1) * 1 + (edp > 1)))
     t["overhead:comm_buffers"] = comms * opts.comm_buffer_bytes
-    allocated = sum(v for k, v in t.items() if not k.startswith("overhead:"))
-    t["overhead:fragmentation"] = opts.fragmentation * allocated
+    # Fragmentation comes from the allocations that churn every step: activations and temporaries
+    # of varying sizes freed out of order (GMLake, Guo et al. ASPLOS 2024). Model states are a few
+    # large tensors allocated once before the first step and never freed (Megatron-Core's
+    # contiguous parameter and gradient buffers, the optimizer states): the caching allocator gives
+    # each a segment rounded up to 2 MiB (planner.allocator.segment_size), so they leave no holes.
+    dynamic = sum(v for k, v in t.items() if k.startswith(("activations:", "temporary:")))
+    t["overhead:fragmentation"] = opts.fragmentation * dynamic
     return t
 
 

@@ -27,6 +27,8 @@ the row does not state is a documented default, returned with the case as an
   else mbs x dp x ``grad_accum`` (1 when blank); blank ``seq_len`` is 4096.
 * precision: FP8 in any scaling recipe (per-tensor, current, block, MXFP8) or Float8 training
   named in the text runs GEMMs at the FP8 peak, NVFP4 at the FP4 peak, everything else BF16.
+* memory: the recompute setting and (Megatron family) the gradient-buffer precision a row leaves
+  blank are the cheapest its recipe allows that fit the device (:mod:`row_memory`), listed.
 * measured value: ``tokens_per_sec_per_gpu``, else ``tokens_per_sec_total`` / devices, else
   gbs x seq / ``step_time_s`` / devices, else ``tflops_per_gpu`` / model FLOPs per token, counted
   as public formulas count them (Megatron-LM's, PaLM's, torchtitan's: 6 x parameters + full,
@@ -49,7 +51,9 @@ from dayzero.planner.comm import CommOptions
 from dayzero.planner.csv_values import positive, text, whole
 from dayzero.planner.interconnect_text import read_interconnect
 from dayzero.planner.model_names import Candidate, annotations, best_match, parse_name
+from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.perf import PerfOptions
+from dayzero.planner.row_memory import Engine, settle
 from dayzero.planner.row_arch import NoArchitecture, UnsupportedLayers, model_of, table
 from dayzero.planner.run_features import Features, read_features
 from dayzero.specs.cluster import Cluster, build_cluster
@@ -71,7 +75,8 @@ INTERLEAVED_DEFAULT_VP = 2  # torchtitan: looped schedules default to 2 stages p
 class Assumption:
     """A value the row does not state, and what was used instead."""
 
-    kind: str  # model | interconnect | interconnect not stated | layout | batch | precision | options | throughput
+    # model | interconnect | interconnect not stated | layout | batch | precision | options | memory | throughput
+    kind: str
     text: str
 
 
@@ -90,6 +95,10 @@ class Case:
     model: str = ""  # the architecture as reports name it (preset, table entry, or the row's name)
     recipe: str = ""  # bf16 | fp8 | mxfp8 | fp4: the GEMM precision and its scaling
     assumed: tuple[Assumption, ...] = ()
+    source_group: str = ""  # the row's ``source_group`` (one publication series); the source text when blank
+    memory: MemoryOptions = MemoryOptions()  # what the run's engine keeps (planner.row_memory)
+    memory_fraction: float = 0.0  # predicted peak / device memory of the layout as settled
+    recompute_stated: bool = False  # the row (or its text) states the recompute setting
 
     @property
     def gemm_precision(self) -> str:
@@ -208,12 +217,13 @@ def _zero(row: dict, feats: Features) -> int:
     return 1 if feats.zero is None else feats.zero
 
 
-def _recompute(row: dict, feats: Features) -> str:
+def _recompute(row: dict, feats: Features) -> str | None:
+    """The stated recompute setting; None when neither the column nor the text states one."""
     r = text(row, "activation_recompute").lower()
     for value in ("full", "selective", "none"):
         if r.startswith(value):
             return value
-    return feats.recompute or "none"
+    return feats.recompute
 
 
 def _devices(row: dict, assumed: list[Assumption]) -> int:
@@ -352,22 +362,35 @@ def case_of(row: dict) -> Case:
     split = None if spec.layers % (pp * vpp) == 0 else even_split(spec.layers, pp * vpp)
     sp_text = text(row, "sequence_parallel").lower()
     sp = tp > 1 and not re.fullmatch(r"no|false|off|0|n", sp_text)
+    recompute = _recompute(row, feats)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
-                              zero=_zero(row, feats), recompute=_recompute(row, feats), sequence_parallel=sp,
+                              zero=_zero(row, feats), recompute=recompute or "none", sequence_parallel=sp,
                               precision=prec, layer_split=split)
     problems = parallel.problems(spec, devices)
     if problems:
         raise Unpredictable("inconsistent layout", "layout inconsistent: " + "; ".join(problems))
+    options = _options(row, spec, recipe, feats)
+    engine = Engine(megatron=megatron_family(row), attention_kernel=options.attention_kernel)
+    settled = settle(spec, parallel, cluster, engine, recompute_stated=recompute is not None)
+    parallel = settled.parallel
+    assumed.extend(Assumption("memory", a) for a in settled.assumed)
     published = published or tokens_from_tflops(row, spec, seq, parallel.recompute, assumed)
     return Case(id=rid, source=text(row, "source"), spec=spec, cluster=cluster, parallel=parallel,
-                options=_options(row, spec, recipe, feats), published=published,
+                options=options, published=published,
                 full_layout=bool(text(row, "tp") and text(row, "pp")), model=arch.name, recipe=recipe,
-                assumed=tuple(assumed))
+                assumed=tuple(assumed), source_group=text(row, "source_group") or text(row, "source"),
+                memory=settled.memory, memory_fraction=settled.fraction, recompute_stated=recompute is not None)
+
+
+def megatron_family(row: dict) -> bool:
+    """The run used Megatron-Core (NeMo, Megatron-Bridge, Megatron-LM)."""
+    framework = text(row, "framework").lower()
+    return "megatron" in framework or "nemo" in framework or "nemo" in text(row, "source").lower()
 
 
 def _options(row: dict, spec: ModelSpec, recipe: str, feats: Features) -> PerfOptions:
     framework = text(row, "framework").lower()
-    megatron = "megatron" in framework or "nemo" in framework or "nemo" in text(row, "source").lower()
+    megatron = megatron_family(row)
     # Megatron-Bridge overlaps the EP all-to-all with another micro-batch's compute in its MXFP8 MoE
     # presets (moe_a2a_overlap=True in scripts/performance/configs/*/..._workload_base_configs.py,
     # *_FP8_MX_* for DeepSeek-V3 and GPT-OSS); its BF16, FP8-CS and NVFP4 presets leave it off

@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dayzero.errors import ConfigError
 from dayzero.inputs import load_yaml
-from dayzero.specs.hardware import Accelerator, get_accelerator
+from dayzero.specs.hardware import HBM_GB, Accelerator, get_accelerator
 
 
 MAX_DEVICES = 2**20  # a cluster of a million devices is beyond any built; larger is a typo, not a plan
@@ -152,7 +152,7 @@ class AcceleratorFile(BaseModel):
         g = lambda x: None if x is None else x * 1e9  # noqa: E731
         return Accelerator(
             id=self.id, name=self.name or self.id, vendor=self.vendor, peak_flops=peak,
-            hbm_bytes=int(self.hbm_gb * 1e9), hbm_bw=self.hbm_tbytes_per_s * 1e12,
+            hbm_bytes=int(self.hbm_gb * HBM_GB), hbm_bw=self.hbm_tbytes_per_s * 1e12,
             devices_per_node=self.devices_per_node, scaleup_domain=self.scaleup_domain or self.devices_per_node,
             topology=self.topology, intra_node_bw=g(self.intra_node_gbytes_per_s),
             intra_node_p2p_bw=g(self.intra_node_p2p_gbytes_per_s or self.intra_node_gbytes_per_s),
@@ -233,7 +233,7 @@ def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
         overrides["gemm_flops_measured"] = {**acc.gemm_flops_measured,
                                             **{k: v * 1e12 for k, v in f.gemm_tflops_measured.items()}}
     if f.hbm_gb:
-        overrides["hbm_bytes"] = int(f.hbm_gb * 1e9)
+        overrides["hbm_bytes"] = int(f.hbm_gb * HBM_GB)
     if f.hbm_tbytes_per_s:
         overrides["hbm_bw"] = f.hbm_tbytes_per_s * 1e12
     if f.runtime_context_mib is not None:

@@ -23,6 +23,10 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 # a100_80g.json / h100_80g_nvl8.json values as quoted in the catalog's simulator_params).
 DEFAULT_INTRA_LATENCY_S = 10e-6
 DEFAULT_INTER_LATENCY_S = 20e-6
+# Device-memory "GB" are binary: HBM stacks come in powers of two of GiB, and nvidia-smi reports
+# 81559 MiB on an "H100 80GB HBM3" (80 GiB = 81920 MiB, less 361 MiB the driver keeps; nvidia-smi
+# output in many public issue reports). ``hbm_gb`` in the catalog, cluster files and profiles is GiB.
+HBM_GB = 2**30
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class Accelerator:
     def summary(self) -> dict:
         return {"id": self.id, "name": self.name, "vendor": self.vendor,
                 "peak_tflops": {k: v / 1e12 for k, v in self.peak_flops.items()},
-                "hbm_gb": self.hbm_bytes / 1e9,
+                "hbm_gb": self.hbm_bytes / HBM_GB,
                 "hbm_tbytes_per_s": None if self.hbm_bw is None else self.hbm_bw / 1e12,
                 "devices_per_node": self.devices_per_node, "scaleup_domain": self.scaleup_domain,
                 "topology": self.topology,
@@ -148,7 +152,7 @@ def _from_entry(e: dict) -> Accelerator:
     dpn = e.get("devices_per_node") or 8
     return Accelerator(
         id=e["id"], name=e["name"], vendor=e.get("vendor", ""), peak_flops=peak,
-        hbm_bytes=int(e["hbm_gb"] * 1e9), hbm_bw=None if e.get("hbm_tbytes_per_s") is None else e["hbm_tbytes_per_s"] * 1e12, devices_per_node=dpn,
+        hbm_bytes=int(e["hbm_gb"] * HBM_GB), hbm_bw=None if e.get("hbm_tbytes_per_s") is None else e["hbm_tbytes_per_s"] * 1e12, devices_per_node=dpn,
         scaleup_domain=e.get("scaleup_domain_devices") or dpn, topology=_topology(e.get("topology", "")),
         intra_node_bw=None if intra is None else intra * 1e9, intra_node_p2p_bw=None if p2p is None else p2p * 1e9,
         inter_node_bw=None if inter is None else inter * 1e9 / 8, tdp_w=e.get("tdp_w"),

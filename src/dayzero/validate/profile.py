@@ -30,6 +30,7 @@ import numpy as np
 from dayzero.errors import ConfigError
 from dayzero.planner.minimize import nelder_mead
 from dayzero.planner.collectives import Link, group_collective
+from dayzero.specs.hardware import HBM_GB
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -228,7 +229,7 @@ def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) ->
             "id": f"{info['device']}-host", "name": f"{info.get('name') or info['cpu']} ({ranks} ranks, "
                                                     f"{info['threads_per_rank']} thread(s) each)",
             "vendor": info["device"], "peak_tflops": {dt: round(gf.peak_flops / 1e12, 6) for dt, gf in gemm.items()},
-            "hbm_gb": round(mem / ranks / 1e9, 3) if mem else 1.0, "hbm_tbytes_per_s": round(hbm_bw / 1e12, 6),
+            "hbm_gb": round(mem / ranks / HBM_GB, 3) if mem else 1.0, "hbm_tbytes_per_s": round(hbm_bw / 1e12, 6),
             "devices_per_node": ranks, "topology": "switch",
             "runtime_context_mib": round(over["runtime_context_bytes"] / 2**20, 1),
             "comm_buffer_mib": round(over["comm_buffer_bytes"] / 2**20, 1),
