@@ -88,11 +88,8 @@ def _quiet_transformers():
     return ctx()
 
 
-def resolve_config(model: str, trust_remote_code: bool = False):
-    """MODEL -> (transformers config, name, ModelSpec or None, notes, remote code?)."""
-    from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
+def read_model_config(model: str) -> tuple[dict, str, str, Path | None]:
+    """MODEL (preset, config.json or directory) -> (config dict, name, source, directory or None)."""
     presets = model_presets()
     path = Path(model)
     if model in presets and not path.exists():
@@ -105,8 +102,15 @@ def resolve_config(model: str, trust_remote_code: bool = False):
         load_model(model)  # raises the registry's one-line error (no such preset or file, with hints)
         raise ConfigError(model, None, "no such preset or file")  # pragma: no cover
     cfg.pop("_dayzero", None)
+    return cfg, name or "model", source, directory
+
+
+def config_object(cfg: dict, name: str, source: str, directory: Path | None, trust_remote_code: bool = False):
+    """A config dict -> (transformers config, notes, remote code?)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     mt = cfg.get("model_type")
-    spec = spec_from_hf_config(cfg, name=name, source=source) if mt in SUPPORTED_MODEL_TYPES else None
     notes: list[str] = []
     modeling = sorted(p.name for p in directory.glob("modeling_*.py")) if directory else []
     if modeling:
@@ -120,7 +124,7 @@ def resolve_config(model: str, trust_remote_code: bool = False):
                 raise ConfigError(str(directory), None, f"cannot load its config with its own code: "
                                   f"{type(e).__name__}: {str(e)[:300]}") from None
         notes.append(f"modeling code from {directory} ({', '.join(modeling)}), trusted by --trust-remote-code")
-        return config, name, spec, notes, True
+        return config, notes, True
     if not isinstance(mt, str):
         raise ConfigError(source, "model_type", "is missing; expected the Hugging Face model type, e.g. 'llama'")
     hf_type = MODEL_TYPE_ALIASES.get(mt, mt)
@@ -141,7 +145,16 @@ def resolve_config(model: str, trust_remote_code: bool = False):
         except Exception as e:
             raise ConfigError(source, None, f"transformers rejects this config: {type(e).__name__}: "
                               f"{str(e)[:300]}") from None
-    return config, name, spec, notes, False
+    return config, notes, False
+
+
+def resolve_config(model: str, trust_remote_code: bool = False):
+    """MODEL -> (transformers config, name, ModelSpec or None, notes, remote code?)."""
+    cfg, name, source, directory = read_model_config(model)
+    mt = cfg.get("model_type")
+    spec = spec_from_hf_config(cfg, name=name, source=source) if mt in SUPPORTED_MODEL_TYPES else None
+    config, notes, remote = config_object(cfg, name, source, directory, trust_remote_code)
+    return config, name, spec, notes, remote
 
 
 def build_meta_model(model: str, dtype: str = "bfloat16", experts: str = "grouped_mm",
