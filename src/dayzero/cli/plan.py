@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
+from dayzero.cli.common import (TrustRemoteCodeOpt, model_notes, print_model_notes, DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
                                 HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
                                 cluster_from_options, console, cost_options, emit_json)
 from dayzero.cli.predict import (AttentionKernelOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
@@ -77,7 +77,7 @@ def plan_cmd(
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False, json_out: JsonOpt = False,
 ) -> None:
     """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass; each plan with the time, energy and cost of training --tokens tokens.
 
@@ -90,7 +90,8 @@ def plan_cmd(
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
-    spec = load_model(model)
+    spec = load_model(model, trust_remote_code)
+    print_model_notes(spec)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
     opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
@@ -102,7 +103,7 @@ def plan_cmd(
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory, SearchSpace(rank_order=(rank_order,), **kw))
     obj = with_training(obj, cl.accelerator, copt)
     if json_out:
-        emit_json(obj)
+        emit_json({**obj, **model_notes(spec)})
         return
     console.print(f"[bold]{spec.name}[/bold] on [bold]{cl.name}[/bold] ({cl.devices:,} x {cl.accelerator.id}), gbs {gbs} x "
                   f"seq {seq}, {obj['precision']}: {obj['considered']:,} layouts considered in "

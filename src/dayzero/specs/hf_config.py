@@ -169,6 +169,20 @@ def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = Non
         raise ConfigError(source, None, f"inconsistent config ({type(e).__name__}: {e})") from None
 
 
+def check_bounds(cfg: dict, source: str) -> None:
+    """Every top-level number of ``cfg`` within the bounds the parsers enforce (integers <= their
+    limit, floats finite), before a config without a parser is built by its own modeling code."""
+    f = _Fields(cfg, source)
+    for key, v in cfg.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            f._fail(key, f"expected a finite number, got {v!r}")
+        if isinstance(v, int) and v > INT_LIMITS.get(key, MAX_INT_FIELD):
+            f._fail(key, f"{v:,} exceeds {INT_LIMITS.get(key, MAX_INT_FIELD):,}, the largest dayzero plans for (a typo?)")
+    f.int("num_hidden_layers", default=None, minimum=1, alt=("n_layer", "num_layers"))
+
+
 MAX_PARAMS = 10**15  # 1,000 T parameters: 300x the largest model planned today; beyond it int64 FLOP counts overflow
 
 
