@@ -194,9 +194,9 @@ def print_model_notes(spec) -> None:
     if notes["derived_from_modeling_code"]:
         err_console.print(f"[dim]{spec.name}: model_type '{spec.model_type}' derived from its own modeling code "
                           f"(transformers, meta device): {notes['params_module_tree']:,} parameters[/dim]",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
         for a in notes["approximations"]:
-            err_console.print(f"[yellow]approximation:[/yellow] {a}", highlight=False)
+            err_console.print(f"[yellow]approximation:[/yellow] {a}", highlight=False, soft_wrap=True)
     keys = notes["unused_config_keys"]
     if keys:
-        err_console.print(f"[yellow]config keys not used:[/yellow] {', '.join(keys)}", highlight=False)
+        err_console.print(f"[yellow]config keys not used:[/yellow] {', '.join(keys)}", highlight=False, soft_wrap=True)
