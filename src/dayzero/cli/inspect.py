@@ -27,10 +27,10 @@ def inspect_cmd(
     from dayzero.specs.registry import load_model
 
     spec = load_model(model, trust_remote_code)
-    print_model_notes(spec)
     s = summarize(spec, seq, causal)
     total = s.params_total_with_mtp if with_mtp else s.params_total
     obj = s.to_dict(spec, with_mtp)
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})
         return

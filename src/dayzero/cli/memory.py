@@ -73,7 +73,6 @@ def memory_cmd(
     from dayzero.specs.registry import load_model
 
     spec = load_model(model, trust_remote_code)
-    print_model_notes(spec)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     par = parallel_from_options(cl.devices, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
                                 sequence_parallel, precision, schedule, layer_split)
@@ -117,6 +116,7 @@ def memory_cmd(
         if timeline:
             plot_timeline(sim, timeline, f"{spec.name}, {par.describe()}: stage {sim.rank}")
 
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         obj = report.to_dict(terms=True)
         obj.update(model=spec.name, cluster=cl.name, devices=cl.devices, parallel=par.to_dict(),

@@ -91,7 +91,6 @@ def plan_cmd(
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
     spec = load_model(model, trust_remote_code)
-    print_model_notes(spec)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
     opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
@@ -102,6 +101,7 @@ def plan_cmd(
           if v is not None}
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory, SearchSpace(rank_order=(rank_order,), **kw))
     obj = with_training(obj, cl.accelerator, copt)
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})
         return

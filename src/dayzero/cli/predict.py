@@ -75,13 +75,13 @@ def predict_cmd(
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
     spec = load_model(model, trust_remote_code)
-    print_model_notes(spec)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
     opts = perf_options(tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel, cl)
     par = parallel_from_options(cl.devices, tp, pp, dp, cp, ep, etp, vpp, mbs, gbs, seq, zero, recompute,
                                 sequence_parallel, precision, schedule, layer_split, rank_order)
     obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})
         return
