@@ -146,12 +146,24 @@ def recording_config_reads():
         PretrainedConfig.__getattribute__ = original
 
 
+def _perturbed(v):
+    """Another value of the same type (None: drop the key instead)."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int):
+        return v + 1
+    if isinstance(v, float):
+        return v * 2 + 1
+    return None
+
+
 def config_keys_used(cfg: dict, config, read: set[str], rebuild=None) -> set[str]:
     """Keys of the config.json the code used: read as attributes (or under their ``attribute_map``
     alias), or folded by the config class into fields the code read. ``rebuild(cfg)`` makes the
-    config object of a dict; a key is folded when dropping it changes an attribute the code read
-    (DeepSeek's ``first_k_dense_replace`` becomes ``mlp_layer_types``; transformers 5 moves
-    ``rope_theta`` into ``rope_parameters``)."""
+    config object of a dict; a key is folded when changing it (a number +1, a flag flipped, anything
+    else dropped) changes an attribute the code read or makes the config invalid (DeepSeek's
+    ``first_k_dense_replace`` becomes ``mlp_layer_types``; transformers 5 moves ``rope_theta`` into
+    ``rope_parameters``). Changing rather than dropping: a key equal to its default still counts."""
     amap = dict(getattr(type(config), "attribute_map", {}) or {})
     used = {k for k in cfg if k in read or amap.get(k, k) in read}
     if rebuild is None:
@@ -160,9 +172,11 @@ def config_keys_used(cfg: dict, config, read: set[str], rebuild=None) -> set[str
     for k in cfg:
         if k in used or k == "model_type":
             continue
+        new = _perturbed(cfg[k])
+        changed = {x: v for x, v in cfg.items() if x != k} if new is None else {**cfg, k: new}
         try:
-            other = rebuild({x: v for x, v in cfg.items() if x != k})
-        except Exception:  # noqa: BLE001 - the config class needs this key: it is used
+            other = rebuild(changed)
+        except Exception:  # noqa: BLE001 - the config class checks this key against others: it is used
             used.add(k)
             continue
         if any(getattr(other, r, None) != getattr(config, r) for r in watched):

@@ -23,6 +23,7 @@ IRRELEVANT_KEYS = frozenset({
     # weight initialisation and inference-only switches
     "initializer_range", "use_cache", "return_dict", "output_attentions", "output_hidden_states",
     "use_return_dict", "id2label", "label2id", "problem_type",
+    "chunk_size_feed_forward",  # transformers' generic inference-time chunking of feed-forward blocks
 })
 
 
