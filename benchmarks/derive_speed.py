@@ -42,6 +42,28 @@ def timed(argv: list[str]) -> tuple[float, dict]:
     return wall, json.loads(out.stdout)
 
 
+def in_process(types: list[str]) -> None:
+    """Where a fresh process's time goes: importing torch + transformers' modeling code, versus
+    building on the meta device and describing (second call: imports warm)."""
+    t = time.perf_counter()
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    t_import = time.perf_counter() - t
+    from dayzero.specs.registry import load_model
+
+    print(f"in process: import torch + transformers {t_import:.2f} s")
+    with tempfile.TemporaryDirectory() as tmp:
+        for mt in types:
+            d = write_default_config(mt, Path(tmp))
+            t = time.perf_counter()
+            load_model(str(d))  # first: imports this model's modeling module
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            load_model(str(d))
+            print(f"  {mt}: load_model first {first:.2f} s (modeling module import included), "
+                  f"again {time.perf_counter() - t:.2f} s (build + describe + config-key check)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=2)
@@ -62,6 +84,7 @@ def main() -> None:
             obj, plan = ins[0][1], pl[0][1]
             print(f"| {mt} | {obj['params_total']:,} | {ti:.2f} | {tp:.2f} | {plan['considered']:,} | "
                   f"{', '.join(obj['unused_config_keys']) or '-'} |")
+    in_process(args.types.split(","))
     ok = worst["inspect"] < 10 and worst["plan"] < 15
     print(f"worst inspect {worst['inspect']:.2f} s (target < 10), worst plan {worst['plan']:.2f} s (target < 15): "
           f"{'PASS' if ok else 'FAIL'}")
