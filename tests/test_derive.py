@@ -204,3 +204,13 @@ def test_a_model_refusing_an_experts_implementation_falls_back_to_eager():
     net, notes = Picky(), []
     assert _set_experts(net, "grouped_mm", notes) == "eager" and net.impl == "eager"
     assert "refuses experts implementation 'grouped_mm'" in notes[0] and "instead" in notes[1]
+
+
+@pytest.mark.slow
+def test_specs_and_derive_do_not_import_torch_at_import_time():
+    import subprocess
+    import sys
+
+    code = ("import sys, dayzero.specs.registry, dayzero.derive.describe, dayzero.derive.to_spec, dayzero.cli.app; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
