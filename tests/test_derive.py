@@ -19,7 +19,7 @@ from torch import nn  # noqa: E402
 from dayzero.cli.app import main  # noqa: E402
 from dayzero.derive import structure  # noqa: E402
 from dayzero.derive.describe import describe  # noqa: E402
-from dayzero.specs.counting import params_total  # noqa: E402
+from dayzero.specs.counting import norm_params, params_total  # noqa: E402
 from dayzero.specs.registry import load_model, model_presets  # noqa: E402
 
 T = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
@@ -78,8 +78,9 @@ def test_inspect_count_equals_the_meta_device_model(model_type, tmp_path, capsys
     want = meta_count(model_type, cfg)
     assert obj["params_total"] == want == obj["params_module_tree"]
     assert obj["derived_from_modeling_code"] and obj["layers"] == cfg["num_hidden_layers"]
+    final_norm = norm_params(load_model(path))
     assert sum(row["total"] for row in obj["per_layer"]) + obj["params_embedding"] + obj["params_head"] + \
-        cfg["hidden_size"] == want or obj["params_total"] == want
+        final_norm == want  # the per-layer rows add up to the exact total
     mem = run_json(["memory", path, "-a", "h100", "-n", "8"], capsys)
     assert mem["fits"] and mem["unused_config_keys"] == obj["unused_config_keys"]
     plan = run_json(["plan", path, "-a", "h100", "-n", "8", "--gbs", "16", "--seq", "256", "--top", "1"], capsys)
