@@ -215,3 +215,18 @@ def test_specs_and_derive_do_not_import_torch_at_import_time():
     code = ("import sys, dayzero.specs.registry, dayzero.derive.describe, dayzero.derive.to_spec, dayzero.cli.app; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_directory_with_its_own_modeling_code_needs_trust(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    model = tmp_path / "tinyx"
+    shutil.copytree(Path(__file__).parent / "data" / "remote_tinyx", model)
+    assert main(["inspect", str(model)]) == 2
+    assert "--trust-remote-code" in capsys.readouterr().err
+    obj = run_json(["inspect", str(model), "--trust-remote-code"], capsys)
+    config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=True, local_files_only=True)
+    with torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=True)
+    assert obj["params_total"] == sum(p.numel() for p in net.parameters()) and obj["layers"] == 3
