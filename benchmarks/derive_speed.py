@@ -6,6 +6,11 @@ fresh directory as config.json; each verb runs in a fresh process (imports inclu
 is what a user waits. Targets: inspect < 10 s, plan < 15 s.
 
     PYTHONPATH=src python benchmarks/derive_speed.py [--runs 2] [--types qwen3_next,llama4_text]
+    PYTHONPATH=src python benchmarks/derive_speed.py --flops --seq 4096 --types qwen3_next,olmo2
+
+``--flops`` instead compares the training FLOPs per token ``inspect`` reports for the derived spec
+with a trace of transformers' own code (``dayzero ops``'s tracer, eager attention, one layer per
+kind scaled to the full depth).
 """
 
 from __future__ import annotations
@@ -64,11 +69,32 @@ def in_process(types: list[str]) -> None:
                   f"again {time.perf_counter() - t:.2f} s (build + describe + config-key check)")
 
 
+def flops(types: list[str], seq: int) -> None:
+    from dayzero.ops.trace import trace_model
+    from dayzero.specs.counting import flops_per_token
+    from dayzero.specs.registry import load_model
+
+    print(f"| model_type | traced FLOPs/token (train, seq {seq}) | inspect | inspect vs trace |")
+    print("| --- | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for mt in types:
+            d = write_default_config(mt, Path(tmp))
+            tr = trace_model(str(d), seq=seq)
+            got = tr.total_flops() / tr.tokens
+            ref = flops_per_token(load_model(str(d)), seq, causal=False).train
+            print(f"| {mt} | {got:.4g} | {ref:.4g} | {(ref - got) / got:+.2%} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--flops", action="store_true")
+    ap.add_argument("--seq", type=int, default=4096)
     args = ap.parse_args()
+    if args.flops:
+        flops(args.types.split(","), args.seq)
+        return
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores")
     print("| model_type | params (module tree) | inspect s (best) | plan s (best) | layouts | unused keys |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")

@@ -161,7 +161,8 @@ def cost_options(tokens: str = DEFAULT_TOKENS, price_per_device_hour: float | No
 
 from dayzero.report.model_notes import model_notes  # noqa: E402  (re-exported for the verbs)
 
-TrustRemoteCodeOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the modeling_*.py a model directory ships, to derive the model from its own code.")]
+TrustRemoteCodeOpt = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Run the modeling_*.py a model directory ships (derive the model from its code).")]
 
 
 def print_model_notes(spec) -> None:

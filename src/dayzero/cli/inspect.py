@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes, JsonOpt, commas, console, emit_json, human
+from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
+from dayzero.cli.common import JsonOpt, commas, console, emit_json, human
 from dayzero.cli.next_steps import Step, print_next, starter_devices
 from dayzero.cli.render import FitTable
 

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import (TrustRemoteCodeOpt, model_notes, print_model_notes, AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
+from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
+from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt, DpOpt, EpOpt, EtpOpt,
                                 GbsOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt, PrecisionOpt, RecomputeOpt, ScheduleOpt,
                                 SeqOpt, SplitOpt, SpOpt, TpOpt, VppOpt, ZeroOpt, cluster_from_options, console, emit_json,
                                 check_attention_kernel, parallel_from_options)

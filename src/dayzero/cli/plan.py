@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import (TrustRemoteCodeOpt, model_notes, print_model_notes, DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
+from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
+from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
                                 HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
                                 cluster_from_options, console, cost_options, emit_json)
 from dayzero.cli.predict import (AttentionKernelOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
@@ -77,7 +78,8 @@ def plan_cmd(
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False, json_out: JsonOpt = False,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass; each plan with the time, energy and cost of training --tokens tokens.
 

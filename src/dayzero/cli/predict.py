@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
-from dayzero.cli.common import (TrustRemoteCodeOpt, model_notes, print_model_notes, DEFAULT_TOKENS, AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt,
+from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
+from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, AttentionKernelOpt, ClusterOpt, CpOpt, DevicesOpt, DevicesPerNodeOpt,
                                 DpOpt, EpOpt, EtpOpt, GbsOpt, HostOverheadOpt, InterNodeOpt, JsonOpt, MbsOpt, PpOpt,
                                 PriceOpt, PueOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SplitOpt, SpOpt, TokensOpt, TpOpt,
                                 VppOpt, ZeroOpt, check_attention_kernel, cluster_from_options, console, cost_options, emit_json, human,
@@ -63,7 +64,8 @@ def predict_cmd(
     layer_split: SplitOpt = None, tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False, json_out: JsonOpt = False,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %), and the time, energy and cost of training --tokens tokens.
 

@@ -15,7 +15,8 @@ def model_notes(spec) -> dict:
         desc = extra["description"]
         out["layer_kinds_derived"] = [
             {"name": k.name, "layers": list(k.layers), "params_per_layer": k.params,
-             "mixer": None if k.mixer is None else {"kind": k.mixer.kind, "module": k.mixer.module, "heads": k.mixer.heads,
+             "mixer": None if k.mixer is None else {"kind": k.mixer.kind, "module": k.mixer.module,
+                                                    "heads": k.mixer.heads,
                                                     "kv_heads": k.mixer.kv_heads, "head_dim": k.mixer.head_dim,
                                                     "window": k.mixer.window, "chunk": k.mixer.chunk,
                                                     "rope": k.mixer.rope, "params": k.mixer.params},

@@ -179,7 +179,8 @@ def check_bounds(cfg: dict, source: str) -> None:
         if isinstance(v, float) and not math.isfinite(v):
             f._fail(key, f"expected a finite number, got {v!r}")
         if isinstance(v, int) and v > INT_LIMITS.get(key, MAX_INT_FIELD):
-            f._fail(key, f"{v:,} exceeds {INT_LIMITS.get(key, MAX_INT_FIELD):,}, the largest dayzero plans for (a typo?)")
+            top = INT_LIMITS.get(key, MAX_INT_FIELD)
+            f._fail(key, f"{v:,} exceeds {top:,}, the largest dayzero plans for (a typo?)")
     f.int("num_hidden_layers", default=None, minimum=1, alt=("n_layer", "num_layers"))
 
 
