@@ -43,7 +43,10 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_
 @pytest.mark.parametrize("text,needles", [
     ("{not json", ["malformed JSON", "line 1"]),
     ("[1, 2]", ["expected a JSON object"]),
-    (json.dumps({**LLAMA, "model_type": "bert"}), ["model_type", "'bert' is not supported", "llama"]),
+    # a model_type without a parser is derived from transformers' code; one transformers lacks is refused
+    (json.dumps({**LLAMA, "model_type": "quantum_llm"}),
+     ["model_type", "'quantum_llm' is not implemented by transformers", "--trust-remote-code"]),
+    (json.dumps({**LLAMA, "model_type": "olmo2", "num_hidden_layers": 10**9}), ["num_hidden_layers", "exceeds"]),
     (json.dumps({k: v for k, v in LLAMA.items() if k != "hidden_size"}), ["hidden_size", "missing"]),
     (json.dumps({**LLAMA, "hidden_size": "big"}), ["hidden_size", "expected an integer"]),
     (json.dumps({**LLAMA, "num_key_value_heads": 3}), ["num_key_value_heads", "divisible"]),

@@ -151,3 +151,36 @@ def cost_options(tokens: str = DEFAULT_TOKENS, price_per_device_hour: float | No
 
     return CostOptions(tokens=parse_tokens(tokens), price_per_device_hour=price_per_device_hour, pue=pue,
                        host_overhead=host_overhead)
+
+
+# -- what a verb did with the model's config (inspect, memory, predict, plan) ------------------
+
+from dayzero.report.model_notes import model_notes  # noqa: E402  (re-exported for the verbs)
+
+TrustRemoteCodeOpt = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Run the modeling_*.py a model directory ships (derive the model from its code).")]
+
+
+def print_model_notes(spec) -> None:
+    """The same, as lines on stderr (stdout keeps the verb's own output)."""
+    notes = model_notes(spec)
+    if notes["derived_from_modeling_code"]:
+        err_console.print(f"[dim]{spec.name}: model_type '{spec.model_type}' derived from its own modeling code "
+                          f"(transformers, meta device): {notes['params_module_tree']:,} parameters[/dim]",
+                          highlight=False, soft_wrap=True)
+        for a in notes["approximations"]:
+            err_console.print(f"[yellow]approximation:[/yellow] {a}", highlight=False, soft_wrap=True)
+    keys = notes["unused_config_keys"]
+    if keys:
+        err_console.print(f"[yellow]config keys not used:[/yellow] {', '.join(keys)}", highlight=False, soft_wrap=True)
+
+
+def require_runtime_family(spec, verb: str) -> None:
+    """The runtime's model zoo implements the parsed families only; a model derived from its own
+    modeling code is planned, never trained as a look-alike of another architecture."""
+    if spec.extra.get("derived"):
+        from dayzero.errors import DayzeroError
+
+        raise DayzeroError(f"{spec.name}: model_type '{spec.model_type}' is derived from its own modeling code for "
+                           f"planning (inspect, memory, predict, plan); dayzero {verb} runs only the families its "
+                           "runtime implements (see 'dayzero models')")

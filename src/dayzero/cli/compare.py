@@ -56,6 +56,7 @@ def compare_cmd(
     from dayzero.planner.perf import PerfOptions
     from dayzero.report.compare import compare
     from dayzero.specs.cluster import build_cluster, get_cluster
+    from dayzero.cli.common import model_notes, print_model_notes
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
@@ -74,8 +75,9 @@ def compare_cmd(
     spec = load_model(model)
     obj = compare(spec, cls, gbs, seq, precision, copt,
                   perf_for=PerfOptions.for_run)
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
-        emit_json(obj)
+        emit_json({**obj, **model_notes(spec)})
         return
     print_comparison(obj, names)
     fit = [(n, r) for n, r in zip(names, obj["rows"]) if r["fits"]]

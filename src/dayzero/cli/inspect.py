@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
+from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
 from dayzero.cli.common import JsonOpt, commas, console, emit_json, human
 from dayzero.cli.next_steps import Step, print_next, starter_devices
 from dayzero.cli.render import FitTable
@@ -17,7 +18,7 @@ def inspect_cmd(
     seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length for FLOPs (default: min(max positions, 4096)).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--full-attention", help="Count only the causal half of attention scores (default: full s x s, as Narayanan et al. 2021).")] = False,
     with_mtp: Annotated[bool, typer.Option("--with-mtp", help="Add multi-token-prediction layers to params_total.")] = False,
-    json_out: JsonOpt = False,
+    trust_remote_code: TrustRemoteCodeOpt = False, json_out: JsonOpt = False,
 ) -> None:
     """Exact parameters (total, active, embedding, per layer by component) and FLOPs per token.
 
@@ -26,12 +27,13 @@ def inspect_cmd(
     from dayzero.specs.counting import COMPONENTS, summarize
     from dayzero.specs.registry import load_model
 
-    spec = load_model(model)
+    spec = load_model(model, trust_remote_code)
     s = summarize(spec, seq, causal)
     total = s.params_total_with_mtp if with_mtp else s.params_total
     obj = s.to_dict(spec, with_mtp)
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
-        emit_json(obj)
+        emit_json({**obj, **model_notes(spec)})
         return
     t = FitTable(title=f"{spec.name} ({spec.model_type})", show_header=False)
     t.add_column("quantity")
@@ -67,9 +69,32 @@ def inspect_cmd(
         lt.add_row(f"{a}" if a == b else f"{a}-{b}", lc.kind, *[human(getattr(lc, c)) if getattr(lc, c) else "·" for c in COMPONENTS],
                    human(lc.total))
     console.print(lt)
+    if spec.extra.get("derived"):
+        _print_derived_kinds(spec)
     from dayzero.specs.hardware import get_accelerator
 
     h100 = get_accelerator("h100")
     n = starter_devices(spec, h100)
     print_next(console, [Step.of("dayzero", "plan", model, "--accelerator", "h100", "--devices", n,
                                  why="every layout, on enough H100s to hold it")])
+
+
+def _print_derived_kinds(spec) -> None:
+    """The layer kinds as the modeling code builds them (mixer and feed-forward modules, exact counts)."""
+    from dayzero.derive.to_spec import ranges
+
+    desc = spec.extra["description"]
+    t = FitTable(title=f"Layer kinds of {desc.architecture} (from its modeling code)")
+    for col in ("layers", "kind", "mixer", "feed-forward", "params/layer"):
+        t.add_column(col, num=col == "params/layer")
+    for k in desc.kinds:
+        m, f = k.mixer, k.ffn
+        mixer = "·" if m is None else f"{m.module} ({m.heads}/{m.kv_heads} heads x {m.head_dim})"
+        ffn = f.module or "·"
+        if f.experts:
+            ffn += f" ({f.experts.experts} experts top-{f.top_k} x {f.experts.expert.intermediate}" + (
+                f", shared {f.shared.intermediate}" if f.shared else "") + ")"
+        elif f.dense:
+            ffn += f" ({f.dense.intermediate})"
+        t.add_row(ranges(k.layers), k.name, mixer, ffn, commas(k.params))
+    console.print(t)

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
+from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
 from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
                                 InterNodeOpt, JsonOpt, PrecisionOpt, cluster_from_options,
                                 console, emit_json, takes_layout)
@@ -56,7 +57,7 @@ def memory_cmd(
     timeline: Annotated[Optional[str], typer.Option("--timeline", help="Write memory over the step by category to FILE.png.")] = None,
     exact: Annotated[bool, typer.Option("--exact", help="Also run the runtime's model for one rank per stage under fake tensors and compare (needs torch).")] = False,
     compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="With --exact: the runtime's compute dtype, bf16 | fp32.")] = "bf16",
-    json_out: JsonOpt = False,
+    trust_remote_code: TrustRemoteCodeOpt = False, json_out: JsonOpt = False,
 ) -> None:
     """Per-device memory of every pipeline stage: weights, gradients, optimizer, activations, temporary, overhead.
 
@@ -74,7 +75,7 @@ def memory_cmd(
     from dayzero.specs.counting import params_total
     from dayzero.specs.registry import load_model
 
-    spec = load_model(model)
+    spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     par = layout.parallel(cl.devices, precision)
     if recompute_layers is not None:
@@ -116,13 +117,14 @@ def memory_cmd(
         if timeline:
             plot_timeline(sim, timeline, f"{spec.name}, {par.describe()}: stage {sim.rank}")
 
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         obj = report.to_dict(terms=True)
         obj.update(model=spec.name, cluster=cl.name, devices=cl.devices, parallel=par.to_dict(),
                    target_utilization=TARGET, within_target=report.utilization <= TARGET,
                    busiest_stage=report.busiest_stage, model_states=states.to_dict(), zero_comparison=zrows,
                    allocator=sim.to_dict() if sim else None, options=_options_dict(opts))
-        emit_json(obj)
+        emit_json({**obj, **model_notes(spec)})
         return
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
+from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
 from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
                                 HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
                                 cluster_from_options, console, cost_options, emit_json)
@@ -77,7 +78,7 @@ def plan_cmd(
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Only layouts this engine runs as laid out: "
                                                   "megatron | torchtitan | deepspeed | dayzero.")] = None,
     json_out: JsonOpt = False,
@@ -94,7 +95,7 @@ def plan_cmd(
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
-    spec = load_model(model)
+    spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
@@ -110,8 +111,9 @@ def plan_cmd(
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
                SearchSpace(rank_order=(rank_order,), engine=engine, **kw))
     obj = with_training(obj, cl.accelerator, copt)
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
-        emit_json(obj)
+        emit_json({**obj, **model_notes(spec)})
         return
     console.print(f"[bold]{spec.name}[/bold] on [bold]{cl.name}[/bold] ({cl.devices:,} x {cl.accelerator.id}), gbs {gbs} x "
                   f"seq {seq}, {obj['precision']}: {obj['considered']:,} layouts considered in "

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 from dayzero.cli.app import app
+from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
 from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, DEFAULT_TOKENS, DevicesOpt,
                                 DevicesPerNodeOpt, HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
                                 cluster_from_options, console, cost_options, emit_json, human,
@@ -43,7 +44,8 @@ def predict_cmd(
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
+    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %), and the time, energy and cost of training --tokens tokens.
 
@@ -55,14 +57,15 @@ def predict_cmd(
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
-    spec = load_model(model)
+    spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
     par = layout.parallel(cl.devices, precision, rank_order)
     obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
+    print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
-        emit_json(obj)
+        emit_json({**obj, **model_notes(spec)})
         return
     print_prediction(obj)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]

@@ -112,6 +112,10 @@ def train_cmd(
     if metrics is None and json_out:
         tmp = tempfile.TemporaryDirectory(prefix="dayzero-train-")
         metrics = Path(tmp.name) / "metrics.jsonl"
+    from dayzero.cli.common import require_runtime_family
+    from dayzero.specs.registry import load_model
+
+    require_runtime_family(load_model(model), "train")
     cfg = TrainConfig(model=model, parallel=parallel, steps=steps, seed=seed, compute_dtype=compute_dtype, data=data,
                       metrics=str(metrics) if metrics else None, quiet=quiet, layers=layers, hidden=hidden,
                       experts=experts, vocab=vocab, hf_weights=str(hf_weights) if hf_weights else None, lr=lr,

@@ -67,6 +67,10 @@ def validate_cmd(
         return
     if runs and not calibrate:
         raise ConfigError("--runs", None, "only applies with --calibrate")
+    from dayzero.cli.common import require_runtime_family
+    from dayzero.specs.registry import load_model
+
+    require_runtime_family(load_model(model), "validate")
     from dayzero.validate.run import ValidationRequest, host_profile, local_cluster, proxy_shrink, validate
 
     from dayzero.runtime.device import compute_dtype as resolve_dtype, resolve

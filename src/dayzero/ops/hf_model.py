@@ -15,13 +15,13 @@ window, attention type, ...). ``layer_idx`` attributes are renumbered and per-la
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from dayzero.derive.structure import expert_list, expert_tensors, find_layer_list, layer_signature
 from dayzero.errors import ConfigError, DayzeroError
 from dayzero.specs.hf_config import SUPPORTED_MODEL_TYPES, load_config_file, spec_from_hf_config
 from dayzero.specs.model import ModelSpec
@@ -88,11 +88,8 @@ def _quiet_transformers():
     return ctx()
 
 
-def resolve_config(model: str, trust_remote_code: bool = False):
-    """MODEL -> (transformers config, name, ModelSpec or None, notes, remote code?)."""
-    from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
+def read_model_config(model: str) -> tuple[dict, str, str, Path | None]:
+    """MODEL (preset, config.json or directory) -> (config dict, name, source, directory or None)."""
     presets = model_presets()
     path = Path(model)
     if model in presets and not path.exists():
@@ -105,8 +102,15 @@ def resolve_config(model: str, trust_remote_code: bool = False):
         load_model(model)  # raises the registry's one-line error (no such preset or file, with hints)
         raise ConfigError(model, None, "no such preset or file")  # pragma: no cover
     cfg.pop("_dayzero", None)
+    return cfg, name or "model", source, directory
+
+
+def config_object(cfg: dict, name: str, source: str, directory: Path | None, trust_remote_code: bool = False):
+    """A config dict -> (transformers config, notes, remote code?)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     mt = cfg.get("model_type")
-    spec = spec_from_hf_config(cfg, name=name, source=source) if mt in SUPPORTED_MODEL_TYPES else None
     notes: list[str] = []
     modeling = sorted(p.name for p in directory.glob("modeling_*.py")) if directory else []
     if modeling:
@@ -120,7 +124,7 @@ def resolve_config(model: str, trust_remote_code: bool = False):
                 raise ConfigError(str(directory), None, f"cannot load its config with its own code: "
                                   f"{type(e).__name__}: {str(e)[:300]}") from None
         notes.append(f"modeling code from {directory} ({', '.join(modeling)}), trusted by --trust-remote-code")
-        return config, name, spec, notes, True
+        return config, notes, True
     if not isinstance(mt, str):
         raise ConfigError(source, "model_type", "is missing; expected the Hugging Face model type, e.g. 'llama'")
     hf_type = MODEL_TYPE_ALIASES.get(mt, mt)
@@ -141,7 +145,16 @@ def resolve_config(model: str, trust_remote_code: bool = False):
         except Exception as e:
             raise ConfigError(source, None, f"transformers rejects this config: {type(e).__name__}: "
                               f"{str(e)[:300]}") from None
-    return config, name, spec, notes, False
+    return config, notes, False
+
+
+def resolve_config(model: str, trust_remote_code: bool = False):
+    """MODEL -> (transformers config, name, ModelSpec or None, notes, remote code?)."""
+    cfg, name, source, directory = read_model_config(model)
+    mt = cfg.get("model_type")
+    spec = spec_from_hf_config(cfg, name=name, source=source) if mt in SUPPORTED_MODEL_TYPES else None
+    config, notes, remote = config_object(cfg, name, source, directory, trust_remote_code)
+    return config, name, spec, notes, remote
 
 
 def build_meta_model(model: str, dtype: str = "bfloat16", experts: str = "grouped_mm",
@@ -165,10 +178,7 @@ def build_meta_model(model: str, dtype: str = "bfloat16", experts: str = "groupe
                                f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
     used = ""
     if hasattr(net, "set_experts_implementation") and _has_experts(net):
-        with _quiet_transformers():
-            net.set_experts_implementation(experts)
-        used = experts
-        notes.append(f"MoE experts traced with transformers' '{experts}' implementation")
+        used = _set_experts(net, experts, notes)
     net.train()
     layer_list, layers = _find_layer_list(net, config)
     kinds = _group_layers(layers)
@@ -181,46 +191,42 @@ def _has_experts(net: nn.Module) -> bool:
     return any("experts" in type(m).__name__.lower() for m in net.modules())
 
 
+def _set_experts(net: nn.Module, experts: str, notes: list[str]) -> str:
+    """Ask transformers for ``experts``; a model that refuses it (remote code, or a class that does not
+    support that implementation) falls back to eager, and the note says so."""
+    for impl in dict.fromkeys((experts, "eager")):
+        try:
+            with _quiet_transformers():
+                net.set_experts_implementation(impl)
+        except Exception as e:  # noqa: BLE001 - any model may refuse; the fallback is eager
+            notes.append(f"{type(net).__name__} refuses experts implementation '{impl}' "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:160]})")
+            continue
+        notes.append(f"MoE experts traced with transformers' '{impl}' implementation"
+                     + (" instead" if impl != experts else ""))
+        return impl
+    notes.append("MoE experts traced as the model's own code runs them")
+    return ""
+
+
 def _find_layer_list(net: nn.Module, config) -> tuple[str, nn.ModuleList]:
-    """The ModuleList of decoder layers: length num_hidden_layers, the most parameters."""
-    n = getattr(config, "num_hidden_layers", None)
-    best = None
-    for qual, mod in net.named_modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) and (n is None or len(mod) == n):
-            size = sum(p.numel() for p in mod.parameters())
-            if best is None or size > best[0]:
-                best = (size, qual, mod)
-    if best is None:
-        raise DayzeroError(f"{type(net).__name__}: no ModuleList of {n} decoder layers found; "
+    """The ModuleList of decoder layers, found by structure (dayzero.derive.structure)."""
+    qual, mod = find_layer_list(net)
+    if mod is None:
+        raise DayzeroError(f"{type(net).__name__}: no ModuleList of repeated decoder blocks found; "
                            "cannot reduce the depth of this model")
-    return best[1], best[2]
-
-
-_SKIP_ATTRS = re.compile(r"(^_|idx|index|^training$)")
-
-
-def _layer_signature(layer: nn.Module) -> tuple:
-    """What makes two decoder layers the same kind (classes, shapes, scalar attributes)."""
-    sig = []
-    for qual, mod in layer.named_modules():
-        attrs = tuple(sorted((k, v) for k, v in vars(mod).items() if not _SKIP_ATTRS.search(k)
-                             and isinstance(v, (bool, int, float, str, type(None)))))
-        params = tuple((k, tuple(p.shape), str(p.dtype)) for k, p in mod.named_parameters(recurse=False))
-        buffers = tuple((k, tuple(b.shape)) for k, b in mod.named_buffers(recurse=False))
-        sig.append((qual, type(mod).__name__, attrs, params, buffers))
-    return tuple(sig)
+    return qual, mod
 
 
 def _is_moe_layer(layer: nn.Module) -> bool:
-    """Routed experts: a module (or ModuleList) named ``experts``, or 3-D (stacked expert) weights."""
-    return any(q.rsplit(".", 1)[-1] == "experts" for q, _ in layer.named_modules()) or any(
-        p.dim() == 3 for p in layer.parameters())
+    """Routed experts: 3-D expert weights outside convolutions, or a ModuleList of experts."""
+    return bool(expert_tensors(layer)) or expert_list(layer) is not None
 
 
 def _group_layers(layers: nn.ModuleList) -> tuple[LayerKind, ...]:
     groups: dict[tuple, list[int]] = {}
     for i, layer in enumerate(layers):
-        groups.setdefault(_layer_signature(layer), []).append(i)
+        groups.setdefault(layer_signature(layer), []).append(i)
     sigs = list(groups)
     base = ["moe" if _is_moe_layer(layers[groups[s][0]]) else "dense" for s in sigs]
     names = []

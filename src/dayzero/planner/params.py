@@ -94,8 +94,15 @@ def layer_params(spec: ModelSpec, kind: str) -> LayerParams:
     else:
         t, r = _mlp_split(spec.mlp, h)
         tp, rep = tp + t, rep + r
+    base = layer_count(spec, 0, kind)
+    exact = base.total - base.other
+    # a derived spec's extra parameters (ModelSpec.layer_extra): the mean over the layers of this kind,
+    # counted as replicated on every TP rank (an upper bound on what a TP rank holds)
+    extras = [x for k, x in zip(spec.layer_kinds, spec.layer_extra) if k == kind]
+    rep += sum(extras) / len(extras) if extras and any(extras) else 0
     out = LayerParams(tp=tp, kv=kv, rep=rep, expert=expert)
-    assert out.total == layer_count(spec, 0, kind).total, "parameter split must sum to the exact count"
+    assert abs(out.total - exact - (sum(extras) / len(extras) if extras and any(extras) else 0)) < 1e-6, \
+        "parameter split must sum to the exact count"
     return out
 
 

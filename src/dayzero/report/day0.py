@@ -62,8 +62,10 @@ def _model(req: Day0Request, r: dict) -> None:
     from dayzero.specs.counting import summarize
     from dayzero.specs.registry import load_model
 
+    from dayzero.report.model_notes import model_notes
+
     spec = load_model(req.model)
-    r["model"] = summarize(spec, req.seq).to_dict(spec)
+    r["model"] = {**summarize(spec, req.seq).to_dict(spec), **model_notes(spec)}
 
 
 def _cluster(req: Day0Request, r: dict) -> None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
 
-COMPONENTS = ("attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms")
+# "other": parameters of a layer that the shapes do not express (derived specs only, see ModelSpec.layer_extra)
+COMPONENTS = ("attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms", "other")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class LayerCount:
     shared_experts: int
     router: int
     norms: int
+    other: int = 0
 
     @property
     def total(self) -> int:
@@ -116,14 +118,16 @@ def layer_count(spec: ModelSpec, index: int, kind: str | None = None) -> LayerCo
     else:
         dense = mlp_params(spec.mlp, h)
     return LayerCount(index=index, kind=kind, attention=attention_params(spec.attention, h), dense_mlp=dense,
-                      routed_experts=routed, shared_experts=shared, router=router, norms=2 * norm_params(spec))
+                      routed_experts=routed, shared_experts=shared, router=router, norms=2 * norm_params(spec),
+                      other=spec.layer_extra[index] if index < spec.layers else 0)
 
 
 # -- totals ------------------------------------------------------------------------------------
 
 def embedding_params(spec: ModelSpec) -> int:
-    """Input embedding (+ learned positions); the output head when it is tied."""
-    e = spec.vocab * spec.hidden
+    """Input embedding (+ learned positions); the output head when it is tied. A derived spec's
+    parameters outside the layers that the shapes do not express (``outside_extra``) count here."""
+    e = spec.vocab * spec.hidden + spec.outside_extra
     if spec.position == "learned":
         e += spec.max_positions * spec.hidden
     return e

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from dayzero.errors import ConfigError
 from dayzero.inputs import load_json
+from dayzero.specs.config_keys import unused_keys
 from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
 
 SUPPORTED_MODEL_TYPES = (
@@ -36,11 +37,31 @@ FLOAT_RANGES = {
 }
 
 
+class _Reads(dict):
+    """A config dict that records every key looked up (``read``), present or not."""
+
+    def __init__(self, cfg: dict):
+        super().__init__(cfg)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+
 class _Fields:
-    """Typed, validated access to a config dict, with errors that name the field."""
+    """Typed, validated access to a config dict, with errors that name the field; records the keys read."""
 
     def __init__(self, cfg: dict, source: str):
-        self.cfg, self.source = cfg, source
+        self.cfg, self.source = _Reads(cfg), source
 
     def _fail(self, key: str, problem: str):
         raise ConfigError(self.source, key, problem)
@@ -140,11 +161,27 @@ def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = Non
     try:
         spec = _PARSERS[mt](f, name, mt)
         check_size(spec, source)
+        spec.extra["unused_config_keys"] = unused_keys(cfg, f.cfg.read | {"model_type"})
         return spec
     except ConfigError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:  # defensive: never a traceback
         raise ConfigError(source, None, f"inconsistent config ({type(e).__name__}: {e})") from None
+
+
+def check_bounds(cfg: dict, source: str) -> None:
+    """Every top-level number of ``cfg`` within the bounds the parsers enforce (integers <= their
+    limit, floats finite), before a config without a parser is built by its own modeling code."""
+    f = _Fields(cfg, source)
+    for key, v in cfg.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            f._fail(key, f"expected a finite number, got {v!r}")
+        if isinstance(v, int) and v > INT_LIMITS.get(key, MAX_INT_FIELD):
+            top = INT_LIMITS.get(key, MAX_INT_FIELD)
+            f._fail(key, f"{v:,} exceeds {top:,}, the largest dayzero plans for (a typo?)")
+    f.int("num_hidden_layers", default=None, minimum=1, alt=("n_layer", "num_layers"))
 
 
 MAX_PARAMS = 10**15  # 1,000 T parameters: 300x the largest model planned today; beyond it int64 FLOP counts overflow

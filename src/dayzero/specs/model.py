@@ -111,6 +111,11 @@ class ModelSpec:
     fp8_block: tuple[int, int] | None = None  # block-quantized FP8 checkpoint (scale tensors)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    # exact counts of a description derived from the modeling code (dayzero.derive): per decoder layer,
+    # the parameters its module tree holds beyond (negative: short of) what the shapes above give,
+    # and the same for everything outside the layers; empty / 0 for the hand-parsed families
+    layer_extra: tuple[int, ...] = ()
+    outside_extra: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -120,6 +125,8 @@ class ModelSpec:
             object.__setattr__(self, "mtp_kind", self.layer_kinds[-1] if self.layer_kinds else "dense")
         if not self.layer_windows:
             object.__setattr__(self, "layer_windows", (None,) * self.layers)
+        if not self.layer_extra:
+            object.__setattr__(self, "layer_extra", (0,) * self.layers)
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -184,7 +191,10 @@ def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
     new_kinds = kinds[:dense_prefix] + [tail[i % len(tail)] for i in range(layers - dense_prefix)]
     windows = list(spec.layer_windows)
     new_windows = [windows[i % len(windows)] for i in range(layers)]
-    return replace(spec, layers=layers, layer_kinds=tuple(new_kinds), layer_windows=tuple(new_windows))
+    extras = list(spec.layer_extra)
+    new_extra = [extras[i % len(extras)] for i in range(layers)]
+    return replace(spec, layers=layers, layer_kinds=tuple(new_kinds), layer_windows=tuple(new_windows),
+                   layer_extra=tuple(new_extra))
 
 
 def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
@@ -213,4 +223,6 @@ def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
     if moe is not None:
         moe = replace(moe, expert=replace(moe.expert, intermediate=scaled(moe.expert.intermediate, 8)),
                       shared_intermediate=scaled(moe.shared_intermediate, 8) if moe.shared_intermediate else 0)
-    return replace(spec, hidden=hidden, attention=att, mlp=mlp, moe=moe)
+    # extras of a derived spec belong to the full width; a proxy keeps only what its shapes give
+    return replace(spec, hidden=hidden, attention=att, mlp=mlp, moe=moe, layer_extra=(0,) * spec.layers,
+                   outside_extra=0)

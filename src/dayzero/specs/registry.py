@@ -9,7 +9,8 @@ from importlib import resources
 from pathlib import Path
 
 from dayzero.errors import ConfigError
-from dayzero.specs.hf_config import load_config_file, spec_from_hf_config
+from dayzero.specs.hf_config import (SUPPORTED_MODEL_TYPES, check_bounds, check_size, load_config_file,
+                                    spec_from_hf_config)
 from dayzero.specs.model import ModelSpec
 
 
@@ -21,14 +22,17 @@ def model_presets() -> dict[str, dict]:
             if p.name.endswith(".json")}
 
 
-def load_model(model: str | Path) -> ModelSpec:
+def load_model(model: str | Path, trust_remote_code: bool = False) -> ModelSpec:
     """MODEL argument -> ModelSpec. Presets win over a same-named file in the working directory
-    only when no such path exists."""
+    only when no such path exists. A ``model_type`` without a hand-written parser is derived from
+    its own modeling code (:func:`derived_model`)."""
     text = str(model)
     presets = model_presets()
     path = Path(text)
     if text in presets and not path.exists():
         cfg = presets[text]
+        if _derived(cfg):
+            return derived_model(text, cfg, f"preset {text}", trust_remote_code)
         return spec_from_hf_config(cfg, name=text, source=f"preset {text}")
     if not path.exists():
         near = [n for n in presets if text.lower() in n or n in text.lower()]
@@ -37,4 +41,28 @@ def load_model(model: str | Path) -> ModelSpec:
                           "config.json or a directory holding one")
     cfg, source = load_config_file(path)
     name = path.name if path.is_dir() else (path.parent.name if path.name == "config.json" else path.stem)
+    if _derived(cfg):
+        return derived_model(text, cfg, source, trust_remote_code)
     return spec_from_hf_config(cfg, name=name or "model", source=source)
+
+
+def _derived(cfg: dict) -> bool:
+    mt = cfg.get("model_type")
+    return isinstance(mt, str) and mt not in SUPPORTED_MODEL_TYPES
+
+
+def derived_model(model: str, cfg: dict, source: str, trust_remote_code: bool = False) -> ModelSpec:
+    """ModelSpec of a model dayzero has no parser for, derived from its own modeling code on the meta
+    device (needs torch and transformers, imported only here). ``spec.extra`` carries the description,
+    the exact module-tree count, the planner's approximations and the unused config keys."""
+    from dayzero.derive.describe import describe
+    from dayzero.derive.to_spec import spec_from_description
+
+    check_bounds(cfg, source)
+    desc = describe(model, trust_remote_code)
+    spec, approximations = spec_from_description(desc)
+    check_size(spec, source)
+    spec.extra.update(derived=True, description=desc, approximations=approximations,
+                      params_module_tree=desc.total, unused_config_keys=list(desc.unused_config_keys),
+                      notes=list(desc.notes))
+    return spec

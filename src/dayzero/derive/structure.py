@@ -1,0 +1,201 @@
+"""Read a model's structure from its module tree: no table per family.
+
+Every function takes modules of a model built on the meta device and looks only at classes,
+parameter shapes and scalar attributes:
+
+- the decoder-layer list is the ``nn.ModuleList`` of repeated blocks holding the most parameters
+  (not the one whose length equals ``num_hidden_layers``: hybrid models keep other lists);
+- a layer's children are sorted into the mixer (attention, linear attention, SSM), the feed-forward
+  block and norms, by the names Hugging Face code (and most remote code) uses, via
+  :class:`dayzero.ops.modules`'s categories;
+- routed experts are 3-D weights ``[E, a, b]`` outside convolutions, or a ``ModuleList`` of
+  identical MLPs; a 3-D convolution kernel ``[C, 1, k]`` is a convolution, never experts;
+- a linear-attention / SSM mixer is one with a convolution or recurrent parameters (``A_log``,
+  ``dt_bias``, ``D``: vectors outside any norm) and no softmax over keys.
+
+torch is imported inside the functions, so importing this module stays light.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_SKIP_ATTRS = re.compile(r"(^_|idx|index|^training$)")
+_MLP_WORDS = ("mlp", "expert", "moe", "ffn", "feed_forward")
+# recurrent state parameters / buffers: SSM decay and step (Mamba's A_log, D, dt_bias), RWKV's
+# time_decay, linear attention's per-head decay slopes (Lightning / RetNet style)
+_RECURRENT_PARAMS = re.compile(r"^(A_log|A|D|dt_bias|dt_proj_bias|time_decay|time_first)$|decay|slope")
+
+
+def _is_conv(mod) -> bool:
+    from torch import nn
+
+    return isinstance(mod, nn.modules.conv._ConvNd)
+
+
+def find_layer_list(net) -> tuple[str, object]:
+    """(qualified name, ModuleList) of the decoder layers: the list of repeated blocks (one class,
+    at least half of them with the same parameter shapes) holding the most parameters."""
+    from torch import nn
+
+    best = None
+    for qual, mod in net.named_modules():
+        if not isinstance(mod, nn.ModuleList) or not len(mod):
+            continue
+        classes = {type(m).__name__ for m in mod}
+        if len(classes) > max(1, len(mod) // 2):  # a list of unrelated modules, not repeated blocks
+            continue
+        size = sum(p.numel() for p in mod.parameters())
+        if size and (best is None or size > best[0] or (size == best[0] and qual.count(".") < best[1].count("."))):
+            best = (size, qual, mod)
+    if best is None:
+        return "", None
+    return best[1], best[2]
+
+
+def layer_signature(layer) -> tuple:
+    """What makes two decoder layers the same kind: classes, parameter shapes, scalar attributes."""
+    sig = []
+    for qual, mod in layer.named_modules():
+        attrs = tuple(sorted((k, v) for k, v in vars(mod).items() if not _SKIP_ATTRS.search(k)
+                             and isinstance(v, (bool, int, float, str, type(None)))))
+        params = tuple((k, tuple(p.shape), str(p.dtype)) for k, p in mod.named_parameters(recurse=False))
+        buffers = tuple((k, tuple(b.shape)) for k, b in mod.named_buffers(recurse=False))
+        sig.append((qual, type(mod).__name__, attrs, params, buffers))
+    return tuple(sig)
+
+
+def group_layers(layers) -> list[list[int]]:
+    """Indices of identical layers, in order of first appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for i, layer in enumerate(layers):
+        groups.setdefault(layer_signature(layer), []).append(i)
+    return list(groups.values())
+
+
+def numel(mod, persistent_buffers: bool = False) -> int:
+    """Parameters of ``mod`` (each shared tensor once), plus its persistent buffers on request."""
+    n = sum(p.numel() for _, p in mod.named_parameters(remove_duplicate=True))
+    if persistent_buffers:
+        n += persistent_buffer_numel(mod)
+    return n
+
+
+def persistent_buffer_numel(mod) -> int:
+    """Elements of buffers a checkpoint stores (rotary tables are non-persistent and excluded)."""
+    return sum(b.numel() for m in mod.modules() for k, b in m._buffers.items()
+               if b is not None and k not in m._non_persistent_buffers_set)
+
+
+def category(name: str, mod) -> str:
+    """norm | ffn | mixer | other, from the module's class and attribute name."""
+    leaf, cls = name.lower(), type(mod).__name__.lower()
+    if "norm" in cls or "norm" in leaf or leaf.startswith("ln_"):
+        return "norm"
+    if any(w in leaf or w in cls for w in _MLP_WORDS) or expert_tensors(mod) or expert_list(mod):
+        return "ffn"
+    if any(w in leaf or w in cls for w in ("attn", "attention", "mixer", "mamba", "ssm", "conv", "rwkv", "delta")):
+        return "mixer"
+    return "other"
+
+
+def expert_tensors(mod) -> list:
+    """3-D weights ``[E, a, b]`` of routed experts held directly or below ``mod`` (never conv kernels)."""
+    out = []
+    for m in mod.modules():
+        if _is_conv(m):
+            continue
+        out += [p for p in m.parameters(recurse=False) if p.dim() == 3]
+    return out
+
+
+def expert_list(mod):
+    """A ModuleList (below ``mod``) of two or more identical MLP-like experts, or None."""
+    from torch import nn
+
+    for qual, m in mod.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) >= 2 and "expert" in qual.rsplit(".", 1)[-1].lower():
+            if len({layer_signature(e) for e in m}) == 1:
+                return m
+    return None
+
+
+@dataclass(frozen=True)
+class MLPShape:
+    """A feed-forward network's shape: intermediate width and whether it is gated (GLU)."""
+
+    intermediate: int
+    gated: bool
+    bias: bool
+    params: int
+
+
+def mlp_shape(mod, hidden: int) -> MLPShape | None:
+    """Shape of a plain (non-routed) MLP from its Linear layers: the down projection maps the
+    intermediate width back to ``hidden``; the up side is gated when it is twice that width."""
+    from torch import nn
+
+    linears = [m for m in mod.modules() if isinstance(m, nn.Linear)]
+    down = [m for m in linears if m.out_features == hidden and m.in_features != hidden]
+    up = [m for m in linears if m.in_features == hidden and m.out_features != 1]
+    if not down or not up:
+        square = [m for m in linears if m.in_features == m.out_features == hidden]
+        if len(square) >= 2:  # intermediate == hidden
+            inter = hidden
+            return MLPShape(inter, len(square) >= 3, any(m.bias is not None for m in square), numel(mod))
+        return None
+    inter = down[0].in_features
+    width = sum(m.out_features for m in up)
+    return MLPShape(inter, width >= 2 * inter, any(m.bias is not None for m in linears), numel(mod))
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """Routed experts: count, one expert's MLP shape and the parameters of all of them."""
+
+    experts: int
+    expert: MLPShape
+    params: int
+
+
+def routed_experts(mod, hidden: int) -> ExpertShape | None:
+    """Routed experts below ``mod``, from 3-D expert tensors or a ModuleList of experts."""
+    tensors = expert_tensors(mod)
+    if tensors:
+        e = tensors[0].shape[0]
+        widths = []
+        for t in tensors:
+            dims = list(t.shape[1:])
+            if hidden in dims:
+                dims.remove(hidden)
+                widths.append(dims[0])
+        inter = min(widths) if widths else 0
+        holder = next(m for m in mod.modules() if any(p is tensors[0] for p in m.parameters(recurse=False)))
+        total = numel(holder)
+        bias = any(p.dim() == 2 and p.shape[0] == e for p in holder.parameters(recurse=False))
+        return ExpertShape(e, MLPShape(inter, sum(widths) >= 3 * inter, bias, total // e), total)
+    experts = expert_list(mod)
+    if experts is not None:
+        one = mlp_shape(experts[0], hidden)
+        if one is not None:
+            return ExpertShape(len(experts), one, numel(experts))
+    return None
+
+
+def is_recurrent_mixer(mod) -> bool:
+    """Linear attention / SSM: a convolution or recurrent parameters (decay, step size) and no
+    per-head softmax attention projections."""
+    has_conv = any(_is_conv(m) for m in mod.modules())
+    names = [k.rsplit(".", 1)[-1] for k, _ in (*mod.named_parameters(), *mod.named_buffers())]
+    recurrent = any(_RECURRENT_PARAMS.search(n) for n in names)
+    return has_conv or recurrent
+
+
+def scalar(mod, *names: str, default=None):
+    """The first int attribute of ``mod`` among ``names`` (transformers modules keep their shapes)."""
+    for n in names:
+        v = getattr(mod, n, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return default

@@ -1,0 +1,154 @@
+"""Map a derived :class:`~dayzero.derive.describe.ModelDescription` into the planner's ModelSpec.
+
+What the ModelSpec can express is mapped as is: width, depth, vocabulary, tied head, attention
+(GQA / MLA shapes, sliding windows per layer), the dense MLP, routed experts (count, top-k,
+per-expert width, shared experts, router bias and correction bias), dense vs MoE layers. Counts
+stay exact: each layer's module-tree parameters beyond what the shapes give go into
+``ModelSpec.layer_extra`` (and those outside the layers into ``outside_extra``), so ``inspect``
+equals the meta-device count to the unit.
+
+What the planner can only approximate is returned as sentences (``approximations``), never
+silently: linear attention / SSM layers, chunked attention, layers whose attention or experts differ
+in shape from the ones modelled, and parameters the shapes do not express (their FLOPs are not
+counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dayzero.derive.describe import LayerKind, ModelDescription
+from dayzero.specs.counting import embedding_params, head_params, layer_count, norm_params
+from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
+
+
+def ranges(layers: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> '0-2, 5'; (1, 3, 5) -> '1-5 every 2'."""
+    steps = {b - a for a, b in zip(layers, layers[1:])}
+    if len(layers) >= 3 and len(steps) == 1 and steps != {1}:
+        return f"{layers[0]}-{layers[-1]} every {steps.pop()}"
+    out, start = [], layers[0]
+    for a, b in zip(layers, layers[1:] + (None,)):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out)
+
+
+def _attention(k: LayerKind) -> AttentionSpec:
+    m = k.mixer
+    if m.kind == "mla":
+        return AttentionSpec(kind="mla", heads=m.heads, kv_heads=m.heads, head_dim=m.head_dim, v_head_dim=m.v_head_dim,
+                             qkv_bias=m.qkv_bias, o_bias=m.o_bias, q_lora_rank=m.q_lora_rank,
+                             kv_lora_rank=m.kv_lora_rank, qk_rope_head_dim=m.qk_rope_head_dim,
+                             qk_nope_head_dim=m.qk_nope_head_dim)
+    kv = m.kv_heads if m.kv_heads and m.heads % m.kv_heads == 0 else m.heads
+    return AttentionSpec(kind="gqa", heads=m.heads, kv_heads=kv, head_dim=m.head_dim, v_head_dim=m.v_head_dim,
+                         qkv_bias=m.qkv_bias, o_bias=m.o_bias, sliding_window=m.window)
+
+
+def _mlp(shape, hidden: int) -> MLPSpec:
+    return MLPSpec(intermediate=shape.intermediate, gated=shape.gated, bias=shape.bias)
+
+
+def spec_from_description(desc: ModelDescription) -> tuple[ModelSpec, list[str]]:
+    """(ModelSpec with exact counts, approximations the planner makes for this model)."""
+    h = desc.hidden
+    approx: list[str] = []
+    kinds = desc.kinds
+    attn_kinds = [k for k in kinds if k.mixer is not None and k.mixer.kind != "recurrent"]
+    ref_attn = attn_kinds[0] if attn_kinds else next((k for k in kinds if k.mixer is not None), None)
+    if ref_attn is None:
+        attention = AttentionSpec(kind="gqa", heads=1, kv_heads=1, head_dim=h, v_head_dim=h)
+        approx.append("no layer has a token mixer the planner recognises; attention modelled as one head of width "
+                      f"{h} (its parameters are counted exactly)")
+    else:
+        attention = replace(_attention(ref_attn), sliding_window=None) if ref_attn.mixer.kind == "recurrent" else \
+            _attention(ref_attn)
+    dense_kind = next((k for k in kinds if k.ffn.kind == "dense" and k.ffn.dense is not None), None)
+    moe_kind = next((k for k in kinds if k.ffn.kind == "moe"), None)
+    moe = None
+    if moe_kind is not None:
+        f = moe_kind.ffn
+        ex = f.experts
+        moe = MoESpec(experts=ex.experts, top_k=f.top_k, expert=_mlp(ex.expert, h),
+                      shared_experts=1 if f.shared else 0, shared_intermediate=f.shared.intermediate if f.shared else 0,
+                      router_bias=f.router_bias, score_correction_bias=f.score_correction_bias,
+                      shared_expert_gate=f.shared_gate)
+    if dense_kind is not None:
+        mlp = _mlp(dense_kind.ffn.dense, h)
+    elif moe is not None:
+        mlp = moe.expert
+    else:
+        mlp = MLPSpec(intermediate=0)
+    per_layer = desc.kind_of()
+    layer_kinds = tuple("moe" if k.ffn.kind == "moe" else "dense" for k in per_layer)
+    windows = []
+    for k in per_layer:
+        m = k.mixer
+        if m is None:
+            windows.append(None)
+        elif m.kind == "recurrent":
+            windows.append(max(1, m.head_dim))
+        else:
+            windows.append(m.window or m.chunk)
+    spec = ModelSpec(name=desc.name, model_type=desc.model_type, hidden=h, layers=desc.num_layers, vocab=desc.vocab,
+                     attention=attention, mlp=mlp, moe=moe, layer_kinds=layer_kinds, layer_windows=tuple(windows),
+                     norm=desc.norm, norm_bias=desc.norm_bias, tie_embeddings=desc.tied,
+                     max_positions=desc.max_positions, rope_theta=desc.rope_theta, norm_eps=desc.norm_eps)
+    extra = tuple(k.params - layer_count(spec, i).total for i, k in enumerate(per_layer))
+    outside = desc.embedding + desc.head + desc.final_norm + desc.outside
+    outside_extra = outside - embedding_params(spec) - head_params(spec) - norm_params(spec)
+    spec = replace(spec, layer_extra=extra, outside_extra=outside_extra)
+    approx += _approximations(desc, spec, ref_attn, moe_kind, dense_kind)
+    return spec, approx
+
+
+def _approximations(desc: ModelDescription, spec: ModelSpec, ref_attn, moe_kind, dense_kind) -> list[str]:
+    out = []
+    ref = _attention(ref_attn) if ref_attn is not None and ref_attn.mixer.kind != "recurrent" else None
+    for k in desc.kinds:
+        where = f"layers {ranges(k.layers)} ({k.name})"
+        m = k.mixer
+        if m is not None and m.kind == "recurrent":
+            out.append(f"{where}: {m.module} is linear attention / SSM (a recurrent state, no softmax over keys); "
+                       f"its parameters are exact, its compute and activations are modelled as attention with the "
+                       f"modelled attention's shapes over a window of {max(1, m.head_dim)} keys (= head_dim: updating "
+                       "and reading a d x d state per head costs what attending to d keys does)")
+        elif m is not None and m.chunk:
+            out.append(f"{where}: chunked attention (chunks of {m.chunk} tokens) modelled as a sliding window of "
+                       f"{m.chunk} (the same keys per query without a causal mask; up to 2x the causal cost)")
+        elif m is not None and ref is not None and replace(_attention(k), sliding_window=None) != replace(
+                ref, sliding_window=None):
+            out.append(f"{where}: attention shapes differ from layers {ranges(ref_attn.layers)}; "
+                       "modelled with those (parameters exact)")
+        f = k.ffn
+        if f.kind == "moe" and moe_kind is not None and k is not moe_kind and (
+                f.experts.experts, f.experts.expert.intermediate, f.top_k) != (
+                moe_kind.ffn.experts.experts, moe_kind.ffn.experts.expert.intermediate, moe_kind.ffn.top_k):
+            out.append(f"{where}: routed experts differ in shape from layers {ranges(moe_kind.layers)}; "
+                       "modelled with those (parameters exact)")
+        if f.kind == "dense" and f.dense is None:
+            out.append(f"{where}: feed-forward block {f.module} has no recognised MLP shape; its parameters are "
+                       "counted exactly, its compute is not")
+        if f.kind == "dense" and dense_kind is not None and f.dense is not None and f.dense != dense_kind.ffn.dense:
+            out.append(f"{where}: dense MLP differs from layers {ranges(dense_kind.layers)}; modelled with that "
+                       "(parameters exact)")
+        if f.kind == "none":
+            out.append(f"{where}: no feed-forward block; modelled as a dense layer whose MLP parameters are "
+                       "taken back out of the count (its MLP FLOPs are still counted)")
+    extras = {}
+    for i, x in enumerate(spec.layer_extra):
+        if x:
+            extras.setdefault(x, []).append(i)
+    for x, layers in sorted(extras.items(), key=lambda kv: kv[1][0]):
+        sign = "more" if x > 0 else "fewer"
+        out.append(f"layers {ranges(tuple(layers))}: {abs(x):,} {sign} parameters per layer than the planner's shapes "
+                   "give (norms, gates or mixer weights it does not model by name); counted exactly in totals and "
+                   "in memory (as replicated on every TP rank), not in FLOPs")
+    if spec.outside_extra:
+        out.append(f"{spec.outside_extra:,} parameters outside the decoder layers beyond embedding, head and final "
+                   "norm; counted with the embedding")
+    if desc.vision:
+        out.append(f"{desc.vision:,} vision/audio tower parameters are reported apart and not planned")
+    return out

@@ -1,0 +1,30 @@
+"""What a verb reports about the model config it read (``--json`` keys shared by every verb)."""
+
+from __future__ import annotations
+
+
+def model_notes(spec) -> dict:
+    """What every config-reading verb reports about the config: the keys it did not use, and for a
+    model derived from its modeling code, the planner's approximations and the exact module-tree count."""
+    extra = spec.extra
+    out = {"unused_config_keys": list(extra.get("unused_config_keys", [])),
+           "derived_from_modeling_code": bool(extra.get("derived"))}
+    if extra.get("derived"):
+        out["approximations"] = list(extra.get("approximations", []))
+        out["params_module_tree"] = extra.get("params_module_tree")
+        desc = extra["description"]
+        out["layer_kinds_derived"] = [
+            {"name": k.name, "layers": list(k.layers), "params_per_layer": k.params,
+             "mixer": None if k.mixer is None else {"kind": k.mixer.kind, "module": k.mixer.module,
+                                                    "heads": k.mixer.heads,
+                                                    "kv_heads": k.mixer.kv_heads, "head_dim": k.mixer.head_dim,
+                                                    "window": k.mixer.window, "chunk": k.mixer.chunk,
+                                                    "rope": k.mixer.rope, "params": k.mixer.params},
+             "ffn": {"kind": k.ffn.kind, "module": k.ffn.module, "params": k.ffn.params,
+                     "experts": k.ffn.experts.experts if k.ffn.experts else 0, "top_k": k.ffn.top_k,
+                     "expert_intermediate": k.ffn.experts.expert.intermediate if k.ffn.experts else 0,
+                     "shared_intermediate": k.ffn.shared.intermediate if k.ffn.shared else 0,
+                     "intermediate": k.ffn.dense.intermediate if k.ffn.dense else 0},
+             "norms": k.norms, "other": k.other} for k in desc.kinds]
+        out["params_vision"] = desc.vision
+    return out
