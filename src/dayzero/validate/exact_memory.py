@@ -216,6 +216,8 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
             raise LayoutError(f"--exact expects one model part per rank, got {len(pm.parts)}")
         part = pm.parts[0]
         m, first, last = p.microbatches, stage == 0, stage == p.pp - 1
+        # the residual stream a stage receives: sequence-sharded under sequence parallelism
+        stage_seq = p.seq // p.tp if p.sequence_parallel and p.tp > 1 else p.seq
         with FakeTensorMode(allow_non_fake_inputs=True), local_sharding_propagation():
             part.to_empty(device="cpu")
             for mod in part.modules():
@@ -232,7 +234,7 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                         if tracker is not None:
                             tracker.reset_mod_stats()  # the tracker keeps module stats per call
                         x = (torch.randint(0, spec.vocab, (p.mbs, p.seq)) if first else
-                             torch.empty(p.mbs, p.seq, spec.hidden, dtype=dtype, requires_grad=True))
+                             torch.empty(p.mbs, stage_seq, spec.hidden, dtype=dtype, requires_grad=True))
                         with loss_context(p.tp):
                             out = part(x)
                             if last:
