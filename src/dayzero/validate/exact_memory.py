@@ -52,13 +52,15 @@ class ExactStage:
     tracker_peak: dict = field(default_factory=dict)  # FSDPMemTracker categories at the peak, bytes
     seconds: float = 0.0  # wall time of the measurement
     grad_excess: tuple = ()  # (parameter, bytes, placements): unsharded gradients larger than the parameter's shard
+    shard_excess: tuple = ()  # (parameter, elements): this rank's FSDP2 shard beyond an even 1/n split
     temporary_at: dict = field(default_factory=dict)  # op, phase, module and live buffers at the temporary maximum
 
     def to_dict(self) -> dict:
         return {"stage": self.stage, "rank": self.rank, **self.categories, "total": sum(self.categories.values()),
                 "peak_bytes": self.peak_bytes, "at_peak": dict(self.at_peak), "maxima": dict(self.maxima),
                 "tracker_peak": dict(self.tracker_peak), "seconds": self.seconds,
-                "grad_excess": [list(g) for g in self.grad_excess], "temporary_at": dict(self.temporary_at)}
+                "grad_excess": [list(g) for g in self.grad_excess],
+                "shard_excess": [list(g) for g in self.shard_excess], "temporary_at": dict(self.temporary_at)}
 
 
 def schedule_order(schedule: str, pp: int, stage: int, m: int) -> list[tuple[str, int]]:
@@ -118,6 +120,25 @@ class _Complete:
 
 def _local(t):
     return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def shard_excess(module) -> tuple:
+    """Parameters whose FSDP2 shard on this rank holds more than an even 1/n of them: FSDP2 splits
+    dim 0 in chunks of ceil(d0 / n) rows (torch.chunk), so with fewer rows than ranks (e.g. one
+    local expert over 2 expert-data-parallel ranks) the first ranks hold whole rows and the last
+    ones nothing. Returns (parameter, excess elements) per such parameter."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = []
+    for mod in module.modules():
+        group = mod._get_fsdp_state()._fsdp_param_group if isinstance(mod, FSDPModule) else None
+        for fp in (group.fsdp_params if group else ()):
+            n = fp.mesh_info.shard_mesh_size
+            even = _local(fp._unsharded_param).numel() / n
+            extra = _local(fp.sharded_param).numel() - even
+            if extra >= 1:
+                out.append((fp._param_fqn, int(extra)))
+    return tuple(out)
 
 
 def grad_excess(module) -> tuple:
@@ -280,15 +301,17 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
             with tracker:
                 step(tracker)
             peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+            uneven = shard_excess(part)  # after a forward: FSDP2 creates the unsharded parameters lazily
     finally:
         dist.destroy_process_group()
     at_peak = _planner_categories(peak, t_params, t_grads)
     total_key = next(k for k in peak if str(k) == "Total")
-    cats = {**{c: int(complete.values.get(c, 0)) for c in CATEGORIES}, "temporary": int(tracker.maxima.get("temporary", 0))}
+    cats = {**{c: int(complete.values.get(c, 0)) for c in CATEGORIES},
+            "temporary": int(tracker.maxima.get("temporary", 0))}
     return ExactStage(stage=stage, rank=rank, categories=cats, at_peak=at_peak,
                       maxima={c: int(tracker.maxima.get(c, 0)) for c in CATEGORIES}, peak_bytes=int(peak[total_key]),
                       tracker_peak={str(getattr(k, "value", k)): int(v) for k, v in peak.items()},
-                      seconds=time.perf_counter() - start, grad_excess=complete.grad_excess,
+                      seconds=time.perf_counter() - start, grad_excess=complete.grad_excess, shard_excess=uneven,
                       temporary_at=dict(tracker.temporary_at))
 
 
@@ -335,29 +358,59 @@ def explain_gradients(e: ExactStage) -> tuple[int, str]:
                    "sync; the planner counts every gradient at its parameter's shard")
 
 
+def explain_uneven(e: ExactStage, nbytes: int, what: str) -> tuple[int, str]:
+    """Bytes and words for FSDP2 shards larger than an even split (:func:`shard_excess`)."""
+    if not e.shard_excess:
+        return 0, ""
+    elems = sum(n for _, n in e.shard_excess)
+    names = sorted({n.split(".")[-2] if "." in n else n for n, _ in e.shard_excess})
+    return elems * nbytes, (f"runtime keeps {_mib(elems * nbytes)} more {what}: FSDP2 splits dim 0 in chunks of "
+                            f"ceil(rows / ranks), so this rank's shard of {len(e.shard_excess)} parameters "
+                            f"({', '.join(names)}) is larger than the even split the planner assumes (fewer rows "
+                            "than ranks)")
+
+
 def explain_temporary(e: ExactStage, terms: dict) -> tuple[int, str]:
     """Bytes and words for the temporary maximum: the exact run's largest set of buffers live at
-    one op, against the planner's sum of every transient term. Buffers the size of one
-    micro-batch's fp32 logits live in the loss backward are named: the eager vocab-parallel
-    cross-entropy's backward (torch.distributed.tensor.parallel.loss) holds its gradient, the
+    one op, against the planner's sum of every transient term. Buffers of a whole number of one
+    micro-batch's logits (bf16 halves of the fp32 ones) are named: the eager cross-entropy's
+    backward (aten's, or torch.distributed.tensor.parallel.loss under TP) holds its gradient, the
     softmax and their sum at once, where the planner (a fused cross-entropy) counts the logits
-    once, compared as an activation here."""
+    once, compared as an activation here. FSDP2's reduce-scatter input at the syncing micro-batch
+    is named where the planner has no gradient-bucket term (ZeRO-1)."""
     at = e.temporary_at
     if not at:
         return 0, ""
     live = at.get("live", [])
     logits = terms.get("temporary:logits", 0)
-    k = sum(1 for _, b in live if logits and abs(b - logits) <= 0.01 * logits)
+    half = logits / 2  # one micro-batch's logits in bf16; the fp32 ones are 2 halves
+
+    def loss_sized(b):  # 1 to 4 fp32 logits (or a bf16 copy): the cross-entropy backward's buffers
+        r = b / half if half else 0
+        return 1 <= round(r) <= 8 and abs(r - round(r)) <= 0.01 * r
+
+    loss = [b for _, b in live if loss_sized(b)]
     where = f"{at['phase']} of {at['module'] or 'the model'} at {at['op']}"
     sizes = ", ".join(_mib(b) for _, b in live[:6]) + (f" and {len(live) - 6} more" if len(live) > 6 else "")
     an = [f"{k.split(':', 1)[1]} {_mib(v)}" for k, v in terms.items()
           if k.startswith("temporary:") and k != "temporary:logits" and v > 0]
     text = (f"exact is the largest set live at one op ({where}: {sizes or 'nothing over 1 MiB'}); analytic sums every "
             f"transient ({', '.join(an) or 'none'})")
-    if k:
-        text += (f"; {k} x {_mib(logits)} are fp32-logits-sized buffers of the eager loss-parallel backward "
-                 "(its gradient, softmax and sum live at once), which the planner's fused cross-entropy does not keep")
-    return int(k * logits), text
+    explained = sum(loss)
+    if loss:
+        text += (f"; {', '.join(_mib(b) for b in loss)} are multiples of one micro-batch's logits ({_mib(logits)} "
+                 "in fp32): the eager cross-entropy backward's buffers (gradient, softmax, their sum, dtype casts) "
+                 "live at once, which the planner's fused cross-entropy does not keep")
+    rs = sum(b for kind, b in live if kind == "Reduce Scatter")
+    if rs and not terms.get("temporary:grad_reduce"):
+        explained += rs
+        text += (f"; {_mib(rs)} is FSDP2's reduce-scatter input (a copy of one unit's unsharded gradients at the "
+                 "syncing micro-batch), which the planner counts only under ZeRO-2/3")
+    return int(explained), text
+
+
+def _join(a: tuple[int, str], b: tuple[int, str]) -> tuple[int, str]:
+    return a[0] + b[0], "; ".join(t for t in (a[1], b[1]) if t)
 
 
 def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None, tolerance: float = 0.10,
@@ -370,6 +423,8 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
     kept replicated, the loss backward's buffers), the row's ``explanation`` says what and how
     much (``explained`` bytes), and ``residual`` is the error left once those are added to the
     analytic figure; ``explained`` is true when that residual is within the tolerance."""
+    from dayzero.validate.predicted import runtime_layout
+
     exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
     analytic = analytic_for_runtime(spec, parallel, compute_dtype)
     t_grads = parallel.zero >= 2 and parallel.pp == 1
@@ -382,7 +437,10 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
         an["temporary"] -= logits
         ex = e.categories
         grads = explain_gradients(e)
-        notes = {"gradients": (0, "") if t_grads else grads, "temporary": explain_temporary(e, s.terms)}
+        notes = {"gradients": (0, "") if t_grads else grads, "temporary": explain_temporary(e, s.terms),
+                 "optimizer": explain_uneven(e, 12, "fp32 master weights and AdamW moments")}
+        if runtime_layout(parallel).zero >= 2:  # the gradients the planner counts are sharded
+            notes["gradients"] = _join(notes["gradients"], explain_uneven(e, 4, "sharded fp32 gradients"))
         if t_grads and grads[0]:
             b, text = notes["temporary"]
             notes["temporary"] = (b + grads[0], f"{text}; {grads[1]}")
