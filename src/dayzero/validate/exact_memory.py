@@ -389,7 +389,7 @@ def explain_temporary(e: ExactStage, terms: dict) -> tuple[int, str]:
         r = b / half if half else 0
         return 1 <= round(r) <= 8 and abs(r - round(r)) <= 0.01 * r
 
-    loss = [b for _, b in live if loss_sized(b)]
+    loss = [b for kind, b in live if kind == "Temp" and loss_sized(b)]
     where = f"{at['phase']} of {at['module'] or 'the model'} at {at['op']}"
     sizes = ", ".join(_mib(b) for _, b in live[:6]) + (f" and {len(live) - 6} more" if len(live) > 6 else "")
     an = [f"{k.split(':', 1)[1]} {_mib(v)}" for k, v in terms.items()
@@ -401,6 +401,10 @@ def explain_temporary(e: ExactStage, terms: dict) -> tuple[int, str]:
         text += (f"; {', '.join(_mib(b) for b in loss)} are multiples of one micro-batch's logits ({_mib(logits)} "
                  "in fp32): the eager cross-entropy backward's buffers (gradient, softmax, their sum, dtype casts) "
                  "live at once, which the planner's fused cross-entropy does not keep")
+    grads = sum(b for kind, b in live if kind == "Unsharded Grad")
+    if grads:
+        text += (f"; {_mib(grads)} are unsharded gradients awaiting their reduce-scatter (FSDP2 frees the root "
+                 "unit's - embedding, head - only at the end of backward)")
     rs = sum(b for kind, b in live if kind == "Reduce Scatter")
     if rs and not terms.get("temporary:grad_reduce"):
         explained += rs
