@@ -50,11 +50,17 @@ class ExactStage:
     maxima: dict  # planner category -> its largest value at any op
     peak_bytes: int  # tracker peak total
     tracker_peak: dict = field(default_factory=dict)  # FSDPMemTracker categories at the peak, bytes
+    seconds: float = 0.0  # wall time of the measurement
+    grad_excess: tuple = ()  # (parameter, bytes, placements): unsharded gradients larger than the parameter's shard
+    shard_excess: tuple = ()  # (parameter, elements): this rank's FSDP2 shard beyond an even 1/n split
+    temporary_at: dict = field(default_factory=dict)  # op, phase, module and live buffers at the temporary maximum
 
     def to_dict(self) -> dict:
         return {"stage": self.stage, "rank": self.rank, **self.categories, "total": sum(self.categories.values()),
                 "peak_bytes": self.peak_bytes, "at_peak": dict(self.at_peak), "maxima": dict(self.maxima),
-                "tracker_peak": dict(self.tracker_peak)}
+                "tracker_peak": dict(self.tracker_peak), "seconds": self.seconds,
+                "grad_excess": [list(g) for g in self.grad_excess],
+                "shard_excess": [list(g) for g in self.shard_excess], "temporary_at": dict(self.temporary_at)}
 
 
 def schedule_order(schedule: str, pp: int, stage: int, m: int) -> list[tuple[str, int]]:
@@ -101,12 +107,61 @@ class _Complete:
 
     def __init__(self, categorize):
         self.categorize, self.values = categorize, {}
+        self.grad_excess: tuple = ()
 
     def update(self, tracker, names) -> None:
         for snap in tracker.get_tracker_snapshot("current").values():
             cats = self.categorize(snap)
             for c in names:
+                if c == "gradients" and cats[c] > self.values.get(c, 0):
+                    self.grad_excess = grad_excess(tracker._root_mod)
                 self.values[c] = max(self.values.get(c, 0), cats[c])
+
+
+def _local(t):
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def shard_excess(module) -> tuple:
+    """Parameters whose FSDP2 shard on this rank holds more than an even 1/n of them: FSDP2 splits
+    dim 0 in chunks of ceil(d0 / n) rows (torch.chunk), so with fewer rows than ranks (e.g. one
+    local expert over 2 expert-data-parallel ranks) the first ranks hold whole rows and the last
+    ones nothing. Returns (parameter, excess elements) per such parameter."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = []
+    for mod in module.modules():
+        group = mod._get_fsdp_state()._fsdp_param_group if isinstance(mod, FSDPModule) else None
+        for fp in (group.fsdp_params if group else ()):
+            n = fp.mesh_info.shard_mesh_size
+            even = _local(fp._unsharded_param).numel() / n
+            extra = _local(fp.sharded_param).numel() - even
+            if extra >= 1:
+                out.append((fp._param_fqn, int(extra)))
+    return tuple(out)
+
+
+def grad_excess(module) -> tuple:
+    """Unsharded gradients (accumulated or fresh) that hold more elements than their parameter's
+    local shard: DTensor's backward can produce a gradient replicated where the parameter is
+    sharded (e.g. a vocab-parallel embedding's), and FSDP2 accumulates it that way until it syncs.
+    Returns (parameter, excess bytes, placements) per such parameter."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = []
+    for mod in module.modules():
+        group = mod._get_fsdp_state()._fsdp_param_group if isinstance(mod, FSDPModule) else None
+        for fp in (group.fsdp_params if group else ()):
+            param = getattr(fp, "_unsharded_param", None)
+            grad = fp.unsharded_accumulated_grad
+            if grad is None and param is not None:
+                grad = param.grad
+            if grad is None or param is None:
+                continue
+            extra = _local(grad).numel() - _local(param).numel()
+            if extra > 0:
+                out.append((fp._param_fqn, extra * _local(grad).element_size(), str(getattr(grad, "placements", ""))))
+    return tuple(out)
 
 
 def _balanced_moe_forward(self, x):
@@ -145,6 +200,8 @@ def _balanced_moe_forward(self, x):
 
 def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> ExactStage:
     """Measure pipeline stage ``stage`` (its first rank) under fake tensors and a fake group."""
+    import time
+
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -158,7 +215,7 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
     from dayzero.runtime.parallel.parallelize import parallelize
     from dayzero.runtime.train import loss_context
     from dayzero.torch_version import require_torch
-    from dayzero.validate.torch_tools import category_tracker, fake_store
+    from dayzero.validate.torch_tools import category_tracker, fake_store, local_sharding_propagation, ref_types
 
     require_torch("memory --exact")
     p = parallel
@@ -169,6 +226,7 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
     if dist.is_initialized():
         raise LayoutError("--exact needs a process of its own (a process group is already running)")
     dtype = getattr(torch, DTYPES[compute_dtype])
+    start = time.perf_counter()
     rank = stage * p.tp * p.cp * p.dp
     dist.init_process_group("fake", rank=rank, world_size=p.world, store=fake_store())
     try:
@@ -179,7 +237,9 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
             raise LayoutError(f"--exact expects one model part per rank, got {len(pm.parts)}")
         part = pm.parts[0]
         m, first, last = p.microbatches, stage == 0, stage == p.pp - 1
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        # the residual stream a stage receives: sequence-sharded under sequence parallelism
+        stage_seq = p.seq // p.tp if p.sequence_parallel and p.tp > 1 else p.seq
+        with FakeTensorMode(allow_non_fake_inputs=True), local_sharding_propagation():
             part.to_empty(device="cpu")
             for mod in part.modules():
                 if isinstance(mod, MoE):
@@ -195,7 +255,7 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                         if tracker is not None:
                             tracker.reset_mod_stats()  # the tracker keeps module stats per call
                         x = (torch.randint(0, spec.vocab, (p.mbs, p.seq)) if first else
-                             torch.empty(p.mbs, p.seq, spec.hidden, dtype=dtype, requires_grad=True))
+                             torch.empty(p.mbs, stage_seq, spec.hidden, dtype=dtype, requires_grad=True))
                         with loss_context(p.tp):
                             out = part(x)
                             if last:
@@ -225,27 +285,49 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                     complete.update(tracker, ("optimizer",))
                 opt.zero_grad(set_to_none=True)
 
-            step()  # creates the optimizer states: the steady step holds them throughout
+            # AdamW creates its states on the first step; a step on zero gradients creates them (the
+            # steady step holds them throughout) without tracing an untracked forward and backward
+            for param in pm.parameters():
+                param.grad = torch.zeros_like(param)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             # pipelining keeps gathered parameters and full gradients until the step's end (runtime_layout)
             t_params, t_grads = p.zero == 3 and p.pp == 1, p.zero >= 2 and p.pp == 1
             complete = _Complete(lambda snap: _planner_categories(snap, t_params, t_grads))
-            tracker = category_tracker(part, opt, lambda snap: _planner_categories(snap, t_params, t_grads))
+            R = ref_types()
+            transient = {R.TEMP, R.ALL_GATHER, R.REDUCE_SCATTER} | ({R.UNSHARDED_PARAM} if t_params else set()) | (
+                {R.UNSHARDED_GRAD} if t_grads else set())
+            tracker = category_tracker(part, opt, lambda snap: _planner_categories(snap, t_params, t_grads), transient)
             with tracker:
                 step(tracker)
             peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+            uneven = shard_excess(part)  # after a forward: FSDP2 creates the unsharded parameters lazily
     finally:
         dist.destroy_process_group()
     at_peak = _planner_categories(peak, t_params, t_grads)
     total_key = next(k for k in peak if str(k) == "Total")
-    cats = {**{c: int(complete.values.get(c, 0)) for c in CATEGORIES}, "temporary": int(tracker.maxima.get("temporary", 0))}
+    cats = {**{c: int(complete.values.get(c, 0)) for c in CATEGORIES},
+            "temporary": int(tracker.maxima.get("temporary", 0))}
     return ExactStage(stage=stage, rank=rank, categories=cats, at_peak=at_peak,
                       maxima={c: int(tracker.maxima.get(c, 0)) for c in CATEGORIES}, peak_bytes=int(peak[total_key]),
-                      tracker_peak={str(getattr(k, "value", k)): int(v) for k, v in peak.items()})
+                      tracker_peak={str(getattr(k, "value", k)): int(v) for k, v in peak.items()},
+                      seconds=time.perf_counter() - start, grad_excess=complete.grad_excess, shard_excess=uneven,
+                      temporary_at=dict(tracker.temporary_at))
 
 
-def exact_memory(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None) -> list[ExactStage]:
-    """Every pipeline stage (or ``stages``), one fake rank each."""
-    return [exact_stage(spec, parallel, s, compute_dtype) for s in (stages if stages is not None else range(parallel.pp))]
+def exact_memory(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None,
+                 progress=None) -> list[ExactStage]:
+    """Every pipeline stage (or ``stages``), one fake rank each; ``progress(done, total, stage,
+    last)`` is called before each stage (last None) and after it (last its ExactStage)."""
+    todo = list(stages if stages is not None else range(parallel.pp))
+    out = []
+    for i, s in enumerate(todo):
+        if progress:
+            progress(i, len(todo), s, None)
+        out.append(exact_stage(spec, parallel, s, compute_dtype))
+        if progress:
+            progress(i + 1, len(todo), s, out[-1])
+    return out
 
 
 def analytic_for_runtime(spec, parallel, compute_dtype: str = "bf16", capacity_bytes: int = 10**15, cluster=None):
@@ -258,13 +340,98 @@ def analytic_for_runtime(spec, parallel, compute_dtype: str = "bf16", capacity_b
     return estimate_memory(spec, eff, capacity_bytes, memory_options(cluster, compute_dtype, spec, eff, "cpu"))
 
 
+MIB = 2**20
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:,.0f} MiB"
+
+
+def explain_gradients(e: ExactStage) -> tuple[int, str]:
+    """Bytes and words for unsharded gradients kept larger than their parameter's shard."""
+    if not e.grad_excess:
+        return 0, ""
+    extra = sum(b for _, b, _ in e.grad_excess)
+    names = ", ".join(f"{n} {pl} +{_mib(b)}" for n, b, pl in e.grad_excess)
+    return extra, (f"runtime keeps {_mib(extra)} more: DTensor's backward returns a gradient replicated where the "
+                   f"parameter is tensor-parallel sharded ({names}), and FSDP2 accumulates it so until the gradient "
+                   "sync; the planner counts every gradient at its parameter's shard")
+
+
+def explain_uneven(e: ExactStage, nbytes: int, what: str) -> tuple[int, str]:
+    """Bytes and words for FSDP2 shards larger than an even split (:func:`shard_excess`)."""
+    if not e.shard_excess:
+        return 0, ""
+    elems = sum(n for _, n in e.shard_excess)
+    names = sorted({n.split(".")[-2] if "." in n else n for n, _ in e.shard_excess})
+    return elems * nbytes, (f"runtime keeps {_mib(elems * nbytes)} more {what}: FSDP2 splits dim 0 in chunks of "
+                            f"ceil(rows / ranks), so this rank's shard of {len(e.shard_excess)} parameters "
+                            f"({', '.join(names)}) is larger than the even split the planner assumes (fewer rows "
+                            "than ranks)")
+
+
+def explain_temporary(e: ExactStage, terms: dict) -> tuple[int, str]:
+    """Bytes and words for the temporary maximum: the exact run's largest set of buffers live at
+    one op, against the planner's sum of every transient term. Buffers of a whole number of one
+    micro-batch's logits (bf16 halves of the fp32 ones) are named: the eager cross-entropy's
+    backward (aten's, or torch.distributed.tensor.parallel.loss under TP) holds its gradient, the
+    softmax and their sum at once, where the planner (a fused cross-entropy) counts the logits
+    once, compared as an activation here. FSDP2's reduce-scatter input at the syncing micro-batch
+    is named where the planner has no gradient-bucket term (ZeRO-1)."""
+    at = e.temporary_at
+    if not at:
+        return 0, ""
+    live = at.get("live", [])
+    logits = terms.get("temporary:logits", 0)
+    half = logits / 2  # one micro-batch's logits in bf16; the fp32 ones are 2 halves
+
+    def loss_sized(b):  # 1 to 4 fp32 logits (or a bf16 copy): the cross-entropy backward's buffers
+        r = b / half if half else 0
+        return 1 <= round(r) <= 8 and abs(r - round(r)) <= 0.01 * r
+
+    loss = [b for kind, b in live if kind == "Temp" and loss_sized(b)]
+    where = f"{at['phase']} of {at['module'] or 'the model'} at {at['op']}"
+    sizes = ", ".join(_mib(b) for _, b in live[:6]) + (f" and {len(live) - 6} more" if len(live) > 6 else "")
+    an = [f"{k.split(':', 1)[1]} {_mib(v)}" for k, v in terms.items()
+          if k.startswith("temporary:") and k != "temporary:logits" and v > 0]
+    text = (f"exact is the largest set live at one op ({where}: {sizes or 'nothing over 1 MiB'}); analytic sums every "
+            f"transient ({', '.join(an) or 'none'})")
+    explained = sum(loss)
+    if loss:
+        text += (f"; {', '.join(_mib(b) for b in loss)} are multiples of one micro-batch's logits ({_mib(logits)} "
+                 "in fp32): the eager cross-entropy backward's buffers (gradient, softmax, their sum, dtype casts) "
+                 "live at once, which the planner's fused cross-entropy does not keep")
+    grads = sum(b for kind, b in live if kind == "Unsharded Grad")
+    if grads:
+        text += (f"; {_mib(grads)} are unsharded gradients awaiting their reduce-scatter (FSDP2 frees the root "
+                 "unit's - embedding, head - only at the end of backward)")
+    rs = sum(b for kind, b in live if kind == "Reduce Scatter")
+    if rs and not terms.get("temporary:grad_reduce"):
+        explained += rs
+        text += (f"; {_mib(rs)} is FSDP2's reduce-scatter input (a copy of one unit's unsharded gradients at the "
+                 "syncing micro-batch), which the planner counts only under ZeRO-2/3")
+    return int(explained), text
+
+
+def _join(a: tuple[int, str], b: tuple[int, str]) -> tuple[int, str]:
+    return a[0] + b[0], "; ".join(t for t in (a[1], b[1]) if t)
+
+
 def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | None = None, tolerance: float = 0.10,
             exact: list[ExactStage] | None = None) -> dict:
     """Exact vs analytic per stage and category. A category is compared where both report it
     (non-zero); the loss's log-softmax output, which the planner files as temporary ``logits``,
-    is an activation to the tracker (saved in forward) and is compared as one."""
+    is an activation to the tracker (saved in forward) and is compared as one.
+
+    Where they differ by more than ``tolerance`` for a reason the exact run measures (a gradient
+    kept replicated, the loss backward's buffers), the row's ``explanation`` says what and how
+    much (``explained`` bytes), and ``residual`` is the error left once those are added to the
+    analytic figure; ``explained`` is true when that residual is within the tolerance."""
+    from dayzero.validate.predicted import runtime_layout
+
     exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
     analytic = analytic_for_runtime(spec, parallel, compute_dtype)
+    t_grads = parallel.zero >= 2 and parallel.pp == 1
     rows = []
     for e in exact:
         s = analytic.stages[e.stage]
@@ -273,17 +440,37 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
         an["activations"] += logits
         an["temporary"] -= logits
         ex = e.categories
+        grads = explain_gradients(e)
+        notes = {"gradients": (0, "") if t_grads else grads, "temporary": explain_temporary(e, s.terms),
+                 "optimizer": explain_uneven(e, 12, "fp32 master weights and AdamW moments")}
+        if runtime_layout(parallel).zero >= 2:  # the gradients the planner counts are sharded
+            notes["gradients"] = _join(notes["gradients"], explain_uneven(e, 4, "sharded fp32 gradients"))
+        if t_grads and grads[0]:
+            b, text = notes["temporary"]
+            notes["temporary"] = (b + grads[0], f"{text}; {grads[1]}")
         for c in CATEGORIES:
             both = an[c] > 0 and ex[c] > 0
             err = (an[c] - ex[c]) / ex[c] if ex[c] else None
+            within = bool(both and abs(err) <= tolerance)
+            extra, text = notes.get(c, (0, ""))
+            residual = (an[c] + extra - ex[c]) / ex[c] if ex[c] and text else err
             rows.append({"stage": e.stage, "category": c, "analytic": int(an[c]), "exact": int(ex[c]),
-                         "rel_error": err, "compared": both, "within": bool(both and abs(err) <= tolerance)})
+                         "rel_error": err, "compared": both, "within": within,
+                         "explained_bytes": int(extra) if text else 0, "residual": residual,
+                         "explained": bool(both and not within and text and abs(residual) <= tolerance),
+                         "explanation": text if text and not within else ""})
         total_an = sum(an.values())
         rows.append({"stage": e.stage, "category": "peak", "analytic": int(total_an), "exact": e.peak_bytes,
                      "rel_error": (total_an - e.peak_bytes) / e.peak_bytes, "compared": True,
-                     "within": abs(total_an - e.peak_bytes) <= tolerance * e.peak_bytes})
+                     "within": abs(total_an - e.peak_bytes) <= tolerance * e.peak_bytes, "explained_bytes": 0,
+                     "residual": (total_an - e.peak_bytes) / e.peak_bytes, "explained": False,
+                     "explanation": "the planner's peak sums every category's largest value; the tracker's is one "
+                                    "moment" if abs(total_an - e.peak_bytes) > tolerance * e.peak_bytes else ""})
     compared = [r for r in rows if r["compared"] and r["category"] != "peak"]
     return {"model": spec.name, "parallel": parallel.to_dict(), "compute_dtype": compute_dtype, "tolerance": tolerance,
             "rows": rows, "stages": [e.to_dict() for e in exact],
             "summary": {"compared": len(compared), "within": sum(r["within"] for r in compared),
-                        "max_abs_rel_error": max((abs(r["rel_error"]) for r in compared), default=None)}}
+                        "explained": sum(r["explained"] for r in compared),
+                        "max_abs_rel_error": max((abs(r["rel_error"]) for r in compared), default=None),
+                        "max_abs_residual": max((abs(r["residual"]) for r in compared), default=None),
+                        "seconds": sum(e.seconds for e in exact)}}

@@ -8,32 +8,87 @@ exist from torch 2.5 on; the floor is :mod:`dayzero.torch_version`.
 
 from __future__ import annotations
 
+import contextlib
+
+
 def fake_store():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     return FakeStore()
 
 
-def category_tracker(module, optimizer, categorize):
+@contextlib.contextmanager
+def local_sharding_propagation():
+    """DTensor derives an op's global output shape by running it on fake tensors of the global
+    shape (ShardingPropagator._propagate_tensor_meta_non_cached), under the fake mode already
+    active if there is one. Under ``--exact`` that is the tracker's own mode, which would count
+    those global-shape shadow tensors (e.g. the full-vocabulary loss-parallel gradient) as memory
+    that no rank allocates. Inside this context the propagation gets a fake mode of its own, as
+    in a real run, and the tracker skips it."""
+    from torch.distributed.tensor import _sharding_prop
+
+    detect = _sharding_prop.detect_fake_mode
+    _sharding_prop.detect_fake_mode = lambda *args: None
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = detect
+
+
+def category_tracker(module, optimizer, categorize, transient_refs=frozenset(), min_bytes: int = 2**20):
     """An FSDPMemTracker that also keeps, for every op, ``categorize(current snapshot)`` and the
-    largest value each of its keys reached (``tracker.maxima``)."""
+    largest value each of its keys reached (``tracker.maxima``), and what was live when the
+    ``temporary`` category reached its largest (``tracker.temporary_at``: the op, forward or
+    backward, the innermost module, and the live tensors of the tracker categories in
+    ``transient_refs`` of at least ``min_bytes``, largest first)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     class _Tracker(FSDPMemTracker):
         def __init__(self, mod, optm):
             super().__init__(mod, optm)
             self.maxima: dict = {}
+            self.temporary_at: dict = {}
+            self._listed = 0  # temporary bytes when the live tensors were last listed
 
-        def observe(self) -> None:
+        def _fsdp_param_group_post_backward(self, fsdp_mod, orig):
+            # A backward without gradient sync upcasts the unsharded gradient to the reduce dtype
+            # (FSDPParam.to_accumulated_grad_if_needed) inside the post-backward hook, i.e. in the
+            # backward region, so the tracker files that accumulated gradient as a temporary: it
+            # is the unsharded gradient, kept until the micro-batch that syncs.
+            inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+            def wrapped(*args, **kwargs):
+                inner(*args, **kwargs)
+                group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                for fsdp_param in (group.fsdp_params if group else ()):
+                    acc = fsdp_param.unsharded_accumulated_grad
+                    if acc is not None:
+                        self._update_and_maybe_create_winfos(acc, ref_types().UNSHARDED_GRAD)
+
+            return wrapped
+
+        def _live(self) -> list[tuple[str, int]]:
+            live = [(str(getattr(w.reftype, "value", w.reftype)), int(w.mem_consumed)) for w, _ in self._WINFO.values()
+                    if w.reftype in transient_refs and w.mem_consumed >= min_bytes]
+            return sorted(live, key=lambda x: -x[1])
+
+        def observe(self, func=None) -> None:
             for snap in self._curr_mem_snap.values():
                 for k, v in categorize(snap).items():
                     if v > self.maxima.get(k, 0):
                         self.maxima[k] = v
+                        if k == "temporary":
+                            parents = sorted(self._mod_tracker.parents, key=len)
+                            self.temporary_at.update(op=str(func), bytes=int(v), module=parents[-1] if parents else "",
+                                                     phase="backward" if self._mod_tracker.is_bw else "forward")
+                            if v > 1.01 * self._listed:  # listing walks every live tensor: only when it grew
+                                self._listed = v
+                                self.temporary_at["live"] = self._live()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             res = super().__torch_dispatch__(func, types, args, kwargs)
             if res is not NotImplemented:
-                self.observe()
+                self.observe(func)
             return res
 
     return _Tracker(module, optimizer)
