@@ -27,11 +27,15 @@ DEEPSPEED_PLANS = [
 ]
 
 
-@pytest.mark.parametrize("model, p", MEGATRON_PLANS)
-def test_megatron_round_trip(model, p, tmp_path):
-    exp = megatron.export(load_model(model), p)
-    exp.write(tmp_path)
-    back, notes = megatron.import_file(tmp_path / megatron.ARGS_FILE, p.world)
+ROUND_TRIPS = ([(megatron, megatron.ARGS_FILE, m, p) for m, p in MEGATRON_PLANS]
+               + [(deepspeed, deepspeed.CONFIG_FILE, m, p) for m, p in DEEPSPEED_PLANS])
+
+
+@pytest.mark.parametrize("engine, written, model, p", ROUND_TRIPS,
+                         ids=[f"{e.__name__.rsplit('.', 1)[-1]}-{m}-{p.describe()}" for e, _, m, p in ROUND_TRIPS])
+def test_import_of_an_export_is_the_same_layout(engine, written, model, p, tmp_path):
+    engine.export(load_model(model), p).write(tmp_path)
+    back, notes = engine.import_file(tmp_path / written, p.world)
     assert back == p and notes == []
 
 
@@ -43,14 +47,6 @@ def test_megatron_cores_own_config_classes_accept_the_export(model, p):
     assert (t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.context_parallel_size,
             t.expert_model_parallel_size) == (p.tp, p.pp, p.cp, p.ep)
     assert cfg["ddp"].use_distributed_optimizer == (p.zero >= 1)
-
-
-@pytest.mark.parametrize("model, p", DEEPSPEED_PLANS)
-def test_deepspeed_round_trip(model, p, tmp_path):
-    exp = deepspeed.export(load_model(model), p)
-    exp.write(tmp_path)
-    back, notes = deepspeed.import_file(tmp_path / deepspeed.CONFIG_FILE, p.world)
-    assert back == p and notes == []
 
 
 @pytest.mark.parametrize("model, p", DEEPSPEED_PLANS)
