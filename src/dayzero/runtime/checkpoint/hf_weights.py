@@ -45,7 +45,8 @@ _LAYER = {
     "moe.shared.w2.weight": "mlp.shared_experts.down_proj.weight",
     "moe.shared_gate.weight": "mlp.shared_expert_gate.weight",
 }
-_EXPERT = {"w1": ("gate_proj", "w1"), "w3": ("up_proj", "w3"), "w2": ("down_proj", "w2")}
+# zoo expert weight -> (Hugging Face name, Mixtral's name): the one table of expert weight names
+EXPERT_NAMES = {"w1": ("gate_proj", "w1"), "w3": ("up_proj", "w3"), "w2": ("down_proj", "w2")}
 _TOP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
         "output.weight": "lm_head.weight"}
 
@@ -111,7 +112,7 @@ class HFCheckpoint:
                           f"{', '.join(hf_sources(fqn, False)) or 'no known HF name'})")
 
     def _experts(self, layer: int, w: str, shape) -> torch.Tensor:
-        hf, mixtral = _EXPERT[w]
+        hf, mixtral = EXPERT_NAMES[w]
         experts = shape[0]
         for prefix in (f"model.layers.{layer}.mlp.experts", f"model.layers.{layer}.block_sparse_moe.experts"):
             for name in (hf, mixtral):

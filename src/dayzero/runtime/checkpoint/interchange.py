@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dayzero.runtime.checkpoint.checkpointer import Checkpointer
 from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, single_process
+from dayzero.runtime.checkpoint.hf_weights import EXPERT_NAMES
 from dayzero.runtime.checkpoint.manifest import (CheckpointError, default_file_mode, manifest_digest, verify_version,
                                                  write_json_durable)
 from dayzero.runtime.checkpoint.versions import version_name
@@ -39,7 +40,6 @@ from dayzero.specs.model import SHRINK_KEYS
 INDEX = "model.safetensors.index.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _EXPERTS = re.compile(r"layers\.(\d+)\.moe\.experts\.(w[123])")
-_EXPERT_HF = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ def _hf_renamer(spec) -> Callable[[str, torch.Tensor], list[tuple[str, torch.Ten
         m = _EXPERTS.fullmatch(fqn)
         if m:  # (E, out, in) stacked in the zoo -> one tensor per expert
             layer, w = m.groups()
-            return [(f"model.layers.{layer}.mlp.experts.{e}.{_EXPERT_HF[w]}.weight", t[e]) for e in range(t.shape[0])]
+            return [(f"model.layers.{layer}.mlp.experts.{e}.{EXPERT_NAMES[w][0]}.weight", t[e]) for e in range(t.shape[0])]
         names = hf_sources(fqn, mla_q_lora)
         return [(names[0] if names else fqn, t)]
 
