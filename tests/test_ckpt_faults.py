@@ -136,7 +136,8 @@ def _train_config(**kw):
 
     from dayzero.runtime.config import ModelSection
 
-    return TrainConfig(model=ModelSection("tiny-llama"), parallel=ParallelConfig(dp=2, gbs=4, seq=32), steps=10).with_(**kw)
+    cfg = TrainConfig(model=ModelSection("tiny-llama"), parallel=ParallelConfig(dp=2, gbs=4, seq=32), steps=10)
+    return cfg.with_(**kw)
 
 
 @pytest.mark.parametrize("kw, needle", [

@@ -94,7 +94,8 @@ def after_train(cfg, world: int) -> list[Step]:
         if done:
             return [Step.of("dayzero", "ckpt", "export", done[-1].path, f"{str(cfg.checkpoint.dir).rstrip('/')}-hf",
                             why="its weights as Hugging Face safetensors")]
-    return [Step.of("dayzero", "validate", cfg.model.name, *shrink, "--nproc", world, *layout_flags(cfg.parallel.to_dict(), precision=False),
+    return [Step.of("dayzero", "validate", cfg.model.name, *shrink, "--nproc", world,
+                    *layout_flags(cfg.parallel.to_dict(), precision=False),
                     why="measured against the planner's prediction")]
 
 
