@@ -59,6 +59,8 @@ def test_unknown_section_field_is_one_line():
     d["checkpoint"]["ckpt_dir"] = "x"
     with pytest.raises(DayzeroError, match="section 'checkpoint': unknown field\\(s\\) ckpt_dir"):
         TrainConfig.from_dict(d)
+    with pytest.raises(DayzeroError, match="section 'model': missing field\\(s\\) name"):
+        TrainConfig.from_dict({"steps": 3})
 
 
 def test_with_merges_section_fields():

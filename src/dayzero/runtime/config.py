@@ -14,7 +14,7 @@ documents older versions wrote (:func:`upgrade_flat`).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from dayzero.errors import DayzeroError
@@ -156,6 +156,10 @@ def _section(cls, d: dict, name: str):
     if unknown:
         raise DayzeroError(f"train config section {name!r}: unknown field(s) {', '.join(unknown)}; "
                            f"expected some of {', '.join(f.name for f in fields(cls))}")
+    missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise DayzeroError(f"train config section {name!r}: missing field(s) {', '.join(missing)}")
     return cls(**d)
 
 
