@@ -68,6 +68,7 @@ def main() -> None:
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.parallel import ParallelConfig
     from dayzero.validate.calibrate import calibrate
+    from dayzero.runtime.config import ModelSection
     from dayzero.validate.run import ValidationRequest, validate
 
     ap = argparse.ArgumentParser()
@@ -102,7 +103,7 @@ def main() -> None:
         meta["calibrate_s"] = round(time.time() - t, 1)
     meta["profile"] = profile
     cluster = get_cluster(profile)
-    requests = {n: ValidationRequest(PROXY, ParallelConfig(**LAYOUTS[n], gbs=GBS, seq=SEQ), steps=a.steps,
+    requests = {n: ValidationRequest(ModelSection(PROXY), ParallelConfig(**LAYOUTS[n], gbs=GBS, seq=SEQ), steps=a.steps,
                                      compute_dtype="fp32") for n in names}
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(a.repeats):
@@ -140,12 +141,13 @@ def reanalyse(out: Path, names, profile: str, results_md: str) -> None:
     """The summary again from the run files of an earlier invocation."""
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.parallel import ParallelConfig
+    from dayzero.runtime.config import ModelSection
     from dayzero.validate.run import ValidationRequest
 
     old = json.loads((out / "bench_validate.json").read_text()) if (out / "bench_validate.json").exists() else {}
     runs = {n: [json.loads(f.read_text()) for f in sorted((out / "runs").glob(f"{n}_r*.json"))] for n in names}
     steps = next((r[0]["run"]["steps"] for r in runs.values() if r), 10)
-    requests = {n: ValidationRequest(PROXY, ParallelConfig(**LAYOUTS[n], gbs=GBS, seq=SEQ), steps=steps,
+    requests = {n: ValidationRequest(ModelSection(PROXY), ParallelConfig(**LAYOUTS[n], gbs=GBS, seq=SEQ), steps=steps,
                                      compute_dtype="fp32") for n in names}
     summary = analyse([n for n in names if runs[n]], requests, runs, get_cluster(profile), profile, out)
     summary["meta"] = old.get("meta", {"profile": profile})

@@ -56,14 +56,15 @@ def main() -> int:
 
     import torch.distributed as dist
 
-    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.config import ModelSection, TrainConfig
     from dayzero.runtime.train import build_state, train_step
     from dayzero.specs.counting import flops_per_token
     from dayzero.specs.hardware import get_accelerator
     from dayzero.specs.parallel import ParallelConfig
 
     parallel = ParallelConfig(seq=a.seq, mbs=a.mbs, gbs=a.gbs, recompute=a.recompute)
-    cfg = TrainConfig(model=a.model, layers=a.layers, hidden=a.hidden, vocab=a.vocab, parallel=parallel, steps=a.steps,
+    cfg = TrainConfig(model=ModelSection(a.model, layers=a.layers, hidden=a.hidden, vocab=a.vocab), parallel=parallel,
+                      steps=a.steps,
                       compute_dtype="fp32" if a.cpu_dry_run else "bf16", quiet=True)
     state = build_state(cfg)
     records = [train_step(state) for _ in range(a.steps)]

@@ -61,6 +61,7 @@ def main() -> int:
     from dayzero.specs.parallel import ParallelConfig
     from dayzero.validate.calibrate import calibrate
     from dayzero.validate.fit import errors, fit, observation_from_record, predict_steps, with_efficiency
+    from dayzero.runtime.config import ModelSection
     from dayzero.validate.run import ValidationRequest, validate
 
     t0 = time.time()
@@ -72,7 +73,7 @@ def main() -> int:
               "calibrate_s": round(time.time() - t0, 1), "fits": cal["summary"]["fits"], "layouts": []}
     records = []
     for name, model, shrink, par in (DRY if a.cpu_dry_run else QUICK if a.quick else LAYOUTS):
-        req = ValidationRequest(model, ParallelConfig(**par), steps=a.steps, shrink=shrink,
+        req = ValidationRequest(ModelSection(model, **shrink), ParallelConfig(**par), steps=a.steps,
                                 compute_dtype="fp32" if a.cpu_dry_run else "bf16")
         t = time.time()
         try:

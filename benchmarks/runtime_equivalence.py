@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from dayzero.runtime.config import TrainConfig
+from dayzero.runtime.config import ModelSection, OptimizerSection, TrainConfig
 from dayzero.runtime.metrics import read_metrics
 from dayzero.runtime.train_entry import spawn
 from dayzero.specs.parallel import ParallelConfig
@@ -47,12 +47,12 @@ def main() -> None:
     cfg = {k: v for k, v in model_presets()["tiny-moe"].items() if not k.startswith("_")}
     cfg.update(aux_loss_alpha=0.01, n_group=2, topk_group=1)
     (moe / "config.json").write_text(json.dumps(cfg))
-    models = {"dense": dict(model="tiny-llama", hidden=128), "moe": dict(model=str(moe))}
+    models = {"dense": ModelSection("tiny-llama", hidden=128), "moe": ModelSection(str(moe))}
 
     def run(name, kind, world, parallel):
         m = tmp / f"{abs(hash(name))}.jsonl"
         code = spawn(TrainConfig(parallel=parallel, steps=a.steps, seed=7, compute_dtype="fp32", quiet=True,
-                                 metrics=str(m), lr=3e-3, **models[kind]), world)
+                                 metrics=str(m), optimizer=OptimizerSection(lr=3e-3), model=models[kind]), world)
         return read_metrics(m) if code == 0 else ([], None)
 
     refs = {kind: run(f"ref {kind}", kind, 1, ParallelConfig(**B))[0] for kind in models}

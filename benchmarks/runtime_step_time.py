@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dayzero.runtime.config import TrainConfig
+from dayzero.runtime.config import ModelSection, TrainConfig
 from dayzero.runtime.models.model import build_model, initial_value
 from dayzero.runtime.optim import build_scheduler
 from dayzero.runtime.train import build_state, train_step
@@ -45,10 +45,10 @@ def plain_loop(cfg: TrainConfig, spec, data):
             w.copy_(initial_value(name, tuple(w.shape), cfg.seed))
     decay = [w for w in model.parameters() if w.ndim >= 2]
     rest = [w for w in model.parameters() if w.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optimizer.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=cfg.optimizer.lr, betas=(0.9, 0.95), eps=1e-8,
                             fused=True)  # the runtime's optimizer too: measure overhead, not optimizer choice
-    sched = build_scheduler(opt, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+    sched = build_scheduler(opt, cfg.warmup_steps, cfg.steps, cfg.optimizer.min_lr_ratio)
     n = p.microbatches
 
     def step() -> None:
@@ -59,7 +59,7 @@ def plain_loop(cfg: TrainConfig, spec, data):
             loss = F.cross_entropy(model(xb).flatten(0, 1), yb.flatten()) / n
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.grad_clip)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -90,7 +90,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     total = a.steps + 2 * a.block
-    cfg = TrainConfig(model=a.model, layers=a.layers, hidden=a.hidden, vocab=a.vocab, parallel=ParallelConfig(seq=a.seq, gbs=a.gbs, mbs=a.mbs), steps=total * 2,
+    cfg = TrainConfig(model=ModelSection(a.model, layers=a.layers, hidden=a.hidden, vocab=a.vocab),
+                      parallel=ParallelConfig(seq=a.seq, gbs=a.gbs, mbs=a.mbs), steps=total * 2,
                       compute_dtype="fp32", quiet=True)
     state = build_state(cfg)
     from dayzero.runtime.data import TokenStream, resolve_data

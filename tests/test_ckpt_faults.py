@@ -134,22 +134,27 @@ def _train_config(**kw):
     from dayzero.runtime.config import TrainConfig
     from dayzero.specs.parallel import ParallelConfig
 
-    return TrainConfig(model="tiny-llama", parallel=ParallelConfig(dp=2, gbs=4, seq=32), steps=10, **kw)
+    from dayzero.runtime.config import ModelSection
+
+    cfg = TrainConfig(model=ModelSection("tiny-llama"), parallel=ParallelConfig(dp=2, gbs=4, seq=32), steps=10)
+    return cfg.with_(**kw)
 
 
 @pytest.mark.parametrize("kw, needle", [
-    ({"inject_faults": ("step=11,rank=0,kind=kill",)}, "step 11 is past the last step (10)"),
-    ({"inject_faults": ("step=3,rank=2,kind=kill",)}, "rank 2 does not exist in a world of 2"),
-    ({"inject_faults": ("step=3,rank=0,kind=kill,at=save",)}, "no checkpoint is saved at step 3 (saves happen at no step"),
-    ({"inject_faults": ("step=3,rank=0,kind=kill,at=save",), "ckpt_dir": "ck", "ckpt_every": 4},
+    ({"faults": {"inject_faults": ("step=11,rank=0,kind=kill",)}}, "step 11 is past the last step (10)"),
+    ({"faults": {"inject_faults": ("step=3,rank=2,kind=kill",)}}, "rank 2 does not exist in a world of 2"),
+    ({"faults": {"inject_faults": ("step=3,rank=0,kind=kill,at=save",)}},
+     "no checkpoint is saved at step 3 (saves happen at no step"),
+    ({"faults": {"inject_faults": ("step=3,rank=0,kind=kill,at=save",)}, "checkpoint": {"dir": "ck", "every": 4}},
      "saves happen at steps divisible by --ckpt-every 4 and the last step 10"),
-    ({"inject_faults": ("step=3,rank=0,kind=kill,at=save",), "ckpt_dir": "ck"}, "saves happen at the last step 10"),
-    ({"ckpt_every": 2}, "--ckpt-every applies only with --ckpt-dir"),
-    ({"keep": 5}, "--keep applies only with --ckpt-dir"),
-    ({"async_save": True}, "--async-save applies only with --ckpt-dir"),
-    ({"ckpt_prune_other_lineages": True}, "--ckpt-prune-other-lineages applies only with --ckpt-dir"),
-    ({"ckpt_checksum": "sha256"}, "--ckpt-checksum applies only with --ckpt-dir"),
-    ({"spike_factor": 3.0}, "--spike-factor applies only with --on-bad-loss"),
+    ({"faults": {"inject_faults": ("step=3,rank=0,kind=kill,at=save",)}, "checkpoint": {"dir": "ck"}},
+     "saves happen at the last step 10"),
+    ({"checkpoint": {"every": 2}}, "--ckpt-every applies only with --ckpt-dir"),
+    ({"checkpoint": {"keep": 5}}, "--keep applies only with --ckpt-dir"),
+    ({"checkpoint": {"async_save": True}}, "--async-save applies only with --ckpt-dir"),
+    ({"checkpoint": {"prune_other_lineages": True}}, "--ckpt-prune-other-lineages applies only with --ckpt-dir"),
+    ({"checkpoint": {"checksum": "sha256"}}, "--ckpt-checksum applies only with --ckpt-dir"),
+    ({"faults": {"spike_factor": 3.0}}, "--spike-factor applies only with --on-bad-loss"),
 ])
 def test_options_that_would_be_ignored_are_refused(kw, needle):
     from dayzero.errors import DayzeroError
@@ -164,7 +169,7 @@ def test_drills_that_can_fire_are_accepted():
     from dayzero.runtime.resilience.loop import resilience_config
 
     ok = ("step=10,rank=1,kind=kill", "step=4,rank=0,kind=hang,at=save", "step=10,rank=1,kind=exception,at=save")
-    r = resilience_config(_train_config(inject_faults=ok, ckpt_dir="ck", ckpt_every=4))
+    r = resilience_config(_train_config(faults={"inject_faults": ok}, checkpoint={"dir": "ck", "every": 4}))
     assert len(r.faults) == 3
 
 

@@ -100,7 +100,7 @@ def test_reshard_tp2_pp2_dp2_to_one_process(tmp_path):
 GUARD_SCRIPT = textwrap.dedent("""
     import math, sys
     import dayzero.runtime.train as T
-    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, TrainConfig
     from dayzero.runtime.train_entry import run_configs
     from dayzero.specs.parallel import ParallelConfig
 
@@ -115,9 +115,10 @@ GUARD_SCRIPT = textwrap.dedent("""
         return g
 
     T.compute_step = compute_step
-    cfg = TrainConfig(model="tiny-llama", layers=2, hidden=64, parallel=ParallelConfig(seq=32, gbs=4), steps=6,
-                      compute_dtype="fp32", quiet=True, metrics=sys.argv[1], ckpt_dir=sys.argv[2], ckpt_every=2,
-                      on_bad_loss=None if sys.argv[3] == "none" else sys.argv[3])
+    cfg = TrainConfig(model=ModelSection("tiny-llama", layers=2, hidden=64), parallel=ParallelConfig(seq=32, gbs=4),
+                      steps=6, compute_dtype="fp32", quiet=True, metrics=sys.argv[1],
+                      checkpoint=CheckpointSection(dir=sys.argv[2], every=2),
+                      faults=FaultSection(on_bad_loss=None if sys.argv[3] == "none" else sys.argv[3]))
     sys.exit(run_configs([cfg]))
 """)
 

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from dayzero.cli.app import main  # noqa: E402
-from dayzero.runtime.config import TrainConfig  # noqa: E402
+from dayzero.runtime.config import ModelSection, TrainConfig  # noqa: E402
 from dayzero.runtime.train_entry import spawn  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 
@@ -69,7 +69,7 @@ def test_bad_input_is_one_line_and_exit_2(args, expect, capsys):
 def test_error_inside_ranks_stops_every_rank(tmp_path, capfd):
     """A config that reaches the ranks (no parent check) and fails there: every rank exits, the
     parent prints the message once and returns 2."""
-    cfg = TrainConfig(model="tiny-llama", parallel=ParallelConfig(dp=2, seq=32), steps=2, quiet=True,
+    cfg = TrainConfig(model=ModelSection("tiny-llama"), parallel=ParallelConfig(dp=2, seq=32), steps=2, quiet=True,
                       data=str(tmp_path / "missing" / "*.txt"))
     t0 = time.monotonic()
     code = spawn(cfg, 2)

@@ -105,7 +105,7 @@ def test_hf_weights_through_a_parallel_run(checkpoint, tmp_path):
     import numpy as np
     import torch.nn.functional as F
 
-    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.config import ModelSection, TrainConfig
     from dayzero.runtime.data import TokenStream
     from dayzero.runtime.metrics import read_metrics
     from dayzero.runtime.train_entry import spawn
@@ -119,8 +119,8 @@ def test_hf_weights_through_a_parallel_run(checkpoint, tmp_path):
     batch = dict(seq=SEQ, mbs=1, gbs=2)
     parallel = ParallelConfig(tp=2, **batch) if family == "llama" else ParallelConfig(ep=2, dp=2, **batch)
     m = tmp_path / "m.jsonl"
-    cfg = TrainConfig(model=str(path), hf_weights=str(path), parallel=parallel, steps=1, compute_dtype="fp32",
-                      data=str(text), metrics=str(m), quiet=True, measure_comm=False)
+    cfg = TrainConfig(model=ModelSection(str(path), hf_weights=str(path)), parallel=parallel, steps=1,
+                      compute_dtype="fp32", data=str(text), metrics=str(m), quiet=True, measure_comm=False)
     assert spawn(cfg, 2) == 0
     steps, _ = read_metrics(m)
     x, y = TokenStream([text], SEQ, 0, 300).batch(2)

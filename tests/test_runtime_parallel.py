@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dayzero.runtime.config import TrainConfig  # noqa: E402
+from dayzero.runtime.config import ModelSection, OptimizerSection, TrainConfig  # noqa: E402
 from dayzero.runtime.metrics import STEP_KEYS, read_metrics  # noqa: E402
 from dayzero.runtime.train_entry import spawn  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 STEPS = 10
 BATCH = dict(seq=32, mbs=1, gbs=8)
-DENSE = dict(model="tiny-llama", hidden=128)  # 4 layers, 4 heads / 2 kv heads of 32
+DENSE = ModelSection("tiny-llama", hidden=128)  # 4 layers, 4 heads / 2 kv heads of 32
 # layouts per world size: name -> (model kind, ParallelConfig)
 WORLDS = {
     8: {"tp2_pp2_dp2": ("dense", ParallelConfig(tp=2, pp=2, dp=2, layer_split=(1, 3), **BATCH))},
@@ -55,7 +55,7 @@ def runs(tmp_path_factory):
     cfg = {k: v for k, v in model_presets()["tiny-moe"].items() if not k.startswith("_")}
     cfg.update(aux_loss_alpha=0.01, n_group=2, topk_group=1)
     (moe_dir / "config.json").write_text(json.dumps(cfg))
-    models = {"dense": DENSE, "moe": dict(model=str(moe_dir))}
+    models = {"dense": DENSE, "moe": ModelSection(str(moe_dir))}
     out, codes = {}, {}
     for world, layouts in WORLDS.items():
         configs = []
@@ -64,7 +64,8 @@ def runs(tmp_path_factory):
             # the profiler behind comm_time_s is only needed where the metrics test reads it
             dtype = "bf16" if name.endswith("_bf16") else "fp32"
             configs.append(TrainConfig(parallel=parallel, steps=STEPS, seed=7, compute_dtype=dtype, quiet=True,
-                                       metrics=str(metrics), lr=3e-3, measure_comm=(world == 8), **models[kind]))
+                                       metrics=str(metrics), optimizer=OptimizerSection(lr=3e-3),
+                                       measure_comm=(world == 8), model=models[kind]))
             out[name] = metrics
         codes[world] = spawn(configs, world)
     return {name: read_metrics(path) for name, path in out.items() if path.exists()}, codes

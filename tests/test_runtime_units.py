@@ -223,12 +223,13 @@ def test_train_state_is_everything_a_resume_needs(tmp_path):
 
     import torch.distributed as dist
 
-    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.config import ModelSection, TrainConfig
     from dayzero.runtime.train import build_state, train
 
     text = tmp_path / "t.txt"
     text.write_text("resume me exactly. " * 300)
-    cfg = TrainConfig(model="tiny-llama", hidden=64, layers=2, parallel=ParallelConfig(seq=32, gbs=4, mbs=2),
+    cfg = TrainConfig(model=ModelSection("tiny-llama", hidden=64, layers=2),
+                      parallel=ParallelConfig(seq=32, gbs=4, mbs=2),
                       steps=6, compute_dtype="fp32", quiet=True, data=str(text), metrics=str(tmp_path / "m.jsonl"))
     try:
         full = [r.loss for r in train(cfg).history]

@@ -14,7 +14,7 @@ import pytest
 
 from dayzero.errors import DayzeroError
 from dayzero.runtime.checkpoint.manifest import MARKER
-from dayzero.runtime.config import TrainConfig
+from dayzero.runtime.config import ModelSection, TrainConfig
 from dayzero.runtime.resilience.loop import DEFAULT_SAVE_TIMEOUT_S, ResilienceConfig, resilience_config
 from dayzero.runtime.resilience.rank_log import WATCHDOG_EXIT
 from dayzero.runtime.resilience.stopping import Interrupted, StopOnSignal
@@ -149,13 +149,13 @@ def test_background_save_past_its_budget_is_a_hang_and_a_finished_one_is_not():
 
 
 def test_save_timeout_config():
-    cfg = TrainConfig(model="tiny-llama")
+    cfg = TrainConfig(model=ModelSection("tiny-llama"))
     assert not resilience_config(cfg).watched
-    r = resilience_config(cfg.with_(watchdog=30))
+    r = resilience_config(cfg.with_(faults={"watchdog": 30}))
     assert r.watched and r.save_budget_s == DEFAULT_SAVE_TIMEOUT_S
-    r = resilience_config(cfg.with_(save_timeout=5))  # alone: only checkpoint I/O is timed
+    r = resilience_config(cfg.with_(faults={"save_timeout": 5}))  # alone: only checkpoint I/O is timed
     assert r.watched and r.watchdog_s == 0 and r.save_budget_s == 5
-    assert TrainConfig.from_dict(cfg.with_(save_timeout=7.5).to_dict()).save_timeout == 7.5
+    assert TrainConfig.from_dict(cfg.with_(faults={"save_timeout": 7.5}).to_dict()).faults.save_timeout == 7.5
     for bad in (0, -1):
         with pytest.raises(DayzeroError, match=f"--save-timeout {bad}"):
             ResilienceConfig(save_timeout_s=bad)

@@ -15,7 +15,6 @@ from typing import Any, Mapping, Sequence
 from rich.console import Console
 from rich.text import Text
 
-from dayzero.specs.model import SHRINK_KEYS
 
 # Layout flags every verb that takes a layout understands; the value is the flag's default,
 # None for the degrees always written out (their defaults differ between verbs).
@@ -85,18 +84,18 @@ def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node:
 def after_train(cfg, world: int) -> list[Step]:
     """After ``dayzero train``: export the newest checkpoint it saved, or, with none, measure the
     layout against the planner's prediction (``dayzero validate``)."""
-    shrink = [w for k in SHRINK_KEYS if getattr(cfg, k) is not None
-              for w in (f"--{k}", str(getattr(cfg, k)))]
-    if cfg.ckpt_dir:
+    shrink = [w for k, v in cfg.model.shrink.items() for w in (f"--{k}", str(v))]
+    if cfg.checkpoint.dir:
         from pathlib import Path
 
         from dayzero.runtime.checkpoint.versions import scan
 
-        done = [v for v in scan(Path(cfg.ckpt_dir)) if v.state == "complete"]
+        done = [v for v in scan(Path(cfg.checkpoint.dir)) if v.state == "complete"]
         if done:
-            return [Step.of("dayzero", "ckpt", "export", done[-1].path, f"{str(cfg.ckpt_dir).rstrip('/')}-hf",
+            return [Step.of("dayzero", "ckpt", "export", done[-1].path, f"{str(cfg.checkpoint.dir).rstrip('/')}-hf",
                             why="its weights as Hugging Face safetensors")]
-    return [Step.of("dayzero", "validate", cfg.model, *shrink, "--nproc", world, *layout_flags(cfg.parallel.to_dict(), precision=False),
+    return [Step.of("dayzero", "validate", cfg.model.name, *shrink, "--nproc", world,
+                    *layout_flags(cfg.parallel.to_dict(), precision=False),
                     why="measured against the planner's prediction")]
 
 

@@ -96,7 +96,7 @@ def train_cmd(
     if metrics:
         prepare_output(metrics, "--metrics")
     from dayzero.runtime.checks import check_runtime
-    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, OptimizerSection, TrainConfig
     from dayzero.runtime.data import resolve_data
     from dayzero.runtime.resilience.loop import resilience_config
 
@@ -116,14 +116,18 @@ def train_cmd(
     from dayzero.specs.registry import load_model
 
     require_runtime_family(load_model(model), "train")
-    cfg = TrainConfig(model=model, parallel=parallel, steps=steps, seed=seed, compute_dtype=compute_dtype, data=data,
-                      metrics=str(metrics) if metrics else None, quiet=quiet, layers=layers, hidden=hidden,
-                      experts=experts, vocab=vocab, hf_weights=str(hf_weights) if hf_weights else None, lr=lr,
-                      warmup=warmup, grad_clip=grad_clip, ckpt_dir=str(ckpt_dir) if ckpt_dir else None,
-                      ckpt_every=ckpt_every, keep=keep, ckpt_prune_other_lineages=prune_other_lineages, resume=resume, async_save=async_save, ckpt_checksum=ckpt_checksum,
-                      max_restarts=max_restarts,
-                      inject_faults=tuple(inject_fault or ()), watchdog=watchdog, save_timeout=save_timeout,
-                      on_bad_loss=on_bad_loss, spike_factor=spike_factor)
+    cfg = TrainConfig(
+        model=ModelSection(model, layers=layers, hidden=hidden, experts=experts, vocab=vocab,
+                           hf_weights=str(hf_weights) if hf_weights else None),
+        parallel=parallel,
+        optimizer=OptimizerSection(lr=lr, warmup=warmup, grad_clip=grad_clip),
+        checkpoint=CheckpointSection(dir=str(ckpt_dir) if ckpt_dir else None, every=ckpt_every, keep=keep,
+                                     prune_other_lineages=prune_other_lineages, resume=resume, async_save=async_save,
+                                     checksum=ckpt_checksum),
+        faults=FaultSection(max_restarts=max_restarts, inject_faults=tuple(inject_fault or ()), watchdog=watchdog,
+                            save_timeout=save_timeout, on_bad_loss=on_bad_loss, spike_factor=spike_factor),
+        steps=steps, seed=seed, compute_dtype=compute_dtype, data=data, metrics=str(metrics) if metrics else None,
+        quiet=quiet)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     spec = cfg.spec()
     check_runtime(spec, parallel, world)
@@ -140,7 +144,7 @@ def train_cmd(
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "
                       f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel rank", highlight=False)
 
-    with _ckpt_dir_lock(cfg.ckpt_dir, torchrun, world), acc.exported():
+    with _ckpt_dir_lock(cfg.checkpoint.dir, torchrun, world), acc.exported():
         if torchrun or world == 1:
             from dayzero.runtime.train_entry import train_here
 

@@ -71,6 +71,7 @@ def validate_cmd(
     from dayzero.specs.registry import load_model
 
     require_runtime_family(load_model(model), "validate")
+    from dayzero.runtime.config import ModelSection, OptimizerSection
     from dayzero.validate.run import ValidationRequest, host_profile, local_cluster, proxy_shrink, validate
 
     from dayzero.runtime.device import compute_dtype as resolve_dtype, resolve
@@ -87,8 +88,8 @@ def validate_cmd(
 
     shrink = proxy_shrink(load_model(model), par, dict(layers=layers, hidden=hidden, experts=experts, vocab=vocab),
                           local_cluster(cl, nproc).memory_bytes)
-    req = ValidationRequest(model=model, parallel=par, steps=steps, shrink=shrink, compute_dtype=dtype, seed=seed,
-                            lr=lr, grad_clip=grad_clip)
+    req = ValidationRequest(model=ModelSection(model, **shrink), parallel=par, steps=steps, compute_dtype=dtype,
+                            seed=seed, optimizer=OptimizerSection(lr=lr, grad_clip=grad_clip))
     if not json_out:
         console.print(f"[bold]{req.spec().name}[/bold] ({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
                       f"{par.describe()} on {nproc} rank(s), {steps} steps in {dtype}; profile {cl.name}", highlight=False)

@@ -1,40 +1,64 @@
-"""TrainConfig: everything one training run needs, as a plain document.
+"""TrainConfig: everything one training run needs, as a plain document in sections.
+
+Like torchtitan's job config, the run is a few small sections plus run-level fields:
+``model`` (:class:`ModelSection`: what to build, at which proxy size, from which weights),
+``parallel`` (the :class:`~dayzero.specs.parallel.ParallelConfig`), ``optimizer``
+(:class:`OptimizerSection`), ``checkpoint`` (:class:`CheckpointSection`) and ``faults``
+(:class:`FaultSection`: restarts, drills, the watchdog, loss guards).
 
 Written next to the run's outputs (``<metrics>.config.json``) and handed to every rank, so the
-run that happened can always be read back and repeated.
+run that happened can always be read back and repeated. ``from_dict`` also reads the flat
+documents older versions wrote (:func:`upgrade_flat`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from dayzero.errors import DayzeroError
 from dayzero.runtime.checkpoint.manifest import DEFAULT_CHECKSUM
+from dayzero.specs.model import SHRINK_KEYS
 from dayzero.specs.parallel import ParallelConfig
 
 COMPUTE_DTYPES = ("bf16", "fp32")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    model: str  # preset name, config.json or a directory holding one
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    steps: int = 100
-    seed: int = 0
-    compute_dtype: str = "bf16"
-    data: str | None = None  # file, directory or glob; None: the built-in corpus
-    metrics: str | None = None  # JSONL path (rank 0 writes)
-    quiet: bool = False
-    # time inside collectives through the profiler (comm_time_s); costs a few % of step time
-    measure_comm: bool = True
+class ModelSection:
+    name: str  # preset name, config.json or a directory holding one
     # proxy sizing: keep the architecture, shrink the size (ModelSpec.shrink)
     layers: int | None = None
     hidden: int | None = None
     experts: int | None = None
     vocab: int | None = None
     hf_weights: str | None = None  # start from a HF safetensors checkpoint instead of random init
-    # optimizer (defaults: a small-model pretraining recipe; see optim.py for sources)
+
+    @property
+    def shrink(self) -> dict:
+        """The proxy sizes given (``ModelSpec.shrink`` keywords; none: full size)."""
+        return {k: getattr(self, k) for k in SHRINK_KEYS if getattr(self, k) is not None}
+
+    def spec(self):
+        from dayzero.specs.registry import load_model
+
+        return load_model(self.name).shrink(**{k: getattr(self, k) for k in SHRINK_KEYS})
+
+    def recipe(self) -> dict:
+        """What rebuilds the ModelSpec, as checkpoint manifests record it (``model.recipe``):
+        the model (a path made absolute, as ``load_model`` resolves it) and the proxy sizes."""
+        model = str(Path(self.name).resolve()) if Path(self.name).exists() else self.name
+        return {"model": model, **{k: getattr(self, k) for k in SHRINK_KEYS}}
+
+    @classmethod
+    def from_recipe(cls, recipe: dict) -> "ModelSection":
+        return cls(name=recipe["model"], **{k: recipe.get(k) for k in SHRINK_KEYS})
+
+
+@dataclass(frozen=True)
+class OptimizerSection:
+    # defaults: a small-model pretraining recipe; see optim.py for sources
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr (Llama: 10 %, Touvron et al. 2023)
     warmup: int | None = None  # steps; None: 10 % of the run, at most 100
@@ -42,14 +66,25 @@ class TrainConfig:
     grad_clip: float = 1.0
     # DeepSeek-V3's bias update speed gamma for auxiliary-loss-free balancing (DeepSeek-AI 2024, sec. 4.2)
     expert_bias_rate: float = 1e-3
-    # checkpoints and fault recovery (see dayzero.runtime.resilience.loop and docs/checkpoints.md)
-    ckpt_dir: str | None = None
-    ckpt_every: int = 0  # steps between saves (0: only at the end)
+
+    def warmup_steps(self, steps: int) -> int:
+        return self.warmup if self.warmup is not None else max(1, min(100, steps // 10))
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    # see dayzero.runtime.resilience.loop and docs/checkpoints.md
+    dir: str | None = None
+    every: int = 0  # steps between saves (0: only at the end)
     keep: int = 3  # versions of the run's own lineage kept by retention
-    ckpt_prune_other_lineages: bool = False  # retention also deletes other lineages' versions
+    prune_other_lineages: bool = False  # retention also deletes other lineages' versions
     resume: str = "auto"  # auto | never | a step | a version directory
     async_save: bool = False
-    ckpt_checksum: str = DEFAULT_CHECKSUM  # per-file checksum in the manifest (manifest.CHECKSUMS)
+    checksum: str = DEFAULT_CHECKSUM  # per-file checksum in the manifest (manifest.CHECKSUMS)
+
+
+@dataclass(frozen=True)
+class FaultSection:
     max_restarts: int = 0  # torchrun restarts when dayzero spawns the ranks (--nproc)
     inject_faults: tuple[str, ...] = ()  # drills: "step=N,rank=R,kind=kill|exception|hang[,at=save]"
     watchdog: float = 0.0  # seconds without a finished step before a rank aborts (0: off)
@@ -59,15 +94,33 @@ class TrainConfig:
     on_bad_loss: str | None = None  # skip | rollback on a NaN/Inf or spiking loss (None: no guard)
     spike_factor: float = 0.0  # a loss > this x the running mean is a spike (0: NaN/Inf only)
 
+
+SECTIONS = {"model": ModelSection, "optimizer": OptimizerSection, "checkpoint": CheckpointSection,
+            "faults": FaultSection}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelSection
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    faults: FaultSection = field(default_factory=FaultSection)
+    steps: int = 100
+    seed: int = 0
+    compute_dtype: str = "bf16"
+    data: str | None = None  # file, directory or glob; None: the built-in corpus
+    metrics: str | None = None  # JSONL path (rank 0 writes)
+    quiet: bool = False
+    # time inside collectives through the profiler (comm_time_s); costs a few % of step time
+    measure_comm: bool = True
+
     @property
     def warmup_steps(self) -> int:
-        return self.warmup if self.warmup is not None else max(1, min(100, self.steps // 10))
+        return self.optimizer.warmup_steps(self.steps)
 
     def spec(self):
-        from dayzero.specs.registry import load_model
-
-        return load_model(self.model).shrink(layers=self.layers, hidden=self.hidden, experts=self.experts,
-                                             vocab=self.vocab)
+        return self.model.spec()
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -76,9 +129,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        d = dict(d)
+        d = upgrade_flat(d) if not isinstance(d.get("model"), dict) else dict(d)
         d["parallel"] = ParallelConfig.from_dict(d.get("parallel", {}))
-        d["inject_faults"] = tuple(d.get("inject_faults") or ())
+        for name, section in SECTIONS.items():
+            d[name] = _section(section, d.get(name) or {}, name)
+        d["faults"] = replace(d["faults"], inject_faults=tuple(d["faults"].inject_faults or ()))
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def save(self, path: str | Path) -> None:
@@ -90,4 +145,43 @@ class TrainConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def with_(self, **kw) -> "TrainConfig":
+        """A copy with run-level fields or whole sections replaced, and ``section={field: value}``
+        dicts merged into that section (``cfg.with_(faults={"watchdog": 30})``)."""
+        kw = {k: replace(getattr(self, k), **v) if k in SECTIONS and isinstance(v, dict) else v for k, v in kw.items()}
         return replace(self, **kw)
+
+
+def _section(cls, d: dict, name: str):
+    unknown = sorted(set(d) - {f.name for f in fields(cls)})
+    if unknown:
+        raise DayzeroError(f"train config section {name!r}: unknown field(s) {', '.join(unknown)}; "
+                           f"expected some of {', '.join(f.name for f in fields(cls))}")
+    missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise DayzeroError(f"train config section {name!r}: missing field(s) {', '.join(missing)}")
+    return cls(**d)
+
+
+# the flat documents TrainConfig was before it had sections: old field -> (section, field)
+_FLAT = {"model": ("model", "name"), **{k: ("model", k) for k in (*SHRINK_KEYS, "hf_weights")},
+         **{k: ("optimizer", k) for k in ("lr", "min_lr_ratio", "warmup", "weight_decay", "grad_clip",
+                                         "expert_bias_rate")},
+         "ckpt_dir": ("checkpoint", "dir"), "ckpt_every": ("checkpoint", "every"), "keep": ("checkpoint", "keep"),
+         "ckpt_prune_other_lineages": ("checkpoint", "prune_other_lineages"), "resume": ("checkpoint", "resume"),
+         "async_save": ("checkpoint", "async_save"), "ckpt_checksum": ("checkpoint", "checksum"),
+         **{k: ("faults", k) for k in ("max_restarts", "inject_faults", "watchdog", "save_timeout", "on_bad_loss",
+                                      "spike_factor")}}
+
+
+def upgrade_flat(d: dict) -> dict:
+    """A flat TrainConfig document (every field at the top level, as ``<metrics>.config.json``
+    files written before sections) in the sectioned shape ``TrainConfig.from_dict`` reads."""
+    out: dict = {}
+    for k, v in d.items():
+        if k in _FLAT:
+            section, name = _FLAT[k]
+            out.setdefault(section, {})[name] = v
+        else:
+            out[k] = v
+    return out

@@ -98,12 +98,12 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     param_dtype = torch.bfloat16 if config.compute_dtype == "bf16" else torch.float32
     model = build_model(spec, parallel.seq)
     weights, buffers = seeded_weights(config.seed, device), None
-    if config.hf_weights:
+    if config.model.hf_weights:
         from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint
 
-        ckpt = HFCheckpoint(config.hf_weights, spec)
+        ckpt = HFCheckpoint(config.model.hf_weights, spec)
         weights = buffers = ckpt.tensor
-        scaling = rope_scaling_type(config.hf_weights)
+        scaling = rope_scaling_type(config.model.hf_weights)
         if scaling and dist.get_rank() == 0:
             print(f"dayzero: note: config.json asks for {scaling!r} RoPE scaling, which the zoo does not apply "
                   f"(plain RoPE, theta {spec.rope_theta:g}); logits will differ from transformers'", file=sys.stderr)
@@ -117,8 +117,8 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     if parallel.pp > 1:
         pipeline = build_pipeline(list(zip(pm.stage_indices, pm.parts)), parallel, meshes.pp_group, device,
                                   loss_fn(parallel.microbatches))
-    optimizer = build_optimizer(pm.parameters(), config.lr, config.weight_decay)
-    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio)
+    optimizer = build_optimizer(pm.parameters(), config.optimizer.lr, config.optimizer.weight_decay)
+    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.optimizer.min_lr_ratio)
     return TrainState(config, spec, meshes, device, pm, pipeline, optimizer, scheduler, data)
 
 
@@ -185,7 +185,7 @@ def compute_step(state: TrainState, timer: CommTimer) -> Gradients:
     labels = torch.from_numpy(y).to(state.device)
     local_loss = forward_backward(state, inputs, labels)
     params = list(state.model.parameters())
-    norm = clip_grad_norm_(params, cfg.grad_clip, meshes.shape.stage)
+    norm = clip_grad_norm_(params, cfg.optimizer.grad_clip, meshes.shape.stage)
     lr = state.scheduler.get_last_lr()[0]
     # the loss is replicated over tp and lives on the last stage: count each dp replica once
     on_last = state.pipeline is None or state.pipeline.has_last
@@ -250,11 +250,11 @@ def update_expert_bias(state: TrainState) -> None:
     loads counted over every token of the step on this stage."""
     moes = [m for part in state.model.parts for m in part.modules() if isinstance(m, MoE)]
     biased = [m for m in moes if m.router.e_score_correction_bias is not None]
-    if biased and state.config.expert_bias_rate > 0:
+    if biased and state.config.optimizer.expert_bias_rate > 0:
         loads = torch.stack([m.tokens_per_expert for m in biased])  # (moe layers, experts)
         if state.meshes.shape.stage > 1:
             dist.all_reduce(loads, group=state.meshes.stage_group)
-        delta = torch.sign(loads.mean(dim=1, keepdim=True) - loads) * state.config.expert_bias_rate
+        delta = torch.sign(loads.mean(dim=1, keepdim=True) - loads) * state.config.optimizer.expert_bias_rate
         for m, d in zip(biased, delta):
             m.router.e_score_correction_bias += d
     for m in moes:
@@ -269,8 +269,8 @@ Hook = Callable[[TrainState, StepRecord], None]
 def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState | None = None) -> TrainState:
     """Run ``config.steps`` steps; rank 0 writes the metrics stream and shows progress.
 
-    With ``config.ckpt_dir`` the run resumes from the newest good checkpoint and saves every
-    ``config.ckpt_every`` steps; fault drills, the hang watchdog and loss guards come from the
+    With ``config.checkpoint.dir`` the run resumes from the newest good checkpoint and saves every
+    ``config.checkpoint.every`` steps; fault drills, the hang watchdog and loss guards come from the
     same config (see :mod:`dayzero.runtime.resilience.loop`)."""
     from dayzero.runtime.progress import Progress
     from dayzero.runtime.resilience.loop import build_resilience

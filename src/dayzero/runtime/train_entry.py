@@ -57,7 +57,7 @@ def train_here(configs: list[TrainConfig], *, under_agent: bool) -> int:
             if stop.signum is None:
                 raise
     if os.environ.get("RANK", "0") == "0":
-        print(f"dayzero: {Interrupted(stop.signum).describe()}{committed_note(c.ckpt_dir for c in configs)}",
+        print(f"dayzero: {Interrupted(stop.signum).describe()}{committed_note(c.checkpoint.dir for c in configs)}",
               file=sys.stderr)
     exit_now(128 + stop.signum)
 
@@ -81,20 +81,20 @@ def ranks_log(configs: list[TrainConfig]) -> Path | None:
     cfg = configs[0]
     if cfg.metrics:
         return Path(cfg.metrics).with_suffix(".ranks.log")
-    return Path(cfg.ckpt_dir, "ranks.log") if cfg.ckpt_dir else None
+    return Path(cfg.checkpoint.dir, "ranks.log") if cfg.checkpoint.dir else None
 
 
 def resume_point(configs: list[TrainConfig]) -> str:
     """Where restarted ranks pick up: ``from checkpoint step N`` (the version ``--resume`` picks:
     auto's first complete one in resume order, or the step asked for), or ``from the start``."""
     cfg = configs[0]  # restarted ranks run the configs again from the first
-    if not cfg.ckpt_dir or cfg.resume == "never":
+    if not cfg.checkpoint.dir or cfg.checkpoint.resume == "never":
         return "from the start"
-    if str(cfg.resume).isdigit():
-        return f"from checkpoint step {int(cfg.resume)}"
-    if cfg.resume != "auto":
-        return f"from checkpoint {cfg.resume}"
-    step = next((v.step for v in resume_order(scan(Path(cfg.ckpt_dir))) if v.state == "complete"), None)
+    if str(cfg.checkpoint.resume).isdigit():
+        return f"from checkpoint step {int(cfg.checkpoint.resume)}"
+    if cfg.checkpoint.resume != "auto":
+        return f"from checkpoint {cfg.checkpoint.resume}"
+    step = next((v.step for v in resume_order(scan(Path(cfg.checkpoint.dir))) if v.state == "complete"), None)
     return f"from checkpoint step {step}" if step is not None else "from the start"
 
 
@@ -128,7 +128,7 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
         errors.mkdir()
         try:
             launch_local(["-m", "dayzero.runtime.train_entry", "--error-dir", str(errors), *paths], nproc, errors,
-                         max_restarts=max(c.max_restarts for c in configs), log=ranks_log(configs),
+                         max_restarts=max(c.faults.max_restarts for c in configs), log=ranks_log(configs),
                          restart_from=lambda: resume_point(configs))
             return 0
         except RanksFailed as e:
@@ -136,7 +136,7 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
                 print(f"dayzero: error: {m}", file=sys.stderr)
             return e.exit_code
         except Interrupted as e:
-            print(f"dayzero: {e.describe()}{committed_note(c.ckpt_dir for c in configs)}", file=sys.stderr)
+            print(f"dayzero: {e.describe()}{committed_note(c.checkpoint.dir for c in configs)}", file=sys.stderr)
             return e.exit_code
 
 

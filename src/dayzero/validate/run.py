@@ -1,6 +1,6 @@
 """Run a plan on the runtime at proxy scale and measure it against the planner's prediction.
 
-    request  = ValidationRequest(model, shrink, parallel, steps, ...)   the same layout, shrunk
+    request  = ValidationRequest(ModelSection(model, **shrink), parallel, ...)   the same layout, shrunk
     ranks    = run_ranks(run_rank, nproc)          runtime.train.train_step on every rank
     measured = measure(ranks)                      step time, MFU, memory, comm ratio, loss trend
     result   = validate(request, cluster)          + prediction, targets table (validate.targets)
@@ -29,9 +29,10 @@ from dataclasses import asdict, dataclass, field
 
 from dayzero.errors import LayoutError
 from dayzero.planner.targets import MEMORY_TARGET
+from dayzero.runtime.config import ModelSection, OptimizerSection, TrainConfig
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
-from dayzero.specs.model import SHRINK_KEYS, ModelSpec
+from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.validate.loss_trend import loss_trend
 from dayzero.validate.targets import Measured, checks, summary
@@ -39,21 +40,29 @@ from dayzero.validate.targets import Measured, checks, summary
 
 @dataclass(frozen=True)
 class ValidationRequest:
-    model: str  # preset, config.json or directory
+    """A validation run: the training run's own sections (what to build and how to optimize it),
+    the layout, and the run-level fields whose defaults differ for a short measured run."""
+
+    model: ModelSection  # preset, config.json or directory, and the proxy sizes (ModelSpec.shrink)
     parallel: ParallelConfig
     steps: int = 12
-    shrink: dict = field(default_factory=dict)  # layers, hidden, experts, vocab (ModelSpec.shrink)
     compute_dtype: str = "fp32"
     seed: int = 0
-    lr: float = 1e-3
-    grad_clip: float = 1.0
-    warmup: int | None = None
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     data: str | None = None
 
-    def spec(self) -> ModelSpec:
-        from dayzero.specs.registry import load_model
+    @property
+    def shrink(self) -> dict:
+        return self.model.shrink
 
-        return load_model(self.model).shrink(**self.shrink)
+    def spec(self) -> ModelSpec:
+        return self.model.spec()
+
+    def train_config(self) -> TrainConfig:
+        """The TrainConfig every rank builds its state from (quiet, communication timed)."""
+        return TrainConfig(model=self.model, parallel=self.parallel, optimizer=self.optimizer, steps=self.steps,
+                           seed=self.seed, compute_dtype=self.compute_dtype, data=self.data, quiet=True,
+                           measure_comm=True)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -64,6 +73,8 @@ class ValidationRequest:
     def from_dict(cls, d: dict) -> "ValidationRequest":
         d = dict(d)
         d["parallel"] = ParallelConfig.from_dict(d["parallel"])
+        d["model"] = ModelSection(**d["model"])
+        d["optimizer"] = OptimizerSection(**d.get("optimizer", {}))
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
@@ -95,7 +106,6 @@ def run_rank(args: dict) -> dict:
     """One rank of a validation run (called through validate.launch.run_ranks)."""
     import torch.distributed as dist
 
-    from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.device import memory_stats
     from dayzero.runtime.distributed import init_distributed
     from dayzero.runtime.metrics import CommTimer, peak_memory_bytes
@@ -103,11 +113,7 @@ def run_rank(args: dict) -> dict:
 
     req = ValidationRequest.from_dict(args["request"])
     device = init_distributed()
-    cfg = TrainConfig(model=req.model, parallel=req.parallel, steps=req.steps, seed=req.seed,
-                      compute_dtype=req.compute_dtype, data=req.data, quiet=True, measure_comm=True,
-                      lr=req.lr, grad_clip=req.grad_clip, warmup=req.warmup,
-                      **{k: req.shrink.get(k) for k in SHRINK_KEYS})
-    state = build_state(cfg, device)
+    state = build_state(req.train_config(), device)
     context = memory_stats(device).context or 0
     world = dist.get_world_size()
     profiled_timer, plain_timer = CommTimer(world > 1, device), CommTimer(False, device)
@@ -160,7 +166,7 @@ def measure(ranks: list[dict], spec: ModelSpec, parallel: ParallelConfig, cluste
 
 def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label: str | None = None) -> dict:
     """What the calibration loop keeps of a run (validate.fit.observation_from_record)."""
-    return {"label": label or f"{spec.name} {request.parallel.describe()}", "model": request.model,
+    return {"label": label or f"{spec.name} {request.parallel.describe()}", "model": request.model.name,
             "shrink": dict(request.shrink), "parallel": request.parallel.to_dict(), "layout": request.parallel.describe(),
             "compute_dtype": request.compute_dtype, "step_time_s": measured["step_time_s"],
             "comm_ratio": measured["comm_ratio"], "peak_memory_bytes": measured["peak_memory_bytes"],
@@ -215,10 +221,10 @@ def evaluate_run(request: ValidationRequest, cluster: Cluster, ranks: list[dict]
                  peak_memory_bytes=measured["peak_memory_bytes"], capacity_bytes=cluster.memory_bytes,
                  comm_ratio=measured["comm_ratio"], loss=loss_trend(measured["losses"]))
     rows = checks(m, prediction, step_tolerance=step_tolerance)
-    run = {"model": spec.name, "model_source": request.model, "proxy": _proxy_text(request.shrink),
+    run = {"model": spec.name, "model_source": request.model.name, "proxy": _proxy_text(request.shrink),
            "shrink": dict(request.shrink), "layout": request.parallel.describe(), "parallel": request.parallel.to_dict(),
            "ranks": len(ranks), "device": device, "compute_dtype": request.compute_dtype, "steps": request.steps,
-           "cluster": cluster.name, "seed": request.seed, "lr": request.lr}
+           "cluster": cluster.name, "seed": request.seed, "lr": request.optimizer.lr}
     return {"checks": rows, "summary": summary(rows), "run": run, "measured": measured, "prediction": prediction,
             "record": record_of(request, spec, measured)}
 

@@ -13,6 +13,7 @@ would run arbitrary code from a crafted checkpoint. Here:
   reused (DCP's own cache pins memory, which a CPU-only build cannot do), optionally on a thread;
 - :class:`CachingSavePlanner` is DCP's default save planner with plan caching under a key of its
   owner's (one :class:`~dayzero.runtime.checkpoint.checkpointer.Checkpointer`), dropped by :func:`forget_plans`;
+- :func:`dcp_errors` turns DCP's gathered per-rank exception into one CheckpointError line;
 - :class:`HookedWriter` is DCP's ``FileSystemWriter`` with a callback just before this rank
   writes its shards (fault drills inject a crash "between shard writes" there), checksumming
   each shard file as it is written so the manifest's checksums cost no second read.
@@ -30,10 +31,11 @@ import pickle
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlanner
@@ -66,6 +68,21 @@ def single_process(active: bool):
         if active:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+@contextlib.contextmanager
+def dcp_errors(doing: str) -> Iterator[None]:
+    """DCP gathers every rank's exception into one CheckpointException (a BaseException, so
+    ``except Exception`` misses it); turn it into one CheckpointError line naming each rank's cause."""
+    try:
+        yield
+    except CheckpointException as e:
+        causes = []
+        for rank, (exc, _trace) in sorted(e.failures.items()):
+            if isinstance(exc, CheckpointError):  # already a complete message
+                raise CheckpointError(str(exc)) from None
+            causes.append(f"rank {rank}: {type(exc).__name__}: {exc}")
+        raise CheckpointError(f"{doing} failed ({'; '.join(causes)}); the previous checkpoint stays the newest") from None
 
 
 class _MetadataUnpickler(pickle.Unpickler):

@@ -199,10 +199,9 @@ def _recipe_spec(manifest):
     if not recipe.get("model"):
         return None
     from dayzero.runtime.checkpoint.hf_weights import FAMILIES
-    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.config import ModelSection
 
-    spec = TrainConfig(**{k: v for k, v in recipe.items() if k in ("model", *SHRINK_KEYS)}
-                       ).spec()
+    spec = ModelSection.from_recipe(recipe).spec()
     if manifest.model.spec_digest and spec.digest() != manifest.model.spec_digest:
         raise CheckpointError(f"the checkpoint was written for {manifest.model.name} (spec {manifest.model.spec_digest}) "
                               f"but {recipe['model']} now describes spec {spec.digest()}; export with --names native")

@@ -33,7 +33,6 @@ from dayzero.runtime.distributed import restart_attempt
 from dayzero.runtime.resilience.faults import FaultInjector, FaultSpec
 from dayzero.runtime.resilience.guards import GuardConfig, GuardVerdict, LossDivergedError, LossGuard
 from dayzero.runtime.resilience.watchdog import Watchdog
-from dayzero.specs.model import SHRINK_KEYS
 
 DEFAULT_SAVE_TIMEOUT_S = 600.0  # with --watchdog and no --save-timeout
 
@@ -229,26 +228,27 @@ class Resilience:
 def resilience_config(cfg) -> ResilienceConfig:
     """The ResilienceConfig of a :class:`dayzero.runtime.config.TrainConfig` (validates every
     option: call it before starting ranks, so a typo is one line, not a crashed job)."""
+    ck, fa = cfg.checkpoint, cfg.faults
     guard = None
-    only_with("--spike-factor", bool(cfg.spike_factor), "--on-bad-loss skip|rollback", cfg.on_bad_loss is not None)
-    if cfg.on_bad_loss is not None:
-        guard = GuardConfig(spike_factor=cfg.spike_factor, action=cfg.on_bad_loss)
+    only_with("--spike-factor", bool(fa.spike_factor), "--on-bad-loss skip|rollback", fa.on_bad_loss is not None)
+    if fa.on_bad_loss is not None:
+        guard = GuardConfig(spike_factor=fa.spike_factor, action=fa.on_bad_loss)
     # checkpoint options that mean nothing without a checkpoint directory (their defaults excepted)
-    for flag, used in (("--ckpt-every", cfg.ckpt_every != 0), ("--keep", cfg.keep != ResilienceConfig.keep),
-                       ("--async-save", cfg.async_save), ("--ckpt-prune-other-lineages", cfg.ckpt_prune_other_lineages),
-                       ("--ckpt-checksum", cfg.ckpt_checksum != DEFAULT_CHECKSUM)):
-        only_with(flag, used, "--ckpt-dir", bool(cfg.ckpt_dir))
-    if cfg.keep < 1:
-        raise DayzeroError(f"--keep {cfg.keep}: at least 1 checkpoint must be kept")
-    if cfg.resume not in ("auto", "never") and not str(cfg.resume).isdigit() and not Path(cfg.resume).is_dir():
-        raise DayzeroError(f"--resume {cfg.resume}: expected auto, never, a step number or a checkpoint directory")
-    faults = tuple(FaultSpec.parse(f) for f in cfg.inject_faults)
+    for flag, used in (("--ckpt-every", ck.every != 0), ("--keep", ck.keep != ResilienceConfig.keep),
+                       ("--async-save", ck.async_save), ("--ckpt-prune-other-lineages", ck.prune_other_lineages),
+                       ("--ckpt-checksum", ck.checksum != DEFAULT_CHECKSUM)):
+        only_with(flag, used, "--ckpt-dir", bool(ck.dir))
+    if ck.keep < 1:
+        raise DayzeroError(f"--keep {ck.keep}: at least 1 checkpoint must be kept")
+    if ck.resume not in ("auto", "never") and not str(ck.resume).isdigit() and not Path(ck.resume).is_dir():
+        raise DayzeroError(f"--resume {ck.resume}: expected auto, never, a step number or a checkpoint directory")
+    faults = tuple(FaultSpec.parse(f) for f in fa.inject_faults)
     for f in faults:
-        check_fires(f, steps=cfg.steps, world=cfg.parallel.world, ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every)
-    return ResilienceConfig(ckpt_dir=cfg.ckpt_dir, every=cfg.ckpt_every, keep=cfg.keep,
-                            prune_other_lineages=cfg.ckpt_prune_other_lineages, resume=cfg.resume,
-                            async_save=cfg.async_save, checksum=cfg.ckpt_checksum, faults=faults,
-                            watchdog_s=cfg.watchdog, save_timeout_s=cfg.save_timeout, guard=guard)
+        check_fires(f, steps=cfg.steps, world=cfg.parallel.world, ckpt_dir=ck.dir, every=ck.every)
+    return ResilienceConfig(ckpt_dir=ck.dir, every=ck.every, keep=ck.keep,
+                            prune_other_lineages=ck.prune_other_lineages, resume=ck.resume,
+                            async_save=ck.async_save, checksum=ck.checksum, faults=faults,
+                            watchdog_s=fa.watchdog, save_timeout_s=fa.save_timeout, guard=guard)
 
 
 def only_with(flag: str, used: bool, needed: str, present: bool) -> None:
@@ -277,11 +277,5 @@ def build_resilience(cfg, state, on_event: Callable[[dict], None]) -> Resilience
     """Resilience for a runtime TrainState (model parts, one optimizer, LR scheduler)."""
     return Resilience(resilience_config(cfg), model=state.model, optimizer=state.optimizer,
                       scheduler=state.scheduler, model_name=state.spec.name, spec_digest=state.spec.digest(),
-                      model_recipe=model_recipe(cfg), layout=cfg.parallel.to_dict(), rank=state.rank,
+                      model_recipe=cfg.model.recipe(), layout=cfg.parallel.to_dict(), rank=state.rank,
                       on_event=on_event)
-
-
-def model_recipe(cfg) -> dict:
-    """The TrainConfig fields that rebuild the run's ModelSpec (see ``TrainConfig.spec``)."""
-    model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # as load_model decides
-    return {"model": model, **{k: getattr(cfg, k) for k in SHRINK_KEYS}}
