@@ -221,16 +221,19 @@ def main() -> None:
     print(f"  checkpoint save   {res['ckpt_s_median']:.3f} s = {res['ckpt_gib_s']:.3f} GiB/s")
     print(f"  raw write+fsync   {res['raw_s_median']:.3f} s = {res['raw_gib_s']:.3f} GiB/s; with early writeback "
           f"{res['raw_wb_s_median']:.3f} s = {res['raw_wb_gib_s']:.3f} GiB/s")
-    print(f"  write ratio       {100 * res['write_ratio']:.1f} % of medians, {100 * res['write_ratio_paired_median']:.1f} % "
+    print(f"  write ratio       {100 * res['write_ratio']:.1f} % of medians, "
+          f"{100 * res['write_ratio_paired_median']:.1f} % "
           "median of per-round ratios (target >= 60 %)")
     print(f"  vs early-writeback raw {100 * res['write_ratio_wb']:.1f} % of medians, "
           f"{100 * res['write_ratio_wb_paired_median']:.1f} % paired")
-    print(f"  async blocked     {res['async_blocked_s_median']:.4f} s (first save {res['async_first_blocked_s']:.4f} s), "
+    print(f"  async blocked     {res['async_blocked_s_median']:.4f} s (first save {res['async_first_blocked_s']:.4f} "
+          "s), "
           f"sync save {res['sync_s_median']:.3f} s, overlapped forward/backward {res['fwd_bwd_s_median']:.3f} s")
     print(f"  blocking ratio    {100 * res['blocking_ratio']:.1f} % (target <= 10 %)")
     print(f"  peak RSS per rank {res['peak_rss_gib_per_rank']:.2f} GiB")
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], f"bench_ckpt_w{res['world']}_{res['device']}_{res['checksum']}.json").write_text(json.dumps(res, indent=1))
+        Path(os.environ["OUT"],
+             f"bench_ckpt_w{res['world']}_{res['device']}_{res['checksum']}.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k not in ("rows", "blocked")}))
 
 

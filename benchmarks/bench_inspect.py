@@ -25,7 +25,8 @@ def main() -> None:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         times.append(time.perf_counter() - t0)
     probe = subprocess.run([sys.executable, "-c", "import sys; from dayzero.cli.app import main; "
-                            f"main(['inspect', '{args.model}', '--json']); print('torch' in sys.modules, file=sys.stderr)"],
+                            f"main(['inspect', '{args.model}', '--json']); print('torch' in sys.modules, "
+                            "file=sys.stderr)"],
                            capture_output=True, text=True, check=True)
     torch_loaded = probe.stderr.strip().splitlines()[-1]
     print(f"dayzero inspect {args.model}: median {statistics.median(times):.3f} s, max {max(times):.3f} s "

@@ -35,9 +35,11 @@ CAP = 64 * 10**9
 def grid(spec, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     moe = spec.moe is not None
     pick = lambda values: rng.choice(np.array(values), n)  # noqa: E731
-    g = dict(tp=pick([1, 2, 4, 8]), pp=pick([1, 2, 4, 8, 16, 32, 64]), cp=pick([1, 2, 4]), dp=pick([1, 2, 4, 8, 16, 32, 64, 128]),
+    g = dict(tp=pick([1, 2, 4, 8]), pp=pick([1, 2, 4, 8, 16, 32, 64]), cp=pick([1, 2, 4]), dp=pick([1, 2, 4, 8, 16, 32,
+                                                                                                    64, 128]),
              ep=pick([1, 2, 4, 8, 16, 32, 64]) if moe else np.ones(n, int), vpp=pick([1, 2, 4]), mbs=pick([1, 2, 4]),
-             seq=pick([2048, 4096, 8192]), zero=pick([0, 1, 2, 3]), recompute=pick([0, 1, 2]), sequence_parallel=pick([0, 1]),
+             seq=pick([2048, 4096, 8192]), zero=pick([0, 1, 2, 3]), recompute=pick([0, 1, 2]),
+             sequence_parallel=pick([0, 1]),
              precision=pick([0, 1]), rank_order=np.zeros(n, int))
     g["etp"] = np.minimum(pick([1, 2]) if moe else 1, g["tp"])
     g["vpp"] = np.where(g["pp"] > 1, g["vpp"], 1)

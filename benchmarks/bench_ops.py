@@ -43,7 +43,8 @@ def run_one(model: str, manifest: str, experts: str) -> dict:
     load = os.getloadavg()[0]  # other jobs on the shared machine: explains wall >> cpu
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "dayzero", "ops", model, "--manifest", manifest, "--experts-impl", experts,
+    proc = subprocess.run([sys.executable, "-m", "dayzero", "ops", model, "--manifest", manifest, "--experts-impl",
+                           experts,
                            "--json"],
                           capture_output=True, text=True, env=env, cwd=ROOT)
     wall = time.perf_counter() - start
@@ -118,7 +119,8 @@ def markdown(rows: list[dict], command: str) -> str:
     lines += ["", f"Default options: {sum(r['wall_s'] < TARGET_S for r in default)}/{len(default)} configurations "
               f"under {TARGET_S:.0f} s wall (best of {rows[0].get('repeat', 1)}), "
               f"{sum(r['cpu_s'] < TARGET_S for r in default)}/{len(default)} under {TARGET_S:.0f} s CPU; "
-              f"CPU {min((r['cpu_s'] for r in default), default=0):.1f}–{max((r['cpu_s'] for r in default), default=0):.1f} s. "
+              f"CPU {min((r['cpu_s'] for r in default), default=0):.1f}–"
+              f"{max((r['cpu_s'] for r in default), default=0):.1f} s. "
               f"All options: slowest {max((r['wall_s'] for r in ok), default=0):.1f} s wall, "
               f"{max((r['cpu_s'] for r in ok), default=0):.1f} s CPU; {len(rows) - len(ok)} failed.", ""]
     return "\n".join(lines) + "\n"

@@ -83,10 +83,12 @@ def main() -> None:
              f"sessions; load average shown per timing), Python {platform.python_version()}, numpy "
              f"{__import__('numpy').__version__}; planner is pure numpy (no torch).", "",
              "## Search speed", "",
-             "| scenario | command | CLI wall s (best of %d) | load avg | search wall s | search CPU s | considered | timed | best plan | MFU |" % args.repeat,
+             "| scenario | command | CLI wall s (best of %d) | load avg | search wall s | search CPU s | considered | "
+             "timed | best plan | MFU |" % args.repeat,
              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, cmd, wall, load, srch, considered, par, mfu in rows:
-        layout = f"tp{par['tp']} pp{par['pp']} dp{par['dp']} cp{par['cp']} ep{par['ep']} vpp{par['vpp']} zero{par['zero']} mbs{par['mbs']} {par['recompute']}"
+        layout = (f"tp{par['tp']} pp{par['pp']} dp{par['dp']} cp{par['cp']} ep{par['ep']} vpp{par['vpp']} "
+                  f"zero{par['zero']} mbs{par['mbs']} {par['recompute']}")
         lines.append(f"| {label} | `{cmd}` | {wall:.2f} | {load:.1f} | {srch['wall_s']:.2f} | {srch['cpu_s']:.2f} | "
                      f"{considered:,} | {srch['timed']:,} | {layout} | {mfu:.1%} |")
     lines += ["", "Targets: moe-3t >= 200,000 layouts in < 5 s wall; `dayzero plan` < 2 s wall.", "",
@@ -94,8 +96,10 @@ def main() -> None:
               f"{s['n']} rows predicted, {s['skipped']} skipped ({s['skipped_fraction']:.1%}); {bt_s:.1f} s.", "",
               "| rows | n | MAPE | p90 abs error |", "|---|---|---|---|",
               f"| all | {s['n']} | {s['mape']:.1%} | {s['p90_abs_rel_error']:.1%} |",
-              f"| fit half (even ids; constants fitted here) | {h['fit']['n']} | {h['fit']['mape']:.1%} | {h['fit']['p90_abs_rel_error']:.1%} |",
-              f"| held-out half (odd ids; never fitted) | {h['held']['n']} | {h['held']['mape']:.1%} | {h['held']['p90_abs_rel_error']:.1%} |",
+              f"| fit half (even ids; constants fitted here) | {h['fit']['n']} | {h['fit']['mape']:.1%} | "
+              f"{h['fit']['p90_abs_rel_error']:.1%} |",
+              f"| held-out half (odd ids; never fitted) | {h['held']['n']} | {h['held']['mape']:.1%} | "
+              f"{h['held']['p90_abs_rel_error']:.1%} |",
               "", "Per source:", "", "| source | n | MAPE |", "|---|---|---|"]
     for src, v in bt["by_source"].items():
         lines.append(f"| {src} | {v['n']} | {v['mape']:.1%} |")

@@ -65,10 +65,10 @@ def wait_for_quiet(max_load: float, max_wait_s: float) -> float:
 
 
 def main() -> None:
+    from dayzero.runtime.config import ModelSection
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.parallel import ParallelConfig
     from dayzero.validate.calibrate import calibrate
-    from dayzero.runtime.config import ModelSection
     from dayzero.validate.run import ValidationRequest, validate
 
     ap = argparse.ArgumentParser()
@@ -139,9 +139,9 @@ def main() -> None:
 
 def reanalyse(out: Path, names, profile: str, results_md: str) -> None:
     """The summary again from the run files of an earlier invocation."""
+    from dayzero.runtime.config import ModelSection
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.parallel import ParallelConfig
-    from dayzero.runtime.config import ModelSection
     from dayzero.validate.run import ValidationRequest
 
     old = json.loads((out / "bench_validate.json").read_text()) if (out / "bench_validate.json").exists() else {}
@@ -214,7 +214,8 @@ def markdown(s: dict) -> str:
              f"{m.get('load_end', 0):.1f} at end. Proxy: benchmarks/validate/proxy-moe.json (Mixtral architecture, "
              "width 256, 4 layers, 8 experts top-2), gbs 16 x 256 tokens, fp32. Reproduce: "
              "`PYTHONPATH=src python benchmarks/bench_validate.py`.", "",
-             "| layout | parallel | measured s (repeats) | predicted, no fit | leave-one-out | in-sample | comm ratio meas./pred. | peak MiB meas./pred. | loss ↓ |",
+             "| layout | parallel | measured s (repeats) | predicted, no fit | leave-one-out | in-sample | comm ratio "
+             "meas./pred. | peak MiB meas./pred. | loss ↓ |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in s["layouts"]:
         meas = ", ".join(f"{x:.2f}" for x in r["measured_s"])
@@ -223,7 +224,8 @@ def markdown(s: dict) -> str:
                      f"{r['comm_ratio_measured']:.0%} / {r['comm_ratio_predicted']:.0%} | "
                      f"{r['peak_mem_measured'] / 2**20:,.0f} / {r['peak_mem_predicted'] / 2**20:,.0f} | "
                      f"{'yes' if r['loss_pass'] else 'NO'} |")
-    lines += ["", "| predictions | median abs error | MAPE | Spearman | planner's first | two fastest measured | targets met |",
+    lines += ["", "| predictions | median abs error | MAPE | Spearman | planner's first | two fastest measured | "
+                  "targets met |",
               "|---|---|---|---|---|---|---|"]
     for key, label in (("raw", "profile as measured"), ("leave_one_out", "calibrated, leave-one-out"),
                        ("in_sample", "calibrated on all")):

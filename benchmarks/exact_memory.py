@@ -6,7 +6,8 @@ ZeRO-3, GQA, MLA, MoE with EP, and the help example), with the wall time of each
 Each preset's layout is ``dayzero plan``'s best (run here, ``--top 1 --json``) on the cluster
 given below; so that one layout traces in under a minute on a 2-core CPU, some are measured
 with fewer decoder layers at full width (``layers``; with ``plan`` the reduced model is also
-what is planned, through the same search). Every row says which. Writes a Markdown table to --out and prints it (the table in benchmarks/RESULTS.md is its output).
+what is planned, through the same search). Every row says which. Writes a Markdown table to --out and prints it (the
+table in benchmarks/RESULTS.md is its output).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ def main() -> int:
     shipped = load_manifest("cuda")
     only_live = sorted(set(live.ops) - set(shipped.ops))
     only_shipped = sorted(set(shipped.ops) - set(live.ops))
-    lines += [f"- live CUDA dispatcher: {len(live.ops)} ops; shipped cuda.yaml ({shipped.source}): {len(shipped.ops)} ops",
+    lines += [f"- live CUDA dispatcher: {len(live.ops)} ops; shipped cuda.yaml ({shipped.source}): {len(shipped.ops)} "
+              "ops",
               f"- only in the live dispatcher: {len(only_live)} (first: {', '.join(only_live[:15])})",
               f"- only in cuda.yaml: {len(only_shipped)} (first: {', '.join(only_shipped[:15])})", ""]
     try:

@@ -75,7 +75,8 @@ def main() -> int:
     causal = flops_per_token(state.spec, a.seq, causal=True).train
     full = flops_per_token(state.spec, a.seq, causal=False).train
     res = {
-        "device": "cpu (dry run)" if a.cpu_dry_run else torch.cuda.get_device_name(0), "torch": torch.__version__, "model": state.spec.name,
+        "device": "cpu (dry run)" if a.cpu_dry_run else torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "model": state.spec.name,
         "params": sum(p.numel() for p in state.model.parameters()), "layers": a.layers, "seq": a.seq,
         "mbs": a.mbs, "gbs": a.gbs, "recompute": a.recompute, "steps": a.steps, "warmup": a.warmup,
         "step_time_median_s": step_s, "tokens_per_s": tokens / step_s,

@@ -57,11 +57,11 @@ def main() -> int:
         (out / "gpu_validate.json").write_text(json.dumps({"skipped": "no CUDA device"}) + "\n")
         print("gpu_validate: no CUDA device; skipped")
         return 0
+    from dayzero.runtime.config import ModelSection
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.parallel import ParallelConfig
     from dayzero.validate.calibrate import calibrate
     from dayzero.validate.fit import errors, fit, observation_from_record, predict_steps, with_efficiency
-    from dayzero.runtime.config import ModelSection
     from dayzero.validate.run import ValidationRequest, validate
 
     t0 = time.time()
@@ -85,7 +85,8 @@ def main() -> int:
         rec = dict(res["record"], label=name)
         records.append(rec)
         result["layouts"].append({
-            "name": name, "layout": res["run"]["layout"], "proxy": res["run"]["proxy"], "wall_s": round(time.time() - t, 1),
+            "name": name, "layout": res["run"]["layout"], "proxy": res["run"]["proxy"], "wall_s": round(time.time() - t,
+                                                                                                        1),
             "step_time_s": m["step_time_s"], "predicted_step_s": p["time"]["step_s"],
             "step_rel_error": (p["time"]["step_s"] - m["step_time_s"]) / m["step_time_s"],
             "peak_memory_bytes": m["peak_memory_bytes"], "predicted_memory_bytes": p["memory"]["peak_bytes"],

@@ -56,7 +56,8 @@ def test_halves_by_id_parity():
 @pytest.mark.parametrize("text,acc_id", [
     ("H100 80GB SXM5 (DGX H100)", "nvidia_h100_sxm"), ("GB200 (DGX-GB200)", "nvidia_gb200_per_gpu"),
     ("GB300 (DGX-GB300)", "nvidia_gb300_per_gpu"), ("B300 (DGX-B300)", "nvidia_b300_hgx"),
-    ("A100 40GB", "nvidia_a100_40gb_sxm"), ("A100 80GB", "nvidia_a100_80gb_sxm"), ("B200 (DGX-B200)", "nvidia_b200_hgx"),
+    ("A100 40GB", "nvidia_a100_40gb_sxm"), ("A100 80GB", "nvidia_a100_80gb_sxm"), ("B200 (DGX-B200)",
+                                                                                   "nvidia_b200_hgx"),
 ])
 def test_free_text_accelerators_map_to_the_catalog(text, acc_id):
     assert resolve_accelerator(text).id == acc_id

@@ -82,7 +82,8 @@ def test_export_import_round_trip(ckdir, tmp_path, capsys):
     prov = json.loads((tmp_path / "hf" / "dayzero_export.json").read_text())
     assert prov["step"] == 2 and prov["model"]["spec_digest"] == "abcd"
 
-    code, out, _ = run_cli(capsys, "ckpt", "import", str(tmp_path / "hf"), str(tmp_path / "ck2"), "--step", "7", "--json")
+    code, out, _ = run_cli(capsys, "ckpt", "import", str(tmp_path / "hf"), str(tmp_path / "ck2"), "--step", "7",
+                           "--json")
     assert code == 0 and json.loads(out)["step"] == 7
     fresh = model()
     with torch.no_grad():

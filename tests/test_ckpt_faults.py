@@ -10,12 +10,11 @@ import time
 
 import pytest
 
+import ckpt_toy  # tests/ckpt_toy.py: the small tp/pp/dp harness, here in one plain process
 from dayzero.runtime.resilience.faults import FaultInjector, FaultSpec, FaultSpecError, InjectedFault
 from dayzero.runtime.resilience.guards import GuardConfig, LossDivergedError, LossGuard
 from dayzero.runtime.resilience.loop import ResilienceConfig
 from dayzero.runtime.resilience.rank_log import WATCHDOG_EXIT
-
-import ckpt_toy  # tests/ckpt_toy.py: the small tp/pp/dp harness, here in one plain process
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -30,7 +29,8 @@ def test_fault_spec_parsing():
 
 
 def test_injector_fires_only_for_its_rank_step_and_attempt():
-    specs = [FaultSpec(3, 1, "exception"), FaultSpec(5, 1, "exception", attempt=1), FaultSpec(4, 1, "exception", "save")]
+    specs = [FaultSpec(3, 1, "exception"), FaultSpec(5, 1, "exception", attempt=1), FaultSpec(4, 1, "exception",
+                                                                                              "save")]
     events = []
     inj = FaultInjector(specs, rank=1, attempt=0, on_event=events.append)
     inj.at_step(2)
@@ -131,10 +131,8 @@ def test_rollback_reloads_and_skips_the_offending_batch(tmp_path):
 
 
 def _train_config(**kw):
-    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.config import ModelSection, TrainConfig
     from dayzero.specs.parallel import ParallelConfig
-
-    from dayzero.runtime.config import ModelSection
 
     cfg = TrainConfig(model=ModelSection("tiny-llama"), parallel=ParallelConfig(dp=2, gbs=4, seq=32), steps=10)
     return cfg.with_(**kw)

@@ -269,7 +269,8 @@ HOLD = textwrap.dedent("""
 def test_a_second_job_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_path, capsys):
     ck = tmp_path / "ck"
     job(ck, 2, every=2)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"), os.environ.get("PYTHONPATH")] if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"),
+                                                                   os.environ.get("PYTHONPATH")] if p)}
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(ck)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -295,7 +296,8 @@ def test_a_second_job_is_refused_naming_the_holder_and_a_dead_holders_lock_is_ta
 def test_a_launcher_lends_its_lock_to_the_processes_it_starts(tmp_path):
     child = ("import sys; from dayzero.runtime.checkpoint.dirlock import DirLock; "
              "l = DirLock(sys.argv[1]).acquire(); print(l.owned)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"), os.environ.get("PYTHONPATH")] if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"),
+                                                                   os.environ.get("PYTHONPATH")] if p)}
     for lend, expect in ((True, "False"), (False, None)):
         with DirLock(tmp_path, lend_to_children=lend):
             p = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True, env=env)

@@ -9,11 +9,32 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dayzero.runtime.checkpoint.manifest import (MANIFEST, MARKER, CheckpointError, CheckpointManifest, FileEntry,
-                                                 check_relpath, checksum_file, describe_file, read_manifest, safe_join,
-                                                 utc_now, verify_version, write_marker)
-from dayzero.runtime.checkpoint.versions import (Version, apply_retention, commit, partial_name, prepare_partial,
-                                                 retention, scan, select_newest, version_name)
+from dayzero.runtime.checkpoint.manifest import (
+    MANIFEST,
+    MARKER,
+    CheckpointError,
+    CheckpointManifest,
+    FileEntry,
+    check_relpath,
+    checksum_file,
+    describe_file,
+    read_manifest,
+    safe_join,
+    utc_now,
+    verify_version,
+    write_marker,
+)
+from dayzero.runtime.checkpoint.versions import (
+    Version,
+    apply_retention,
+    commit,
+    partial_name,
+    prepare_partial,
+    retention,
+    scan,
+    select_newest,
+    version_name,
+)
 
 
 def make_version(root, step, files=None, complete=True, algo="xxh3-128"):

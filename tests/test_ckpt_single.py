@@ -10,7 +10,6 @@ import pickle
 import pytest
 import torch
 import torch.nn as nn
-
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dayzero.runtime.checkpoint.checkpointer import TRAIN_STATE, Checkpointer

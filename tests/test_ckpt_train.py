@@ -76,7 +76,8 @@ def test_crash_between_shard_writes_then_bit_flip(tmp_path):
     train(*common, "--metrics", str(m2))
     recs2 = stream(m2)
     bad = events(recs2, "checkpoint_skipped")
-    assert bad[0]["path"].endswith("step-00000010") and "__1_0.distcp: xxh3-128 checksum mismatch" in bad[0]["problems"][0]
+    assert bad[0]["path"].endswith("step-00000010")
+    assert "__1_0.distcp: xxh3-128 checksum mismatch" in bad[0]["problems"][0]
     assert events(recs2, "checkpoint_loaded")[0]["step"] == 5
     assert dict(steps(recs2)) == redone
 
@@ -160,9 +161,11 @@ def test_export_to_transformers_and_import_back(tmp_path):
 
     ck = tmp_path / "ck"
     train_args = ["tiny-llama", "--seq", "32", "--gbs", "2", "--steps", "2", "--quiet", "--ckpt-dir", str(ck)]
-    subprocess.run([sys.executable, "-m", "dayzero", "train", *train_args], check=True, timeout=600, capture_output=True)
+    subprocess.run([sys.executable, "-m", "dayzero", "train", *train_args], check=True, timeout=600,
+                   capture_output=True)
     out = tmp_path / "hf"
-    p = subprocess.run([sys.executable, "-m", "dayzero", "ckpt", "export", str(ck / "step-00000002"), str(out), "--json"],
+    p = subprocess.run([sys.executable, "-m", "dayzero", "ckpt", "export", str(ck / "step-00000002"), str(out),
+                        "--json"],
                        check=True, timeout=600, capture_output=True, text=True)
     assert json.loads(p.stdout)["names"] == "hf"
     assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
@@ -178,14 +181,16 @@ def test_export_to_transformers_and_import_back(tmp_path):
     back = tmp_path / "back"
     subprocess.run([sys.executable, "-m", "dayzero", "ckpt", "import", str(out), str(back), "--model", "tiny-llama",
                     "--step", "2"], check=True, timeout=600, capture_output=True)
-    subprocess.run([sys.executable, "-m", "dayzero", "ckpt", "export", str(back / "step-00000002"), str(tmp_path / "hf2")],
+    subprocess.run([sys.executable, "-m", "dayzero", "ckpt", "export", str(back / "step-00000002"),
+                    str(tmp_path / "hf2")],
                    check=True, timeout=600, capture_output=True)
     again = load_file(str(tmp_path / "hf2" / "model.safetensors"))
     assert set(again) == set(exported) and all(torch_equal(again[k], exported[k]) for k in exported)
     # dayzero train resumes from the imported (model-only) version
     m = tmp_path / "m.jsonl"
     subprocess.run([sys.executable, "-m", "dayzero", "train", "tiny-llama", "--seq", "32", "--gbs", "2", "--steps", "3",
-                    "--quiet", "--ckpt-dir", str(back), "--metrics", str(m)], check=True, timeout=600, capture_output=True)
+                    "--quiet", "--ckpt-dir", str(back), "--metrics", str(m)], check=True, timeout=600,
+                   capture_output=True)
     recs = stream(m)
     assert events(recs, "checkpoint_loaded")[0]["step"] == 2 and [s for s, _ in steps(recs)] == [3]
     # ... and --hf-weights reads the export: same weights, same first batch, same loss

@@ -35,9 +35,9 @@ def test_inspect_a_never_seen_config_directory(tmp_path, capsys):
            "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     obj = run_json(["inspect", str(tmp_path)], capsys)
-    h, l, v = 1024, 7, 32001
+    h, n_layers, v = 1024, 7, 32001
     attn = h * 16 * 80 + 2 * h * 4 * 80 + 16 * 80 * h + 2 * 80
-    want = v * h + l * (attn + 3 * h * 3000 + 2 * h) + h
+    want = v * h + n_layers * (attn + 3 * h * 3000 + 2 * h) + h
     assert obj["params_total"] == want and obj["params_head"] == 0
 
 

@@ -12,7 +12,8 @@ from conftest import data_file
 from dayzero.cli.app import main
 
 LLAMA_ARGS = ["predict", "llama-3.1-70b", "--accelerator", "h100", "--devices", "64", "--tp", "4", "--pp", "4",
-              "--vpp", "5", "--gbs", "128", "--seq", "8192", "--sequence-parallel", "--precision", "fp8", "--tp-overlap"]
+              "--vpp", "5", "--gbs", "128", "--seq", "8192", "--sequence-parallel", "--precision", "fp8",
+              "--tp-overlap"]
 
 
 def run_json(argv, capsys):

@@ -55,7 +55,8 @@ def _kind(p) -> str:
         return "flag"
     ann = p.type_descriptor.annotation
     args = [a for a in typing.get_args(ann) if a is not type(None)]
-    ann = args[0] if typing.get_origin(ann) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args else ann
+    ann = args[0] if typing.get_origin(ann) in (typing.Union, getattr(__import__("types"), "UnionType",
+                                                                      None)) and args else ann
     return getattr(ann, "__name__", str(ann))
 
 
@@ -88,11 +89,11 @@ def test_a_flag_has_one_type_and_one_default_everywhere():
 
 
 def test_megatron_names_reach_the_same_layout():
-    from dayzero.cli.app import main
-
     import contextlib
     import io
     import json
+
+    from dayzero.cli.app import main
 
     def parallel(argv):
         out = io.StringIO()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from dataclasses import replace
+
+import pytest
 
 from dayzero.specs import counting
 from dayzero.specs.hf_config import spec_from_hf_config
@@ -55,8 +56,8 @@ def test_active_params_match_published(model_catalog, model_id, key):
     assert counting.params_active(spec_from_hf_config(m["config"], model_id)) == m["computed"][key]
 
 
-def _narayanan_per_token(l, h, s, V):
-    return 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+def _narayanan_per_token(layers, h, s, V):
+    return 72 * layers * h * h * (1 + s / (6 * h) + V / (12 * layers * h))
 
 
 @pytest.mark.parametrize("cfg", [

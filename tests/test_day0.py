@@ -56,7 +56,8 @@ def test_day0_seed_scenario_writes_the_report(tmp_path, capsys):
     assert r["training"]["tokens"] == 15e12
     assert [c["metric"] for c in r["checks"]] == ["mfu", "peak_memory_fraction", "comm_ratio"]
     assert r["candidates"][0]["step_s"] == pytest.approx(best["time"]["step_s"])
-    assert all(c["peak_bytes"] <= r["scenario"]["max_memory"] * best["memory"]["capacity_bytes"] for c in r["candidates"])
+    limit = r["scenario"]["max_memory"] * best["memory"]["capacity_bytes"]
+    assert all(c["peak_bytes"] <= limit for c in r["candidates"])
     op = r["operators"]
     assert "coverage" in op or op["note"]
     md = (tmp_path / "report.md").read_text()
@@ -90,7 +91,8 @@ def test_html_is_self_contained_with_one_svg_per_chart(tmp_path, capsys):
     r = day0(capsys, tmp_path, str(llama_config(tmp_path)), "-a", "h100", "-n", "16", "--gbs", "64", "--no-ops")
     html = (tmp_path / "report.html").read_text()
     names = [n for n, _ in charts(r)]
-    assert {"Memory per stage", "Step time of the best plans", "Communication per step", "Candidate cloud"} <= set(names)
+    assert {"Memory per stage", "Step time of the best "
+                                "plans", "Communication per step", "Candidate cloud"} <= set(names)
     assert html.count("<svg") == html.count("</svg>") == len(names)
     for n in names:
         assert f'data-chart="{n}"' in html
@@ -109,7 +111,8 @@ def test_compare_three_accelerators(capsys):
         assert f"{r['step_s']:.4g}" in out and f"{r['wall_days']:,.1f}" in out
     # a faster step trains the same tokens in proportionally fewer ideal days
     a, b = rows[0], rows[1]
-    assert a["training"]["ideal_days"] / b["training"]["ideal_days"] == pytest.approx(a["step_s"] / b["step_s"], rel=1e-6)
+    assert a["training"]["ideal_days"] / b["training"]["ideal_days"] == pytest.approx(a["step_s"] / b["step_s"],
+                                                                                      rel=1e-6)
     assert "dayzero day0 llama-3.1-8b --accelerator" in out.split("next:", 1)[1]
 
 
@@ -163,7 +166,8 @@ def test_report_renders_in_a_headless_browser(tmp_path, capsys):
     probe.write_text(html.read_text().replace("</body>", check + "</body>"))
     base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
             "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120, check=False)
+    dom = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=False)
     m = re.search(r"<title>svgs:(\d+):(\d+)</title>", dom.stdout)
     assert m and int(m.group(1)) == int(m.group(2)) == html.read_text().count("<svg"), dom.stdout[:500]
     assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr, dom.stderr[-2000:]

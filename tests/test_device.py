@@ -61,7 +61,8 @@ def device_names(source: str) -> list[tuple[int, str]]:
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] != "dayzero":
                 mods += [f"{node.module}.{a.name}" for a in node.names]
             for m in mods:
-                if m.split(".")[0] != "dayzero" and WORDS & {w.lower() for part in m.split(".") for w in part.split("_")}:
+                words = {w.lower() for part in m.split(".") for w in part.split("_")}
+                if m.split(".")[0] != "dayzero" and WORDS & words:
                     hits.append((node.lineno, f"import {m}"))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             if DEVICE_STRING.fullmatch(node.value.strip()):
@@ -162,7 +163,8 @@ def test_cpu_memory_sync_timer_rng():
     assert torch.equal(b, torch.rand(3))
     assert devices.compute_dtype(devices.Accelerator("cpu", "gloo")) == "fp32"
     assert devices.alloc_conf("cpu") is None
-    assert devices.alloc_conf("xyz", {"PYTORCH_XYZ_ALLOC_CONF": "expandable_segments:True"}) == "expandable_segments:True"
+    conf = {"PYTORCH_XYZ_ALLOC_CONF": "expandable_segments:True"}
+    assert devices.alloc_conf("xyz", conf) == "expandable_segments:True"
     assert devices.alloc_conf("xyz", {devices.ALLOC_CONF_ENV: "a", "PYTORCH_XYZ_ALLOC_CONF": "b"}) == "a"
 
 

@@ -110,7 +110,8 @@ def odd_numbers():
 
 def odd_values():
     return st.one_of(odd_numbers(), st.none(), st.booleans(), st.text(max_size=8),
-                     st.lists(st.integers(-3, 5), max_size=4), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+                     st.lists(st.integers(-3, 5), max_size=4), st.dictionaries(st.text(max_size=4), st.integers(),
+                                                                               max_size=2))
 
 
 def flag_values():

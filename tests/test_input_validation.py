@@ -40,7 +40,8 @@ def one_line_error(argv, capsys, needle: str = "") -> str:
 
 
 @pytest.mark.parametrize("key,value,needle", [
-    ("rope_theta", -10000.0, "rope_theta"), ("rms_norm_eps", -1e-6, "rms_norm_eps"), ("rms_norm_eps", 0, "rms_norm_eps"),
+    ("rope_theta", -10000.0, "rope_theta"), ("rms_norm_eps", -1e-6, "rms_norm_eps"), ("rms_norm_eps", 0,
+                                                                                      "rms_norm_eps"),
     ("num_hidden_layers", 1e9, "num_hidden_layers"), ("hidden_size", 2**40, "hidden_size"),
     ("vocab_size", -5, "vocab_size"), ("num_attention_heads", 0, "num_attention_heads"),
 ])
@@ -65,7 +66,8 @@ def test_a_model_beyond_the_largest_size_is_refused(tmp_path, capsys):
     (b'{"model_type": "llama", "hidden_size": ' + b"9" * 5000 + b"}", "thousands of digits"),
 ])
 def test_malformed_files_of_every_kind(tmp_path, capsys, content, needle):
-    for name, argv in (("config.json", ["inspect", "{f}"]), ("cluster.yaml", ["predict", "tiny-llama", "--cluster", "{f}"]),
+    for name, argv in (("config.json", ["inspect", "{f}"]), ("cluster.yaml", ["predict", "tiny-llama", "--cluster",
+                                                                              "{f}"]),
                        ("cal.json", ["predict", "tiny-llama", "-a", "h100", "-n", "8", "--calibration", "{f}"]),
                        ("runs.csv", ["backtest", "{f}"])):
         f = tmp_path / name

@@ -75,7 +75,8 @@ def test_lost_rank_is_one_line_then_restart_and_resume(tmp_path):
     assert not [ln for ln in lines if ln.startswith("dayzero: rank 0:")]  # the survivor is a consequence
     log = (tmp_path / "m.ranks.log").read_text()
     headers = re.findall(r"^===== (attempt \d, rank \d): (.*) =====$", log, re.M)
-    assert [h for h, _ in headers] == ["attempt 0, rank 0", "attempt 0, rank 1", "attempt 1, rank 0", "attempt 1, rank 1"]
+    assert [h for h, _ in headers] == ["attempt 0, rank "
+                                       "0", "attempt 0, rank 1", "attempt 1, rank 0", "attempt 1, rank 1"]
     assert headers[1][1].startswith("killed by SIGKILL") and headers[2][1] == headers[3][1] == "ok"
     assert "dayzero: injecting fault step=3,rank=1" in log
 

@@ -75,7 +75,8 @@ def test_grid_round_trips_parallel_config(layouts):
 
 
 @SETTINGS
-@given(st.lists(any_layout(), min_size=1, max_size=50), st.sampled_from(["mixtral-8x7b", "llama-3.1-8b", "deepseek-v3"]),
+@given(st.lists(any_layout(), min_size=1, max_size=50), st.sampled_from(["mixtral-8x7b", "llama-3.1-8b",
+                                                                         "deepseek-v3"]),
        st.sampled_from([None, 16, 24, 64]))
 def test_problems_and_the_vectorised_mask_agree_on_every_layout(layouts, model, devices):
     spec = load_model(model)
@@ -159,7 +160,8 @@ def test_the_search_times_each_rank_order_with_its_own_groups():
     from dayzero.planner.predict import predict
 
     cluster = build_cluster("h100", 16)
-    space = SearchSpace(tp=(8,), pp=(2,), cp=(1,), vpp=(1,), mbs=(1,), zero=(1,), rank_order=("tp-cp-dp-pp", "pp-dp-cp-tp"))
+    space = SearchSpace(tp=(8,), pp=(2,), cp=(1,), vpp=(1,), mbs=(1,), zero=(1,), rank_order=("tp-cp-dp-pp",
+                                                                                              "pp-dp-cp-tp"))
     result = search(LLAMA, cluster, 64, 4096, space=space, top_k=2)
     layouts = decode(result.candidates)
     # tp 8 inside a node beats tp 8 spread over two nodes; each row is timed with its own groups,

@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 
 from dayzero.errors import ConfigError, LayoutError
-from dayzero.planner.memory import (CATEGORIES, MemoryOptions, estimate_memory, model_states, peak_memory_batch,
-                                    zero_comparison, zero_state_bytes)
+from dayzero.planner.memory import (
+    CATEGORIES,
+    MemoryOptions,
+    estimate_memory,
+    model_states,
+    peak_memory_batch,
+    zero_comparison,
+    zero_state_bytes,
+)
 from dayzero.planner.params import layer_params
 from dayzero.specs.counting import layer_count, params_total
 from dayzero.specs.grid import encode
@@ -96,7 +103,8 @@ def test_stages_are_visibly_uneven():
     spec = load_model("dense-3t")
     rep = estimate_memory(spec, seed_layout(gbs=64 * 32, recompute="selective", sequence_parallel=True), 64 * GB)
     first, mid, last = rep.stages[0], rep.stages[7], rep.stages[-1]
-    assert first.terms["weights:embedding"] > 0 and mid.terms["weights:embedding"] == 0 == last.terms["weights:embedding"]
+    emb = "weights:embedding"
+    assert first.terms[emb] > 0 and mid.terms[emb] == 0 == last.terms[emb]
     assert last.terms["weights:head"] > 0 and first.terms["weights:head"] == 0
     assert last.terms["temporary:logits"] > 0 and all(s.terms["temporary:logits"] == 0 for s in rep.stages[:-1])
     acts = [s.terms["activations:layers"] for s in rep.stages]
@@ -144,7 +152,8 @@ def test_batch_equals_scalar_on_named_layouts():
     cases = {
         "dense-3t": [seed_layout(), seed_layout(zero=1, recompute="selective", sequence_parallel=True, gbs=4096),
                      seed_layout(pp=8, dp=128, vpp=2, gbs=1024, zero=2, precision="fp8")],
-        "deepseek-v3": [ParallelConfig(tp=2, pp=1, dp=32, ep=16, cp=2, mbs=1, gbs=64, seq=4096, zero=1, sequence_parallel=True),
+        "deepseek-v3": [ParallelConfig(tp=2, pp=1, dp=32, ep=16, cp=2, mbs=1, gbs=64, seq=4096, zero=1,
+                                       sequence_parallel=True),
                         ParallelConfig(tp=1, pp=1, dp=64, ep=64, zero=3, recompute="full", schedule="gpipe")],
         "gpt-oss-120b": [ParallelConfig(tp=8, pp=4, dp=4, ep=4, etp=2, gbs=64, zero=2, precision="fp8")],
     }

@@ -126,7 +126,7 @@ def test_gqa_layer_by_hand():
 def test_mla_and_moe_layer_by_hand():
     spec = load_model("tiny-moe")  # MLA (a 8, q_lora 96, kv_lora 64, dqk 48, dv 32); 8 experts top-2, f_e 128, 1 shared
     s, b, h = 256, 2, spec.hidden
-    a, moe = spec.attention, spec.moe
+    a = spec.attention
     tok = s * b
     attn = (2 * tok * h * 2 + 2 * tok * 96 * 2 + 2 * tok * 64 * 2  # ln1, input; q_a norm, q_b in; kv_a norm, kv_b in
             + 2 * tok * a.heads * (48 + 48 + 32) + 4 * tok * a.heads + 2 * tok * a.heads * 32)

@@ -46,7 +46,8 @@ def test_best_fit_reuse_and_splitting():
 
 def test_mid_size_requests_get_a_20mib_segment_and_pack():
     a = CachingAllocator()
-    x, y, z = a.malloc(5 * MiB), a.malloc(5 * MiB), a.malloc(5 * MiB)
+    for _ in range(3):
+        a.malloc(5 * MiB)
     assert a.reserved == 20 * MiB and a.allocated == 15 * MiB and a.segments_created == 1
 
 
@@ -72,11 +73,13 @@ def test_capacity_releases_cached_segments_then_fails():
 
 LAYOUTS = [
     ("dense-3t", ParallelConfig(tp=8, pp=16, dp=64, zero=3, recompute="full")),
-    ("dense-3t", ParallelConfig(tp=8, pp=16, dp=64, zero=1, recompute="selective", sequence_parallel=True, gbs=64 * 32)),
+    ("dense-3t", ParallelConfig(tp=8, pp=16, dp=64, zero=1, recompute="selective", sequence_parallel=True,
+                                gbs=64 * 32)),
     ("llama-3.1-8b", ParallelConfig(tp=2, pp=2, dp=2, gbs=16, zero=2, schedule="gpipe")),
     ("deepseek-v3", ParallelConfig(tp=2, pp=4, dp=8, ep=8, cp=2, gbs=64, layer_split=(16, 15, 15, 15), zero=1,
                                    sequence_parallel=True, recompute="full")),
-    ("tiny-moe", ParallelConfig(tp=2, pp=2, dp=2, ep=2, vpp=2, layer_split=(1, 1, 1, 1), gbs=8, sequence_parallel=True)),
+    ("tiny-moe", ParallelConfig(tp=2, pp=2, dp=2, ep=2, vpp=2, layer_split=(1, 1, 1, 1), gbs=8,
+                                sequence_parallel=True)),
 ]
 
 

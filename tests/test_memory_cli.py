@@ -30,7 +30,8 @@ def test_seed_scenario_json_follows_the_contract(capsys):
     assert {"peak_bytes", "capacity_bytes", "utilization", "stages", "fits"} <= set(d)
     assert d["capacity_bytes"] == 64 * 2**30 and len(d["stages"]) == 16  # device "GB" are GiB (HBM_GB)
     for s in d["stages"]:
-        assert s["total"] == sum(s[c] for c in ("weights", "gradients", "optimizer", "activations", "temporary", "overhead"))
+        assert s["total"] == sum(s[c] for c in ("weights", "gradients", "optimizer", "activations", "temporary",
+                                                "overhead"))
     assert d["peak_bytes"] == max(s["total"] for s in d["stages"]) and d["fits"] is True
     assert d["stages"][0]["terms"]["weights:embedding"] > 0 and d["stages"][-1]["terms"]["temporary:logits"] > 0
     assert [r["zero"] for r in d["zero_comparison"]] == [0, 1, 2, 3]
@@ -39,15 +40,18 @@ def test_seed_scenario_json_follows_the_contract(capsys):
 
 
 def test_bad_layouts_exit_2_with_one_line(capsys):
-    rc, out, err = run(capsys, ["memory", "llama-3.1-8b", "--accelerator", "h100", "--devices", "8", "--tp", "3", "--dp", "1"])
+    rc, out, err = run(capsys, ["memory", "llama-3.1-8b", "--accelerator", "h100", "--devices", "8", "--tp", "3",
+                                "--dp", "1"])
     assert rc == 2 and out == "" and err.count("\n") == 1 and "tp*cp*dp*pp" in err and "heads" in err
-    rc, _, err = run(capsys, ["memory", "llama-3.1-8b", "--accelerator", "h100", "--devices", "8", "--grad-dtype", "fp16"])
+    rc, _, err = run(capsys, ["memory", "llama-3.1-8b", "--accelerator", "h100", "--devices", "8", "--grad-dtype",
+                              "fp16"])
     assert rc == 2 and "--grad-dtype" in err
 
 
 def test_timeline_png_and_balanced_split(capsys, tmp_path):
     png = tmp_path / "t.png"
-    rc, out, _ = run(capsys, ["memory", "llama-3.1-8b", "--accelerator", "h100", "--devices", "8", "--pp", "4", "--dp", "2",
+    rc, out, _ = run(capsys, ["memory", "llama-3.1-8b", "--accelerator", "h100", "--devices", "8", "--pp", "4", "--dp",
+                              "2",
                               "--gbs", "32", "--timeline", str(png), "--balance", "--json"])
     assert rc == 0 and png.read_bytes()[:4] == b"\x89PNG"
     d = json.loads(out)
@@ -56,7 +60,8 @@ def test_timeline_png_and_balanced_split(capsys, tmp_path):
 
 
 def test_over_target_stage_is_flagged(capsys):
-    rc, out, _ = run(capsys, ["memory", "llama-3.1-70b", "--accelerator", "h100", "--devices", "8", "--tp", "8", "--zero", "1",
+    rc, out, _ = run(capsys, ["memory", "llama-3.1-70b", "--accelerator", "h100", "--devices", "8", "--tp", "8",
+                              "--zero", "1",
                               "--no-simulate", "--json"])
     d = json.loads(out)
     assert rc == 0 and d["fits"] is False and d["within_target"] is False and d["utilization"] > 1

@@ -12,9 +12,11 @@ from dayzero.specs.grid import encode
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 
-MODELS = {name: load_model(name) for name in ("tiny-llama", "tiny-moe", "llama-3.1-8b", "deepseek-v3", "gpt3-175b", "mixtral-8x7b")}
+MODELS = {name: load_model(name) for name in ("tiny-llama", "tiny-moe", "llama-3.1-8b", "deepseek-v3", "gpt3-175b",
+                                              "mixtral-8x7b")}
 CAP = 80 * 10**9
-SETTINGS = settings(derandomize=True, max_examples=80, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+SETTINGS = settings(derandomize=True, max_examples=80, deadline=None,
+                    suppress_health_check=[HealthCheck.filter_too_much])
 SHARDED = ("weights", "gradients", "optimizer")
 POW2 = st.sampled_from([1, 2, 4, 8])
 

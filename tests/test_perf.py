@@ -49,7 +49,8 @@ def test_vectorised_equals_one_at_a_time():
 def test_step_is_the_sum_of_its_terms_and_bubble_follows_1f1b():
     for p in LAYOUTS:
         r, _ = one(LLAMA, p)
-        assert r["step_s"] == pytest.approx(r["compute_s"] + r["comm_exposed_s"] + r["bubble_s"] + r["optimizer_s"], rel=1e-12)
+        assert r["step_s"] == pytest.approx(r["compute_s"] + r["comm_exposed_s"] + r["bubble_s"] + r["optimizer_s"],
+                                            rel=1e-12)
         assert r["bubble_s"] == pytest.approx((p.pp - 1) / p.vpp * r["microbatch_s"], rel=1e-12)
         assert r["tokens_per_s_per_device"] == pytest.approx(p.gbs * p.seq / r["step_s"] / p.world, rel=1e-12)
 
@@ -81,9 +82,11 @@ def test_fp8_and_fp4_speed_up_gemms_only_where_the_hardware_has_them():
     fp8 = one(LLAMA, p.with_(precision="fp8"))[0]["compute_s"]
     assert fp8 < 0.8 * bf16
     a100 = build_cluster("a100", 64)
-    assert one(LLAMA, p, a100)[0]["step_s"] == pytest.approx(one(LLAMA, p.with_(precision="fp8"), a100)[0]["step_s"], rel=0.02)
+    assert one(LLAMA, p, a100)[0]["step_s"] == pytest.approx(one(LLAMA, p.with_(precision="fp8"), a100)[0]["step_s"],
+                                                             rel=0.02)
     gb300 = build_cluster("gb300", 64)
-    assert one(LLAMA, p.with_(precision="fp4"), gb300)[0]["step_s"] < one(LLAMA, p.with_(precision="fp8"), gb300)[0]["step_s"]
+    assert one(LLAMA, p.with_(precision="fp4"), gb300)[0]["step_s"] < one(LLAMA, p.with_(precision="fp8"),
+                                                                          gb300)[0]["step_s"]
 
 
 def test_tp_overlap_hides_tp_communication():

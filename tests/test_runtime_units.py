@@ -20,7 +20,6 @@ from dayzero.runtime.parallel.mesh import MeshShape  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 from dayzero.specs.registry import load_model  # noqa: E402
 
-
 # -- data ----------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -180,7 +180,8 @@ def test_hang_inside_a_save_is_caught_by_the_save_budget(tmp_path):
     err = job.stderr()
     assert code == 0, err[-4000:]
     # both ranks are inside the save (rank 0 waits for rank 1's shards): whichever aborts first
-    assert re.search(r"watchdog: no progress for [0-9.]+ s in checkpoint save of step 2 \(timeout 2 s\)", err), err[-4000:]
+    assert re.search(r"watchdog: no progress for [0-9.]+ s in checkpoint save of step 2 \(timeout 2 "
+                     r"s\)", err), err[-4000:]
     recs = job.records()
     assert [r for r in recs if r.get("event") == "end"][0]["steps"] == 4
     assert committed(job.ckpt) == [2, 4]

@@ -24,7 +24,8 @@ def test_accelerator_names(alias, acc_id):
 
 @pytest.mark.parametrize("text,acc_id", [
     ("H100 80GB SXM5 (DGX H100)", "nvidia_h100_sxm"), ("GB200 (DGX-GB200)", "nvidia_gb200_per_gpu"),
-    ("A100 40GB", "nvidia_a100_40gb_sxm"), ("A100 80GB", "nvidia_a100_80gb_sxm"), ("B200 (DGX-B200)", "nvidia_b200_hgx"),
+    ("A100 40GB", "nvidia_a100_40gb_sxm"), ("A100 80GB", "nvidia_a100_80gb_sxm"), ("B200 (DGX-B200)",
+                                                                                   "nvidia_b200_hgx"),
 ])
 def test_free_text_accelerators(text, acc_id):
     assert resolve_accelerator(text).id == acc_id

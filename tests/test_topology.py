@@ -26,7 +26,8 @@ def test_docstring_example_16_ranks():
 def test_every_rank_in_exactly_one_group_per_dim():
     p = ParallelConfig(tp=2, pp=2, dp=2, cp=2, ep=4, etp=2)
     for dim in ("tp", "cp", "dp", "pp", "ep", "etp", "edp"):
-        seen = sorted(r for rank in range(p.world) for r in group_ranks(rank, dim, p) if rank == min(group_ranks(rank, dim, p)))
+        seen = sorted(r for rank in range(p.world) for r in group_ranks(rank, dim,
+                                                                        p) if rank == min(group_ranks(rank, dim, p)))
         assert seen == list(range(p.world)), dim
 
 
@@ -88,7 +89,8 @@ def test_planner_groups_are_the_runtime_mesh_groups(p):
             assert group_ranks(rank, dim, p) == of[rank], (dim, rank)
     # every rank of a stage is in its stage group, the stage's ranks the product of its tp, cp and dp groups
     for rank in range(p.world):
-        stage = {a for b in group_ranks(rank, "dp", p) for c in group_ranks(b, "cp", p) for a in group_ranks(c, "tp", p)}
+        stage = {a for b in group_ranks(rank, "dp",
+                                        p) for c in group_ranks(b, "cp", p) for a in group_ranks(c, "tp", p)}
         assert sorted(stage) == {r: g for g in view_groups(shape, "stage", ("stage",)) for r in g}[rank]
 
 

@@ -8,8 +8,14 @@ import json
 import pytest
 
 from dayzero.errors import DayzeroError
-from dayzero.runtime.config import (CheckpointSection, FaultSection, ModelSection, OptimizerSection, TrainConfig,
-                                    upgrade_flat)
+from dayzero.runtime.config import (
+    CheckpointSection,
+    FaultSection,
+    ModelSection,
+    OptimizerSection,
+    TrainConfig,
+    upgrade_flat,
+)
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.validate.run import ValidationRequest
 

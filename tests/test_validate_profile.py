@@ -28,7 +28,8 @@ def coll_rows(link, groups=(2, 4, 8)):
                 rows.append({"collective": kind, "group": g, "bytes": b,
                              "seconds": float(collective_time(kind, b, g, link))})
             if g == 2:
-                rows.append({"collective": "send_recv", "group": 2, "bytes": b, "seconds": link.alpha + b / link.p2p_bw})
+                rows.append({"collective": "send_recv", "group": 2, "bytes": b,
+                             "seconds": link.alpha + b / link.p2p_bw})
     return rows
 
 

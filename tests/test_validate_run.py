@@ -72,7 +72,8 @@ def test_calibration_loop_stores_constants(profile, good_run, tmp_path, capsys):
     # the process baseline is fitted to the measured peak: one run, so its error vanishes
     mem = res["memory"]
     assert mem["after"]["median_abs_rel_error"] < 0.01 <= mem["before"]["median_abs_rel_error"] + 0.01
-    assert prof["accelerator"]["runtime_context_mib"] == pytest.approx(mem["runtime_context_bytes_after"] / 2**20, abs=0.1)
+    assert prof["accelerator"]["runtime_context_mib"] == pytest.approx(mem["runtime_context_bytes_after"] / 2**20,
+                                                                       abs=0.1)
     from dayzero.specs.cluster import get_cluster
 
     assert get_cluster(str(cal)).efficiency["gemm_bf16"] > 0

@@ -15,10 +15,14 @@ from dayzero.cli.render import FitTable
 
 @app.command("backtest")
 def backtest_cmd(
-    csv: Annotated[Optional[str], typer.Argument(help="CSV with the columns of the shipped published_runs_dev.csv; default: that file (448 published runs).")] = None,
+    csv: Annotated[Optional[str], typer.Argument(help="CSV with the columns of the shipped published_runs_dev.csv; "
+                                                      "default: that file (448 published runs).")] = None,
     calibration: CalibrationOpt = None,
-    fit: Annotated[bool, typer.Option("--fit", help="First fit the efficiency constants on the even-id half (minutes).")] = False,
-    write_calibration: Annotated[Optional[str], typer.Option("--write-calibration", help="With --fit: save the constants to FILE.json.")] = None,
+    fit: Annotated[bool, typer.Option("--fit", help="First fit the efficiency constants on the even-id half "
+                                                    "(minutes).")] = False,
+    write_calibration: Annotated[Optional[str], typer.Option("--write-calibration", help="With --fit: save the "
+                                                                                         "constants to "
+                                                                                         "FILE.json.")] = None,
     worst: Annotated[int, typer.Option("--worst", min=0, help="Rows with the largest errors to list.")] = 10,
     by: Annotated[str, typer.Option("--by", help="Group the error table by source, model, accelerator or precision "
                                     "(the GEMM recipe: bf16, fp8, mxfp8, fp4).")] = "source",
@@ -30,7 +34,10 @@ def backtest_cmd(
         help="Nelder-Mead steps per held-out group, warm-started from the constants in use.")] = 20,
     json_out: JsonOpt = False,
 ) -> None:
-    """Predict tokens/s per device for every row of a published-runs file; report MAPE overall, per half (fit on even ids, held-out odd ids) and per group (--by), the share of rows whose layout is predicted to fit device memory, which rows were skipped and why, and what was assumed where a row does not say. --holdout source adds the leave-one-source-group-out error.
+    """Predict tokens/s per device for every row of a published-runs file; report MAPE overall, per half (fit on even
+    ids, held-out odd ids) and per group (--by), the share of rows whose layout is predicted to fit device memory, which
+    rows were skipped and why, and what was assumed where a row does not say. --holdout source adds the
+    leave-one-source-group-out error.
 
     Example: [bold]dayzero backtest[/bold] (the shipped runs); [bold]dayzero backtest runs.csv --by model --json[/bold]
     """
@@ -82,7 +89,8 @@ def backtest_cmd(
         for col in ("id", "run", "layout", "published tok/s/dev", "predicted", "error", "memory"):
             w.add_column(col, num=col in ("published tok/s/dev", "predicted", "error", "memory"))
         for r in sorted(result["rows"], key=lambda r: -abs(r["rel_error"]))[:worst]:
-            w.add_row(r["id"], f"{r['model']} on {r['devices']:,} x {r['accelerator']}", r["layout"], f"{r['published']:,.0f}",
+            w.add_row(r["id"], f"{r['model']} on {r['devices']:,} x "
+                               f"{r['accelerator']}", r["layout"], f"{r['published']:,.0f}",
                       f"{r['predicted']:,.0f}", f"{r['rel_error']:+.1%}", f"{r['memory_fraction']:.0%}")
         console.print(w)
     if s["assumed"]:

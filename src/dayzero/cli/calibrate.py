@@ -15,20 +15,33 @@ from dayzero.cli.render import FitTable
 
 @app.command("calibrate")
 def calibrate_cmd(
-    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Ranks to measure with (as many as training will use).")] = 1,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the profile here (YAML; use as --cluster FILE).")] = None,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Ranks to measure with (as many as training will "
+                                                              "use).")] = 1,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the profile here (YAML; use as --cluster "
+                                                                    "FILE).")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Profile name (default: host-Nxdevice).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes and shorter timings (tests, smoke checks).")] = False,
-    nccl_tests: Annotated[Optional[list[Path]], typer.Option("--import-nccl-tests", help="Import nccl-tests output file(s) instead of measuring (repeat the option per file).")] = None,
-    accelerator: Annotated[Optional[str], typer.Option("--accelerator", "-a", help="With --import-nccl-tests: catalog accelerator (default: from the device name).")] = None,
-    base: Annotated[Optional[str], typer.Option("--base", help="With --import-nccl-tests: a profile or preset to extend.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes and shorter timings (tests, smoke "
+                                                        "checks).")] = False,
+    nccl_tests: Annotated[Optional[list[Path]], typer.Option("--import-nccl-tests", help="Import nccl-tests output "
+                                                                                         "file(s) instead of "
+                                                                                         "measuring (repeat the "
+                                                                                         "option per file).")] = None,
+    accelerator: Annotated[Optional[str], typer.Option("--accelerator", "-a", help="With --import-nccl-tests: catalog "
+                                                                                   "accelerator (default: from the "
+                                                                                   "device name).")] = None,
+    base: Annotated[Optional[str], typer.Option("--base", help="With --import-nccl-tests: a profile or preset to "
+                                                               "extend.")] = None,
     device: DeviceOpt = None, backend: BackendOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Measure GEMM throughput by shape and dtype, memory bandwidth, attention and collective bandwidth by message and group size on N ranks (gloo on CPU, the vendor's backend on an accelerator), fit them with the planner's own formulas, and write a hardware profile the planner accepts as [bold]--cluster FILE[/bold].
+    """Measure GEMM throughput by shape and dtype, memory bandwidth, attention and collective bandwidth by message and
+    group size on N ranks (gloo on CPU, the vendor's backend on an accelerator), fit them with the planner's own
+    formulas, and write a hardware profile the planner accepts as [bold]--cluster FILE[/bold].
 
-    Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml[/bold], then [bold]dayzero predict tiny-llama --cluster runs/host.yaml --dp 8[/bold].
-    Import nccl-tests: [bold]dayzero calibrate --import-nccl-tests all_reduce_perf.txt --import-nccl-tests all_gather_perf.txt --accelerator h100 --out runs/h100.yaml[/bold]
+    Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml[/bold], then [bold]dayzero predict tiny-llama
+    --cluster runs/host.yaml --dp 8[/bold].
+    Import nccl-tests: [bold]dayzero calibrate --import-nccl-tests all_reduce_perf.txt --import-nccl-tests
+    all_gather_perf.txt --accelerator h100 --out runs/h100.yaml[/bold]
     """
     from dayzero.outputs import prepare_output
 
@@ -88,7 +101,8 @@ def print_summary(result: dict) -> None:
     prof, s = result["profile"], result["summary"]
     m = prof["measurements"]["machine"]
     console.print(f"[bold]{prof['name']}[/bold]: {m['ranks']} {m['backend']} rank(s) on {m.get('name') or m['cpu']}, "
-                  f"{m['threads_per_rank']} thread(s) per rank; training computes in {s['compute_dtype']}", highlight=False)
+                  f"{m['threads_per_rank']} thread(s) per rank; training computes in "
+                  f"{s['compute_dtype']}", highlight=False)
     t = FitTable(title="GEMM (per rank, all ranks at once)", compact=True)
     for col in ("dtype", "peak TFLOP/s", "half-dim", "fit error", "attention TFLOP/s"):
         t.add_column(col, num=col != "dtype")

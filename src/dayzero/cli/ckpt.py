@@ -57,7 +57,8 @@ def list_cmd(
     """)
 def verify_cmd(
     path: Annotated[Path, typer.Argument(help="Checkpoint directory (all versions) or one version directory.")],
-    checksums: Annotated[bool, typer.Option("--checksums/--sizes-only", help="Hash every file (default) or only compare sizes.")] = True,
+    checksums: Annotated[bool, typer.Option("--checksums/--sizes-only", help="Hash every file (default) or only "
+                                                                             "compare sizes.")] = True,
     json_out: JsonOpt = False,
 ) -> None:
     from dayzero.runtime.checkpoint.inventory import verify_checkpoints
@@ -82,9 +83,11 @@ def verify_cmd(
 def export_cmd(
     version: Annotated[Path, typer.Argument(help="One checkpoint version directory (step-NNNNNNNN).")],
     out: Annotated[Path, typer.Argument(help="Output directory for model*.safetensors.")],
-    dtype: Annotated[Optional[str], typer.Option("--weights-dtype", help="Cast weights: fp32 | bf16 | fp16 (default: as saved).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--weights-dtype", help="Cast weights: fp32 | bf16 | fp16 (default: "
+                                                                         "as saved).")] = None,
     shard_gb: Annotated[float, typer.Option("--shard-gb", help="Maximum size of one output file, GiB.")] = 5.0,
-    names: Annotated[str, typer.Option("--names", help="hf: Hugging Face tensor names (+ config.json) when the model family is mapped | native: dayzero's names.")] = "hf",
+    names: Annotated[str, typer.Option("--names", help="hf: Hugging Face tensor names (+ config.json) when the model "
+                                                       "family is mapped | native: dayzero's names.")] = "hf",
     json_out: JsonOpt = False,
 ) -> None:
     """Export the model weights of a checkpoint (any layout) as consolidated Hugging Face safetensors,
@@ -113,9 +116,14 @@ def import_cmd(
     hf_dir: Annotated[Path, typer.Argument(help="Directory holding model*.safetensors (Hugging Face layout).")],
     root: Annotated[Path, typer.Argument(help="Checkpoint directory to write the version into (--ckpt-dir).")],
     step: Annotated[int, typer.Option("--step", min=0, help="Step number of the new version.")] = 0,
-    dtype: Annotated[Optional[str], typer.Option("--weights-dtype", help="Cast weights: fp32 | bf16 | fp16 (default: fp32 with a model, else as stored).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="Map HF names to this model's (preset or config.json; default: HF_DIR/config.json if present).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Import even if ROOT holds this step: the version named step-N is moved to a backup (named in the output) first.")] = False,
+    dtype: Annotated[Optional[str], typer.Option("--weights-dtype", help="Cast weights: fp32 | bf16 | fp16 (default: "
+                                                                         "fp32 with a model, else as stored).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Map HF names to this model's (preset or "
+                                                                 "config.json; default: HF_DIR/config.json if "
+                                                                 "present).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Import even if ROOT holds this step: the version named "
+                                                        "step-N is moved to a backup (named in the output) "
+                                                        "first.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Import Hugging Face safetensors as a model-only checkpoint version: [bold]dayzero train MODEL

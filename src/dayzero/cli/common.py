@@ -37,14 +37,21 @@ def commas(n: int) -> str:
 
 # -- shared options ----------------------------------------------------------------------------
 
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="Device type to run on, e.g. cpu or npu (default: the current accelerator, else cpu).")]
-BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="Process-group backend, e.g. gloo (default: PyTorch's for the device: gloo on cpu, the vendor's on an accelerator).")]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="Device type to run on, e.g. cpu or npu (default: "
+                                                                   "the current accelerator, else cpu).")]
+BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="Process-group backend, e.g. gloo (default: "
+                                                                     "PyTorch's for the device: gloo on cpu, the "
+                                                                     "vendor's on an accelerator).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
-ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster preset (dayzero hardware) or YAML file.")]
-AcceleratorOpt = Annotated[Optional[str], typer.Option("--accelerator", "-a", help="Accelerator name, e.g. h100, 910b, mi300x.")]
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster preset (dayzero hardware) or YAML "
+                                                                           "file.")]
+AcceleratorOpt = Annotated[Optional[str], typer.Option("--accelerator", "-a", help="Accelerator name, e.g. h100, "
+                                                                                   "910b, mi300x.")]
 DevicesOpt = Annotated[Optional[int], typer.Option("--devices", "-n", help="Device count with --accelerator.")]
-DevicesPerNodeOpt = Annotated[Optional[int], typer.Option("--devices-per-node", help="Devices per node with --accelerator.")]
-InterNodeOpt = Annotated[Optional[float], typer.Option("--inter-node-gbps", help="Scale-out Gbit/s per device with --accelerator.")]
+DevicesPerNodeOpt = Annotated[Optional[int], typer.Option("--devices-per-node", help="Devices per node with "
+                                                                                     "--accelerator.")]
+InterNodeOpt = Annotated[Optional[float], typer.Option("--inter-node-gbps", help="Scale-out Gbit/s per device with "
+                                                                                 "--accelerator.")]
 
 
 def cluster_from_options(cluster: str | None, accelerator: str | None, devices: int | None,
@@ -61,19 +68,32 @@ TpOpt = Annotated[int, typer.Option("--tp", "--tensor-model-parallel-size", min=
 PpOpt = Annotated[int, typer.Option("--pp", "--pipeline-model-parallel-size", min=1, help="Pipeline-parallel degree.")]
 DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: devices / (tp*pp*cp)).")]
 CpOpt = Annotated[int, typer.Option("--cp", "--context-parallel-size", min=1, help="Context-parallel degree.")]
-EpOpt = Annotated[int, typer.Option("--ep", "--expert-model-parallel-size", min=1, help="Expert-parallel degree (folded over dp x cp).")]
-EtpOpt = Annotated[int, typer.Option("--etp", "--expert-tensor-parallel-size", min=1, help="Tensor-parallel degree inside experts.")]
-VppOpt = Annotated[int, typer.Option("--vpp", "--virtual-pipeline-model-parallel-size", min=1, help="Virtual pipeline stages per rank (interleaved 1F1B).")]
+EpOpt = Annotated[int, typer.Option("--ep", "--expert-model-parallel-size", min=1, help="Expert-parallel degree "
+                                                                                        "(folded over dp x cp).")]
+EtpOpt = Annotated[int, typer.Option("--etp", "--expert-tensor-parallel-size", min=1, help="Tensor-parallel degree "
+                                                                                           "inside experts.")]
+VppOpt = Annotated[int, typer.Option("--vpp", "--virtual-pipeline-model-parallel-size", min=1, help="Virtual pipeline "
+                                                                                                    "stages per rank "
+                                                                                                    "(interleaved "
+                                                                                                    "1F1B).")]
 MbsOpt = Annotated[int, typer.Option("--mbs", "--micro-batch-size", min=1, help="Micro-batch size (sequences).")]
-GbsOpt = Annotated[Optional[int], typer.Option("--gbs", "--global-batch-size", min=1, help="Global batch size (sequences; default mbs*dp).")]
+GbsOpt = Annotated[Optional[int], typer.Option("--gbs", "--global-batch-size", min=1, help="Global batch size "
+                                                                                           "(sequences; default "
+                                                                                           "mbs*dp).")]
 SeqOpt = Annotated[int, typer.Option("--seq", "--seq-length", min=1, help="Sequence length (tokens).")]
-ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters.")]
+ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 "
+                                                                   "+parameters.")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recompute: none | selective | full.")]
-SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism with TP.")]
+SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence "
+                                                                                        "parallelism with TP.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Compute precision: bf16 | fp8.")]
-ScheduleOpt = Annotated[Optional[str], typer.Option("--schedule", help="Pipeline schedule: 1f1b | interleaved | gpipe.")]
-SplitOpt = Annotated[Optional[str], typer.Option("--layer-split", help="Layers per (virtual) stage, comma-separated, e.g. 5,6,6,5.")]
-AttentionKernelOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class: saves log-sum-exp) | flash2 | unfused (saves the s x s scores).")]
+ScheduleOpt = Annotated[Optional[str], typer.Option("--schedule", help="Pipeline schedule: 1f1b | interleaved | "
+                                                                       "gpipe.")]
+SplitOpt = Annotated[Optional[str], typer.Option("--layer-split", help="Layers per (virtual) stage, comma-separated, "
+                                                                       "e.g. 5,6,6,5.")]
+AttentionKernelOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class: "
+                                                                            "saves log-sum-exp) | flash2 | unfused "
+                                                                            "(saves the s x s scores).")]
 
 
 def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
@@ -85,7 +105,8 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
 
     from dayzero.specs.layout_options import LayoutOptions
 
-    seq_opt = SeqOpt if seq_help is None else Annotated[int, typer.Option("--seq", "--seq-length", min=1, help=seq_help)]
+    seq_opt = SeqOpt if seq_help is None else Annotated[int, typer.Option("--seq", "--seq-length", min=1,
+                                                                          help=seq_help)]
     flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("ep", EpOpt, 1),
              ("etp", EtpOpt, 1), ("vpp", VppOpt, 1), ("mbs", MbsOpt, 1), ("gbs", GbsOpt, None),
              ("seq", seq_opt, seq_default), ("zero", ZeroOpt, 1), ("recompute", RecomputeOpt, "none"),
@@ -119,10 +140,14 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
 
 # -- time, energy and cost of training (predict, plan, day0, compare) -------------------------
 
-TokensOpt = Annotated[str, typer.Option("--tokens", help="Tokens to train on: 15T, 300B, 1e12, 2.5e11 (K, M, B, T suffixes).")]
-PriceOpt = Annotated[Optional[float], typer.Option("--price-per-device-hour", help="Price of one device-hour (any currency); adds the cost.")]
-PueOpt = Annotated[float, typer.Option("--pue", help="Data-centre power usage effectiveness (>= 1; 1: device energy only).")]
-HostOverheadOpt = Annotated[float, typer.Option("--host-overhead", help="Host power (CPUs, NICs, switches) per device, fraction of device power.")]
+TokensOpt = Annotated[str, typer.Option("--tokens", help="Tokens to train on: 15T, 300B, 1e12, 2.5e11 (K, M, B, T "
+                                                         "suffixes).")]
+PriceOpt = Annotated[Optional[float], typer.Option("--price-per-device-hour", help="Price of one device-hour (any "
+                                                                                   "currency); adds the cost.")]
+PueOpt = Annotated[float, typer.Option("--pue", help="Data-centre power usage effectiveness (>= 1; 1: device energy "
+                                                     "only).")]
+HostOverheadOpt = Annotated[float, typer.Option("--host-overhead", help="Host power (CPUs, NICs, switches) per "
+                                                                        "device, fraction of device power.")]
 DEFAULT_TOKENS = "1T"
 
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}

@@ -39,24 +39,31 @@ def _names(text: str, flag: str) -> list[str]:
 
 @app.command("compare")
 def compare_cmd(
-    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")] = DEFAULT_MODEL,
-    accelerators: Annotated[Optional[str], typer.Option("--accelerators", help=f"Cards, comma-separated (default {DEFAULT_ACCELERATORS}), each with --devices.")] = None,
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
+                                              "one.")] = DEFAULT_MODEL,
+    accelerators: Annotated[Optional[str], typer.Option("--accelerators", help="Cards, comma-separated (default "
+                                                                               f"{DEFAULT_ACCELERATORS}), each with "
+                                                                               "--devices.")] = None,
     devices: DevicesOpt = None,
-    clusters: Annotated[Optional[str], typer.Option("--clusters", help="Cluster presets or YAML files, comma-separated (instead of --accelerators).")] = None,
+    clusters: Annotated[Optional[str], typer.Option("--clusters", help="Cluster presets or YAML files, "
+                                                                       "comma-separated (instead of "
+                                                                       "--accelerators).")] = None,
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = 1.0,
     host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
 ) -> None:
-    """The best plan of MODEL on each card (or cluster), side by side: HBM capacity and bandwidth, interconnect bandwidth and topology, step time, MFU, wall days, energy, TFLOP/s per W and cost of training --tokens tokens.
+    """The best plan of MODEL on each card (or cluster), side by side: HBM capacity and bandwidth, interconnect
+    bandwidth and topology, step time, MFU, wall days, energy, TFLOP/s per W and cost of training --tokens tokens.
 
-    Example: [bold]dayzero compare dense-3t --accelerators 910b,h100,h200,b200,mi300x --devices 8192[/bold]; [bold]dayzero compare llama-3.1-70b --clusters dgx-h100-1024,my-cluster.yaml --tokens 15T --json[/bold]
+    Example: [bold]dayzero compare dense-3t --accelerators 910b,h100,h200,b200,mi300x --devices 8192[/bold];
+    [bold]dayzero compare llama-3.1-70b --clusters dgx-h100-1024,my-cluster.yaml --tokens 15T --json[/bold]
     """
+    from dayzero.cli.common import model_notes, print_model_notes
     from dayzero.errors import ConfigError
     from dayzero.planner.perf import PerfOptions
     from dayzero.report.compare import compare
     from dayzero.specs.cluster import build_cluster, get_cluster
-    from dayzero.cli.common import model_notes, print_model_notes
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
@@ -127,7 +134,8 @@ def print_comparison(obj: dict, names: list[str]) -> None:
     for label, f in CARD_LINES:
         t.add_row(label, *[f(r) for r in obj["rows"]])
     for label, f in PLAN_LINES:
-        t.add_row(label, *[f(r) if r["fits"] else ("does not fit" if label == "layout" else MISSING) for r in obj["rows"]])
+        t.add_row(label, *[f(r) if r["fits"] else ("does not fit" if label == "layout" else MISSING)
+                           for r in obj["rows"]])
     console.print(t)
     for r in obj["rows"]:
         if not r["fits"]:

@@ -35,22 +35,28 @@ from dayzero.cli.render import FitTable
 
 @app.command("day0")
 def day0_cmd(
-    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")] = DEFAULT_MODEL,
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
+                                              "one.")] = DEFAULT_MODEL,
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = 1.0,
     host_overhead: HostOverheadOpt = 0.0,
-    ops: Annotated[bool, typer.Option("--ops/--no-ops", help="Trace the modeling code for operator coverage (needs torch and transformers).")] = True,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Report directory (default: runs/day0-MODEL-CLUSTER).")] = None,
+    ops: Annotated[bool, typer.Option("--ops/--no-ops", help="Trace the modeling code for operator coverage (needs "
+                                                             "torch and transformers).")] = True,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Report directory (default: "
+                                                                    "runs/day0-MODEL-CLUSTER).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """The Day-0 answer for a model on a cluster: can it train, how must it be split, how long will it take, what energy and cost, and which checks pass. Writes report.json, report.md and report.html (charts as inline SVG: opens offline).
+    """The Day-0 answer for a model on a cluster: can it train, how must it be split, how long will it take, what energy
+    and cost, and which checks pass. Writes report.json, report.md and report.html (charts as inline SVG: opens
+    offline).
 
     With no arguments: [bold]dense-3t[/bold] on [bold]ascend910b-8192[/bold], as [bold]dayzero plan[/bold].
 
-    Example: [bold]dayzero day0[/bold]; [bold]dayzero day0 ./my-model/config.json -a h100 -n 1024 --tokens 15T --price-per-device-hour 2.5 --out runs/my-day0[/bold]
+    Example: [bold]dayzero day0[/bold]; [bold]dayzero day0 ./my-model/config.json -a h100 -n 1024 --tokens 15T
+    --price-per-device-hour 2.5 --out runs/my-day0[/bold]
     """
     from rich.progress import (
         BarColumn,

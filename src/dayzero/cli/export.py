@@ -30,7 +30,8 @@ def _plan_source(source: str, model: str | None) -> tuple[str, dict] | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("parallel"), dict):
         if isinstance(obj, dict) and "model_type" in obj:
             return None  # a config.json: the model itself
-        raise ConfigError(str(path), "parallel", "expected `dayzero plan --json` or `dayzero predict --json` output, or a "
+        raise ConfigError(str(path), "parallel", "expected `dayzero plan --json` or `dayzero predict --json` output, "
+                                                 "or a "
                           "model config.json")
     return model or obj.get("model"), obj["parallel"]
 
@@ -42,18 +43,24 @@ def export_cmd(
                                                "(preset, config.json, directory) with layout flags.")],
     to: Annotated[str, typer.Option("--to", help=f"Engine: {' | '.join(WRITERS)}.")],
     layout: LayoutOptions = LayoutOptions(),
-    precision: Annotated[str, typer.Option("--precision", help="GEMM precision with a model: bf16 | fp8 | fp4.")] = "bf16",
-    devices: Annotated[Optional[int], typer.Option("--devices", "-n", min=1, help="Ranks, with a model (dp fills them).")] = None,
+    precision: Annotated[str, typer.Option("--precision", help="GEMM precision with a model: bf16 | fp8 | "
+                                                               "fp4.")] = "bf16",
+    devices: Annotated[Optional[int], typer.Option("--devices", "-n", min=1, help="Ranks, with a model (dp fills "
+                                                                                  "them).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="With a plan file: the model, when the plan's name is "
                                                  "not a preset.")] = None,
     devices_per_node: Annotated[Optional[int], typer.Option("--devices-per-node", min=1, help="Ranks per node in the "
                                                             "launch (default 8).")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the engine's files into this directory.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the engine's files into this "
+                                                                    "directory.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments or a DeepSpeed config JSON and its launch line, with every setting the engine cannot express listed. A layout the engine cannot run is refused with the reason.
+    """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments or a DeepSpeed config JSON and its
+    launch line, with every setting the engine cannot express listed. A layout the engine cannot run is refused with the
+    reason.
 
-    Example: [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --engine megatron --json > plan.json; dayzero export plan.json --to megatron -o runs/export/megatron[/bold]
+    Example: [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --engine megatron --json > plan.json; dayzero export
+    plan.json --to megatron -o runs/export/megatron[/bold]
     """
     from dayzero.errors import ConfigError
     from dayzero.outputs import prepare_output
@@ -121,11 +128,13 @@ def _detect(path: Path) -> str:
 @app.command("import")
 def import_cmd(
     file: Annotated[Path, typer.Argument(help="A Megatron argument list or a DeepSpeed config JSON.")],
-    devices: Annotated[int, typer.Option("--devices", "-n", min=1, help="Ranks the job runs on (the launcher's world size).")],
+    devices: Annotated[int, typer.Option("--devices", "-n", min=1, help="Ranks the job runs on (the launcher's world "
+                                                                        "size).")],
     model: Annotated[Optional[str], typer.Option("--model", help="The model, for the next step's command.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Read an engine's launch (a Megatron argument list, a DeepSpeed config JSON) into a dayzero layout, so predict and memory can judge a launch a team already has.
+    """Read an engine's launch (a Megatron argument list, a DeepSpeed config JSON) into a dayzero layout, so predict and
+    memory can judge a launch a team already has.
 
     Example: [bold]dayzero import runs/export/megatron/megatron_args.txt --devices 64[/bold]
     """
@@ -137,5 +146,6 @@ def import_cmd(
     console.print(f"{file} ({engine}): [bold]{parallel.describe()}[/bold] on {devices} ranks", highlight=False)
     for n in notes:
         console.print(f"  {n}", highlight=False)
-    print_next(console, [Step.of("dayzero", "predict", model or "MODEL", "--accelerator", "ACCELERATOR", "--devices", devices,
+    print_next(console, [Step.of("dayzero", "predict", model or "MODEL", "--accelerator", "ACCELERATOR", "--devices",
+                                 devices,
                                  *layout_flags(parallel.to_dict()), why="its step time and memory")])

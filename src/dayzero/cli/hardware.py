@@ -42,7 +42,8 @@ CLUSTER_FIELDS = (
 
 @app.command("hardware")
 def hardware_cmd(
-    name: Annotated[Optional[str], typer.Argument(help="An accelerator (h100, 910b, ...) or cluster preset to show in full.")] = None,
+    name: Annotated[Optional[str], typer.Argument(help="An accelerator (h100, 910b, ...) or cluster preset to show in "
+                                                       "full.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """List accelerators and cluster presets, or show one in full with its sources.

@@ -5,19 +5,33 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+
 from dayzero.cli.app import app
-from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
-from dayzero.cli.common import JsonOpt, commas, console, emit_json, human
+from dayzero.cli.common import (
+    JsonOpt,
+    TrustRemoteCodeOpt,
+    commas,
+    console,
+    emit_json,
+    human,
+    model_notes,
+    print_model_notes,
+)
 from dayzero.cli.next_steps import Step, print_next, starter_devices
 from dayzero.cli.render import FitTable
 
 
 @app.command("inspect")
 def inspect_cmd(
-    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
-    seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length for FLOPs (default: min(max positions, 4096)).")] = None,
-    causal: Annotated[bool, typer.Option("--causal/--full-attention", help="Count only the causal half of attention scores (default: full s x s, as Narayanan et al. 2021).")] = False,
-    with_mtp: Annotated[bool, typer.Option("--with-mtp", help="Add multi-token-prediction layers to params_total.")] = False,
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
+                                              "one.")],
+    seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length for FLOPs (default: min(max positions, "
+                                                             "4096)).")] = None,
+    causal: Annotated[bool, typer.Option("--causal/--full-attention", help="Count only the causal half of attention "
+                                                                           "scores (default: full s x s, as Narayanan "
+                                                                           "et al. 2021).")] = False,
+    with_mtp: Annotated[bool, typer.Option("--with-mtp", help="Add multi-token-prediction layers to "
+                                                              "params_total.")] = False,
     trust_remote_code: TrustRemoteCodeOpt = False, json_out: JsonOpt = False,
 ) -> None:
     """Exact parameters (total, active, embedding, per layer by component) and FLOPs per token.
@@ -44,7 +58,8 @@ def inspect_cmd(
     t.add_row("parameters, embedding", commas(s.params_embedding), human(s.params_embedding))
     t.add_row("parameters, output head", commas(s.params_head), human(s.params_head))
     if spec.mtp_layers and not with_mtp:
-        t.add_row(f"+ {spec.mtp_layers} MTP layer(s) (--with-mtp)", commas(s.params_total_with_mtp - s.params_total), "")
+        t.add_row(f"+ {spec.mtp_layers} MTP layer(s) "
+                  "(--with-mtp)", commas(s.params_total_with_mtp - s.params_total), "")
     if s.checkpoint_elements != total:
         t.add_row("checkpoint tensor elements", commas(s.checkpoint_elements), human(s.checkpoint_elements))
     conv = "causal" if causal else "full attention"
@@ -66,7 +81,8 @@ def inspect_cmd(
         lt.add_column(c.replace("_", " "), num=True)
     lt.add_column("total", num=True)
     for _, a, b, lc in groups:
-        lt.add_row(f"{a}" if a == b else f"{a}-{b}", lc.kind, *[human(getattr(lc, c)) if getattr(lc, c) else "·" for c in COMPONENTS],
+        lt.add_row(f"{a}" if a == b else f"{a}-{b}", lc.kind,
+                   *[human(getattr(lc, c)) if getattr(lc, c) else "·" for c in COMPONENTS],
                    human(lc.total))
     console.print(lt)
     if spec.extra.get("derived"):

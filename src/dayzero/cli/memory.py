@@ -7,14 +7,27 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
-from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
-                                InterNodeOpt, JsonOpt, PrecisionOpt, cluster_from_options,
-                                console, emit_json, takes_layout)
-from dayzero.specs.layout_options import LayoutOptions
+from dayzero.cli.common import (
+    AcceleratorOpt,
+    AttentionKernelOpt,
+    ClusterOpt,
+    DevicesOpt,
+    DevicesPerNodeOpt,
+    InterNodeOpt,
+    JsonOpt,
+    PrecisionOpt,
+    TrustRemoteCodeOpt,
+    cluster_from_options,
+    console,
+    emit_json,
+    model_notes,
+    print_model_notes,
+    takes_layout,
+)
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
 from dayzero.cli.render import FitTable
 from dayzero.planner.targets import MEMORY_TARGET as TARGET
+from dayzero.specs.layout_options import LayoutOptions
 
 CATS = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 HEADS = ("weights", "grads", "optim", "activ", "temp", "ovhd")  # the per-stage table's column heads
@@ -42,29 +55,43 @@ def ranges(layers) -> str:
 @app.command("memory")
 @takes_layout()
 def memory_cmd(
-    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
+                                              "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
-    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: only the first N layers of each stage.")] = None,
-    balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp 1).")] = False,
-    grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 (ZeRO paper).")] = "fp32",
+    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: only "
+                                                                                       "the first N layers of each "
+                                                                                       "stage.")] = None,
+    balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp "
+                                                            "1).")] = False,
+    grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
+                                                                 "(ZeRO paper).")] = "fp32",
     attention_kernel: AttentionKernelOpt = "fused",
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
-    capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced share.")] = 1.0,
-    fragmentation: Annotated[float, typer.Option("--fragmentation", help="Allocator slack budget, fraction of allocated bytes.")] = 0.10,
-    simulate: Annotated[bool, typer.Option("--simulate/--no-simulate", help="Replay one step of the busiest stage through a caching allocator.")] = True,
-    timeline: Annotated[Optional[str], typer.Option("--timeline", help="Write memory over the step by category to FILE.png.")] = None,
-    exact: Annotated[bool, typer.Option("--exact", help="Also run the runtime's model for one rank per stage under fake tensors and compare (needs torch).")] = False,
-    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="With --exact: the runtime's compute dtype, bf16 | fp32.")] = "bf16",
+    capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced "
+                                                                             "share.")] = 1.0,
+    fragmentation: Annotated[float, typer.Option("--fragmentation", help="Allocator slack budget, fraction of "
+                                                                         "allocated bytes.")] = 0.10,
+    simulate: Annotated[bool, typer.Option("--simulate/--no-simulate", help="Replay one step of the busiest stage "
+                                                                            "through a caching allocator.")] = True,
+    timeline: Annotated[Optional[str], typer.Option("--timeline", help="Write memory over the step by category to "
+                                                                       "FILE.png.")] = None,
+    exact: Annotated[bool, typer.Option("--exact", help="Also run the runtime's model for one rank per stage under "
+                                                        "fake tensors and compare (needs torch).")] = False,
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="With --exact: the runtime's compute dtype, "
+                                                                       "bf16 | fp32.")] = "bf16",
     trust_remote_code: TrustRemoteCodeOpt = False, json_out: JsonOpt = False,
 ) -> None:
     """Per-device memory of every pipeline stage: weights, gradients, optimizer, activations, temporary, overhead.
 
-    Shows the model states before sharding, what ZeRO 0-3 leave per device for this layout, a table per stage (red above 85 % of device memory) and an allocator replay of the busiest stage.
+    Shows the model states before sharding, what ZeRO 0-3 leave per device for this layout, a table per stage (red above
+    85 % of device memory) and an allocator replay of the busiest stage.
 
-    Example: [bold]dayzero memory dense-3t --cluster ascend910b-8192 --tp 8 --pp 16 --dp 64 --zero 3 --recompute full[/bold]
-    Ground truth: [bold]dayzero memory llama-3.1-8b --accelerator h100 --devices 8 --tp 2 --dp 4 --seq 4096 --gbs 8 --exact[/bold]
+    Example: [bold]dayzero memory dense-3t --cluster ascend910b-8192 --tp 8 --pp 16 --dp 64 --zero 3 --recompute
+    full[/bold]
+    Ground truth: [bold]dayzero memory llama-3.1-8b --accelerator h100 --devices 8 --tp 2 --dp 4 --seq 4096 --gbs 8
+    --exact[/bold]
     """
     from dayzero.outputs import prepare_output
 
@@ -186,7 +213,8 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     t.add_column("state")
     t.add_column("bytes", num=True)
     for name, val, per in (("weights, BF16", states.weights, opts.param_bytes),
-                           (f"gradients, {'FP32' if opts.grad_bytes == 4 else 'BF16'}", states.gradients, opts.grad_bytes),
+                           (f"gradients, {'FP32' if opts.grad_bytes == 4 else 'BF16'}", states.gradients,
+                            opts.grad_bytes),
                            ("master weights, FP32", states.master, opts.master_bytes),
                            ("AdamW moments (exp_avg, exp_avg_sq), FP32", states.moments, opts.optim_bytes)):
         t.add_row(f"{name} ({per} B/param)", tb(val))
@@ -208,10 +236,12 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     n, o = par.dp * par.cp, opts
     g = o.grad_bytes
     per = {z: zero_state_bytes(1, n, z, o) for z in (1, 2, 3)}  # bytes per dense parameter (ZeRO's rule)
-    console.print(f"per dense parameter: ZeRO-0 {o.bytes_per_param} B; ZeRO-1 {o.param_bytes}+{g}+{o.master_bytes + o.optim_bytes}/{n} "
+    console.print(f"per dense parameter: ZeRO-0 {o.bytes_per_param} B; ZeRO-1 "
+                  f"{o.param_bytes}+{g}+{o.master_bytes + o.optim_bytes}/{n} "
                   f"= {per[1]:.3g} B; ZeRO-2 {o.param_bytes}+"
                   f"{g + o.master_bytes + o.optim_bytes}/{n} = {per[2]:.3g} B "
-                  f"([bold]{zrows[2]['cut_factor']:.2f}x[/bold] here; the classic 'about 8x' is (2+2+12)/2 as dp grows, "
+                  f"([bold]{zrows[2]['cut_factor']:.2f}x[/bold] here; the classic 'about 8x' is (2+2+12)/2 as dp "
+                  "grows, "
                   f"with BF16 gradients); ZeRO-3 {o.bytes_per_param}/{n} = {per[3]:.3g} B plus the gathered "
                   f"layers in flight (temporary).")
 
@@ -222,7 +252,8 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     for st in report.stages:
         util = st.total / cap
         style = "bold red" if util > TARGET else ("bold" if st.stage == report.busiest_stage else "")
-        s.add_row(str(st.stage), ranges(st.layers), *[gb(getattr(st, c)) for c in CATS], gb(st.total), f"{util:.1%}", style=style)
+        s.add_row(str(st.stage), ranges(st.layers), *[gb(getattr(st, c)) for c in CATS], gb(st.total), f"{util:.1%}",
+                  style=style)
     console.print(s)
 
     busiest = report.stages[report.busiest_stage]
@@ -236,7 +267,8 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
 
     if sim is not None:
         oom = f"; [red]allocator OOM at event {sim.oom_at}[/red]" if sim.oom_at is not None else ""
-        console.print(f"Allocator replay of stage {sim.rank} ({sim.microbatches} micro-batches, {sim.events:,} events): "
+        console.print(f"Allocator replay of stage {sim.rank} ({sim.microbatches} micro-batches, {sim.events:,} "
+                      "events): "
                       f"peak allocated {gb(sim.peak_allocated)} GB, peak reserved {gb(sim.peak_reserved)} GB, "
                       f"fragmentation {sim.fragmentation:.1%} (budgeted {opts.fragmentation:.0%} of allocated){oom}")
         if timeline:

@@ -15,7 +15,6 @@ from typing import Any, Mapping, Sequence
 from rich.console import Console
 from rich.text import Text
 
-
 # Layout flags every verb that takes a layout understands; the value is the flag's default,
 # None for the degrees always written out (their defaults differ between verbs).
 _ALWAYS = ("tp", "pp", "dp", "mbs", "gbs", "seq", "zero")

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, human
-from dayzero.ops.manifest import DEFAULT_MANIFEST, SHIPPED
 from dayzero.cli.next_steps import Step, print_next, starter_devices
 from dayzero.cli.render import FitTable
 from dayzero.errors import DayzeroError
-
+from dayzero.ops.manifest import DEFAULT_MANIFEST, SHIPPED
 
 # the dtype vocabulary of every verb (bf16 | fp16 | fp32) -> transformers' torch dtype names
 TRACE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -20,19 +20,32 @@ TRACE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 @app.command("ops")
 def ops_cmd(
-    model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json, or a directory (with its own modeling_*.py: needs --trust-remote-code).")] = None,
-    manifest: Annotated[str, typer.Option("--manifest", "-m", help=f"Backend manifest: {', '.join(SHIPPED)}, or a YAML file.")] = DEFAULT_MANIFEST,
-    seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length traced (default: min(max positions, 4096)).")] = None,
+    model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json, or a directory (with its own "
+                                                        "modeling_*.py: needs --trust-remote-code).")] = None,
+    manifest: Annotated[str, typer.Option("--manifest", "-m", help=f"Backend manifest: {', '.join(SHIPPED)}, or a "
+                                                                   "YAML file.")] = DEFAULT_MANIFEST,
+    seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length traced (default: min(max positions, "
+                                                             "4096)).")] = None,
     batch: Annotated[int, typer.Option("--batch", help="Micro-batch size traced.")] = 1,
-    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="Dtype the model is traced in: bf16 | fp16 | fp32.")] = "bf16",
-    experts_impl: Annotated[str, typer.Option("--experts-impl", help="transformers' MoE experts implementation: grouped_mm | eager | batched_mm.")] = "grouped_mm",
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a local directory's own modeling_*.py.")] = False,
-    check: Annotated[bool, typer.Option("--check/--no-check", help="Check decompositions numerically on random CPU inputs.")] = True,
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="Dtype the model is traced in: bf16 | fp16 | "
+                                                                       "fp32.")] = "bf16",
+    experts_impl: Annotated[str, typer.Option("--experts-impl", help="transformers' MoE experts implementation: "
+                                                                     "grouped_mm | eager | "
+                                                                     "batched_mm.")] = "grouped_mm",
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a local directory's own "
+                                                                                "modeling_*.py.")] = False,
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Check decompositions numerically on random CPU "
+                                                                   "inputs.")] = True,
     top: Annotated[int, typer.Option("--top", help="Rows in the operator table (0: all).")] = 25,
-    emit_manifest: Annotated[Optional[str], typer.Option("--emit-manifest", help="Print a manifest for a dispatch key (CPU, CUDA, PrivateUse1, ...; 'core' = Core ATen opset) and exit.")] = None,
-    manifest_source: Annotated[str, typer.Option("--manifest-source", help="With --emit-manifest: auto | dispatcher | native_functions.")] = "auto",
+    emit_manifest: Annotated[Optional[str], typer.Option("--emit-manifest", help="Print a manifest for a dispatch key "
+                                                                                 "(CPU, CUDA, PrivateUse1, ...; "
+                                                                                 "'core' = Core ATen opset) and "
+                                                                                 "exit.")] = None,
+    manifest_source: Annotated[str, typer.Option("--manifest-source", help="With --emit-manifest: auto | dispatcher | "
+                                                                           "native_functions.")] = "auto",
     name: Annotated[Optional[str], typer.Option("--name", help="With --emit-manifest: the manifest's name.")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="With --emit-manifest: write to this file instead of stdout.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="With --emit-manifest: write to this file instead "
+                                                                    "of stdout.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Trace one training step of MODEL's real modeling code (transformers, meta tensors, one layer
@@ -81,7 +94,8 @@ def ops_cmd(
     steps = []
     if top > 0 and len(obj["ops"]) > top:
         again = ["dayzero", "ops", model, "--manifest", manifest, "--top", "0"]
-        for flag, v, default in (("--seq", seq, None), ("--batch", batch, 1), ("--compute-dtype", compute_dtype, "bf16"),
+        for flag, v, default in (("--seq", seq, None), ("--batch", batch, 1), ("--compute-dtype", compute_dtype,
+                                                                               "bf16"),
                                  ("--experts-impl", experts_impl, "grouped_mm")):
             if v != default:
                 again += [flag, v]
@@ -139,8 +153,10 @@ def _print(r: dict, top: int) -> None:
     t.add_row("FLOPs / token (traced)", human(r["flops_per_token"], "FLOP"))
     fc = r["flops_check"]
     if fc:
-        note = " (sliding windows: inspect counts the window, eager attention computes s x s)" if fc["sliding_window"] else ""
-        t.add_row("  vs dayzero inspect", f"{human(fc['inspect_per_token'], 'FLOP')}, {100 * fc['rel_diff']:+.2f} %{note}")
+        note = (" (sliding windows: inspect counts the window, eager attention computes s x s)"
+                if fc["sliding_window"] else "")
+        t.add_row("  vs dayzero "
+                  "inspect", f"{human(fc['inspect_per_token'], 'FLOP')}, {100 * fc['rel_diff']:+.2f} %{note}")
     t.add_row("coverage by calls", _pct(r["coverage"]))
     t.add_row("coverage by FLOPs", _pct(r["coverage_flops"]))
     t.add_row("memory traffic / step", human(r["bytes"], "B"))
@@ -155,8 +171,11 @@ def _print(r: dict, top: int) -> None:
     rows = r["ops"] if top <= 0 else r["ops"][:top]
     for o in rows:
         where = ", ".join(list(o["categories"])[:2])
-        ok = "[green]yes[/green]" if o["supported"] else ("[yellow]decomposes[/yellow]" if o["decomposition"] and o["decomposition"]["complete"] else "[red]no[/red]")
-        ot.add_row(_short(o["op"]), f"{o['count']:,}", human(o["flops"]) if o["flops"] else "·", human(o["bytes"], "B") if o["bytes"] else "·",
+        decomposes = o["decomposition"] and o["decomposition"]["complete"]
+        ok = ("[green]yes[/green]" if o["supported"] else
+              "[yellow]decomposes[/yellow]" if decomposes else "[red]no[/red]")
+        ot.add_row(_short(o["op"]), f"{o['count']:,}", human(o["flops"]) if o["flops"] else "·",
+                   human(o["bytes"], "B") if o["bytes"] else "·",
                    _dts(o["dtypes"]), where, ok)
     if top > 0 and len(r["ops"]) > top:
         ot.caption = f"{len(r['ops']) - top} more (--top 0 shows all)"
@@ -175,7 +194,6 @@ def _print(r: dict, top: int) -> None:
                 dec = why + "[red]needs a kernel[/red]" + (f" (missing {_ops_list(missing)})" if missing else "")
             else:
                 dec = why + _ops_list(d["ops"])
-            err = d.get("max_abs_err")
             chk = {True: "[green]ok[/green]", False: "[red]mismatch[/red]", None: "—"}[d.get("verified")]
             share = f"{100 * u['flops_share']:.1f}/{100 * u['bytes_share']:.1f}"
             ut.add_row(_short(u["op"]), f"{u['unsupported_count']:,}", share, dec, chk)

@@ -6,15 +6,42 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+
 from dayzero.cli.app import app
-from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
-from dayzero.cli.common import (DEFAULT_TOKENS, AcceleratorOpt, ClusterOpt, DevicesOpt, DevicesPerNodeOpt,
-                                HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
-                                cluster_from_options, console, cost_options, emit_json)
-from dayzero.cli.predict import (AttentionKernelOpt, CalibrationOpt, EpOverlapOpt, ImbalanceOpt, OrderOpt, PrecisionOpt,
-                                 TpOverlapOpt, check_precision, describe, next_for_layout,
-                                 print_prediction)
+from dayzero.cli.common import (
+    DEFAULT_TOKENS,
+    AcceleratorOpt,
+    ClusterOpt,
+    DevicesOpt,
+    DevicesPerNodeOpt,
+    HostOverheadOpt,
+    InterNodeOpt,
+    JsonOpt,
+    PriceOpt,
+    PueOpt,
+    TokensOpt,
+    TrustRemoteCodeOpt,
+    cluster_from_options,
+    console,
+    cost_options,
+    emit_json,
+    model_notes,
+    print_model_notes,
+)
 from dayzero.cli.next_steps import cluster_flags, print_next
+from dayzero.cli.predict import (
+    AttentionKernelOpt,
+    CalibrationOpt,
+    EpOverlapOpt,
+    ImbalanceOpt,
+    OrderOpt,
+    PrecisionOpt,
+    TpOverlapOpt,
+    check_precision,
+    describe,
+    next_for_layout,
+    print_prediction,
+)
 from dayzero.cli.render import FitTable
 from dayzero.planner.targets import MEMORY_TARGET
 
@@ -27,7 +54,8 @@ DEFAULT_GBS = 4096
 ScenarioGbsOpt = Annotated[int, typer.Option("--gbs", min=1, help="Global batch size, sequences.")]
 ScenarioSeqOpt = Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")]
 
-ListOpt = lambda name, what: Annotated[Optional[str], typer.Option(name, help=f"Only these {what} (comma-separated).")]  # noqa: E731
+def ListOpt(name: str, what: str):  # noqa: N802 (used as a type, like the other *Opt)
+    return Annotated[Optional[str], typer.Option(name, help=f"Only these {what} (comma-separated).")]
 
 
 def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
@@ -62,17 +90,20 @@ def _bools(text: str | None, name: str) -> tuple[bool, ...] | None:
 
 @app.command("plan")
 def plan_cmd(
-    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")] = DEFAULT_MODEL,
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
+                                              "one.")] = DEFAULT_MODEL,
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.")] = 5,
-    max_memory: Annotated[float, typer.Option("--max-memory", min=0.05, max=1.0, help="Peak memory limit, fraction of device memory.")] = MEMORY_TARGET,
+    max_memory: Annotated[float, typer.Option("--max-memory", min=0.05, max=1.0,
+                                              help="Peak memory limit, fraction of device memory.")] = MEMORY_TARGET,
     tp: ListOpt("--tp", "tensor-parallel degrees") = None, pp: ListOpt("--pp", "pipeline degrees") = None,
     cp: ListOpt("--cp", "context-parallel degrees") = None, ep: ListOpt("--ep", "expert-parallel degrees") = None,
     mbs: ListOpt("--mbs", "micro-batch sizes") = None, zero: ListOpt("--zero", "ZeRO stages") = None,
-    etp: ListOpt("--etp", "expert tensor-parallel degrees") = None, vpp: ListOpt("--vpp", "virtual stages per rank") = None,
+    etp: ListOpt("--etp", "expert tensor-parallel "
+                          "degrees") = None, vpp: ListOpt("--vpp", "virtual stages per rank") = None,
     recompute: ListOpt("--recompute", "recompute modes (none, selective, full)") = None,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
@@ -83,11 +114,15 @@ def plan_cmd(
                                                   "megatron | torchtitan | deepspeed | dayzero.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass; each plan with the time, energy and cost of training --tokens tokens.
+    """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest
+    layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass; each
+    plan with the time, energy and cost of training --tokens tokens.
 
-    With no arguments: [bold]dense-3t[/bold] on [bold]ascend910b-8192[/bold] (8,192 Ascend 910B, 8-card HCCS full-mesh nodes).
+    With no arguments: [bold]dense-3t[/bold] on [bold]ascend910b-8192[/bold] (8,192 Ascend 910B, 8-card HCCS full-mesh
+    nodes).
 
-    Example: [bold]dayzero plan[/bold]; [bold]dayzero plan moe-3t --cluster dgx-h100-16384 --json[/bold]; [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --gbs 128 --seq 8192 --precision fp8 --tp-overlap[/bold]
+    Example: [bold]dayzero plan[/bold]; [bold]dayzero plan moe-3t --cluster dgx-h100-16384 --json[/bold]; [bold]dayzero
+    plan llama-3.1-70b -a h100 -n 64 --gbs 128 --seq 8192 --precision fp8 --tp-overlap[/bold]
     """
     from dayzero.planner.perf import PerfOptions
     from dayzero.planner.search import SearchSpace, plan
@@ -101,7 +136,8 @@ def plan_cmd(
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
-                            ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("recompute", _words(recompute)),
+                            ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("recompute",
+                                                                                         _words(recompute)),
                             ("sequence_parallel", _bools(sequence_parallel, "--sequence-parallel")))
           if v is not None}
     if engine:
@@ -115,7 +151,8 @@ def plan_cmd(
     if json_out:
         emit_json({**obj, **model_notes(spec)})
         return
-    console.print(f"[bold]{spec.name}[/bold] on [bold]{cl.name}[/bold] ({cl.devices:,} x {cl.accelerator.id}), gbs {gbs} x "
+    console.print(f"[bold]{spec.name}[/bold] on [bold]{cl.name}[/bold] ({cl.devices:,} x {cl.accelerator.id}), gbs "
+                  f"{gbs} x "
                   f"seq {seq}, {obj['precision']}: {obj['considered']:,} layouts considered in "
                   f"{obj['seconds']['search']:.2f} s ({obj['timed']:,} timed)")
     rej = ", ".join(f"{k} {v:,}" for k, v in obj["rejected"].items())
@@ -134,7 +171,8 @@ def plan_cmd(
         t.add_row(describe(p["parallel"]), f"{tm['step_s']:.4g}", "best" if i == 1 else f"{p['vs_best']:+.1%}",
                   _per_device(th["tokens_per_s_per_device"]),
                   mark(f"{th['mfu']:.0%}", "mfu"), mark(f"{p['comm_ratio']:.0%}", "comm_ratio"),
-                  f"{tm['bubble_s'] / tm['step_s']:.0%}", mark(f"{p['memory']['utilization']:.0%}", "peak_memory_fraction"))
+                  f"{tm['bubble_s'] / tm['step_s']:.0%}", mark(f"{p['memory']['utilization']:.0%}",
+                                                               "peak_memory_fraction"))
     console.print(t)
     print_prediction(obj["plans"][0], title="[bold]Best plan[/bold]")
     if "binding" in obj["plans"][0]:

@@ -5,23 +5,47 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+
 from dayzero.cli.app import app
-from dayzero.cli.common import TrustRemoteCodeOpt, model_notes, print_model_notes
-from dayzero.cli.common import (AcceleratorOpt, AttentionKernelOpt, ClusterOpt, DEFAULT_TOKENS, DevicesOpt,
-                                DevicesPerNodeOpt, HostOverheadOpt, InterNodeOpt, JsonOpt, PriceOpt, PueOpt, TokensOpt,
-                                cluster_from_options, console, cost_options, emit_json, human,
-                                takes_layout)
-from dayzero.specs.layout_options import LayoutOptions
+from dayzero.cli.common import (
+    DEFAULT_TOKENS,
+    AcceleratorOpt,
+    AttentionKernelOpt,
+    ClusterOpt,
+    DevicesOpt,
+    DevicesPerNodeOpt,
+    HostOverheadOpt,
+    InterNodeOpt,
+    JsonOpt,
+    PriceOpt,
+    PueOpt,
+    TokensOpt,
+    TrustRemoteCodeOpt,
+    cluster_from_options,
+    console,
+    cost_options,
+    emit_json,
+    human,
+    model_notes,
+    print_model_notes,
+    takes_layout,
+)
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
 from dayzero.cli.render import FitTable
 from dayzero.report.layout_text import describe  # plan uses it from here too
+from dayzero.specs.layout_options import LayoutOptions
 
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; memory as fp8).")]
-TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap).")]
-EpOverlapOpt = Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help="Overlap EP all-to-all with another micro-batch (DualPipe-style).")]
-ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="Busiest device's routed tokens over the average (1.0: balanced).")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; "
+                                                               "memory as fp8).")]
+TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs "
+                                                                                 "(Megatron --tp-comm-overlap).")]
+EpOverlapOpt = Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help="Overlap EP all-to-all with another "
+                                                                                 "micro-batch (DualPipe-style).")]
+ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="Busiest device's routed tokens over the average "
+                                                                     "(1.0: balanced).")]
 OrderOpt = Annotated[str, typer.Option("--rank-order", help="Rank layout, fastest dim first.")]
-CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="JSON/YAML of efficiency constants (see docs/performance.md).")]
+CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="JSON/YAML of efficiency constants (see "
+                                                                             "docs/performance.md).")]
 
 
 def check_precision(precision: str, cluster=None) -> None:
@@ -38,18 +62,24 @@ def check_precision(precision: str, cluster=None) -> None:
 @app.command("predict")
 @takes_layout()
 def predict_cmd(
-    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
+                                              "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False,
-    moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
+    layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False,
+                ep_overlap: EpOverlapOpt = False,
+    moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp",
+                attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory, every collective of the step, the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %), and the time, energy and cost of training --tokens tokens.
+    """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory,
+    every collective of the step, the Day-0 checks (MFU > 50 %, memory < 85 %, communication < 15 %), and the time,
+    energy and cost of training --tokens tokens.
 
-    Example: [bold]dayzero predict llama-3.1-70b --accelerator h100 --devices 64 --tp 4 --pp 4 --vpp 5 --gbs 128 --seq 8192 --sequence-parallel --precision fp8 --tp-overlap[/bold]
+    Example: [bold]dayzero predict llama-3.1-70b --accelerator h100 --devices 64 --tp 4 --pp 4 --vpp 5 --gbs 128 --seq
+    8192 --sequence-parallel --precision fp8 --tp-overlap[/bold]
     """
     from dayzero.planner.perf import PerfOptions
     from dayzero.planner.predict import predict
@@ -101,7 +131,8 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
     console.print(s)
     console.print(f"tokens/s {human(th['tokens_per_s'])} ({th['tokens_per_s_per_device']:,.0f} per device); "
                   f"model {th['model_tflops_per_device']:.0f} TFLOP/s per device; MFU {th['mfu']:.1%}; "
-                  f"peak memory {obj['memory']['peak_bytes'] / 1e9:.1f} GB of {obj['memory']['capacity_bytes'] / 1e9:g} GB")
+                  f"peak memory {obj['memory']['peak_bytes'] / 1e9:.1f} GB of "
+                  f"{obj['memory']['capacity_bytes'] / 1e9:g} GB")
     if inventory and obj["communication"]:
         c = FitTable(title="Communication per step (busiest stage)", compact=True)
         for col in ("collective", "size", "tier", "MB/op", "ops", "busy s", "exposed", "hidden by"):

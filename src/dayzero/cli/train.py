@@ -12,10 +12,18 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import BackendOpt, DeviceOpt, JsonOpt, PrecisionOpt, console, emit_json, err_console, takes_layout
-from dayzero.specs.layout_options import LayoutOptions
+from dayzero.cli.common import (
+    BackendOpt,
+    DeviceOpt,
+    JsonOpt,
+    PrecisionOpt,
+    console,
+    emit_json,
+    err_console,
+    takes_layout,
+)
 from dayzero.runtime.checkpoint.manifest import CHECKSUMS, DEFAULT_CHECKSUM
-
+from dayzero.specs.layout_options import LayoutOptions
 
 
 def _under_torchrun() -> bool:
@@ -46,50 +54,95 @@ def _ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator
 @app.command("train")
 @takes_layout(seq_default=256)
 def train_cmd(
-    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding one.")],
+    model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
+                                              "one.")],
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
-    plan: Annotated[Optional[Path], typer.Option("--plan", help="Take the layout from a `dayzero plan/predict --json` file (its best plan), on --nproc ranks.")] = None,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Take the layout from a `dayzero plan/predict --json` "
+                                                                "file (its best plan), on --nproc ranks.")] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the weights and the data order.")] = 0,
-    metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Write one JSON record per step here (JSONL).")] = None,
-    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 (fp32 master weights and reductions) | fp32 | auto (bf16 on an accelerator, fp32 on CPU, where bf16 matmuls are slow).")] = "auto",
+    metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Write one JSON record per step here "
+                                                                      "(JSONL).")] = None,
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 (fp32 master weights and reductions) | "
+                                                                       "fp32 | auto (bf16 on an accelerator, fp32 on "
+                                                                       "CPU, where bf16 matmuls are slow).")] = "auto",
     device: DeviceOpt = None, backend: BackendOpt = None,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="Spawn this many local ranks with torchrun (default 1; ignored under torchrun).")] = None,
-    data: Annotated[Optional[str], typer.Option("--data", help="Text file, directory or glob (default: the built-in corpus).")] = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="Spawn this many local ranks with torchrun "
+                                                                        "(default 1; ignored under torchrun).")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="Text file, directory or glob (default: the built-in "
+                                                               "corpus).")] = None,
     layers: Annotated[Optional[int], typer.Option("--layers", min=1, help="Proxy: shrink to this many layers.")] = None,
-    hidden: Annotated[Optional[int], typer.Option("--hidden", min=8, help="Proxy: shrink to this width (heads scale along).")] = None,
-    experts: Annotated[Optional[int], typer.Option("--experts", min=1, help="Proxy: shrink to this many routed experts.")] = None,
-    vocab: Annotated[Optional[int], typer.Option("--vocab", min=257, help="Proxy: shrink the vocabulary (>= 257 for the byte tokenizer).")] = None,
-    hf_weights: Annotated[Optional[Path], typer.Option("--hf-weights", help="Start from a Hugging Face safetensors checkpoint directory.")] = None,
+    hidden: Annotated[Optional[int], typer.Option("--hidden", min=8, help="Proxy: shrink to this width (heads scale "
+                                                                          "along).")] = None,
+    experts: Annotated[Optional[int], typer.Option("--experts", min=1, help="Proxy: shrink to this many routed "
+                                                                            "experts.")] = None,
+    vocab: Annotated[Optional[int], typer.Option("--vocab", min=257, help="Proxy: shrink the vocabulary (>= 257 for "
+                                                                          "the byte tokenizer).")] = None,
+    hf_weights: Annotated[Optional[Path], typer.Option("--hf-weights", help="Start from a Hugging Face safetensors "
+                                                                            "checkpoint directory.")] = None,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")] = 1e-3,
-    warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warmup steps (default 10 % of --steps, at most 100).")] = None,
-    grad_clip: Annotated[float, typer.Option("--grad-clip", help="Clip the global gradient norm to this (0: off).")] = 1.0,
+    warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warmup steps (default 10 % of --steps, at "
+                                                                          "most 100).")] = None,
+    grad_clip: Annotated[float, typer.Option("--grad-clip", help="Clip the global gradient norm to this (0: "
+                                                                 "off).")] = 1.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (also off when CI=true).")] = False,
-    ckpt_dir: Annotated[Optional[Path], typer.Option("--ckpt-dir", help="Checkpoint directory: resume from its newest good version, save into it.")] = None,
-    ckpt_every: Annotated[int, typer.Option("--ckpt-every", min=0, help="Save every N steps (0: only at the end).")] = 0,
-    keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints of this run's lineage to keep (the newest is never deleted).")] = 3,
-    prune_other_lineages: Annotated[bool, typer.Option("--ckpt-prune-other-lineages", help="Let retention also delete the versions of other lineages (runs or branches) in --ckpt-dir.")] = False,
-    resume: Annotated[str, typer.Option("--resume", help="auto (most recently written good version) | never | a step (an older one starts a branch) | a version directory.")] = "auto",
-    async_save: Annotated[bool, typer.Option("--async-save", help="Write checkpoints in the background (only the copy to CPU memory blocks).")] = False,
-    ckpt_checksum: Annotated[str, typer.Option("--ckpt-checksum", help=f"Per-file checksum in checkpoint manifests: {' | '.join(CHECKSUMS)}.")] = DEFAULT_CHECKSUM,
-    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restart all ranks this often after a failure (with --nproc; under torchrun use its own flag).")] = 0,
-    inject_fault: Annotated[Optional[list[str]], typer.Option("--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang[,at=step|save][,attempt=A] (repeatable).")] = None,
-    watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this many seconds, so torchrun restarts (0: off).")] = 0.0,
-    save_timeout: Annotated[Optional[float], typer.Option("--save-timeout", help="Watchdog budget in seconds for one checkpoint save (async: until committed), resume or rollback; a longer one is a hang (default 600 with --watchdog; alone: only checkpoint I/O is timed).")] = None,
-    on_bad_loss: Annotated[Optional[str], typer.Option("--on-bad-loss", help="On a NaN/Inf loss or a spike: skip (drop the step) | rollback (reload the last checkpoint, skip the batch).")] = None,
-    spike_factor: Annotated[float, typer.Option("--spike-factor", min=0, help="With --on-bad-loss: a loss above this x the running mean is a spike (0: NaN/Inf only).")] = 0.0,
-    skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak memory exceeds what this machine has free.")] = False,
+    ckpt_dir: Annotated[Optional[Path], typer.Option("--ckpt-dir", help="Checkpoint directory: resume from its newest "
+                                                                        "good version, save into it.")] = None,
+    ckpt_every: Annotated[int, typer.Option("--ckpt-every", min=0, help="Save every N steps (0: only at the "
+                                                                        "end).")] = 0,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints of this run's lineage to keep (the "
+                                                            "newest is never deleted).")] = 3,
+    prune_other_lineages: Annotated[bool, typer.Option("--ckpt-prune-other-lineages", help="Let retention also delete "
+                                                                                           "the versions of other "
+                                                                                           "lineages (runs or "
+                                                                                           "branches) in "
+                                                                                           "--ckpt-dir.")] = False,
+    resume: Annotated[str, typer.Option("--resume", help="auto (most recently written good version) | never | a step "
+                                                         "(an older one starts a branch) | a version "
+                                                         "directory.")] = "auto",
+    async_save: Annotated[bool, typer.Option("--async-save", help="Write checkpoints in the background (only the copy "
+                                                                  "to CPU memory blocks).")] = False,
+    ckpt_checksum: Annotated[str, typer.Option("--ckpt-checksum", help="Per-file checksum in checkpoint manifests: "
+                                                                       f"{' | '.join(CHECKSUMS)}.")] = DEFAULT_CHECKSUM,
+    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restart all ranks this often after a "
+                                                                            "failure (with --nproc; under torchrun "
+                                                                            "use its own flag).")] = 0,
+    inject_fault: Annotated[Optional[list[str]], typer.Option(
+        "--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang[,at=step|save][,attempt=A] "
+                               "(repeatable).")] = None,
+    watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this "
+                                                                      "many seconds, so torchrun restarts (0: "
+                                                                      "off).")] = 0.0,
+    save_timeout: Annotated[Optional[float], typer.Option("--save-timeout", help="Watchdog budget in seconds for one "
+                                                                                 "checkpoint save (async: until "
+                                                                                 "committed), resume or rollback; a "
+                                                                                 "longer one is a hang (default 600 "
+                                                                                 "with --watchdog; alone: only "
+                                                                                 "checkpoint I/O is timed).")] = None,
+    on_bad_loss: Annotated[Optional[str], typer.Option("--on-bad-loss", help="On a NaN/Inf loss or a spike: skip "
+                                                                             "(drop the step) | rollback (reload the "
+                                                                             "last checkpoint, skip the "
+                                                                             "batch).")] = None,
+    spike_factor: Annotated[float, typer.Option("--spike-factor", min=0, help="With --on-bad-loss: a loss above this "
+                                                                              "x the running mean is a spike (0: "
+                                                                              "NaN/Inf only).")] = 0.0,
+    skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
+                                                                                "memory exceeds what this machine has "
+                                                                                "free.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Train MODEL with a parallel layout on torch.distributed (CPU: gloo; an accelerator: its vendor's backend, see docs/devices.md).
+    """Train MODEL with a parallel layout on torch.distributed (CPU: gloo; an accelerator: its vendor's backend, see
+    docs/devices.md).
 
     Spawns [bold]--nproc[/bold] local ranks with torchrun, or runs as one rank of an existing torchrun
     job. Writes one JSONL record per step (loss, grad_norm, lr, tokens, step_time_s, tokens_per_s,
     peak_mem_bytes, comm_time_s) and a final end record.
 
-    Example: [bold]dayzero train tiny-llama --tp 2 --pp 2 --dp 2 --nproc 8 --steps 20 --seq 128 --gbs 8 --metrics runs/tiny-llama/metrics.jsonl[/bold]
+    Example: [bold]dayzero train tiny-llama --tp 2 --pp 2 --dp 2 --nproc 8 --steps 20 --seq 128 --gbs 8 --metrics
+    runs/tiny-llama/metrics.jsonl[/bold]
 
-    Checkpoints and faults: [bold]dayzero train tiny-llama --nproc 4 --tp 2 --steps 100 --ckpt-dir runs/tiny-llama/ckpt --ckpt-every 10 --max-restarts 2 --async-save[/bold]
+    Checkpoints and faults: [bold]dayzero train tiny-llama --nproc 4 --tp 2 --steps 100 --ckpt-dir runs/tiny-llama/ckpt
+    --ckpt-every 10 --max-restarts 2 --async-save[/bold]
     """
     from dayzero.outputs import prepare_output
 
@@ -98,9 +151,9 @@ def train_cmd(
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, OptimizerSection, TrainConfig
     from dayzero.runtime.data import resolve_data
+    from dayzero.runtime.device import compute_dtype as default_dtype
+    from dayzero.runtime.device import resolve
     from dayzero.runtime.resilience.loop import resilience_config
-
-    from dayzero.runtime.device import compute_dtype as default_dtype, resolve
 
     acc = resolve(device, backend)
     compute_dtype = default_dtype(acc, compute_dtype)
@@ -142,7 +195,8 @@ def train_cmd(
     if not torchrun and not quiet and not json_out:
         console.print(f"[bold]{spec.name}[/bold]: {parallel.describe()} on {world} rank(s); "
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "
-                      f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel rank", highlight=False)
+                      f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel "
+                      "rank", highlight=False)
 
     with _ckpt_dir_lock(cfg.checkpoint.dir, torchrun, world), acc.exported():
         if torchrun or world == 1:

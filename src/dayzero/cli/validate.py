@@ -11,43 +11,60 @@ import typer
 
 from dayzero.cli.app import app
 from dayzero.cli.common import BackendOpt, ClusterOpt, DeviceOpt, JsonOpt, console, emit_json, err_console, takes_layout
-from dayzero.specs.layout_options import LayoutOptions
 from dayzero.cli.next_steps import Step, layout_flags, print_next
 from dayzero.cli.render import FitTable
+from dayzero.specs.layout_options import LayoutOptions
 
 
 @app.command("validate")
 @takes_layout(seq_default=256, seq_help="Sequence length of the proxy run (tokens).")
 def validate_cmd(
-    model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json or directory (omit with --calibrate --runs).")] = None,
-    plan: Annotated[Optional[Path], typer.Option("--plan", help="Take the layout from a `dayzero plan/predict --json` file (its best plan).")] = None,
+    model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json or directory (omit with --calibrate "
+                                                        "--runs).")] = None,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Take the layout from a `dayzero plan/predict --json` "
+                                                                "file (its best plan).")] = None,
     layout: LayoutOptions = LayoutOptions(),
     steps: Annotated[int, typer.Option("--steps", min=4, help="Optimizer steps (the first is not timed).")] = 12,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Local ranks to run on.")] = 1,
     cluster: ClusterOpt = None,
     layers: Annotated[Optional[int], typer.Option("--layers", min=1, help="Proxy: this many layers.")] = None,
-    hidden: Annotated[Optional[int], typer.Option("--hidden", min=8, help="Proxy: this width (heads scale along).")] = None,
+    hidden: Annotated[Optional[int], typer.Option("--hidden", min=8, help="Proxy: this width (heads scale "
+                                                                          "along).")] = None,
     experts: Annotated[Optional[int], typer.Option("--experts", min=1, help="Proxy: this many routed experts.")] = None,
     vocab: Annotated[Optional[int], typer.Option("--vocab", min=257, help="Proxy: this vocabulary (>= 257).")] = None,
-    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 | fp32 | auto (bf16 on an accelerator, fp32 on CPU, as dayzero train).")] = "auto",
+    compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 | fp32 | auto (bf16 on an accelerator, "
+                                                                       "fp32 on CPU, as dayzero train).")] = "auto",
     device: DeviceOpt = None, backend: BackendOpt = None,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")] = 1e-3,
     grad_clip: Annotated[float, typer.Option("--grad-clip", help="Gradient-norm clip (0: off).")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Weights and data order.")] = 0,
-    tolerance: Annotated[float, typer.Option("--step-tolerance", help="Step-time prediction error that passes.")] = 0.20,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for validation.json and validation.md.")] = None,
-    calibrate: Annotated[bool, typer.Option("--calibrate", help="Fit the profile's efficiency constants to the stored runs (this one included) and save them.")] = False,
-    runs: Annotated[Optional[list[Path]], typer.Option("--runs", help="With --calibrate: validation.json files to fit on (repeatable).")] = None,
-    fit_keys: Annotated[str, typer.Option("--fit-keys", help="With --calibrate: efficiency keys to fit, comma-separated.")] = "gemm_bf16,layer_overhead_s,intra,memory_scale",
-    profile_out: Annotated[Optional[Path], typer.Option("--profile-out", help="With --calibrate: write the calibrated profile here (default: update --cluster in place).")] = None,
+    tolerance: Annotated[float, typer.Option("--step-tolerance", help="Step-time prediction error that "
+                                                                      "passes.")] = 0.20,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for validation.json and "
+                                                                    "validation.md.")] = None,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Fit the profile's efficiency constants to the stored "
+                                                                "runs (this one included) and save them.")] = False,
+    runs: Annotated[Optional[list[Path]], typer.Option("--runs", help="With --calibrate: validation.json files to fit "
+                                                                      "on (repeatable).")] = None,
+    fit_keys: Annotated[str, typer.Option("--fit-keys", help="With --calibrate: efficiency keys to fit, "
+                                                             "comma-separated.")] = (
+        "gemm_bf16,layer_overhead_s,intra,memory_scale"),
+    profile_out: Annotated[Optional[Path], typer.Option("--profile-out", help="With --calibrate: write the calibrated "
+                                                                              "profile here (default: update "
+                                                                              "--cluster in place).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit with code 1 when a target fails (CI gates).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Run a layout on the runtime at proxy scale (same layout, model shrunk to fit this machine), measure MFU, peak memory per rank, communication ratio (profiler), step time and the loss trend (Mann-Kendall + Theil-Sen), and print the targets table: target, measured, predicted, prediction error, pass. Writes validation.json and validation.md with --out.
+    """Run a layout on the runtime at proxy scale (same layout, model shrunk to fit this machine), measure MFU, peak
+    memory per rank, communication ratio (profiler), step time and the loss trend (Mann-Kendall + Theil-Sen), and print
+    the targets table: target, measured, predicted, prediction error, pass. Writes validation.json and validation.md
+    with --out.
 
-    Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml; dayzero validate tiny-llama --cluster runs/host.yaml --nproc 8 --tp 2 --pp 2 --gbs 16 --mbs 2 --steps 12 --out runs/validate/a[/bold]
+    Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml; dayzero validate tiny-llama --cluster
+    runs/host.yaml --nproc 8 --tp 2 --pp 2 --gbs 16 --mbs 2 --steps 12 --out runs/validate/a[/bold]
 
-    Calibrate: [bold]dayzero validate --calibrate --cluster runs/host.yaml --runs runs/validate/a/validation.json --runs runs/validate/b/validation.json[/bold]
+    Calibrate: [bold]dayzero validate --calibrate --cluster runs/host.yaml --runs runs/validate/a/validation.json --runs
+    runs/validate/b/validation.json[/bold]
     """
     from dayzero.outputs import prepare_output
 
@@ -61,7 +78,8 @@ def validate_cmd(
     keys = tuple(k.strip() for k in fit_keys.split(",") if k.strip())
     if model is None:
         if not calibrate:
-            raise ConfigError("MODEL", None, "give a model to validate (or --calibrate --runs FILE... to fit stored runs)")
+            raise ConfigError("MODEL", None, "give a model to validate (or --calibrate --runs FILE... to fit stored "
+                                             "runs)")
         result = {"calibration": calibrate_from_files(cluster, [], runs or [], keys, profile_out)}
         _finish(result, out, json_out, strict, cluster, runs or [])
         return
@@ -72,9 +90,9 @@ def validate_cmd(
 
     require_runtime_family(load_model(model), "validate")
     from dayzero.runtime.config import ModelSection, OptimizerSection
+    from dayzero.runtime.device import compute_dtype as resolve_dtype
+    from dayzero.runtime.device import resolve
     from dayzero.validate.run import ValidationRequest, host_profile, local_cluster, proxy_shrink, validate
-
-    from dayzero.runtime.device import compute_dtype as resolve_dtype, resolve
 
     acc = resolve(device, backend)
     dtype = resolve_dtype(acc, compute_dtype)
@@ -91,8 +109,10 @@ def validate_cmd(
     req = ValidationRequest(model=ModelSection(model, **shrink), parallel=par, steps=steps, compute_dtype=dtype,
                             seed=seed, optimizer=OptimizerSection(lr=lr, grad_clip=grad_clip))
     if not json_out:
-        console.print(f"[bold]{req.spec().name}[/bold] ({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
-                      f"{par.describe()} on {nproc} rank(s), {steps} steps in {dtype}; profile {cl.name}", highlight=False)
+        console.print(f"[bold]{req.spec().name}[/bold] "
+                      f"({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
+                      f"{par.describe()} on {nproc} rank(s), {steps} steps in {dtype}; profile "
+                      f"{cl.name}", highlight=False)
     if note := layout.gbs_note(par):
         from dayzero.runtime.checks import check_runtime
 
@@ -155,8 +175,11 @@ def print_result(result: dict) -> None:
             t.add_column(col, num=col not in ("metric", "target"))
         for c in result["checks"]:
             unit = c.get("unit", "")
-            fmt = (lambda x: "—" if x is None else (f"{x:.1%}" if unit == "fraction" else
-                                                   f"{x:+.1%}" if unit == "relative change" else f"{x:.3g} s"))
+            def fmt(x, unit=unit):
+                if x is None:
+                    return "—"
+                return f"{x:.1%}" if unit == "fraction" else f"{x:+.1%}" if unit == "relative change" else f"{x:.3g} s"
+
             err = "—" if c["rel_error"] is None else f"{c['rel_error']:+.0%}"
             t.add_row(c["metric"], c["target"], fmt(c["measured"]), fmt(c["predicted"]), err,
                       "[green]pass[/green]" if c["pass"] else "[red]fail[/red]")

@@ -45,7 +45,8 @@ def layout_args(p: ParallelConfig) -> list[str]:
     if p.zero == 1:
         a.append("--use-distributed-optimizer")
     elif p.zero >= 2:
-        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", SHARDING[p.zero], "--use-distributed-optimizer"]
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", SHARDING[p.zero],
+              "--use-distributed-optimizer"]
     if p.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
     elif p.recompute == "full":
@@ -62,7 +63,8 @@ def model_args(spec: ModelSpec) -> tuple[list[str], list[str]]:
     att, mlp = spec.attention, spec.mlp
     a: list = ["--num-layers", spec.layers, "--hidden-size", spec.hidden, "--num-attention-heads", att.heads,
                "--ffn-hidden-size", mlp.intermediate, "--max-position-embeddings", spec.max_positions,
-               "--vocab-size", spec.vocab, "--position-embedding-type", "rope" if spec.position == "rope" else "learned_absolute",
+               "--vocab-size", spec.vocab, "--position-embedding-type",
+               "rope" if spec.position == "rope" else "learned_absolute",
                "--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm", "--kv-channels", att.head_dim]
     missing = []
     if att.kind == "gqa" and att.kv_heads != att.heads:
@@ -160,7 +162,8 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
         raise ConfigError("megatron arguments", "world", "the data-parallel degree needs the world size; give "
                           "--devices N (the ranks the job runs on)")
     if world % (tp * pp * cp):
-        raise ConfigError("megatron arguments", "world", f"{world} ranks are not divisible by tp*pp*cp = {tp * pp * cp}")
+        raise ConfigError("megatron arguments", "world", f"{world} ranks are not divisible by tp*pp*cp = "
+                                                         f"{tp * pp * cp}")
     zero = 0
     if ns.use_megatron_fsdp:
         zero = {v: k for k, v in SHARDING.items()}.get(ns.data_parallel_sharding_strategy, 1)

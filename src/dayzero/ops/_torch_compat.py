@@ -13,12 +13,12 @@ import os
 from functools import lru_cache
 
 import torch
+
 # TorchDispatchMode and the pytree helpers are documented but live in underscore modules
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (re-exported)
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: F401  (re-exported)
 
 from dayzero.errors import DayzeroError
-
 
 
 def registrations(dispatch_key: str) -> list[str]:

@@ -50,7 +50,8 @@ DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "fl
                "complex128", "int64", "int32", "int16", "int8", "uint8", "bool")
 # the manifests under ops/manifests, the reference device type's first (the default)
 DEFAULT_MANIFEST = REFERENCE_DEVICE_TYPE
-SHIPPED = (DEFAULT_MANIFEST, *sorted(p.name.removesuffix(".yaml") for p in (resources.files("dayzero.ops") / "manifests").iterdir()
+SHIPPED = (DEFAULT_MANIFEST,
+           *sorted(p.name.removesuffix(".yaml") for p in (resources.files("dayzero.ops") / "manifests").iterdir()
                                      if p.name.endswith(".yaml") and p.name != f"{DEFAULT_MANIFEST}.yaml"))
 _OP_RE = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*\.[A-Za-z_]\w*$")
 

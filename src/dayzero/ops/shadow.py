@@ -123,14 +123,13 @@ class ShadowValues:
     def _synthesize(self, func, args, kwargs, out) -> None:
         x = args[0]
         if func is aten.topk.default:
-            k = args[1]
             dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
             target = out[1]
         elif func in (aten.argmax.default, aten.argmin.default):
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if dim is None:
                 return
-            target, k = out, 1
+            target = out
         elif func is aten.multinomial.default:
             dim, target = -1, out
         else:  # sort / max.dim / min.dim: (values, indices)

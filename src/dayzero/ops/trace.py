@@ -23,13 +23,12 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakIdKeyDictionary
 
 from dayzero.errors import DayzeroError
-from dayzero.torch_version import require_torch
-from dayzero.ops._torch_compat import (TorchDispatchMode, current_autograd_node, flop_formulas,
-                                       tree_flatten, tree_map)
+from dayzero.ops._torch_compat import TorchDispatchMode, current_autograd_node, flop_formulas, tree_flatten, tree_map
 from dayzero.ops.hf_model import LayerKind, MetaModel, build_meta_model
 from dayzero.ops.modules import ModuleMap
 from dayzero.ops.shadow import ShadowValues
 from dayzero.specs.model import ModelSpec
+from dayzero.torch_version import require_torch
 
 aten = torch.ops.aten
 # calls that allocate or re-describe memory without launching a compute kernel
@@ -285,7 +284,8 @@ def _run(meta: MetaModel, seq: int, batch: int, dtype: str) -> Trace:
     examples = {k: v[1] for k, v in rec.examples.items()}
     return Trace(model=meta.name, model_type=meta.model_type, seq=seq, batch=batch, dtype=dtype, experts=meta.experts,
                  kinds=meta.kinds, num_layers=meta.num_layers, calls=rec.calls, examples=examples,
-                 tensor_bytes=rec.tensor_bytes, layer_list=meta.layer_list, notes=list(meta.notes) + _routing_note(shadows), spec=meta.spec)
+                 tensor_bytes=rec.tensor_bytes, layer_list=meta.layer_list,
+                 notes=list(meta.notes) + _routing_note(shadows), spec=meta.spec)
 
 
 def _routing_note(shadows: ShadowValues) -> list[str]:

@@ -17,7 +17,8 @@ from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
 
-def _totals_for_rank(spec: ModelSpec, p: ParallelConfig, rank: int, capacity: float, options: MemoryOptions) -> np.ndarray:
+def _totals_for_rank(spec: ModelSpec, p: ParallelConfig, rank: int, capacity: float,
+                     options: MemoryOptions) -> np.ndarray:
     """(L+1, L+1) array: total bytes of ``rank`` holding layers [start, start + n); inf where out of range."""
     layers = spec.layers
     starts, counts = np.meshgrid(np.arange(layers + 1), np.arange(layers + 1), indexing="ij")

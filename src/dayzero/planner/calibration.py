@@ -187,11 +187,13 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
         if measured is None and used == "fp4":  # no FP4 GEMM measurement anywhere: use FP8's ratio
             measured = acc.gemm_efficiency("fp8") if "fp8" in acc.gemm_flops_measured else None
         eff[p] = (measured if measured is not None else gemm_median) * scale[used]
-        measured_here = cluster.efficiency.get(f"gemm_{used}", cluster.efficiency.get("gemm") if used == "bf16" else None)
+        measured_here = cluster.efficiency.get(f"gemm_{used}",
+                                               cluster.efficiency.get("gemm") if used == "bf16" else None)
         if measured_here is not None:  # a calibration of this cluster: fraction of the dense peak
             eff[p] = float(measured_here)
     if acc.hbm_bw is None:
-        raise ConfigError(acc.id, "hbm_tbytes_per_s", "the catalog has no HBM bandwidth; set hbm_tbytes_per_s in a cluster YAML")
+        raise ConfigError(acc.id, "hbm_tbytes_per_s", "the catalog has no HBM bandwidth; set hbm_tbytes_per_s in a "
+                                                      "cluster YAML")
     t0 = cluster.tiers[0]
     if constants.intra_eff is not None:
         intra_eff = constants.intra_eff
@@ -205,6 +207,7 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
         t1 = cluster.tiers[1]
         inter = Link(t1.bw * constants.inter_eff, t1.p2p_bw * constants.inter_eff, t1.latency_s, "switch")
     fused = peak["bf16"] * constants.attention_eff
-    return Rates(peak=peak, gemm_eff=eff, attention_flops=fused, flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
+    return Rates(peak=peak, gemm_eff=eff, attention_flops=fused,
+                 flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
                  hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster),
                  native=tuple(p in acc.peak_flops for p in PRECISIONS))

@@ -32,8 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from dayzero.planner.calibration import PerfConstants, Rates
-from dayzero.specs.counting import (attention_flops_per_token, attention_params, mlp_params, norm_params, router_params,
-                                    shared_mlp)
+from dayzero.specs.counting import (
+    attention_flops_per_token,
+    attention_params,
+    mlp_params,
+    norm_params,
+    router_params,
+    shared_mlp,
+)
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import FULL, SELECTIVE
 from dayzero.specs.model import ModelSpec
@@ -110,13 +116,15 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
 
     fwd, bwd, gemm_f, attn_f, dense_p, expert_p = [], [], [], [], [], []
     for kind, window in layer_classes(spec):
-        index = next(i for i, (k, w) in enumerate(zip(spec.layer_kinds, spec.layer_windows)) if (k, w) == (kind, window))
+        index = next(i for i, (k, w) in enumerate(zip(spec.layer_kinds,
+                                                      spec.layer_windows)) if (k, w) == (kind, window))
         # -- attention projections
         if a.kind == "mla":
             qk = a.heads * a.head_dim
             projs = []  # (flops per token, k, n); MLA down-projections are replicated over tp
             if a.q_lora_rank:
-                projs += [(2 * H * a.q_lora_rank, H, a.q_lora_rank), (2 * a.q_lora_rank * qk / tp, a.q_lora_rank, qk / tp)]
+                projs += [(2 * H * a.q_lora_rank, H, a.q_lora_rank), (2 * a.q_lora_rank * qk / tp, a.q_lora_rank,
+                                                                      qk / tp)]
             else:
                 projs += [(2 * H * qk / tp, H, qk / tp)]
             kv_a = a.kv_lora_rank + a.qk_rope_head_dim

@@ -51,10 +51,12 @@ _FIGURE = re.compile(
     r"|bps|bE\b|b\b|(?![A-Za-z]))(?:\s*[x×]\s*(?P<count_after>\d+)\b)?")
 _COUNT_WORDS = re.compile(r"\b(\d+)\s*(?:x\s*)?(?:\w+\s+)?(?:nics?|hcas?|ports?|links?|rails?|adapters?)\b", re.I)
 _IB_GEN = re.compile(r"(?:(?P<count>\d+)\s*[x×]\s*)?\b(?P<gen>edr|hdr100|hdr|ndr200|ndr|xdr)\b", re.I)
-_NVLINK_GEN = re.compile(r"nvlink\s*(?:gen\s*)?(?P<a>[2-5])(?:\.0)?\b|(?P<b>[2-5])(?:st|nd|rd|th)[- ]gen\w*\s+nvlink", re.I)
+_NVLINK_GEN = re.compile(r"nvlink\s*(?:gen\s*)?(?P<a>[2-5])(?:\.0)?\b|(?P<b>[2-5])(?:st|nd|rd|th)[- "
+                         r"]gen\w*\s+nvlink", re.I)
 _PCIE_GEN = re.compile(r"pcie\s*(?:gen\s*)?(?P<gen>[3-6])(?:\.0)?\b", re.I)
 _DPN = re.compile(r"(\d+)\s*(?:x\s*)?(?:gpus?|devices?|accelerators?|cards?|chips?)\s*(?:per|/|each|in a)\s*"
-                  r"(?:node|server|host)|(\d+)-(?:gpu|device|accelerator)\s+(?:nodes?|servers?|hosts?)|nodes? of (\d+)", re.I)
+                  r"(?:node|server|host)|(\d+)-(?:gpu|device|accelerator)\s+(?:nodes?|servers?|hosts?)|nodes? of "
+                  r"(\d+)", re.I)
 _UP_WORDS = re.compile(r"nvlink|nvswitch|xgmi|infinity fabric|hccs|\bici\b|intra[- ]?node|\bintra\b|scale[- ]?up|"
                        r"within (?:a|the|each) node|\bnvl\d+", re.I)
 _OUT_WORDS = re.compile(r"infiniband|\bib\b|\b(?:edr|hdr|ndr|xdr)\d*\b|roce|ethernet|gbe\b|\befa\b|slingshot|"

@@ -22,7 +22,14 @@ import numpy as np
 
 from dayzero.errors import LayoutError
 from dayzero.planner.memory_options import MemoryOptions
-from dayzero.planner.memory_terms import CANDIDATE_KEYS, CATEGORIES, RankFeatures, category_totals, rank_features, stage_terms
+from dayzero.planner.memory_terms import (
+    CANDIDATE_KEYS,
+    CATEGORIES,
+    RankFeatures,
+    category_totals,
+    rank_features,
+    stage_terms,
+)
 from dayzero.planner.schedule import effective_schedule
 from dayzero.specs.grid import encode
 from dayzero.specs.model import ModelSpec
@@ -216,7 +223,8 @@ def zero_state_bytes(params: float, dp: int, zero: int, options: MemoryOptions =
     """Model-state bytes per device for ``params`` replicated over ``dp`` ranks under ZeRO ``zero``
     (Rajbhandari et al. 2020, Fig. 1: (2 + 2 + K) psi, then 2psi + 2psi + K psi / Nd, ...)."""
     p, g, o = options.param_bytes, options.grad_bytes, options.master_bytes + options.optim_bytes
-    per_param = zero_sharded(p, "weights", zero, dp) + zero_sharded(g, "gradients", zero, dp) + zero_sharded(o, "optimizer", zero, dp)
+    per_param = zero_sharded(p, "weights", zero, dp) + zero_sharded(g, "gradients", zero,
+                                                                    dp) + zero_sharded(o, "optimizer", zero, dp)
     return float(params * per_param)
 
 

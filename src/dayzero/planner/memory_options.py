@@ -79,7 +79,8 @@ class MemoryOptions:
         if self.attention not in ("flash", "eager"):
             raise ConfigError("memory options", "attention", f"must be flash|eager, got {self.attention!r}")
         if not 0 <= self.fragmentation < 1 or not 0 <= self.reserved_fraction < 1:
-            raise ConfigError("memory options", "fragmentation", "fragmentation and reserved_fraction must be in [0, 1), "
+            raise ConfigError("memory options", "fragmentation", "fragmentation and reserved_fraction must be in [0, "
+                                                                 "1), "
                               f"got {self.fragmentation} and {self.reserved_fraction}")
         if self.moe_capacity_factor <= 0:
             raise ConfigError("memory options", "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")

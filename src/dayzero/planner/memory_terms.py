@@ -13,8 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dayzero.planner.activations import (Dims, attention_terms, first_stage_terms, last_stage_terms, layer_activation,
-                                         logits_bytes, routed_tokens)
+from dayzero.planner.activations import (
+    Dims,
+    attention_terms,
+    first_stage_terms,
+    last_stage_terms,
+    layer_activation,
+    logits_bytes,
+    routed_tokens,
+)
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import head_inflight, inflight_microbatches
@@ -52,13 +59,15 @@ def rank_features(per_rank_kinds: list[list[str]], per_rank_full: list[list[str]
                         first=(idx == 0).astype(float), last=(idx == pp - 1).astype(float))
 
 
-def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, capacity_bytes: float) -> dict[str, np.ndarray]:
+def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
+                capacity_bytes: float) -> dict[str, np.ndarray]:
     """All terms (bytes per device) for candidates ``c`` (grid columns of shape (n, 1) keyed by
     CANDIDATE_KEYS, schedule normalised by :func:`dayzero.planner.memory.memory_schedule`) on the
     ranks described by ``f``. FP8 and FP4 GEMMs keep the same FP8 weight cache and activations."""
     tp, pp, dp, cp, ep, etp, vpp = (c[k] for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp"))
     zero, rc, sched = c["zero"], c["recompute"], c["schedule"]
-    d = Dims(seq=c["seq"], mbs=c["mbs"], tp=tp, cp=cp, etp=etp, sp=c["sequence_parallel"] > 0, fp8=c["precision"] != BF16)
+    d = Dims(seq=c["seq"], mbs=c["mbs"], tp=tp, cp=cp, etp=etp, sp=c["sequence_parallel"] > 0,
+             fp8=c["precision"] != BF16)
     m = microbatches(c["gbs"], c["mbs"], dp)
     zd = dp * cp  # dense ZeRO group: replicas of a dense shard (data x context parallel)
     edp = expert_data_parallel(tp, cp, dp, ep, etp)  # expert ZeRO group
@@ -74,7 +83,8 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
 
     for cat, nbytes in (("weights", opts.param_bytes), ("gradients", opts.grad_bytes)):
         if cat == "weights" and opts.sharded_params_are_master:
-            nbytes = np.where(zero_shards(zero, "weights"), 0, nbytes)  # FSDP2: the sharded copy is the fp32 master itself
+            nbytes = np.where(zero_shards(zero, "weights"), 0,
+                              nbytes)  # FSDP2: the sharded copy is the fp32 master itself
         t[f"{cat}:layers"] = nbytes * zero_sharded(dense, cat, zero, zd)
         t[f"{cat}:experts"] = nbytes * zero_sharded(experts, cat, zero, edp)
         t[f"{cat}:embedding"] = nbytes * zero_sharded(emb, cat, zero, zd)
@@ -111,11 +121,13 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures, 
         lp = layer_params(spec, k)
         unit = np.maximum(unit, np.where(f.layers[k] > 0, lp.local_dense(tp, kv) + lp.local_expert(ep, etp), 0))
     unit = np.maximum(np.maximum(unit, emb), head)
-    t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"), opts.zero3_prefetch_units * unit * (opts.param_bytes + fp8_w), 0)
+    t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"),
+                                           opts.zero3_prefetch_units * unit * (opts.param_bytes + fp8_w), 0)
     bucket = opts.grad_bucket_params if opts.grad_bucket_params is not None else np.maximum(40e6, 1e6 * zd)
     local = dense + experts + emb + head
     t["temporary:grad_reduce"] = opts.grad_bytes * np.where(
-        zero == 2, np.minimum(opts.grad_buckets_in_flight * bucket, local), np.where(zero_shards(zero, "weights"), unit, 0))
+        zero == 2, np.minimum(opts.grad_buckets_in_flight * bucket, local), np.where(zero_shards(zero, "weights"), unit,
+                                                                                     0))
     ab, h = opts.act_bytes, spec.hidden
     t["temporary:sp_gather"] = np.where(d.sp & (tp > 1), ab * d.tok * h, 0)
     if "moe" in kinds:

@@ -19,7 +19,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from dayzero.specs.counting import embedding_params, head_params, layer_count, mlp_params, norm_params, router_params, shared_mlp
+from dayzero.specs.counting import (
+    embedding_params,
+    head_params,
+    layer_count,
+    mlp_params,
+    norm_params,
+    router_params,
+    shared_mlp,
+)
 from dayzero.specs.model import MLPSpec, ModelSpec
 
 

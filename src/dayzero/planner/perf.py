@@ -156,7 +156,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     expert_params = on_slow(costs.expert_params)
 
     seq = single_seq(g)
-    act = g["mbs"] * seq / g["cp"] * spec.hidden * BF16 / np.where((g["sequence_parallel"] > 0) & (g["tp"] > 1), g["tp"], 1)
+    act = g["mbs"] * seq / g["cp"] * spec.hidden * BF16 / np.where((g["sequence_parallel"] > 0) & (g["tp"] > 1),
+                                                                   g["tp"], 1)
     z3 = next((i for i in litems if i.name == "zero-3 param gather (dp_cp)"), None)
     first_ag = (z3.nbytes[cls[0]], z3.time[cls[0]]) if z3 is not None else (np.zeros(n), np.zeros(n))
     sitems = step_comm(g, r, groups, options.comm, dense_params=dense_params, expert_params=expert_params,
@@ -164,7 +165,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
 
     zero = g["zero"]
     edp = groups["edp"][0]
-    upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer", zero, edp)
+    upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer",
+                                                                                           zero, edp)
     optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
     bubble_s = (g["pp"] - 1) / g["vpp"] * t_mb
     step_exposed = sum(i.exposed for i in sitems)

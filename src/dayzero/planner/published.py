@@ -50,11 +50,11 @@ from dayzero.inputs import read_text
 from dayzero.planner.comm import CommOptions
 from dayzero.planner.csv_values import positive, text, whole
 from dayzero.planner.interconnect_text import read_interconnect
-from dayzero.planner.model_names import Candidate, annotations, best_match, parse_name
 from dayzero.planner.memory_options import MemoryOptions
+from dayzero.planner.model_names import Candidate, annotations, best_match, parse_name
 from dayzero.planner.perf import PerfOptions
-from dayzero.planner.row_memory import Engine, settle
 from dayzero.planner.row_arch import NoArchitecture, UnsupportedLayers, model_of, table
+from dayzero.planner.row_memory import Engine, settle
 from dayzero.planner.run_features import Features, read_features
 from dayzero.specs.cluster import Cluster, build_cluster
 from dayzero.specs.counting import flops_per_token

@@ -17,8 +17,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dayzero.planner.activations import (CORE_TERMS, LAYER_INPUT, Dims, first_stage_terms, last_stage_terms, layer_terms,
-                                         logits_bytes, routed_tokens)
+from dayzero.planner.activations import (
+    CORE_TERMS,
+    LAYER_INPUT,
+    Dims,
+    first_stage_terms,
+    last_stage_terms,
+    layer_terms,
+    logits_bytes,
+    routed_tokens,
+)
 from dayzero.planner.allocator import AllocatorOOM, CachingAllocator
 from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
@@ -120,7 +128,8 @@ def _param_tensors(spec: ModelSpec, kind: str, p: ParallelConfig) -> list[tuple[
     out = [("attn", a_tp / p.tp + a_kv / min(p.tp, kv), False), ("mlp", (lp.tp - a_tp) / p.tp, False),
            ("small", lp.rep, False)]
     if lp.expert:
-        out += [("experts_fc1", lp.expert * 2 / 3 / (p.ep * p.etp), True), ("experts_fc2", lp.expert / 3 / (p.ep * p.etp), True)]
+        out += [("experts_fc1", lp.expert * 2 / 3 / (p.ep * p.etp), True), ("experts_fc2",
+                                                                            lp.expert / 3 / (p.ep * p.etp), True)]
     return out
 
 
@@ -158,13 +167,15 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
         tr.new(key, o.param_bytes * shard(elems, expert, "weights"), "weights")
         if fp8_cache and not zero_shards(p.zero, "weights") and key[1] not in ("embed", "head"):
             tr.new(("fp8",) + key[1:], fp8_cache * elems, "weights")
-    if not zero_shards(p.zero, "gradients"):  # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
+    # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
+    if not zero_shards(p.zero, "gradients"):
         tr.new(("g", "buffer"), o.grad_bytes * sum(e for _, e, _ in tensors), "gradients")
     else:
         for key, elems, expert in tensors:
             tr.new(("g",) + key[1:], o.grad_bytes * shard(elems, expert, "gradients"), "gradients")
     for key, elems, expert in tensors:
-        for name, nbytes in (("master", o.master_bytes), ("exp_avg", o.optim_bytes / 2), ("exp_avg_sq", o.optim_bytes / 2)):
+        for name, nbytes in (("master", o.master_bytes), ("exp_avg", o.optim_bytes / 2), ("exp_avg_sq",
+                                                                                          o.optim_bytes / 2)):
             tr.new((name,) + key[1:], nbytes * shard(elems, expert, "optimizer"), "optimizer")
 
     # -- per-layer sizes from the activation model ---------------------------------------------
@@ -234,7 +245,8 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
                     tr.drop(("recv", mb, c))
                 keep = (LAYER_INPUT,) if p.recompute == "full" and j < full_n[c] else None
                 for n in terms[kind]:
-                    if (keep is not None and n not in keep) or (keep is None and p.recompute == "selective" and n in CORE_TERMS):
+                    if (keep is not None and n not in keep) or (keep is None and p.recompute == "selective"
+                                                                and n in CORE_TERMS):
                         tr.drop(("act", mb, c, layer, n))
             if edge_out:
                 for n, v in last_stage_terms(spec, o, d).items():

@@ -28,8 +28,14 @@ from importlib import resources
 
 from dayzero.errors import DayzeroError
 from dayzero.planner.csv_values import text, whole
-from dayzero.planner.model_names import (Candidate, best_match, parse_name, preset_candidates, size_value,
-                                         strip_annotations)
+from dayzero.planner.model_names import (
+    Candidate,
+    best_match,
+    parse_name,
+    preset_candidates,
+    size_value,
+    strip_annotations,
+)
 from dayzero.specs.counting import params_total
 from dayzero.specs.hf_config import check_size, spec_from_hf_config
 from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
@@ -69,8 +75,9 @@ STYLE_HINTS = {"relu2": r"squared[- ]?relu|relu\^?2|relu²",
                "gpt": r"\bgelu\b|layer[- ]?norm|\bgpt-?[23j]?\b|\bmpt\b|\bopt\b|\bbloom\b|gpt-?neox",
                "llama": r"swiglu|geglu|\bglu\b|llama|rms[- ]?norm|\bsilu\b|gated|mistral|mixtral|qwen"}
 _UNSUPPORTED = re.compile(r"mamba|\bssm\b|state[- ]space|rwkv|linear[- ]attention|retention|hyena|recurren|xlstm", re.I)
-_DENSE_PREFIX = re.compile(r"first\s+(\d+)\s+(?:layers?\s+)?(?:are\s+)?dense|(\d+)\s+dense\s*(?:layers?)?\s*(?:\+|,|then|"
-                           r"followed|and)|first[_ ]k[_ ]dense(?:[_ ]replace)?\s*[=:]?\s*(\d+)", re.I)
+_DENSE_PREFIX = re.compile(r"first\s+(\d+)\s+(?:layers?\s+)?(?:are\s+)?dense|"
+                           r"(\d+)\s+dense\s*(?:layers?)?\s*(?:\+|,|then|followed|and)|"
+                           r"first[_ ]k[_ ]dense(?:[_ ]replace)?\s*[=:]?\s*(\d+)", re.I)
 _WINDOW = re.compile(r"(?:sliding[- ]?window|\bswa\b|local attention)\D{0,12}?(\d+)", re.I)
 
 
@@ -214,7 +221,8 @@ def from_columns(row: dict) -> tuple[ModelSpec, tuple[str, ...]]:
                                              sliding_window=window),
         mlp=mlp, moe=moe_spec, layer_kinds=("dense",) * prefix + ("moe" if moe else "dense",) * (layers - prefix),
         layer_windows=tuple(window if not alternating or i % 2 == 0 else None for i in range(layers)),
-        norm=st.norm, norm_bias=st.norm == "layernorm", tie_embeddings=(family or {}).get("tie_word_embeddings", st.tie),
+        norm=st.norm, norm_bias=st.norm == "layernorm", tie_embeddings=(family or {}).get("tie_word_embeddings",
+                                                                                          st.tie),
         position=st.position, max_positions=whole(row, "seq_len") or 4096)
     check_size(spec, f"row {text(row, 'id')}")
     stated = size_value(parse_name(f"x {text(row, 'total_params')}").size)

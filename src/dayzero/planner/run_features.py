@@ -46,7 +46,8 @@ _EP_OVERLAP = r"dualpipe|a2a[- _]overlap|ep[- _]overlap|all[- ]to[- ]all overlap
 _INTERLEAVED = r"interleaved|virtual[- ]pipeline|\bvpp\b|looped"
 _CONTEXT_PARALLEL = r"context[- ]parallel\w*|\bcp\b|ring[- ]attention"
 _RECOMPUTE = (("selective", r"selective|\bsac\b|op[- ]level (?:ac|checkpoint)"),
-              ("none", r"\bno (?:ac|activation checkpointing|activation recomput\w*|recomput\w*)\b|\bac[ =:]+(?:none|off)"),
+              ("none", r"\bno (?:ac|activation checkpointing|activation recomput\w*|recomput\w*)\b|\bac[ "
+                       r"=:]+(?:none|off)"),
               ("full", r"\bfull (?:ac|activation checkpointing|activation recomput\w*|recomput\w*)\b|\bac[ =:]+full"
                        r"|activation checkpointing|activation recomput\w*"))
 _KERNEL = (("flash2", r"flash[- ]?attention[- ]?2|\bfa2\b|flash[- ]?attn[- ]?2"),

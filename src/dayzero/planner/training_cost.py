@@ -61,11 +61,14 @@ class CostOptions:
             checks["price_per_device_hour"] = (self.price_per_device_hour, 0, True)
         for name, (v, lo, closed) in checks.items():
             if not (isinstance(v, (int, float)) and math.isfinite(v) and (v >= lo if closed else v > lo)):
-                raise ConfigError("training cost", name, f"expected a finite number {'>=' if closed else '>'} {lo}, got {v!r}")
+                raise ConfigError("training cost", name, f"expected a finite number {'>=' if closed else '>'} {lo}, "
+                                                         f"got {v!r}")
         if self.power_fraction > 1.5:  # boost above TDP is bounded; 1.5x is far past any card's limit
-            raise ConfigError("training cost", "power_fraction", f"expected at most 1.5 (of TDP), got {self.power_fraction}")
+            raise ConfigError("training cost", "power_fraction", "expected at most 1.5 (of TDP), got "
+                                                                 f"{self.power_fraction}")
         if self.async_blocking > 1:
-            raise ConfigError("training cost", "async_blocking", f"a fraction of a save, at most 1, got {self.async_blocking}")
+            raise ConfigError("training cost", "async_blocking", "a fraction of a save, at most 1, got "
+                                                                 f"{self.async_blocking}")
 
 
 def goodput(checkpoint_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> float:
@@ -103,7 +106,8 @@ def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_
     wall_s = ideal_s / g
     device_hours = wall_s * devices / 3600
     out = {
-        "tokens": o.tokens, "steps": steps, "ideal_days": ideal_s / SECONDS_PER_DAY, "wall_days": wall_s / SECONDS_PER_DAY,
+        "tokens": o.tokens, "steps": steps, "ideal_days": ideal_s / SECONDS_PER_DAY,
+           "wall_days": wall_s / SECONDS_PER_DAY,
         "device_hours": device_hours, "goodput": g,
         "failures": {"interruptions_per_day": rate * SECONDS_PER_DAY, "mtbf_hours": mtbf_s / 3600,
                      "checkpoint_s": ckpt_s, "restart_s": o.restart_s,
@@ -112,7 +116,8 @@ def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_
                      "expected_interruptions": wall_s * rate},
         "energy": None, "cost": None,
         "assumptions": [
-            f"{o.interruptions_per_device_day * 16_384:.2f} interruptions/day per 16,384 devices (Llama 3, 419 in 54 days)",
+            f"{o.interruptions_per_device_day * 16_384:.2f} interruptions/day per 16,384 devices (Llama 3, 419 in 54 "
+            "days)",
             f"restart {o.restart_s:.0f} s after each interruption",
             f"checkpoint write {o.storage_bytes_per_s_per_device / 1e6:.0f} MB/s per device"
             + (f", {o.async_blocking:.0%} of it blocking" if o.async_blocking < 1 else " (synchronous)"),
@@ -130,7 +135,8 @@ def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_
     else:
         out["assumptions"].append("no TDP in the catalog for this accelerator: energy not computed")
     if o.price_per_device_hour is not None:
-        out["cost"] = {"price_per_device_hour": o.price_per_device_hour, "total": device_hours * o.price_per_device_hour}
+        out["cost"] = {"price_per_device_hour": o.price_per_device_hour,
+                       "total": device_hours * o.price_per_device_hour}
     return out
 
 

@@ -59,10 +59,9 @@ def manifest_for(accelerator) -> tuple[str, str]:
 
 
 def _model(req: Day0Request, r: dict) -> None:
+    from dayzero.report.model_notes import model_notes
     from dayzero.specs.counting import summarize
     from dayzero.specs.registry import load_model
-
-    from dayzero.report.model_notes import model_notes
 
     spec = load_model(req.model)
     r["model"] = {**summarize(spec, req.seq).to_dict(spec), **model_notes(spec)}

@@ -88,7 +88,8 @@ def tables(r: dict) -> list[Table]:
                 ("coverage by FLOPs", _pct(op["coverage_flops"])),
                 ("operators needing a kernel", ", ".join(op["needs_kernel"]) or "none")]
         rows += [(f"unsupported: {u['op']}", f"{u['calls']:,} calls/step, {_pct(u['flops_share'])} of FLOPs"
-                  + (", needs a kernel" if u["needs_kernel"] else ", decomposes (not checked here; dayzero ops checks it)")) for u in op["unsupported"]]
+                  + (", needs a kernel" if u["needs_kernel"] else ", decomposes (not checked here; dayzero ops checks "
+                                                                  "it)")) for u in op["unsupported"]]
         out.append(Table("Operator coverage", ("", ""), tuple(rows), op.get("manifest_choice", "")))
     else:
         out.append(Table("Operator coverage", ("", ""), (("manifest", op["manifest"]), ("note", op["note"]))))
@@ -101,7 +102,8 @@ def tables(r: dict) -> list[Table]:
         (str(s["stage"]), *(_gb(s[c]) for c in MEMORY_CATEGORIES), _gb(s["total"])) for s in best["memory"]["stages"])))
     t = best["time"]
     out.append(Table("Step time of the best plan", ("term", "seconds", "share"), tuple(
-        (name, f"{t[k]:.3f}", _pct(t[k] / t["step_s"])) for name, k in STEP_TERMS) + (("step", f"{t['step_s']:.3f}", ""),)))
+        (name, f"{t[k]:.3f}", _pct(t[k] / t["step_s"])) for name, k in STEP_TERMS) + (("step", f"{t['step_s']:.3f}",
+                                                                                       ""),)))
     out.append(Table("Communication per step (busiest stage)",
                      ("collective", "group", "tier", "MB/op", "ops", "busy s", "exposed s", "hidden by"), tuple(
         (c["name"], str(c["group_size"]), c["tier"], f"{c['bytes'] / 1e6:,.0f}", f"{c['count']:,.0f}",
@@ -143,7 +145,8 @@ def charts(r: dict) -> list[tuple[str, str]]:
     if cands:
         chosen = 0  # candidates are ranked as the plans are: the best plan is the first
         out.append(("Candidate cloud", svg.scatter(
-            f"Best {len(cands)} fitting layouts: step time vs peak memory", [(c["peak_bytes"] / 1e9, c["step_s"]) for c in cands],
+            f"Best {len(cands)} fitting layouts: step time vs peak "
+            "memory", [(c["peak_bytes"] / 1e9, c["step_s"]) for c in cands],
             chosen, "peak memory, GB", "step s", xmarks=[(r["scenario"]["max_memory"] * cap / 1e9, "limit")])))
     return out
 

@@ -78,12 +78,14 @@ def stacked_bars(title: str, labels: Sequence[str], series: dict[str, Sequence[f
         for j, n in enumerate(names):
             w = series[n][i] * scale
             if w > 0:
-                out.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar}" fill="{PALETTE[j % len(PALETTE)]}">'
+                out.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar}" '
+                           f'fill="{PALETTE[j % len(PALETTE)]}">'
                            f"<title>{escape(label)}, {escape(n)}: {_fmt(series[n][i])} {escape(unit)}</title></rect>")
             x += w
     for v, label in marks:
         x = left + v * scale
-        out.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{y_axis}" stroke="#C00" stroke-dasharray="4 3"/>')
+        out.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{y_axis}" stroke="#C00" stroke-dasharray="4 '
+                   '3"/>')
         out.append(f'<text x="{x - 3:.1f}" y="{y_axis - 4}" text-anchor="end" fill="#C00">{escape(label)}</text>')
     return "\n".join(out + ["</svg>"])
 

@@ -37,5 +37,6 @@ def training_rows(tr: dict) -> list[tuple[str, str]]:
         rows.append(("cost", f"{tr['cost']['total']:,.0f} ({tr['cost']['price_per_device_hour']:g} per device-hour)"))
     rows += [("goodput", f"{tr['goodput']:.1%} ({_num(f['interruptions_per_day'])} interruptions a day)"),
              ("checkpoint", f"every {f['optimal_checkpoint_interval_steps']:,} steps "
-                            f"({_duration(f['optimal_checkpoint_interval_s'])}), a save blocks {f['checkpoint_s']:.0f} s")]
+                            f"({_duration(f['optimal_checkpoint_interval_s'])}), a save blocks "
+                            f"{f['checkpoint_s']:.0f} s")]
     return rows

@@ -73,7 +73,8 @@ def to_markdown(result: dict) -> str:
     if meas:
         out += ["## Measured", "", f"- step times (s): {', '.join(f'{x:.3g}' for x in meas.get('step_times_s', []))}",
                 f"- losses: {', '.join(f'{x:.4g}' for x in meas.get('losses', []))}",
-                f"- peak memory per rank (MiB): {', '.join(f'{x / 2**20:,.0f}' for x in meas.get('peak_memory_per_rank', []))}",
+                "- peak memory per rank (MiB): "
+                f"{', '.join(f'{x / 2**20:,.0f}' for x in meas.get('peak_memory_per_rank', []))}",
                 ""]
     if result.get("calibration"):
         out += [calibration_markdown(result["calibration"]), ""]

@@ -4,8 +4,8 @@ bad request costs one line and exit code 2, never a hung rank."""
 from __future__ import annotations
 
 from dayzero.errors import LayoutError
-from dayzero.specs.model import ModelSpec
 from dayzero.planner.engines import DAYZERO, engine_problems
+from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
 BYTE_VOCAB = 257  # runtime.data: 256 bytes + end of document

@@ -324,7 +324,8 @@ class Timer:
 
         if self.device.type != "cpu":
             try:
-                self._events = (torch.Event(self.device, enable_timing=True), torch.Event(self.device, enable_timing=True))
+                self._events = (torch.Event(self.device, enable_timing=True), torch.Event(self.device,
+                                                                                          enable_timing=True))
                 self._events[0].record()
                 return
             except (AttributeError, RuntimeError, TypeError, NotImplementedError):

@@ -102,7 +102,8 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
                 if log is None:
                     log_path = _keep(log_path)
                 after = f"; gave up after {max_restarts} restart{'s' * (max_restarts != 1)}" if max_restarts else ""
-                raise RanksFailed(1, ["; ".join(f.line() for f in causes) + f"{after}; details in {log_path}"]) from None
+                raise RanksFailed(1, ["; ".join(f.line() for f in causes) + f"{after}; details in "
+                                                                            f"{log_path}"]) from None
             also = rank_log.consequence_line(failures)
             for line in [f.line() for f in causes] + ([also] if also else []):
                 print(f"dayzero: {line}", file=sys.stderr)

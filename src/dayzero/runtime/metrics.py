@@ -5,7 +5,8 @@ One record per step, exactly these keys (``dayzero validate`` and the checkpoint
     step, loss, grad_norm, lr, tokens, step_time_s, tokens_per_s, peak_mem_bytes, comm_time_s
 
 then one ``{"event": "end", ...}`` record. Every record also has ``attempt`` (see MetricsWriter), and
-a record with a non-finite value writes it as ``null`` and names it in ``nonfinite``. ``peak_mem_bytes`` is the largest over ranks of the
+a record with a non-finite value writes it as ``null`` and names it in ``nonfinite``. ``peak_mem_bytes`` is the largest
+over ranks of the
 accelerator's max allocated bytes, or of the process's peak resident set size on CPU. ``comm_time_s`` is the
 largest over ranks of the wall time during which at least one collective or point-to-point
 transfer was in flight (the union of their intervals), read from the PyTorch profiler: on CPU

@@ -132,7 +132,8 @@ def _psutil(device) -> dict:
         raise _Missing("psutil is not installed (pip install psutil); no host utilisation, memory or temperature") \
             from None
     vm = psutil.virtual_memory()
-    out = {"utilization_pct": float(psutil.cpu_percent(interval=0.1)), "memory_used_bytes": int(vm.total - vm.available),
+    out = {"utilization_pct": float(psutil.cpu_percent(interval=0.1)),
+           "memory_used_bytes": int(vm.total - vm.available),
            "memory_total_bytes": int(vm.total)}
     sensors = getattr(psutil, "sensors_temperatures", lambda: {})() or {}
     temps = [t.current for entries in sensors.values() for t in entries if t.current is not None]

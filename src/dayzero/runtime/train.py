@@ -32,8 +32,8 @@ from dayzero.runtime.optim import build_optimizer, build_scheduler, clip_grad_no
 from dayzero.runtime.parallel.mesh import Meshes, build_meshes
 from dayzero.runtime.parallel.parallelize import ParallelModel, parallelize, seeded_weights
 from dayzero.runtime.parallel.pipeline import Pipeline, build_pipeline
-from dayzero.torch_version import require_torch
 from dayzero.specs.model import ModelSpec
+from dayzero.torch_version import require_torch
 
 
 @dataclass

@@ -57,7 +57,6 @@ from dayzero.errors import ConfigError
 from dayzero.inputs import load_yaml
 from dayzero.specs.hardware import HBM_GB, Accelerator, get_accelerator
 
-
 MAX_DEVICES = 2**20  # a cluster of a million devices is beyond any built; larger is a typo, not a plan
 # Upper bounds of a cluster file's figures, each ~1,000x beyond today's hardware (GB200 NVL72: 2.5
 # PFLOP/s BF16 dense, 192 GB HBM at 8 TB/s, 900 GB/s NVLink per direction): larger is a unit error.
@@ -210,8 +209,10 @@ def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node
     dpn = devices_per_node or acc.devices_per_node
     if not 1 <= devices <= MAX_DEVICES:
         raise ConfigError("--devices", None, f"must be in [1, {MAX_DEVICES:,}], got {devices}")
-    if inter_node_gbytes_per_s is not None and not (math.isfinite(inter_node_gbytes_per_s) and inter_node_gbytes_per_s > 0):
-        raise ConfigError("--inter-node-gbps", None, f"must be a positive bandwidth, got {inter_node_gbytes_per_s * 8:g}")
+    bw = inter_node_gbytes_per_s
+    if bw is not None and not (math.isfinite(bw) and bw > 0):
+        raise ConfigError("--inter-node-gbps", None, "must be a positive bandwidth, got "
+                                                     f"{inter_node_gbytes_per_s * 8:g}")
     if devices < dpn:
         dpn = devices
     if devices % dpn:
@@ -245,7 +246,8 @@ def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
     dpn = f.devices_per_node or acc.devices_per_node
     devices = f.nodes * dpn
     if devices > MAX_DEVICES:
-        raise ConfigError(f.name, "nodes", f"{f.nodes:,} nodes x {dpn} devices = {devices:,} exceeds {MAX_DEVICES:,} devices")
+        raise ConfigError(f.name, "nodes", f"{f.nodes:,} nodes x {dpn} devices = {devices:,} exceeds {MAX_DEVICES:,} "
+                                           "devices")
     domain = min(f.scaleup_domain or max(acc.scaleup_domain, dpn), devices)
     intra = (f.intra_node_gbytes_per_s * 1e9) if f.intra_node_gbytes_per_s else acc.intra_node_bw
     p2p = (f.intra_node_p2p_gbytes_per_s * 1e9) if f.intra_node_p2p_gbytes_per_s else acc.intra_node_p2p_bw

@@ -64,7 +64,8 @@ def attention_matmul_params(a: AttentionSpec, hidden: int) -> int:
     if a.kind == "mla":
         qk = a.heads * a.head_dim
         q = hidden * qk if a.q_lora_rank is None else hidden * a.q_lora_rank + a.q_lora_rank * qk
-        kv = hidden * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * a.heads * (a.qk_nope_head_dim + a.v_head_dim)
+        kv = (hidden * (a.kv_lora_rank + a.qk_rope_head_dim)
+              + a.kv_lora_rank * a.heads * (a.qk_nope_head_dim + a.v_head_dim))
         return q + kv + a.heads * a.v_head_dim * hidden
     q = hidden * a.heads * a.head_dim
     kv = hidden * a.kv_heads * (a.head_dim + a.v_head_dim)
@@ -190,14 +191,16 @@ def fp8_scale_elements(spec: ModelSpec) -> int:
 
     a = spec.attention
     if a.kind == "mla":
-        att = blocks(a.kv_lora_rank + a.qk_rope_head_dim, h) + blocks(a.heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank)
+        att = blocks(a.kv_lora_rank + a.qk_rope_head_dim, h) + blocks(a.heads * (a.qk_nope_head_dim + a.v_head_dim),
+                                                                      a.kv_lora_rank)
         att += blocks(h, a.heads * a.v_head_dim)
         if a.q_lora_rank is None:
             att += blocks(a.heads * a.head_dim, h)
         else:
             att += blocks(a.q_lora_rank, h) + blocks(a.heads * a.head_dim, a.q_lora_rank)
     else:
-        att = blocks(a.heads * a.head_dim, h) + 2 * blocks(a.kv_heads * a.head_dim, h) + blocks(h, a.heads * a.v_head_dim)
+        att = blocks(a.heads * a.head_dim, h) + 2 * blocks(a.kv_heads * a.head_dim,
+                                                           h) + blocks(h, a.heads * a.v_head_dim)
 
     def layer_blocks(kind: str) -> int:
         if kind == "moe":

@@ -29,7 +29,15 @@ from itertools import permutations
 import numpy as np
 
 from dayzero.errors import LayoutError
-from dayzero.specs.parallel import DENSE_DIMS, DENSE_ORDER, PRECISIONS, RECOMPUTES, SCHEDULES, ParallelConfig, order_dims
+from dayzero.specs.parallel import (
+    DENSE_DIMS,
+    DENSE_ORDER,
+    PRECISIONS,
+    RECOMPUTES,
+    SCHEDULES,
+    ParallelConfig,
+    order_dims,
+)
 
 # every order of the dense dims, the default first (rules decide which of them are allowed)
 RANK_ORDERS: tuple[str, ...] = (DENSE_ORDER,) + tuple(

@@ -72,7 +72,8 @@ class Accelerator:
         if precision != "bf16" and precision not in self.peak_flops:
             have = ", ".join(p for p in ("bf16", "fp8", "fp4") if p in self.peak_flops or p == "bf16")
             raise ConfigError(flag, None, f"{precision}: {self.name} has no {precision.upper()} units (catalog peaks: "
-                              f"{have}); use --precision {'fp8' if 'fp8' in self.peak_flops else 'bf16'} or another card")
+                              f"{have}); use --precision {'fp8' if 'fp8' in self.peak_flops else 'bf16'} or another "
+                              "card")
 
     def gemm_efficiency(self, precision: str = "bf16") -> float | None:
         """Measured best GEMM throughput over peak, where the catalog has a measurement."""
@@ -86,7 +87,8 @@ class Accelerator:
                 "hbm_tbytes_per_s": None if self.hbm_bw is None else self.hbm_bw / 1e12,
                 "devices_per_node": self.devices_per_node, "scaleup_domain": self.scaleup_domain,
                 "topology": self.topology,
-                "intra_node_gbytes_per_s": _g(self.intra_node_bw), "intra_node_p2p_gbytes_per_s": _g(self.intra_node_p2p_bw),
+                "intra_node_gbytes_per_s": _g(self.intra_node_bw),
+                "intra_node_p2p_gbytes_per_s": _g(self.intra_node_p2p_bw),
                 "inter_node_gbytes_per_s": _g(self.inter_node_bw), "tdp_w": self.tdp_w,
                 "gemm_tflops_measured": {k: v / 1e12 for k, v in self.gemm_flops_measured.items()},
                 "allreduce_busbw_intra_gbytes_per_s": _g(self.allreduce_busbw_intra),
@@ -152,7 +154,9 @@ def _from_entry(e: dict) -> Accelerator:
     dpn = e.get("devices_per_node") or 8
     return Accelerator(
         id=e["id"], name=e["name"], vendor=e.get("vendor", ""), peak_flops=peak,
-        hbm_bytes=int(e["hbm_gb"] * HBM_GB), hbm_bw=None if e.get("hbm_tbytes_per_s") is None else e["hbm_tbytes_per_s"] * 1e12, devices_per_node=dpn,
+        hbm_bytes=int(e["hbm_gb"] * HBM_GB),
+                       hbm_bw=None if e.get("hbm_tbytes_per_s") is None else e["hbm_tbytes_per_s"] * 1e12,
+                       devices_per_node=dpn,
         scaleup_domain=e.get("scaleup_domain_devices") or dpn, topology=_topology(e.get("topology", "")),
         intra_node_bw=None if intra is None else intra * 1e9, intra_node_p2p_bw=None if p2p is None else p2p * 1e9,
         inter_node_bw=None if inter is None else inter * 1e9 / 8, tdp_w=e.get("tdp_w"),

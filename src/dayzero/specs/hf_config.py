@@ -156,7 +156,8 @@ def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = Non
     mt = cfg.get("model_type")
     if not isinstance(mt, str) or mt not in _PARSERS:
         got = "missing" if mt is None else repr(mt)
-        raise ConfigError(source, "model_type", f"{got} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise ConfigError(source, "model_type", f"{got} is not supported; supported: "
+                                                f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     f = _Fields(cfg, source)
     try:
         spec = _PARSERS[mt](f, name, mt)
@@ -204,11 +205,13 @@ def _gqa_attention(f: _Fields, hidden: int, *, qkv_bias: bool, o_bias: bool, qk_
     heads = f.int("num_attention_heads")
     kv_heads = f.int("num_key_value_heads", default=heads)
     if heads % kv_heads:
-        f._fail("num_key_value_heads", f"num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv_heads})")
+        f._fail("num_key_value_heads", f"num_attention_heads ({heads}) must be divisible by num_key_value_heads "
+                                       f"({kv_heads})")
     head_dim = f.opt_int("head_dim")
     if head_dim is None:
         if hidden % heads:
-            f._fail("num_attention_heads", f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}); set head_dim")
+            f._fail("num_attention_heads", f"hidden_size ({hidden}) is not divisible by num_attention_heads "
+                                           f"({heads}); set head_dim")
         head_dim = hidden // heads
     return AttentionSpec(kind="gqa", heads=heads, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=head_dim,
                          qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, sinks=sinks,
@@ -300,7 +303,7 @@ def _qwen3_moe(f: _Fields, name: str, mt: str) -> ModelSpec:
 
 
 def _deepseek(f: _Fields, name: str, mt: str) -> ModelSpec:
-    hidden, layers = f.int("hidden_size"), f.int("num_hidden_layers")
+    layers = f.int("num_hidden_layers")
     heads = f.int("num_attention_heads")
     nope, rope = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
     bias = f.bool("attention_bias", False)

@@ -105,7 +105,8 @@ RULES: tuple[Rule, ...] = (
     Rule(("gbs", "mbs", "dp"), lambda c, w: c["gbs"] % (c["mbs"] * c["dp"]) == 0,
          lambda p, w: f"gbs {p.gbs} must be divisible by mbs*dp = {p.mbs}*{p.dp}"),
     Rule(("tp", "etp"), lambda c, w: c["tp"] % c["etp"] == 0,
-         lambda p, w: f"etp {p.etp} must divide tp {p.tp} (each expert's tensor-parallel group lies inside a tp group)"),
+         lambda p, w: f"etp {p.etp} must divide tp {p.tp} (each expert's tensor-parallel group lies inside a tp "
+                      "group)"),
     Rule(("tp", "cp", "dp", "ep", "etp"), lambda c, w: (c["tp"] * c["cp"] * c["dp"]) % (c["ep"] * c["etp"]) == 0,
          lambda p, w: f"ep*etp = {p.ep}*{p.etp} must divide tp*cp*dp = {p.tp * p.cp * p.dp}"),
     Rule(("vpp", "pp"), lambda c, w: (c["vpp"] == 1) | (c["pp"] > 1), lambda p, w: "vpp > 1 needs pp > 1"),
@@ -166,7 +167,8 @@ def mask(grid: dict, spec: ModelSpec | None = None, devices: int | None = None, 
         if r.degree:
             ok &= np.asarray(r.ok(grid, where), dtype=bool)
     # rows with a degree below 1 are already rejected; give them 1 so the other rules never divide by 0
-    safe = grid if ok.all() else {k: (np.where(ok, v, 1) if k in DEGREES else v) for k, v in grid.items() if k in FIELDS}
+    safe = grid if ok.all() else {k: (np.where(ok, v, 1) if k in DEGREES else v) for k,
+                                  v in grid.items() if k in FIELDS}
     for r in rules:
         if not r.degree:
             ok &= np.broadcast_to(np.asarray(r.ok(safe, where), dtype=bool), (n,))

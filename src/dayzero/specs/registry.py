@@ -9,8 +9,13 @@ from importlib import resources
 from pathlib import Path
 
 from dayzero.errors import ConfigError
-from dayzero.specs.hf_config import (SUPPORTED_MODEL_TYPES, check_bounds, check_size, load_config_file,
-                                    spec_from_hf_config)
+from dayzero.specs.hf_config import (
+    SUPPORTED_MODEL_TYPES,
+    check_bounds,
+    check_size,
+    load_config_file,
+    spec_from_hf_config,
+)
 from dayzero.specs.model import ModelSpec
 
 

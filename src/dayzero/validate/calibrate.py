@@ -16,8 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from dayzero.validate.profile import (COLLECTIVES, build_profile, collective_time, fit_gemm, fit_link, merge_ranks,
-                                      write_profile)
+from dayzero.validate.profile import (
+    COLLECTIVES,
+    build_profile,
+    collective_time,
+    fit_gemm,
+    fit_link,
+    merge_ranks,
+    write_profile,
+)
 from dayzero.validate.sanity import check_fits
 
 

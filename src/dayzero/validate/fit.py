@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.minimize import nelder_mead
 from dayzero.planner.calibration import CLUSTER_KEYS, MEASURED_FRACTION_MAX, constants_for, rates
+from dayzero.planner.minimize import nelder_mead
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -156,7 +156,8 @@ def fit_memory(records: list[dict], cluster: Cluster) -> dict | None:
         if not rec.get("peak_memory_bytes"):
             continue
         o = observation_from_record(rec)
-        pred = predict_run(o.spec, o.parallel, cluster, o.compute_dtype, device=rec.get("device"))["memory"]["peak_bytes"]
+        pred = predict_run(o.spec, o.parallel, cluster, o.compute_dtype,
+                           device=rec.get("device"))["memory"]["peak_bytes"]
         rows.append((rec.get("label"), float(rec["peak_memory_bytes"]), float(pred)))
     if not rows:
         return None

@@ -2,7 +2,8 @@
 
 ``run_ranks("dayzero.validate.microbench:run_rank", args, nproc)`` starts ``nproc`` processes
 through :func:`dayzero.runtime.launch.launch_local` (torchrun's elastic agent, the launcher
-``dayzero train`` uses), each joining one process group (:mod:`dayzero.runtime.device` picks device and backend) and calling
+``dayzero train`` uses), each joining one process group (:mod:`dayzero.runtime.device` picks device and backend) and
+calling
 the function with ``args``; each rank's JSON-able return value comes back as one list entry, rank
 order. A user error on any rank (DayzeroError) becomes one line and exit code 2 for the caller;
 the agent stops the other ranks, so nothing hangs. Each rank runs with one intra-op thread unless

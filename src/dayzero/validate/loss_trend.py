@@ -142,5 +142,6 @@ def loss_trend(losses, steps=None, alpha: float = 0.05, skip: int = 0) -> LossTr
         z = 0.0
     p = 0.5 * math.erfc(-z / math.sqrt(2))  # P(Z <= z): small when strongly decreasing
     return LossTrend(n=n, finite=True, slope=slope, slope_low=lo, slope_high=hi, s=s, z=z, p_value=p,
-                     variance_factor=factor, start=float(intercept + slope * x[0]), end=float(intercept + slope * x[-1]),
+                     variance_factor=factor, start=float(intercept + slope * x[0]),
+                     end=float(intercept + slope * x[-1]),
                      alpha=alpha)

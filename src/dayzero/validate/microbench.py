@@ -264,7 +264,8 @@ def machine(device) -> dict:
     else:
         try:
             with open("/proc/cpuinfo") as f:
-                info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), info["cpu"])
+                info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                                   info["cpu"])
             with open("/proc/meminfo") as f:
                 info["memory_bytes"] = int(next(ln.split()[1] for ln in f if ln.startswith("MemTotal"))) * 1024
         except (OSError, StopIteration):

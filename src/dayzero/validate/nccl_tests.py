@@ -117,7 +117,8 @@ def import_runs(paths: list[str | Path], accelerator: str | None = None, base: s
     dpn = per_host.pop()
     acc = get_accelerator(accelerator) if accelerator else resolve_accelerator(runs[0].device)
     if acc is None:
-        raise ConfigError("nccl-tests", None, f"cannot map device {runs[0].device!r} to the catalog; pass --accelerator")
+        raise ConfigError("nccl-tests", None, f"cannot map device {runs[0].device!r} to the catalog; pass "
+                                              "--accelerator")
     rows = [row for r in runs for row in r.rows]
     if base:
         cluster = get_cluster(base)
@@ -131,14 +132,16 @@ def import_runs(paths: list[str | Path], accelerator: str | None = None, base: s
     eff = dict(prof.get("efficiency") or {})
     if len(hosts) <= 1:
         fit = fit_link(rows)
-        prof.update(intra_node_gbytes_per_s=round(fit.bw / 1e9, 3), intra_node_p2p_gbytes_per_s=round(fit.p2p_bw / 1e9, 3),
+        prof.update(intra_node_gbytes_per_s=round(fit.bw / 1e9, 3), intra_node_p2p_gbytes_per_s=round(fit.p2p_bw / 1e9,
+                                                                                                      3),
                     intra_latency_us=round(fit.alpha * 1e6, 3))
         eff["intra"] = 1.0
         tier = "scale-up"
     else:
         from dayzero.specs.cluster import build_cluster
 
-        ref = cluster or build_cluster(acc, len(hosts) * dpn, dpn, inter_node_gbytes_per_s=acc.inter_node_bw and acc.inter_node_bw / 1e9)
+        ref = cluster or build_cluster(acc, len(hosts) * dpn, dpn,
+                                       inter_node_gbytes_per_s=acc.inter_node_bw and acc.inter_node_bw / 1e9)
         intra = rates(ref, constants_for(ref)).intra
         fit = fit_link(rows, per_domain=dpn, intra=intra)
         prof.update(inter_node_gbytes_per_s=round(fit.bw / 1e9, 3), inter_latency_us=round(fit.alpha * 1e6, 3))

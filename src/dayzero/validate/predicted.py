@@ -87,7 +87,8 @@ def largest_unit(spec: ModelSpec, parallel: ParallelConfig) -> float:
     from dayzero.planner.params import layer_params
 
     kv = spec.attention.kv_heads
-    return max(layer_params(spec, k).local_dense(parallel.tp, kv) + layer_params(spec, k).local_expert(parallel.ep, parallel.etp)
+    return max(layer_params(spec, k).local_dense(parallel.tp, kv) + layer_params(spec, k).local_expert(parallel.ep,
+                                                                                                       parallel.etp)
                for k in set(spec.layer_kinds))
 
 
@@ -108,7 +109,8 @@ def memory_options(cluster: Cluster | None, compute_dtype: str, spec: ModelSpec 
     return MemoryOptions.for_accelerator(cluster.accelerator, **kw) if cluster is not None else MemoryOptions(**kw)
 
 
-def predict_run(spec, parallel, cluster: Cluster, compute_dtype: str, constants=None, device: str | None = None) -> dict:
+def predict_run(spec, parallel, cluster: Cluster, compute_dtype: str, constants=None,
+                device: str | None = None) -> dict:
     """The planner's prediction (DESIGN.md predict object) for the runtime running ``parallel``
     on ``cluster`` in ``compute_dtype``; memory is per device at the cluster's capacity."""
     from dayzero.planner.predict import predict

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.minimize import nelder_mead
 from dayzero.planner.collectives import Link, group_collective
+from dayzero.planner.minimize import nelder_mead
 from dayzero.specs.hardware import HBM_GB
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")

@@ -167,7 +167,8 @@ def measure(ranks: list[dict], spec: ModelSpec, parallel: ParallelConfig, cluste
 def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label: str | None = None) -> dict:
     """What the calibration loop keeps of a run (validate.fit.observation_from_record)."""
     return {"label": label or f"{spec.name} {request.parallel.describe()}", "model": request.model.name,
-            "shrink": dict(request.shrink), "parallel": request.parallel.to_dict(), "layout": request.parallel.describe(),
+            "shrink": dict(request.shrink), "parallel": request.parallel.to_dict(),
+            "layout": request.parallel.describe(),
             "compute_dtype": request.compute_dtype, "step_time_s": measured["step_time_s"],
             "comm_ratio": measured["comm_ratio"], "peak_memory_bytes": measured["peak_memory_bytes"],
             "device": measured.get("device")}
@@ -222,7 +223,8 @@ def evaluate_run(request: ValidationRequest, cluster: Cluster, ranks: list[dict]
                  comm_ratio=measured["comm_ratio"], loss=loss_trend(measured["losses"]))
     rows = checks(m, prediction, step_tolerance=step_tolerance)
     run = {"model": spec.name, "model_source": request.model.name, "proxy": _proxy_text(request.shrink),
-           "shrink": dict(request.shrink), "layout": request.parallel.describe(), "parallel": request.parallel.to_dict(),
+           "shrink": dict(request.shrink), "layout": request.parallel.describe(),
+           "parallel": request.parallel.to_dict(),
            "ranks": len(ranks), "device": device, "compute_dtype": request.compute_dtype, "steps": request.steps,
            "cluster": cluster.name, "seed": request.seed, "lr": request.optimizer.lr}
     return {"checks": rows, "summary": summary(rows), "run": run, "measured": measured, "prediction": prediction,

@@ -55,14 +55,28 @@ from dayzero.runtime.checkpoint.dirlock import CheckpointLocked, DirLock
 from dayzero.runtime.checkpoint.json_state import capture_rng, to_json
 from dayzero.runtime.checkpoint.lineage import RunLineage, history, new_lineage_id, target_copy, write_order
 from dayzero.runtime.checkpoint.loading import Resumed, load_version
-from dayzero.runtime.checkpoint.manifest import (DEFAULT_CHECKSUM, CheckpointError, CheckpointManifest, ModelInfo,
-                                                 Verdict, VersionRef, check_algorithm)
+from dayzero.runtime.checkpoint.manifest import (
+    DEFAULT_CHECKSUM,
+    CheckpointError,
+    CheckpointManifest,
+    ModelInfo,
+    Verdict,
+    VersionRef,
+    check_algorithm,
+)
 from dayzero.runtime.checkpoint.rank_group import RankGroup
 from dayzero.runtime.checkpoint.state_dicts import model_shapes, split_small, train_state_dict
 from dayzero.runtime.checkpoint.verification import inspect_version, usable
 from dayzero.runtime.checkpoint.version_files import OPTIM_GROUPS, TRAIN_STATE, rng_file
-from dayzero.runtime.checkpoint.versions import (Version, prepare_partial, purge, scan, select_first, select_newest,
-                                                 version_name)
+from dayzero.runtime.checkpoint.versions import (
+    Version,
+    prepare_partial,
+    purge,
+    scan,
+    select_first,
+    select_newest,
+    version_name,
+)
 from dayzero.torch_version import require_torch
 
 __all__ = ["OPTIM_GROUPS", "TRAIN_STATE", "Checkpointer", "Resumed", "SavedCheckpoint", "rng_file"]
@@ -134,7 +148,8 @@ class Checkpointer:
             own[TRAIN_STATE] = json.dumps(to_json({
                 "step": step, "data": data, "extra": extra or {},
                 "scheduler": scheduler.state_dict() if scheduler is not None else None}, "train state"))
-        return self._save(step, state, own, contents, t0, to_json(hyper, "optimizer") if optimizer is not None else None)
+        return self._save(step, state, own, contents, t0,
+                          to_json(hyper, "optimizer") if optimizer is not None else None)
 
     def save_state(self, step: int, state: dict, *, contents: list[str], data: Any = None,
                    extra: dict | None = None, backup_existing: bool = False) -> SavedCheckpoint | float:

@@ -20,9 +20,18 @@ import torch
 
 from dayzero.runtime.checkpoint.dcp_io import METADATA_FILE, HookedWriter, load_metadata, referenced_files
 from dayzero.runtime.checkpoint.lineage import RunLineage
-from dayzero.runtime.checkpoint.manifest import (MANIFEST, CheckpointError, CheckpointManifest, FileEntry, ModelInfo,
-                                                 check_file, dayzero_version, describe_file, utc_now,
-                                                 write_json_durable)
+from dayzero.runtime.checkpoint.manifest import (
+    MANIFEST,
+    CheckpointError,
+    CheckpointManifest,
+    FileEntry,
+    ModelInfo,
+    check_file,
+    dayzero_version,
+    describe_file,
+    utc_now,
+    write_json_durable,
+)
 from dayzero.runtime.checkpoint.version_files import OPTIM_GROUPS
 from dayzero.runtime.checkpoint.versions import backup, commit, next_seq, retire, scan
 

@@ -36,10 +36,10 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.planner import SavePlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlanner
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.utils.serialization import config as _serialization_config
 
@@ -82,7 +82,8 @@ def dcp_errors(doing: str) -> Iterator[None]:
             if isinstance(exc, CheckpointError):  # already a complete message
                 raise CheckpointError(str(exc)) from None
             causes.append(f"rank {rank}: {type(exc).__name__}: {exc}")
-        raise CheckpointError(f"{doing} failed ({'; '.join(causes)}); the previous checkpoint stays the newest") from None
+        raise CheckpointError(f"{doing} failed ({'; '.join(causes)}); the previous checkpoint stays the "
+                              "newest") from None
 
 
 class _MetadataUnpickler(pickle.Unpickler):

@@ -32,8 +32,13 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from dayzero.runtime.checkpoint.checkpointer import Checkpointer
 from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, load_metadata, single_process
 from dayzero.runtime.checkpoint.hf_weights import EXPERT_NAMES
-from dayzero.runtime.checkpoint.manifest import (CheckpointError, default_file_mode, manifest_digest, verify_version,
-                                                 write_json_durable)
+from dayzero.runtime.checkpoint.manifest import (
+    CheckpointError,
+    default_file_mode,
+    manifest_digest,
+    verify_version,
+    write_json_durable,
+)
 from dayzero.runtime.checkpoint.versions import version_name
 from dayzero.specs.model import SHRINK_KEYS
 
@@ -203,7 +208,8 @@ def _recipe_spec(manifest):
 
     spec = ModelSection.from_recipe(recipe).spec()
     if manifest.model.spec_digest and spec.digest() != manifest.model.spec_digest:
-        raise CheckpointError(f"the checkpoint was written for {manifest.model.name} (spec {manifest.model.spec_digest}) "
+        raise CheckpointError(f"the checkpoint was written for {manifest.model.name} (spec "
+                              f"{manifest.model.spec_digest}) "
                               f"but {recipe['model']} now describes spec {spec.digest()}; export with --names native")
     return spec if spec.model_type in FAMILIES else None
 
@@ -217,7 +223,8 @@ def _hf_renamer(spec) -> Callable[[str, torch.Tensor], list[tuple[str, torch.Ten
         m = _EXPERTS.fullmatch(fqn)
         if m:  # (E, out, in) stacked in the zoo -> one tensor per expert
             layer, w = m.groups()
-            return [(f"model.layers.{layer}.mlp.experts.{e}.{EXPERT_NAMES[w][0]}.weight", t[e]) for e in range(t.shape[0])]
+            return [(f"model.layers.{layer}.mlp.experts.{e}.{EXPERT_NAMES[w][0]}.weight",
+                     t[e]) for e in range(t.shape[0])]
         names = hf_sources(fqn, mla_q_lora)
         return [(names[0] if names else fqn, t)]
 

@@ -16,8 +16,14 @@ import torch.distributed.checkpoint as dcp
 
 from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, dcp_errors, single_process
 from dayzero.runtime.checkpoint.json_state import from_json, restore_rng
-from dayzero.runtime.checkpoint.manifest import (CheckpointError, CheckpointManifest, ModelInfo, Verdict, read_manifest,
-                                                 safe_join)
+from dayzero.runtime.checkpoint.manifest import (
+    CheckpointError,
+    CheckpointManifest,
+    ModelInfo,
+    Verdict,
+    read_manifest,
+    safe_join,
+)
 from dayzero.runtime.checkpoint.rank_group import RankGroup
 from dayzero.runtime.checkpoint.state_dicts import set_train_state, take_saved, train_state_dict
 from dayzero.runtime.checkpoint.version_files import OPTIM_GROUPS, TRAIN_STATE, rng_file

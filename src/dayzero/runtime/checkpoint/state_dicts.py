@@ -11,9 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.tensor import DTensor
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
 
 from dayzero.runtime.checkpoint.manifest import CheckpointError
 
@@ -109,7 +114,8 @@ def train_state_dict(model, optimizer) -> tuple[dict, list[tuple[list[str], list
         for name, sd in (("model", msd), ("optim", osd)):
             clash = set(sd) & set(out[name])
             if clash:
-                raise CheckpointError(f"model parts share state keys {sorted(clash)[:3]}; parts must hold disjoint modules")
+                raise CheckpointError(f"model parts share state keys {sorted(clash)[:3]}; parts must hold disjoint "
+                                      "modules")
             out[name].update(sd)
         keys.append((list(msd), list(osd)))
     return out, keys

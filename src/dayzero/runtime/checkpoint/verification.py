@@ -9,8 +9,15 @@ from dataclasses import replace
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dayzero.runtime.checkpoint.dcp_io import load_metadata
-from dayzero.runtime.checkpoint.manifest import (CheckpointError, CheckpointManifest, ModelInfo, Verdict, check_file,
-                                                 check_marker, read_manifest)
+from dayzero.runtime.checkpoint.manifest import (
+    CheckpointError,
+    CheckpointManifest,
+    ModelInfo,
+    Verdict,
+    check_file,
+    check_marker,
+    read_manifest,
+)
 from dayzero.runtime.checkpoint.rank_group import RankGroup
 from dayzero.runtime.checkpoint.state_dicts import fit_problems
 from dayzero.runtime.checkpoint.versions import Version

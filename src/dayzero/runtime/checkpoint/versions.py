@@ -27,8 +27,16 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from dayzero.runtime.checkpoint.lineage import Record, resume_order, retention
-from dayzero.runtime.checkpoint.manifest import (MARKER, CheckpointError, Verdict, fsync_dir, read_manifest, utc_now,
-                                                 write_json_durable, write_marker)
+from dayzero.runtime.checkpoint.manifest import (
+    MARKER,
+    CheckpointError,
+    Verdict,
+    fsync_dir,
+    read_manifest,
+    utc_now,
+    write_json_durable,
+    write_marker,
+)
 
 _NAME = re.compile(r"^step-(\d{8,})(?:-v(\d+))?(\.partial|\.replaced|\.deleting)?$")
 State = Literal["complete", "incomplete", "partial", "replaced", "deleting"]

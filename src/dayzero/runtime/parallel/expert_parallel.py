@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Shard, distribute_tensor
 from torch import nn
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from dayzero.runtime.models.model import Transformer
 

@@ -28,7 +28,8 @@ from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
 
-def split_stages(model: Transformer, spec: ModelSpec, parallel: ParallelConfig, pp_rank: int) -> list[tuple[int, Transformer]]:
+def split_stages(model: Transformer, spec: ModelSpec, parallel: ParallelConfig,
+                 pp_rank: int) -> list[tuple[int, Transformer]]:
     """(virtual stage index, stage module) for every virtual stage on ``pp_rank``. Each stage is
     a copy of the (meta) model keeping only its layers; the first keeps the embedding, the last
     the final norm and head. Parameter names are unchanged."""

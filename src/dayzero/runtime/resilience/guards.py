@@ -79,7 +79,8 @@ class LossGuard:
         if math.isinf(loss):
             return GuardVerdict(False, "inf", c.action, loss, self.mean)
         mean = self.mean
-        if c.spike_factor and len(self._history) >= max(c.warmup, 1) and mean is not None and loss > c.spike_factor * mean:
+        if c.spike_factor and len(self._history) >= max(c.warmup,
+                                                        1) and mean is not None and loss > c.spike_factor * mean:
             return GuardVerdict(False, "spike", c.action, loss, mean)
         return GuardVerdict(True, loss=loss, mean=mean)
 

@@ -128,7 +128,8 @@ def write_crash(exc: BaseException) -> None:
     with contextlib.suppress(OSError):
         d = attempt_dir(launch_dir, launcher_attempt())
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"rank{os.environ.get('RANK', '0')}.crash").write_text(json.dumps({"cause": cause, "lost_peer": lost_peer}))
+        (d / f"rank{os.environ.get('RANK', '0')}.crash").write_text(json.dumps({"cause": cause,
+                                                                                "lost_peer": lost_peer}))
 
 
 def _is_peer_lost(exc: BaseException) -> bool:
