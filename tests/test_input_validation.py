@@ -180,3 +180,27 @@ def test_fuzz_finding_a_batch_beyond_int64(tmp_path):
     rows[0]["gbs"] = "999999999999999999999"
     result = run_backtest(write_rows(tmp_path / "runs.csv", rows))
     assert result["summary"]["n"] == 0 and "gbs must be <= 16,777,216" in result["skipped"][0]["reason"]
+
+
+def test_fuzz_finding_a_device_memory_that_rounds_to_zero(tmp_path, capsys):
+    """hbm_gb 1e-300 was positive, so accepted: zero bytes of memory, infinite utilisation."""
+    f = tmp_path / "c.yaml"
+    f.write_text("accelerator: h100\nnodes: 1\nhbm_gb: 1.0e-300\n")
+    one_line_error(["predict", "llama-3.1-8b", "--cluster", f], capsys, "hbm_gb")
+
+
+def test_fuzz_finding_an_inter_node_bandwidth_beyond_the_bound(capsys):
+    """--inter-node-gbps 1e21 reached the cluster model's own bound as a pydantic traceback."""
+    one_line_error(["memory", "tiny-moe", "-a", "h100", "-n", "16", "--inter-node-gbps", "1e21"], capsys,
+                   "--inter-node-gbps")
+
+
+def test_fuzz_finding_a_row_with_absurd_layers(tmp_path):
+    """A row whose layers column is 21 digits built a 1e21-long layer tuple: now it is skipped."""
+    from dayzero.planner.backtest import run_backtest
+    from dayzero.planner.published import read_rows
+
+    rows = [dict(r) for r in read_rows() if r["id"] == "R0132"]
+    rows[0].update(model="Unheard-of Model", layers="999999999999999999999")
+    result = run_backtest(write_rows(tmp_path / "runs.csv", rows))
+    assert result["summary"]["n"] == 0 and "exceeds" in result["skipped"][0]["reason"]

@@ -37,7 +37,7 @@ from dayzero.planner.model_names import (
     strip_annotations,
 )
 from dayzero.specs.counting import params_total
-from dayzero.specs.hf_config import check_size, spec_from_hf_config
+from dayzero.specs.hf_config import MAX_LAYERS, check_size, spec_from_hf_config
 from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
 from dayzero.specs.registry import load_model
 
@@ -186,6 +186,8 @@ def from_columns(row: dict) -> tuple[ModelSpec, tuple[str, ...]]:
     if missing:
         raise NoArchitecture(f"model {raw!r} is not one dayzero knows (a preset or data/published_models.json) and "
                              f"the row's architecture columns are incomplete ({', '.join(missing)} blank)")
+    if layers > MAX_LAYERS:  # the same bound as a config.json's (specs.hf_config)
+        raise NoArchitecture(f"layers {layers} exceeds {MAX_LAYERS:,}, more than any model dayzero plans")
     att_text = text(row, "attention_type")
     kv = _kv_heads(row, heads, att_text, notes)
     if hidden % heads or heads % kv:

@@ -62,6 +62,7 @@ MAX_DEVICES = 2**20  # a cluster of a million devices is beyond any built; large
 # PFLOP/s BF16 dense, 192 GB HBM at 8 TB/s, 900 GB/s NVLink per direction): larger is a unit error.
 PositiveFloat = Annotated[float, Field(gt=0, le=1e7)]  # TFLOP/s, GB/s: at most 10 EFLOP/s or 10 PB/s
 BANDWIDTH = dict(gt=0, le=1e6)  # GB/s per device per direction
+MIN_HBM_GB = 2**-10  # 1 MiB: no accelerator has less, and a smaller figure rounds to zero bytes of memory
 LATENCY = dict(ge=0, le=1e6)  # microseconds
 MIB = dict(ge=0, le=1e9)  # MiB per device
 
@@ -124,7 +125,7 @@ class AcceleratorFile(BaseModel):
     name: str = ""
     vendor: str = ""
     peak_tflops: dict[str, PositiveFloat]
-    hbm_gb: float = Field(gt=0, le=1e6)
+    hbm_gb: float = Field(ge=MIN_HBM_GB, le=1e6)
     hbm_tbytes_per_s: float = Field(gt=0, le=1e4)
     devices_per_node: int = Field(default=1, ge=1, le=MAX_DEVICES)
     scaleup_domain: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
@@ -181,7 +182,7 @@ class ClusterFile(BaseModel):
     intra_latency_us: float | None = Field(default=None, **LATENCY)
     inter_latency_us: float | None = Field(default=None, **LATENCY)
     peak_tflops: dict[str, PositiveFloat] | None = None
-    hbm_gb: float | None = Field(default=None, gt=0, le=1e6)
+    hbm_gb: float | None = Field(default=None, ge=MIN_HBM_GB, le=1e6)
     hbm_tbytes_per_s: float | None = Field(default=None, gt=0, le=1e4)
     gemm_tflops_measured: dict[str, PositiveFloat] | None = None
     efficiency: dict[str, float] = Field(default_factory=dict)  # ranges: planner/calibration.py CONSTANT_BOUNDS
@@ -210,17 +211,26 @@ def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node
     if not 1 <= devices <= MAX_DEVICES:
         raise ConfigError("--devices", None, f"must be in [1, {MAX_DEVICES:,}], got {devices}")
     bw = inter_node_gbytes_per_s
-    if bw is not None and not (math.isfinite(bw) and bw > 0):
-        raise ConfigError("--inter-node-gbps", None, "must be a positive bandwidth, got "
-                                                     f"{inter_node_gbytes_per_s * 8:g}")
+    if bw is not None and not (math.isfinite(bw) and 0 < bw <= BANDWIDTH["le"]):
+        raise ConfigError("--inter-node-gbps", None, f"must be a positive bandwidth of at most {BANDWIDTH['le'] * 8:g} "
+                          f"Gbit/s per device, got {inter_node_gbytes_per_s * 8:g}")
     if devices < dpn:
         dpn = devices
     if devices % dpn:
         raise ConfigError("--devices", None, f"{devices} devices is not a whole number of {dpn}-device nodes; "
                           f"use a multiple of {dpn} or set --devices-per-node")
-    spec = ClusterFile(name=name or f"{acc.id}-{devices}", accelerator=acc.id, nodes=devices // dpn,
-                       devices_per_node=dpn, inter_node_gbytes_per_s=inter_node_gbytes_per_s,
-                       intra_node_gbytes_per_s=intra_node_gbytes_per_s, intra_node_p2p_gbytes_per_s=p2p)
+    try:
+        spec = ClusterFile(name=name or f"{acc.id}-{devices}", accelerator=acc.id, nodes=devices // dpn,
+                           devices_per_node=dpn, inter_node_gbytes_per_s=inter_node_gbytes_per_s,
+                           intra_node_gbytes_per_s=intra_node_gbytes_per_s, intra_node_p2p_gbytes_per_s=p2p)
+    except ValidationError as e:  # the same bounds as a cluster file's, named as the flags that set them
+        err = e.errors()[0]
+        field_name = str(err["loc"][0]) if err["loc"] else ""
+        flag = {"inter_node_gbytes_per_s": "--inter-node-gbps"}.get(field_name, field_name or "cluster")
+        got = err.get("input")
+        if field_name == "inter_node_gbytes_per_s" and isinstance(got, (int, float)):
+            got = got * 8  # the flag is in Gbit/s
+        raise ConfigError(flag, None, f"{err['msg']} (got {got!r})") from None
     return _from_file(spec, acc)
 
 
