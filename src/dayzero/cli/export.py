@@ -18,22 +18,17 @@ WRITERS = ("megatron", "deepspeed")
 
 def _plan_source(source: str, model: str | None) -> tuple[str, dict] | None:
     """(model, parallel dict) of a ``dayzero plan/predict --json`` file, or None for a model."""
-    from dayzero.errors import ConfigError
     from dayzero.inputs import load_json
+    from dayzero.specs.plan_layout import read_plan
 
     path = Path(source)
     if path.suffix != ".json" or not path.is_file():
         return None
     obj = load_json(path)
-    if isinstance(obj, dict) and obj.get("plans"):
-        obj = {**obj["plans"][0], "model": obj.get("model")}
-    if not isinstance(obj, dict) or not isinstance(obj.get("parallel"), dict):
-        if isinstance(obj, dict) and "model_type" in obj:
-            return None  # a config.json: the model itself
-        raise ConfigError(str(path), "parallel", "expected `dayzero plan --json` or `dayzero predict --json` output, "
-                                                 "or a "
-                          "model config.json")
-    return model or obj.get("model"), obj["parallel"]
+    if isinstance(obj, dict) and "model_type" in obj:
+        return None  # a config.json: the model itself
+    name, parallel = read_plan(path, obj)
+    return model or name, parallel
 
 
 @app.command("export")

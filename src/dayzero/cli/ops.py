@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from dayzero.cli.app import app
-from dayzero.cli.common import JsonOpt, console, emit_json, human
+from dayzero.cli.common import JsonOpt, TrustRemoteCodeOpt, console, emit_json, human
 from dayzero.cli.next_steps import Step, print_next, starter_devices
 from dayzero.cli.render import FitTable
 from dayzero.errors import DayzeroError
@@ -32,8 +32,7 @@ def ops_cmd(
     experts_impl: Annotated[str, typer.Option("--experts-impl", help="transformers' MoE experts implementation: "
                                                                      "grouped_mm | eager | "
                                                                      "batched_mm.")] = "grouped_mm",
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a local directory's own "
-                                                                                "modeling_*.py.")] = False,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Check decompositions numerically on random CPU "
                                                                    "inputs.")] = True,
     top: Annotated[int, typer.Option("--top", help="Rows in the operator table (0: all).")] = 25,

@@ -96,11 +96,8 @@ def validate_cmd(
 
     acc = resolve(device, backend)
     dtype = resolve_dtype(acc, compute_dtype)
-    cl = host_profile(cluster, nproc, acc, lambda text: err_console.print(f"dayzero: {text}", highlight=False))
-    if cluster is None and acc.is_cpu:  # the cached profile of this host: what --calibrate would update
-        from dayzero.validate.host_cache import HostKey, profile_path
-
-        cluster = str(profile_path(HostKey.here(nproc)))
+    # the profile file (the cached one of this host when none is given) is what --calibrate updates
+    cl, cluster = host_profile(cluster, nproc, acc, lambda text: err_console.print(f"dayzero: {text}", highlight=False))
     par = layout.resolve(nproc, plan=plan, fill_pipeline=True)
     from dayzero.specs.registry import load_model
 

@@ -237,12 +237,11 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     space = space or SearchSpace()
     devices, domain = cluster.devices, scaleup_domain(cluster)
     bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
-    by_engine = 0  # full layouts the engine cannot run
+    engine_bases = engine_zero = 0  # full layouts the engine cannot run: by their base, by their ZeRO stage
     if space.engine:  # the engine's limits on every column but zero (applied per ZeRO stage below)
         runs = engine_mask(space.engine, bases)
-        by_engine = int((~runs).sum()) * variants
+        engine_bases = int((~runs).sum()) * variants
         bases = _take(bases, runs)
-    by_base = by_engine
     n = len(bases["tp"])
     codes = space.resolve(spec, devices, seq, domain)
     capacity = cluster.memory_bytes
@@ -260,7 +259,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
         found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, recomputes, memory, limit, space.engine)
         n_fit += fit_here
-        by_engine += engine_here
+        engine_zero += engine_here
         by_zero = {z: (idx, r, pk) for idx, z, r, pk in found}
         parts = []
         for idx, z, r, pk in found:
@@ -285,19 +284,19 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         best_step.append(ev.step_s[order])
         best_peak.append(peaks[order])
     if n_fit == 0:
+        left_out = f" ({engine_bases + engine_zero:,} layouts {space.engine} cannot run were left out)"
         raise FitError(f"no layout of {spec.name} fits in {max_memory:.0%} of {capacity / 2**30:.1f} GiB per device on "
                        f"{devices} devices (gbs {gbs}, seq {seq}; {considered:,} layouts considered); add devices, "
-                       f"lower --seq, or raise --max-memory"
-                       + (f" ({by_engine:,} layouts {space.engine} cannot run were left out)" if space.engine else ""))
+                       f"lower --seq, or raise --max-memory" + (left_out if space.engine else ""))
     allrows = {k: np.concatenate([b[k] for b in best_rows]) for k in best_rows[0]}
     steps, peaks = np.concatenate(best_step), np.concatenate(best_peak)
     order = np.argsort(steps, kind="stable")[:top_k]
     top = {k: v[order] for k, v in allrows.items()}
     ev = evaluate(spec, top, cluster, options)
-    rejected = {"indivisible": indivisible, "does not fit": n * variants - n_fit - (by_engine - by_base),
+    rejected = {"indivisible": indivisible, "does not fit": n * variants - n_fit - engine_zero,
                 "worse": n_fit - len(order)}
     if space.engine:
-        rejected["engine"] = by_engine
+        rejected["engine"] = engine_bases + engine_zero
     return SearchResult(candidates=top, evaluation=ev, peak_bytes=peaks[order], considered=considered,
                         rejected=rejected, timed=n_timed)
 

@@ -10,17 +10,26 @@ from dayzero.inputs import load_json
 from dayzero.specs.parallel import ParallelConfig
 
 
-def plan_layout(path: str | Path, world: int, seq: int, gbs: int | None = None) -> ParallelConfig:
-    """The plan's (its best plan's) tp, pp, cp, ep, etp, vpp, ZeRO, recompute, sequence parallelism,
-    schedule and micro-batch size on ``world`` ranks: dp fills them; the global batch keeps the
-    plan's micro-batch count (at least pp, for the pipeline; at most 4 pp, to stay a proxy) unless
-    ``gbs`` is given."""
-    obj = load_json(path, "pass the output of `dayzero plan --json` or `dayzero predict --json`")
+def read_plan(path: str | Path, obj=None) -> tuple[str | None, dict]:
+    """(model name, ``parallel`` object) of a ``dayzero plan --json`` (its best plan) or
+    ``dayzero predict --json`` file (``obj``: its contents, when already read)."""
+    if obj is None:
+        obj = load_json(path, "pass the output of `dayzero plan --json` or `dayzero predict --json`")
+    model = obj.get("model") if isinstance(obj, dict) else None
     if isinstance(obj, dict) and obj.get("plans"):
         obj = obj["plans"][0]
     p = obj.get("parallel") if isinstance(obj, dict) else None
     if not isinstance(p, dict):
         raise ConfigError(str(path), "parallel", "expected `dayzero plan --json` or `dayzero predict --json` output")
+    return model, p
+
+
+def plan_layout(path: str | Path, world: int, seq: int, gbs: int | None = None) -> ParallelConfig:
+    """The plan's (its best plan's) tp, pp, cp, ep, etp, vpp, ZeRO, recompute, sequence parallelism,
+    schedule and micro-batch size on ``world`` ranks: dp fills them; the global batch keeps the
+    plan's micro-batch count (at least pp, for the pipeline; at most 4 pp, to stay a proxy) unless
+    ``gbs`` is given."""
+    _, p = read_plan(path)
     try:
         tp, pp, cp = int(p.get("tp", 1)), int(p.get("pp", 1)), int(p.get("cp", 1))
         mbs, vpp, micro = int(p.get("mbs", 1)), int(p.get("vpp", 1)), int(p.get("microbatches", 1))

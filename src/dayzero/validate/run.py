@@ -174,15 +174,15 @@ def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label
             "device": measured.get("device")}
 
 
-def host_profile(path: str | None, nproc: int, acc, announce=lambda _: None) -> Cluster:
-    """The profile to predict a run here with: ``path`` (``--cluster``), or on an accelerator the
-    catalog entry of the device's own name, else a measured profile of this host (made once and
-    cached: :mod:`dayzero.validate.host_cache`)."""
+def host_profile(path: str | None, nproc: int, acc, announce=lambda _: None) -> tuple[Cluster, str | None]:
+    """The profile to predict a run here with, and its file when it has one: ``path``
+    (``--cluster``), or on an accelerator the catalog entry of the device's own name (no file), else
+    a measured profile of this host (made once and cached: :mod:`dayzero.validate.host_cache`)."""
     from dayzero.errors import ConfigError
     from dayzero.specs.cluster import build_cluster, get_cluster
 
     if path:
-        return get_cluster(path)
+        return get_cluster(path), path
     if not acc.is_cpu:
         import torch
 
@@ -191,11 +191,12 @@ def host_profile(path: str | None, nproc: int, acc, announce=lambda _: None) -> 
 
         entry = resolve_accelerator(device_name(torch.device(acc.type, 0)))
         if entry is not None:
-            return build_cluster(entry, nproc, nproc)
+            return build_cluster(entry, nproc, nproc), None
     if acc.is_cpu:
         from dayzero.validate.host_cache import cached_profile
 
-        return get_cluster(str(cached_profile(nproc, announce)))
+        cached = str(cached_profile(nproc, announce))
+        return get_cluster(cached), cached
     raise ConfigError("--cluster", None, f"no hardware profile for this {acc.type} device in the catalog; run `dayzero "
                       f"calibrate --nproc {nproc} --out host.yaml` and pass --cluster host.yaml")
 
