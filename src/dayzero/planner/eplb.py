@@ -35,6 +35,7 @@ from typing import Literal
 import numpy as np
 
 from dayzero.errors import DayzeroError
+from dayzero.specs.expert_loads import ExpertLoads
 from dayzero.specs.placement import Placement, Slots, contiguous_slots
 
 Policy = Literal["hierarchical", "global"]
@@ -197,9 +198,10 @@ class Rebalance:
     groups: int
     nodes: int
     layers: tuple[LayerBalance, ...]
+    loads: dict | None = None  # where the loads came from: source, layers, snapshots
 
     def to_json(self) -> dict:
-        return {"policy": self.policy, "experts": self.placement.experts, "ep": self.placement.ep,
+        return {"loads": self.loads, "policy": self.policy, "experts": self.placement.experts, "ep": self.placement.ep,
                 "nodes": self.nodes, "groups": self.groups, "redundant": self.placement.redundant,
                 "slots_per_rank": self.placement.slots_per_rank,
                 "max_mean_before": _summary([x.before for x in self.layers]),
@@ -227,3 +229,12 @@ def rebalance(layers: tuple[int, ...], matrix: np.ndarray, ep: int, nodes: int =
         placed.append((int(layer), slots))
         stats.append(LayerBalance(int(layer), float(after.mean()), float(after.max()), before))
     return Rebalance(Placement(experts, ep, tuple(sorted(placed))), policy, groups, nodes, tuple(stats))
+
+
+def rebalance_loads(loads: ExpertLoads, ep: int, nodes: int = 1, redundant: int = 0, groups: int | None = None,
+                    policy: Policy | None = None) -> Rebalance:
+    """:func:`rebalance` of measured loads, remembering where they came from."""
+    r = rebalance(loads.layers, np.array(loads.matrix), ep, nodes, redundant, groups, policy)
+    info = {"source": loads.source, "layers": list(loads.layers), "experts": loads.experts,
+            "snapshots": loads.snapshots}
+    return Rebalance(r.placement, r.policy, r.groups, r.nodes, r.layers, info)
