@@ -20,9 +20,9 @@ POLICIES = ("hierarchical", "global")
 
 @moe_app.command("place")
 def place_cmd(
-    loads: Annotated[str, typer.Option("--loads", help="A run's metrics.jsonl (its expert_loads records summed) or a "
-                                       "layer x expert JSON matrix: a list of rows or {\"layers\": {\"<global layer>\": "
-                                       "row}}.")],
+    loads: Annotated[str, typer.Option("--loads", help="A run's metrics.jsonl (its expert_loads records summed) or "
+                                       "a layer x expert JSON matrix: a list of rows or {\"layers\": {\"<global "
+                                       "layer>\": row}}.")],
     ep: Annotated[int, typer.Option("--ep", min=1, help="Expert-parallel ranks.")],
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes the EP ranks span (must divide --ep).")] = 1,
     redundant: Annotated[int, typer.Option("--redundant", min=0, help="Spare expert slots in total (replicas of hot "
@@ -88,8 +88,8 @@ def _print_place(doc: dict) -> None:
     console.print(f"worst layer: {_ratio(b['worst'])} -> {_ratio(a['worst'])}; mean over layers: {_ratio(b['mean'])} "
                   f"-> {_ratio(a['mean'])}", highlight=False)
     for layer, ranks in list(doc["placement"]["layers"].items())[:4]:
-        console.print(f"layer {layer}: " + " | ".join(f"r{r}: {' '.join(map(str, ids))}" for r, ids in enumerate(ranks)),
-                      highlight=False, soft_wrap=True)
+        text = " | ".join(f"r{r}: {' '.join(map(str, ids))}" for r, ids in enumerate(ranks))
+        console.print(f"layer {layer}: {text}", highlight=False, soft_wrap=True)
     if len(doc["placement"]["layers"]) > 4:
         console.print(f"... {len(doc['placement']['layers']) - 4} more layers (--out or --json for all)")
     if doc.get("out"):
@@ -134,7 +134,8 @@ def loads_cmd(
     console.print(t)
     if target is not None:
         h = doc["heatmap"]
-        console.print(f"heat map written to [bold]{h['path']}[/bold]" if h["path"] else f"heat map skipped: {h['skipped']}")
+        console.print(f"heat map written to [bold]{h['path']}[/bold]" if h["path"]
+                      else f"heat map skipped: {h['skipped']}")
     if doc["snapshots"]:
         print_next(console, [Step.of("dayzero", "moe", "place", "--loads", metrics, "--ep", "N", "--redundant", "R",
                                      why="re-place the hot experts")])
