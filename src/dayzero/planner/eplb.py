@@ -54,30 +54,39 @@ def balanced_packing(weights: np.ndarray, bins: int, labels: np.ndarray | None =
         raise BalanceError(f"cannot pack {n} items into {bins} bins of equal size")
     per = n // bins
     labels = np.arange(n) if labels is None else labels
-    order = np.argsort(-np.asarray(weights, dtype=float), kind="stable")
+    weights = np.asarray(weights, dtype=float)
+    order = np.argsort(-weights, kind="stable")
     packs: list[list[int]] = [[] for _ in range(bins)]
-    load = np.zeros(bins)
+    homes: dict[int, set[int]] = {}  # label -> bins holding it
+    load, size = np.zeros(bins), np.zeros(bins, dtype=int)
     for i in order:
-        held = [{int(labels[j]) for j in p} for p in packs]
-        open_ = [b for b in range(bins) if len(packs[b]) < per]
-        free = [b for b in open_ if int(labels[i]) not in held[b]]
-        if free:
-            b = min(free, key=lambda b: (load[b], b))
+        label = int(labels[i])
+        open_ = size < per
+        free = open_.copy()
+        free[list(homes.get(label, ()))] = False
+        if free.any():
+            b = int(np.argmin(np.where(free, load, np.inf)))  # argmin: the lowest bin among ties
             packs[b].append(int(i))
+            homes.setdefault(label, set()).add(b)
             load[b] += weights[i]
+            size[b] += 1
             continue
         # every open bin already holds this label: move an item x of a full bin f (without the
         # label) into the lightest open bin, and put item i in its place
-        b = min(open_, key=lambda b: (load[b], b))
-        swaps = [(f, k) for f in range(bins) if f not in open_ and int(labels[i]) not in held[f]
-                 for k, x in enumerate(packs[f]) if int(labels[x]) not in held[b]]
+        b = int(np.argmin(np.where(open_, load, np.inf)))
+        held_b = {int(labels[j]) for j in packs[b]}
+        swaps = [(f, k) for f in range(bins) if not open_[f] and f not in homes[label]
+                 for k, x in enumerate(packs[f]) if int(labels[x]) not in held_b]
         f, k = min(swaps, key=lambda fk: (max(load[fk[0]] - weights[packs[fk[0]][fk[1]]] + weights[i],
                                               load[b] + weights[packs[fk[0]][fk[1]]]), fk))
         x = packs[f][k]
         packs[f][k] = int(i)
         packs[b].append(x)
+        homes[int(labels[x])] = (homes[int(labels[x])] - {f}) | {b}
+        homes[label].add(f)
         load[f] += weights[i] - weights[x]
         load[b] += weights[x]
+        size[b] += 1
     return packs
 
 
