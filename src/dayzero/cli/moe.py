@@ -42,7 +42,7 @@ def place_cmd(
     on rank e // (experts / ep)) and after.
 
     Example: [bold]dayzero moe place --loads runs/moe/metrics.jsonl --ep 8 --nodes 2 --redundant 8 --out
-    placement.json[/bold]
+    runs/moe/placement.json[/bold]
     """
     from dayzero.outputs import prepare_output
     from dayzero.planner.eplb import rebalance_loads
