@@ -23,7 +23,7 @@ def place_cmd(
     loads: Annotated[str, typer.Option("--loads", help="A run's metrics.jsonl (its expert_loads records summed) or "
                                        "a layer x expert JSON matrix: a list of rows or {\"layers\": {\"<global "
                                        "layer>\": row}}.")],
-    ep: Annotated[int, typer.Option("--ep", min=1, help="Expert-parallel ranks.")],
+    ep: Annotated[int, typer.Option("--ep", min=1, help="Expert-parallel ranks to place the experts on.")] = 1,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes the EP ranks span (must divide --ep).")] = 1,
     redundant: Annotated[int, typer.Option("--redundant", min=0, help="Spare expert slots in total (replicas of hot "
                                            "experts); --ep must divide experts + redundant.")] = 0,
@@ -33,8 +33,8 @@ def place_cmd(
                                                   "node, pack onto its ranks) | global (replicate and pack over all "
                                                   "ranks); default: hierarchical when --nodes divides --groups.")]
     = None,
-    out: Annotated[Optional[str], typer.Option("--out", help="Write the placement file (dayzero-expert-placement/1) "
-                                               "here.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the placement file "
+                                                "(dayzero-expert-placement/1) here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Place experts on EP ranks from measured loads with DeepSeek's EPLB policies (replicas of hot experts in the
@@ -99,7 +99,7 @@ def _print_place(doc: dict) -> None:
 @moe_app.command("loads")
 def loads_cmd(
     metrics: Annotated[Path, typer.Argument(help="A run's metrics.jsonl (dayzero train --metrics).")],
-    out: Annotated[Optional[str], typer.Option("--out", help="Write the layer x expert heat map PNG here "
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the layer x expert heat map PNG here "
                                                "(needs matplotlib).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
