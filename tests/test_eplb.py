@@ -77,6 +77,15 @@ def test_global_policy_and_packing_units():
     assert res.policy == "global" and res.layers[0].after < res.layers[0].before
 
 
+def test_packing_swaps_when_every_open_bin_holds_the_expert():
+    """Items A=100, B=C=D=10 and two replicas of e (5 each) in 2 bins of 3: A->b0, B, C, D->b1
+    (full), e->b0; the second e finds only b0 open, which holds e, so it takes B's place in b1 and
+    B moves to b0: [A, e, B] and [e, C, D]."""
+    w = np.array([100.0, 10, 10, 10, 5, 5])
+    labels = np.array([0, 1, 2, 3, 4, 4])
+    assert balanced_packing(w, 2, labels) == [[0, 4, 1], [5, 2, 3]]
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(ep=3, redundant=0), "does not divide experts \\+ redundant = 8 \\+ 0 = 8"),
     (dict(ep=4, nodes=3), "--nodes 3 does not divide --ep 4"),
