@@ -125,8 +125,9 @@ def check_shape(experts: int, ep: int, nodes: int, redundant: int, groups: int, 
                            "use --policy global")
     per_rank = ep // nodes if policy == "hierarchical" else ep
     if experts + redundant > experts * per_rank:
+        where = "per node" if policy == "hierarchical" and nodes > 1 else "in all"
         raise BalanceError(f"{redundant} redundant slots would put an expert twice on one rank: at most "
-                           f"{experts * (per_rank - 1)} with {per_rank} ranks per {'node' if nodes > 1 else 'group'}")
+                           f"{experts * (per_rank - 1)} with {per_rank} ranks {where}")
 
 
 def place_layer(weights: np.ndarray, ep: int, nodes: int, redundant: int, groups: int = 1,
