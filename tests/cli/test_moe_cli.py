@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from conftest import ROOT
 from dayzero.cli.app import main
 from dayzero.specs.expert_loads import read_expert_loads, read_telemetry
 from dayzero.specs.placement import load_placement
+from helpers.paths import DATA
 
-METRICS = str(ROOT / "tests" / "data" / "moe_skewed_metrics.jsonl")
-MATRIX = str(ROOT / "tests" / "data" / "moe_skewed_loads.json")
+METRICS = str(DATA / "moe_skewed_metrics.jsonl")
+MATRIX = str(DATA / "moe_skewed_loads.json")
 PLACE = ["moe", "place", "--ep", "4", "--nodes", "2", "--redundant", "4", "--groups", "4"]
 
 

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
 from dayzero.planner.eplb import BalanceError, balanced_packing, place_layer, rank_loads, rebalance, replicate
 from dayzero.specs.expert_loads import read_expert_loads
 from dayzero.specs.placement import contiguous_slots
+from helpers.paths import DATA
 
-FIXTURE = ROOT / "tests" / "data" / "moe_skewed_metrics.jsonl"
+FIXTURE = DATA / "moe_skewed_metrics.jsonl"
 
 
 def test_hand_worked_hierarchical():
