@@ -68,6 +68,20 @@ class DataPosition:
     def to_dict(self) -> dict:
         return {"samples": self.samples, "seed": self.seed, "seq": self.seq, "fingerprint": self.fingerprint}
 
+    @classmethod
+    def from_dict(cls, d: object) -> DataPosition:
+        """A saved position, checked: a checkpoint's data position is read back only through this."""
+        fields = {"samples": int, "seed": int, "seq": int, "fingerprint": str}
+        if not isinstance(d, dict) or set(d) != set(fields):
+            raise DataError(f"the checkpoint's data position {str(d)[:120]!r} is not an object with "
+                            f"{', '.join(fields)}; resume from another version (--resume STEP)")
+        for k, t in fields.items():
+            v = d[k]
+            if not isinstance(v, t) or isinstance(v, bool) or (t is int and (v < 0 or (k == "seq" and v == 0))):
+                raise DataError(f"the checkpoint's data position has {k} = {v!r}; resume from another version "
+                                "(--resume STEP)")
+        return cls(**d)
+
 
 class TokenStream:
     def __init__(self, files: list[Path], seq: int, seed: int, vocab: int):
@@ -134,7 +148,7 @@ class TokenStream:
         return DataPosition(self.samples, self.seed, self.seq, self.fingerprint)
 
     def restore(self, pos: DataPosition | dict) -> None:
-        pos = pos if isinstance(pos, DataPosition) else DataPosition(**pos)
+        pos = pos if isinstance(pos, DataPosition) else DataPosition.from_dict(pos)
         if (pos.seed, pos.seq, pos.fingerprint) != (self.seed, self.seq, self.fingerprint):
             raise DataError(f"cannot resume the data stream: saved with seed {pos.seed}, seq {pos.seq}, data "
                             f"{pos.fingerprint}; now seed {self.seed}, seq {self.seq}, data {self.fingerprint}; "

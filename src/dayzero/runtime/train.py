@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from dayzero.runtime import device as devices
 from dayzero.runtime.checks import check_runtime
 from dayzero.runtime.config import TrainConfig
-from dayzero.runtime.data import TokenStream, resolve_data
+from dayzero.runtime.data import DataError, TokenStream, resolve_data
 from dayzero.runtime.distributed import init_distributed, restart_attempt
 from dayzero.runtime.metrics import CommTimer, MetricsWriter, StepRecord, peak_memory_bytes
 from dayzero.runtime.models.model import build_model
@@ -288,7 +288,10 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         if pos.path is not None:
             state.step = pos.step
             if pos.data is not None:
-                state.data.restore(pos.data["stream"])
+                state.data.restore(saved_stream(pos.data))
+            elif pos.path is not None and rank0:
+                print(f"dayzero: warning: {pos.path.name} holds no data position (imported weights, or saved without "
+                      "one): the data stream starts from its beginning", file=sys.stderr, flush=True)
         if rank0 and restart_attempt() > 0:  # the line a restart announced is answered by this one
             print(f"dayzero: resumed at step {state.step}", file=sys.stderr, flush=True)
         # a run that continues (checkpoint, torchrun restart, or a state handed in mid-run) appends
@@ -312,7 +315,7 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
                     discard_step(state, timer)
                     pos = res.rollback(state.step + 1)
                     state.step = pos.step
-                    state.data.restore(pos.data["stream"])
+                    state.data.restore(saved_stream(pos.data))
                     state.history = [r for r in state.history if r.step <= pos.step]
                     continue
                 rec = apply_step(state, g, timer, update=verdict.ok)
@@ -329,6 +332,14 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         if writer is not None:
             writer.close()
     return state
+
+
+def saved_stream(data: object) -> dict:
+    """The stream position inside a checkpoint's data entry (as :func:`data_position` wrote it)."""
+    if not isinstance(data, dict) or "stream" not in data:
+        raise DataError(f"the checkpoint's data entry {str(data)[:120]!r} has no stream position; resume from "
+                        "another version (--resume STEP)")
+    return data["stream"]
 
 
 def data_position(state: TrainState) -> dict:

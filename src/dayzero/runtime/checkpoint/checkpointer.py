@@ -142,7 +142,7 @@ class Checkpointer:
         # thousands of tiny DCP entries would each cost a torch.save, and JSON needs no unpickling
         state["optim"], hyper = split_small(state["optim"])
         contents = ["model"] + (["optimizer"] if optimizer is not None else []) + (
-            ["scheduler"] if scheduler is not None else []) + ["data", "rng"]
+            ["scheduler"] if scheduler is not None else []) + (["data"] if data is not None else []) + ["rng"]
         own = {rng_file(self.rank): json.dumps({"rank": self.rank, "world": self.world, "rng": capture_rng()})}
         if self.rank == 0:
             own[TRAIN_STATE] = json.dumps(to_json({

@@ -73,12 +73,37 @@ def hf_sources(fqn: str, mla_q_lora: bool) -> list[str]:
     return names
 
 
+def open_safetensors(path: Path):
+    """``safe_open`` on ``path``, with a file that is not valid safetensors (empty, truncated, a
+    header that is not JSON, an unknown dtype, offsets outside the file) as one ConfigError."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError, ValueError, TypeError, RuntimeError) as e:
+        raise ConfigError(str(path), None, f"not a readable safetensors file ({_reason(e)}); re-download or "
+                          "re-export it") from None
+
+
+def read_tensor(handle, path: Path, name: str) -> torch.Tensor:
+    """Tensor ``name`` of an open safetensors file (a dtype torch lacks or bad data: one ConfigError)."""
+    from safetensors import SafetensorError
+
+    try:
+        return handle.get_tensor(name)
+    except (SafetensorError, OSError, ValueError, TypeError, RuntimeError) as e:
+        raise ConfigError(str(path), name, f"cannot read this tensor ({_reason(e)}); re-download or re-export "
+                          "the file") from None
+
+
+def _reason(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
+
+
 class HFCheckpoint:
     """A directory of ``*.safetensors`` files, read lazily by zoo name."""
 
     def __init__(self, path: str | Path, spec):
-        from safetensors import safe_open
-
         self.path, self.spec = Path(path), spec
         if spec.model_type not in FAMILIES:
             raise ConfigError(str(path), "model_type", f"{spec.model_type!r}: HF weight loading supports "
@@ -87,14 +112,15 @@ class HFCheckpoint:
         if not files or not all(f.exists() for f in files):
             raise ConfigError(str(path), None, "no *.safetensors files found; pass the checkpoint directory "
                               "(config.json + model*.safetensors)")
-        self._open = {f: safe_open(str(f), framework="pt") for f in files}
+        self._open = {f: open_safetensors(f) for f in files}
         self.where: dict[str, Path] = {}
         for f, h in self._open.items():
             for k in h.keys():
                 self.where[k] = f
 
     def _get(self, name: str) -> torch.Tensor:
-        return self._open[self.where[name]].get_tensor(name)
+        f = self.where[name]
+        return read_tensor(self._open[f], f, name)
 
     def tensor(self, fqn: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The full zoo tensor ``fqn`` (fp32), from however many HF tensors hold it."""
@@ -135,5 +161,5 @@ def checkpoint_config(path: str | Path) -> dict:
     cfg = (p if p.is_dir() else p.parent) / "config.json"
     try:
         return json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(str(cfg), None, f"cannot read the checkpoint's config.json: {e}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ConfigError(str(cfg), None, f"cannot read the checkpoint's config.json: {_reason(e)}") from None

@@ -173,7 +173,7 @@ def import_hf(hf_dir: str | Path, ckpt_root: str | Path, *, step: int = 0, dtype
 
 def _hf_tensors(hf_dir: Path, shards: list[Path], spec, cast: torch.dtype | None) -> dict[str, torch.Tensor]:
     """The tensors to import: under the zoo's names for ``spec``, else as the files name them."""
-    from safetensors import safe_open
+    from dayzero.runtime.checkpoint.hf_weights import open_safetensors, read_tensor
 
     tensors: dict[str, torch.Tensor] = {}
     if spec is not None:
@@ -186,11 +186,11 @@ def _hf_tensors(hf_dir: Path, shards: list[Path], spec, cast: torch.dtype | None
             tensors[fqn] = hf.tensor(fqn, tuple(p.shape)).to(cast or torch.float32)
     else:
         for f in shards:
-            with safe_open(str(f), framework="pt") as fh:
+            with open_safetensors(f) as fh:
                 for key in fh.keys():
                     if key in tensors:
                         raise CheckpointError(f"{f.name}: tensor {key!r} appears in two files")
-                    t = fh.get_tensor(key)
+                    t = read_tensor(fh, f, key)
                     tensors[key] = t.to(cast) if cast is not None else t
     if not tensors:
         raise CheckpointError(f"{hf_dir}: the safetensors files hold no tensors")

@@ -52,6 +52,8 @@ def from_json(obj: Any) -> Any:
         return [from_json(v) for v in obj]
     if isinstance(obj, dict):
         if set(obj) == {_TUPLE}:
+            if not isinstance(obj[_TUPLE], list):
+                raise CheckpointError(f"checkpoint state: a tuple holds {obj[_TUPLE]!r}, not a list")
             return tuple(from_json(v) for v in obj[_TUPLE])
         if set(obj) == {_TENSOR}:
             return _tensor(obj[_TENSOR])
@@ -60,11 +62,19 @@ def from_json(obj: Any) -> Any:
 
 
 def _tensor(d: dict) -> torch.Tensor:
+    if not isinstance(d, dict):
+        raise CheckpointError(f"checkpoint state: a tensor entry holds {d!r}, not an object")
     dtype = getattr(torch, str(d.get("dtype")), None)
     if not isinstance(dtype, torch.dtype):
         raise CheckpointError(f"checkpoint state: unknown tensor dtype {d.get('dtype')!r}")
-    shape = [int(x) for x in d["shape"]]
-    raw = bytearray(base64.b64decode(d["data"]))
+    shape = d.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31
+                                              for x in shape):
+        raise CheckpointError(f"checkpoint state: tensor shape {shape!r} is not a list of sizes")
+    try:
+        raw = bytearray(base64.b64decode(d.get("data"), validate=True))
+    except (TypeError, ValueError):
+        raise CheckpointError("checkpoint state: a tensor's data is not base64") from None
     flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
     numel = 1
     for s in shape:

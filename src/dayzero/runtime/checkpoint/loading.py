@@ -7,7 +7,6 @@ from the saving rank's file (round-robin when the world size changed).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -15,7 +14,6 @@ from typing import Any, Callable, Sequence
 import torch.distributed.checkpoint as dcp
 
 from dayzero.runtime.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, dcp_errors, single_process
-from dayzero.runtime.checkpoint.json_state import from_json, restore_rng
 from dayzero.runtime.checkpoint.manifest import (
     CheckpointError,
     CheckpointManifest,
@@ -25,6 +23,13 @@ from dayzero.runtime.checkpoint.manifest import (
     safe_join,
 )
 from dayzero.runtime.checkpoint.rank_group import RankGroup
+from dayzero.runtime.checkpoint.side_files import (
+    check_optimizer_values,
+    load_rng,
+    load_scheduler,
+    read_json_file,
+    read_train_state,
+)
 from dayzero.runtime.checkpoint.state_dicts import set_train_state, take_saved, train_state_dict
 from dayzero.runtime.checkpoint.version_files import OPTIM_GROUPS, TRAIN_STATE, rng_file
 
@@ -59,8 +64,12 @@ def load_version(group: RankGroup, path: str | Path, model, optimizer=None, sche
     if use_optim is None:
         state.pop("optim")
     else:
-        saved = from_json(json.loads(safe_join(path, OPTIM_GROUPS).read_text()))
+        saved = read_json_file(path, OPTIM_GROUPS)
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{path / OPTIM_GROUPS}: is a {type(saved).__name__}, not an object")
+        current = dict(state["optim"])
         state["optim"], small, missing = take_saved(state["optim"], saved)
+        check_optimizer_values(small, current, path / OPTIM_GROUPS)
         if missing:
             raise CheckpointError(f"{path}: no optimizer settings for {missing[0]} (and {len(missing) - 1} more); "
                                   "the optimizer differs from the one saved")
@@ -70,18 +79,18 @@ def load_version(group: RankGroup, path: str | Path, model, optimizer=None, sche
     if use_optim is not None:
         state["optim"].update(small)
     set_train_state(model, use_optim, state, keys)
-    ts = from_json(json.loads(safe_join(path, TRAIN_STATE).read_text()))
-    if scheduler is not None and ts.get("scheduler") is not None:
-        scheduler.load_state_dict(fit_scheduler_state(ts["scheduler"], scheduler))
+    ts = read_train_state(path, manifest, TRAIN_STATE)
+    if scheduler is not None and ts.scheduler is not None:
+        load_scheduler(scheduler, fit_scheduler_state(ts.scheduler, scheduler), path / TRAIN_STATE)
     # Same world: each rank gets its own streams back (bitwise resume). Resharded: streams are
     # reassigned round-robin, as saved ranks and new ranks no longer correspond.
     src = group.rank if manifest.world == group.world else group.rank % manifest.world
     rng_path = safe_join(path, rng_file(src))
     if rng_path.exists():
-        restore_rng(json.loads(rng_path.read_text())["rng"])
-    event({"event": "checkpoint_loaded", "step": ts["step"], "path": str(path),
+        load_rng(path, rng_file(src))
+    event({"event": "checkpoint_loaded", "step": ts.step, "path": str(path),
            "saved_world": manifest.world, "world": group.world})
-    return Resumed(int(ts["step"]), path, ts.get("data"), ts.get("extra") or {}, manifest, tuple(skipped))
+    return Resumed(ts.step, path, ts.data, ts.extra, manifest, tuple(skipped))
 
 
 def fit_scheduler_state(saved: dict, scheduler) -> dict:

@@ -24,6 +24,10 @@ from dayzero.errors import DayzeroError
 Action = Literal["skip", "rollback"]
 
 
+class LossGuardStateError(DayzeroError):
+    """A checkpoint's saved loss-guard state cannot be restored."""
+
+
 class LossDivergedError(DayzeroError):
     """Too many bad losses in a row: the run diverged; skipping more would hide it."""
 
@@ -102,5 +106,12 @@ class LossGuard:
         return {"history": list(self._history), "consecutive": self._consecutive}
 
     def load_state_dict(self, state: dict) -> None:
-        self._history = deque((float(x) for x in state.get("history", [])), maxlen=self.config.window)
-        self._consecutive = int(state.get("consecutive", 0))
+        ok = isinstance(state, dict)
+        history, consecutive = (state.get("history", []), state.get("consecutive", 0)) if ok else (None, None)
+        if (not isinstance(history, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                     and math.isfinite(x) for x in history)
+                or not isinstance(consecutive, int) or isinstance(consecutive, bool) or consecutive < 0):
+            raise LossGuardStateError(f"the checkpoint's loss-guard state {str(state)[:120]!r} is not a list of "
+                                      "finite losses and a count; resume from another version (--resume STEP)")
+        self._history = deque((float(x) for x in history), maxlen=self.config.window)
+        self._consecutive = consecutive

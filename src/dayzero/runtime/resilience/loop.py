@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from dayzero.errors import DayzeroError
 from dayzero.runtime.checkpoint.checkpointer import Checkpointer, SavedCheckpoint
-from dayzero.runtime.checkpoint.manifest import CHECKSUMS, DEFAULT_CHECKSUM
+from dayzero.runtime.checkpoint.manifest import CHECKSUMS, DEFAULT_CHECKSUM, CheckpointError
 from dayzero.runtime.distributed import restart_attempt
 from dayzero.runtime.resilience.faults import FaultInjector, FaultSpec
 from dayzero.runtime.resilience.guards import GuardConfig, GuardVerdict, LossDivergedError, LossGuard
@@ -207,9 +207,15 @@ class Resilience:
         return {"guard": self.guard.state_dict() if self.guard else None, "skipped_batches": sorted(self.skipped)}
 
     def _restore_extra(self, extra: dict) -> None:
+        """The loop's state from a checkpoint's extras (checked: a bad value is one clear error)."""
         if self.guard is not None and extra.get("guard"):
             self.guard.load_state_dict(extra["guard"])
-        self.skipped |= {int(b) for b in extra.get("skipped_batches", [])}
+        skipped = extra.get("skipped_batches", [])
+        if not isinstance(skipped, list) or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0
+                                                    for b in skipped):
+            raise CheckpointError(f"the checkpoint's skipped_batches {str(skipped)[:120]!r} is not a list of batch "
+                                  "numbers; resume from another version (--resume STEP)")
+        self.skipped |= set(skipped)
 
     @contextlib.contextmanager
     def _slow_op(self, what: str) -> Iterator[None]:
