@@ -126,6 +126,12 @@ def train_cmd(
     spike_factor: Annotated[float, typer.Option("--spike-factor", min=0, help="With --on-bad-loss: a loss above this "
                                                                               "x the running mean is a spike (0: "
                                                                               "NaN/Inf only).")] = 0.0,
+    on_alert: Annotated[Optional[list[str]], typer.Option(
+        "--on-alert", help="NAME=log|checkpoint|restart|exclude: act on an in-process alert (repeatable; "
+                           "all=ACTION for the rest; default log). restart/exclude save a checkpoint and relaunch, "
+                           "exclude without the offending ranks (docs/runtime.md).")] = None,
+    spares: Annotated[int, typer.Option("--spares", min=0, help="With --nproc: keep this many more local ranks idle "
+                                                                "to replace excluded ones.")] = 0,
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
                                                                                 "memory exceeds what this machine has "
                                                                                 "free.")] = False,
@@ -153,6 +159,7 @@ def train_cmd(
     from dayzero.runtime.data import resolve_data
     from dayzero.runtime.device import compute_dtype as default_dtype
     from dayzero.runtime.device import resolve
+    from dayzero.runtime.resilience.actions import check_alert_options
     from dayzero.runtime.resilience.loop import resilience_config
 
     acc = resolve(device, backend)
@@ -178,7 +185,8 @@ def train_cmd(
                                      prune_other_lineages=prune_other_lineages, resume=resume, async_save=async_save,
                                      checksum=ckpt_checksum),
         faults=FaultSection(max_restarts=max_restarts, inject_faults=tuple(inject_fault or ()), watchdog=watchdog,
-                            save_timeout=save_timeout, on_bad_loss=on_bad_loss, spike_factor=spike_factor),
+                            save_timeout=save_timeout, on_bad_loss=on_bad_loss, spike_factor=spike_factor,
+                            on_alert=tuple(on_alert or ()), spares=spares),
         steps=steps, seed=seed, compute_dtype=compute_dtype, data=data, metrics=str(metrics) if metrics else None,
         quiet=quiet)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
@@ -190,6 +198,7 @@ def train_cmd(
         check_memory(spec, parallel, world, compute_dtype, "cpu" if acc.is_cpu else None)
     resolve_data(data)
     resilience_config(cfg)  # checkpoint, drill and guard options
+    check_alert_options(cfg, torchrun, world)
     if (note := layout.gbs_note(parallel)) and not torchrun:
         err_console.print(f"dayzero: {note}", highlight=False)
     if not torchrun and not quiet and not json_out:

@@ -93,6 +93,9 @@ class FaultSection:
     save_timeout: float | None = None
     on_bad_loss: str | None = None  # skip | rollback on a NaN/Inf or spiking loss (None: no guard)
     spike_factor: float = 0.0  # a loss > this x the running mean is a spike (0: NaN/Inf only)
+    # in-process alerts: "NAME=log|checkpoint|restart|exclude" (resilience.actions; none: alerts off)
+    on_alert: tuple[str, ...] = ()
+    spares: int = 0  # idle local ranks (--nproc) that replace excluded ones on a restart
 
 
 SECTIONS = {"model": ModelSection, "optimizer": OptimizerSection, "checkpoint": CheckpointSection,
@@ -133,7 +136,8 @@ class TrainConfig:
         d["parallel"] = ParallelConfig.from_dict(d.get("parallel", {}))
         for name, section in SECTIONS.items():
             d[name] = _section(section, d.get(name) or {}, name)
-        d["faults"] = replace(d["faults"], inject_faults=tuple(d["faults"].inject_faults or ()))
+        d["faults"] = replace(d["faults"], inject_faults=tuple(d["faults"].inject_faults or ()),
+                              on_alert=tuple(d["faults"].on_alert or ()))
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def save(self, path: str | Path) -> None:

@@ -32,6 +32,7 @@ from dayzero.runtime.optim import build_optimizer, build_scheduler, clip_grad_no
 from dayzero.runtime.parallel.mesh import Meshes, build_meshes
 from dayzero.runtime.parallel.parallelize import ParallelModel, parallelize, seeded_weights
 from dayzero.runtime.parallel.pipeline import Pipeline, build_pipeline
+from dayzero.runtime.resilience.actions import RankFigures
 from dayzero.specs.model import ModelSpec
 from dayzero.torch_version import require_torch
 
@@ -266,13 +267,17 @@ def update_expert_bias(state: TrainState) -> None:
 Hook = Callable[[TrainState, StepRecord], None]
 
 
-def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState | None = None) -> TrainState:
+def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState | None = None,
+          alert_source=None) -> TrainState:
     """Run ``config.steps`` steps; rank 0 writes the metrics stream and shows progress.
 
     With ``config.checkpoint.dir`` the run resumes from the newest good checkpoint and saves every
     ``config.checkpoint.every`` steps; fault drills, the hang watchdog and loss guards come from the
-    same config (see :mod:`dayzero.runtime.resilience.loop`)."""
+    same config (see :mod:`dayzero.runtime.resilience.loop`), and so do the actions on in-process
+    alerts (``--on-alert``, :mod:`dayzero.runtime.resilience.actions`; ``alert_source``: what
+    raises them, by default the monitor's rule evaluator)."""
     from dayzero.runtime.progress import Progress
+    from dayzero.runtime.resilience.actions import build_alert_actions
     from dayzero.runtime.resilience.loop import build_resilience
 
     state = state or build_state(config)
@@ -280,6 +285,7 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
     early: list[dict] = []  # events before the metrics stream is open (resume warnings)
     emit: Callable[[dict], None] = early.append
     res = build_resilience(config, state, lambda ev: emit(ev))
+    alerts = build_alert_actions(config, state, lambda ev: emit(ev), *_alert_source(config, alert_source))
     writer, failed = None, True
     if rank0 and config.metrics:  # the resolved run, next to its outputs
         config.save(Path(config.metrics).with_suffix(".config.json"))
@@ -300,6 +306,8 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         timer = CommTimer(config.measure_comm and dist.get_world_size() > 1, state.device)
         t_start = time.perf_counter()
         gbs = config.parallel.gbs
+        capacity = devices.device_total_bytes(state.device) or 0
+        t_prev = time.perf_counter()  # this rank's last step end: its iteration time includes a straggler's sleep
         with Progress(config.steps, enabled=rank0 and not config.quiet, start=state.step) as bar:
             while state.step < config.steps:
                 res.begin_step(state.step + 1)
@@ -321,6 +329,16 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
                 for hook in hooks:
                     hook(state, rec)
                 res.end_step(state.step, data_position(state))
+                if alerts is not None:
+                    now = time.perf_counter()
+                    mine = RankFigures(now - t_prev, timer.seconds, float(peak_memory_bytes(state.device)),
+                                       float(capacity))
+                    decision = alerts.after_step(rec.to_dict(), mine)
+                    if decision.checkpoint:
+                        res.save_now(state.step, data_position(state))
+                    if decision.stop:
+                        raise alerts.planned_restart(decision, state.step)
+                    t_prev = time.perf_counter()  # the alert's own checkpoint is not the next step's
         res.finish(state.step, data_position(state))
         writer.write(end_record(state, time.perf_counter() - t_start))
         failed = False
@@ -329,6 +347,16 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         if writer is not None:
             writer.close()
     return state
+
+
+def _alert_source(config: TrainConfig, source):
+    """(alert source, sample maker) for ``--on-alert``: ``source`` when given (it is handed the
+    step record and every rank's :class:`RankFigures`), else the monitor's rule evaluator."""
+    if not config.faults.on_alert:
+        return None, None
+    if source is not None:
+        return source, lambda record, figures: (record, figures)
+    raise NotImplementedError
 
 
 def data_position(state: TrainState) -> dict:

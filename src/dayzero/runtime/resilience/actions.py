@@ -1,0 +1,307 @@
+"""What the trainer does when an in-process alert fires: log, checkpoint now, restart, exclude.
+
+``--on-alert NAME=ACTION`` (repeatable; ``all=ACTION`` sets the default) maps an alert to one of
+
+- ``log`` (the default for every alert): rank 0 writes an ``alert`` event to the metrics stream
+  and one ``dayzero: alert ...`` line on stderr; training goes on;
+- ``checkpoint``: also save a checkpoint now (needs ``--ckpt-dir``);
+- ``restart``: save a checkpoint now, then every rank exits :data:`RESTART_EXIT` so the launcher
+  restarts the job on the same ranks from that checkpoint;
+- ``exclude``: as ``restart``, after writing the alert's offending ranks to the run's exclusion
+  list (:mod:`dayzero.runtime.resilience.exclusion`); the launcher restarts without them (on
+  spares, or with dp reduced). An alert that names no rank is handled as ``restart``.
+
+Restarts are dayzero's launcher's (``--nproc``): they count against ``--max-restarts``. Under
+your own torchrun or a cluster scheduler the ranks exit :data:`RESTART_EXIT` and rank 0 leaves
+``restart_plan.json`` (the excluded hosts as Slurm ``--exclude`` and as a Kubernetes node
+affinity, the reduced layout) next to the exclusion list for the job script to apply.
+
+Consistency: every rank gathers the per-rank figures of the step, rank 0 alone runs the alert
+source and decides, and the decision is broadcast, so all ranks act together at the same step.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from dayzero.errors import DayzeroError
+from dayzero.runtime.resilience import rank_log
+from dayzero.runtime.resilience.exclusion import (
+    Exclusion,
+    ExclusionError,
+    add_exclusions,
+    exclusion_path,
+    reshape,
+    restart_plan,
+)
+
+ACTIONS = ("log", "checkpoint", "restart", "exclude")  # weakest first: one step's strongest wins
+DEFAULT_ACTION = "log"
+# every rank's exit after a checkpoint for a planned restart (dayzero's own code: 64-78 are
+# sysexits.h's, 75 the watchdog's; 128+ are signals)
+RESTART_EXIT = 86
+REQUEST_FILE = "restart_request.json"  # in the launch directory: what rank 0 asked the launcher for
+PLAN_FILE = "restart_plan.json"  # in the checkpoint directory, for cluster job scripts
+
+
+class AlertPolicyError(DayzeroError):
+    """A malformed or unusable --on-alert value."""
+
+
+class PlannedRestart(Exception):
+    """Raised on every rank after an alert's restart or exclude action saved its checkpoint."""
+
+    def __init__(self, action: str, step: int):
+        super().__init__(f"{action} at step {step}")
+        self.action, self.step = action, step
+
+
+class AlertLike(Protocol):
+    """An alert: its rule's name, the offending ranks (may be empty) and a one-line message."""
+
+    name: str
+    ranks: tuple[int, ...]
+    message: str
+
+
+class AlertSource(Protocol):
+    def observe(self, sample) -> Sequence[AlertLike]: ...
+
+
+@dataclass(frozen=True)
+class AlertPolicy:
+    actions: tuple[tuple[str, str], ...] = ()  # (alert name, action)
+    default: str = DEFAULT_ACTION
+
+    @classmethod
+    def parse(cls, items: Sequence[str], known: Sequence[str] | None = None) -> "AlertPolicy":
+        """``["straggler=exclude", "all=checkpoint"]`` -> AlertPolicy; ``known``: the alert names
+        that exist (a typo is refused, not silently ignored)."""
+        usage = f"expected NAME=ACTION with ACTION one of {'|'.join(ACTIONS)} (NAME all: every other alert)"
+        pairs, default = {}, DEFAULT_ACTION
+        for item in items:
+            name, sep, action = (s.strip() for s in str(item).partition("="))
+            if not sep or not name or action not in ACTIONS:
+                raise AlertPolicyError(f"--on-alert {item!r}: {usage}")
+            if known is not None and name != "all" and name not in known:
+                raise AlertPolicyError(f"--on-alert {item!r}: no alert named {name!r}; alerts: {', '.join(known)}")
+            if name in pairs or (name == "all" and default != DEFAULT_ACTION):
+                raise AlertPolicyError(f"--on-alert {item!r}: {name} is given twice")
+            if name == "all":
+                default = action
+            else:
+                pairs[name] = action
+        return cls(tuple(sorted(pairs.items())), default)
+
+    def action_for(self, alert: AlertLike) -> str:
+        action = dict(self.actions).get(alert.name, self.default)
+        return "restart" if action == "exclude" and not alert.ranks else action
+
+    def uses(self, *actions: str) -> bool:
+        return any(a in actions for a in (self.default, *dict(self.actions).values()))
+
+
+def check_alert_options(cfg, torchrun: bool, world: int) -> AlertPolicy:
+    """The ``--on-alert`` policy of a TrainConfig, refusing what this run cannot carry out
+    (before any rank starts): ``torchrun``: ranks of the user's own torchrun; ``world``: ranks."""
+    fa = cfg.faults
+    policy = AlertPolicy.parse(fa.on_alert, alert_names())
+    if fa.spares and (torchrun or world == 1):
+        raise AlertPolicyError(f"--spares {fa.spares} applies only when dayzero starts the ranks (--nproc N, N >= 2)")
+    if fa.spares and not policy.uses("exclude"):
+        raise AlertPolicyError(f"--spares {fa.spares}: spares replace excluded ranks; add --on-alert NAME=exclude")
+    if policy.uses("checkpoint", "restart", "exclude") and not cfg.checkpoint.dir:
+        raise AlertPolicyError("--on-alert checkpoint|restart|exclude needs --ckpt-dir (the checkpoint it saves and "
+                               "resumes from)")
+    if policy.uses("restart", "exclude") and not torchrun:
+        if world == 1:
+            raise AlertPolicyError("--on-alert restart|exclude needs ranks to relaunch: --nproc N (N >= 2), or your "
+                                   "own torchrun/cluster launcher")
+        if fa.max_restarts < 1:
+            raise AlertPolicyError("--on-alert restart|exclude restarts the job: add --max-restarts N (N >= 1; each "
+                                   "planned restart counts)")
+    return policy
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # the strongest action of the step's alerts
+    alerts: tuple  # the alerts that fired (rank 0 only; empty elsewhere)
+
+    @property
+    def checkpoint(self) -> bool:
+        return self.action in ("checkpoint", "restart", "exclude")
+
+    @property
+    def stop(self) -> bool:
+        return self.action in ("restart", "exclude")
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's own figures of one step, gathered on every rank for the alert rules."""
+
+    step_time_s: float  # its iteration: wall time between its consecutive step ends
+    comm_time_s: float  # the part of it with a collective in flight (waiting for a slower rank counts)
+    mem_bytes: float  # its peak allocated bytes (CPU: peak resident set)
+    mem_capacity_bytes: float  # its device's capacity (0: unknown)
+
+    def values(self) -> list[float]:
+        return [float(getattr(self, f)) for f in FIGURES]
+
+
+FIGURES = ("step_time_s", "comm_time_s", "mem_bytes", "mem_capacity_bytes")
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a rank runs: its host and local device slot."""
+
+    host: str
+    slot: int
+
+
+def this_place() -> RankPlace:
+    from dayzero.runtime.distributed import device_slot
+
+    return RankPlace(socket.gethostname(), device_slot())
+
+
+class AlertActions:
+    """One run's alert handling; the loop calls :meth:`after_step` on every rank after every step.
+
+    ``gather(values)`` sums a float vector over ranks (each fills its own rows), ``broadcast(code)`` gives every rank
+    rank 0's int (torch collectives in the trainer, plain functions in tests); ``places`` is every
+    rank's :class:`RankPlace`, in rank order."""
+
+    def __init__(self, policy: AlertPolicy, source: AlertSource | None, *, rank: int, places: Sequence[RankPlace],
+                 gather: Callable[[list[float]], list[float]], broadcast: Callable[[int], int],
+                 emit: Callable[[dict], None], make_sample: Callable[[dict, list[RankFigures]], object],
+                 ckpt_dir: str | None = None, parallel=None):
+        self.policy, self.source, self.rank = policy, source, rank
+        self.places = tuple(places)
+        self._gather, self._broadcast, self._emit, self._make_sample = gather, broadcast, emit, make_sample
+        self.ckpt_dir, self.parallel = ckpt_dir, parallel
+
+    def after_step(self, record: dict, mine: RankFigures) -> Decision:
+        """Every rank: gather every rank's figures of the step; rank 0 evaluates and decides; all get
+        the decision."""
+        world, k = len(self.places), len(FIGURES)
+        flat = [0.0] * (world * k)
+        flat[self.rank * k:(self.rank + 1) * k] = mine.values()
+        got = self._gather(flat)
+        per_rank = [RankFigures(*got[r * k:(r + 1) * k]) for r in range(world)]
+        alerts: tuple = ()
+        code = 0
+        if self.rank == 0 and self.source is not None:
+            alerts = tuple(self.source.observe(self._make_sample(record, per_rank)))
+            for a in alerts:
+                code = max(code, ACTIONS.index(self.policy.action_for(a)))
+        code = self._broadcast(code)
+        decision = Decision(ACTIONS[code], alerts)
+        if self.rank == 0:
+            for a in alerts:
+                self._report(a, record["step"])
+            if decision.action == "exclude":
+                self._exclude(decision, record["step"])
+        return decision
+
+    def planned_restart(self, decision: Decision, step: int) -> PlannedRestart:
+        """After the checkpoint is saved: rank 0 leaves the launcher its request; every rank gets
+        the exception that ends its run with :data:`RESTART_EXIT`."""
+        launch_dir = os.environ.get(rank_log.DIR_ENV)
+        if self.rank == 0 and launch_dir:
+            req = {"action": decision.action, "step": step,
+                   "alerts": [{"name": a.name, "ranks": list(a.ranks), "message": a.message} for a in decision.alerts]}
+            Path(launch_dir, REQUEST_FILE).write_text(json.dumps(req) + "\n")
+        if self.rank == 0:
+            print(f"dayzero: {decision.action} at step {step}: checkpoint saved; stopping every rank for a restart",
+                  file=sys.stderr, flush=True)
+        return PlannedRestart(decision.action, step)
+
+    # -- rank 0 ------------------------------------------------------------------------------
+    def _report(self, alert: AlertLike, step: int) -> None:
+        action = self.policy.action_for(alert)
+        ranks = f" (rank{'s' * (len(alert.ranks) > 1)} {', '.join(map(str, alert.ranks))})" if alert.ranks else ""
+        print(f"dayzero: alert {alert.name} at step {step}{ranks}: {alert.message}; action: {action}",
+              file=sys.stderr, flush=True)
+        self._emit({"event": "alert", "step": step, "name": alert.name,
+                    "severity": getattr(alert, "severity", None), "ranks": list(alert.ranks),
+                    "message": alert.message, "action": action})
+
+    def _exclude(self, decision: Decision, step: int) -> None:
+        assert self.ckpt_dir is not None  # check_policy requires it
+        now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        new = [Exclusion(rank=r, slot=self.places[r].slot, host=self.places[r].host, reason=a.name, step=step,
+                         time=now, message=a.message)
+               for a in decision.alerts if self.policy.action_for(a) == "exclude" for r in a.ranks
+               if 0 <= r < len(self.places)]
+        entries = add_exclusions(exclusion_path(self.ckpt_dir), new)
+        self._emit({"event": "excluded", "step": step, "ranks": sorted({e.rank for e in new}),
+                    "slots": sorted({e.slot for e in new}), "hosts": sorted({e.host for e in new}),
+                    "path": str(exclusion_path(self.ckpt_dir))})
+        # a cluster's view: global ranks stand for the devices (no spares known here)
+        shaped = None
+        if self.parallel is not None:
+            try:
+                shaped = reshape(self.parallel, tuple(range(len(self.places))), (),
+                                 frozenset(e.rank for e in new))
+            except ExclusionError:
+                shaped = None
+        Path(self.ckpt_dir, PLAN_FILE).write_text(json.dumps(restart_plan(entries, shaped), indent=1) + "\n")
+
+
+def alert_names() -> tuple[str, ...] | None:
+    """The alerts the rule evaluator raises (None: not known, every name accepted)."""
+    return None
+
+
+def read_request(launch_dir: str | Path) -> dict | None:
+    """The restart rank 0 asked for in this attempt (None: the ranks failed on their own)."""
+    p = Path(launch_dir, REQUEST_FILE)
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except ValueError:
+        return None
+
+
+def build_alert_actions(config, state, emit: Callable[[dict], None], source: AlertSource | None,
+                        make_sample: Callable[[dict, list[RankFigures]], object]) -> AlertActions | None:
+    """The alert handling of a runtime TrainState (None without ``--on-alert``): torch collectives
+    on the state's device for the gather and the broadcast, every rank's place gathered once."""
+    if not config.faults.on_alert:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    places: list = [None] * world
+    if world > 1:
+        dist.all_gather_object(places, this_place())
+    else:
+        places = [this_place()]
+
+    def gather(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=state.device)
+        if world > 1:
+            dist.all_reduce(t)
+        return t.tolist()
+
+    def broadcast(code: int) -> int:
+        t = torch.tensor([code], dtype=torch.int64, device=state.device)
+        if world > 1:
+            dist.broadcast(t, src=0)
+        return int(t.item())
+
+    return AlertActions(AlertPolicy.parse(config.faults.on_alert, alert_names()), source, rank=rank, places=places,
+                        gather=gather, broadcast=broadcast, emit=emit, make_sample=make_sample, ckpt_dir=config.checkpoint.dir,
+                        parallel=config.parallel)
