@@ -285,7 +285,7 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
     early: list[dict] = []  # events before the metrics stream is open (resume warnings)
     emit: Callable[[dict], None] = early.append
     res = build_resilience(config, state, lambda ev: emit(ev))
-    alerts = build_alert_actions(config, state, lambda ev: emit(ev), *_alert_source(config, alert_source))
+    alerts = build_alert_actions(config, state, lambda ev: emit(ev), *_alert_source(config, alert_source, res))
     writer, failed = None, True
     if rank0 and config.metrics:  # the resolved run, next to its outputs
         config.save(Path(config.metrics).with_suffix(".config.json"))
@@ -349,14 +349,18 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
     return state
 
 
-def _alert_source(config: TrainConfig, source):
-    """(alert source, sample maker) for ``--on-alert``: ``source`` when given (it is handed the
-    step record and every rank's :class:`RankFigures`), else the monitor's rule evaluator."""
+def _alert_source(config: TrainConfig, source, res):
+    """(alert source, sample maker) for ``--on-alert``: ``source`` when given (it observes the
+    monitor's StepSample), else the monitor's rule evaluator with its default thresholds."""
     if not config.faults.on_alert:
         return None, None
-    if source is not None:
-        return source, lambda record, figures: (record, figures)
-    raise NotImplementedError
+    from dayzero.monitor.evaluator import RuleEvaluator
+    from dayzero.runtime.resilience.actions import monitor_sample
+
+    def sample(record, figures):
+        return monitor_sample(record, figures, res.last_saved if config.checkpoint.dir else None)
+
+    return (source if source is not None else RuleEvaluator()), sample
 
 
 def data_position(state: TrainState) -> dict:

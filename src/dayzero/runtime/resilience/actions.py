@@ -90,8 +90,12 @@ class AlertPolicy:
             name, sep, action = (s.strip() for s in str(item).partition("="))
             if not sep or not name or action not in ACTIONS:
                 raise AlertPolicyError(f"--on-alert {item!r}: {usage}")
-            if known is not None and name != "all" and name not in known:
-                raise AlertPolicyError(f"--on-alert {item!r}: no alert named {name!r}; alerts: {', '.join(known)}")
+            if known is not None and name != "all":
+                found = resolve_name(name, known)
+                if found is None:
+                    raise AlertPolicyError(f"--on-alert {item!r}: no single alert named {name!r}; alerts: "
+                                           f"{', '.join(known)}")
+                name = found
             if name in pairs or (name == "all" and default != DEFAULT_ACTION):
                 raise AlertPolicyError(f"--on-alert {item!r}: {name} is given twice")
             if name == "all":
@@ -258,9 +262,45 @@ class AlertActions:
         Path(self.ckpt_dir, PLAN_FILE).write_text(json.dumps(restart_plan(entries, shaped), indent=1) + "\n")
 
 
-def alert_names() -> tuple[str, ...] | None:
-    """The alerts the rule evaluator raises (None: not known, every name accepted)."""
-    return None
+def alert_names() -> tuple[str, ...]:
+    """The alerts the monitor's rule evaluator raises (:mod:`dayzero.monitor.rules`)."""
+    from dayzero.monitor.rules import rule_names
+
+    return rule_names()
+
+
+def monitor_sample(record: dict, figures: Sequence[RankFigures], last_checkpoint_step: int | None):
+    """The monitor's :class:`~dayzero.monitor.rules.StepSample` of one step: the step record
+    (global loss, tokens) and every rank's own figures."""
+    import time
+
+    from dayzero.monitor.rules import StepSample
+
+    return StepSample(step=int(record["step"]), time_s=time.time(), loss=record.get("loss"),
+                      tokens_per_s=tuple(record["tokens"] / f.step_time_s if f.step_time_s > 0 else 0.0
+                                         for f in figures),
+                      step_time_s=tuple(f.step_time_s for f in figures),
+                      comm_time_s=tuple(f.comm_time_s for f in figures),
+                      mem_bytes=tuple(int(f.mem_bytes) for f in figures),
+                      mem_capacity_bytes=tuple(int(f.mem_capacity_bytes) for f in figures),
+                      last_checkpoint_step=last_checkpoint_step)
+
+
+def _norm(name: str) -> str:
+    n = name.lower().replace("_", "").replace("-", "")
+    return n[len("dayzero"):] if n.startswith("dayzero") else n
+
+
+def resolve_name(token: str, known: Sequence[str]) -> str | None:
+    """An alert's name from what a user typed: the rule's name (``DayzeroStragglerRank``), or
+    case-, underscore- and prefix-insensitively a unique start of it (``straggler``,
+    ``loss_spike``); None when nothing or several match."""
+    t = _norm(token)
+    exact = [k for k in known if _norm(k) == t]
+    if exact:
+        return exact[0]
+    hits = [k for k in known if t and _norm(k).startswith(t)]
+    return hits[0] if len(hits) == 1 else None
 
 
 def read_request(launch_dir: str | Path) -> dict | None:
@@ -303,5 +343,5 @@ def build_alert_actions(config, state, emit: Callable[[dict], None], source: Ale
         return int(t.item())
 
     return AlertActions(AlertPolicy.parse(config.faults.on_alert, alert_names()), source, rank=rank, places=places,
-                        gather=gather, broadcast=broadcast, emit=emit, make_sample=make_sample, ckpt_dir=config.checkpoint.dir,
-                        parallel=config.parallel)
+                        gather=gather, broadcast=broadcast, emit=emit, make_sample=make_sample,
+                        ckpt_dir=config.checkpoint.dir, parallel=config.parallel)

@@ -194,6 +194,11 @@ class Resilience:
         self._last_saved = step
         return out
 
+    @property
+    def last_saved(self) -> int | None:
+        """The newest step saved or resumed by this process (None: none yet)."""
+        return self._last_saved if self._last_saved >= 0 else None
+
     def save_now(self, step: int, data: Any) -> None:
         """Save ``step`` unless it is saved already, and wait until it is committed (an alert's
         checkpoint: the run may stop right after)."""

@@ -1,0 +1,155 @@
+"""Alert actions: the --on-alert policy, rank 0 deciding for every rank, the exclusion it writes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from dayzero.monitor.evaluator import RuleEvaluator
+from dayzero.monitor.rules import rule_names
+from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, TrainConfig
+from dayzero.runtime.resilience import rank_log
+from dayzero.runtime.resilience.actions import (
+    REQUEST_FILE,
+    AlertActions,
+    AlertPolicy,
+    AlertPolicyError,
+    RankFigures,
+    RankPlace,
+    check_alert_options,
+    monitor_sample,
+    read_request,
+    resolve_name,
+)
+from dayzero.runtime.resilience.exclusion import read_exclusions
+from dayzero.runtime.resilience.faults import FaultInjector, FaultSpec, FaultSpecError
+from dayzero.specs.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class A:
+    name: str
+    ranks: tuple[int, ...]
+    message: str = "m"
+    severity: str = "warning"
+
+
+class Scripted:
+    """An alert source that fires the given alerts at given steps."""
+
+    def __init__(self, at: dict[int, list[A]]):
+        self.at, self.seen = at, []
+
+    def observe(self, sample):
+        self.seen.append(sample)
+        return self.at.get(sample[0]["step"], [])
+
+
+def test_policy_parsing_and_names():
+    known = rule_names()
+    p = AlertPolicy.parse(["straggler=exclude", "loss_spike=checkpoint", "all=log"], known)
+    assert dict(p.actions) == {"DayzeroStragglerRank": "exclude", "DayzeroLossSpike": "checkpoint"}
+    assert p.action_for(A("DayzeroStragglerRank", (2,))) == "exclude"
+    assert p.action_for(A("DayzeroStragglerRank", ())) == "restart"  # nobody to exclude
+    assert p.action_for(A("DayzeroHang", ())) == "log"
+    assert resolve_name("DayzeroHang", known) == "DayzeroHang" and resolve_name("device", known) is None
+    for bad, why in [("straggler", "expected NAME=ACTION"), ("straggler=reboot", "expected NAME=ACTION"),
+                     ("stragler=log", "no single alert"), ("device=log", "no single alert")]:
+        with pytest.raises(AlertPolicyError, match=why):
+            AlertPolicy.parse([bad], known)
+    with pytest.raises(AlertPolicyError, match="given twice"):
+        AlertPolicy.parse(["straggler=log", "DayzeroStragglerRank=exclude"], known)
+
+
+def cfg(**faults) -> TrainConfig:
+    ck = faults.pop("ckpt", "ck")
+    return TrainConfig(model=ModelSection("tiny-llama"), parallel=ParallelConfig(dp=4, gbs=8, seq=32),
+                       checkpoint=CheckpointSection(dir=ck), faults=FaultSection(**faults))
+
+
+def test_options_this_run_cannot_carry_out_are_refused():
+    check_alert_options(cfg(on_alert=("straggler=exclude",), max_restarts=1, spares=1), torchrun=False, world=4)
+    check_alert_options(cfg(on_alert=("straggler=exclude",)), torchrun=True, world=4)  # the user's launcher
+    for c, torchrun, world, why in [
+            (cfg(on_alert=("straggler=checkpoint",), ckpt=None), False, 4, "needs --ckpt-dir"),
+            (cfg(on_alert=("straggler=exclude",)), False, 4, "add --max-restarts"),
+            (cfg(on_alert=("straggler=restart",), max_restarts=1), False, 1, "--nproc N"),
+            (cfg(on_alert=("straggler=exclude",), max_restarts=1, spares=1), True, 4, "--spares 1 applies only"),
+            (cfg(on_alert=("straggler=log",), spares=2), False, 4, "add --on-alert NAME=exclude")]:
+        with pytest.raises(AlertPolicyError, match=why):
+            check_alert_options(c, torchrun=torchrun, world=world)
+
+
+def make(tmp_path, rank: int, source, policy: AlertPolicy, gathered: list[float], code: list[int], events: list):
+    places = [RankPlace("nodeA", s) for s in (0, 1, 2, 5)]  # rank 3 runs on device slot 5
+
+    def broadcast(c: int) -> int:
+        if rank == 0:
+            code[0] = c
+        return code[0]
+
+    return AlertActions(policy, source, rank=rank, places=places, gather=lambda v: gathered, broadcast=broadcast,
+                        emit=events.append, make_sample=lambda rec, figs: (rec, figs), ckpt_dir=str(tmp_path),
+                        parallel=ParallelConfig(dp=4, gbs=8, seq=32))
+
+
+def test_rank0_decides_and_every_rank_acts_the_same(tmp_path, monkeypatch):
+    monkeypatch.setenv(rank_log.DIR_ENV, str(tmp_path))
+    policy = AlertPolicy.parse(["straggler=exclude", "loss_spike=checkpoint"], rule_names())
+    src = Scripted({2: [A("DayzeroLossSpike", ())], 3: [A("DayzeroStragglerRank", (3,), "slow"),
+                                                         A("DayzeroHang", ())]})
+    figs = [RankFigures(1.0 + r, 0.1, 100.0, 0.0) for r in range(4)]
+    gathered = [v for f in figs for v in f.values()]
+    code, events = [0], []
+    ranks = [make(tmp_path, r, src if r == 0 else None, policy, gathered, code, events) for r in range(4)]
+    decided = []
+    for step in (1, 2, 3):
+        decided.append([a.after_step({"step": step}, figs[a.rank]) for a in ranks])  # rank 0 first
+    assert [[d.action for d in ds] for ds in decided] == [["log"] * 4, ["checkpoint"] * 4, ["exclude"] * 4]
+    assert decided[2][1].stop and decided[1][0].checkpoint and not decided[1][0].stop
+    # the source saw every rank's figures, rebuilt from the gathered vector
+    assert src.seen[0][1] == figs
+    assert [e["name"] for e in events if e["event"] == "alert"] == ["DayzeroLossSpike", "DayzeroStragglerRank",
+                                                                     "DayzeroHang"]
+    ex = read_exclusions(tmp_path / "exclusions.json")
+    assert [(e.rank, e.slot, e.host, e.reason, e.step) for e in ex] == [(3, 5, "nodeA", "DayzeroStragglerRank", 3)]
+    plan = json.loads((tmp_path / "restart_plan.json").read_text())
+    assert plan["slurm"] == {"exclude": "nodeA"} and plan["parallel"]["dp"] == 2
+    assert ranks[1].planned_restart(decided[2][1], 3).action == "exclude"
+    assert read_request(tmp_path) is None  # only rank 0 asks the launcher
+    stop = ranks[0].planned_restart(decided[2][0], 3)
+    assert stop.action == "exclude" and stop.step == 3
+    req = read_request(tmp_path)
+    assert req["action"] == "exclude" and req["alerts"][0]["ranks"] == [3]
+    assert (tmp_path / REQUEST_FILE).exists()
+
+
+def test_the_monitor_evaluator_flags_a_sleeping_rank_from_gathered_figures():
+    ev = RuleEvaluator()
+    fired = []
+    for step in range(1, 7):
+        # rank 2 sleeps 0.4 s per step; the others wait for it inside collectives
+        figs = [RankFigures(0.5, 0.05 if r == 2 else 0.42, 1e6, 0.0) for r in range(4)]
+        fired += [a for a in ev.observe(monitor_sample({"step": step, "loss": 5.0, "tokens": 256}, figs, None))
+                  if a.name == "DayzeroStragglerRank"]
+    assert fired and fired[0].ranks == (2,) and fired[0].step == 5
+
+
+def test_straggler_drill(monkeypatch):
+    assert FaultSpec.parse("step=2,rank=1,kind=straggler,sleep=0.25") == FaultSpec(2, 1, "straggler", sleep=0.25)
+    for bad in ["step=2,rank=1,kind=straggler", "step=2,rank=1,kind=straggler,sleep=0",
+                "step=2,rank=1,kind=straggler,sleep=x", "step=2,rank=1,kind=kill,sleep=1",
+                "step=2,rank=1,kind=straggler,sleep=1,at=save"]:
+        with pytest.raises(FaultSpecError):
+            FaultSpec.parse(bad)
+    slept, events = [], []
+    monkeypatch.setattr("dayzero.runtime.resilience.faults.time.sleep", slept.append)
+    inj = FaultInjector([FaultSpec.parse("step=2,rank=1,kind=straggler,sleep=0.25")], rank=1, attempt=0,
+                        on_event=events.append)
+    for step in range(1, 5):
+        inj.at_step(step)
+    assert slept == [0.25, 0.25, 0.25] and [e["step"] for e in events] == [2]  # announced once, sleeps every step
+    FaultInjector([FaultSpec.parse("step=1,rank=1,kind=straggler,sleep=1")], rank=0, attempt=0).at_step(3)
+    assert len(slept) == 3

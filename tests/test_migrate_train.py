@@ -1,0 +1,68 @@
+"""Issue 19's migration, end to end on gloo: a straggler fires the in-process alert, the run
+checkpoints, excludes the slow rank and finishes on fewer ranks with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+MODEL = ["tiny-llama", "--layers", "2", "--hidden", "64", "--seq", "32", "--gbs", "8", "--quiet",
+         "--compute-dtype", "fp32"]
+
+
+def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    p = subprocess.run([sys.executable, "-m", "dayzero", "train", *MODEL, *args], capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    if p.returncode != 0:
+        raise AssertionError(f"dayzero train exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+    return p
+
+
+def stream(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def events(recs: list[dict], name: str) -> list[dict]:
+    return [r for r in recs if r.get("event") == name]
+
+
+def test_straggler_is_excluded_and_the_run_finishes_on_dp2_with_the_same_losses(tmp_path):
+    common = ["--nproc", "4", "--steps", "8"]
+    train(*common, "--ckpt-dir", str(tmp_path / "ref"), "--metrics", str(tmp_path / "ref.jsonl"))
+    ref = {r["step"]: r["loss"] for r in stream(tmp_path / "ref.jsonl") if "event" not in r}
+
+    ck, m = tmp_path / "run", tmp_path / "run.jsonl"
+    p = train(*common, "--ckpt-dir", str(ck), "--metrics", str(m), "--max-restarts", "1",
+              "--on-alert", "straggler=exclude", "--inject-fault", "step=1,rank=3,kind=straggler,sleep=0.4")
+    recs = stream(m)
+    fired = [a for a in events(recs, "alert") if a["name"] == "DayzeroStragglerRank"]
+    assert len(fired) == 1 and fired[0]["ranks"] == [3] and fired[0]["action"] == "exclude"
+    at = fired[0]["step"]
+    assert 5 <= at < 8  # the rule needs 5 samples per rank
+    assert "alert DayzeroStragglerRank" in p.stderr and "excluding device slot(s) 3" in p.stderr
+
+    relaunch = events(recs, "relaunch")
+    assert len(relaunch) == 1 and (relaunch[0]["world"], relaunch[0]["dp"], relaunch[0]["gbs"]) == (2, 2, 8)
+    assert relaunch[0]["microbatches"] == 4 and relaunch[0]["excluded_slots"] == [3]
+    excl = json.loads((ck / "exclusions.json").read_text())["excluded"]
+    assert [(e["rank"], e["slot"], e["reason"], e["step"]) for e in excl] == [(3, 3, "DayzeroStragglerRank", at)]
+    assert json.loads((ck / "restart_plan.json").read_text())["parallel"]["dp"] == 2
+
+    loaded = events(recs, "checkpoint_loaded")
+    assert len(loaded) == 1 and loaded[0]["step"] == at and loaded[0]["saved_world"] == 4
+    cut = recs.index(loaded[0])
+    before = [r for r in recs[:cut] if "event" not in r]
+    after = [r for r in recs[cut:] if "event" not in r]
+    assert [r["step"] for r in before] == list(range(1, at + 1))
+    assert [r["step"] for r in after] == list(range(at + 1, 9))  # steps continue, nothing redone
+    assert {r["attempt"] for r in before} == {1} and {r["attempt"] for r in after} == {2}
+    for r in before + after:
+        assert abs(r["loss"] - ref[r["step"]]) <= 1e-5, (r["step"], r["loss"], ref[r["step"]])
+    end = events(recs, "end")
+    assert len(end) == 1 and end[0]["steps"] == 8 and end[0]["world"] == 2
