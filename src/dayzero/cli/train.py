@@ -108,8 +108,8 @@ def train_cmd(
                                                                             "failure (with --nproc; under torchrun "
                                                                             "use its own flag).")] = 0,
     inject_fault: Annotated[Optional[list[str]], typer.Option(
-        "--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang[,at=step|save][,attempt=A] "
-                               "(repeatable).")] = None,
+        "--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang|straggler[,sleep=S][,at=step|save]"
+                               "[,attempt=A] (repeatable; straggler: sleep S s every step from N on).")] = None,
     watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this "
                                                                       "many seconds, so torchrun restarts (0: "
                                                                       "off).")] = 0.0,

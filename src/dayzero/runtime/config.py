@@ -86,7 +86,8 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class FaultSection:
     max_restarts: int = 0  # torchrun restarts when dayzero spawns the ranks (--nproc)
-    inject_faults: tuple[str, ...] = ()  # drills: "step=N,rank=R,kind=kill|exception|hang[,at=save]"
+    # drills: "step=N,rank=R,kind=kill|exception|hang|straggler[,sleep=S][,at=save]"
+    inject_faults: tuple[str, ...] = ()
     watchdog: float = 0.0  # seconds without a finished step before a rank aborts (0: off)
     # seconds a checkpoint save (or resume, rollback) may take before the watchdog aborts the rank;
     # None: 600 with --watchdog, else not timed (resilience.DEFAULT_SAVE_TIMEOUT_S)
