@@ -96,3 +96,41 @@ def test_restart_plan_names_hosts_for_slurm_and_kubernetes():
 
 def test_slots():
     assert parse_slots(None, 3) == (0, 1, 2) and parse_slots("0,4,2", 3) == (0, 4, 2)
+
+
+def relaunch_config(tmp_path, **faults):
+    from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, TrainConfig
+
+    return TrainConfig(model=ModelSection("tiny-llama", layers=2, hidden=64),
+                       parallel=ParallelConfig(dp=4, gbs=8, seq=32), metrics=str(tmp_path / "m.jsonl"),
+                       checkpoint=CheckpointSection(dir=str(tmp_path / "ck")), faults=FaultSection(**faults))
+
+
+def test_the_launcher_relaunches_on_spares_then_on_fewer_ranks(tmp_path, capsys):
+    import socket
+
+    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.resilience.relaunch import Relauncher
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "m.jsonl").write_text('{"step": 1, "loss": 5.0, "attempt": 1}\n')
+    cfg = relaunch_config(tmp_path, spares=1, max_restarts=2,
+                          inject_faults=("step=1,rank=3,kind=straggler,sleep=1", "step=2,rank=0,kind=kill,attempt=2"))
+    path = tmp_path / "config0.json"
+    r = Relauncher([cfg], [path], 4)
+    assert r.start() == (4, (0, 1, 2, 3)) and TrainConfig.load(path) == cfg
+    host = socket.gethostname()
+    add_exclusions(tmp_path / "ck" / "exclusions.json", [entry(3, host=host)])
+    assert r.replan({"action": "exclude", "step": 5}) == (4, (0, 1, 2, 4))  # the spare takes slot 3's place
+    after = TrainConfig.load(path)
+    assert after.parallel.dp == 4 and after.faults.inject_faults == ("step=2,rank=0,kind=kill,attempt=2",)
+    add_exclusions(tmp_path / "ck" / "exclusions.json", [entry(1, host=host, rank=1)])
+    assert r.replan({"action": "exclude", "step": 7}) == (2, (0, 2))  # no spare left: dp 4 -> 2
+    assert TrainConfig.load(path).parallel.dp == 2 and TrainConfig.load(path).parallel.gbs == 8
+    events = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()[1:]]
+    assert [(e["event"], e["world"], e["dp"], e["attempt"]) for e in events] == [("relaunch", 4, 4, 1),
+                                                                                 ("relaunch", 2, 2, 1)]
+    assert "excluding device slot(s) 1" in capsys.readouterr().err
+    # a new launch on the same checkpoint directory leaves the excluded slots out from the start
+    again = Relauncher([cfg], [path], 4)
+    assert again.start() == (2, (0, 2)) and TrainConfig.load(path).parallel.dp == 2
