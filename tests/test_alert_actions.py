@@ -153,3 +153,22 @@ def test_straggler_drill(monkeypatch):
     assert slept == [0.25, 0.25, 0.25] and [e["step"] for e in events] == [2]  # announced once, sleeps every step
     FaultInjector([FaultSpec.parse("step=1,rank=1,kind=straggler,sleep=1")], rank=0, attempt=0).at_step(3)
     assert len(slept) == 3
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--on-alert", "stragler=exclude"], "no single alert named 'stragler'"),
+    (["--on-alert", "straggler=exclude", "--ckpt-dir", "CK"], "needs ranks to relaunch"),
+    (["--on-alert", "straggler=exclude", "--ckpt-dir", "CK", "--nproc", "2"], "add --max-restarts"),
+    (["--on-alert", "straggler=checkpoint"], "needs --ckpt-dir"),
+    (["--spares", "1"], "--spares 1 applies only"),
+    (["--inject-fault", "step=1,rank=0,kind=straggler"], "a straggler needs sleep=S"),
+])
+def test_train_refuses_bad_alert_options_with_one_line(argv, needle, capsys, tmp_path):
+    from dayzero.cli.app import main
+
+    argv = [str(tmp_path / "ck") if a == "CK" else a for a in argv]
+    code = main(["train", "tiny-llama", "--layers", "2", "--hidden", "64", "--seq", "32", "--steps", "2",
+                 "--skip-memory-check", *argv])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln]
+    assert code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err

@@ -66,3 +66,18 @@ def test_straggler_is_excluded_and_the_run_finishes_on_dp2_with_the_same_losses(
         assert abs(r["loss"] - ref[r["step"]]) <= 1e-5, (r["step"], r["loss"], ref[r["step"]])
     end = events(recs, "end")
     assert len(end) == 1 and end[0]["steps"] == 8 and end[0]["world"] == 2
+
+
+def test_no_layout_without_the_straggler_is_one_line_and_keeps_the_checkpoint(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    ck = tmp_path / "ck"
+    p = subprocess.run([sys.executable, "-m", "dayzero", "train", *MODEL, "--nproc", "2", "--tp", "2", "--steps", "6",
+                        "--ckpt-dir", str(ck), "--max-restarts", "1", "--on-alert", "straggler=exclude",
+                        "--inject-fault", "step=1,rank=1,kind=straggler,sleep=0.4"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 2, p.stderr[-4000:]
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("dayzero: error:")]
+    assert len(errors) == 1 and "cannot restart without slot(s) 1" in errors[0] and "tp x cp x pp = 2" in errors[0]
+    assert "Traceback" not in p.stderr
+    saved = sorted(d.name for d in ck.iterdir() if d.name.startswith("step-"))
+    assert len(saved) == 1 and (ck / saved[0] / "COMPLETE").exists()  # the alert's checkpoint, committed
