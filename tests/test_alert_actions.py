@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from dayzero.monitor.evaluator import RuleEvaluator
 from dayzero.monitor.rules import rule_names
 from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, TrainConfig
 from dayzero.runtime.resilience import rank_log
@@ -16,10 +15,8 @@ from dayzero.runtime.resilience.actions import (
     AlertActions,
     AlertPolicy,
     AlertPolicyError,
-    RankFigures,
     RankPlace,
     check_alert_options,
-    monitor_sample,
     read_request,
     resolve_name,
 )
@@ -34,17 +31,6 @@ class A:
     ranks: tuple[int, ...]
     message: str = "m"
     severity: str = "warning"
-
-
-class Scripted:
-    """An alert source that fires the given alerts at given steps."""
-
-    def __init__(self, at: dict[int, list[A]]):
-        self.at, self.seen = at, []
-
-    def observe(self, sample):
-        self.seen.append(sample)
-        return self.at.get(sample[0]["step"], [])
 
 
 def test_policy_parsing_and_names():
@@ -82,59 +68,45 @@ def test_options_this_run_cannot_carry_out_are_refused():
             check_alert_options(c, torchrun=torchrun, world=world)
 
 
-def make(tmp_path, rank: int, source, policy: AlertPolicy, gathered: list[float], code: list[int], events: list):
+def make(tmp_path, rank: int, policy: AlertPolicy, code: list[int], events: list) -> AlertActions:
     places = [RankPlace("nodeA", s) for s in (0, 1, 2, 5)]  # rank 3 runs on device slot 5
 
-    def broadcast(c: int) -> int:
+    def broadcast(c: int) -> int:  # rank 0 runs first in these tests
         if rank == 0:
             code[0] = c
         return code[0]
 
-    return AlertActions(policy, source, rank=rank, places=places, gather=lambda v: gathered, broadcast=broadcast,
-                        emit=events.append, make_sample=lambda rec, figs: (rec, figs), ckpt_dir=str(tmp_path),
-                        parallel=ParallelConfig(dp=4, gbs=8, seq=32))
+    return AlertActions(policy, rank=rank, places=places, broadcast=broadcast, emit=events.append,
+                        ckpt_dir=str(tmp_path), parallel=ParallelConfig(dp=4, gbs=8, seq=32))
 
 
-def test_rank0_decides_and_every_rank_acts_the_same(tmp_path, monkeypatch):
+def test_rank0_decides_on_new_alerts_and_every_rank_acts_the_same(tmp_path, monkeypatch):
     monkeypatch.setenv(rank_log.DIR_ENV, str(tmp_path))
     policy = AlertPolicy.parse(["straggler=exclude", "loss_spike=checkpoint"], rule_names())
-    src = Scripted({2: [A("DayzeroLossSpike", ())], 3: [A("DayzeroStragglerRank", (3,), "slow"),
-                                                         A("DayzeroHang", ())]})
-    figs = [RankFigures(1.0 + r, 0.1, 100.0, 0.0) for r in range(4)]
-    gathered = [v for f in figs for v in f.values()]
+    spike, slow, hang = A("DayzeroLossSpike", ()), A("DayzeroStragglerRank", (3,), "slow"), A("DayzeroHang", ())
+    firing = {1: [], 2: [spike], 3: [spike], 4: [spike, slow, hang]}  # the spike stays active from step 2 on
     code, events = [0], []
-    ranks = [make(tmp_path, r, src if r == 0 else None, policy, gathered, code, events) for r in range(4)]
+    ranks = [make(tmp_path, r, policy, code, events) for r in range(4)]
     decided = []
-    for step in (1, 2, 3):
-        decided.append([a.after_step({"step": step}, figs[a.rank]) for a in ranks])  # rank 0 first
-    assert [[d.action for d in ds] for ds in decided] == [["log"] * 4, ["checkpoint"] * 4, ["exclude"] * 4]
-    assert decided[2][1].stop and decided[1][0].checkpoint and not decided[1][0].stop
-    # the source saw every rank's figures, rebuilt from the gathered vector
-    assert src.seen[0][1] == figs
-    assert [e["name"] for e in events if e["event"] == "alert"] == ["DayzeroLossSpike", "DayzeroStragglerRank",
-                                                                     "DayzeroHang"]
+    for step in (1, 2, 3, 4):
+        # only rank 0's alerts count: the others pass none
+        decided.append([a.after_step(step, firing[step] if a.rank == 0 else []) for a in ranks])
+    assert [[d.action for d in ds] for ds in decided] == [["log"] * 4, ["checkpoint"] * 4, ["log"] * 4,
+                                                           ["exclude"] * 4]
+    assert decided[3][1].stop and decided[1][0].checkpoint and not decided[1][0].stop
+    assert [(e["event"], e["name"], e["action"]) for e in events if e["event"] == "alert_action"] == [
+        ("alert_action", "DayzeroLossSpike", "checkpoint"), ("alert_action", "DayzeroStragglerRank", "exclude")]
     ex = read_exclusions(tmp_path / "exclusions.json")
-    assert [(e.rank, e.slot, e.host, e.reason, e.step) for e in ex] == [(3, 5, "nodeA", "DayzeroStragglerRank", 3)]
+    assert [(e.rank, e.slot, e.host, e.reason, e.step) for e in ex] == [(3, 5, "nodeA", "DayzeroStragglerRank", 4)]
     plan = json.loads((tmp_path / "restart_plan.json").read_text())
     assert plan["slurm"] == {"exclude": "nodeA"} and plan["parallel"]["dp"] == 2
-    assert ranks[1].planned_restart(decided[2][1], 3).action == "exclude"
+    assert ranks[1].planned_restart(decided[3][1], 4).action == "exclude"
     assert read_request(tmp_path) is None  # only rank 0 asks the launcher
-    stop = ranks[0].planned_restart(decided[2][0], 3)
-    assert stop.action == "exclude" and stop.step == 3
+    stop = ranks[0].planned_restart(decided[3][0], 4)
+    assert stop.action == "exclude" and stop.step == 4
     req = read_request(tmp_path)
     assert req["action"] == "exclude" and req["alerts"][0]["ranks"] == [3]
     assert (tmp_path / REQUEST_FILE).exists()
-
-
-def test_the_monitor_evaluator_flags_a_sleeping_rank_from_gathered_figures():
-    ev = RuleEvaluator()
-    fired = []
-    for step in range(1, 7):
-        # rank 2 sleeps 0.4 s per step; the others wait for it inside collectives
-        figs = [RankFigures(0.5, 0.05 if r == 2 else 0.42, 1e6, 0.0) for r in range(4)]
-        fired += [a for a in ev.observe(monitor_sample({"step": step, "loss": 5.0, "tokens": 256}, figs, None))
-                  if a.name == "DayzeroStragglerRank"]
-    assert fired and fired[0].ranks == (2,) and fired[0].step == 5
 
 
 def test_straggler_drill(monkeypatch):

@@ -42,8 +42,11 @@ def test_straggler_is_excluded_and_the_run_finishes_on_dp2_with_the_same_losses(
               "--on-alert", "straggler=exclude", "--inject-fault", "step=1,rank=3,kind=straggler,sleep=0.4")
     recs = stream(m)
     fired = [a for a in events(recs, "alert") if a["name"] == "DayzeroStragglerRank"]
-    assert len(fired) == 1 and fired[0]["ranks"] == [3] and fired[0]["action"] == "exclude"
+    assert len(fired) == 1 and fired[0]["ranks"] == [3] and fired[0]["state"] == "firing"
     at = fired[0]["step"]
+    acted = events(recs, "alert_action")
+    assert [(a["name"], a["ranks"], a["action"], a["step"]) for a in acted] == [("DayzeroStragglerRank", [3], "exclude",
+                                                                                  at)]
     assert 5 <= at < 8  # the rule needs 5 samples per rank
     assert "alert DayzeroStragglerRank" in p.stderr and "excluding device slot(s) 3" in p.stderr
 

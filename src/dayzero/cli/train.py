@@ -132,6 +132,24 @@ def train_cmd(
                            "exclude without the offending ranks (docs/runtime.md).")] = None,
     spares: Annotated[int, typer.Option("--spares", min=0, help="With --nproc: keep this many more local ranks idle "
                                                                 "to replace excluded ones.")] = 0,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=1, max=65535, help="Serve Prometheus "
+                                                        "metrics: rank r on PORT + its local rank (or rank 0 alone "
+                                                        "with --metrics-aggregate).")] = None,
+    metrics_aggregate: Annotated[bool, typer.Option("--metrics-aggregate", help="Rank 0 serves every rank's "
+                                                                                "series on --metrics-port.")] = False,
+    metrics_linger: Annotated[float, typer.Option("--metrics-linger", min=0, help="Keep serving metrics this many "
+                                                                                  "seconds after the last "
+                                                                                  "step.")] = 0.0,
+    metrics_job: Annotated[Optional[str], typer.Option("--metrics-job", help="The job label of every series "
+                                                                             "(default: the model's name).")] = None,
+    peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", min=0, help="Device peak TFLOP/s, for the "
+                                                                                      "exported MFU.")] = None,
+    alerts: Annotated[bool, typer.Option("--alerts", help="Evaluate the alert rules in process each step and log "
+                                                          "alert events (dayzero monitor --rules lists "
+                                                          "them).")] = False,
+    alert_threshold: Annotated[Optional[list[str]], typer.Option(
+        "--alert-threshold", help="KEY=VALUE override of an alert threshold, e.g. straggler_ratio=0.3 "
+                                  "(repeatable).")] = None,
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
                                                                                 "memory exceeds what this machine has "
                                                                                 "free.")] = False,
@@ -154,8 +172,16 @@ def train_cmd(
 
     if metrics:
         prepare_output(metrics, "--metrics")
+    from dayzero.monitor.rules import threshold_overrides
     from dayzero.runtime.checks import check_runtime
-    from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, OptimizerSection, TrainConfig
+    from dayzero.runtime.config import (
+        CheckpointSection,
+        FaultSection,
+        ModelSection,
+        MonitorSection,
+        OptimizerSection,
+        TrainConfig,
+    )
     from dayzero.runtime.data import resolve_data
     from dayzero.runtime.device import compute_dtype as default_dtype
     from dayzero.runtime.device import resolve
@@ -187,6 +213,9 @@ def train_cmd(
         faults=FaultSection(max_restarts=max_restarts, inject_faults=tuple(inject_fault or ()), watchdog=watchdog,
                             save_timeout=save_timeout, on_bad_loss=on_bad_loss, spike_factor=spike_factor,
                             on_alert=tuple(on_alert or ()), spares=spares),
+        monitor=MonitorSection(port=metrics_port, aggregate=metrics_aggregate, alerts=alerts or bool(on_alert),
+                               thresholds=threshold_overrides(alert_threshold or []),
+                               linger_s=metrics_linger, job=metrics_job, peak_tflops=peak_tflops),
         steps=steps, seed=seed, compute_dtype=compute_dtype, data=data, metrics=str(metrics) if metrics else None,
         quiet=quiet)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
@@ -199,6 +228,11 @@ def train_cmd(
     resolve_data(data)
     resilience_config(cfg)  # checkpoint, drill and guard options
     check_alert_options(cfg, torchrun, world)
+    if metrics_port is not None:
+        from dayzero.monitor.ports import check_ports
+
+        local = int(os.environ.get("LOCAL_RANK", "0")) if torchrun else None
+        check_ports(metrics_port, 1 if metrics_aggregate else world, local, metrics_aggregate)
     if (note := layout.gbs_note(parallel)) and not torchrun:
         err_console.print(f"dayzero: {note}", highlight=False)
     if not torchrun and not quiet and not json_out:

@@ -395,6 +395,11 @@ def resolve_thresholds(overrides: Mapping[str, float] | None = None) -> dict[str
 
 def parse_thresholds(items: Sequence[str]) -> dict[str, float]:
     """``["key=value", ...]`` (the CLI's repeatable ``--alert-threshold``) -> resolved thresholds."""
+    return resolve_thresholds(threshold_overrides(items))
+
+
+def threshold_overrides(items: Sequence[str]) -> dict[str, float]:
+    """``["key=value", ...]`` -> just those keys, validated."""
     raw: dict[str, float] = {}
     for item in items:
         k, sep, v = item.partition("=")
@@ -404,7 +409,8 @@ def parse_thresholds(items: Sequence[str]) -> dict[str, float]:
             sep = ""
         if not sep:
             raise ThresholdError(f"--alert-threshold {item!r}: expected KEY=NUMBER, e.g. straggler_ratio=0.3")
-    return resolve_thresholds(raw)
+    resolved = resolve_thresholds(raw)
+    return {k: resolved[k] for k in raw}
 
 
 def rule_names() -> tuple[str, ...]:
@@ -423,4 +429,5 @@ def select_rules(names: Sequence[str] | None = None) -> tuple[Rule, ...]:
 
 
 __all__ = ["RULES", "THRESHOLDS", "Finding", "Rule", "StepSample", "Threshold", "ThresholdError",
-           "default_thresholds", "parse_thresholds", "resolve_thresholds", "rule_names", "select_rules"]
+           "default_thresholds", "parse_thresholds", "resolve_thresholds", "rule_names", "select_rules",
+           "threshold_overrides"]

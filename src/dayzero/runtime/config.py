@@ -4,7 +4,8 @@ Like torchtitan's job config, the run is a few small sections plus run-level fie
 ``model`` (:class:`ModelSection`: what to build, at which proxy size, from which weights),
 ``parallel`` (the :class:`~dayzero.specs.parallel.ParallelConfig`), ``optimizer``
 (:class:`OptimizerSection`), ``checkpoint`` (:class:`CheckpointSection`) and ``faults``
-(:class:`FaultSection`: restarts, drills, the watchdog, loss guards).
+(:class:`FaultSection`: restarts, drills, the watchdog, loss guards) and ``monitor``
+(:class:`MonitorSection`: the Prometheus exporter and in-process alerts).
 
 Written next to the run's outputs (``<metrics>.config.json``) and handed to every rank, so the
 run that happened can always be read back and repeated. ``from_dict`` also reads the flat
@@ -99,8 +100,25 @@ class FaultSection:
     spares: int = 0  # idle local ranks (--nproc) that replace excluded ones on a restart
 
 
+@dataclass(frozen=True)
+class MonitorSection:
+    # see dayzero.runtime.monitoring and docs/monitoring.md
+    port: int | None = None  # serve Prometheus metrics on port + local rank (aggregate: rank 0 on port)
+    aggregate: bool = False  # rank 0 serves every rank's series (one all_gather per step)
+    alerts: bool = False  # evaluate the alert rules in process (one all_gather per step), log alert events
+    thresholds: dict = field(default_factory=dict)  # alert threshold overrides (dayzero.monitor.rules)
+    linger_s: float = 0.0  # keep serving this long after the last step (a final scrape)
+    job: str | None = None  # the job label (default: the model's name)
+    telemetry_interval_s: float = 5.0  # device and host telemetry is read this often, off the step
+    peak_tflops: float | None = None  # device peak, for dayzero_mfu_ratio
+
+    @property
+    def enabled(self) -> bool:
+        return self.port is not None or self.alerts
+
+
 SECTIONS = {"model": ModelSection, "optimizer": OptimizerSection, "checkpoint": CheckpointSection,
-            "faults": FaultSection}
+            "faults": FaultSection, "monitor": MonitorSection}
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,7 @@ class TrainConfig:
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     faults: FaultSection = field(default_factory=FaultSection)
+    monitor: MonitorSection = field(default_factory=MonitorSection)
     steps: int = 100
     seed: int = 0
     compute_dtype: str = "bf16"

@@ -32,7 +32,6 @@ from dayzero.runtime.optim import build_optimizer, build_scheduler, clip_grad_no
 from dayzero.runtime.parallel.mesh import Meshes, build_meshes
 from dayzero.runtime.parallel.parallelize import ParallelModel, parallelize, seeded_weights
 from dayzero.runtime.parallel.pipeline import Pipeline, build_pipeline
-from dayzero.runtime.resilience.actions import RankFigures
 from dayzero.specs.model import ModelSpec
 from dayzero.torch_version import require_torch
 
@@ -50,6 +49,9 @@ class TrainState:
     data: TokenStream
     step: int = 0  # optimizer steps taken
     history: list = field(default_factory=list)  # StepRecords of this process's run
+    # this rank's own share of the last step (the record holds the max over ranks): for the monitor
+    local_comm_s: float = 0.0
+    local_peak_bytes: int = 0
 
     @property
     def rank(self) -> int:
@@ -212,8 +214,8 @@ def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool =
     devices.synchronize(state.device)
     elapsed = time.perf_counter() - g.t0
     comm = timer.stop((g.wall0, g.wall0 + int(elapsed * 1e9)))
-    stats = torch.tensor([float(peak_memory_bytes(state.device)), comm], dtype=torch.float64,
-                         device=state.device)
+    state.local_comm_s, state.local_peak_bytes = comm, peak_memory_bytes(state.device)
+    stats = torch.tensor([float(state.local_peak_bytes), comm], dtype=torch.float64, device=state.device)
     if dist.get_world_size() > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     state.step += 1
@@ -267,25 +269,32 @@ def update_expert_bias(state: TrainState) -> None:
 Hook = Callable[[TrainState, StepRecord], None]
 
 
-def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState | None = None,
-          alert_source=None) -> TrainState:
+def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState | None = None) -> TrainState:
     """Run ``config.steps`` steps; rank 0 writes the metrics stream and shows progress.
 
     With ``config.checkpoint.dir`` the run resumes from the newest good checkpoint and saves every
     ``config.checkpoint.every`` steps; fault drills, the hang watchdog and loss guards come from the
-    same config (see :mod:`dayzero.runtime.resilience.loop`), and so do the actions on in-process
-    alerts (``--on-alert``, :mod:`dayzero.runtime.resilience.actions`; ``alert_source``: what
-    raises them, by default the monitor's rule evaluator)."""
+    same config (see :mod:`dayzero.runtime.resilience.loop`), and so do the actions on the
+    monitor's in-process alerts (``--on-alert``, :mod:`dayzero.runtime.resilience.actions`)."""
     from dayzero.runtime.progress import Progress
     from dayzero.runtime.resilience.actions import build_alert_actions
     from dayzero.runtime.resilience.loop import build_resilience
 
+    if config.faults.on_alert and not config.monitor.alerts:  # actions act on the monitor's alerts
+        config = config.with_(monitor={"alerts": True})
     state = state or build_state(config)
     rank0 = dist.get_rank() == 0
     early: list[dict] = []  # events before the metrics stream is open (resume warnings)
     emit: Callable[[dict], None] = early.append
-    res = build_resilience(config, state, lambda ev: emit(ev))
-    alerts = build_alert_actions(config, state, lambda ev: emit(ev), *_alert_source(config, alert_source, res))
+    monitor = None  # the exporter and in-process alerts (config.monitor), once the stream is open
+
+    def event(ev: dict) -> None:
+        if monitor is not None:
+            monitor.on_event(ev)
+        emit(ev)
+
+    res = build_resilience(config, state, event)
+    alerts = build_alert_actions(config, state, lambda ev: emit(ev))
     writer, failed = None, True
     if rank0 and config.metrics:  # the resolved run, next to its outputs
         config.save(Path(config.metrics).with_suffix(".config.json"))
@@ -303,11 +312,15 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         emit = writer.write
         for ev in early:
             writer.write(ev)
+        if config.monitor.enabled:
+            from dayzero.runtime.monitoring import Monitor
+
+            monitor = Monitor(config, state, continuing=resumed, emit=writer.write)
+            if pos.path is not None:
+                monitor.resumed_at(pos.step)
         timer = CommTimer(config.measure_comm and dist.get_world_size() > 1, state.device)
         t_start = time.perf_counter()
         gbs = config.parallel.gbs
-        capacity = devices.device_total_bytes(state.device) or 0
-        t_prev = time.perf_counter()  # this rank's last step end: its iteration time includes a straggler's sleep
         with Progress(config.steps, enabled=rank0 and not config.quiet, start=state.step) as bar:
             while state.step < config.steps:
                 res.begin_step(state.step + 1)
@@ -326,41 +339,26 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
                 rec = apply_step(state, g, timer, update=verdict.ok)
                 writer.write(rec.to_dict())
                 bar.update(rec)
+                fired = monitor.after_step(state, rec, skipped=not verdict.ok) if monitor is not None else []
                 for hook in hooks:
                     hook(state, rec)
                 res.end_step(state.step, data_position(state))
-                if alerts is not None:
-                    now = time.perf_counter()
-                    mine = RankFigures(now - t_prev, timer.seconds, float(peak_memory_bytes(state.device)),
-                                       float(capacity))
-                    decision = alerts.after_step(rec.to_dict(), mine)
+                if alerts is not None:  # rank 0 decides on the alerts that began firing; every rank acts
+                    decision = alerts.after_step(state.step, fired)
                     if decision.checkpoint:
                         res.save_now(state.step, data_position(state))
                     if decision.stop:
                         raise alerts.planned_restart(decision, state.step)
-                    t_prev = time.perf_counter()  # the alert's own checkpoint is not the next step's
         res.finish(state.step, data_position(state))
         writer.write(end_record(state, time.perf_counter() - t_start))
         failed = False
     finally:
         res.close(wait=not failed)
+        if monitor is not None:
+            monitor.close(linger=not failed)
         if writer is not None:
             writer.close()
     return state
-
-
-def _alert_source(config: TrainConfig, source, res):
-    """(alert source, sample maker) for ``--on-alert``: ``source`` when given (it observes the
-    monitor's StepSample), else the monitor's rule evaluator with its default thresholds."""
-    if not config.faults.on_alert:
-        return None, None
-    from dayzero.monitor.evaluator import RuleEvaluator
-    from dayzero.runtime.resilience.actions import monitor_sample
-
-    def sample(record, figures):
-        return monitor_sample(record, figures, res.last_saved if config.checkpoint.dir else None)
-
-    return (source if source is not None else RuleEvaluator()), sample
 
 
 def data_position(state: TrainState) -> dict:

@@ -16,8 +16,11 @@ your own torchrun or a cluster scheduler the ranks exit :data:`RESTART_EXIT` and
 ``restart_plan.json`` (the excluded hosts as Slurm ``--exclude`` and as a Kubernetes node
 affinity, the reduced layout) next to the exclusion list for the job script to apply.
 
-Consistency: every rank gathers the per-rank figures of the step, rank 0 alone runs the alert
-source and decides, and the decision is broadcast, so all ranks act together at the same step.
+The alerts are the monitor's (:class:`dayzero.runtime.monitoring.Monitor`: the rules of
+:mod:`dayzero.monitor.rules` over every rank's gathered figures; ``--on-alert`` turns them on). An
+action follows an alert when it begins firing, not on every step it stays active. Consistency:
+rank 0 alone decides, from its alerts, and broadcasts the decision, so all ranks save and stop
+together at the same step.
 """
 
 from __future__ import annotations
@@ -69,10 +72,6 @@ class AlertLike(Protocol):
     name: str
     ranks: tuple[int, ...]
     message: str
-
-
-class AlertSource(Protocol):
-    def observe(self, sample) -> Sequence[AlertLike]: ...
 
 
 @dataclass(frozen=True)
@@ -149,22 +148,6 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class RankFigures:
-    """One rank's own figures of one step, gathered on every rank for the alert rules."""
-
-    step_time_s: float  # its iteration: wall time between its consecutive step ends
-    comm_time_s: float  # the part of it with a collective in flight (waiting for a slower rank counts)
-    mem_bytes: float  # its peak allocated bytes (CPU: peak resident set)
-    mem_capacity_bytes: float  # its device's capacity (0: unknown)
-
-    def values(self) -> list[float]:
-        return [float(getattr(self, f)) for f in FIGURES]
-
-
-FIGURES = ("step_time_s", "comm_time_s", "mem_bytes", "mem_capacity_bytes")
-
-
-@dataclass(frozen=True)
 class RankPlace:
     """Where a rank runs: its host and local device slot."""
 
@@ -179,42 +162,36 @@ def this_place() -> RankPlace:
 
 
 class AlertActions:
-    """One run's alert handling; the loop calls :meth:`after_step` on every rank after every step.
+    """One run's alert actions; the loop calls :meth:`after_step` on every rank after every step.
 
-    ``gather(values)`` sums a float vector over ranks (each fills its own rows), ``broadcast(code)`` gives every rank
-    rank 0's int (torch collectives in the trainer, plain functions in tests); ``places`` is every
-    rank's :class:`RankPlace`, in rank order."""
+    ``broadcast(code)`` gives every rank rank 0's int (a torch collective in the trainer, a plain
+    function in tests); ``places`` is every rank's :class:`RankPlace`, in rank order."""
 
-    def __init__(self, policy: AlertPolicy, source: AlertSource | None, *, rank: int, places: Sequence[RankPlace],
-                 gather: Callable[[list[float]], list[float]], broadcast: Callable[[int], int],
-                 emit: Callable[[dict], None], make_sample: Callable[[dict, list[RankFigures]], object],
-                 ckpt_dir: str | None = None, parallel=None):
-        self.policy, self.source, self.rank = policy, source, rank
-        self.places = tuple(places)
-        self._gather, self._broadcast, self._emit, self._make_sample = gather, broadcast, emit, make_sample
+    def __init__(self, policy: AlertPolicy, *, rank: int, places: Sequence[RankPlace],
+                 broadcast: Callable[[int], int], emit: Callable[[dict], None], ckpt_dir: str | None = None,
+                 parallel=None):
+        self.policy, self.rank, self.places = policy, rank, tuple(places)
+        self._broadcast, self._emit = broadcast, emit
         self.ckpt_dir, self.parallel = ckpt_dir, parallel
+        self._active: set[str] = set()  # the alerts firing after the previous step (rank 0's)
 
-    def after_step(self, record: dict, mine: RankFigures) -> Decision:
-        """Every rank: gather every rank's figures of the step; rank 0 evaluates and decides; all get
-        the decision."""
-        world, k = len(self.places), len(FIGURES)
-        flat = [0.0] * (world * k)
-        flat[self.rank * k:(self.rank + 1) * k] = mine.values()
-        got = self._gather(flat)
-        per_rank = [RankFigures(*got[r * k:(r + 1) * k]) for r in range(world)]
-        alerts: tuple = ()
+    def after_step(self, step: int, alerts: Sequence[AlertLike]) -> Decision:
+        """Every rank, with the alerts firing after ``step`` (only rank 0's are read): the
+        strongest action of those that began firing, the same on every rank."""
+        new: tuple = ()
         code = 0
-        if self.rank == 0 and self.source is not None:
-            alerts = tuple(self.source.observe(self._make_sample(record, per_rank)))
-            for a in alerts:
+        if self.rank == 0:
+            new = tuple(a for a in alerts if a.name not in self._active)
+            self._active = {a.name for a in alerts}
+            for a in new:
                 code = max(code, ACTIONS.index(self.policy.action_for(a)))
         code = self._broadcast(code)
-        decision = Decision(ACTIONS[code], alerts)
+        decision = Decision(ACTIONS[code], new)
         if self.rank == 0:
-            for a in alerts:
-                self._report(a, record["step"])
+            for a in new:
+                self._report(a, step)
             if decision.action == "exclude":
-                self._exclude(decision, record["step"])
+                self._exclude(decision, step)
         return decision
 
     def planned_restart(self, decision: Decision, step: int) -> PlannedRestart:
@@ -232,13 +209,14 @@ class AlertActions:
 
     # -- rank 0 ------------------------------------------------------------------------------
     def _report(self, alert: AlertLike, step: int) -> None:
+        """The monitor has logged the alert itself; this is what is done about it."""
         action = self.policy.action_for(alert)
+        if action == "log":
+            return
         ranks = f" (rank{'s' * (len(alert.ranks) > 1)} {', '.join(map(str, alert.ranks))})" if alert.ranks else ""
-        print(f"dayzero: alert {alert.name} at step {step}{ranks}: {alert.message}; action: {action}",
-              file=sys.stderr, flush=True)
-        self._emit({"event": "alert", "step": step, "name": alert.name,
-                    "severity": getattr(alert, "severity", None), "ranks": list(alert.ranks),
-                    "message": alert.message, "action": action})
+        print(f"dayzero: alert {alert.name} at step {step}{ranks}: action {action}", file=sys.stderr, flush=True)
+        self._emit({"event": "alert_action", "step": step, "name": alert.name, "ranks": list(alert.ranks),
+                    "action": action})
 
     def _exclude(self, decision: Decision, step: int) -> None:
         assert self.ckpt_dir is not None  # check_policy requires it
@@ -269,23 +247,6 @@ def alert_names() -> tuple[str, ...]:
     return rule_names()
 
 
-def monitor_sample(record: dict, figures: Sequence[RankFigures], last_checkpoint_step: int | None):
-    """The monitor's :class:`~dayzero.monitor.rules.StepSample` of one step: the step record
-    (global loss, tokens) and every rank's own figures."""
-    import time
-
-    from dayzero.monitor.rules import StepSample
-
-    return StepSample(step=int(record["step"]), time_s=time.time(), loss=record.get("loss"),
-                      tokens_per_s=tuple(record["tokens"] / f.step_time_s if f.step_time_s > 0 else 0.0
-                                         for f in figures),
-                      step_time_s=tuple(f.step_time_s for f in figures),
-                      comm_time_s=tuple(f.comm_time_s for f in figures),
-                      mem_bytes=tuple(int(f.mem_bytes) for f in figures),
-                      mem_capacity_bytes=tuple(int(f.mem_capacity_bytes) for f in figures),
-                      last_checkpoint_step=last_checkpoint_step)
-
-
 def _norm(name: str) -> str:
     n = name.lower().replace("_", "").replace("-", "")
     return n[len("dayzero"):] if n.startswith("dayzero") else n
@@ -314,27 +275,18 @@ def read_request(launch_dir: str | Path) -> dict | None:
         return None
 
 
-def build_alert_actions(config, state, emit: Callable[[dict], None], source: AlertSource | None,
-                        make_sample: Callable[[dict, list[RankFigures]], object]) -> AlertActions | None:
-    """The alert handling of a runtime TrainState (None without ``--on-alert``): torch collectives
-    on the state's device for the gather and the broadcast, every rank's place gathered once."""
+def build_alert_actions(config, state, emit: Callable[[dict], None]) -> AlertActions | None:
+    """The alert actions of a runtime TrainState (None without ``--on-alert``): the broadcast a
+    torch collective on the state's device, every rank's place gathered once."""
     if not config.faults.on_alert:
         return None
     import torch
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    places: list = [None] * world
+    places: list = [this_place()] * world
     if world > 1:
         dist.all_gather_object(places, this_place())
-    else:
-        places = [this_place()]
-
-    def gather(values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=state.device)
-        if world > 1:
-            dist.all_reduce(t)
-        return t.tolist()
 
     def broadcast(code: int) -> int:
         t = torch.tensor([code], dtype=torch.int64, device=state.device)
@@ -342,6 +294,5 @@ def build_alert_actions(config, state, emit: Callable[[dict], None], source: Ale
             dist.broadcast(t, src=0)
         return int(t.item())
 
-    return AlertActions(AlertPolicy.parse(config.faults.on_alert, alert_names()), source, rank=rank, places=places,
-                        gather=gather, broadcast=broadcast, emit=emit, make_sample=make_sample,
-                        ckpt_dir=config.checkpoint.dir, parallel=config.parallel)
+    return AlertActions(AlertPolicy.parse(config.faults.on_alert, alert_names()), rank=rank, places=places,
+                        broadcast=broadcast, emit=emit, ckpt_dir=config.checkpoint.dir, parallel=config.parallel)

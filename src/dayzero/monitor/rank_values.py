@@ -1,0 +1,77 @@
+"""One rank's measurements of one step, as the exporter serves them and the evaluator reads them.
+
+A :class:`RankValues` travels between ranks as a fixed float vector (:meth:`to_vector` /
+:meth:`from_vector`, NaN for "not known"), so one ``all_gather`` gives rank 0 every rank's row;
+:func:`step_sample` turns the rows of one step into the evaluator's
+:class:`~dayzero.monitor.rules.StepSample`. Pure: no torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from dayzero.monitor.rules import StepSample
+
+
+@dataclass(frozen=True)
+class RankValues:
+    rank: int
+    step_s: float  # seconds between this rank's consecutive step ends
+    comm_s: float  # of its step, seconds with a collective in flight (this rank's own)
+    tokens_per_s: float
+    mem_peak_bytes: float
+    mem_allocated_bytes: float | None = None
+    mem_reserved_bytes: float | None = None
+    mem_capacity_bytes: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    utilization: float | None = None  # 0..1
+    device_mem_used_bytes: float | None = None
+    device_mem_total_bytes: float | None = None
+    rss_bytes: float | None = None
+    threads: float | None = None
+    # counters over all attempts of the run
+    steps_total: float = 0.0
+    tokens_total: float = 0.0
+    comm_s_total: float = 0.0
+    skipped_total: float = 0.0
+    saves_total: float = 0.0
+    restarts_total: float = 0.0
+    cpu_s_total: float | None = None
+    time_s: float = 0.0  # unix time of the step's end on this rank
+
+    @property
+    def busy_s(self) -> float:
+        return max(0.0, self.step_s - self.comm_s)
+
+    def to_vector(self) -> list[float]:
+        return [math.nan if v is None else float(v) for v in (getattr(self, f.name) for f in fields(self))]
+
+    @classmethod
+    def from_vector(cls, v) -> "RankValues":
+        vals = [float(x) for x in v]
+        if len(vals) != len(fields(cls)):
+            raise ValueError(f"rank values: {len(vals)} numbers for {len(fields(cls))} fields")
+        kw = {f.name: (None if math.isnan(x) else x) for f, x in zip(fields(cls), vals)}
+        kw["rank"] = int(vals[0])
+        for k in ("step_s", "comm_s", "tokens_per_s", "mem_peak_bytes", "steps_total", "tokens_total",
+                  "comm_s_total", "skipped_total", "saves_total", "restarts_total", "time_s"):
+            kw[k] = 0.0 if kw[k] is None else kw[k]
+        return cls(**kw)
+
+
+def vector_size() -> int:
+    return len(fields(RankValues))
+
+
+def step_sample(step: int, loss: float | None, rows: list[RankValues],
+                last_checkpoint_step: int | None = None) -> StepSample:
+    rows = sorted(rows, key=lambda r: r.rank)
+    return StepSample(step=step, time_s=max(r.time_s for r in rows), loss=loss,
+                      tokens_per_s=tuple(r.tokens_per_s for r in rows), step_time_s=tuple(r.step_s for r in rows),
+                      comm_time_s=tuple(r.comm_s for r in rows),
+                      mem_bytes=tuple(int(r.mem_peak_bytes) for r in rows),
+                      mem_capacity_bytes=tuple(int(r.mem_capacity_bytes or 0) for r in rows),
+                      temperature_c=tuple(r.temperature_c for r in rows), power_w=tuple(r.power_w for r in rows),
+                      last_checkpoint_step=last_checkpoint_step, ranks=tuple(r.rank for r in rows))
