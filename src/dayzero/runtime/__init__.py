@@ -3,7 +3,8 @@
 Four sub-packages hold the architecture: ``models`` (the zoo, built from a ModelSpec),
 ``parallel`` (one module per parallel dimension, and ``parallelize`` applying them in order),
 ``checkpoint`` (sharded, versioned, verified saves; Hugging Face weights in and out) and
-``resilience`` (stopping, rank logs, fault drills, the hang watchdog, loss guards).
+``resilience`` (stopping, rank logs, fault drills, the hang watchdog, loss guards, alert actions,
+the exclusion list and the relaunch on fewer ranks).
 
 The modules here, in reading order: ``config`` (TrainConfig, the run as a document), ``checks``
 (what the runtime can run, before any process starts), ``memory_check`` (will it fit this
@@ -11,7 +12,7 @@ machine), ``device`` (the one place that knows device types and backends), ``tor
 private PyTorch APIs, behind a version check), ``distributed`` (joining and leaving the process
 group), ``data`` (the token stream), ``optim`` (AdamW, warmup-cosine, global grad-norm clipping),
 ``metrics`` (per-step records, the JSONL stream), ``telemetry`` (device health), ``progress``
-(rank 0's progress bar), ``train`` (the state, the step function and the loop), ``launch``
+(rank 0's progress bar), ``monitoring`` (the Prometheus exporter and in-process alerts), ``train`` (the state, the step function and the loop), ``launch``
 (starting local ranks under torchrun's agent) and ``train_entry`` (``dayzero train``: here or on
 spawned ranks). Everything here imports torch; nothing below this layer imports from it.
 """
