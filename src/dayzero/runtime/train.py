@@ -52,6 +52,7 @@ class TrainState:
     # this rank's own share of the last step (the record holds the max over ranks): for the monitor
     local_comm_s: float = 0.0
     local_peak_bytes: int = 0
+    alerts: list = field(default_factory=list)  # monitor Alerts firing after the last step (--alerts), for hooks
 
     @property
     def rank(self) -> int:
@@ -335,7 +336,7 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
                 writer.write(rec.to_dict())
                 bar.update(rec)
                 if monitor is not None:
-                    monitor.after_step(state, rec, skipped=not verdict.ok)
+                    state.alerts = monitor.after_step(state, rec, skipped=not verdict.ok)
                 for hook in hooks:
                     hook(state, rec)
                 res.end_step(state.step, data_position(state))
