@@ -32,7 +32,7 @@ def monitor_cmd(
     alerts the rules raise, from the run's metrics stream or its Prometheus exporter.
 
     Example: [bold]dayzero monitor runs/tiny-llama[/bold]; [bold]dayzero monitor http://127.0.0.1:9400 --once[/bold];
-    [bold]dayzero monitor --write-rules alerts.yml --alert-threshold straggler_ratio=0.3[/bold]
+    [bold]dayzero monitor --write-rules runs/alerts.yml --alert-threshold straggler_ratio=0.3[/bold]
     """
     from dayzero.errors import DayzeroError
     from dayzero.monitor.rules import threshold_overrides
