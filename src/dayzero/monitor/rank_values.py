@@ -75,3 +75,31 @@ def step_sample(step: int, loss: float | None, rows: list[RankValues],
                       mem_capacity_bytes=tuple(int(r.mem_capacity_bytes or 0) for r in rows),
                       temperature_c=tuple(r.temperature_c for r in rows), power_w=tuple(r.power_w for r in rows),
                       last_checkpoint_step=last_checkpoint_step, ranks=tuple(r.rank for r in rows))
+
+
+# the per-rank columns of a ``{"event": "ranks"}`` record in the metrics stream
+EVENT_COLUMNS = ("step_s", "comm_s", "tokens_per_s", "mem_peak_bytes", "mem_capacity_bytes", "temperature_c",
+                 "power_w")
+
+
+def ranks_event(step: int, rows: list[RankValues]) -> dict:
+    """The metrics-stream record of one step's rows (written when the ranks all-gather them)."""
+    rows = sorted(rows, key=lambda r: r.rank)
+    return {"event": "ranks", "step": step, "time_s": max(r.time_s for r in rows), "ranks": [r.rank for r in rows],
+            **{c: [getattr(r, c) for r in rows] for c in EVENT_COLUMNS}}
+
+
+def rows_from_event(ev: dict) -> list[RankValues]:
+    """The rows of a ``ranks`` record (a malformed one gives ``[]``)."""
+    try:
+        ranks = [int(r) for r in ev["ranks"]]
+        cols = {c: list(ev.get(c) or [None] * len(ranks)) for c in EVENT_COLUMNS}
+        return [RankValues(rank=r, time_s=float(ev["time_s"]), **{c: (cols[c][i] if cols[c][i] is not None else
+                                                                     (0.0 if c in _REQUIRED else None))
+                                                                 for c in EVENT_COLUMNS})
+                for i, r in enumerate(ranks)]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return []
+
+
+_REQUIRED = ("step_s", "comm_s", "tokens_per_s", "mem_peak_bytes")

@@ -11,9 +11,10 @@ The modules here, in reading order: ``config`` (TrainConfig, the run as a docume
 machine), ``device`` (the one place that knows device types and backends), ``torch_compat`` (the
 private PyTorch APIs, behind a version check), ``distributed`` (joining and leaving the process
 group), ``data`` (the token stream), ``optim`` (AdamW, warmup-cosine, global grad-norm clipping),
-``metrics`` (per-step records, the JSONL stream), ``telemetry`` (device health), ``progress``
-(rank 0's progress bar), ``monitoring`` (the Prometheus exporter and in-process alerts), ``train``
-(the state, the step function and the loop), ``launch`` (starting local ranks under torchrun's
-agent) and ``train_entry`` (``dayzero train``: here or on spawned ranks). Everything here imports
-torch; nothing below this layer imports from it.
+``metrics`` (per-step records, the JSONL stream), ``telemetry`` (device health), ``monitoring``
+(the per-step rows behind the Prometheus exporter and the in-process alert rules of
+:mod:`dayzero.monitor`), ``progress`` (rank 0's progress bar), ``train`` (the state, the step
+function and the loop), ``launch`` (starting local ranks under torchrun's agent) and
+``train_entry`` (``dayzero train``: here or on spawned ranks). Everything here imports torch;
+nothing below this layer imports from it.
 """

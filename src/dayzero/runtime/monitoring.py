@@ -27,7 +27,7 @@ import torch.distributed as dist
 from dayzero.monitor.counters import Counters, counters_path
 from dayzero.monitor.evaluator import Alert, RuleEvaluator
 from dayzero.monitor.exporter import Exporter, JobValues, Snapshot
-from dayzero.monitor.rank_values import RankValues, step_sample, vector_size
+from dayzero.monitor.rank_values import RankValues, ranks_event, step_sample, vector_size
 from dayzero.runtime import device as devices
 from dayzero.runtime.telemetry import TelemetryReader
 
@@ -132,6 +132,8 @@ class Monitor:
         row = self._row(state, rec, step_s, now)
         rows = self._gather(row) if self.gather else [row]
         c.save(self._counters_path)
+        if self.gather:  # every rank's row in the stream, for `dayzero monitor RUN_DIR`
+            self.emit(ranks_event(rec.step, rows))
         alerts = self._evaluate(rec, rows) if self.evaluator is not None else []
         if self.exporter is not None:
             self.exporter.update(self._snapshot(rec, rows if self.cfg.aggregate else [row]))

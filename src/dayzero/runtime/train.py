@@ -52,6 +52,7 @@ class TrainState:
     # this rank's own share of the last step (the record holds the max over ranks): for the monitor
     local_comm_s: float = 0.0
     local_peak_bytes: int = 0
+    alerts: list = field(default_factory=list)  # monitor Alerts firing after the last step (--alerts), for hooks
 
     @property
     def rank(self) -> int:
@@ -294,7 +295,7 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         emit(ev)
 
     res = build_resilience(config, state, event)
-    alerts = build_alert_actions(config, state, lambda ev: emit(ev))
+    actions = build_alert_actions(config, state, lambda ev: emit(ev))
     writer, failed = None, True
     if rank0 and config.metrics:  # the resolved run, next to its outputs
         config.save(Path(config.metrics).with_suffix(".config.json"))
@@ -339,16 +340,17 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
                 rec = apply_step(state, g, timer, update=verdict.ok)
                 writer.write(rec.to_dict())
                 bar.update(rec)
-                fired = monitor.after_step(state, rec, skipped=not verdict.ok) if monitor is not None else []
+                if monitor is not None:
+                    state.alerts = monitor.after_step(state, rec, skipped=not verdict.ok)
                 for hook in hooks:
                     hook(state, rec)
                 res.end_step(state.step, data_position(state))
-                if alerts is not None:  # rank 0 decides on the alerts that began firing; every rank acts
-                    decision = alerts.after_step(state.step, fired)
+                if actions is not None:  # rank 0 decides on the alerts that began firing; every rank acts
+                    decision = actions.after_step(state.step, state.alerts)
                     if decision.checkpoint:
                         res.save_now(state.step, data_position(state))
                     if decision.stop:
-                        raise alerts.planned_restart(decision, state.step)
+                        raise actions.planned_restart(decision, state.step)
         res.finish(state.step, data_position(state))
         writer.write(end_record(state, time.perf_counter() - t_start))
         failed = False
