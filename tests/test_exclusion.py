@@ -131,6 +131,8 @@ def test_the_launcher_relaunches_on_spares_then_on_fewer_ranks(tmp_path, capsys)
     assert [(e["event"], e["world"], e["dp"], e["attempt"]) for e in events] == [("relaunch", 4, 4, 1),
                                                                                  ("relaunch", 2, 2, 1)]
     assert "excluding device slot(s) 1" in capsys.readouterr().err
+    assert r.replan({"action": "restart", "step": 8}) == (2, (0, 2))  # a plain restart: same ranks
+    assert json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])["action"] == "restart"
     # a new launch on the same checkpoint directory leaves the excluded slots out from the start
     again = Relauncher([cfg], [path], 4)
     assert again.start() == (2, (0, 2)) and TrainConfig.load(path).parallel.dp == 2

@@ -78,7 +78,7 @@ def test_no_layout_without_the_straggler_is_one_line_and_keeps_the_checkpoint(tm
     ck = tmp_path / "ck"
     p = subprocess.run([sys.executable, "-m", "dayzero", "train", *MODEL, "--nproc", "2", "--tp", "2", "--steps", "6",
                         "--ckpt-dir", str(ck), "--max-restarts", "1", "--on-alert", "straggler=exclude", *NOISE,
-                        "--inject-fault", "step=1,rank=1,kind=straggler,sleep=0.4"],
+                        "--inject-fault", "step=1,rank=1,kind=straggler,sleep=1"],  # 2 ranks: the median halves it
                        capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 2, p.stderr[-4000:]
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("dayzero: error:")]
