@@ -12,7 +12,8 @@ private PyTorch APIs, behind a version check), ``distributed`` (joining and leav
 group), ``data`` (the token stream), ``optim`` (AdamW, warmup-cosine, global grad-norm clipping),
 ``metrics`` (per-step records, the JSONL stream), ``telemetry`` (device health), ``monitoring``
 (the per-step rows behind the Prometheus exporter and the in-process alert rules of
-:mod:`dayzero.monitor`), ``progress`` (rank 0's progress bar), ``train`` (the state, the step function and the loop), ``launch``
-(starting local ranks under torchrun's agent) and ``train_entry`` (``dayzero train``: here or on
-spawned ranks). Everything here imports torch; nothing below this layer imports from it.
+:mod:`dayzero.monitor`), ``progress`` (rank 0's progress bar), ``train`` (the state, the step
+function and the loop), ``launch`` (starting local ranks under torchrun's agent) and
+``train_entry`` (``dayzero train``: here or on spawned ranks). Everything here imports torch;
+nothing below this layer imports from it.
 """
