@@ -86,6 +86,12 @@ def promtool_tests(rules_path) -> dict:
                                            "exp_alerts": [expected(name, value, rank)]}]})
         tests.append({"name": f"{name} quiet", "interval": INTERVAL, "input_series": quiet,
                       "alert_rule_test": [{"eval_time": t_quiet, "alertname": name, "exp_alerts": []}]})
+    # an infinite loss fires too (the NaN case above is the x != x half of the expression)
+    for inf in ("+Inf", "-Inf"):
+        tests.append({"name": f"DayzeroLossNonFinite fires on {inf}", "interval": INTERVAL,
+                      "input_series": [series("dayzero_loss", f"2 2 {inf}")],
+                      "alert_rule_test": [{"eval_time": "20s", "alertname": "DayzeroLossNonFinite",
+                                           "exp_alerts": [expected("DayzeroLossNonFinite", inf)]}]})
     return {"rule_files": [str(rules_path)], "evaluation_interval": INTERVAL, "tests": tests}
 
 

@@ -177,7 +177,7 @@ def _num(x: float) -> str:
 
 def _nonfinite_expr(t):
     m = _job(t, "dayzero_loss")
-    return f"({m} != {m}) or (abs({m}) == +Inf)"
+    return f"({m} != {m}) or ({m} == +Inf) or ({m} == -Inf)"  # NaN != NaN; the series' own value is reported
 
 
 def _nonfinite_check(samples, t, now):
