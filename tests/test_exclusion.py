@@ -136,3 +136,20 @@ def test_the_launcher_relaunches_on_spares_then_on_fewer_ranks(tmp_path, capsys)
     # a new launch on the same checkpoint directory leaves the excluded slots out from the start
     again = Relauncher([cfg], [path], 4)
     assert again.start() == (2, (0, 2)) and TrainConfig.load(path).parallel.dp == 2
+
+
+def test_a_failed_rank_is_excluded_by_the_launcher(tmp_path):
+    import socket
+
+    from dayzero.runtime.config import TrainConfig
+    from dayzero.runtime.resilience.relaunch import Relauncher
+
+    (tmp_path / "ck").mkdir()
+    path = tmp_path / "config0.json"
+    r = Relauncher([relaunch_config(tmp_path, max_restarts=1, on_rank_failure="exclude")], [path], 4)
+    r.start()
+    assert r.failed([1], "rank 1: killed by SIGKILL") == (2, (0, 2))
+    ex = read_exclusions(tmp_path / "ck" / "exclusions.json")
+    assert [(e.rank, e.slot, e.host, e.reason, e.step) for e in ex] == [(1, 1, socket.gethostname(), "rank_failed",
+                                                                         None)]
+    assert TrainConfig.load(path).parallel.dp == 2

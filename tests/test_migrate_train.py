@@ -34,10 +34,16 @@ def events(recs: list[dict], name: str) -> list[dict]:
     return [r for r in recs if r.get("event") == name]
 
 
-def test_straggler_is_excluded_and_the_run_finishes_on_dp2_with_the_same_losses(tmp_path):
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory) -> dict[int, float]:
+    """The losses of an uninterrupted dp4 run."""
+    d = tmp_path_factory.mktemp("ref")
+    train("--nproc", "4", "--steps", "8", "--ckpt-dir", str(d / "ck"), "--metrics", str(d / "ref.jsonl"))
+    return {r["step"]: r["loss"] for r in stream(d / "ref.jsonl") if "event" not in r}
+
+
+def test_straggler_is_excluded_and_the_run_finishes_on_dp2_with_the_same_losses(tmp_path, ref):
     common = ["--nproc", "4", "--steps", "8"]
-    train(*common, "--ckpt-dir", str(tmp_path / "ref"), "--metrics", str(tmp_path / "ref.jsonl"))
-    ref = {r["step"]: r["loss"] for r in stream(tmp_path / "ref.jsonl") if "event" not in r}
 
     ck, m = tmp_path / "run", tmp_path / "run.jsonl"
     p = train(*common, "--ckpt-dir", str(ck), "--metrics", str(m), "--max-restarts", "1",
@@ -86,3 +92,22 @@ def test_no_layout_without_the_straggler_is_one_line_and_keeps_the_checkpoint(tm
     assert "Traceback" not in p.stderr
     saved = sorted(d.name for d in ck.iterdir() if d.name.startswith("step-"))
     assert len(saved) == 1 and (ck / saved[0] / "COMPLETE").exists()  # the alert's checkpoint, committed
+
+
+def test_a_killed_rank_is_excluded_and_the_restart_runs_on_dp2(tmp_path, ref):
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    p = train("--nproc", "4", "--steps", "8", "--ckpt-dir", str(ck), "--ckpt-every", "2", "--metrics", str(m),
+              "--max-restarts", "1", "--on-rank-failure", "exclude", "--inject-fault", "step=5,rank=2,kind=kill")
+    assert "rank 2: killed by SIGKILL" in p.stderr and "excluding device slot(s) 2" in p.stderr
+    excl = json.loads((ck / "exclusions.json").read_text())["excluded"]
+    assert [(e["rank"], e["slot"], e["reason"]) for e in excl] == [(2, 2, "rank_failed")]
+    recs = stream(m)
+    relaunch = events(recs, "relaunch")
+    assert len(relaunch) == 1 and (relaunch[0]["world"], relaunch[0]["dp"], relaunch[0]["slots"]) == (2, 2, [0, 1])
+    loaded = events(recs, "checkpoint_loaded")
+    assert len(loaded) == 1 and loaded[0]["step"] == 4 and loaded[0]["saved_world"] == 4
+    after = [r for r in recs[recs.index(loaded[0]):] if "event" not in r]
+    assert [r["step"] for r in after] == [5, 6, 7, 8]
+    for r in after:
+        assert abs(r["loss"] - ref[r["step"]]) <= 1e-5, (r["step"], r["loss"], ref[r["step"]])
+    assert events(recs, "end")[0]["world"] == 2

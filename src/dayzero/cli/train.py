@@ -132,6 +132,10 @@ def train_cmd(
                            "exclude without the offending ranks (docs/runtime.md).")] = None,
     spares: Annotated[int, typer.Option("--spares", min=0, help="With --nproc: keep this many more local ranks idle "
                                                                 "to replace excluded ones.")] = 0,
+    on_rank_failure: Annotated[str, typer.Option("--on-rank-failure", help="restart (default) | exclude: restart "
+                                                                           "without a rank that crashed or was "
+                                                                           "killed on its own (with --nproc, "
+                                                                           "--max-restarts, --ckpt-dir).")] = "restart",
     metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=1, max=65535, help="Serve Prometheus "
                                                         "metrics: rank r on PORT + its local rank (or rank 0 alone "
                                                         "with --metrics-aggregate).")] = None,
@@ -212,7 +216,7 @@ def train_cmd(
                                      checksum=ckpt_checksum),
         faults=FaultSection(max_restarts=max_restarts, inject_faults=tuple(inject_fault or ()), watchdog=watchdog,
                             save_timeout=save_timeout, on_bad_loss=on_bad_loss, spike_factor=spike_factor,
-                            on_alert=tuple(on_alert or ()), spares=spares),
+                            on_alert=tuple(on_alert or ()), spares=spares, on_rank_failure=on_rank_failure),
         monitor=MonitorSection(port=metrics_port, aggregate=metrics_aggregate, alerts=alerts or bool(on_alert),
                                thresholds=threshold_overrides(alert_threshold or []),
                                linger_s=metrics_linger, job=metrics_job, peak_tflops=peak_tflops),

@@ -98,6 +98,7 @@ class FaultSection:
     # in-process alerts: "NAME=log|checkpoint|restart|exclude" (resilience.actions; none: alerts off)
     on_alert: tuple[str, ...] = ()
     spares: int = 0  # idle local ranks (--nproc) that replace excluded ones on a restart
+    on_rank_failure: str = "restart"  # restart | exclude: a rank that fails on its own is left out of the restart
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def write_rank_error(error_dir: str | Path | None, err: DayzeroError) -> None:
 def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_restarts: int = 0,
                  log: str | Path | None = None, restart_from: Callable[[], str] | None = None,
                  replan: Callable[[dict], tuple[int, tuple[int, ...]]] | None = None,
-                 slots: tuple[int, ...] | None = None) -> None:
+                 slots: tuple[int, ...] | None = None,
+                 on_failure: Callable[[list[int], str], tuple[int, tuple[int, ...]]] | None = None) -> None:
     """Run ``python <argv>`` on ``nproc`` local ranks; raise :class:`RanksFailed` if any fails
     (after ``max_restarts`` restarts of every rank; a user error is never restarted: it would only
     repeat), :class:`Interrupted` after a stop signal (every rank stopped, nothing relaunched). The
@@ -69,7 +70,9 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
     A planned restart (rank 0 left a request: an alert's restart or exclude action,
     :mod:`dayzero.runtime.resilience.actions`) is no failure: ``replan(request)`` returns how many
     ranks the next attempt runs and their device slots (having rewritten what they read), and it
-    counts as one restart. ``slots``: the local device each rank uses (default: rank i, device i)."""
+    counts as one restart. ``slots``: the local device each rank uses (default: rank i, device i).
+    ``on_failure(ranks, why)``: before restarting after ranks failed on their own (a crash, a kill,
+    not a consequence), how many ranks and which slots the next attempt runs without them."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -131,6 +134,11 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
             also = rank_log.consequence_line(failures)
             for line in [f.line() for f in causes] + ([also] if also else []):
                 print(f"dayzero: {line}", file=sys.stderr)
+            own = [f.rank for f in causes if not f.consequence and not f.user_error]
+            if on_failure is not None and own:
+                nproc, slots = on_failure(own, "; ".join(f.line() for f in causes))
+                lc.nproc_per_node = nproc
+                os.environ[SLOTS_ENV] = ",".join(map(str, slots))
             where = f" {restart_from()}" if restart_from is not None else ""
             print(f"dayzero: restarting (attempt {attempt + 1}/{max_restarts}){where}", file=sys.stderr, flush=True)
             lc.run_id = str(uuid.uuid4())

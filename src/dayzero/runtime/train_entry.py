@@ -133,7 +133,9 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
             nproc, slots = plan.start()
             launch_local(["-m", "dayzero.runtime.train_entry", "--error-dir", str(errors), *map(str, paths)], nproc,
                          errors, max_restarts=max(c.faults.max_restarts for c in configs), log=ranks_log(configs),
-                         restart_from=lambda: resume_point(configs), replan=plan.replan, slots=slots)
+                         restart_from=lambda: resume_point(configs), replan=plan.replan, slots=slots,
+                         on_failure=plan.failed if any(c.faults.on_rank_failure == "exclude" for c in configs)
+                         else None)
             return 0
         except DayzeroError as e:  # no layout fits the ranks left
             print(f"dayzero: error: {e}", file=sys.stderr)

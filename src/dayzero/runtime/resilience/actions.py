@@ -116,10 +116,17 @@ def check_alert_options(cfg, torchrun: bool, world: int) -> AlertPolicy:
     (before any rank starts): ``torchrun``: ranks of the user's own torchrun; ``world``: ranks."""
     fa = cfg.faults
     policy = AlertPolicy.parse(fa.on_alert, alert_names())
+    if fa.on_rank_failure not in ("restart", "exclude"):
+        raise AlertPolicyError(f"--on-rank-failure {fa.on_rank_failure}: expected restart or exclude")
+    excluding = fa.on_rank_failure == "exclude"
+    if excluding and (torchrun or world == 1 or fa.max_restarts < 1 or not cfg.checkpoint.dir):
+        raise AlertPolicyError("--on-rank-failure exclude needs dayzero to start the ranks (--nproc N, N >= 2), "
+                               "--max-restarts N (N >= 1) and --ckpt-dir")
     if fa.spares and (torchrun or world == 1):
         raise AlertPolicyError(f"--spares {fa.spares} applies only when dayzero starts the ranks (--nproc N, N >= 2)")
-    if fa.spares and not policy.uses("exclude"):
-        raise AlertPolicyError(f"--spares {fa.spares}: spares replace excluded ranks; add --on-alert NAME=exclude")
+    if fa.spares and not (policy.uses("exclude") or excluding):
+        raise AlertPolicyError(f"--spares {fa.spares}: spares replace excluded ranks; add --on-alert NAME=exclude "
+                               "or --on-rank-failure exclude")
     if policy.uses("checkpoint", "restart", "exclude") and not cfg.checkpoint.dir:
         raise AlertPolicyError("--on-alert checkpoint|restart|exclude needs --ckpt-dir (the checkpoint it saves and "
                                "resumes from)")

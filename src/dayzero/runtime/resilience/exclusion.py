@@ -44,7 +44,7 @@ class Exclusion:
     slot: int  # the local device slot it ran on
     host: str
     reason: str  # the alert's name
-    step: int  # the step at which it was flagged
+    step: int | None  # the step at which it was flagged (None: a rank that failed, step unknown)
     time: str  # UTC, ISO 8601
     message: str = ""
 

@@ -2,17 +2,19 @@
 attempt runs on.
 
 ``dayzero train --nproc N --spares K`` owns N + K local device slots; the first N run ranks, the
-other K stay idle. Before the first attempt and after an alert's ``restart`` or ``exclude`` action
-(:mod:`dayzero.runtime.resilience.actions`), :class:`Relauncher` reads the run's exclusion list,
-applies :func:`dayzero.runtime.resilience.exclusion.reshape` (spares first, else dp reduced with the
-global batch kept), rewrites the config files the ranks read (the new layout; drills of spent
-attempts dropped), says what it did on stderr and in the metrics stream (a ``relaunch`` event),
-and hands the launcher the rank count and slots. The ranks resume from the newest checkpoint,
-which DCP reshards onto the new layout.
+other K stay idle. Before the first attempt, after an alert's ``restart`` or ``exclude`` action
+(:mod:`dayzero.runtime.resilience.actions`) and, with ``--on-rank-failure exclude``, after ranks
+failed on their own (a crash or a lost device: the launcher excludes them), :class:`Relauncher`
+reads the run's exclusion list, applies :func:`dayzero.runtime.resilience.exclusion.reshape`
+(spares first, else dp reduced with the global batch kept), rewrites the config files the ranks
+read (the new layout; drills of spent attempts dropped), says what it did on stderr and in the
+metrics stream (a ``relaunch`` event), and hands the launcher the rank count and slots. The ranks
+resume from the newest checkpoint, which DCP reshards onto the new layout.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import socket
 import sys
 from dataclasses import replace
@@ -22,7 +24,14 @@ from typing import Sequence
 from dayzero.report.jsonable import record_line
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.metrics import last_attempt
-from dayzero.runtime.resilience.exclusion import excluded_slots, exclusion_path, read_exclusions, reshape
+from dayzero.runtime.resilience.exclusion import (
+    Exclusion,
+    add_exclusions,
+    excluded_slots,
+    exclusion_path,
+    read_exclusions,
+    reshape,
+)
 from dayzero.runtime.resilience.faults import FaultSpec
 
 
@@ -45,9 +54,7 @@ class Relauncher:
 
     def replan(self, request: dict) -> tuple[int, tuple[int, ...]]:
         """After rank 0's request (``{"action": "restart"|"exclude", "step": N, ...}``)."""
-        self.attempt += 1
-        self.configs = [replace(c, faults=replace(c.faults, inject_faults=tuple(
-            f for f in c.faults.inject_faults if FaultSpec.parse(f).attempt >= self.attempt))) for c in self.configs]
+        self._next_attempt()
         if request.get("action") == "exclude":
             self._reshape("exclude", request.get("step"))
         else:
@@ -57,7 +64,26 @@ class Relauncher:
         self._write()
         return len(self.slots), self.slots
 
+    def failed(self, ranks: list[int], why: str) -> tuple[int, tuple[int, ...]]:
+        """After ranks failed on their own (``--on-rank-failure exclude``): the launcher writes
+        their slots to the exclusion list and the next attempt runs without them."""
+        self._next_attempt()
+        now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        new = [Exclusion(rank=r, slot=self.slots[r], host=self.host, reason="rank_failed", step=None, time=now,
+                         message=why) for r in ranks if 0 <= r < len(self.slots)]
+        for d in dict.fromkeys(c.checkpoint.dir for c in self.configs if c.checkpoint.dir):
+            add_exclusions(exclusion_path(d), new)
+        self._reshape("rank_failed", None)
+        self._write()
+        return len(self.slots), self.slots
+
     # -- helpers -------------------------------------------------------------------------------
+    def _next_attempt(self) -> None:
+        """Drills of the attempts that are over are spent (they would name ranks that may be gone)."""
+        self.attempt += 1
+        self.configs = [replace(c, faults=replace(c.faults, inject_faults=tuple(
+            f for f in c.faults.inject_faults if FaultSpec.parse(f).attempt >= self.attempt))) for c in self.configs]
+
     def _excluded(self) -> frozenset[int]:
         dirs = {c.checkpoint.dir for c in self.configs if c.checkpoint.dir}
         out: frozenset[int] = frozenset()
