@@ -134,6 +134,8 @@ def test_straggler_drill(monkeypatch):
     (["--on-alert", "straggler=checkpoint"], "needs --ckpt-dir"),
     (["--spares", "1"], "--spares 1 applies only"),
     (["--inject-fault", "step=1,rank=0,kind=straggler"], "a straggler needs sleep=S"),
+    (["--on-rank-failure", "exclude", "--nproc", "2", "--ckpt-dir", "CK"], "--on-rank-failure exclude needs"),
+    (["--on-rank-failure", "reboot"], "expected restart or exclude"),
 ])
 def test_train_refuses_bad_alert_options_with_one_line(argv, needle, capsys, tmp_path):
     from dayzero.cli.app import main
