@@ -10,7 +10,7 @@ def straggler(args: dict) -> dict:
     (outside the timed step and outside any collective); return the alerts each rank saw."""
     import torch.distributed as dist
 
-    from dayzero.runtime.config import ModelSection, MonitorSection, TrainConfig
+    from dayzero.runtime.config import CheckpointSection, ModelSection, MonitorSection, TrainConfig
     from dayzero.runtime.distributed import init_distributed
     from dayzero.runtime.train import train
     from dayzero.specs.parallel import ParallelConfig
@@ -28,6 +28,7 @@ def straggler(args: dict) -> dict:
                       parallel=ParallelConfig(dp=world, gbs=2 * world, mbs=1, seq=32),
                       monitor=MonitorSection(alerts=True, thresholds=args.get("thresholds", {})), steps=args["steps"],
                       compute_dtype="fp32",
+                      checkpoint=CheckpointSection(dir=args.get("ckpt_dir"), every=args.get("ckpt_every", 0)),
                       metrics=args.get("metrics"), quiet=True)
     train(cfg, hooks=(hook,))
     return {"rank": dist.get_rank(), "alerts": seen}

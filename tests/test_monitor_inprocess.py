@@ -46,7 +46,12 @@ def test_sleeping_rank_is_the_straggler_on_every_rank(tmp_path):
     assert len(ranks) == 10 and ranks[-1]["ranks"] == [0, 1]
 
 
-def test_no_sleep_no_straggler():
-    out = run_ranks("monitor_funcs:straggler", {"slow_rank": -1, "sleep_s": 0.0, "steps": 8,
-                                                "thresholds": THRESHOLDS}, 2)
+def test_no_sleep_no_straggler_and_a_stale_checkpoint_on_every_rank(tmp_path):
+    th = {**THRESHOLDS, "checkpoint_max_age_steps": 3}
+    out = run_ranks("monitor_funcs:straggler", {"slow_rank": -1, "sleep_s": 0.0, "steps": 8, "thresholds": th,
+                                                "ckpt_dir": str(tmp_path / "ck"), "ckpt_every": 5}, 2)
     assert not any(any(s) for r in out for s in _straggler_alerts(r["alerts"]))
+    # checkpoint events reach rank 0 only; the gathered rows tell the others
+    stale = [[any(a["name"] == "DayzeroCheckpointStale" for a in step) for step in r["alerts"]] for r in out]
+    # saved after step 5 (the alert sees the step before the save): steps 4 and 5 are more than 3 old
+    assert stale[0] == stale[1] == [False, False, False, True, True, False, False, False]
