@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
 from dayzero.validate.launch import run_ranks  # noqa: E402
+from helpers.paths import TESTS as TESTS_DIR  # noqa: E402
 
-TESTS = str(Path(__file__).resolve().parent)
+TESTS = str(TESTS_DIR)
 pytestmark = pytest.mark.slow
 
 
@@ -32,7 +32,7 @@ def _straggler_alerts(per_step):
 
 def test_sleeping_rank_is_the_straggler_on_every_rank(tmp_path):
     m = tmp_path / "metrics.jsonl"
-    out = run_ranks("monitor_funcs:straggler", {"slow_rank": 1, "sleep_s": 0.4, "steps": 10, "metrics": str(m),
+    out = run_ranks("helpers.monitor_funcs:straggler", {"slow_rank": 1, "sleep_s": 0.4, "steps": 10, "metrics": str(m),
                                                 "thresholds": THRESHOLDS}, 2)
     seen = [_straggler_alerts(r["alerts"]) for r in out]
     assert seen[0] == seen[1]  # every rank evaluates the same gathered rows
@@ -48,7 +48,7 @@ def test_sleeping_rank_is_the_straggler_on_every_rank(tmp_path):
 
 def test_no_sleep_no_straggler_and_a_stale_checkpoint_on_every_rank(tmp_path):
     th = {**THRESHOLDS, "checkpoint_max_age_steps": 3}
-    out = run_ranks("monitor_funcs:straggler", {"slow_rank": -1, "sleep_s": 0.0, "steps": 8, "thresholds": th,
+    out = run_ranks("helpers.monitor_funcs:straggler", {"slow_rank": -1, "sleep_s": 0.0, "steps": 8, "thresholds": th,
                                                 "ckpt_dir": str(tmp_path / "ck"), "ckpt_every": 5}, 2)
     assert not any(any(s) for r in out for s in _straggler_alerts(r["alerts"]))
     # checkpoint events reach rank 0 only; the gathered rows tell the others

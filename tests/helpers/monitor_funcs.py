@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_monitor_inprocess.py (imported by the spawned ranks by module path)."""
+"""Rank functions for tests/monitor/test_monitor_inprocess.py (imported by the spawned ranks by module path)."""
 
 from __future__ import annotations
 
