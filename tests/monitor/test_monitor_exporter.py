@@ -148,3 +148,37 @@ def test_counters_continue_across_a_resume(tmp_path):
     second = [Counters.load(counters_path(m, r)) for r in (0, 1)]
     assert [c.steps for c in second] == [6, 6] and second[0].tokens == 6 * 4 * 32
     assert second[0].saves == 2 and second[0].restarts == 1 and second[0].cpu_s > first[0].cpu_s > 0
+
+
+@pytest.mark.slow
+def test_aggregate_rank0_serves_every_rank(tmp_path):
+    """--metrics-aggregate: one port, both ranks' series (read while the exporter lingers)."""
+    import time
+
+    port = free_port_range(2)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.Popen([sys.executable, "-m", "dayzero", "train", "tiny-llama", "--layers", "2", "--hidden", "64",
+                             "--vocab", "512", "--seq", "32", "--gbs", "4", "--quiet", "--compute-dtype", "fp32",
+                             "--nproc", "2", "--steps", "4", "--metrics", str(tmp_path / "m.jsonl"),
+                             "--metrics-port", str(port), "--metrics-aggregate", "--metrics-linger", "20"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    got = {}
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 400 and proc.poll() is None:
+            try:
+                got = {(s.name, s.labels["rank"]): s.value
+                       for f in text_string_to_metric_families(scrape(port)) for s in f.samples}
+            except OSError:
+                got = {}
+            if got.get(("dayzero_step", "0")) == 4:
+                break
+            time.sleep(0.5)
+        assert got.get(("dayzero_step", "0")) == 4, proc.stderr.read() if proc.poll() is not None else got
+        assert got[("dayzero_step", "1")] == 4 and got[("dayzero_steps_total", "1")] == 4
+        assert got[("dayzero_step_seconds", "1")] > 0
+        with pytest.raises(OSError):  # rank 1 serves nothing of its own
+            scrape(port + 1)
+    finally:
+        proc.wait(timeout=120)
+    assert proc.returncode == 0
