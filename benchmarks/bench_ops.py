@@ -80,7 +80,7 @@ Runs are listed newest first; `PYTHONPATH=src python benchmarks/bench_ops.py` ad
 
 gpt-oss-120b: eager attention computes the full s x s scores in its sliding-window layers, inspect
 counts the 128-token window, hence the FLOPs difference at seq 4096 (they agree at seq 128, see
-tests/test_ops_trace.py).
+tests/ops/test_ops_trace.py).
 """
 
 

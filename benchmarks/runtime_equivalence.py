@@ -3,7 +3,7 @@ communication share and peak memory of each layout (fp32, same seed and global b
 
     PYTHONPATH=src python benchmarks/runtime_equivalence.py [--steps 10] [--out FILE]
 
-The assertions live in tests/test_runtime_parallel.py; this script reports the numbers (for
+The assertions live in tests/runtime/parallel/test_runtime_parallel.py; this script reports the numbers (for
 benchmarks/RESULTS_runtime.md) and writes them as JSON to --out or $OUT/runtime_equivalence.json.
 """
 

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from dayzero.specs.presets import reference_data
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def data_file(name: str) -> Path:
-    """A shipped reference file (``src/dayzero/specs/presets/data``)."""
-    return reference_data(name)
+from helpers.paths import data_file
 
 
 @pytest.fixture(scope="session")

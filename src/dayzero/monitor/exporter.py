@@ -62,7 +62,7 @@ def series(snap: Snapshot) -> Iterator[tuple[str, dict, float]]:
             "dayzero_memory_reserved_bytes": r.mem_reserved_bytes,
             "dayzero_memory_capacity_bytes": r.mem_capacity_bytes,
             "dayzero_checkpoint_last_step": v.checkpoint_step, "dayzero_checkpoint_save_seconds": v.checkpoint_save_s,
-            "dayzero_checkpoint_saves_total": r.saves_total if v.checkpoint_step is not None else None,
+            "dayzero_checkpoint_saves_total": r.saves_total if r.checkpoint_step is not None else None,
             "dayzero_device_temperature_celsius": r.temperature_c, "dayzero_device_power_watts": r.power_w,
             "dayzero_device_utilization_ratio": r.utilization,
             "dayzero_device_memory_used_bytes": r.device_mem_used_bytes,

@@ -40,6 +40,7 @@ class RankValues:
     restarts_total: float = 0.0
     cpu_s_total: float | None = None
     time_s: float = 0.0  # unix time of the step's end on this rank
+    checkpoint_step: float | None = None  # newest checkpoint's step, as this rank knows it (rank 0 does)
 
     @property
     def busy_s(self) -> float:
@@ -67,7 +68,10 @@ def vector_size() -> int:
 
 def step_sample(step: int, loss: float | None, rows: list[RankValues],
                 last_checkpoint_step: int | None = None) -> StepSample:
+    """The evaluator's sample of one step; the checkpoint step defaults to the lowest rank's."""
     rows = sorted(rows, key=lambda r: r.rank)
+    if last_checkpoint_step is None and rows and rows[0].checkpoint_step is not None:
+        last_checkpoint_step = int(rows[0].checkpoint_step)
     return StepSample(step=step, time_s=max(r.time_s for r in rows), loss=loss,
                       tokens_per_s=tuple(r.tokens_per_s for r in rows), step_time_s=tuple(r.step_s for r in rows),
                       comm_time_s=tuple(r.comm_s for r in rows),

@@ -94,7 +94,8 @@ class Monitor:
 
         p = config.parallel
         self._flops_per_token = flops_per_token(state.spec, p.seq, causal=True).train
-        self._ckpt_step = 0 if config.checkpoint.dir else None
+        # checkpoint events reach rank 0 only: the other ranks learn the step from its gathered row
+        self._ckpt_step = 0 if config.checkpoint.dir and self.rank == 0 else None
         self._ckpt_save_s: float | None = None
         self._last_end = None
         self.nodes = {self.rank: self.node}
@@ -154,7 +155,7 @@ class Monitor:
             device_mem_used_bytes=t.get("memory_used_bytes"), device_mem_total_bytes=t.get("memory_total_bytes"),
             rss_bytes=t.get("rss_bytes"), threads=t.get("threads"), steps_total=c.steps, tokens_total=c.tokens,
             comm_s_total=c.comm_s, skipped_total=c.skipped, saves_total=c.saves, restarts_total=c.restarts,
-            cpu_s_total=None if cpu is None else self._cpu_base + cpu, time_s=now)
+            cpu_s_total=None if cpu is None else self._cpu_base + cpu, time_s=now, checkpoint_step=self._ckpt_step)
 
     def _gather(self, row: RankValues) -> list[RankValues]:
         mine = torch.tensor(row.to_vector(), dtype=torch.float64, device=self.device)
@@ -164,7 +165,7 @@ class Monitor:
 
     def _evaluate(self, rec, rows: list[RankValues]) -> list[Alert]:
         # every rank has the same rows: the newest time is the same everywhere, so are the alerts
-        sample = step_sample(rec.step, rec.loss, rows, self._ckpt_step)
+        sample = step_sample(rec.step, rec.loss, rows)
         alerts = self.evaluator.observe(sample)
         now = {a.name: a for a in alerts}
         for name, a in now.items():
@@ -185,7 +186,9 @@ class Monitor:
         moe = getattr(rec, "moe", None)
         values = JobValues(step=rec.step, loss=rec.loss, grad_norm=rec.grad_norm, lr=rec.lr,
                            model_flops_per_s=per_device, mfu=per_device / (peak * 1e12) if peak else None,
-                           checkpoint_step=self._ckpt_step, checkpoint_save_s=self._ckpt_save_s,
+                           checkpoint_step=self._ckpt_step if self._ckpt_step is not None else
+                           (None if rows[0].checkpoint_step is None else int(rows[0].checkpoint_step)),
+                           checkpoint_save_s=self._ckpt_save_s,
                            moe=moe if isinstance(moe, dict) else None)
         return Snapshot(self.job, values, tuple(rows), self.nodes)
 

@@ -1,0 +1,218 @@
+"""Fuzzing every input a user hands the planner verbs: generated model configs, cluster files,
+layout flags, calibration files and published-runs rows.
+
+For each generated input the verb must exit 0 or 2 (a usage or input error), print no traceback,
+finish within ``TIMEOUT_S``, and when it exits 0 its JSON must hold only finite numbers (no value
+was turned into ``null`` for being NaN or infinite) that are physically possible (no negative
+time, size, rate or count; utilisations and MFU at most 1).
+
+CI runs ``FUZZ_EXAMPLES`` (default 25) examples per target with a fixed seed (derandomized);
+``DAYZERO_FUZZ_EXAMPLES=1000 pytest tests/cli/test_fuzz.py`` is the long run recorded in
+benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import dayzero.report.jsonable as jsonable
+from dayzero.cli.app import main
+from dayzero.planner.published import read_rows
+from dayzero.specs.registry import model_presets
+
+EXAMPLES = int(os.environ.get("DAYZERO_FUZZ_EXAMPLES", "25"))
+TIMEOUT_S = 30
+# no shrinking: a failing input is reported as generated (shrinking a slow verb took minutes)
+FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SMALL_MODELS = ("tiny-llama", "tiny-moe", "llama-3.1-8b", "mixtral-8x7b", "deepseek-v3", "gpt-oss-120b", "gpt3-175b")
+NONNEGATIVE = ("_s", "bytes", "flops", "tokens", "params", "devices", "seconds", "gbytes", "utilization", "mfu",
+               "ratio", "layers")
+AT_MOST_ONE = ("mfu", "ratio", "utilization_of_peak")
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Hang(f"no answer within {TIMEOUT_S} s")
+
+
+def physical_problems(obj, path: str = "") -> list[str]:
+    """Negative times/sizes/rates/counts and fractions above 1, anywhere in a JSON document."""
+    out = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += physical_problems(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += physical_problems(v, f"{path}[{i}]")
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        key = path.rsplit(".", 1)[-1].split("[")[0].lower()
+        if any(w in key for w in NONNEGATIVE) and obj < 0:
+            out.append(f"{path} = {obj} < 0")
+        if any(key == w or key.endswith("_" + w) for w in AT_MOST_ONE) and obj > 1 + 1e-9:
+            out.append(f"{path} = {obj} > 1")
+    return out
+
+
+def run(argv: list[str]) -> tuple[int, str, str, list[str]]:
+    """(exit code, stdout, stderr, paths of non-finite values the JSON encoder replaced)."""
+    replaced: list[str] = []
+    real = jsonable.finite
+
+    def recording(obj, path="", found=None):
+        return real(obj, path, replaced if found is None else found)
+
+    out, err = io.StringIO(), io.StringIO()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(TIMEOUT_S)
+    jsonable.finite = recording
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in argv])
+    finally:
+        jsonable.finite = real
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return code, out.getvalue(), err.getvalue(), replaced
+
+
+def check(argv: list[str]) -> None:
+    code, out, err, replaced = run(argv)
+    assert code in (0, 2), (argv, code, err[-2000:])
+    assert "Traceback" not in err and "Traceback" not in out, (argv, err[-2000:])
+    if code == 2:
+        assert err.startswith("dayzero: error: ") and err.strip(), (argv, err)
+        return
+    assert not replaced, (argv, "non-finite values in the output", replaced[:5])
+    if "--json" in argv and out.strip():
+        problems = physical_problems(json.loads(out))
+        assert not problems, (argv, problems[:5])
+
+
+# -- values ------------------------------------------------------------------------------------
+
+def odd_numbers():
+    return st.one_of(st.integers(-10, 10), st.integers(-2**70, 2**70), st.sampled_from([0, 1, 2, 3, 7, 64, 10**9]),
+                     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.5, -1e-6, 1e300, 1e-300]))
+
+
+def odd_values():
+    return st.one_of(odd_numbers(), st.none(), st.booleans(), st.text(max_size=8),
+                     st.lists(st.integers(-3, 5), max_size=4), st.dictionaries(st.text(max_size=4), st.integers(),
+                                                                               max_size=2))
+
+
+def flag_values():
+    return st.one_of(st.integers(-4, 9).map(str), st.sampled_from(["0", "1", "2", "8", "64", "-1", "1e9", "nan", "inf",
+                                                                   "x", "", "3.5", "999999999999999999999"]))
+
+
+# -- targets -----------------------------------------------------------------------------------
+
+@FUZZ
+@given(base=st.sampled_from(SMALL_MODELS), edits=st.dictionaries(st.sampled_from([
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "vocab_size", "head_dim", "rope_theta", "rms_norm_eps", "num_local_experts", "num_experts_per_tok",
+    "n_routed_experts", "n_group", "topk_group", "first_k_dense_replace", "moe_intermediate_size",
+    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "sliding_window", "layer_types", "tie_word_embeddings",
+    "model_type", "max_position_embeddings", "n_embd", "n_layer"]), odd_values(), min_size=1, max_size=3),
+    verb=st.sampled_from(["inspect", "memory", "predict"]))
+def test_fuzz_model_configs(tmp_path_factory, base, edits, verb):
+    cfg = {k: v for k, v in model_presets()[base].items() if not k.startswith("_")}
+    for k, v in edits.items():
+        cfg[k] = v
+    f = tmp_path_factory.mktemp("cfg") / "config.json"
+    f.write_text(json.dumps(cfg, allow_nan=True))
+    argv = [verb, f, "--json"] + ([] if verb == "inspect" else ["-a", "h100", "-n", "64"])
+    check(argv)
+
+
+CLUSTER_FIELDS = ["accelerator", "nodes", "devices_per_node", "scaleup_domain", "topology", "intra_node_gbytes_per_s",
+                  "intra_node_p2p_gbytes_per_s", "inter_node_gbytes_per_s", "intra_latency_us", "inter_latency_us",
+                  "peak_tflops", "hbm_gb", "hbm_tbytes_per_s", "efficiency", "runtime_context_mib", "comm_buffer_mib"]
+
+
+@FUZZ
+@given(edits=st.dictionaries(st.sampled_from(CLUSTER_FIELDS), st.one_of(
+    odd_values(), st.dictionaries(st.sampled_from(["bf16", "fp8", "gemm", "intra", "inter", "memory_scale",
+                                                  "layer_overhead_s", "attention"]), odd_numbers(), max_size=3),
+    st.sampled_from(["h100", "910b", "a100", "mi300x", "nope", "switch", "mesh"])), min_size=1, max_size=4),
+    verb=st.sampled_from(["memory", "predict"]))
+def test_fuzz_cluster_files(tmp_path_factory, edits, verb):
+    import yaml
+
+    body = {"accelerator": "h100", "nodes": 2, **edits}
+    f = tmp_path_factory.mktemp("cl") / "c.yaml"
+    f.write_text(yaml.safe_dump(body, allow_unicode=True))
+    check([verb, "llama-3.1-8b", "--cluster", f, "--json"])
+
+
+LAYOUT_FLAGS = ["--tp", "--pp", "--dp", "--cp", "--ep", "--etp", "--vpp", "--mbs", "--gbs", "--seq", "--zero",
+                "--recompute", "--schedule", "--precision", "--layer-split", "--devices", "--devices-per-node",
+                "--inter-node-gbps"]
+WORDS = {"--recompute": ["none", "full", "selective", "x"], "--schedule": ["1f1b", "interleaved", "gpipe", "zb", "x"],
+         "--precision": ["bf16", "fp8", "fp4", "fp16"], "--layer-split": ["1,1", "16,16", "0,32", "a,b", "-1,33"]}
+
+
+@FUZZ
+@given(model=st.sampled_from(["llama-3.1-8b", "tiny-moe", "deepseek-v3"]), flags=st.dictionaries(
+    st.sampled_from(LAYOUT_FLAGS), st.one_of(flag_values(), st.sampled_from(sum(WORDS.values(), []))),
+    min_size=1, max_size=6), verb=st.sampled_from(["memory", "predict"]))
+def test_fuzz_layout_flags(model, flags, verb):
+    argv = [verb, model, "-a", "h100", "--json"]
+    if "--devices" not in flags:
+        argv += ["-n", "64"]
+    for k, v in flags.items():
+        argv += [k, v]
+    check(argv)
+
+
+@FUZZ
+@given(constants=st.dictionaries(st.sampled_from(["gemm_scale_bf16", "gemm_half_dim", "attention_eff", "memory_scale",
+                                                  "layer_overhead_s", "intra_eff", "inter_eff", "unknown_key"]),
+                                 odd_values(), min_size=1, max_size=3))
+def test_fuzz_calibration_files(tmp_path_factory, constants):
+    f = tmp_path_factory.mktemp("cal") / "cal.json"
+    f.write_text(json.dumps(constants, allow_nan=True))
+    check(["predict", "llama-3.1-8b", "-a", "h100", "-n", "64", "--calibration", f, "--json"])
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(
+    ["tp", "pp", "dp", "cp", "ep", "vp", "mbs", "gbs", "seq_len", "num_accelerators", "layers", "hidden_size",
+     "attention_heads", "kv_heads", "ffn_hidden_size", "vocab_size", "tokens_per_sec_per_gpu", "precision",
+     "accelerator", "model", "moe_num_experts", "moe_top_k", "interconnect"]), flag_values()), min_size=1, max_size=4))
+def test_fuzz_published_rows(tmp_path_factory, edits):
+    import csv
+
+    rows = [dict(r) for r in read_rows()[:3]]
+    for i, col, v in edits:
+        if col in rows[i]:
+            rows[i][col] = v
+    f = tmp_path_factory.mktemp("csv") / "runs.csv"
+    with f.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    check(["backtest", f, "--json"])
+
+
+@pytest.mark.parametrize("argv", [["plan", "tiny-llama", "-a", "h100", "-n", "8", "--json"],
+                                  ["plan", "tiny-moe", "-a", "910b", "-n", "16", "--seq", "512", "--json"]])
+def test_physical_checker_accepts_real_outputs(argv):
+    """The checker itself: real outputs pass it, and a planted negative time does not."""
+    code, out, err, replaced = run(argv)
+    assert code == 0 and not replaced and not physical_problems(json.loads(out)), err
+    assert physical_problems({"time": {"step_s": -1.0}}) == [".time.step_s = -1.0 < 0"]
