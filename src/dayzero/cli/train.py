@@ -108,8 +108,8 @@ def train_cmd(
                                                                             "failure (with --nproc; under torchrun "
                                                                             "use its own flag).")] = 0,
     inject_fault: Annotated[Optional[list[str]], typer.Option(
-        "--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang[,at=step|save][,attempt=A] "
-                               "(repeatable).")] = None,
+        "--inject-fault", help="Drill: step=N,rank=R,kind=kill|exception|hang|straggler[,sleep=S][,at=step|save]"
+                               "[,attempt=A] (repeatable; straggler: sleep S s every step from N on).")] = None,
     watchdog: Annotated[float, typer.Option("--watchdog", min=0, help="Abort a rank with no finished step for this "
                                                                       "many seconds, so torchrun restarts (0: "
                                                                       "off).")] = 0.0,
@@ -126,6 +126,34 @@ def train_cmd(
     spike_factor: Annotated[float, typer.Option("--spike-factor", min=0, help="With --on-bad-loss: a loss above this "
                                                                               "x the running mean is a spike (0: "
                                                                               "NaN/Inf only).")] = 0.0,
+    on_alert: Annotated[Optional[list[str]], typer.Option(
+        "--on-alert", help="NAME=log|checkpoint|restart|exclude: act on an in-process alert (repeatable; "
+                           "all=ACTION for the rest; default log). restart/exclude save a checkpoint and relaunch, "
+                           "exclude without the offending ranks (docs/runtime.md).")] = None,
+    spares: Annotated[int, typer.Option("--spares", min=0, help="With --nproc: keep this many more local ranks idle "
+                                                                "to replace excluded ones.")] = 0,
+    on_rank_failure: Annotated[str, typer.Option("--on-rank-failure", help="restart (default) | exclude: restart "
+                                                                           "without a rank that crashed or was "
+                                                                           "killed on its own (with --nproc, "
+                                                                           "--max-restarts, --ckpt-dir).")] = "restart",
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=1, max=65535, help="Serve Prometheus "
+                                                        "metrics: rank r on PORT + its local rank (or rank 0 alone "
+                                                        "with --metrics-aggregate).")] = None,
+    metrics_aggregate: Annotated[bool, typer.Option("--metrics-aggregate", help="Rank 0 serves every rank's "
+                                                                                "series on --metrics-port.")] = False,
+    metrics_linger: Annotated[float, typer.Option("--metrics-linger", min=0, help="Keep serving metrics this many "
+                                                                                  "seconds after the last "
+                                                                                  "step.")] = 0.0,
+    metrics_job: Annotated[Optional[str], typer.Option("--metrics-job", help="The job label of every series "
+                                                                             "(default: the model's name).")] = None,
+    peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", min=0, help="Device peak TFLOP/s, for the "
+                                                                                      "exported MFU.")] = None,
+    alerts: Annotated[bool, typer.Option("--alerts", help="Evaluate the alert rules in process each step and log "
+                                                          "alert events (dayzero monitor --rules lists "
+                                                          "them).")] = False,
+    alert_threshold: Annotated[Optional[list[str]], typer.Option(
+        "--alert-threshold", help="KEY=VALUE override of an alert threshold, e.g. straggler_ratio=0.3 "
+                                  "(repeatable).")] = None,
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
                                                                                 "memory exceeds what this machine has "
                                                                                 "free.")] = False,
@@ -148,11 +176,20 @@ def train_cmd(
 
     if metrics:
         prepare_output(metrics, "--metrics")
+    from dayzero.monitor.rules import threshold_overrides
     from dayzero.runtime.checks import check_runtime
-    from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, OptimizerSection, TrainConfig
+    from dayzero.runtime.config import (
+        CheckpointSection,
+        FaultSection,
+        ModelSection,
+        MonitorSection,
+        OptimizerSection,
+        TrainConfig,
+    )
     from dayzero.runtime.data import resolve_data
     from dayzero.runtime.device import compute_dtype as default_dtype
     from dayzero.runtime.device import resolve
+    from dayzero.runtime.resilience.actions import check_alert_options
     from dayzero.runtime.resilience.loop import resilience_config
 
     acc = resolve(device, backend)
@@ -178,7 +215,11 @@ def train_cmd(
                                      prune_other_lineages=prune_other_lineages, resume=resume, async_save=async_save,
                                      checksum=ckpt_checksum),
         faults=FaultSection(max_restarts=max_restarts, inject_faults=tuple(inject_fault or ()), watchdog=watchdog,
-                            save_timeout=save_timeout, on_bad_loss=on_bad_loss, spike_factor=spike_factor),
+                            save_timeout=save_timeout, on_bad_loss=on_bad_loss, spike_factor=spike_factor,
+                            on_alert=tuple(on_alert or ()), spares=spares, on_rank_failure=on_rank_failure),
+        monitor=MonitorSection(port=metrics_port, aggregate=metrics_aggregate, alerts=alerts or bool(on_alert),
+                               thresholds=threshold_overrides(alert_threshold or []),
+                               linger_s=metrics_linger, job=metrics_job, peak_tflops=peak_tflops),
         steps=steps, seed=seed, compute_dtype=compute_dtype, data=data, metrics=str(metrics) if metrics else None,
         quiet=quiet)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
@@ -190,6 +231,12 @@ def train_cmd(
         check_memory(spec, parallel, world, compute_dtype, "cpu" if acc.is_cpu else None)
     resolve_data(data)
     resilience_config(cfg)  # checkpoint, drill and guard options
+    check_alert_options(cfg, torchrun, world)
+    if metrics_port is not None:
+        from dayzero.monitor.ports import check_ports
+
+        local = int(os.environ.get("LOCAL_RANK", "0")) if torchrun else None
+        check_ports(metrics_port, 1 if metrics_aggregate else world, local, metrics_aggregate)
     if (note := layout.gbs_note(parallel)) and not torchrun:
         err_console.print(f"dayzero: {note}", highlight=False)
     if not torchrun and not quiet and not json_out:

@@ -4,7 +4,8 @@ Like torchtitan's job config, the run is a few small sections plus run-level fie
 ``model`` (:class:`ModelSection`: what to build, at which proxy size, from which weights),
 ``parallel`` (the :class:`~dayzero.specs.parallel.ParallelConfig`), ``optimizer``
 (:class:`OptimizerSection`), ``checkpoint`` (:class:`CheckpointSection`) and ``faults``
-(:class:`FaultSection`: restarts, drills, the watchdog, loss guards).
+(:class:`FaultSection`: restarts, drills, the watchdog, loss guards) and ``monitor``
+(:class:`MonitorSection`: the Prometheus exporter and in-process alerts).
 
 Written next to the run's outputs (``<metrics>.config.json``) and handed to every rank, so the
 run that happened can always be read back and repeated. ``from_dict`` also reads the flat
@@ -86,17 +87,39 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class FaultSection:
     max_restarts: int = 0  # torchrun restarts when dayzero spawns the ranks (--nproc)
-    inject_faults: tuple[str, ...] = ()  # drills: "step=N,rank=R,kind=kill|exception|hang[,at=save]"
+    # drills: "step=N,rank=R,kind=kill|exception|hang|straggler[,sleep=S][,at=save]"
+    inject_faults: tuple[str, ...] = ()
     watchdog: float = 0.0  # seconds without a finished step before a rank aborts (0: off)
     # seconds a checkpoint save (or resume, rollback) may take before the watchdog aborts the rank;
     # None: 600 with --watchdog, else not timed (resilience.DEFAULT_SAVE_TIMEOUT_S)
     save_timeout: float | None = None
     on_bad_loss: str | None = None  # skip | rollback on a NaN/Inf or spiking loss (None: no guard)
     spike_factor: float = 0.0  # a loss > this x the running mean is a spike (0: NaN/Inf only)
+    # in-process alerts: "NAME=log|checkpoint|restart|exclude" (resilience.actions; none: alerts off)
+    on_alert: tuple[str, ...] = ()
+    spares: int = 0  # idle local ranks (--nproc) that replace excluded ones on a restart
+    on_rank_failure: str = "restart"  # restart | exclude: a rank that fails on its own is left out of the restart
+
+
+@dataclass(frozen=True)
+class MonitorSection:
+    # see dayzero.runtime.monitoring and docs/monitoring.md
+    port: int | None = None  # serve Prometheus metrics on port + local rank (aggregate: rank 0 on port)
+    aggregate: bool = False  # rank 0 serves every rank's series (one all_gather per step)
+    alerts: bool = False  # evaluate the alert rules in process (one all_gather per step), log alert events
+    thresholds: dict = field(default_factory=dict)  # alert threshold overrides (dayzero.monitor.rules)
+    linger_s: float = 0.0  # keep serving this long after the last step (a final scrape)
+    job: str | None = None  # the job label (default: the model's name)
+    telemetry_interval_s: float = 5.0  # device and host telemetry is read this often, off the step
+    peak_tflops: float | None = None  # device peak, for dayzero_mfu_ratio
+
+    @property
+    def enabled(self) -> bool:
+        return self.port is not None or self.alerts
 
 
 SECTIONS = {"model": ModelSection, "optimizer": OptimizerSection, "checkpoint": CheckpointSection,
-            "faults": FaultSection}
+            "faults": FaultSection, "monitor": MonitorSection}
 
 
 @dataclass(frozen=True)
@@ -106,6 +129,7 @@ class TrainConfig:
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     faults: FaultSection = field(default_factory=FaultSection)
+    monitor: MonitorSection = field(default_factory=MonitorSection)
     steps: int = 100
     seed: int = 0
     compute_dtype: str = "bf16"
@@ -133,7 +157,8 @@ class TrainConfig:
         d["parallel"] = ParallelConfig.from_dict(d.get("parallel", {}))
         for name, section in SECTIONS.items():
             d[name] = _section(section, d.get(name) or {}, name)
-        d["faults"] = replace(d["faults"], inject_faults=tuple(d["faults"].inject_faults or ()))
+        d["faults"] = replace(d["faults"], inject_faults=tuple(d["faults"].inject_faults or ()),
+                              on_alert=tuple(d["faults"].on_alert or ()))
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def save(self, path: str | Path) -> None:

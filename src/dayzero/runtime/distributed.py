@@ -43,6 +43,16 @@ def init_process_group(backend: str = "gloo", **kwargs) -> None:
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
 
 
+def device_slot() -> int:
+    """This rank's local device index: ``LOCAL_RANK``, mapped through the launcher's slot list
+    when it runs the ranks on chosen devices (spares, excluded ones left out)."""
+    from dayzero.runtime.resilience.exclusion import SLOTS_ENV, parse_slots
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    slots = parse_slots(os.environ.get(SLOTS_ENV), local + 1)
+    return slots[local] if local < len(slots) else local
+
+
 def init_distributed():
     """Join torchrun's process group (or make a one-process group) and pick this rank's device."""
     import torch.distributed as dist
@@ -50,7 +60,7 @@ def init_distributed():
     from dayzero.runtime import device as devices
 
     acc = devices.resolve()
-    device = devices.bind(acc, int(os.environ.get("LOCAL_RANK", "0")))
+    device = devices.bind(acc, device_slot())
     backend = acc.backend
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:

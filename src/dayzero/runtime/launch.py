@@ -30,6 +30,8 @@ from typing import Callable
 
 from dayzero.errors import DayzeroError
 from dayzero.runtime.resilience import rank_log
+from dayzero.runtime.resilience.actions import REQUEST_FILE, read_request
+from dayzero.runtime.resilience.exclusion import SLOTS_ENV
 from dayzero.runtime.resilience.stopping import STOP_GRACE_S, Interrupted, StopOnSignal, exit_now, training_process
 
 
@@ -53,14 +55,24 @@ def write_rank_error(error_dir: str | Path | None, err: DayzeroError) -> None:
 
 
 def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_restarts: int = 0,
-                 log: str | Path | None = None, restart_from: Callable[[], str] | None = None) -> None:
+                 log: str | Path | None = None, restart_from: Callable[[], str] | None = None,
+                 replan: Callable[[dict], tuple[int, tuple[int, ...]]] | None = None,
+                 slots: tuple[int, ...] | None = None,
+                 on_failure: Callable[[list[int], str], tuple[int, tuple[int, ...]]] | None = None) -> None:
     """Run ``python <argv>`` on ``nproc`` local ranks; raise :class:`RanksFailed` if any fails
     (after ``max_restarts`` restarts of every rank; a user error is never restarted: it would only
     repeat), :class:`Interrupted` after a stop signal (every rank stopped, nothing relaunched). The
     ranks write user errors to ``error_dir`` (see :func:`write_rank_error`); their stderr goes to
     ``log`` (``ranks.log``; None: a file kept in the temp directory when the launch fails) and only
     their ``dayzero:`` lines to the terminal (:mod:`dayzero.runtime.resilience.rank_log`). Before a restart
-    the terminal gets one line per failed rank and ``restarting (attempt a/K) <restart_from()>``."""
+    the terminal gets one line per failed rank and ``restarting (attempt a/K) <restart_from()>``.
+
+    A planned restart (rank 0 left a request: an alert's restart or exclude action,
+    :mod:`dayzero.runtime.resilience.actions`) is no failure: ``replan(request)`` returns how many
+    ranks the next attempt runs and their device slots (having rewritten what they read), and it
+    counts as one restart. ``slots``: the local device each rank uses (default: rank i, device i).
+    ``on_failure(ranks, why)``: before restarting after ranks failed on their own (a crash, a kill,
+    not a consequence), how many ranks and which slots the next attempt runs without them."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -73,10 +85,12 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                       rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn", shutdown_timeout=math.ceil(STOP_GRACE_S))
-    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", rank_log.DIR_ENV, rank_log.ATTEMPT_ENV)}
+    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", rank_log.DIR_ENV, rank_log.ATTEMPT_ENV, SLOTS_ENV)}
     if saved_env["OMP_NUM_THREADS"] is None:  # as torchrun does: one thread per rank unless told otherwise
         os.environ["OMP_NUM_THREADS"] = "1"
     os.environ[rank_log.DIR_ENV] = str(error_dir)
+    if slots is not None:
+        os.environ[SLOTS_ENV] = ",".join(map(str, slots))
     log_path = Path(log) if log is not None else Path(error_dir, "ranks.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
@@ -84,8 +98,8 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
     try:
         for attempt in range(max_restarts + 1):
             os.environ[rank_log.ATTEMPT_ENV] = str(attempt)
-            for stale in Path(error_dir).glob("rank*.err"):  # a previous attempt's
-                stale.unlink()
+            for stale in [*Path(error_dir).glob("rank*.err"), Path(error_dir, REQUEST_FILE)]:  # a previous attempt's
+                stale.unlink(missing_ok=True)
             failures: list[rank_log.RankFailure] = []
             try:
                 _run_agent(lc, argv, nproc)
@@ -95,6 +109,19 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
                             for rank, f in sorted(e.failures.items())]
             finally:
                 rank_log.append_attempt(log_path, error_dir, attempt, nproc, failures)
+            request = read_request(error_dir)
+            if request is not None and replan is not None:
+                if attempt == max_restarts:
+                    raise RanksFailed(1, [f"an alert asked for a restart ({request.get('action')} at step "
+                                          f"{request.get('step')}) after {max_restarts} restart(s) already; raise "
+                                          "--max-restarts"]) from None
+                nproc, slots = replan(request)
+                lc.nproc_per_node = nproc
+                os.environ[SLOTS_ENV] = ",".join(map(str, slots))
+                print(f"dayzero: restarting (attempt {attempt + 1}/{max_restarts}) on {nproc} ranks"
+                      f"{' ' + restart_from() if restart_from is not None else ''}", file=sys.stderr, flush=True)
+                lc.run_id = str(uuid.uuid4())
+                continue
             causes = rank_log.causes(failures)
             if all(f.user_error for f in causes):
                 raise RanksFailed(2, sorted({f.cause for f in causes})) from None
@@ -107,6 +134,11 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
             also = rank_log.consequence_line(failures)
             for line in [f.line() for f in causes] + ([also] if also else []):
                 print(f"dayzero: {line}", file=sys.stderr)
+            own = [f.rank for f in causes if not f.consequence and not f.user_error]
+            if on_failure is not None and own:
+                nproc, slots = on_failure(own, "; ".join(f.line() for f in causes))
+                lc.nproc_per_node = nproc
+                os.environ[SLOTS_ENV] = ",".join(map(str, slots))
             where = f" {restart_from()}" if restart_from is not None else ""
             print(f"dayzero: restarting (attempt {attempt + 1}/{max_restarts}){where}", file=sys.stderr, flush=True)
             lc.run_id = str(uuid.uuid4())

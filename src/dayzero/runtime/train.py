@@ -49,6 +49,10 @@ class TrainState:
     data: TokenStream
     step: int = 0  # optimizer steps taken
     history: list = field(default_factory=list)  # StepRecords of this process's run
+    # this rank's own share of the last step (the record holds the max over ranks): for the monitor
+    local_comm_s: float = 0.0
+    local_peak_bytes: int = 0
+    alerts: list = field(default_factory=list)  # monitor Alerts firing after the last step (--alerts), for hooks
 
     @property
     def rank(self) -> int:
@@ -211,8 +215,8 @@ def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool =
     devices.synchronize(state.device)
     elapsed = time.perf_counter() - g.t0
     comm = timer.stop((g.wall0, g.wall0 + int(elapsed * 1e9)))
-    stats = torch.tensor([float(peak_memory_bytes(state.device)), comm], dtype=torch.float64,
-                         device=state.device)
+    state.local_comm_s, state.local_peak_bytes = comm, peak_memory_bytes(state.device)
+    stats = torch.tensor([float(state.local_peak_bytes), comm], dtype=torch.float64, device=state.device)
     if dist.get_world_size() > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     state.step += 1
@@ -271,15 +275,27 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
 
     With ``config.checkpoint.dir`` the run resumes from the newest good checkpoint and saves every
     ``config.checkpoint.every`` steps; fault drills, the hang watchdog and loss guards come from the
-    same config (see :mod:`dayzero.runtime.resilience.loop`)."""
+    same config (see :mod:`dayzero.runtime.resilience.loop`), and so do the actions on the
+    monitor's in-process alerts (``--on-alert``, :mod:`dayzero.runtime.resilience.actions`)."""
     from dayzero.runtime.progress import Progress
+    from dayzero.runtime.resilience.actions import build_alert_actions
     from dayzero.runtime.resilience.loop import build_resilience
 
+    if config.faults.on_alert and not config.monitor.alerts:  # actions act on the monitor's alerts
+        config = config.with_(monitor={"alerts": True})
     state = state or build_state(config)
     rank0 = dist.get_rank() == 0
     early: list[dict] = []  # events before the metrics stream is open (resume warnings)
     emit: Callable[[dict], None] = early.append
-    res = build_resilience(config, state, lambda ev: emit(ev))
+    monitor = None  # the exporter and in-process alerts (config.monitor), once the stream is open
+
+    def event(ev: dict) -> None:
+        if monitor is not None:
+            monitor.on_event(ev)
+        emit(ev)
+
+    res = build_resilience(config, state, event)
+    actions = build_alert_actions(config, state, lambda ev: emit(ev))
     writer, failed = None, True
     if rank0 and config.metrics:  # the resolved run, next to its outputs
         config.save(Path(config.metrics).with_suffix(".config.json"))
@@ -300,6 +316,12 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         emit = writer.write
         for ev in early:
             writer.write(ev)
+        if config.monitor.enabled:
+            from dayzero.runtime.monitoring import Monitor
+
+            monitor = Monitor(config, state, continuing=resumed, emit=writer.write)
+            if pos.path is not None:
+                monitor.resumed_at(pos.step)
         timer = CommTimer(config.measure_comm and dist.get_world_size() > 1, state.device)
         t_start = time.perf_counter()
         gbs = config.parallel.gbs
@@ -321,14 +343,24 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
                 rec = apply_step(state, g, timer, update=verdict.ok)
                 writer.write(rec.to_dict())
                 bar.update(rec)
+                if monitor is not None:
+                    state.alerts = monitor.after_step(state, rec, skipped=not verdict.ok)
                 for hook in hooks:
                     hook(state, rec)
                 res.end_step(state.step, data_position(state))
+                if actions is not None:  # rank 0 decides on the alerts that began firing; every rank acts
+                    decision = actions.after_step(state.step, state.alerts)
+                    if decision.checkpoint:
+                        res.save_now(state.step, data_position(state))
+                    if decision.stop:
+                        raise actions.planned_restart(decision, state.step)
         res.finish(state.step, data_position(state))
         writer.write(end_record(state, time.perf_counter() - t_start))
         failed = False
     finally:
         res.close(wait=not failed)
+        if monitor is not None:
+            monitor.close(linger=not failed)
         if writer is not None:
             writer.close()
     return state

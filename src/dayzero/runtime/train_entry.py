@@ -25,6 +25,8 @@ from dayzero.runtime.checkpoint.versions import scan
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.distributed import destroy_process_group, init_distributed
 from dayzero.runtime.launch import RanksFailed, launch_local, run_as_rank, write_rank_error
+from dayzero.runtime.resilience.actions import RESTART_EXIT, PlannedRestart
+from dayzero.runtime.resilience.relaunch import Relauncher
 from dayzero.runtime.resilience.stopping import Interrupted, StopOnSignal, exit_now, training_process
 from dayzero.runtime.train import build_state, train
 
@@ -37,6 +39,8 @@ def run_configs(configs: list[TrainConfig], error_dir: str | None = None, stop: 
         for cfg in configs:
             _train_one(cfg, device)
         return 0
+    except PlannedRestart:  # an alert's restart or exclude: the checkpoint is saved, the launcher relaunches
+        return RESTART_EXIT
     except DayzeroError as e:
         if stop is not None and stop.signum is not None:
             raise Interrupted(stop.signum) from None
@@ -114,23 +118,28 @@ def main(argv: list[str] | None = None, stop: StopOnSignal | None = None) -> int
 
 
 def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
-    """Run the config(s) on ``nproc`` local ranks (torchrun --standalone). Returns 0, 2 after a
-    user error (its message printed once on stderr), 1 after a crash, or 128 + the signal after
-    SIGINT/SIGTERM (one line: ranks stopped, the last committed checkpoint)."""
+    """Run the config(s) on ``nproc`` local ranks (torchrun --standalone), with
+    ``faults.spares`` more local device slots kept idle for replacing excluded ones. Returns 0, 2
+    after a user error (its message printed once on stderr), 1 after a crash, or 128 + the signal
+    after SIGINT/SIGTERM (one line: ranks stopped, the last committed checkpoint). An alert's
+    restart or exclude action relaunches the ranks (:mod:`dayzero.runtime.resilience.relaunch`)."""
     configs = configs if isinstance(configs, list) else [configs]
     with tempfile.TemporaryDirectory(prefix="dayzero-launch-") as tmp:
-        paths = []
-        for i, cfg in enumerate(configs):
-            p = Path(tmp, f"config{i}.json")
-            cfg.save(p)
-            paths.append(str(p))
+        paths = [Path(tmp, f"config{i}.json") for i in range(len(configs))]
         errors = Path(tmp, "errors")
         errors.mkdir()
         try:
-            launch_local(["-m", "dayzero.runtime.train_entry", "--error-dir", str(errors), *paths], nproc, errors,
-                         max_restarts=max(c.faults.max_restarts for c in configs), log=ranks_log(configs),
-                         restart_from=lambda: resume_point(configs))
+            plan = Relauncher(configs, paths, nproc)
+            nproc, slots = plan.start()
+            launch_local(["-m", "dayzero.runtime.train_entry", "--error-dir", str(errors), *map(str, paths)], nproc,
+                         errors, max_restarts=max(c.faults.max_restarts for c in configs), log=ranks_log(configs),
+                         restart_from=lambda: resume_point(configs), replan=plan.replan, slots=slots,
+                         on_failure=plan.failed if any(c.faults.on_rank_failure == "exclude" for c in configs)
+                         else None)
             return 0
+        except DayzeroError as e:  # no layout fits the ranks left
+            print(f"dayzero: error: {e}", file=sys.stderr)
+            return e.exit_code
         except RanksFailed as e:
             for m in e.messages:
                 print(f"dayzero: error: {m}", file=sys.stderr)

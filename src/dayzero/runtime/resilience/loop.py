@@ -194,6 +194,20 @@ class Resilience:
         self._last_saved = step
         return out
 
+    @property
+    def last_saved(self) -> int | None:
+        """The newest step saved or resumed by this process (None: none yet)."""
+        return self._last_saved if self._last_saved >= 0 else None
+
+    def save_now(self, step: int, data: Any) -> None:
+        """Save ``step`` unless it is saved already, and wait until it is committed (an alert's
+        checkpoint: the run may stop right after)."""
+        assert self.ckpt is not None  # --on-alert checkpoint|restart|exclude requires --ckpt-dir
+        if step != self._last_saved:
+            self.save(step, data)
+        with self._slow_op(f"the checkpoint of step {step}"):
+            self.ckpt.wait()
+
     def close(self, wait: bool = True) -> None:
         """Stop the watchdog and the checkpointer; ``wait=False`` (the run is failing) abandons
         an async save in flight instead of waiting for ranks that may be gone."""
