@@ -22,6 +22,10 @@ from pathlib import Path
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
 NODE = "localhost"
+# A requeued job waits the credential lifetime before it may start again (slurm.conf, AuthInfo cred_expire: "also
+# controls how long a requeued job must wait before starting again", default 120 s); short here, so a requeue test
+# waits seconds, not minutes.
+CRED_EXPIRE_S = 10
 
 
 def missing_binaries() -> list[str]:
@@ -51,7 +55,8 @@ def slurm_conf(root: Path, cpus: int, memory_mb: int, ctld_port: int, slurmd_por
     lines = {
         "ClusterName": "dayzero-test", "SlurmctldHost": "localhost(127.0.0.1)", "SlurmUser": user,
         "SlurmdUser": user, "SlurmctldPort": ctld_port, "SlurmdPort": slurmd_port,
-        "AuthType": "auth/munge", "CredType": "cred/munge", "AuthInfo": f"socket={munge_socket}",
+        "AuthType": "auth/munge", "CredType": "cred/munge",
+        "AuthInfo": f"socket={munge_socket},cred_expire={CRED_EXPIRE_S}",
         "StateSaveLocation": root / "state", "SlurmdSpoolDir": root / "spool",
         "SlurmctldPidFile": root / "slurmctld.pid", "SlurmdPidFile": root / "slurmd.pid",
         "SlurmctldLogFile": root / "slurmctld.log", "SlurmdLogFile": root / "slurmd.log",
@@ -59,6 +64,7 @@ def slurm_conf(root: Path, cpus: int, memory_mb: int, ctld_port: int, slurmd_por
         "SelectTypeParameters": "CR_Core", "MpiDefault": "none", "SwitchType": "switch/none",
         "JobAcctGatherType": "jobacct_gather/none", "AccountingStorageType": "accounting_storage/none",
         "JobCompType": "jobcomp/none", "ReturnToService": 2, "JobRequeue": 1, "SchedulerType": "sched/backfill",
+        "SchedulerParameters": "sched_interval=2,bf_interval=2",  # start a requeued job as soon as it may
         "MinJobAge": 600, "KillWait": 5, "InactiveLimit": 0, "SlurmctldTimeout": 30, "SlurmdTimeout": 60,
         "SlurmctldDebug": "info", "SlurmdDebug": "info",
     }
@@ -170,3 +176,20 @@ class SlurmCluster:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         self.procs.clear()
+
+
+def sbatch_parse_error(script: Path, root: Path) -> str | None:
+    """Slurm's own verdict on a script's ``#SBATCH`` options, with no cluster: sbatch parses and
+    checks every option (and a --gres against ``GresTypes``) before it contacts the controller, so
+    with a config naming a controller that is not there, "Unable to contact slurm controller" means
+    it accepted them. None when accepted, else sbatch's message."""
+    root.mkdir(parents=True, exist_ok=True)
+    conf = root / "client.conf"
+    closed = _free_port()  # nothing listens there: the submission fails at once, after the parse
+    conf.write_text(slurm_conf(root, 2, 1024, closed, closed, root / "no-munge.socket")
+                    + "GresTypes=gpu,npu\nMessageTimeout=1\n")
+    r = subprocess.run([_which("sbatch"), str(script)], env={**os.environ, "SLURM_CONF": str(conf)},
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode and "Unable to contact slurm controller" in r.stderr:
+        return None
+    return r.stderr.strip() or f"sbatch exited {r.returncode}"

@@ -18,6 +18,23 @@ from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig
 
 DEVICES = ("cuda", "npu", "cpu")
+# Communication-library settings of the ranks (the Slurm script lets the site's environment override them):
+COMM_ENV = {
+    "cuda": {
+        # a failed NCCL collective aborts the rank instead of hanging it, so the step fails and the job requeues
+        # (https://pytorch.org/docs/stable/torch_nccl_environment_variables.html)
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        # NCCL's warnings (a lost peer, a bad interface) in the job log
+        # (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-debug)
+        "NCCL_DEBUG": "WARN",
+    },
+    "npu": {
+        # seconds HCCL waits for every rank to connect; the default 120 s is short for a large job's start
+        # (CANN environment variables, HCCL_CONNECT_TIMEOUT: https://www.hiascend.com/document)
+        "HCCL_CONNECT_TIMEOUT": "1200",
+    },
+    "cpu": {},
+}
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_\[\],]*$")
 
 
@@ -36,14 +53,32 @@ class JobOptions:
     partition: str | None = None
     time_limit: str | None = None
     exclude: tuple[str, ...] = ()
-    memory_gb: int | None = None  # per node; None: the whole node (exclusive)
-    cpus_per_node: int | None = None
+    memory_gb: int | None = None  # per node; None: Slurm gives the whole node, Kubernetes 32 GiB per device
+    cpus_per_node: int | None = None  # None: Slurm gives the whole node, Kubernetes 4 cores per device
+    image: str | None = None  # Kubernetes: the container image with dayzero installed
+    volume_claim: str | None = None  # Kubernetes: the ReadWriteMany PersistentVolumeClaim holding run_dir
 
     def __post_init__(self):
         if self.device not in DEVICES:
             raise ConfigError("--device", None, f"must be {', '.join(DEVICES)}, got {self.device!r}")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9\-_.]{0,62}", self.name):
             raise ConfigError("--job-name", None, f"{self.name!r}: letters, digits, '-', '_' and '.', at most 63")
+        if self.time_limit is not None:
+            time_limit_seconds(self.time_limit)
+
+
+def time_limit_seconds(text: str) -> int:
+    """Seconds of a Slurm time limit: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+    days-hours:minutes or days-hours:minutes:seconds (https://slurm.schedmd.com/sbatch.html#OPT_time)."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m or text.strip() in ("0",):
+        raise ConfigError("--time", None, f"{text!r}: expected minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], above 0")
+    days, a, b, c = m.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    if c is not None:
+        return int(a) * 3600 + int(b) * 60 + int(c)
+    return int(a) * 60 + int(b or 0)
 
 
 @dataclass(frozen=True)
@@ -92,7 +127,8 @@ def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_
     good checkpoint in ``ckpt_dir`` (``--resume auto``) and appends to ``metrics``."""
     from dayzero.cli.next_steps import layout_flags
 
-    out = ["dayzero", "train", spec.name, *layout_flags(parallel.to_dict()), "--steps", str(job.steps),
+    layout = layout_flags({**parallel.to_dict(), "recompute_layers": None})  # not a train flag: see unexpressed
+    out = ["dayzero", "train", spec.name, *layout, "--steps", str(job.steps),
            "--ckpt-dir", ckpt_dir, "--ckpt-every", str(job.ckpt_every), "--resume", "auto", "--metrics", metrics,
            "--quiet"]
     if job.device == "cpu":
@@ -105,6 +141,9 @@ def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_
 def unexpressed(parallel: ParallelConfig) -> list[str]:
     """Settings of the plan that ``dayzero train``'s flags do not carry."""
     out = []
+    if parallel.recompute_layers is not None:
+        out.append(f"recompute of {parallel.recompute_layers} layer(s) per stage (dayzero train recomputes every layer "
+                   "with --recompute full)")
     if parallel.rank_order != DENSE_ORDER:
         out.append(f"rank order {parallel.rank_order} (dayzero train numbers ranks {DENSE_ORDER})")
     return out

@@ -21,32 +21,13 @@ import shlex
 
 from dayzero.errors import LayoutError
 from dayzero.export.common import Export
-from dayzero.export.job import JobOptions, node_split, train_args, unexpressed
+from dayzero.export.job import COMM_ENV, JobOptions, node_split, train_args, unexpressed
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
 SCRIPT_FILE = "dayzero.sbatch"
 SIGNAL_LEAD_S = 120  # seconds before the time limit that the batch shell is warned (sbatch --signal)
 RDZV_PORT = 29500  # torchrun's default master port (torch.distributed.run --master-port)
-
-# Communication-library settings, each overridable by the site's environment:
-ENV = {
-    "cuda": {
-        # a failed NCCL collective aborts the rank instead of hanging it, so the step fails and the job requeues
-        # (https://pytorch.org/docs/stable/torch_nccl_environment_variables.html)
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-        # NCCL's warnings (a lost peer, a bad interface) in the job log
-        # (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-debug)
-        "NCCL_DEBUG": "WARN",
-    },
-    "npu": {
-        # seconds HCCL waits for every rank to connect; the default 120 s is short for a large job's start
-        # (CANN environment variables, HCCL_CONNECT_TIMEOUT: https://www.hiascend.com/document)
-        "HCCL_CONNECT_TIMEOUT": "1200",
-    },
-    "cpu": {},
-}
-
 
 def sbatch_options(split, job: JobOptions) -> list[tuple[str, str | None]]:
     """The ``#SBATCH`` lines, as (option, value or None for a switch)."""
@@ -95,7 +76,7 @@ def script(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions) -> str:
               "# torchrun's c10d rendezvous on the allocation's first node",
               'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               f"MASTER_PORT=${{MASTER_PORT:-{RDZV_PORT}}}", "export MASTER_ADDR MASTER_PORT"]
-    for k, v in ENV[job.device].items():
+    for k, v in COMM_ENV[job.device].items():
         lines.append(f'export {k}="${{{k}:-{v}}}"')
     lines += ["",
               "requeue() {  # a failed or stopped step: run again from the newest good checkpoint",
