@@ -15,7 +15,7 @@ import yaml
 
 from dayzero.cli.app import app, main
 from dayzero.export import kubernetes, slurm
-from dayzero.export.job import JobOptions, read_exclusions, time_limit_seconds
+from dayzero.export.job import JobOptions, expand_hosts, read_exclusions, time_limit_seconds
 from dayzero.specs.parallel import ParallelConfig as P
 from dayzero.specs.registry import load_model
 from helpers.slurm_cluster import sbatch_parse_error
@@ -157,6 +157,12 @@ def test_exclusion_lists(tmp_path):
     assert read_exclusions(tmp_path / "exclusions.json") == ("gpu-07", "gpu-11")
     assert read_exclusions(tmp_path / "list.json") == ("a1", "a2")
     assert read_exclusions(tmp_path / "hosts.txt") == ("node[1-3]", "node9")
+    assert expand_hosts(("gpu[01-03,07]", "node9", "n[9-10]b")) == ["gpu01", "gpu02", "gpu03", "gpu07", "node9",
+                                                                   "n9b", "n10b"]
+    k = kubernetes.export(load_model("tiny-llama"), P(dp=2), job=_job(exclude=("node[1-2]",)))
+    pod = list(yaml.safe_load_all(k.files[kubernetes.MANIFEST_FILE]))[2]["spec"]["pytorchReplicaSpecs"]["Worker"]
+    term = pod["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["node1", "node2"]
 
 
 def test_slurm_time_limits():
@@ -195,6 +201,7 @@ def test_cli_kubernetes_export(tmp_path, capsys):
     (["--to", "kubernetes", "--devices", "8"], "--image"),
     (["--to", "kubernetes", "--devices", "8", "--image", "x", "--job-name", "Big_Job"], "lowercase"),
     (["--to", "slurm", "--devices", "8", "--time", "soon"], "--time"),
+    (["--to", "slurm", "--devices", "8", "--exclude", "ok,rm -rf"], "not a hostname"),
     (["--to", "slurm", "--devices", "8", "--device", "tpu"], "--device"),
     (["--to", "megatron", "--devices", "8", "--partition", "gpu"], "is a scheduler option"),
 ])

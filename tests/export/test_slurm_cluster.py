@@ -1,6 +1,7 @@
 """The exported sbatch script on a real one-node Slurm cluster (slurmctld + slurmd + munged on
 127.0.0.1, :mod:`helpers.slurm_cluster`): it trains a tiny plan on 2 CPU ranks, and after its step
-is killed the job requeues itself and resumes from the checkpoint."""
+is killed, or its batch shell gets the time-limit warning, the job requeues itself and resumes from
+the checkpoint."""
 
 import json
 import time
@@ -60,7 +61,11 @@ def test_the_exported_script_trains_the_plan(cluster, tmp_path):
     assert _complete_steps(run / "ckpt") == [2, 4]
 
 
-def test_a_killed_step_requeues_and_resumes_from_the_checkpoint(cluster, tmp_path):
+@pytest.mark.parametrize("stop, says", [
+    (["--signal=KILL", "{job}.0"], "step exited"),  # a killed step: torchrun and both ranks die
+    (["--batch", "--signal=USR1", "{job}"], "time limit near"),  # what --signal sends the batch shell before the limit
+], ids=["killed-step", "time-limit-warning"])
+def test_a_stopped_job_requeues_and_resumes_from_the_checkpoint(cluster, tmp_path, stop, says):
     run = tmp_path / "run"
     job = _submit(cluster, run, steps=24, ckpt_every=4)
     deadline = time.monotonic() + 120
@@ -69,11 +74,11 @@ def test_a_killed_step_requeues_and_resumes_from_the_checkpoint(cluster, tmp_pat
         time.sleep(0.5)
     saved = _complete_steps(run / "ckpt")
     assert saved, f"no checkpoint within 120 s\n{cluster.logs()}"
-    cluster.run("scancel", "--signal=KILL", f"{job}.0")  # the srun step: torchrun and both ranks
+    cluster.run("scancel", *[w.format(job=job) for w in stop])
     state = cluster.wait_job(job, timeout=240)
     log = (run / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", f"job {job}: {state}\n{log}\n{cluster.logs()}"
-    assert "step exited" in log and "requeue (restart 0 of 2)" in log
+    assert f"{says}: requeue (restart 0 of 2)" in log
     assert cluster.job_field(job, "Restarts") == "1"
     recs = _records(run / "metrics.jsonl")
     first = [r["step"] for r in recs if "loss" in r and r["attempt"] == 1]

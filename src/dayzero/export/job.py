@@ -35,7 +35,8 @@ COMM_ENV = {
     },
     "cpu": {},
 }
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_\[\],]*$")
+# a hostname, or a Slurm host range of one bracket group ("gpu[01-04,07]")
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-_]*(\[[0-9,\-]+\][A-Za-z0-9.\-_]*)?")
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class JobOptions:
             raise ConfigError("--job-name", None, f"{self.name!r}: letters, digits, '-', '_' and '.', at most 63")
         if self.time_limit is not None:
             time_limit_seconds(self.time_limit)
+        bad = [h for h in self.exclude if not _HOST.fullmatch(h)]
+        if bad:
+            raise ConfigError("--exclude", None, f"not a hostname or a host range like gpu[01-04]: {bad[0]!r}")
 
 
 def time_limit_seconds(text: str) -> int:
@@ -116,10 +120,28 @@ def read_exclusions(path: str | Path) -> tuple[str, ...]:
     else:
         hosts = [line.split("#", 1)[0].strip() for line in text.splitlines()]
     hosts = [h.strip() for h in hosts if h.strip()]
-    bad = [h for h in hosts if not _HOST.match(h)]
+    bad = [h for h in hosts if not _HOST.fullmatch(h)]
     if bad:
         raise ConfigError(str(path), "hosts", f"not a hostname: {bad[0]!r}")
     return tuple(dict.fromkeys(hosts))
+
+
+def expand_hosts(hosts: tuple[str, ...]) -> list[str]:
+    """Slurm host ranges as single hostnames: ``gpu[01-03,07]`` -> gpu01, gpu02, gpu03, gpu07 (a
+    range keeps its zero padding; https://slurm.schedmd.com/sbatch.html#OPT_nodelist)."""
+    out: list[str] = []
+    for h in hosts:
+        m = re.fullmatch(r"(.*)\[([0-9,\-]+)\](.*)", h)
+        if not m:
+            out.append(h)
+            continue
+        head, body, tail = m.groups()
+        for part in body.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo or (hi == "" and "-" in part) or (hi and int(hi) < int(lo)):
+                raise ConfigError("--exclude", None, f"{h!r}: bad range {part!r}")
+            out += [f"{head}{str(i).zfill(len(lo))}{tail}" for i in range(int(lo), int(hi or lo) + 1)]
+    return list(dict.fromkeys(out))
 
 
 def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_dir: str, metrics: str) -> list[str]:

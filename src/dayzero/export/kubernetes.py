@@ -26,7 +26,15 @@ import yaml
 
 from dayzero.errors import ConfigError, LayoutError
 from dayzero.export.common import Export
-from dayzero.export.job import COMM_ENV, JobOptions, node_split, time_limit_seconds, train_args, unexpressed
+from dayzero.export.job import (
+    COMM_ENV,
+    JobOptions,
+    expand_hosts,
+    node_split,
+    time_limit_seconds,
+    train_args,
+    unexpressed,
+)
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -73,7 +81,7 @@ def pod_template(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, per
     if job.exclude:
         affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
             "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
-                                  "values": list(job.exclude)}]}]}}
+                                  "values": expand_hosts(job.exclude)}]}]}}
     pod: dict = {"containers": [container], "affinity": affinity,
                  "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{max(1, mem // 2)}Gi"}},
                              {"name": "run", "persistentVolumeClaim": {"claimName": claim(job)}}]}
