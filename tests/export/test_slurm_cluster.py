@@ -4,6 +4,7 @@ is killed, or its batch shell gets the time-limit warning, the job requeues itse
 the checkpoint."""
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def test_a_stopped_job_requeues_and_resumes_from_the_checkpoint(cluster, tmp_pat
     state = cluster.wait_job(job, timeout=240)
     log = (run / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", f"job {job}: {state}\n{log}\n{cluster.logs()}"
-    assert f"{says}: requeue (restart 0 of 2)" in log
+    assert re.search(rf"dayzero-slurm: {says}[^:\n]*: requeue \(restart 0 of 2\)", log), log
     assert cluster.job_field(job, "Restarts") == "1"
     recs = _records(run / "metrics.jsonl")
     first = [r["step"] for r in recs if "loss" in r and r["attempt"] == 1]
