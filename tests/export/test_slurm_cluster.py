@@ -4,6 +4,7 @@ is killed, or its batch shell gets the time-limit warning, the job requeues itse
 the checkpoint."""
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -18,7 +19,8 @@ from helpers.slurm_cluster import SlurmCluster, missing_binaries
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bool(missing_binaries()), reason=f"Slurm/munge not installed (missing "
-                                 f"{', '.join(missing_binaries())}; apt-get install slurm-wlm munge)")]
+                                 f"{', '.join(missing_binaries())}; apt-get install slurm-wlm munge)"),
+              pytest.mark.skipif(os.geteuid() != 0, reason="slurmd launches jobs only as root (CI runs as root)")]
 PLAN = P(dp=2, gbs=4, seq=64)
 
 
