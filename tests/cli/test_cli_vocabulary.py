@@ -12,7 +12,8 @@ RETIRED = {"--output": "--out", "--attention": "--attention-kernel", "--dtype": 
            "--calibrate-file": "--calibration"}
 # a flag whose default differs by verb on purpose, with the reason
 DEFAULTS_DIFFER = {
-    "--steps": "train runs 100 steps; validate 30 (a loss-trend test needs fewer)",
+    "--steps": "train runs 100 steps; validate 30 (a loss-trend test needs fewer); export's jobs 100",
+    "--ckpt-every": "train saves only at the end; an exported scheduler job every 50 steps (a requeue resumes there)",
     "--seq": "planner verbs default to 4096; the runtime's proxies to short sequences",
     "--seq-length": "the Megatron spelling of --seq, same defaults",
     "--top": "how many rows each verb lists",

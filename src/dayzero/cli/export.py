@@ -13,7 +13,8 @@ from dayzero.cli.common import JsonOpt, console, emit_json, takes_layout
 from dayzero.cli.next_steps import Step, layout_flags, print_next
 from dayzero.specs.layout_options import LayoutOptions
 
-WRITERS = ("megatron", "deepspeed")
+WRITERS = ("megatron", "deepspeed", "slurm", "kubernetes")
+SCHEDULERS = ("slurm", "kubernetes")
 
 
 def _plan_source(source: str, model: str | None) -> tuple[str, dict] | None:
@@ -48,11 +49,45 @@ def export_cmd(
                                                             "launch (default 8).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the engine's files into this "
                                                                     "directory.")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="Scheduler: the ranks' device, cuda | npu | cpu "
+                                                                   "(default cuda).")] = None,
+    job_name: Annotated[Optional[str], typer.Option("--job-name", help="Scheduler: the job's name (Kubernetes: also "
+                                                                       "its namespace; default dayzero).")] = None,
+    run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Scheduler: the run directory on the shared file "
+                                                                     "system: ckpt/, metrics.jsonl, logs (default "
+                                                                     "runs/dayzero).")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Scheduler: optimizer steps of dayzero train "
+                                                                        "(default 100).")] = None,
+    ckpt_every: Annotated[Optional[int], typer.Option("--ckpt-every", min=1, help="Scheduler: checkpoint every N "
+                                                                                  "steps (default 50).")] = None,
+    max_requeues: Annotated[Optional[int], typer.Option("--max-requeues", min=0, help="Scheduler: requeues (Slurm) "
+                                                        "or restarts (Kubernetes) after a failure (default "
+                                                        "3).")] = None,
+    partition: Annotated[Optional[str], typer.Option("--partition", help="Slurm partition.")] = None,
+    time_limit: Annotated[Optional[str], typer.Option("--time", help="Scheduler: time limit, Slurm's format "
+                                                                     "(minutes, HH:MM:SS, D-HH:MM:SS).")] = None,
+    exclude_from: Annotated[Optional[Path], typer.Option("--exclude-from", help="Scheduler: keep off the hosts of this "
+                                                         "file (JSON {\"hosts\": [...]}, a JSON list, or one per "
+                                                         "line).")] = None,
+    exclude: Annotated[Optional[str], typer.Option("--exclude", help="Scheduler: hosts to keep off, "
+                                                                     "comma-separated.")] = None,
+    cpus_per_node: Annotated[Optional[int], typer.Option("--cpus-per-node", min=1, help="Scheduler: cores per node "
+                                                         "(default: Slurm the whole node, Kubernetes 4 per "
+                                                         "device).")] = None,
+    mem_per_node: Annotated[Optional[int], typer.Option("--mem-per-node", min=1, help="Scheduler: GiB of memory per "
+                                                        "node (default: Slurm the whole node, Kubernetes 32 per "
+                                                        "device).")] = None,
+    image: Annotated[Optional[str], typer.Option("--image", help="Kubernetes: the container image with dayzero "
+                                                                 "installed.")] = None,
+    volume_claim: Annotated[Optional[str], typer.Option("--volume-claim", help="Kubernetes: the ReadWriteMany "
+                                                        "PersistentVolumeClaim holding --run-dir (default "
+                                                        "JOB-NAME-run).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments or a DeepSpeed config JSON and its
-    launch line, with every setting the engine cannot express listed. A layout the engine cannot run is refused with the
-    reason.
+    """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments, a DeepSpeed config JSON and its
+    launch line, a Slurm sbatch script or a Kubernetes PyTorchJob manifest (both run dayzero train, requeue or restart
+    after a failure and resume from the checkpoint), with every setting the target cannot express listed. A layout the
+    target cannot run is refused with the reason.
 
     Example: [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --engine megatron --json > plan.json; dayzero export
     plan.json --to megatron -o runs/export/megatron[/bold]
@@ -80,8 +115,27 @@ def export_cmd(
             raise ConfigError("--devices", None, "give the rank count with a model (dp fills it)")
         spec, parallel = load_model(source), layout.parallel(devices, precision)
         parallel.validate(spec, devices)
+    given = {"--device": device, "--job-name": job_name, "--run-dir": run_dir, "--steps": steps,
+             "--ckpt-every": ckpt_every, "--max-requeues": max_requeues, "--partition": partition, "--time": time_limit,
+             "--exclude-from": exclude_from, "--exclude": exclude, "--cpus-per-node": cpus_per_node,
+             "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim}
     writer = _writer(to)
-    result = writer.export(spec, parallel, devices_per_node=devices_per_node or 8)
+    if to in SCHEDULERS:
+        from dayzero.export.job import JobOptions, read_exclusions
+
+        hosts = (read_exclusions(exclude_from) if exclude_from else ()) + tuple(
+            h.strip() for h in (exclude or "").split(",") if h.strip())
+        job = JobOptions(**{k: v for k, v in dict(
+            name=job_name, devices_per_node=devices_per_node, device=device, run_dir=run_dir, steps=steps,
+            ckpt_every=ckpt_every, max_requeues=max_requeues, partition=partition, time_limit=time_limit,
+            exclude=tuple(dict.fromkeys(hosts)), memory_gb=mem_per_node, cpus_per_node=cpus_per_node, image=image,
+            volume_claim=volume_claim).items() if v not in (None, ())})
+        result = writer.export(spec, parallel, job=job)
+    else:
+        unused = [k for k, v in given.items() if v is not None]
+        if unused:
+            raise ConfigError(unused[0], None, f"is a scheduler option (--to {' | '.join(SCHEDULERS)}), not {to}'s")
+        result = writer.export(spec, parallel, devices_per_node=devices_per_node or 8)
     paths = result.write(out) if out else []
     if json_out:
         emit_json({**result.to_dict(), "parallel": parallel.to_dict(), "written": [str(p) for p in paths]})
@@ -95,8 +149,15 @@ def export_cmd(
         console.print(f"  not expressible in {to}: {item}", highlight=False)
     if paths:
         console.print(f"wrote {', '.join(str(p) for p in paths)}")
-        print_next(console, [Step.of("dayzero", "import", paths[0], "--devices", parallel.world,
-                                     why="read it back: the same layout")])
+        if to == "slurm":
+            step = Step.of("sbatch", paths[0], why=f"submit it (create {job.run_dir} on the shared file system first)")
+        elif to == "kubernetes":
+            step = Step.of("kubectl", "apply", "-f", paths[0], why=f"create the namespace, its quota and the job "
+                           f"(the volume claim {job.volume_claim or job.name + '-run'} must exist)")
+        else:
+            step = Step.of("dayzero", "import", paths[0], "--devices", parallel.world,
+                           why="read it back: the same layout")
+        print_next(console, [step])
 
 
 def _writer(engine: str):

@@ -5,4 +5,10 @@ line and every setting the engine cannot express, listed, never dropped), ``mega
 ``pretrain_gpt.py`` argument list and the Megatron-Core config objects), ``deepspeed`` (the
 DeepSpeed config JSON and its launch line). Each engine module has ``export(spec, parallel)`` and
 ``import_file(path)``: importing an export gives back the same :class:`ParallelConfig`.
+
+The schedulers run the plan on dayzero's runtime: ``job`` (the :class:`JobOptions` around a plan,
+the node split a scheduler can lay out, the ``dayzero train`` command of every rank), ``slurm``
+(an sbatch script that requeues itself and resumes from the checkpoint), ``kubernetes`` (a
+Namespace, a ResourceQuota and a Kubeflow PyTorchJob). Their ``export(spec, parallel, job=...)``
+returns the same :class:`Export`; they have no importer.
 """

@@ -1,0 +1,171 @@
+"""What a scheduler needs beyond the layout: the job's nodes, devices, run directory and the
+``dayzero train`` command its ranks run; shared by the Slurm and Kubernetes writers.
+
+:func:`node_split` is where a plan the scheduler cannot lay out is refused: every node runs the
+same number of ranks (``srun --ntasks-per-node``, ``torchrun --nproc-per-node``, a PyTorchJob's
+identical replicas), and each tensor-parallel group stays inside one node (ranks are numbered node
+by node and tp is the fastest-varying dimension, so ``devices_per_node % tp == 0`` keeps it there).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dayzero.errors import ConfigError, LayoutError
+from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig
+
+DEVICES = ("cuda", "npu", "cpu")
+# Communication-library settings of the ranks (the Slurm script lets the site's environment override them):
+COMM_ENV = {
+    "cuda": {
+        # a failed NCCL collective aborts the rank instead of hanging it, so the step fails and the job requeues
+        # (https://pytorch.org/docs/stable/torch_nccl_environment_variables.html)
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        # NCCL's warnings (a lost peer, a bad interface) in the job log
+        # (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-debug)
+        "NCCL_DEBUG": "WARN",
+    },
+    "npu": {
+        # seconds HCCL waits for every rank to connect; the default 120 s is short for a large job's start
+        # (CANN environment variables, HCCL_CONNECT_TIMEOUT: https://www.hiascend.com/document)
+        "HCCL_CONNECT_TIMEOUT": "1200",
+    },
+    "cpu": {},
+}
+# a hostname, or a Slurm host range of one bracket group ("gpu[01-04,07]")
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-_]*(\[[0-9,\-]+\][A-Za-z0-9.\-_]*)?")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The job around a plan. ``run_dir`` is on the shared file system (checkpoints, metrics, logs);
+    ``device`` is cuda, npu or cpu (CPU ranks on gloo); ``exclude`` the hosts to keep off."""
+
+    name: str = "dayzero"
+    devices_per_node: int = 8
+    device: str = "cuda"
+    run_dir: str = "runs/dayzero"
+    steps: int = 100
+    ckpt_every: int = 50
+    max_requeues: int = 3
+    partition: str | None = None
+    time_limit: str | None = None
+    exclude: tuple[str, ...] = ()
+    memory_gb: int | None = None  # per node; None: Slurm gives the whole node, Kubernetes 32 GiB per device
+    cpus_per_node: int | None = None  # None: Slurm gives the whole node, Kubernetes 4 cores per device
+    image: str | None = None  # Kubernetes: the container image with dayzero installed
+    volume_claim: str | None = None  # Kubernetes: the ReadWriteMany PersistentVolumeClaim holding run_dir
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ConfigError("--device", None, f"must be {', '.join(DEVICES)}, got {self.device!r}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9\-_.]{0,62}", self.name):
+            raise ConfigError("--job-name", None, f"{self.name!r}: letters, digits, '-', '_' and '.', at most 63")
+        if self.time_limit is not None:
+            time_limit_seconds(self.time_limit)
+        bad = [h for h in self.exclude if not _HOST.fullmatch(h)]
+        if bad:
+            raise ConfigError("--exclude", None, f"not a hostname or a host range like gpu[01-04]: {bad[0]!r}")
+
+
+def time_limit_seconds(text: str) -> int:
+    """Seconds of a Slurm time limit: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+    days-hours:minutes or days-hours:minutes:seconds (https://slurm.schedmd.com/sbatch.html#OPT_time)."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m or text.strip() in ("0",):
+        raise ConfigError("--time", None, f"{text!r}: expected minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], above 0")
+    days, a, b, c = m.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    if c is not None:
+        return int(a) * 3600 + int(b) * 60 + int(c)
+    return int(a) * 60 + int(b or 0)
+
+
+@dataclass(frozen=True)
+class NodeSplit:
+    nodes: int
+    per_node: int  # ranks (devices) per node
+
+
+def node_split(parallel: ParallelConfig, devices_per_node: int, scheduler: str) -> NodeSplit:
+    """Nodes x ranks per node for ``parallel``; a LayoutError says why ``scheduler`` cannot lay it out."""
+    world = parallel.world
+    per_node = min(world, devices_per_node)
+    if world % per_node:
+        raise LayoutError(f"{scheduler} cannot lay out {world} ranks on nodes of {devices_per_node}: every node runs "
+                          f"the same number of ranks; use a device count that is a multiple of {devices_per_node} or "
+                          "give --devices-per-node")
+    if per_node % parallel.tp:
+        raise LayoutError(f"{scheduler} cannot keep a tp {parallel.tp} group inside a node of {per_node} ranks; "
+                          f"use tp dividing {per_node} or give --devices-per-node as a multiple of {parallel.tp}")
+    return NodeSplit(world // per_node, per_node)
+
+
+def read_exclusions(path: str | Path) -> tuple[str, ...]:
+    """Hosts to keep off: a JSON object with a ``hosts`` list (the monitor's ``exclusions.json``), a
+    JSON list, or plain text with one hostname per line (``#`` comments)."""
+    from dayzero.inputs import parse_json, read_text
+
+    text = read_text(path, "an exclusion list: JSON {\"hosts\": [...]} or one hostname per line")
+    stripped = text.strip()
+    if stripped.startswith(("{", "[")):
+        obj = parse_json(text, str(path))
+        hosts = obj.get("hosts") if isinstance(obj, dict) else obj
+        if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+            raise ConfigError(str(path), "hosts", "expected a list of hostnames")
+    else:
+        hosts = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    hosts = [h.strip() for h in hosts if h.strip()]
+    bad = [h for h in hosts if not _HOST.fullmatch(h)]
+    if bad:
+        raise ConfigError(str(path), "hosts", f"not a hostname: {bad[0]!r}")
+    return tuple(dict.fromkeys(hosts))
+
+
+def expand_hosts(hosts: tuple[str, ...]) -> list[str]:
+    """Slurm host ranges as single hostnames: ``gpu[01-03,07]`` -> gpu01, gpu02, gpu03, gpu07 (a
+    range keeps its zero padding; https://slurm.schedmd.com/sbatch.html#OPT_nodelist)."""
+    out: list[str] = []
+    for h in hosts:
+        m = re.fullmatch(r"(.*)\[([0-9,\-]+)\](.*)", h)
+        if not m:
+            out.append(h)
+            continue
+        head, body, tail = m.groups()
+        for part in body.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo or (hi == "" and "-" in part) or (hi and int(hi) < int(lo)):
+                raise ConfigError("--exclude", None, f"{h!r}: bad range {part!r}")
+            out += [f"{head}{str(i).zfill(len(lo))}{tail}" for i in range(int(lo), int(hi or lo) + 1)]
+    return list(dict.fromkeys(out))
+
+
+def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_dir: str, metrics: str) -> list[str]:
+    """``dayzero train`` of the plan, as every rank runs it (after ``-m``): resumes from the newest
+    good checkpoint in ``ckpt_dir`` (``--resume auto``) and appends to ``metrics``."""
+    from dayzero.cli.next_steps import layout_flags
+
+    layout = layout_flags({**parallel.to_dict(), "recompute_layers": None})  # not a train flag: see unexpressed
+    out = ["dayzero", "train", spec.name, *layout, "--steps", str(job.steps),
+           "--ckpt-dir", ckpt_dir, "--ckpt-every", str(job.ckpt_every), "--resume", "auto", "--metrics", metrics,
+           "--quiet"]
+    if job.device == "cpu":
+        out += ["--device", "cpu", "--backend", "gloo"]
+    elif job.device == "npu":
+        out += ["--device", "npu"]
+    return out
+
+
+def unexpressed(parallel: ParallelConfig) -> list[str]:
+    """Settings of the plan that ``dayzero train``'s flags do not carry."""
+    out = []
+    if parallel.recompute_layers is not None:
+        out.append(f"recompute of {parallel.recompute_layers} layer(s) per stage (dayzero train recomputes every layer "
+                   "with --recompute full)")
+    if parallel.rank_order != DENSE_ORDER:
+        out.append(f"rank order {parallel.rank_order} (dayzero train numbers ranks {DENSE_ORDER})")
+    return out
