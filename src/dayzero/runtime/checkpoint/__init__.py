@@ -6,7 +6,8 @@ resume), ``lineage`` (which run wrote each version, in which order, on which bra
 (one writing job per checkpoint directory), ``json_state`` (RNG and LR-scheduler state as JSON,
 never pickled), ``state_dicts`` (model and optimizer state dicts named as the full model),
 ``dcp_io`` (the one wrapper around PyTorch Distributed Checkpoint internals), ``version_files``
-(the names of a version's own files), ``rank_group`` (the checkpoint's own process group),
+(the names of a version's own files), ``side_files`` (those JSON files read back and checked
+against the run before any value is used), ``rank_group`` (the checkpoint's own process group),
 ``async_saves`` (staging and the background write of an async save), ``commit`` (manifest,
 verify, rename, retention), ``verification`` (one version's verdict, hashing split across ranks),
 ``loading`` (one version into a model at any layout), ``checkpointer`` (save, resume and load in
