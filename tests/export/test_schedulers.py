@@ -14,6 +14,7 @@ import typer.main
 import yaml
 
 from dayzero.cli.app import app, main
+from dayzero.errors import DayzeroError
 from dayzero.export import kubernetes, slurm
 from dayzero.export.job import JobOptions, expand_hosts, read_exclusions, time_limit_seconds
 from dayzero.specs.parallel import ParallelConfig as P
@@ -163,6 +164,21 @@ def test_exclusion_lists(tmp_path):
     pod = list(yaml.safe_load_all(k.files[kubernetes.MANIFEST_FILE]))[2]["spec"]["pytorchReplicaSpecs"]["Worker"]
     term = pod["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["node1", "node2"]
+
+
+def test_the_runs_own_exclusion_file_is_read_as_hosts(tmp_path):
+    """The file the trainer's alert actions write (dayzero.specs.exclusions) feeds --exclude-from:
+    a host with any excluded device slot is kept off whole (Slurm allocates nodes exclusively)."""
+    from dayzero.specs.exclusions import Exclusion, add_exclusions
+
+    f = tmp_path / "exclusions.json"
+    add_exclusions(f, [Exclusion(rank=3, slot=3, host="gpu-02", reason="straggler", step=7, time="t"),
+                       Exclusion(rank=9, slot=1, host="gpu-01", reason="hang", step=None, time="t"),
+                       Exclusion(rank=2, slot=2, host="gpu-02", reason="straggler", step=9, time="t")])
+    assert read_exclusions(f) == ("gpu-01", "gpu-02")
+    f.write_text(json.dumps({"format": "dayzero-exclusions/1", "excluded": [{"host": 1}]}))
+    with pytest.raises(DayzeroError, match="exclusion list"):
+        read_exclusions(f)
 
 
 def test_slurm_time_limits():

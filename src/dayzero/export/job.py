@@ -106,15 +106,24 @@ def node_split(parallel: ParallelConfig, devices_per_node: int, scheduler: str) 
 
 
 def read_exclusions(path: str | Path) -> tuple[str, ...]:
-    """Hosts to keep off: a JSON object with a ``hosts`` list (the monitor's ``exclusions.json``), a
-    JSON list, or plain text with one hostname per line (``#`` comments)."""
+    """Hosts to keep off: a run's ``exclusions.json`` (:mod:`dayzero.specs.exclusions`, written by
+    the trainer's alert actions: every host with an excluded device slot), a JSON object with a
+    ``hosts`` list (a restart plan), a JSON list, or plain text with one hostname per line (``#``
+    comments)."""
     from dayzero.inputs import parse_json, read_text
+    from dayzero.specs import exclusions
 
     text = read_text(path, "an exclusion list: JSON {\"hosts\": [...]} or one hostname per line")
     stripped = text.strip()
     if stripped.startswith(("{", "[")):
         obj = parse_json(text, str(path))
-        hosts = obj.get("hosts") if isinstance(obj, dict) else obj
+        if isinstance(obj, dict) and "format" in obj:
+            try:
+                hosts = exclusions.excluded_hosts(exclusions.read_exclusions(path))
+            except exclusions.ExclusionError as e:
+                raise ConfigError(str(path), None, str(e)) from None
+        else:
+            hosts = obj.get("hosts") if isinstance(obj, dict) else obj
         if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
             raise ConfigError(str(path), "hosts", "expected a list of hostnames")
     else:

@@ -20,8 +20,8 @@ from dayzero.runtime.resilience.actions import (
     read_request,
     resolve_name,
 )
-from dayzero.runtime.resilience.exclusion import read_exclusions
 from dayzero.runtime.resilience.faults import FaultInjector, FaultSpec, FaultSpecError
+from dayzero.specs.exclusions import read_exclusions
 from dayzero.specs.parallel import ParallelConfig
 
 

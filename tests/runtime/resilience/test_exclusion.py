@@ -6,16 +6,8 @@ import json
 
 import pytest
 
-from dayzero.runtime.resilience.exclusion import (
-    Exclusion,
-    ExclusionError,
-    add_exclusions,
-    excluded_slots,
-    parse_slots,
-    read_exclusions,
-    reshape,
-    restart_plan,
-)
+from dayzero.runtime.resilience.exclusion import parse_slots, reshape, restart_plan
+from dayzero.specs.exclusions import Exclusion, ExclusionError, add_exclusions, excluded_slots, read_exclusions
 from dayzero.specs.parallel import ParallelConfig
 
 

@@ -36,14 +36,8 @@ from typing import Callable, Protocol, Sequence
 
 from dayzero.errors import DayzeroError
 from dayzero.runtime.resilience import rank_log
-from dayzero.runtime.resilience.exclusion import (
-    Exclusion,
-    ExclusionError,
-    add_exclusions,
-    exclusion_path,
-    reshape,
-    restart_plan,
-)
+from dayzero.runtime.resilience.exclusion import reshape, restart_plan
+from dayzero.specs.exclusions import Exclusion, ExclusionError, add_exclusions, exclusion_path
 
 ACTIONS = ("log", "checkpoint", "restart", "exclude")  # weakest first: one step's strongest wins
 DEFAULT_ACTION = "log"

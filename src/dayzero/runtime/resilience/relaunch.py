@@ -24,15 +24,9 @@ from typing import Sequence
 from dayzero.report.jsonable import record_line
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.metrics import last_attempt
-from dayzero.runtime.resilience.exclusion import (
-    Exclusion,
-    add_exclusions,
-    excluded_slots,
-    exclusion_path,
-    read_exclusions,
-    reshape,
-)
+from dayzero.runtime.resilience.exclusion import reshape
 from dayzero.runtime.resilience.faults import FaultSpec
+from dayzero.specs.exclusions import Exclusion, add_exclusions, excluded_slots, exclusion_path, read_exclusions
 
 
 class Relauncher:
