@@ -126,6 +126,31 @@ def train_cmd(
     spike_factor: Annotated[float, typer.Option("--spike-factor", min=0, help="With --on-bad-loss: a loss above this "
                                                                               "x the running mean is a spike (0: "
                                                                               "NaN/Inf only).")] = 0.0,
+    moe_bias_rate: Annotated[float, typer.Option("--moe-bias-rate", min=0, help="MoE: auxiliary-loss-free balancing "
+                                                                            "bias update speed gamma for routers with "
+                                                                            "a score-correction bias (DeepSeek-V3: "
+                                                                            "0.001; 0: off).")] = 1e-3,
+    moe_aux_loss: Annotated[str, typer.Option("--moe-aux-loss", help="MoE balance loss: model (the model config's) | "
+                                                                     "none | seq (DeepSeek-V3 sequence-wise) | global "
+                                                                     "(global-batch) | micro (Switch, per "
+                                                                     "micro-batch).")] = "model",
+    moe_aux_coef: Annotated[Optional[float], typer.Option("--moe-aux-coef", min=0, help="MoE balance loss coefficient "
+                                                                                        "(default: DeepSeek-V3's alpha "
+                                                                                        "1e-4; with 'model' the "
+                                                                                        "config's).")] = None,
+    moe_z_loss: Annotated[float, typer.Option("--moe-z-loss", min=0, help="MoE router z-loss coefficient (ST-MoE "
+                                                                          "recommends 1e-3; 0: off).")] = 0.0,
+    moe_capacity_factor: Annotated[Optional[float], typer.Option("--moe-capacity-factor", help="MoE: drop routed slots "
+                                                                                               "beyond this x the even "
+                                                                                               "share per expert "
+                                                                                               "(default: "
+                                                                                               "dropless).")] = None,
+    moe_loads_every: Annotated[int, typer.Option("--moe-loads-every", min=1, help="MoE: write the full per-expert load "
+                                                                                  "vector to the metrics every N steps "
+                                                                                  "(and on the last).")] = 10,
+    placement: Annotated[Optional[Path], typer.Option("--placement", help="MoE: expert placement file (`dayzero moe "
+                                                                          "place --out`): slots per EP rank, hot "
+                                                                          "experts replicated.")] = None,
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
                                                                                 "memory exceeds what this machine has "
                                                                                 "free.")] = False,
@@ -149,7 +174,14 @@ def train_cmd(
     if metrics:
         prepare_output(metrics, "--metrics")
     from dayzero.runtime.checks import check_runtime
-    from dayzero.runtime.config import CheckpointSection, FaultSection, ModelSection, OptimizerSection, TrainConfig
+    from dayzero.runtime.config import (
+        CheckpointSection,
+        FaultSection,
+        ModelSection,
+        MoESection,
+        OptimizerSection,
+        TrainConfig,
+    )
     from dayzero.runtime.data import resolve_data
     from dayzero.runtime.device import compute_dtype as default_dtype
     from dayzero.runtime.device import resolve
@@ -174,6 +206,9 @@ def train_cmd(
                            hf_weights=str(hf_weights) if hf_weights else None),
         parallel=parallel,
         optimizer=OptimizerSection(lr=lr, warmup=warmup, grad_clip=grad_clip),
+        moe=MoESection(bias_rate=moe_bias_rate, aux_loss=moe_aux_loss, aux_coef=moe_aux_coef, z_loss=moe_z_loss,
+                       capacity_factor=moe_capacity_factor, loads_every=moe_loads_every,
+                       placement=str(placement) if placement else None),
         checkpoint=CheckpointSection(dir=str(ckpt_dir) if ckpt_dir else None, every=ckpt_every, keep=keep,
                                      prune_other_lineages=prune_other_lineages, resume=resume, async_save=async_save,
                                      checksum=ckpt_checksum),
@@ -184,6 +219,14 @@ def train_cmd(
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     spec = cfg.spec()
     check_runtime(spec, parallel, world)
+    cfg.moe.check()
+    if placement is not None:
+        from dayzero.errors import ConfigError
+        from dayzero.specs.placement import load_placement
+
+        if not spec.is_moe:
+            raise ConfigError(str(placement), None, f"--placement places routed experts; {spec.name} has no MoE layers")
+        load_placement(placement, spec.moe.experts, parallel.ep)
     if not torchrun and not skip_memory_check:  # under torchrun the ranks are already up, allocating
         from dayzero.runtime.memory_check import check_memory
 

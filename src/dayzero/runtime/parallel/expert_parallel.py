@@ -41,6 +41,11 @@ class AllToAllDispatch:
 
     def __init__(self, group, ep: int, experts: int):
         self.group, self.ep, self.local = group, ep, experts // ep
+        self.ranks = ep
+
+    def rank_rows(self, counts: torch.Tensor) -> torch.Tensor:
+        """(token, slot) rows this rank sends to each EP rank: (ep,)."""
+        return counts.view(self.ep, self.local).sum(1)
 
     def __call__(self, x_sorted: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
         # x_sorted: (N, H) this rank's (token, slot) rows grouped by global expert; counts: (E,)
@@ -69,17 +74,23 @@ def _source_major_to_expert_major(counts: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(seg_starts - new_starts, lens, output_size=n) + torch.arange(n, device=counts.device)
 
 
-def apply_expert_parallel(model: Transformer, ep_mesh) -> None:
+def apply_expert_parallel(model: Transformer, ep_mesh, placement=None) -> None:
     """Turn routed-expert weights into DTensors sharded on dim 0 (the expert index) over
     ``ep_mesh`` (also at ep 1, so checkpoints always see global expert tensors), and swap in
-    the all-to-all dispatcher when experts are split."""
+    the all-to-all dispatcher when experts are split, or the placed dispatcher
+    (:mod:`~dayzero.runtime.parallel.expert_placement`) for a ``dayzero.specs.placement.Placement``."""
     ep = ep_mesh.size()
-    for block in model.layers.values():
+    for key, block in model.layers.items():  # keyed by global layer index
         if block.moe is None:
             continue
         experts = block.moe.experts
         for name, p in list(experts.named_parameters(recurse=False)):
             dt = distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None)
             experts.register_parameter(name, nn.Parameter(dt, requires_grad=p.requires_grad))
-        if ep > 1:
+        if placement is not None:
+            from dayzero.runtime.parallel.expert_placement import PlacedDispatch
+
+            block.moe.dispatcher = PlacedDispatch(ep_mesh.get_group(), ep_mesh.get_local_rank(),
+                                                  placement.slots(int(key)), block.moe.spec.experts)
+        elif ep > 1:
             block.moe.dispatcher = AllToAllDispatch(ep_mesh.get_group(), ep, block.moe.spec.experts)
