@@ -19,8 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-SKEW = 0.1  # initial selection bias of the two favoured experts (sigmoid scores lie in (0, 1))
+SKEW = 0.05  # initial selection bias of the two favoured experts (sigmoid scores lie in (0, 1))
 FAVOURED = (0, 1)
+LR = 2.2e-4  # DeepSeek-V3's peak learning rate (arXiv 2412.19437 sec. 4.2), with its gamma 0.001
 
 
 def one_run(rate: float, steps: int, metrics: str, gbs: int, seq: int) -> None:
@@ -33,7 +34,7 @@ def one_run(rate: float, steps: int, metrics: str, gbs: int, seq: int) -> None:
     from dayzero.specs.parallel import ParallelConfig
 
     cfg = TrainConfig(model=ModelSection("tiny-moe", layers=2, hidden=64),
-                      parallel=ParallelConfig(seq=seq, mbs=gbs, gbs=gbs), optimizer=OptimizerSection(lr=3e-3),
+                      parallel=ParallelConfig(seq=seq, mbs=gbs, gbs=gbs), optimizer=OptimizerSection(lr=LR),
                       moe=MoESection(bias_rate=rate, loads_every=steps), steps=steps, seed=0, compute_dtype="fp32",
                       metrics=metrics, quiet=True, measure_comm=False)
     state = build_state(cfg)
