@@ -161,7 +161,7 @@ def train_cmd(
 
     Spawns [bold]--nproc[/bold] local ranks with torchrun, or runs as one rank of an existing torchrun
     job. Writes one JSONL record per step (loss, grad_norm, lr, tokens, step_time_s, tokens_per_s,
-    peak_mem_bytes, comm_time_s) and a final end record.
+    peak_mem_bytes, comm_time_s; MoE runs add moe and expert_loads) and a final end record.
 
     Example: [bold]dayzero train tiny-llama --tp 2 --pp 2 --dp 2 --nproc 8 --steps 20 --seq 128 --gbs 8 --metrics
     runs/tiny-llama/metrics.jsonl[/bold]
