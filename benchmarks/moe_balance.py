@@ -52,10 +52,12 @@ def summarize(metrics: str) -> dict:
     steps, _ = read_metrics(metrics)
     mm = [max(r["moe"]["max_mean"]) for r in steps]  # worst MoE layer per step
     below = next((i + 1 for i in range(len(mm)) if all(v < 1.3 for v in mm[i:])), None)
-    tail = mm[-20:]
+    first = next((i + 1 for i, v in enumerate(mm) if v < 1.3), None)
+    tail = mm[-50:]
     return {"max_mean_first": mm[0], "max_mean_last": mm[-1], "max_mean_tail_mean": sum(tail) / len(tail),
-            "max_mean_tail_min": min(tail), "stays_below_1.3_from_step": below, "loss_first": steps[0]["loss"],
-            "loss_last": steps[-1]["loss"], "loss_tail_mean": sum(r["loss"] for r in steps[-20:]) / len(steps[-20:]),
+            "max_mean_tail_min": min(tail), "first_step_below_1.3": first, "stays_below_1.3_from_step": below,
+            "steps_below_1.3_in_tail": sum(v < 1.3 for v in tail), "loss_first": steps[0]["loss"],
+            "loss_last": steps[-1]["loss"], "loss_tail_mean": sum(r["loss"] for r in steps[-50:]) / len(steps[-50:]),
             "max_mean": [round(v, 4) for v in mm]}
 
 
@@ -78,18 +80,21 @@ def main() -> None:
     ap.add_argument("--gbs", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--out")
+    ap.add_argument("--summarize", nargs=2, metavar=("BIAS_JSONL", "NO_BIAS_JSONL"),
+                    help="only summarize two metrics files of earlier runs")
     ap.add_argument("--one", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--metrics", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one is not None:
         one_run(a.one, a.steps, a.metrics, a.gbs, a.seq)
         return
-    res = compare(a.steps, a.gbs, a.seq)
+    res = ({"bias": summarize(a.summarize[0]), "no_bias": summarize(a.summarize[1])} if a.summarize
+           else compare(a.steps, a.gbs, a.seq))
     for name, s in res.items():
         print(f"{name:8s} max/mean first {s['max_mean_first']:.3f} last {s['max_mean_last']:.3f} "
-              f"(mean of last 20: {s['max_mean_tail_mean']:.3f}); below 1.3 from step "
-              f"{s['stays_below_1.3_from_step']}; loss {s['loss_first']:.4f} -> {s['loss_last']:.4f} "
-              f"(mean of last 20: {s['loss_tail_mean']:.4f})")
+              f"(last 50 steps: mean {s['max_mean_tail_mean']:.3f}, min {s['max_mean_tail_min']:.3f}, "
+              f"{s['steps_below_1.3_in_tail']} below 1.3); first below 1.3 at step {s['first_step_below_1.3']}; "
+              f"loss {s['loss_first']:.4f} -> {s['loss_last']:.4f} (mean of last 50: {s['loss_tail_mean']:.4f})")
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
 

@@ -321,7 +321,7 @@ def expert_loads(state: TrainState) -> ExpertLoads | None:
         if moe.rows_per_rank is not None:
             rows = moe.rows_per_rank.double()
             m[row[layer], e + 1:e + 1 + rows.numel()] = rows
-    if dist.get_world_size() > 1:
+    if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(m)
     return ExpertLoads(layers, m[:, :e], m[:, e], m[:, e + 1:])
 
