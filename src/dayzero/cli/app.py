@@ -30,7 +30,7 @@ app = typer.Typer(
 )
 
 VERBS = ["day0", "models", "hardware", "inspect", "ops", "memory", "predict", "plan", "compare", "backtest", "train",
-         "ckpt", "calibrate", "validate", "export"]
+         "ckpt", "calibrate", "validate", "export", "moe"]
 
 
 def package_version() -> str:

@@ -33,8 +33,10 @@ from dayzero.cli.predict import (
     AttentionKernelOpt,
     CalibrationOpt,
     EpOverlapOpt,
+    ExpertLoadsOpt,
     ImbalanceOpt,
     OrderOpt,
+    PlacementOpt,
     PrecisionOpt,
     TpOverlapOpt,
     check_precision,
@@ -107,6 +109,7 @@ def plan_cmd(
     recompute: ListOpt("--recompute", "recompute modes (none, selective, full)") = None,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
+    expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
@@ -134,12 +137,21 @@ def plan_cmd(
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
+    opts = opts.with_expert_loads(spec, expert_loads, placement)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
                             ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("recompute",
                                                                                          _words(recompute)),
                             ("sequence_parallel", _bools(sequence_parallel, "--sequence-parallel")))
           if v is not None}
+    if placement:  # a placement is for one EP size: search only that one
+        placed = opts.comm.moe_measured.by_ep[0].ep
+        if kw.get("ep") not in (None, (placed,)):
+            from dayzero.errors import ConfigError
+
+            raise ConfigError("--placement", None, f"is for ep {placed}, but --ep asks for {list(kw['ep'])}; "
+                              f"drop --ep or pass --ep {placed}")
+        kw["ep"] = (placed,)
     if engine:
         from dayzero.planner.engines import get_engine
 

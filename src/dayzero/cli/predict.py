@@ -43,6 +43,13 @@ EpOverlapOpt = Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help
                                                                                  "micro-batch (DualPipe-style).")]
 ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="Busiest device's routed tokens over the average "
                                                                      "(1.0: balanced).")]
+ExpertLoadsOpt = Annotated[Optional[str], typer.Option("--expert-loads", help="Measured expert loads (a run's "
+                                                        "metrics.jsonl or a layer x expert JSON matrix): the MoE "
+                                                        "imbalance is derived from them per EP size instead of "
+                                                        "--moe-imbalance.")]
+PlacementOpt = Annotated[Optional[str], typer.Option("--placement", help="Expert placement file (dayzero moe place "
+                                                     "--out) the imbalance is computed under (default: contiguous; "
+                                                     "without --expert-loads: uniform loads).")]
 OrderOpt = Annotated[str, typer.Option("--rank-order", help="Rank layout, fastest dim first.")]
 CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="JSON/YAML of efficiency constants (see "
                                                                              "docs/performance.md).")]
@@ -68,7 +75,8 @@ def predict_cmd(
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False,
                 ep_overlap: EpOverlapOpt = False,
-    moe_imbalance: ImbalanceOpt = 1.0, rank_order: OrderOpt = "tp-cp-dp-pp",
+    moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
+    rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
@@ -91,6 +99,7 @@ def predict_cmd(
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
+    opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
     obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line

@@ -36,6 +36,7 @@ import numpy as np
 from dayzero.planner.calibration import Rates
 from dayzero.planner.collectives import group_collective
 from dayzero.planner.compute import BF16, ComputeCosts, layer_classes, single_seq
+from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import FULL
 from dayzero.specs.model import ModelSpec
@@ -46,11 +47,22 @@ class CommOptions:
     tp_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
     ep_overlap: bool = False  # EP all-to-all overlapped with another micro-batch (DualPipe, 1F1B a2a overlap)
     moe_imbalance: float = 1.0  # busiest device's routed tokens / average (NVIDIA benchmarks force-balance)
+    moe_measured: MeasuredImbalance | None = None  # measured per EP size (--expert-loads); replaces the constant
     # bytes per gradient element on the wire: FP32, as Megatron-LM reduces BF16 runs unless
     # --grad-reduce-in-bf16 (megatron/training/arguments.py: grad_reduce_in_fp32 defaults on with
     # --bf16), as Llama 3 reduce-scattered (Llama Team 2024, sec. 3.3.2: "reduce-scatter gradients in
     # FP32") and as dayzero's runtime reduces (FSDP2 reduce_dtype=float32); 2 for BF16 reduction
     grad_reduce_bytes: int = 4
+
+
+    def imbalance(self, ep):
+        """The routing imbalance per candidate (``ep``: EP sizes, (N,)): measured, else the constant."""
+        return self.moe_measured.values(ep) if self.moe_measured is not None else self.moe_imbalance
+
+    def describe_imbalance(self, ep: int) -> dict:
+        """Which imbalance a prediction used and where it came from."""
+        return self.moe_measured.describe(ep) if self.moe_measured is not None else constant_imbalance(
+            self.moe_imbalance)
 
 
 @dataclass(frozen=True)
@@ -143,7 +155,7 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     # -- expert parallel (dispatch + combine)
     if spec.moe is not None:
         tok = T / tp * spec.moe.top_k * H * BF16  # routed token rows leaving one device
-        t = coll("all_to_all", tok, groups, "ep", rates, opt.moe_imbalance)
+        t = coll("all_to_all", tok, groups, "ep", rates, opt.imbalance(g["ep"]))
         ops = kn(kinds * (np.asarray(g["ep"]) > 1) * 2 * (2 + full))
         total = ops * t
         exp = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total

@@ -60,6 +60,32 @@ class PerfOptions:
         comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance)
         return cls(comm=comm, constants=constants, attention_kernel=attention_kernel)
 
+    def with_expert_loads(self, spec: ModelSpec, expert_loads: str | None = None,
+                          placement: str | None = None) -> "PerfOptions":
+        """These options with the routing imbalance measured from an expert-loads file (a metrics
+        JSONL or a layer x expert matrix) under a placement file (default: contiguous), per EP size,
+        instead of the constant (:mod:`dayzero.planner.moe_imbalance`); unchanged without either."""
+        from dataclasses import replace
+
+        from dayzero.errors import ConfigError
+        from dayzero.planner.moe_imbalance import measured_imbalance
+        from dayzero.specs.expert_loads import read_expert_loads
+        from dayzero.specs.placement import load_placement
+
+        if expert_loads is None and placement is None:
+            return self
+        if not spec.is_moe:
+            raise ConfigError("--expert-loads" if expert_loads else "--placement", None,
+                              f"{spec.name} has no MoE layers; expert loads and placements apply to MoE models only")
+        if self.comm.moe_imbalance != 1.0:
+            raise ConfigError("--moe-imbalance", None, "give either a constant --moe-imbalance or measured "
+                              "--expert-loads/--placement, not both")
+        experts = spec.moe.experts
+        loads = read_expert_loads(expert_loads) if expert_loads else None
+        placed = load_placement(placement, experts=experts) if placement else None
+        measured = measured_imbalance(experts, loads, placed, placement)
+        return replace(self, comm=replace(self.comm, moe_measured=measured))
+
 
 @lru_cache(maxsize=4096)
 def stage_counts(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
@@ -119,7 +145,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     r = rates(cluster, consts)
     g = {k: np.asarray(v) for k, v in grid.items()}
     n = len(g["tp"])
-    costs = compute_costs(spec, g, r, consts, options.comm.moe_imbalance, options.attention_kernel)
+    costs = compute_costs(spec, g, r, consts, options.comm.imbalance(g["ep"]), options.attention_kernel)
     groups = place_groups(g, r)
     litems = layer_comm(spec, g, r, costs, groups, options.comm)
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
