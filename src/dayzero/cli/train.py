@@ -148,7 +148,7 @@ def train_cmd(
     moe_loads_every: Annotated[int, typer.Option("--moe-loads-every", min=1, help="MoE: write the full per-expert load "
                                                                                   "vector to the metrics every N steps "
                                                                                   "(and on the last).")] = 10,
-    placement: Annotated[Optional[Path], typer.Option("--placement", help="MoE: expert placement file (`dayzero moe "
+    placement: Annotated[Optional[str], typer.Option("--placement", help="MoE: expert placement file (`dayzero moe "
                                                                           "place --out`): slots per EP rank, hot "
                                                                           "experts replicated.")] = None,
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
