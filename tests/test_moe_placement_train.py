@@ -110,4 +110,7 @@ def test_router_losses_are_layout_independent(tmp_path, losses, layout):
     plain = _run(tmp_path, "plain", "--mbs", "4", "--moe-aux-loss", "none")
     for s in ref:
         assert abs(got[s]["loss"] - ref[s]["loss"]) <= 1e-5 * ref[s]["loss"], s
+    # loads are counted over the global batch: every dp/ep/tp rank and micro-batch (last step: full vector)
+    assert sum(got[3]["expert_loads"][0]) == 4 * 32 * 2
+    assert got[3]["expert_loads"] == ref[3]["expert_loads"]
     assert abs(plain[3]["loss"] - ref[3]["loss"]) > 1e-4 * ref[3]["loss"]  # the losses change the run
