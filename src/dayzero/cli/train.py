@@ -154,6 +154,31 @@ def train_cmd(
     alert_threshold: Annotated[Optional[list[str]], typer.Option(
         "--alert-threshold", help="KEY=VALUE override of an alert threshold, e.g. straggler_ratio=0.3 "
                                   "(repeatable).")] = None,
+    moe_bias_rate: Annotated[float, typer.Option("--moe-bias-rate", min=0, help="MoE: auxiliary-loss-free balancing "
+                                                                            "bias update speed gamma for routers with "
+                                                                            "a score-correction bias (DeepSeek-V3: "
+                                                                            "0.001; 0: off).")] = 1e-3,
+    moe_aux_loss: Annotated[str, typer.Option("--moe-aux-loss", help="MoE balance loss: model (the model config's) | "
+                                                                     "none | seq (DeepSeek-V3 sequence-wise) | global "
+                                                                     "(global-batch) | micro (Switch, per "
+                                                                     "micro-batch).")] = "model",
+    moe_aux_coef: Annotated[Optional[float], typer.Option("--moe-aux-coef", min=0, help="MoE balance loss coefficient "
+                                                                                        "(default: DeepSeek-V3's alpha "
+                                                                                        "1e-4; with 'model' the "
+                                                                                        "config's).")] = None,
+    moe_z_loss: Annotated[float, typer.Option("--moe-z-loss", min=0, help="MoE router z-loss coefficient (ST-MoE "
+                                                                          "recommends 1e-3; 0: off).")] = 0.0,
+    moe_capacity_factor: Annotated[Optional[float], typer.Option("--moe-capacity-factor", help="MoE: drop routed slots "
+                                                                                               "beyond this x the even "
+                                                                                               "share per expert "
+                                                                                               "(default: "
+                                                                                               "dropless).")] = None,
+    moe_loads_every: Annotated[int, typer.Option("--moe-loads-every", min=1, help="MoE: write the full per-expert load "
+                                                                                  "vector to the metrics every N steps "
+                                                                                  "(and on the last).")] = 10,
+    placement: Annotated[Optional[str], typer.Option("--placement", help="MoE: expert placement file (`dayzero moe "
+                                                                          "place --out`): slots per EP rank, hot "
+                                                                          "experts replicated.")] = None,
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
                                                                                 "memory exceeds what this machine has "
                                                                                 "free.")] = False,
@@ -164,7 +189,7 @@ def train_cmd(
 
     Spawns [bold]--nproc[/bold] local ranks with torchrun, or runs as one rank of an existing torchrun
     job. Writes one JSONL record per step (loss, grad_norm, lr, tokens, step_time_s, tokens_per_s,
-    peak_mem_bytes, comm_time_s) and a final end record.
+    peak_mem_bytes, comm_time_s; MoE runs add moe and expert_loads) and a final end record.
 
     Example: [bold]dayzero train tiny-llama --tp 2 --pp 2 --dp 2 --nproc 8 --steps 20 --seq 128 --gbs 8 --metrics
     runs/tiny-llama/metrics.jsonl[/bold]
@@ -182,6 +207,7 @@ def train_cmd(
         CheckpointSection,
         FaultSection,
         ModelSection,
+        MoESection,
         MonitorSection,
         OptimizerSection,
         TrainConfig,
@@ -211,6 +237,9 @@ def train_cmd(
                            hf_weights=str(hf_weights) if hf_weights else None),
         parallel=parallel,
         optimizer=OptimizerSection(lr=lr, warmup=warmup, grad_clip=grad_clip),
+        moe=MoESection(bias_rate=moe_bias_rate, aux_loss=moe_aux_loss, aux_coef=moe_aux_coef, z_loss=moe_z_loss,
+                       capacity_factor=moe_capacity_factor, loads_every=moe_loads_every,
+                       placement=str(placement) if placement else None),
         checkpoint=CheckpointSection(dir=str(ckpt_dir) if ckpt_dir else None, every=ckpt_every, keep=keep,
                                      prune_other_lineages=prune_other_lineages, resume=resume, async_save=async_save,
                                      checksum=ckpt_checksum),
@@ -225,6 +254,14 @@ def train_cmd(
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     spec = cfg.spec()
     check_runtime(spec, parallel, world)
+    cfg.moe.check()
+    if placement is not None:
+        from dayzero.errors import ConfigError
+        from dayzero.specs.placement import load_placement
+
+        if not spec.is_moe:
+            raise ConfigError(str(placement), None, f"--placement places routed experts; {spec.name} has no MoE layers")
+        load_placement(placement, spec.moe.experts, parallel.ep)
     if not torchrun and not skip_memory_check:  # under torchrun the ranks are already up, allocating
         from dayzero.runtime.memory_check import check_memory
 

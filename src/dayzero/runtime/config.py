@@ -3,13 +3,15 @@
 Like torchtitan's job config, the run is a few small sections plus run-level fields:
 ``model`` (:class:`ModelSection`: what to build, at which proxy size, from which weights),
 ``parallel`` (the :class:`~dayzero.specs.parallel.ParallelConfig`), ``optimizer``
-(:class:`OptimizerSection`), ``checkpoint`` (:class:`CheckpointSection`) and ``faults``
-(:class:`FaultSection`: restarts, drills, the watchdog, loss guards) and ``monitor``
+(:class:`OptimizerSection`), ``moe`` (:class:`MoESection`: routing balance, expert-load
+telemetry, the expert placement), ``checkpoint`` (:class:`CheckpointSection`), ``faults``
+(:class:`FaultSection`: restarts, drills, the watchdog, loss guards, alert actions) and ``monitor``
 (:class:`MonitorSection`: the Prometheus exporter and in-process alerts).
 
 Written next to the run's outputs (``<metrics>.config.json``) and handed to every rank, so the
 run that happened can always be read back and repeated. ``from_dict`` also reads the flat
-documents older versions wrote (:func:`upgrade_flat`).
+documents older versions wrote (:func:`upgrade_flat`), and moves ``optimizer.expert_bias_rate`` of
+documents written before the ``moe`` section to ``moe.bias_rate``.
 """
 
 from __future__ import annotations
@@ -65,11 +67,47 @@ class OptimizerSection:
     warmup: int | None = None  # steps; None: 10 % of the run, at most 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    # DeepSeek-V3's bias update speed gamma for auxiliary-loss-free balancing (DeepSeek-AI 2024, sec. 4.2)
-    expert_bias_rate: float = 1e-3
 
     def warmup_steps(self, steps: int) -> int:
         return self.warmup if self.warmup is not None else max(1, min(100, steps // 10))
+
+
+AUX_LOSSES = ("model", "none", "seq", "global", "micro")  # runtime.models.moe.AUX_LOSSES + "model"
+
+
+@dataclass(frozen=True)
+class MoESection:
+    """Routing balance and expert-load telemetry of MoE runs (docs/moe.md)."""
+
+    # DeepSeek-V3's bias update speed gamma for auxiliary-loss-free balancing (arXiv 2412.19437, sec. 4.2: 0.001)
+    bias_rate: float = 1e-3
+    # model: what the model's config asks for (its aux_loss_coef as a micro-batch loss, or none)
+    aux_loss: str = "model"
+    # None: DeepSeek-V3's sequence-wise alpha 1e-4 (arXiv 2412.19437, sec. 4.2) for seq | global | micro
+    aux_coef: float | None = None
+    z_loss: float = 0.0  # router z-loss coefficient (ST-MoE recommends 1e-3, arXiv 2202.08906 sec. 3.1)
+    capacity_factor: float | None = None  # None: dropless (DeepSeek-V3 drops no tokens)
+    loads_every: int = 10  # steps between full expert-load vectors in the metrics (and the last step)
+    placement: str | None = None  # expert placement file (dayzero-expert-placement/1)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.aux_loss not in AUX_LOSSES:
+            out.append(f"--moe-aux-loss {self.aux_loss!r}: expected one of {', '.join(AUX_LOSSES)}")
+        for name, v in (("--moe-bias-rate", self.bias_rate), ("--moe-aux-coef", self.aux_coef),
+                        ("--moe-z-loss", self.z_loss)):
+            if v is not None and not v >= 0:
+                out.append(f"{name} {v}: must be >= 0")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            out.append(f"--moe-capacity-factor {self.capacity_factor}: must be > 0 (omit it for dropless routing)")
+        if self.loads_every < 1:
+            out.append(f"--moe-loads-every {self.loads_every}: must be >= 1")
+        return out
+
+    def check(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise DayzeroError("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -118,8 +156,8 @@ class MonitorSection:
         return self.port is not None or self.alerts
 
 
-SECTIONS = {"model": ModelSection, "optimizer": OptimizerSection, "checkpoint": CheckpointSection,
-            "faults": FaultSection, "monitor": MonitorSection}
+SECTIONS = {"model": ModelSection, "optimizer": OptimizerSection, "moe": MoESection,
+            "checkpoint": CheckpointSection, "faults": FaultSection, "monitor": MonitorSection}
 
 
 @dataclass(frozen=True)
@@ -127,6 +165,7 @@ class TrainConfig:
     model: ModelSection
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    moe: MoESection = field(default_factory=MoESection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     faults: FaultSection = field(default_factory=FaultSection)
     monitor: MonitorSection = field(default_factory=MonitorSection)
@@ -153,7 +192,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        d = upgrade_flat(d) if not isinstance(d.get("model"), dict) else dict(d)
+        d = upgrade_flat(d) if not isinstance(d.get("model"), dict) else upgrade_bias_rate(d)
         d["parallel"] = ParallelConfig.from_dict(d.get("parallel", {}))
         for name, section in SECTIONS.items():
             d[name] = _section(section, d.get(name) or {}, name)
@@ -190,8 +229,8 @@ def _section(cls, d: dict, name: str):
 
 # the flat documents TrainConfig was before it had sections: old field -> (section, field)
 _FLAT = {"model": ("model", "name"), **{k: ("model", k) for k in (*SHRINK_KEYS, "hf_weights")},
-         **{k: ("optimizer", k) for k in ("lr", "min_lr_ratio", "warmup", "weight_decay", "grad_clip",
-                                         "expert_bias_rate")},
+         **{k: ("optimizer", k) for k in ("lr", "min_lr_ratio", "warmup", "weight_decay", "grad_clip")},
+         "expert_bias_rate": ("moe", "bias_rate"),
          "ckpt_dir": ("checkpoint", "dir"), "ckpt_every": ("checkpoint", "every"), "keep": ("checkpoint", "keep"),
          "ckpt_prune_other_lineages": ("checkpoint", "prune_other_lineages"), "resume": ("checkpoint", "resume"),
          "async_save": ("checkpoint", "async_save"), "ckpt_checksum": ("checkpoint", "checksum"),
@@ -210,3 +249,16 @@ def upgrade_flat(d: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def upgrade_bias_rate(d: dict) -> dict:
+    """A sectioned document written before the ``moe`` section: ``optimizer.expert_bias_rate``
+    becomes ``moe.bias_rate``."""
+    d = dict(d)
+    opt = d.get("optimizer")
+    if isinstance(opt, dict) and "expert_bias_rate" in opt:
+        opt = dict(opt)
+        rate = opt.pop("expert_bias_rate")
+        d["optimizer"] = opt
+        d["moe"] = {"bias_rate": rate, **(d.get("moe") or {})}
+    return d

@@ -4,6 +4,11 @@ One record per step, exactly these keys (``dayzero validate`` and the checkpoint
 
     step, loss, grad_norm, lr, tokens, step_time_s, tokens_per_s, peak_mem_bytes, comm_time_s
 
+and, in an MoE run, ``moe`` (per MoE layer, over the step's global batch: ``layers`` the global
+layer indices, ``max_mean`` max/mean routed slots per expert, ``cv`` their coefficient of
+variation, ``dropped`` the dropped share of routed slots (0.0 dropless), ``rank_max_mean`` max/mean
+rows per EP rank), plus ``expert_loads`` (per MoE layer, the routed slots of each expert summed
+over all ranks: a list of lists of ints) every ``--moe-loads-every`` steps and on the last step;
 then one ``{"event": "end", ...}`` record. Every record also has ``attempt`` (see MetricsWriter), and
 a record with a non-finite value writes it as ``null`` and names it in ``nonfinite``. ``peak_mem_bytes`` is the largest
 over ranks of the
@@ -40,9 +45,11 @@ class StepRecord:
     tokens_per_s: float
     peak_mem_bytes: int
     comm_time_s: float
+    moe: dict | None = None  # MoE runs: the per-layer load summary (module docstring)
+    expert_loads: list | None = None  # every --moe-loads-every steps: [layer][expert] routed slots
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None or k in STEP_KEYS}
 
 
 def peak_memory_bytes(device: torch.device) -> int:

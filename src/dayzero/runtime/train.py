@@ -27,7 +27,7 @@ from dayzero.runtime.data import DataError, TokenStream, resolve_data
 from dayzero.runtime.distributed import init_distributed, restart_attempt
 from dayzero.runtime.metrics import CommTimer, MetricsWriter, StepRecord, peak_memory_bytes
 from dayzero.runtime.models.model import build_model
-from dayzero.runtime.models.moe import MoE
+from dayzero.runtime.models.moe import MoE, Routing
 from dayzero.runtime.optim import build_optimizer, build_scheduler, clip_grad_norm_
 from dayzero.runtime.parallel.mesh import Meshes, build_meshes
 from dayzero.runtime.parallel.parallelize import ParallelModel, parallelize, seeded_weights
@@ -111,11 +111,20 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
         if scaling and dist.get_rank() == 0:
             print(f"dayzero: note: config.json asks for {scaling!r} RoPE scaling, which the zoo does not apply "
                   f"(plain RoPE, theta {spec.rope_theta:g}); logits will differ from transformers'", file=sys.stderr)
-    pm = parallelize(model, meshes, device, param_dtype, weights, buffers)
+    placement = None
+    if config.moe.placement and spec.is_moe:
+        from dayzero.specs.placement import load_placement
+
+        placement = load_placement(config.moe.placement, spec.moe.experts, parallel.ep)
+    pm = parallelize(model, meshes, device, param_dtype, weights, buffers, placement)
+    routing = routing_of(config, spec)
     for part in pm.parts:
         for m in part.modules():
             if isinstance(m, MoE):
                 m.aux_loss_scale = 1.0 / parallel.microbatches
+                m.routing = routing
+                m.batch_group = meshes.stage_group if meshes.shape.stage > 1 else None
+                m.grad_divisor = parallel.dp * parallel.cp  # what FSDP divides the router's gradients by
     pm.train()
     pipeline = None
     if parallel.pp > 1:
@@ -124,6 +133,20 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     optimizer = build_optimizer(pm.parameters(), config.optimizer.lr, config.optimizer.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.optimizer.min_lr_ratio)
     return TrainState(config, spec, meshes, device, pm, pipeline, optimizer, scheduler, data)
+
+
+def routing_of(config: TrainConfig, spec: ModelSpec) -> Routing:
+    """The run's :class:`Routing`: the model's own balance loss (``aux_loss`` "model"), or the one
+    asked for, with DeepSeek-V3's alpha 1e-4 (arXiv 2412.19437, sec. 4.2) unless a coefficient is given."""
+    o = config.moe
+    if spec.moe is None:
+        return Routing()
+    base = Routing.of_spec(spec.moe)
+    if o.aux_loss == "model":
+        aux, coef = base.aux_loss, base.aux_coef if o.aux_coef is None else o.aux_coef
+    else:
+        aux, coef = o.aux_loss, 1e-4 if o.aux_coef is None else o.aux_coef
+    return Routing(aux, coef if aux != "none" else 0.0, o.z_loss, o.capacity_factor)
 
 
 def rope_scaling_type(checkpoint: str) -> str | None:
@@ -208,10 +231,10 @@ def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool =
         state.optimizer.step()
         state.scheduler.step()
     state.optimizer.zero_grad(set_to_none=True)
-    if update:
-        update_expert_bias(state)
-    else:
-        _reset_expert_counts(state)
+    loads = expert_loads(state)
+    if update and loads is not None:
+        update_expert_bias(state, loads)
+    _reset_expert_counts(state)
     devices.synchronize(state.device)
     elapsed = time.perf_counter() - g.t0
     comm = timer.stop((g.wall0, g.wall0 + int(elapsed * 1e9)))
@@ -221,9 +244,11 @@ def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool =
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     state.step += 1
     tokens = p.gbs * p.seq
+    full = loads is not None and (state.step % state.config.moe.loads_every == 0 or state.step >= state.config.steps)
     rec = StepRecord(step=state.step, loss=g.loss, grad_norm=float(g.norm), lr=g.lr, tokens=tokens,
                      step_time_s=elapsed, tokens_per_s=tokens / elapsed, peak_mem_bytes=int(stats[0]),
-                     comm_time_s=float(stats[1]))
+                     comm_time_s=float(stats[1]), moe=loads.summary() if loads is not None else None,
+                     expert_loads=loads.expert_lists() if full else None)
     state.history.append(rec)
     return rec
 
@@ -244,25 +269,80 @@ def _reset_expert_counts(state: TrainState) -> None:
     for part in state.model.parts:
         for m in part.modules():
             if isinstance(m, MoE):
-                m.tokens_per_expert.zero_()
+                m.reset_counts()
+
+
+def _moe_layers(state: TrainState) -> list[tuple[int, MoE]]:
+    """(global layer index, layer) of this rank's MoE layers."""
+    return [(int(key), block.moe) for part in state.model.parts for key, block in part.layers.items()
+            if block.moe is not None]
+
+
+@dataclass(frozen=True)
+class ExpertLoads:
+    """One step's routing counts per MoE layer of the whole model, summed over every rank."""
+
+    layers: tuple[int, ...]  # global layer index of each MoE layer
+    experts: torch.Tensor  # (layers, E) routed (token, slot) pairs per expert, float64
+    dropped: torch.Tensor  # (layers,) slots dropped by the capacity factor
+    ranks: torch.Tensor  # (layers, ep) rows sent to each EP rank
+
+    def summary(self) -> dict:
+        """The per-step ``moe`` record (metrics.py): max/mean, CV, dropped share, rank max/mean."""
+        c, r = self.experts, self.ranks
+        mean = c.mean(1).clamp_min(1e-30)
+        cv = c.std(1, unbiased=False) / mean
+        routed = c.sum(1).clamp_min(1e-30)
+
+        def rnd(t):
+            return [round(float(v), 6) for v in t]
+
+        return {"layers": list(self.layers), "max_mean": rnd(c.max(1).values / mean), "cv": rnd(cv),
+                "dropped": rnd(self.dropped / routed),
+                "rank_max_mean": rnd(r.max(1).values / r.mean(1).clamp_min(1e-30))}
+
+    def expert_lists(self) -> list[list[int]]:
+        return [[int(v) for v in row] for row in self.experts.round().long().tolist()]
 
 
 @torch.no_grad()
-def update_expert_bias(state: TrainState) -> None:
-    """Auxiliary-loss-free balancing (Wang et al. 2024; DeepSeek-V3): after each step, raise the
-    selection bias of under-loaded experts and lower it for over-loaded ones by ``rate``, with
-    loads counted over every token of the step on this stage."""
-    moes = [m for part in state.model.parts for m in part.modules() if isinstance(m, MoE)]
-    biased = [m for m in moes if m.router.e_score_correction_bias is not None]
-    if biased and state.config.optimizer.expert_bias_rate > 0:
-        loads = torch.stack([m.tokens_per_expert for m in biased])  # (moe layers, experts)
-        if state.meshes.shape.stage > 1:
-            dist.all_reduce(loads, group=state.meshes.stage_group)
-        delta = torch.sign(loads.mean(dim=1, keepdim=True) - loads) * state.config.optimizer.expert_bias_rate
-        for m, d in zip(biased, delta):
-            m.router.e_score_correction_bias += d
-    for m in moes:
-        m.tokens_per_expert.zero_()
+def expert_loads(state: TrainState) -> ExpertLoads | None:
+    """This step's counts of every MoE layer (all stages), summed over all ranks: one all-reduce
+    of a (MoE layers, E + 1 + ep) matrix in which each rank fills the layers it holds. Every rank's
+    tokens are different (data parallel ranks hold different sequences, tensor and context
+    parallel ranks different shards), so the sums count the global batch of the step, over all its
+    micro-batches. None for a dense model."""
+    spec = state.spec
+    if not spec.is_moe:
+        return None
+    layers = tuple(i for i, kind in enumerate(spec.layer_kinds) if kind == "moe")
+    e, ep = spec.moe.experts, state.config.parallel.ep
+    m = torch.zeros(len(layers), e + 1 + ep, dtype=torch.float64, device=state.device)
+    row = {layer: i for i, layer in enumerate(layers)}
+    for layer, moe in _moe_layers(state):
+        m[row[layer], :e] = moe.tokens_per_expert.double()
+        m[row[layer], e] = moe.dropped_slots.double()
+        if moe.rows_per_rank is not None:
+            rows = moe.rows_per_rank.double()
+            m[row[layer], e + 1:e + 1 + rows.numel()] = rows
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(m)
+    return ExpertLoads(layers, m[:, :e], m[:, e], m[:, e + 1:])
+
+
+@torch.no_grad()
+def update_expert_bias(state: TrainState, loads: ExpertLoads) -> None:
+    """Auxiliary-loss-free balancing (Wang et al. 2024, arXiv 2408.15664; DeepSeek-V3, arXiv
+    2412.19437 sec. 2.1.2): after each step, ``b_i += gamma * sign(mean load - load_i)``, the loads
+    counted over the step's global batch (every rank, every micro-batch)."""
+    rate = state.config.moe.bias_rate
+    if rate <= 0:
+        return
+    row = {layer: i for i, layer in enumerate(loads.layers)}
+    for layer, m in _moe_layers(state):
+        if m.router.e_score_correction_bias is not None:
+            c = loads.experts[row[layer]]
+            m.router.e_score_correction_bias += (torch.sign(c.mean() - c) * rate).float()
 
 
 # -- the loop --------------------------------------------------------------------------------

@@ -169,7 +169,8 @@ def _balanced_moe_forward(self, x):
     one; every tensor the real forward keeps is kept here with the same shape."""
     import torch
 
-    from dayzero.runtime.parallel.expert_parallel import AllToAllDispatch, _AllToAll
+    from dayzero.runtime.parallel.all_to_all import AllToAll
+    from dayzero.runtime.parallel.expert_parallel import AllToAllDispatch
 
     bs, seq, hidden = x.shape
     xf = x.reshape(-1, hidden)  # (T, H)
@@ -185,12 +186,12 @@ def _balanced_moe_forward(self, x):
     if isinstance(d, AllToAllDispatch):
         # every rank sends rows / ep to each peer and receives as many: balanced both ways
         per_peer = [sum(counts[s * d.local:(s + 1) * d.local]) for s in range(d.ep)]
-        xr = _AllToAll.apply(xs, per_peer, per_peer, d.group)
+        xr = AllToAll.apply(xs, per_peer, per_peer, d.group)
         local_counts = [rows // d.local + (j < rows % d.local) for j in range(d.local)]
         perm = torch.arange(rows, device=x.device)
         y = self.experts(xr[perm], local_counts)
         y = torch.empty_like(y).index_copy_(0, perm, y)
-        y = _AllToAll.apply(y, per_peer, per_peer, d.group)
+        y = AllToAll.apply(y, per_peer, per_peer, d.group)
     else:
         y = self.experts(xs, counts)
     c = torch.tensor(counts, dtype=torch.float32, device=x.device)

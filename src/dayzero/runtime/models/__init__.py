@@ -1,8 +1,9 @@
 """The model zoo: one decoder-only transformer built from any ModelSpec, in plain PyTorch.
 
 Read in this order: ``attention`` (RMSNorm, rotary positions, grouped-query and multi-head latent
-attention), ``mlp`` (the dense feed-forward block and its activations), ``moe`` (router, grouped
-routed experts, shared experts, balance loss), ``model`` (the blocks and the ``Transformer``,
+attention), ``mlp`` (the dense feed-forward block and its activations), ``grouped_gemm`` (the
+routed experts' GEMMs: one grouped kernel where the device has it, a loop elsewhere), ``moe`` (router,
+grouped routed experts, shared experts, balance losses, capacity), ``model`` (the blocks and the ``Transformer``,
 deterministic initial weights), ``recompute`` (activation checkpointing of whole blocks or of the
 attention core). Nothing here knows about parallelism; :mod:`dayzero.runtime.parallel` shards
 these modules in place.

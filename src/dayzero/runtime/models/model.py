@@ -87,7 +87,7 @@ class Transformer(nn.Module):
             self.rope_sin.copy_(sin)
         for m in self.modules():
             if isinstance(m, MoE):
-                m.tokens_per_expert.zero_()
+                m.reset_counts()
                 if m.router.e_score_correction_bias is not None:
                     m.router.e_score_correction_bias.zero_()
 

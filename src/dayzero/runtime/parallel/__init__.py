@@ -2,8 +2,10 @@
 
 Read in this order: ``mesh`` (the ParallelConfig as one device mesh with named views), then one
 ``apply_*`` per dimension: ``pipeline`` (pp: the model cut into virtual stages and the schedule
-that runs them), ``tensor_parallel`` (tp + sequence parallel as DTensor plans), ``expert_parallel``
-(ep: routed experts sharded, tokens moved with all-to-all), ``data_parallel`` (dp: FSDP2, ZeRO and
-mixed precision), and ``parallelize`` (the one function that applies them all, with activation
-checkpointing from :mod:`dayzero.runtime.models.recompute`, then materializes the weights).
+that runs them), ``tensor_parallel`` (tp + sequence parallel as DTensor plans), ``all_to_all``
+(the token exchange and its row order), ``expert_parallel`` (ep: routed experts sharded, tokens
+moved with all-to-all), ``expert_placement`` (an expert placement with replicated experts in the
+dispatcher), ``data_parallel`` (dp: FSDP2, ZeRO and mixed precision), and ``parallelize`` (the one
+function that applies them all, with activation checkpointing from
+:mod:`dayzero.runtime.models.recompute`, then materializes the weights).
 """

@@ -16,24 +16,7 @@ from torch import nn
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from dayzero.runtime.models.model import Transformer
-
-
-class _AllToAll(torch.autograd.Function):
-    """all_to_all_single with split sizes; its gradient is the reverse exchange."""
-
-    @staticmethod
-    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group):
-        ctx.splits, ctx.group = (out_splits, in_splits), group
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out_splits, in_splits = ctx.splits
-        g = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(g, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return g, None, None, None
+from dayzero.runtime.parallel.all_to_all import AllToAll, source_major_to_expert_major
 
 
 class AllToAllDispatch:
@@ -41,6 +24,11 @@ class AllToAllDispatch:
 
     def __init__(self, group, ep: int, experts: int):
         self.group, self.ep, self.local = group, ep, experts // ep
+        self.ranks = ep
+
+    def rank_rows(self, counts: torch.Tensor) -> torch.Tensor:
+        """(token, slot) rows this rank sends to each EP rank: (ep,)."""
+        return counts.view(self.ep, self.local).sum(1)
 
     def __call__(self, x_sorted: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
         # x_sorted: (N, H) this rank's (token, slot) rows grouped by global expert; counts: (E,)
@@ -50,36 +38,30 @@ class AllToAllDispatch:
         recv = recv.view(ep, local)  # recv[s, j]: rows rank s sends to my local expert j
         send_splits = counts.view(ep, local).sum(1).tolist()
         recv_splits = recv.sum(1).tolist()
-        xr = _AllToAll.apply(x_sorted, recv_splits, send_splits, self.group)  # ordered (source, expert)
-        perm = _source_major_to_expert_major(recv)
+        xr = AllToAll.apply(x_sorted, recv_splits, send_splits, self.group)  # ordered (source, expert)
+        perm = source_major_to_expert_major(recv)
         y = experts(xr[perm], recv.sum(0).tolist())  # grouped by local expert
         y = torch.empty_like(y).index_copy_(0, perm, y)  # back to (source, expert) order
-        return _AllToAll.apply(y, send_splits, recv_splits, self.group)
+        return AllToAll.apply(y, send_splits, recv_splits, self.group)
 
 
-def _source_major_to_expert_major(counts: torch.Tensor) -> torch.Tensor:
-    """Row permutation taking rows laid out [source][expert] to [expert][source]."""
-    ep, local = counts.shape
-    flat = counts.reshape(-1)
-    starts = torch.cumsum(flat, 0) - flat  # where each (source, expert) run starts
-    order = torch.arange(ep * local, device=counts.device).view(ep, local).t().reshape(-1)
-    lens, seg_starts = flat[order], starts[order]
-    new_starts = torch.cumsum(lens, 0) - lens
-    n = int(lens.sum())
-    return torch.repeat_interleave(seg_starts - new_starts, lens, output_size=n) + torch.arange(n, device=counts.device)
-
-
-def apply_expert_parallel(model: Transformer, ep_mesh) -> None:
+def apply_expert_parallel(model: Transformer, ep_mesh, placement=None) -> None:
     """Turn routed-expert weights into DTensors sharded on dim 0 (the expert index) over
     ``ep_mesh`` (also at ep 1, so checkpoints always see global expert tensors), and swap in
-    the all-to-all dispatcher when experts are split."""
+    the all-to-all dispatcher when experts are split, or the placed dispatcher
+    (:mod:`~dayzero.runtime.parallel.expert_placement`) for a ``dayzero.specs.placement.Placement``."""
     ep = ep_mesh.size()
-    for block in model.layers.values():
+    for key, block in model.layers.items():  # keyed by global layer index
         if block.moe is None:
             continue
         experts = block.moe.experts
         for name, p in list(experts.named_parameters(recurse=False)):
             dt = distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None)
             experts.register_parameter(name, nn.Parameter(dt, requires_grad=p.requires_grad))
-        if ep > 1:
+        if placement is not None:
+            from dayzero.runtime.parallel.expert_placement import PlacedDispatch
+
+            block.moe.dispatcher = PlacedDispatch(ep_mesh.get_group(), ep_mesh.get_local_rank(),
+                                                  placement.slots(int(key)), block.moe.spec.experts)
+        elif ep > 1:
             block.moe.dispatcher = AllToAllDispatch(ep_mesh.get_group(), ep, block.moe.spec.experts)

@@ -47,7 +47,8 @@ class ParallelModel:
 
 
 def parallelize(model: Transformer, meshes: Meshes, device: torch.device, param_dtype: torch.dtype,
-                weights: WeightSource, buffers: WeightSource | None = None) -> ParallelModel:
+                weights: WeightSource, buffers: WeightSource | None = None, placement=None) -> ParallelModel:
+    """``placement``: a ``dayzero.specs.placement.Placement`` for the expert-parallel dispatcher."""
     parallel, spec = meshes.parallel, model.spec
     if parallel.pp > 1:
         staged = split_stages(model, spec, parallel, meshes.pp_rank)
@@ -58,7 +59,7 @@ def parallelize(model: Transformer, meshes: Meshes, device: torch.device, param_
         if parallel.tp > 1:
             apply_tensor_parallel(part, meshes.tp, parallel.sequence_parallel)
         if spec.is_moe:
-            apply_expert_parallel(part, meshes.ep)
+            apply_expert_parallel(part, meshes.ep, placement)
         apply_activation_checkpointing(part, parallel.recompute, parallel.recompute_layers)
         # FSDP2 has nothing to do when no rank of the stage shares a parameter and no dtype is
         # cast (one rank per stage, fp32): skipping it there saves copying every parameter and
