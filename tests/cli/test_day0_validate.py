@@ -43,6 +43,9 @@ def test_day0_validate_puts_the_proxy_run_in_the_report(tmp_path, capsys):
     fig = re.search(r'<figure data-chart="Proxy run loss curve">(.*?)</figure>', html, re.S)
     assert fig and "<polyline" in fig.group(1) and fig.group(1).count("<circle") == 6
     assert "proxy run here" in out.out and "measured vs" in out.out and "predicted" in out.out
+    # the next step reruns that proxy layout with dayzero validate
+    text = " ".join(out.out.replace("\\\n", " ").split())
+    assert f"dayzero validate tiny-llama --nproc 2 --tp {v['run']['parallel']['tp']} --pp 1 --dp " in text
 
 
 def test_day0_validate_without_torch_is_a_note(tmp_path, capsys, monkeypatch):

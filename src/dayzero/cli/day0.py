@@ -132,12 +132,21 @@ def day0_cmd(
 
 
 def next_steps(report: dict, model: str, cl, report_json: Path) -> list[Step]:
-    """Validate the best plan at proxy scale (its report.json is the plan file), train it, and
-    ask what other cards would change."""
+    """Validate the best plan at proxy scale on this machine (the layout the proxy run had, or would
+    have: dayzero.validate.proxy_plan), train it, and ask what other cards would change."""
+    from dayzero.cli.next_steps import layout_flags
+    from dayzero.specs.plan_layout import layout_of
+    from dayzero.validate.proxy_plan import PROXY_SEQ, default_ranks, proxy_parallel
+
     p = report["plans"][0]["parallel"]
-    ranks = p["tp"] * p["pp"] * p["cp"]
-    return [Step.of("dayzero", "validate", model, "--plan", report_json, "--nproc", ranks,
-                    why="the plan at proxy scale, measured vs predicted"),
+    ran = report.get("validation", {}).get("run")
+    if ran:
+        ranks, proxy = ran["ranks"], ran["parallel"]
+    else:
+        ranks = default_ranks()
+        proxy = layout_of(proxy_parallel(p, ranks), ranks, PROXY_SEQ).to_dict()
+    return [Step.of("dayzero", "validate", model, "--nproc", ranks, *layout_flags(proxy, precision=False),
+                    why="the plan at proxy scale here, measured vs predicted"),
             train_step(model, p, cl.devices, cl.devices_per_node, why="train it"),
             Step.of("dayzero", "compare", model, "--accelerators", DEFAULT_ACCELERATORS, "--devices", cl.devices,
                     why="the best plan on other cards")]
