@@ -18,3 +18,9 @@ def test_constant_and_single_values_draw():
     for ys in ([3.0, 3.0, 3.0], [2.5]):
         out = line("loss", ys, "step", "loss")
         assert out.count("<circle") == len(ys) and "nan" not in out
+
+
+def test_step_ticks_are_evenly_spaced_integers():
+    out = line("loss", [8.0 - i * 0.5 for i in range(8)], "step", "loss")
+    ticks = [int(t) for t in re.findall(r'text-anchor="middle">(\d+)</text>', out)]
+    assert ticks == [1, 3, 5, 7, 8]

@@ -158,8 +158,9 @@ def line(title: str, ys: Sequence[float], xlabel: str, ylabel: str, x0: int = 1)
     for i in range(5):
         y = bottom - (bottom - top) * i / 4
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{lo + (hi - lo) * i / 4:.4g}</text>')
-    ticks = sorted({round(n * i / 4) for i in range(5)}) if len(ys) > 1 else [0]
+        out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{lo + (hi - lo) * i / 4:.3g}</text>')
+    every = max(1, math.ceil(n / 4))
+    ticks = sorted(set(range(0, n + 1, every)) | {n}) if len(ys) > 1 else [0]
     for i in ticks:
         x = left + (right - left) * i / n
         out.append(f'<text x="{x:.1f}" y="{bottom + 14}" text-anchor="middle">{x0 + i}</text>')
