@@ -47,6 +47,15 @@ def day0_cmd(
                                                              "torch and transformers).")] = True,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Report directory (default: "
                                                                     "runs/day0-MODEL-CLUSTER).")] = None,
+    validate: Annotated[bool, typer.Option("--validate", help="Run the best plan at proxy scale on this machine "
+                                                              "(dayzero validate): measured vs predicted, loss "
+                                                              "curve.")] = False,
+    validate_nproc: Annotated[Optional[int], typer.Option("--validate-nproc", min=1, help="With --validate: local "
+                                                          "ranks (default: this host's cores, at most 4).")] = None,
+    validate_steps: Annotated[Optional[int], typer.Option("--validate-steps", min=4, help="With --validate: "
+                                                          "optimizer steps (default 8).")] = None,
+    validate_profile: Annotated[Optional[Path], typer.Option("--validate-profile", help="With --validate: this host's "
+                                                             "profile (default: the cached measured one).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The Day-0 answer for a model on a cluster: can it train, how must it be split, how long will it take, what energy
@@ -56,7 +65,8 @@ def day0_cmd(
     With no arguments: [bold]dense-3t[/bold] on [bold]ascend910b-8192[/bold], as [bold]dayzero plan[/bold].
 
     Example: [bold]dayzero day0[/bold]; [bold]dayzero day0 ./my-model/config.json -a h100 -n 1024 --tokens 15T
-    --price-per-device-hour 2.5 --out runs/my-day0[/bold]
+    --price-per-device-hour 2.5 --out runs/my-day0[/bold]; [bold]dayzero day0 tiny-llama -a h100 -n 64
+    --validate[/bold]
     """
     from rich.progress import (
         BarColumn,
@@ -66,7 +76,18 @@ def day0_cmd(
         TimeElapsedColumn,
     )
 
-    from dayzero.report.day0 import Day0Request, default_dir, steps, write
+    from dayzero.errors import ConfigError
+    from dayzero.report.day0 import Day0Request, ProxyOptions, default_dir, steps, write
+
+    if not validate:
+        given = [f for f, v in (("--validate-nproc", validate_nproc), ("--validate-steps", validate_steps),
+                                ("--validate-profile", validate_profile)) if v is not None]
+        if given:
+            raise ConfigError(given[0], None, "only applies with --validate")
+    if validate_profile is not None:
+        from dayzero.specs.cluster import get_cluster
+
+        get_cluster(str(validate_profile))  # a bad profile is one line now, not a note after the search
     from dayzero.report.day0_render import headline
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
@@ -75,7 +96,10 @@ def day0_cmd(
     from dayzero.planner.perf import PerfOptions
 
     req = Day0Request(model=model, cluster=cl, gbs=gbs, seq=seq, precision=precision, cost=copt,
-                      perf=PerfOptions.for_run(cl), operators=ops)
+                      perf=PerfOptions.for_run(cl), operators=ops,
+                      validate=ProxyOptions(validate_nproc, validate_steps,
+                                            str(validate_profile) if validate_profile else None) if validate else None,
+                      announce=lambda text: err_console.print(f"dayzero: {text}", highlight=False))
     out_dir = out or default_dir(model, cl)
     report: dict = {}
     todo = steps(req)
@@ -108,12 +132,21 @@ def day0_cmd(
 
 
 def next_steps(report: dict, model: str, cl, report_json: Path) -> list[Step]:
-    """Validate the best plan at proxy scale (its report.json is the plan file), train it, and
-    ask what other cards would change."""
+    """Validate the best plan at proxy scale on this machine (the layout the proxy run had, or would
+    have: dayzero.validate.proxy_plan), train it, and ask what other cards would change."""
+    from dayzero.cli.next_steps import layout_flags
+    from dayzero.specs.plan_layout import layout_of
+    from dayzero.validate.proxy_plan import PROXY_SEQ, default_ranks, proxy_parallel
+
     p = report["plans"][0]["parallel"]
-    ranks = p["tp"] * p["pp"] * p["cp"]
-    return [Step.of("dayzero", "validate", model, "--plan", report_json, "--nproc", ranks,
-                    why="the plan at proxy scale, measured vs predicted"),
+    ran = report.get("validation", {}).get("run")
+    if ran:
+        ranks, proxy = ran["ranks"], ran["parallel"]
+    else:
+        ranks = default_ranks()
+        proxy = layout_of(proxy_parallel(p, ranks), ranks, PROXY_SEQ).to_dict()
+    return [Step.of("dayzero", "validate", model, "--nproc", ranks, *layout_flags(proxy, precision=False),
+                    why="the plan at proxy scale here, measured vs predicted"),
             train_step(model, p, cl.devices, cl.devices_per_node, why="train it"),
             Step.of("dayzero", "compare", model, "--accelerators", DEFAULT_ACCELERATORS, "--devices", cl.devices,
                     why="the best plan on other cards")]

@@ -12,7 +12,10 @@ caller can show progress between them); :func:`build` runs them all. The report 
   full predictions (memory per stage, step time, every collective, checks), each with its
   ``training`` (time, energy, cost: :func:`planner.training_cost.cost_of_prediction`);
   ``candidates``: step time and peak memory of the best fitting layouts (the cloud);
-* ``best``: the first plan's figures and the Day-0 ``checks`` (planner/targets.py).
+* ``best``: the first plan's figures and the Day-0 ``checks`` (planner/targets.py);
+* ``validation`` (with ``validate``): the best plan's proxy run on this machine
+  (:func:`dayzero.validate.proxy_plan.run_proxy`: ``dayzero validate``'s result object, measured vs
+  predicted and the loss of every step), or a ``note`` saying why it did not run.
 
 :func:`write` puts ``report.json``, ``report.md`` and ``report.html`` in a directory.
 """
@@ -28,10 +31,20 @@ from dayzero.planner.perf import PerfOptions
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.training_cost import CostOptions, with_training
 from dayzero.specs.cluster import Cluster
+from dayzero.validate.proxy_plan import ProxyPlan
 
 CLOUD = 500  # fitting layouts drawn in the candidate cloud
 # the PyTorch dispatch key a vendor's cards run under: ROCm builds register HIP as CUDA
 CUDA_VENDORS = ("nvidia", "amd")
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    """``--validate``: the proxy run's size (None: the rule of dayzero.validate.proxy_plan)."""
+
+    nproc: int | None = None
+    steps: int | None = None
+    profile: str | None = None  # a host profile file (default: this host's cached one)
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,13 @@ class Day0Request:
     top_k: int = 5
     max_memory: float = MEMORY_TARGET
     operators: bool = True  # trace the modeling code (needs torch and transformers)
+    validate: ProxyOptions | None = None  # run the best plan at proxy scale here
+    announce: Callable[[str], None] = field(default=lambda _: None, compare=False)  # progress notes
+
+
+def missing(*modules: str) -> list[str]:
+    """The modules of ``modules`` that are not installed (the optional sections' check)."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
 def manifest_for(accelerator) -> tuple[str, str]:
@@ -76,12 +96,12 @@ def _cluster(req: Day0Request, r: dict) -> None:
 
 def _operators(req: Day0Request, r: dict) -> None:
     manifest, why = manifest_for(req.cluster.accelerator)
-    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    absent = missing("torch", "transformers")
     if not req.operators:
         r["operators"] = {"manifest": manifest, "note": "not traced (--no-ops)"}
         return
-    if missing:
-        r["operators"] = {"manifest": manifest, "note": f"not traced: {' and '.join(missing)} not installed "
+    if absent:
+        r["operators"] = {"manifest": manifest, "note": f"not traced: {' and '.join(absent)} not installed "
                           "(pip install 'dayzero[ops]')"}
         return
     from dayzero.ops.report import analyze
@@ -122,6 +142,24 @@ def _best(req: Day0Request, r: dict) -> None:
     r["training"] = b["training"]
 
 
+def _validation(req: Day0Request, r: dict) -> None:
+    """The best plan's proxy run here, or why not (torch absent; a model or layout the runtime
+    does not run: the run's own one-line error)."""
+    from dayzero.errors import DayzeroError
+    from dayzero.validate.proxy_plan import DEFAULT_STEPS, run_proxy
+
+    if missing("torch"):
+        r["validation"] = {"note": "not run: torch not installed (pip install 'dayzero[runtime]')"}
+        return
+    o = req.validate or ProxyOptions()
+    proxy = ProxyPlan(model=req.model, parallel=r["plans"][0]["parallel"], nproc=o.nproc,
+                      steps=o.steps or DEFAULT_STEPS, profile=o.profile)
+    try:
+        r["validation"] = run_proxy(proxy, req.announce)
+    except DayzeroError as e:
+        r["validation"] = {"note": f"not run: {e}"}
+
+
 STEPS: tuple[tuple[str, Callable[[Day0Request, dict], None]], ...] = (
     ("model: parameters and FLOPs", _model),
     ("cluster", _cluster),
@@ -133,7 +171,9 @@ STEPS: tuple[tuple[str, Callable[[Day0Request, dict], None]], ...] = (
 
 def steps(req: Day0Request) -> list[tuple[str, Callable[[dict], None]]]:
     """The workflow as (label, run) pairs; ``run(report)`` fills its part of ``report``."""
-    return [(label, lambda r, f=f: f(req, r)) for label, f in STEPS]
+    todo = list(STEPS) + ([("validate: the best plan's proxy run on this machine", _validation)]
+                          if req.validate else [])
+    return [(label, lambda r, f=f: f(req, r)) for label, f in todo]
 
 
 def build(req: Day0Request) -> dict:

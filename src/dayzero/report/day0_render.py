@@ -13,6 +13,7 @@ from html import escape
 from dayzero.report import svg
 from dayzero.report.layout_text import describe
 from dayzero.report.training import count_text, training_rows
+from dayzero.report.validation import TARGET_COLUMNS, target_rows
 
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 STEP_TERMS = (("compute", "compute_s"), ("exposed comm", "comm_exposed_s"), ("bubble", "bubble_s"),
@@ -69,7 +70,25 @@ def headline(r: dict) -> list[tuple[str, str]]:
                          + (f", {e['mwh']:,.0f} MWh at {e['cluster_mw']:.3g} MW" if e else "")
                          + (f", cost {cost['total']:,.0f}" if cost else "")),
             ("Day-0 checks", "all pass" if not fails else f"fail: {', '.join(fails)}")]
+    if "validation" in r:
+        rows.append(("proxy run here", validation_line(r["validation"])))
     return rows
+
+
+def _check(v: dict, metric: str) -> dict | None:
+    return next((c for c in v.get("checks", ()) if c["metric"] == metric), None)
+
+
+def validation_line(v: dict) -> str:
+    """The proxy run in one line: measured vs predicted step time, the loss, targets passed."""
+    if "checks" not in v:
+        return v["note"]
+    st, loss, s = _check(v, "step_time"), _check(v, "loss_trend"), v["summary"]
+    err = "" if st["rel_error"] is None else f" ({st['rel_error']:+.0%})"
+    return (f"{v['run']['layout']} on {v['run']['ranks']} rank(s): step {st['measured']:.3g} s measured vs "
+            f"{st['predicted']:.3g} s predicted{err}; loss {v['measured']['losses'][0]:.4g} -> "
+            f"{v['measured']['losses'][-1]:.4g} ({'falling' if loss and loss['pass'] else 'not falling'}); "
+            f"{s['passed']} of {len(v['checks'])} targets pass")
 
 
 def tables(r: dict) -> list[Table]:
@@ -116,7 +135,26 @@ def tables(r: dict) -> list[Table]:
     out.append(Table("Search", ("", ""), (("layouts considered", f"{s['considered']:,}"),
                                          *((f"rejected: {k}", f"{v:,}") for k, v in s["rejected"].items()),
                                          ("timed", f"{s['timed']:,}"), ("seconds", f"{s['seconds']['total']:.2f}"))))
+    if "validation" in r:
+        out += validation_tables(r["validation"])
     return out
+
+
+def validation_tables(v: dict) -> list[Table]:
+    """The proxy run: what ran (the rule's choices), then the targets table, measured vs predicted."""
+    title = "Proxy run on this machine: measured vs predicted"
+    if "checks" not in v:
+        return [Table(title, ("", ""), (("note", v["note"]),))]
+    run, px, m = v["run"], v["proxy"], v["measured"]
+    rows = (("model", f"{run['model']} ({run['proxy']})"),
+            ("layout", f"{run['layout']} on {run['ranks']} {run['device']} rank(s), cut from "
+                       f"{describe(px['plan_parallel'])} ({px['nproc_rule']} ranks)"),
+            ("steps", f"{run['steps']} in {run['compute_dtype']}, seq {px['seq']}"),
+            ("profile", str(px["profile"])), ("seconds", f"{px['seconds']:.1f}"),
+            ("losses", ", ".join(f"{x:.4g}" for x in m["losses"])))
+    return [Table(title, ("", ""), rows),
+            Table("Proxy run: Day-0 targets", TARGET_COLUMNS, tuple(target_rows(v["checks"])),
+                  f"{v['summary']['passed']} of {len(v['checks'])} pass; error = (predicted - measured) / measured")]
 
 
 def charts(r: dict) -> list[tuple[str, str]]:
@@ -148,6 +186,11 @@ def charts(r: dict) -> list[tuple[str, str]]:
             f"Best {len(cands)} fitting layouts: step time vs peak "
             "memory", [(c["peak_bytes"] / 1e9, c["step_s"]) for c in cands],
             chosen, "peak memory, GB", "step s", xmarks=[(r["scenario"]["max_memory"] * cap / 1e9, "limit")])))
+    v = r.get("validation", {})
+    if v.get("measured", {}).get("losses"):
+        out.append(("Proxy run loss curve", svg.line(
+            f"Proxy run loss: {v['run']['model']}, {v['run']['layout']}", v["measured"]["losses"], "step",
+            "loss")))
     return out
 
 

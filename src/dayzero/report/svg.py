@@ -1,9 +1,10 @@
 """Charts as inline SVG text, drawn in Python: a report that holds them renders offline, in any
 browser, with no script and no network.
 
-Three kinds cover the Day-0 report: :func:`stacked_bars` (memory per stage by category, the step
-time by term), :func:`grouped_hbars` (busy vs exposed time per collective) and :func:`scatter`
-(the candidate cloud: step time against peak memory, the chosen plan marked). Each returns one
+Four kinds cover the Day-0 report: :func:`stacked_bars` (memory per stage by category, the step
+time by term), :func:`grouped_hbars` (busy vs exposed time per collective), :func:`scatter`
+(the candidate cloud: step time against peak memory, the chosen plan marked) and :func:`line` (the
+proxy run's loss per step). Each returns one
 ``<svg>`` element with a ``<title>`` and text labels, sized by ``viewBox`` so it scales with the page.
 """
 
@@ -139,4 +140,34 @@ def scatter(title: str, points: Sequence[tuple[float, float]], chosen: int | Non
         cx, cy = left + x * sx, bottom - y * sy
         out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="6" fill="{PALETTE[5]}" stroke="#000"/>')
         out.append(f'<text x="{cx + 9:.1f}" y="{cy + 4:.1f}" font-weight="bold">chosen</text>')
+    return "\n".join(out + ["</svg>"])
+
+
+def line(title: str, ys: Sequence[float], xlabel: str, ylabel: str, x0: int = 1) -> str:
+    """One series against its index (``x0``, ``x0`` + 1, ...): a polyline with a dot per value; the
+    value axis spans the data (a loss curve starts far from zero)."""
+    left, right, top, bottom = 60, 660, 30, 330
+    lo, hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 1.0
+    lo, hi = lo - pad, hi + pad
+    n = max(len(ys) - 1, 1)
+    pts = [(left + (right - left) * i / n, bottom - (bottom - top) * (y - lo) / (hi - lo)) for i, y in enumerate(ys)]
+    out = _open(right + 20, bottom + 44, title)
+    out.append(f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#333"/>')
+    out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#333"/>')
+    for i in range(5):
+        y = bottom - (bottom - top) * i / 4
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{lo + (hi - lo) * i / 4:.3g}</text>')
+    every = max(1, math.ceil(n / 4))
+    ticks = sorted(set(range(0, n + 1, every)) | {n}) if len(ys) > 1 else [0]
+    for i in ticks:
+        x = left + (right - left) * i / n
+        out.append(f'<text x="{x:.1f}" y="{bottom + 14}" text-anchor="middle">{x0 + i}</text>')
+    out.append(f'<text x="{right}" y="{bottom + 28}" text-anchor="end">{escape(xlabel)}</text>')
+    out.append(f'<text x="{left}" y="{top - 6}" text-anchor="start">{escape(ylabel)}</text>')
+    out.append('<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>'.format(
+        PALETTE[0], " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)))
+    for (x, y), v in zip(pts, ys):
+        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{PALETTE[0]}"><title>{_fmt(v)}</title></circle>')
     return "\n".join(out + ["</svg>"])

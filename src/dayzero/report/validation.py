@@ -12,7 +12,7 @@ from pathlib import Path
 from dayzero.report.jsonable import dumps
 
 
-def _fmt(x, unit: str = "") -> str:
+def value_text(x, unit: str = "") -> str:
     if x is None:
         return "—"
     if unit == "fraction":
@@ -24,13 +24,22 @@ def _fmt(x, unit: str = "") -> str:
     return f"{x:.4g}"
 
 
+TARGET_COLUMNS = ("metric", "target", "measured", "predicted", "error", "pass")
+
+
+def target_rows(checks: list[dict]) -> list[tuple[str, ...]]:
+    """The targets table as text cells (TARGET_COLUMNS); a failed target reads ``FAIL``."""
+    return [(c["metric"], c["target"], value_text(c["measured"], c.get("unit", "")),
+             value_text(c["predicted"], c.get("unit", "")),
+             "—" if c["rel_error"] is None else f"{c['rel_error']:+.1%}", "pass" if c["pass"] else "FAIL")
+            for c in checks]
+
+
 def targets_markdown(checks: list[dict]) -> str:
-    lines = ["| metric | target | measured | predicted | error | pass |", "|---|---|---|---|---|---|"]
-    for c in checks:
-        err = "—" if c["rel_error"] is None else f"{c['rel_error']:+.1%}"
-        mark = "pass" if c["pass"] else "**FAIL**"
-        lines.append(f"| {c['metric']} | {c['target']} | {_fmt(c['measured'], c.get('unit', ''))} | "
-                     f"{_fmt(c['predicted'], c.get('unit', ''))} | {err} | {mark} |")
+    lines = ["| " + " | ".join(TARGET_COLUMNS) + " |", "|---|---|---|---|---|---|"]
+    for row in target_rows(checks):
+        cells = [*row[:-1], "pass" if row[-1] == "pass" else "**FAIL**"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -30,6 +30,12 @@ def plan_layout(path: str | Path, world: int, seq: int, gbs: int | None = None) 
     plan's micro-batch count (at least pp, for the pipeline; at most 4 pp, to stay a proxy) unless
     ``gbs`` is given."""
     _, p = read_plan(path)
+    return layout_of(p, world, seq, gbs, str(path))
+
+
+def layout_of(p: dict, world: int, seq: int, gbs: int | None = None, source: str = "plan") -> ParallelConfig:
+    """:func:`plan_layout` of a plan's ``parallel`` object already read (``source`` names it in errors)."""
+    path = source
     try:
         tp, pp, cp = int(p.get("tp", 1)), int(p.get("pp", 1)), int(p.get("cp", 1))
         mbs, vpp, micro = int(p.get("mbs", 1)), int(p.get("vpp", 1)), int(p.get("microbatches", 1))

@@ -5,5 +5,6 @@ Read in this order: ``microbench`` (GEMM, memory bandwidth, attention and collec
 every rank at once) and ``profile`` (fit them into a hardware profile ``--cluster`` accepts),
 ``nccl_tests`` (the same from nccl-tests output), ``loss_trend`` (a robust test of a decreasing
 loss), ``targets`` (the Day-0 targets table), ``fit`` (efficiency constants fitted to measured
-runs). Modules that run ranks import torch inside their functions; the rest is numpy only.
+runs), ``proxy_plan`` (a planned layout cut to this host and run: ``dayzero day0
+--validate``). Modules that run ranks import torch inside their functions; the rest is numpy only.
 """
