@@ -4,7 +4,6 @@ each verb ends with, and the file modes of exported weights."""
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import os
@@ -24,7 +23,7 @@ from dayzero.cli.app import main, package_version
 from dayzero.cli.render import MISSING, FitTable, value_text
 from dayzero.specs.cluster import cluster_presets
 from dayzero.specs.hardware import catalog
-from helpers.paths import data_file
+from helpers.paths import published_rows_file
 
 WIDTHS = (80, 100, 132)
 _NUMBER = re.compile(r"[+-]?\d[\d,]*(\.\d+)?(e[+-]\d+)?(%|x)?")
@@ -216,13 +215,7 @@ def test_tables_show_the_json_numbers(capsys, width):
 
 
 def test_backtest_fits(tmp_path, capsys, width):
-    rows = list(csv.DictReader(data_file("published_runs_dev.csv").open()))
-    pick = [r for r in rows if r["id"] in ("R0132", "R0214", "R0555", "R0671")]
-    f = tmp_path / "runs.csv"
-    with f.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(pick)
+    f = published_rows_file(tmp_path, ("R0132", "R0214", "R0555", "R0671"))
     out = assert_whole_at_every_width(capsys, width, ["backtest", str(f)])
     assert next_commands(out)[0][:3] == ["dayzero", "backtest", str(f)]
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import pytest
 
 from dayzero.cli.app import main
-from helpers.paths import data_file
+from helpers.paths import published_rows_file
 
 LLAMA_ARGS = ["predict", "llama-3.1-70b", "--accelerator", "h100", "--devices", "64", "--tp", "4", "--pp", "4",
               "--vpp", "5", "--gbs", "128", "--seq", "8192", "--sequence-parallel", "--precision", "fp8",
@@ -66,13 +65,7 @@ def test_plan_default_is_the_day0_scenario(capsys):
 
 
 def test_backtest_json_on_a_small_file(tmp_path: Path, capsys):
-    rows = list(csv.DictReader(data_file("published_runs_dev.csv").open()))
-    pick = [r for r in rows if r["id"] in ("R0132", "R0214", "R0555", "R0671")]
-    f = tmp_path / "runs.csv"
-    with f.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(pick)
+    f = published_rows_file(tmp_path, ("R0132", "R0214", "R0555", "R0671"))
     obj = run_json(["backtest", str(f)], capsys)
     assert obj["summary"]["n"] == 3 and obj["summary"]["skipped"] == 1
     assert obj["skipped"][0]["id"] == "R0214" and "Mamba" in obj["skipped"][0]["reason"]

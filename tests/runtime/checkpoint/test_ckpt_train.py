@@ -6,7 +6,6 @@ The "Done means" checks of the checkpoint issue, end to end on gloo with a tiny 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,17 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers.train_cli import run_train
+
 pytestmark = pytest.mark.slow
 MODEL = ["tiny-llama", "--layers", "4", "--hidden", "128", "--seq", "32", "--gbs", "8", "--quiet"]
 
 
 def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    p = subprocess.run([sys.executable, "-m", "dayzero", "train", *MODEL, *args], capture_output=True, text=True,
-                       timeout=timeout, env=env)
-    if p.returncode != 0:
-        raise AssertionError(f"dayzero train exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
-    return p
+    return run_train(MODEL, *args, timeout=timeout)
 
 
 def stream(path: Path) -> list[dict]:

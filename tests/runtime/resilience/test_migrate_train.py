@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from helpers.train_cli import run_train
+
 pytestmark = pytest.mark.slow
 MODEL = ["tiny-llama", "--layers", "2", "--hidden", "64", "--seq", "32", "--gbs", "8", "--quiet",
          "--compute-dtype", "fp32"]
@@ -18,12 +20,7 @@ NOISE = ["--alert-threshold", "straggler_min_excess_s=0.25"]
 
 
 def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    p = subprocess.run([sys.executable, "-m", "dayzero", "train", *MODEL, *args], capture_output=True, text=True,
-                       timeout=timeout, env=env)
-    if p.returncode != 0:
-        raise AssertionError(f"dayzero train exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
-    return p
+    return run_train(MODEL, *args, timeout=timeout)
 
 
 def stream(path) -> list[dict]:
