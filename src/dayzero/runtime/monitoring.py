@@ -71,6 +71,44 @@ class TelemetrySampler:
             self._thread.join(timeout=5)
 
 
+class HangWatch:
+    """The rules no step evaluates: a daemon thread ticks the evaluator every ``interval_s`` and
+    reports each alert that starts firing between steps (the hang rule: no step for ``hang_s``).
+
+    It only reports (``on_alert``): the training thread is stuck in exactly this case, so any
+    action that needs the ranks (a checkpoint, a restart) is the hang watchdog's
+    (:mod:`dayzero.runtime.resilience.watchdog`), which aborts the process group and lets the
+    launcher restart. ``lock`` is the one the training thread holds around ``observe``."""
+
+    def __init__(self, evaluator: RuleEvaluator, lock: threading.Lock, active: Callable[[], dict],
+                 on_alert: Callable[[Alert], None], interval_s: float, clock: Callable[[], float] = time.time):
+        self.evaluator, self.lock, self.active, self.on_alert = evaluator, lock, active, on_alert
+        self.interval_s, self.clock = interval_s, clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dayzero-hang-watch", daemon=True)
+
+    def start(self) -> "HangWatch":
+        self._thread.start()
+        return self
+
+    def check(self) -> list[Alert]:
+        """One tick: the alerts that fire now and were not firing at the last step (reported)."""
+        with self.lock:
+            new = [a for a in self.evaluator.tick(self.clock()) if a.name not in self.active()]
+            for a in new:
+                self.on_alert(a)
+        return new
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.check()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
 class Monitor:
     """``after_step(state, record, skipped)`` -> the alerts firing (``[]`` without ``--alerts``)."""
 
@@ -104,6 +142,11 @@ class Monitor:
             dist.all_gather_object(names, self.node)
             self.nodes = dict(enumerate(names))
         self.sampler = TelemetrySampler(self.device, m.telemetry_interval_s).start()
+        self._lock = threading.Lock()  # the evaluator and the active alerts, shared with the hang watch
+        self.hang_watch = None
+        if self.evaluator is not None:
+            tick = min(10.0, max(0.5, self.evaluator.thresholds["hang_s"] / 10))
+            self.hang_watch = HangWatch(self.evaluator, self._lock, lambda: self.active, self._fire, tick).start()
         self.exporter = None
         if m.port is not None and (not m.aggregate or self.rank == 0):
             self.exporter = Exporter(m.port + (0 if m.aggregate else self.local_rank)).start()
@@ -166,19 +209,26 @@ class Monitor:
     def _evaluate(self, rec, rows: list[RankValues]) -> list[Alert]:
         # every rank has the same rows: the newest time is the same everywhere, so are the alerts
         sample = step_sample(rec.step, rec.loss, rows)
-        alerts = self.evaluator.observe(sample)
-        now = {a.name: a for a in alerts}
-        for name, a in now.items():
-            if name not in self.active:
-                self.emit({"event": "alert", "state": "firing", **a.to_dict()})
-                if self.rank == 0:
-                    print(f"dayzero: alert {a.name} ({a.severity}) at step {a.step}: {a.message}", file=sys.stderr,
-                          flush=True)
-        for name, a in self.active.items():
-            if name not in now:
-                self.emit({"event": "alert", "state": "resolved", **replace(a, step=rec.step).to_dict()})
-        self.active = now
+        with self._lock:
+            alerts = self.evaluator.observe(sample)
+            now = {a.name: a for a in alerts}
+            for name, a in now.items():
+                if name not in self.active:
+                    self._fire(a)
+            for name, a in self.active.items():
+                if name not in now:
+                    self.emit({"event": "alert", "state": "resolved", **replace(a, step=rec.step).to_dict()})
+            self.active = now
         return alerts
+
+    def _fire(self, a: Alert) -> None:
+        """An alert starts firing: a stream event, and a line on rank 0's terminal. Between steps
+        (the hang watch) it also joins the active set, so the next step reports it resolved."""
+        self.emit({"event": "alert", "state": "firing", **a.to_dict()})
+        if self.rank == 0:
+            print(f"dayzero: alert {a.name} ({a.severity}) at step {a.step}: {a.message}", file=sys.stderr,
+                  flush=True)
+        self.active = {**self.active, a.name: a}
 
     def _snapshot(self, rec, rows: list[RankValues]) -> Snapshot:
         per_device = self._flops_per_token * rec.tokens_per_s / self.world
@@ -193,6 +243,8 @@ class Monitor:
         return Snapshot(self.job, values, tuple(rows), self.nodes)
 
     def close(self, linger: bool = True) -> None:
+        if self.hang_watch is not None:
+            self.hang_watch.close()
         self.sampler.close()
         self.sampler.read_now()
         self.counters.cpu_s = self._cpu_base + (self.sampler.latest.get("cpu_s") or 0.0)
