@@ -147,3 +147,25 @@ def test_moe_models_get_the_imbalance_row_and_bf16_runs_the_fp32_row():
     assert ps[-1].name == "gradients in FP32" and ps[-1].options.comm.grad_reduce_bytes == 4
     imb = next(p for p in perturbations(load_model("tiny-moe"), cl, PerfOptions()) if p.name.startswith("MoE"))
     assert imb.options.comm.moe_imbalance == 1.2 and imb.max_speedup == 1.0
+
+
+def test_covered_says_when_the_re_ranking_provably_equals_a_full_re_search(monkeypatch):
+    """With a pool smaller than every timed layout, a row is covered only when its best beats the
+    pool's slowest baseline step divided by the perturbation's most speed-up (1.3 for +30 %
+    bandwidth, 1 for -30 %): hand-checked on three single-node layouts whose steps the scale-out
+    tier cannot change."""
+    import dayzero.planner.sensitivity as sens
+
+    cl = build_cluster("h100", 8, 8)
+    spec = load_model("llama-3.1-8b")
+    grid = encode([P(tp=8, dp=1, gbs=8, seq=4096), P(tp=2, dp=4, gbs=8, seq=4096, zero=1),
+                   P(tp=1, dp=8, gbs=8, seq=4096, zero=3, recompute="full")])
+    steps = evaluate(spec, grid, cl).step_s
+    best, slowest = float(steps.min()), float(steps.max())
+    monkeypatch.setattr(sens, "POOL", 2)  # 3 layouts >= POOL: not known to hold every timed layout
+    s = sens.sensitivity(spec, cl, PerfOptions(), grid, best=int(np.argmin(steps)))
+    minus, plus = s["rows"][0], s["rows"][1]
+    assert minus["covered"] is (best <= slowest) is True
+    assert plus["covered"] is (best <= slowest / 1.3)
+    monkeypatch.setattr(sens, "POOL", 400)
+    assert all(r["covered"] for r in sens.sensitivity(spec, cl, PerfOptions(), grid)["rows"])
