@@ -1,10 +1,10 @@
 """How the best plan moves when the inputs the predictions are least sure of move.
 
-The perturbations are the ones an expert asks about (issue 16, "What the plan output must say"):
-scale-out (inter-node) bandwidth -30 % / +30 %, GEMM efficiency -10 % / +10 %, MoE routing
-imbalance 1.2 (MoE models only; 1.2 is the busiest-over-average load the planner's imbalance
-docs take as a typical trained router without EPLB), and gradient traffic in the other dtype
-(BF16 when the run reduces in FP32, FP32 when it reduces in BF16). Each goes through the objects
+The perturbations and their sizes are the ones the project's issue 16 ("What the plan output must
+say") asks for, not published figures: scale-out (inter-node) bandwidth -30 % / +30 %, GEMM
+efficiency -10 % / +10 %, MoE routing imbalance 1.2 (busiest device's routed tokens over the
+average; MoE models only), and gradient traffic in the other dtype (BF16 when the run reduces in
+FP32, FP32 when it reduces in BF16). Each goes through the objects
 the step-time model already reads: a copy of the cluster with every scale-out tier's bandwidth
 scaled, ``PerfConstants.gemm_eff_scale``, ``CommOptions.moe_imbalance`` and
 ``CommOptions.grad_reduce_bytes``. None of them changes peak memory (gradient buffers stay as the
