@@ -146,6 +146,7 @@ def test_leave_one_group_out_predicts_each_group_without_it(tmp_path):
     mpt = [c for c in cases if c.source_group == "MosaicML_llmfoundry_MPT"]
     assert "flash2_max_tflops" in constrained_fields(mpt)  # only llm-foundry runs FlashAttention-2 here
     assert "flash2_max_tflops" in h["unconstrained"]["MosaicML_llmfoundry_MPT"]
+    assert {r["gemm_precision"] for r in h["rows"]} <= {"bf16", "fp8", "fp4"}
     with pytest.raises(DayzeroError, match="at least 2 source groups"):
         one = tmp_path / "one.csv"
         with one.open("w", newline="") as f:
@@ -153,3 +154,22 @@ def test_leave_one_group_out_predicts_each_group_without_it(tmp_path):
             w.writeheader()
             w.writerows(keep["NeMo_PerfSummary"])
         leave_one_group_out(one, iterations=1)
+
+
+@pytest.mark.slow
+def test_leave_one_group_out_in_two_processes_gives_the_same_result(tmp_path):
+    import csv
+
+    from dayzero.planner.backtest import leave_one_group_out
+    from dayzero.planner.published import read_rows
+
+    rows = read_rows(CSV)
+    keep = []
+    for g in ("NeMo_PerfSummary", "MosaicML_llmfoundry_MPT"):
+        keep += [r for r in rows if r["source_group"] == g][:3]
+    out = tmp_path / "two_groups.csv"
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(keep)
+    assert leave_one_group_out(out, iterations=2, jobs=2) == leave_one_group_out(out, iterations=2)

@@ -45,6 +45,7 @@ from dayzero.cli.predict import (
     print_prediction,
 )
 from dayzero.cli.render import FitTable
+from dayzero.cli.uncertainty import print_uncertainty
 from dayzero.planner.targets import MEMORY_TARGET
 
 DEFAULT_MODEL = "dense-3t"
@@ -157,7 +158,7 @@ def plan_cmd(
 
         engine = get_engine(engine).name
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
-               SearchSpace(rank_order=(rank_order,), engine=engine, **kw))
+               SearchSpace(rank_order=(rank_order,), engine=engine, **kw), uncertainty=True)
     obj = with_training(obj, cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
@@ -189,6 +190,7 @@ def plan_cmd(
     print_prediction(obj["plans"][0], title="[bold]Best plan[/bold]")
     if "binding" in obj["plans"][0]:
         console.print(f"what binds it: {obj['plans'][0]['binding']['detail']}", highlight=False)
+    print_uncertainty(console, obj)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps, DEFAULT_CLUSTER)]
     print_next(console, next_for_layout(obj["plans"][0], model, where, cl))
 

@@ -165,31 +165,52 @@ def constrained_fields(cases: list[Case]) -> tuple[str, ...]:
     return tuple(f for f in FIT_FIELDS if need.get(f, True))
 
 
+def hold_out(cases: list[Case], g: str, start: PerfConstants, iterations: int, step: float) -> tuple:
+    """One source group of :func:`leave_one_group_out`: (its held-out rows, the fitted constants,
+    the fields the other groups cannot constrain)."""
+    train = [c for c in cases if c.source_group != g]
+    held = [c for c in cases if c.source_group == g]
+    constants, _ = fit_cases(train, start, iterations, step)
+    free = [f for f in FIT_FIELDS if f not in constrained_fields(train) and f in constrained_fields(held)]
+    rows = [{"id": case.id, "group": g, "family": "moe" if case.spec.is_moe else "dense",
+             "precision": case.recipe or case.gemm_precision, "gemm_precision": case.gemm_precision,
+             "published": case.published, "predicted": float(pred),
+             "rel_error": (float(pred) - case.published) / case.published}
+            for case, pred in zip(held, predict_cases(held, constants))]
+    return rows, {f: getattr(constants, f) for f in FIT_FIELDS}, free
+
+
+def _hold_out_job(args: tuple) -> tuple:
+    path, g, start, iterations, step = args
+    return hold_out(load_cases(path)[0], g, start, iterations, step)
+
+
 def leave_one_group_out(path: str | Path | None = None, start: PerfConstants | None = None, iterations: int = 20,
-                        step: float = 0.05) -> dict:
+                        step: float = 0.05, jobs: int = 1) -> dict:
     """Honest error: for every source group, fit FIT_FIELDS on the other groups' rows (Nelder-Mead
     warm-started from ``start``, by default the shipped constants, ``iterations`` steps) and predict
     the held-out group with those constants. Returns MAPE summaries per held-out group
     (``by_group``), per family (dense/MoE), per precision recipe and ``overall``, each group's
     fitted constants, and the fields the other groups cannot constrain (``unconstrained``: they
-    keep the start value, which saw every group's even-id rows)."""
+    keep the start value, which saw every group's even-id rows). ``jobs`` > 1 fits the groups in
+    that many processes (same numbers: each group's fit is independent)."""
     cases, _ = load_cases(path)
     start = start or PerfConstants()
     groups = sorted({c.source_group for c in cases})
     if len(groups) < 2:
         raise ConfigError(str(path or "published runs"), "source_group",
                           f"leave-one-group-out needs rows of at least 2 source groups, got {len(groups)}")
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(jobs, len(groups))) as pool:
+            results = list(pool.map(_hold_out_job, [(path, g, start, iterations, step) for g in groups]))
+    else:
+        results = [hold_out(cases, g, start, iterations, step) for g in groups]
     rows, fitted, free = [], {}, {}
-    for g in groups:
-        train = [c for c in cases if c.source_group != g]
-        held = [c for c in cases if c.source_group == g]
-        constants, _ = fit_cases(train, start, iterations, step)
-        fitted[g] = {f: getattr(constants, f) for f in FIT_FIELDS}
-        free[g] = [f for f in FIT_FIELDS if f not in constrained_fields(train) and f in constrained_fields(held)]
-        for case, pred in zip(held, predict_cases(held, constants)):
-            rows.append({"id": case.id, "group": g, "family": "moe" if case.spec.is_moe else "dense",
-                         "precision": case.recipe or case.gemm_precision, "published": case.published,
-                         "predicted": float(pred), "rel_error": (float(pred) - case.published) / case.published})
+    for g, (held_rows, constants, unconstrained) in zip(groups, results):
+        rows += held_rows
+        fitted[g], free[g] = constants, unconstrained
 
     def by(key: str) -> dict:
         out: dict[str, list[float]] = {}

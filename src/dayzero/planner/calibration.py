@@ -56,6 +56,9 @@ class PerfConstants:
     intra_eff: float | None = None  # scale-up collective efficiency (None: catalog busbw / nominal)
     inter_eff: float = DEFAULT_INTER_EFF  # scale-out collective efficiency
     optimizer_bytes_per_param: float = 30.0  # Adam: read/write fp32 master, m, v (24) + fp32 grad (4) + bf16 param (2)
+    # every GEMM's rate times this, after the cluster's measured efficiencies (1: none); the
+    # sensitivity table's +-10 % GEMM efficiency (planner/sensitivity.py)
+    gemm_eff_scale: float = 1.0
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -89,6 +92,7 @@ CONSTANT_BOUNDS = {
     "gemm_half_dim": (0.0, 1e5, False), "memory_scale": (0.0, 20.0, True),
     "layer_overhead_s": (0.0, 1.0, False), "moe_expert_overhead_s": (0.0, 1.0, False),
     "flash2_max_tflops": (0.0, 1e5, True), "optimizer_bytes_per_param": (0.0, 1000.0, True),
+    "gemm_eff_scale": (0.0, MEASURED_FRACTION_MAX, True),
 }
 
 
@@ -191,6 +195,7 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
                                                cluster.efficiency.get("gemm") if used == "bf16" else None)
         if measured_here is not None:  # a calibration of this cluster: fraction of the dense peak
             eff[p] = float(measured_here)
+        eff[p] *= constants.gemm_eff_scale
     if acc.hbm_bw is None:
         raise ConfigError(acc.id, "hbm_tbytes_per_s", "the catalog has no HBM bandwidth; set hbm_tbytes_per_s in a "
                                                       "cluster YAML")

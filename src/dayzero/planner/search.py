@@ -325,21 +325,27 @@ def candidate_layouts(result: SearchResult) -> list[ParallelConfig]:
 
 def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
          options: PerfOptions | None = None, top_k: int = 5, max_memory: float = MEMORY_TARGET,
-         space: SearchSpace | None = None, memory_options=None, cloud: int = 0) -> dict:
+         space: SearchSpace | None = None, memory_options=None, cloud: int = 0, uncertainty: bool = False) -> dict:
     """The DESIGN.md plan object: the best layouts as full predictions, best first, with how
     many layouts were considered and why the others were rejected. With ``cloud`` > 0 it also
     holds ``candidates``: the step time and peak memory of the best ``cloud`` fitting layouts
-    (the search's own vectorised figures, no extra prediction), the plans among them."""
+    (the search's own vectorised figures, no extra prediction), the plans among them. With
+    ``uncertainty`` it also holds ``error_band`` (the backtest's cross-source error for the best
+    plan's family and precision, :mod:`dayzero.planner.error_band`) and ``sensitivity`` (the best
+    plan under perturbed inputs, :mod:`dayzero.planner.sensitivity`)."""
     import time
 
     from dayzero.planner.predict import predict
+    from dayzero.planner.sensitivity import POOL
 
     options = options or PerfOptions()
     t0 = time.perf_counter()
-    result = search(spec, cluster, gbs, seq, precision, options, max(top_k * FAMILY_POOL, cloud), max_memory, space,
-                    memory_options=memory_options)
+    want = max(top_k * FAMILY_POOL, cloud)
+    result = search(spec, cluster, gbs, seq, precision, options, max(want, POOL) if uncertainty else want, max_memory,
+                    space, memory_options=memory_options)
     t_search = time.perf_counter() - t0
-    layouts = candidate_layouts(result)
+    pool = candidate_layouts(result)
+    layouts = pool[:want]
     chosen = best_of_families(layouts, top_k)
     plans = [predict(spec, layouts[i], cluster, options, memory_options) for i in chosen]
     best = plans[0]["time"]["step_s"]
@@ -348,8 +354,15 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
         p["vs_best"] = p["time"]["step_s"] / best - 1.0
     plans[0]["binding"] = binding(plans[0], max_memory)
     rejected = dict(result.rejected)
-    rejected["worse"] += max(0, len(layouts) - len(plans))  # timed (runner-ups of a family, the cloud), not plans
+    rejected["worse"] += max(0, len(pool) - len(plans))  # timed (runner-ups of a family, the cloud), not plans
     extra = {}
+    if uncertainty:
+        from dayzero.planner.error_band import error_band, load_table
+        from dayzero.planner.sensitivity import sensitivity
+
+        kind = "moe" if spec.is_moe else "dense"
+        extra["error_band"] = error_band(load_table(), kind, precision, plans[0]["throughput"]["mfu"]).to_dict()
+        extra["sensitivity"] = sensitivity(spec, cluster, options, result.candidates)
     if cloud:
         extra["candidates"] = [{"layout": p.to_dict(), "step_s": float(t), "peak_bytes": float(m)}
                                for p, t, m in zip(layouts, result.evaluation.step_s, result.peak_bytes)]

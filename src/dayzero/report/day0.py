@@ -12,6 +12,8 @@ caller can show progress between them); :func:`build` runs them all. The report 
   full predictions (memory per stage, step time, every collective, checks), each with its
   ``training`` (time, energy, cost: :func:`planner.training_cost.cost_of_prediction`);
   ``candidates``: step time and peak memory of the best fitting layouts (the cloud);
+  ``uncertainty``: the best plan's ``error_band`` and ``sensitivity`` table (planner/error_band.py,
+  planner/sensitivity.py);
 * ``best``: the first plan's figures and the Day-0 ``checks`` (planner/targets.py);
 * ``validation`` (with ``validate``): the best plan's proxy run on this machine
   (:func:`dayzero.validate.proxy_plan.run_proxy`: ``dayzero validate``'s result object, measured vs
@@ -124,11 +126,12 @@ def _plan(req: Day0Request, r: dict) -> None:
     from dayzero.specs.registry import load_model
 
     obj = plan(load_model(req.model), req.cluster, req.gbs, req.seq, req.precision, req.perf, req.top_k,
-               req.max_memory, cloud=CLOUD)
+               req.max_memory, cloud=CLOUD, uncertainty=True)
     obj = with_training(obj, req.cluster.accelerator, req.cost)
     r["search"] = {k: obj[k] for k in ("considered", "rejected", "timed", "seconds")}
     r["plans"] = obj["plans"]
     r["candidates"] = obj["candidates"]
+    r["uncertainty"] = {k: obj[k] for k in ("error_band", "sensitivity")}
 
 
 def _best(req: Day0Request, r: dict) -> None:

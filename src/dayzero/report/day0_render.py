@@ -13,6 +13,7 @@ from html import escape
 from dayzero.report import svg
 from dayzero.report.layout_text import describe
 from dayzero.report.training import count_text, training_rows
+from dayzero.report.uncertainty import uncertainty_tables
 from dayzero.report.validation import TARGET_COLUMNS, target_rows
 
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
@@ -117,6 +118,7 @@ def tables(r: dict) -> list[Table]:
          _pct(p["time"]["bubble_s"] / p["time"]["step_s"]), _pct(p["memory"]["utilization"]),
          f"{p['training']['wall_days']:,.1f}",
          f"{p['training']['energy']['mwh']:,.0f}" if p["training"]["energy"] else "—") for p in r["plans"])))
+    out += uncertainty_tables(r)
     out.append(Table("Memory per stage of the best plan (GB)", ("stage", *MEMORY_CATEGORIES, "total"), tuple(
         (str(s["stage"]), *(_gb(s[c]) for c in MEMORY_CATEGORIES), _gb(s["total"])) for s in best["memory"]["stages"])))
     t = best["time"]

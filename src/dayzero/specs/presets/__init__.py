@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError
 
-REFERENCE_FILES = ("hardware_catalog.json", "model_configs.json", "published_runs_dev.csv")
+REFERENCE_FILES = ("hardware_catalog.json", "model_configs.json", "published_runs_dev.csv", "backtest_error.json")
 
 
 def reference_data(name: str) -> Path:
