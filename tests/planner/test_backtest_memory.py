@@ -173,3 +173,23 @@ def test_leave_one_group_out_in_two_processes_gives_the_same_result(tmp_path):
         w.writeheader()
         w.writerows(keep)
     assert leave_one_group_out(out, iterations=2, jobs=2) == leave_one_group_out(out, iterations=2)
+
+
+def test_fused_cross_entropy_keeps_bf16_logits_and_the_mpt_runs_fit(result):
+    # llm-foundry's default loss is flash-attn's xentropy kernel: BF16 logits, gradient written in
+    # place (csrc/xentropy/README.md), so the loss temporary is 2 B per logit, not Megatron's FP32 4 B
+    from dayzero.planner.published import fused_loss
+
+    assert fused_loss({"framework": "Composer/llm-foundry (PyTorch FSDP)"})
+    assert not fused_loss({"framework": "Megatron-Bridge / Megatron-Core (NeMo 26.02.01 container)"})
+    cluster = build_cluster(get_accelerator("nvidia_a100_40gb_sxm"), 64)
+    plain = engine_memory(cluster, Engine(megatron=False, attention_kernel="flash2"), zero=3)
+    fused = engine_memory(cluster, Engine(megatron=False, attention_kernel="flash2", fused_loss=True), zero=3)
+    assert (plain.logits_bytes, fused.logits_bytes) == (4, 2)
+    rows = {r["id"]: r for r in result["rows"]}
+    # MPT-1b, mbs 10 x seq 2048 on A100 40GB with no recompute, as published (R0629-R0631): the
+    # 20,480 x 50,368 logits are 3.84 GiB in FP32 and pushed the prediction to 101-102 %
+    for rid in ("R0629", "R0630", "R0631"):
+        assert rows[rid]["recompute_stated"] and rows[rid]["recompute"] == "none"
+        assert 0.9 < rows[rid]["memory_fraction"] <= 1.0
+    assert result["summary"]["fits_share_recompute_stated"] == 1.0

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from dayzero.errors import ConfigError
 from dayzero.planner.calibration import CONSTANT_BOUNDS, PerfConstants
-from dayzero.planner.minimize import nelder_mead
-from dayzero.planner.perf import evaluate
+from dayzero.planner.comm import Groups
+from dayzero.planner.minimize import first_simplex, nelder_mead
+from dayzero.planner.perf import evaluate, placement
 from dayzero.planner.published import Case, load_cases
 from dayzero.specs.grid import encode
 
@@ -37,22 +38,47 @@ def half_of(row_id: str) -> str:
     return "fit" if m and int(m.group(1)) % 2 == 0 else "held"
 
 
-def predict_cases(cases: list[Case], constants: PerfConstants | None = None) -> np.ndarray:
-    """Predicted tokens/s per device of many rows; rows sharing a model, cluster, sequence length,
-    layer split and options are evaluated in one vectorised call (same numbers as one by one)."""
+@dataclass(frozen=True)
+class Batch:
+    """Rows evaluated in one vectorised call: they share a model, cluster, sequence length, layer
+    split and options. ``grid`` and ``placed`` do not depend on the efficiency constants, so a fit
+    builds its batches once and re-evaluates them (``placed`` memoises the collective times)."""
+
+    first: Case
+    rows: list[int]  # indices into the case list
+    grid: dict
+    placed: Groups
+
+
+def batch_cases(cases: list[Case]) -> list[Batch]:
+    """The rows of ``cases`` grouped into :class:`Batch` es."""
     groups: dict = {}
     for i, case in enumerate(cases):
         key = (case.spec, case.cluster.name, case.cluster.devices, case.cluster.tiers, case.options, case.parallel.seq,
                case.parallel.layer_split, case.parallel.precision)
         groups.setdefault(key, []).append(i)
-    out = np.zeros(len(cases))
+    out = []
     for idx in groups.values():
-        first = cases[idx[0]]
-        options = replace(first.options, constants=constants) if constants is not None else first.options
         grid = encode([cases[i].parallel for i in idx])
-        ev = evaluate(first.spec, grid, first.cluster, options, layer_split=first.parallel.layer_split)
-        out[idx] = ev.tokens_per_s_per_device
+        out.append(Batch(cases[idx[0]], idx, grid, placement(grid, cases[idx[0]].cluster)))
     return out
+
+
+def predict_batches(batches: list[Batch], n: int, constants: PerfConstants | None = None) -> np.ndarray:
+    """Predicted tokens/s per device of the ``n`` rows the batches hold (see :func:`predict_cases`)."""
+    out = np.zeros(n)
+    for b in batches:
+        options = replace(b.first.options, constants=constants) if constants is not None else b.first.options
+        ev = evaluate(b.first.spec, b.grid, b.first.cluster, options, layer_split=b.first.parallel.layer_split,
+                      placed=b.placed, inventory=False)
+        out[b.rows] = ev.tokens_per_s_per_device
+    return out
+
+
+def predict_cases(cases: list[Case], constants: PerfConstants | None = None) -> np.ndarray:
+    """Predicted tokens/s per device of many rows; rows sharing a model, cluster, sequence length,
+    layer split and options are evaluated in one vectorised call (same numbers as one by one)."""
+    return predict_batches(batch_cases(cases), len(cases), constants)
 
 
 def _summary(errors: list[float]) -> dict:
@@ -128,24 +154,51 @@ def fit_constants(path: str | Path | None, start: PerfConstants | None = None, i
 
 
 def fit_cases(cases: list[Case], start: PerfConstants | None = None, iterations: int = 400,
-              step: float = 0.15) -> tuple[PerfConstants, float]:
+              step: float = 0.15, first_predictions: list[np.ndarray | None] | None = None
+              ) -> tuple[PerfConstants, float]:
     """Fit FIT_FIELDS on ``cases`` by minimising their MAPE (Nelder-Mead on log-parameters, the
-    first simplex ``step`` along each axis). Returns the constants and the MAPE."""
+    first simplex ``step`` along each axis). ``first_predictions``: the rows' predictions at each
+    point of that first simplex (None where a point is out of bounds), when the caller has them
+    (:func:`simplex_predictions`). Returns the constants and the MAPE."""
     published = np.array([c.published for c in cases])
     start = start or PerfConstants()
     x0 = np.log([getattr(start, f) for f in FIT_FIELDS])
+    batches = batch_cases(cases)  # built once: every loss evaluation re-uses grids and placements
 
-    def make(x) -> PerfConstants:
-        return replace(start, **{f: float(np.exp(v)) for f, v in zip(FIT_FIELDS, x)})
+    def mape(pred: np.ndarray | None) -> float:
+        if pred is None:
+            return 1e9  # outside the physical range a calibration file may hold
+        return float(np.mean(np.abs(pred - published) / published))
 
     def loss(x) -> float:
-        c = make(x)
-        if not all(in_bounds(getattr(c, f), CONSTANT_BOUNDS[f]) for f in FIT_FIELDS):
-            return 1e9  # outside the physical range a calibration file may hold
-        return float(np.mean(np.abs(predict_cases(cases, c) - published) / published))
+        c = _constants_at(start, x)
+        return mape(None if c is None else predict_batches(batches, len(cases), c))
 
-    x, fx = nelder_mead(loss, x0, iterations, step)
-    return make(x), fx
+    first = None if first_predictions is None else [mape(p) for p in first_predictions]
+    x, fx = nelder_mead(loss, x0, iterations, step, first)
+    return _make(start, x), fx
+
+
+def _make(start: PerfConstants, x) -> PerfConstants:
+    return replace(start, **{f: float(np.exp(v)) for f, v in zip(FIT_FIELDS, x)})
+
+
+def _constants_at(start: PerfConstants, x) -> PerfConstants | None:
+    """The constants at log-point ``x``, None outside CONSTANT_BOUNDS."""
+    c = _make(start, x)
+    return c if all(in_bounds(getattr(c, f), CONSTANT_BOUNDS[f]) for f in FIT_FIELDS) else None
+
+
+def simplex_predictions(cases: list[Case], start: PerfConstants, step: float) -> list[np.ndarray | None]:
+    """Every row's prediction at each point of the first Nelder-Mead simplex around ``start``
+    (None where the point is out of bounds): fits of subsets of ``cases`` from one start share it."""
+    batches = batch_cases(cases)
+    x0 = np.log([getattr(start, f) for f in FIT_FIELDS])
+    out: list[np.ndarray | None] = []
+    for x in first_simplex(x0, step):
+        c = _constants_at(start, x)
+        out.append(None if c is None else predict_batches(batches, len(cases), c))
+    return out
 
 
 def in_bounds(v: float, bound: tuple[float, float, bool]) -> bool:
@@ -165,12 +218,16 @@ def constrained_fields(cases: list[Case]) -> tuple[str, ...]:
     return tuple(f for f in FIT_FIELDS if need.get(f, True))
 
 
-def hold_out(cases: list[Case], g: str, start: PerfConstants, iterations: int, step: float) -> tuple:
+def hold_out(cases: list[Case], g: str, start: PerfConstants, iterations: int, step: float,
+             shared: list | None = None) -> tuple:
     """One source group of :func:`leave_one_group_out`: (its held-out rows, the fitted constants,
-    the fields the other groups cannot constrain)."""
-    train = [c for c in cases if c.source_group != g]
+    the fields the other groups cannot constrain). ``shared``: the first simplex's predictions on
+    every case (:func:`simplex_predictions`), computed once for all groups; else computed here."""
+    train_idx = [i for i, c in enumerate(cases) if c.source_group != g]
+    train = [cases[i] for i in train_idx]
     held = [c for c in cases if c.source_group == g]
-    constants, _ = fit_cases(train, start, iterations, step)
+    first = None if shared is None else [None if q is None else q[train_idx] for q in shared]
+    constants, _ = fit_cases(train, start, iterations, step, first)
     free = [f for f in FIT_FIELDS if f not in constrained_fields(train) and f in constrained_fields(held)]
     rows = [{"id": case.id, "group": g, "family": "moe" if case.spec.is_moe else "dense",
              "precision": case.recipe or case.gemm_precision, "gemm_precision": case.gemm_precision,
@@ -206,7 +263,8 @@ def leave_one_group_out(path: str | Path | None = None, start: PerfConstants | N
         with ProcessPoolExecutor(min(jobs, len(groups))) as pool:
             results = list(pool.map(_hold_out_job, [(path, g, start, iterations, step) for g in groups]))
     else:
-        results = [hold_out(cases, g, start, iterations, step) for g in groups]
+        shared = simplex_predictions(cases, start, step)  # every group's fit starts from the same simplex
+        results = [hold_out(cases, g, start, iterations, step, shared) for g in groups]
     rows, fitted, free = [], {}, {}
     for g, (held_rows, constants, unconstrained) in zip(groups, results):
         rows += held_rows

@@ -29,7 +29,7 @@ Per step:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -67,9 +67,14 @@ class CommOptions:
 
 @dataclass(frozen=True)
 class Groups:
-    """Placement of every group, as arrays: size, per_domain, domains."""
+    """Placement of every group, as arrays: size, per_domain, domains.
+
+    ``memo`` holds the collective times :func:`coll` computed on this placement, keyed by what they
+    depend on (kind, group, bytes, imbalance, links): a caller that evaluates the same layouts many
+    times (a fit of the efficiency constants) keeps one placement and pays each collective once."""
 
     g: dict  # name -> (size, per_domain, domains)
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __getitem__(self, name):
         return self.g[name]
@@ -77,16 +82,31 @@ class Groups:
 
 def place_groups(grid: dict, rates: Rates) -> Groups:
     """Every group of every candidate on the cluster's scale-up domains (each row's rank order)."""
+    return place_groups_in(grid, rates.domain)
+
+
+def place_groups_in(grid: dict, domain: int) -> Groups:
+    """Every group of every candidate on scale-up domains of ``domain`` ranks (each row's rank order)."""
     out = {}
     for name, (size, stride) in group_strides(grid).items():
-        per, doms = span(size, stride, rates.domain)
+        per, doms = span(size, stride, domain)
         out[name] = (np.asarray(size), per, doms)
     return Groups(out)
 
 
 def coll(kind, nbytes, groups: Groups, dim: str, rates: Rates, imbalance=1.0):
-    size, per, doms = groups[dim]
-    return group_collective(kind, nbytes, size, per, doms, rates.intra, rates.inter, imbalance)
+    """Time of one collective of ``kind`` over the ``dim`` groups (memoised on ``groups``; the
+    result is read-only since it may be shared)."""
+    nb = np.asarray(nbytes, dtype=float)
+    imb = np.asarray(imbalance, dtype=float)
+    key = (kind, dim, nb.shape, nb.tobytes(), imb.shape, imb.tobytes(), rates.intra, rates.inter)
+    hit = groups.memo.get(key)
+    if hit is None:
+        size, per, doms = groups[dim]
+        hit = np.asarray(group_collective(kind, nb, size, per, doms, rates.intra, rates.inter, imbalance))
+        hit.flags.writeable = False
+        groups.memo[key] = hit
+    return hit
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 
-def nelder_mead(f, x0: np.ndarray, iterations: int, step: float = 0.15) -> tuple[np.ndarray, float]:
-    """Minimise ``f`` from ``x0`` with plain Nelder-Mead (reflection 1, expansion 2, contraction 0.5,
-    shrink 0.5; the first simplex steps ``step`` along each axis). Returns (best point, its value)."""
+def first_simplex(x0: np.ndarray, step: float) -> list[np.ndarray]:
+    """The n + 1 points Nelder-Mead starts from: ``x0`` and ``x0`` moved ``step`` along each axis."""
     n = len(x0)
-    pts = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
-    vals = [f(p) for p in pts]
+    return [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+
+
+def nelder_mead(f, x0: np.ndarray, iterations: int, step: float = 0.15,
+                first_values: list[float] | None = None) -> tuple[np.ndarray, float]:
+    """Minimise ``f`` from ``x0`` with plain Nelder-Mead (reflection 1, expansion 2, contraction 0.5,
+    shrink 0.5; the first simplex steps ``step`` along each axis). ``first_values``: ``f`` at the
+    points of :func:`first_simplex`, when the caller has them (several fits sharing one start).
+    Returns (best point, its value)."""
+    pts = first_simplex(x0, step)
+    vals = list(first_values) if first_values is not None else [f(p) for p in pts]
+    if len(vals) != len(pts):
+        raise ValueError(f"first_values has {len(vals)} values for a simplex of {len(pts)} points")
     for _ in range(iterations):
         order = np.argsort(vals)
         pts, vals = [pts[i] for i in order], [vals[i] for i in order]

@@ -24,8 +24,9 @@ from functools import lru_cache
 import numpy as np
 
 from dayzero.planner.calibration import PerfConstants, constants_for, rates
-from dayzero.planner.comm import CommOptions, layer_comm, place_groups, step_comm
+from dayzero.planner.comm import CommOptions, Groups, layer_comm, place_groups, place_groups_in, step_comm
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
+from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
 from dayzero.specs.model import ModelSpec
@@ -136,17 +137,29 @@ class Evaluation:
         return rows
 
 
+def placement(grid: dict, cluster: Cluster) -> Groups:
+    """The placement of every group of ``grid``'s candidates on ``cluster`` (what
+    :func:`evaluate` computes first; independent of the efficiency constants)."""
+    return place_groups_in({k: np.asarray(v) for k, v in grid.items()}, scaleup_domain(cluster))
+
+
 def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions | None = None,
-             layer_split: tuple[int, ...] | None = None) -> Evaluation:
+             layer_split: tuple[int, ...] | None = None, placed: Groups | None = None,
+             inventory: bool = True) -> Evaluation:
     """Vectorised step-time model over the candidates of ``grid`` (:mod:`dayzero.specs.grid`;
-    valid layouts only, see :mod:`dayzero.specs.layout_rules`); see the module docstring."""
+    valid layouts only, see :mod:`dayzero.specs.layout_rules`); see the module docstring.
+
+    ``placed``: :func:`placement` of this grid on this cluster, kept by a caller that evaluates the
+    same layouts again with other constants (it does not depend on them, and it memoises the
+    collective times); ``inventory=False`` leaves the communication inventory empty (a fit needs
+    only the times)."""
     options = options or PerfOptions()
     consts = options.constants or constants_for(cluster)
     r = rates(cluster, consts)
     g = {k: np.asarray(v) for k, v in grid.items()}
     n = len(g["tp"])
     costs = compute_costs(spec, g, r, consts, options.comm.imbalance(g["ep"]), options.attention_kernel)
-    groups = place_groups(g, r)
+    groups = placed if placed is not None else place_groups(g, r)
     litems = layer_comm(spec, g, r, costs, groups, options.comm)
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
 
@@ -206,9 +219,10 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     model_flops = flops_per_token(spec, seq, causal=True).train
     tflops = per_dev * model_flops
     peak = np.array([r.peak[p] for p in PRECISIONS])[g["precision"]]
-    inventory = ([(i, on_slow(i.ops) * m, on_slow(i.ops * i.nbytes) * m, on_slow(i.ops * i.time) * m,
-                   on_slow(i.exposed) * m) for i in litems]
-                 + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
+    inventory = [] if not inventory else (
+        [(i, on_slow(i.ops) * m, on_slow(i.ops * i.nbytes) * m, on_slow(i.ops * i.time) * m, on_slow(i.exposed) * m)
+         for i in litems]
+        + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
     return Evaluation(step_s=step_s, compute_s=compute_s, comm_exposed_s=comm_exposed_s, bubble_s=bubble_s,
                       optimizer_s=optimizer_s, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,

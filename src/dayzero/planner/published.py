@@ -370,7 +370,8 @@ def case_of(row: dict) -> Case:
     if problems:
         raise Unpredictable("inconsistent layout", "layout inconsistent: " + "; ".join(problems))
     options = _options(row, spec, recipe, feats)
-    engine = Engine(megatron=megatron_family(row), attention_kernel=options.attention_kernel)
+    engine = Engine(megatron=megatron_family(row), attention_kernel=options.attention_kernel,
+                    fused_loss=fused_loss(row))
     settled = settle(spec, parallel, cluster, engine, recompute_stated=recompute is not None)
     parallel = settled.parallel
     assumed.extend(Assumption("memory", a) for a in settled.assumed)
@@ -386,6 +387,13 @@ def megatron_family(row: dict) -> bool:
     """The run used Megatron-Core (NeMo, Megatron-Bridge, Megatron-LM)."""
     framework = text(row, "framework").lower()
     return "megatron" in framework or "nemo" in framework or "nemo" in text(row, "source").lower()
+
+
+def fused_loss(row: dict) -> bool:
+    """The run used llm-foundry (Composer), whose default loss is flash-attn's fused cross-entropy
+    on BF16 logits with an in-place backward (row_memory.Engine.fused_loss)."""
+    framework = text(row, "framework").lower().replace(" ", "").replace("_", "-")
+    return "llm-foundry" in framework or "llmfoundry" in framework
 
 
 def _options(row: dict, spec: ModelSpec, recipe: str, feats: Features) -> PerfOptions:

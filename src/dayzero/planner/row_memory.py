@@ -27,6 +27,7 @@ from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import RECOMPUTES, ParallelConfig
 
+FUSED_LOSS_LOGITS_BYTES = 2  # BF16 logits, gradient in place (Engine.fused_loss)
 BF16_GRAD_BYTES = 2  # the engine default is MemoryOptions.grad_bytes: FP32 (Megatron-LM: bf16 implies fp32 grad reduce)
 
 
@@ -36,6 +37,12 @@ class Engine:
 
     megatron: bool  # Megatron-Core (NeMo, Megatron-Bridge, Megatron-LM): contiguous grad buffer, distributed optimizer
     attention_kernel: str  # the kernel the step runs (PerfOptions.attention_kernel)
+    # the loss is a fused cross-entropy on BF16 logits that writes its gradient in place over them
+    # (flash-attn's xentropy kernel, "works for bfloat16 and supports in-place backward to save
+    # memory": Dao-AILab/flash-attention csrc/xentropy/README.md), so no FP32 copy of the logits;
+    # llm-foundry's default (ComposerMPTCausalLM loss_fn='fused_crossentropy',
+    # llmfoundry/models/mpt/modeling_mpt.py). Megatron upcasts the logits to FP32 instead.
+    fused_loss: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,8 @@ def engine_memory(cluster: Cluster, engine: Engine, zero: int, grad_bytes: int |
     full precision, low-precision copies are all-gathered for compute; MaxText ``weight_dtype``
     float32). Megatron's distributed optimizer keeps a separate BF16 working copy."""
     kw = {"sharded_params_are_master": not engine.megatron and zero >= 3}
+    if engine.fused_loss:
+        kw["logits_bytes"] = FUSED_LOSS_LOGITS_BYTES
     if grad_bytes is not None:
         kw["grad_bytes"] = grad_bytes
     return MemoryOptions.for_run(cluster.accelerator, engine.attention_kernel, **kw)
