@@ -13,7 +13,7 @@ from dayzero.cli.common import JsonOpt, console, emit_json, takes_layout
 from dayzero.cli.next_steps import Step, layout_flags, print_next
 from dayzero.specs.layout_options import LayoutOptions
 
-WRITERS = ("megatron", "deepspeed", "slurm", "kubernetes")
+WRITERS = ("megatron", "torchtitan", "deepspeed", "slurm", "kubernetes")
 SCHEDULERS = ("slurm", "kubernetes")
 
 
@@ -84,9 +84,10 @@ def export_cmd(
                                                         "JOB-NAME-run).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments, a DeepSpeed config JSON and its
-    launch line, a Slurm sbatch script or a Kubernetes PyTorchJob manifest (both run dayzero train, requeue or restart
-    after a failure and resume from the checkpoint), with every setting the target cannot express listed. A layout the
+    """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments, torchtitan's config overrides, a
+    DeepSpeed config JSON and its launch line, a Slurm sbatch script or a Kubernetes PyTorchJob manifest (both run
+    dayzero train, requeue or restart after a failure and resume from the checkpoint), with every setting the target
+    cannot express listed. A layout the
     target cannot run is refused with the reason.
 
     Example: [bold]dayzero plan llama-3.1-70b -a h100 -n 64 --engine megatron --json > plan.json; dayzero export
@@ -177,20 +178,23 @@ def _detect(path: Path) -> str:
             return "deepspeed"
     elif "--tensor-model-parallel-size" in text or "--pipeline-model-parallel-size" in text:
         return "megatron"
-    raise ConfigError(str(path), None, "unknown launch format: expected a DeepSpeed config JSON or a Megatron "
-                      "argument list (--tensor-model-parallel-size ...)")
+    elif "--parallelism." in text or "torchtitan.train" in text:
+        return "torchtitan"
+    raise ConfigError(str(path), None, "unknown launch format: expected a DeepSpeed config JSON, a Megatron "
+                      "argument list (--tensor-model-parallel-size ...) or torchtitan overrides (--parallelism.* ...)")
 
 
 @app.command("import")
 def import_cmd(
-    file: Annotated[Path, typer.Argument(help="A Megatron argument list or a DeepSpeed config JSON.")],
+    file: Annotated[Path, typer.Argument(help="A Megatron argument list, torchtitan overrides or a DeepSpeed config "
+                                              "JSON.")],
     devices: Annotated[int, typer.Option("--devices", "-n", min=1, help="Ranks the job runs on (the launcher's world "
                                                                         "size).")],
     model: Annotated[Optional[str], typer.Option("--model", help="The model, for the next step's command.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Read an engine's launch (a Megatron argument list, a DeepSpeed config JSON) into a dayzero layout, so predict and
-    memory can judge a launch a team already has.
+    """Read an engine's launch (a Megatron argument list, torchtitan overrides, a DeepSpeed config JSON) into a
+    dayzero layout, so predict and memory can judge a launch a team already has.
 
     Example: [bold]dayzero import runs/export/megatron/megatron_args.txt --devices 64[/bold]
     """

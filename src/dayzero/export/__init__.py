@@ -2,7 +2,8 @@
 
 Read in this order: ``common`` (the :class:`Export` an engine writer returns: its files, its launch
 line and every setting the engine cannot express, listed, never dropped), ``megatron`` (the
-``pretrain_gpt.py`` argument list and the Megatron-Core config objects), ``deepspeed`` (the
+``pretrain_gpt.py`` argument list and the Megatron-Core config objects), ``torchtitan`` (the
+overrides torchtitan 0.3's ConfigManager parses), ``deepspeed`` (the
 DeepSpeed config JSON and its launch line). Each engine module has ``export(spec, parallel)`` and
 ``import_file(path)``: importing an export gives back the same :class:`ParallelConfig`.
 
