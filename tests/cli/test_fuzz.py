@@ -1,5 +1,8 @@
-"""Fuzzing every input a user hands the planner verbs: generated model configs, cluster files,
-layout flags, calibration files and published-runs rows.
+"""Fuzzing every input a user hands the planner and production verbs: generated model configs,
+cluster files, layout flags, calibration files and published-runs rows; export flags for every
+engine and scheduler, engine files for `dayzero import`, expert-load matrices for `dayzero moe
+place`, metrics streams for `dayzero monitor` and `dayzero moe loads` (checkpoints:
+tests/runtime/checkpoint/test_ckpt_fuzz.py).
 
 For each generated input the verb must exit 0 or 2 (a usage or input error), print no traceback,
 finish within ``TIMEOUT_S``, and when it exits 0 its JSON must hold only finite numbers (no value
@@ -38,6 +41,7 @@ SMALL_MODELS = ("tiny-llama", "tiny-moe", "llama-3.1-8b", "mixtral-8x7b", "deeps
 NONNEGATIVE = ("_s", "bytes", "flops", "tokens", "params", "devices", "seconds", "gbytes", "utilization", "mfu",
                "ratio", "layers")
 AT_MOST_ONE = ("mfu", "ratio", "utilization_of_peak")
+SIGNED = ("change", "delta", "bias", "error", "diff")  # differences: either sign is physical
 
 
 class Hang(Exception):
@@ -59,6 +63,8 @@ def physical_problems(obj, path: str = "") -> list[str]:
             out += physical_problems(v, f"{path}[{i}]")
     elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
         key = path.rsplit(".", 1)[-1].split("[")[0].lower()
+        if any(w in key for w in SIGNED):
+            return out
         if any(w in key for w in NONNEGATIVE) and obj < 0:
             out.append(f"{path} = {obj} < 0")
         if any(key == w or key.endswith("_" + w) for w in AT_MOST_ONE) and obj > 1 + 1e-9:
@@ -207,6 +213,74 @@ def test_fuzz_published_rows(tmp_path_factory, edits):
         w.writeheader()
         w.writerows(rows)
     check(["backtest", f, "--json"])
+
+
+EXPORT_FLAGS = ["--tp", "--pp", "--dp", "--ep", "--vpp", "--mbs", "--gbs", "--seq", "--zero", "--recompute",
+                "--precision", "--devices", "--devices-per-node", "--steps", "--ckpt-every", "--max-requeues", "--time",
+                "--exclude", "--cpus-per-node", "--mem-per-node", "--job-name", "--device", "--run-dir"]
+EXPORT_WORDS = ["none", "full", "fp8", "bf16", "cuda", "npu", "cpu", "gpu[01-03]", "1-2:30", "a b", "../x", "-1"]
+
+
+@FUZZ
+@given(model=st.sampled_from(["tiny-llama", "tiny-moe", "llama-3.1-8b"]),
+       to=st.sampled_from(["megatron", "deepspeed", "torchtitan", "slurm", "kubernetes"]),
+       flags=st.dictionaries(st.sampled_from(EXPORT_FLAGS), st.one_of(flag_values(), st.sampled_from(EXPORT_WORDS)),
+                             min_size=1, max_size=5))
+def test_fuzz_export_flags(tmp_path_factory, model, to, flags):
+    argv = ["export", model, "--to", to, "-o", tmp_path_factory.mktemp("exp") / "out", "--json"]
+    if "--devices" not in flags:
+        argv += ["-n", "16"]
+    if to == "kubernetes":
+        argv += ["--image", "registry/dayzero:1"]
+    for k, v in flags.items():
+        argv += [k, v]
+    check(argv)
+
+
+IMPORT_KEYS = ["--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
+               "--global-batch-size", "--seq-length", "--num-layers", "--expert-model-parallel-size",
+               "--parallelism.tensor_parallel_degree", "--parallelism.pipeline_parallel_degree",
+               "--training.local_batch_size", "--training.seq_len"]
+
+
+@FUZZ
+@given(kind=st.sampled_from(["megatron", "torchtitan", "deepspeed"]), pairs=st.lists(st.tuples(
+    st.sampled_from(IMPORT_KEYS), flag_values()), min_size=1, max_size=5), ds=st.dictionaries(st.sampled_from(
+        ["train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
+         "bf16", "pipeline", "gradient_clipping"]), odd_values(), min_size=1, max_size=4), devices=flag_values())
+def test_fuzz_import_files(tmp_path_factory, kind, pairs, ds, devices):
+    d = tmp_path_factory.mktemp("imp")
+    if kind == "deepspeed":
+        f = d / "ds_config.json"
+        f.write_text(json.dumps(ds, allow_nan=True))
+    else:
+        f = d / ("megatron_args.txt" if kind == "megatron" else "torchtitan_args.txt")
+        lead = ["--parallelism.data_parallel_shard_degree", "1"] if kind == "torchtitan" else []
+        f.write_text(" ".join(lead + [x for kv in pairs for x in kv]) + "\n")
+    check(["import", f, "--devices", devices, "--json"])
+
+
+@FUZZ
+@given(loads=st.one_of(odd_values(), st.lists(st.lists(odd_numbers(), min_size=1, max_size=9), min_size=1,
+                                                max_size=3)),
+       ep=flag_values(), nodes=flag_values(), redundant=flag_values(),
+       policy=st.sampled_from(["hierarchical", "global", "x"]))
+def test_fuzz_moe_place(tmp_path_factory, loads, ep, nodes, redundant, policy):
+    f = tmp_path_factory.mktemp("moe") / "loads.json"
+    f.write_text(json.dumps(loads, allow_nan=True))
+    check(["moe", "place", "--loads", f, "--ep", ep, "--nodes", nodes, "--redundant", redundant, "--policy", policy,
+           "--json"])
+
+
+@FUZZ
+@given(records=st.lists(st.one_of(st.dictionaries(st.sampled_from(
+    ["step", "loss", "step_time_s", "tokens_per_s", "peak_mem_bytes", "comm_time_s", "event", "moe", "expert_loads",
+     "ranks", "attempt"]), odd_values(), max_size=5), odd_values()), min_size=1, max_size=6),
+    verb=st.sampled_from(["monitor", "moe loads"]))
+def test_fuzz_metrics_streams(tmp_path_factory, records, verb):
+    f = tmp_path_factory.mktemp("run") / "metrics.jsonl"
+    f.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
+    check([*verb.split(), f, *(["--once"] if verb == "monitor" else []), "--json"])
 
 
 @pytest.mark.parametrize("argv", [["plan", "tiny-llama", "-a", "h100", "-n", "8", "--json"],

@@ -63,17 +63,27 @@ def parallel_from_config(cfg: dict, world: int, seq: int = 4096, ep: int = 1) ->
     """A DeepSpeed config (and the launch line's sequence length and expert-parallel size) on
     ``world`` ranks -> ParallelConfig."""
     def num(key, sub=None, default=None):
-        v = (cfg.get(sub) or {}).get(key, default) if sub else cfg.get(key, default)
+        where = f"{sub + '.' if sub else ''}{key}"
+        section = cfg.get(sub) if sub else cfg
+        if section is None or section is False:
+            return default
+        if not isinstance(section, dict):
+            raise ConfigError("deepspeed config", sub, f"expected an object, got {section!r}")
+        v = section.get(key, default)
         if v == "auto" or v is None:
             return default
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise ConfigError("deepspeed config", where, f"expected an integer, got {v!r}")
         try:
-            return int(v)
-        except (TypeError, ValueError):
-            raise ConfigError("deepspeed config", f"{sub + '.' if sub else ''}{key}", f"expected an integer, "
-                              f"got {v!r}") from None
+            n = int(v) if not isinstance(v, float) else (int(v) if v.is_integer() else None)
+        except (TypeError, ValueError, OverflowError):
+            n = None
+        if n is None or not 0 <= n < 2**31:
+            raise ConfigError("deepspeed config", where, f"expected a non-negative integer below 2^31, got {v!r}")
+        return n
 
-    tp = num("autotp_size", "tensor_parallel", 1)
-    pp = num("stages", "pipeline", 1)
+    tp = num("autotp_size", "tensor_parallel", 1) or 1  # 0: DeepSpeed's "no tensor parallelism"
+    pp = num("stages", "pipeline", 1) or 1
     if world % (tp * pp):
         raise ConfigError("deepspeed config", None, f"{world} ranks are not divisible by tp*pp = {tp * pp}")
     dp = world // (tp * pp)

@@ -135,14 +135,31 @@ def _pairs(args: list[str]) -> list[list[str]]:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """Megatron's flags as its own parser reads them; a bad value is a ConfigError, never an exit."""
+
+    def error(self, message: str):
+        raise ConfigError("megatron arguments", None, f"{message}; fix the argument list") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 < n < 2**31:
+        raise argparse.ArgumentTypeError(f"{n} is not a positive integer below 2^31")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    ap = _Parser(add_help=False, allow_abbrev=False)
     for flag, default in (("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
                           ("--context-parallel-size", 1), ("--expert-model-parallel-size", 1),
                           ("--expert-tensor-parallel-size", None), ("--micro-batch-size", 1),
                           ("--global-batch-size", None), ("--seq-length", 4096),
                           ("--num-virtual-stages-per-pipeline-rank", None), ("--recompute-num-layers", None)):
-        ap.add_argument(flag, type=int, default=default)
+        ap.add_argument(flag, type=_positive, default=default)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")

@@ -131,17 +131,24 @@ def parallel_from_args(argv: list[str], world: int, header: dict[str, str] | Non
             raise ConfigError("torchtitan overrides", w, "has no value")
         i += 1
 
-    def num(key: str, default: int) -> int:
+    def num(key: str, default: int, unset: int | None = None) -> int:
+        """An integer override: positive and below 2^31, or ``unset`` (torchtitan's "not given": -1 or 0)."""
         v = vals.pop(key, None)
+        if v is None:
+            return default
         try:
-            return default if v is None else int(v)
+            n = int(v)
         except ValueError:
             raise ConfigError("torchtitan overrides", f"--{key}", f"expected an integer, got {v!r}") from None
+        if n != unset and not 0 < n < 2**31:
+            raise ConfigError("torchtitan overrides", f"--{key}", f"expected a positive integer below 2^31, got {n}")
+        return n
 
     par = "parallelism."
     tp, cp, pp, ep = (num(par + k, 1) for k in ("tensor_parallel_degree", "context_parallel_degree",
                                                   "pipeline_parallel_degree", "expert_parallel_degree"))
-    replicate, shard = num(par + "data_parallel_replicate_degree", 1), num(par + "data_parallel_shard_degree", -1)
+    replicate = num(par + "data_parallel_replicate_degree", 1)
+    shard = num(par + "data_parallel_shard_degree", -1, unset=-1)
     if world % (tp * cp * pp * replicate):
         raise ConfigError("torchtitan overrides", None, f"{world} ranks are not divisible by tp*cp*pp*dp_replicate "
                           f"= {tp * cp * pp * replicate}")
@@ -156,16 +163,20 @@ def parallel_from_args(argv: list[str], world: int, header: dict[str, str] | Non
         notes.append(f"HSDP (dp_replicate {replicate} x dp_shard {shard}): read as ZeRO-{zero} over dp {dp}")
     local = num("training.local_batch_size", 8)  # torchtitan's TrainingConfig defaults
     mbs = num(par + "pipeline_parallel_microbatch_size", 1) if pp > 1 else local
-    gbs = num("training.global_batch_size", -1)
+    gbs = num("training.global_batch_size", -1, unset=-1)
     gbs = local * dp if gbs == -1 else gbs
     schedule = {v: k for k, v in SCHEDULES.items()}.get(vals.pop(par + "pipeline_parallel_schedule", "1F1B"))
     if schedule is None:
         raise ConfigError("torchtitan overrides", "--parallelism.pipeline_parallel_schedule", "has no dayzero "
                           f"equivalent ({', '.join(SCHEDULES.values())})")
     vpp = 1
-    per_stage = num(par + "pipeline_parallel_layers_per_stage", 0)
+    per_stage = num(par + "pipeline_parallel_layers_per_stage", 0, unset=0)
     if schedule == "interleaved":
-        layers = int(header.get("layers", 0))
+        try:
+            layers = max(0, int(header.get("layers", 0)))
+        except ValueError:
+            raise ConfigError("torchtitan overrides", "# dayzero: layers", f"{header.get('layers')!r} is not an "
+                              "integer") from None
         if per_stage and layers:
             vpp = layers // (pp * per_stage)
         else:

@@ -75,6 +75,13 @@ def _loss(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _amount(v) -> float:
+    """A time, rate or size from a record: a finite non-negative number, else 0 (not measured: a
+    record another writer filled differently is shown as missing, never a crash)."""
+    x = _loss(v)
+    return x if x is not None and math.isfinite(x) and x >= 0 else 0.0
+
+
 def from_stream(path: str | Path, thresholds: Mapping[str, float] | None = None,
                 now_s: float | None = None) -> View:
     """The view of a metrics stream; ``now_s`` (unix time) also judges a hang while it runs."""
@@ -111,15 +118,15 @@ def from_stream(path: str | Path, thresholds: Mapping[str, float] | None = None,
     clock, alerts, per_rank, last_rows = 0.0, [], False, []
     for s in sorted(steps):
         rec = steps[s]
-        clock += float(rec.get("step_time_s") or 0.0)
+        clock += _amount(rec.get("step_time_s"))
         r = rows.get(s) or []
         if r:
             per_rank = True
         else:  # no per-rank rows: the step record's values, reduced over ranks
-            r = [RankValues(rank=0, step_s=float(rec.get("step_time_s") or 0.0),
-                            comm_s=float(rec.get("comm_time_s") or 0.0),
-                            tokens_per_s=float(rec.get("tokens_per_s") or 0.0),
-                            mem_peak_bytes=float(rec.get("peak_mem_bytes") or 0.0), time_s=clock)]
+            r = [RankValues(rank=0, step_s=_amount(rec.get("step_time_s")),
+                            comm_s=_amount(rec.get("comm_time_s")),
+                            tokens_per_s=_amount(rec.get("tokens_per_s")),
+                            mem_peak_bytes=_amount(rec.get("peak_mem_bytes")), time_s=clock)]
         last_rows = r
         alerts = ev_.observe(step_sample(s, _loss(rec.get("loss")), r, ckpt.get(s)))
     if now_s is not None and not finished and per_rank and steps:
@@ -127,7 +134,7 @@ def from_stream(path: str | Path, thresholds: Mapping[str, float] | None = None,
     ordered = sorted(steps)[-HISTORY:]
     return View(source=str(path), job=None, step=max(steps, default=0), finished=finished,
                 losses=tuple((s, _loss(steps[s].get("loss"))) for s in ordered),
-                tokens_per_s=tuple(float(steps[s].get("tokens_per_s") or 0.0) for s in ordered),
+                tokens_per_s=tuple(_amount(steps[s].get("tokens_per_s")) for s in ordered),
                 ranks=tuple(last_rows), per_rank=per_rank, alerts=tuple(alerts))
 
 

@@ -252,6 +252,17 @@ def device_name(device) -> str:
         return str(mod.get_device_name(device.index or 0))
 
 
+def has_grouped_gemm(device) -> bool:
+    """Whether the device runs PyTorch's grouped GEMM kernel (``torch.nn.functional.grouped_mm``):
+    CUDA devices of compute capability 8.0 or newer (the kernel's own check, SM80+); no other device
+    type has it yet."""
+    if device.type != "cuda":
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def device_total_bytes(device) -> int | None:
     """The device's memory capacity, bytes (None on CPU or where the backend does not say)."""
     return None if device.type == "cpu" else memory_stats(device).total

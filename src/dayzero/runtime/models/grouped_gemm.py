@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from dayzero.runtime.device import has_grouped_gemm
+
 IMPLS = ("auto", "loop", "grouped")
 
 
@@ -22,9 +24,9 @@ def _grouped_mm():
 
 def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``auto`` takes the grouped kernel for rows ``x`` (N, K) and weights ``w`` (E, O, K)."""
-    if _grouped_mm() is None or not x.is_cuda or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
+    if _grouped_mm() is None or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
         return False
-    if torch.cuda.get_device_capability(x.device) < (8, 0):
+    if not has_grouped_gemm(x.device):
         return False
     return x.shape[-1] % 8 == 0 and w.shape[-2] % 8 == 0  # 16-byte strides for bf16
 
