@@ -15,7 +15,7 @@ statistics over a window (https://github.com/deepseek-ai/EPLB, README). W is cho
 not by the result: the smallest W whose counting-noise floor (Monte Carlo, balanced routing) is at
 most NOISE_FLOOR. The bias update itself still uses each single step's loads.
 
-    PYTHONPATH=src python benchmarks/moe_balance.py [--steps 200] [--out FILE]
+    PYTHONPATH=src python benchmarks/moe_balance.py [--steps 200] [--gbs 8] [--workdir DIR] [--out FILE]
 """
 
 from __future__ import annotations
