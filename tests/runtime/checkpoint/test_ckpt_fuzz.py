@@ -14,16 +14,13 @@ import os
 import shutil
 
 import pytest
-import torch
-import torch.nn as nn
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from dayzero.errors import DayzeroError
-from dayzero.runtime.checkpoint.checkpointer import Checkpointer
-from dayzero.runtime.checkpoint.manifest import describe_file, read_manifest, verify_version, write_json_durable
-from dayzero.runtime.checkpoint.manifest import write_marker as commit_marker
+from dayzero.runtime.checkpoint.manifest import verify_version
 from dayzero.runtime.checkpoint.versions import version_name
+from helpers.ckpt_craft import recommit, resume, save_version
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 EXAMPLES = int(os.environ.get("DAYZERO_FUZZ_EXAMPLES", "25"))
@@ -33,24 +30,9 @@ FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database
 SIDE_FILES = ("train_state.json", "optimizer_groups.json", "rng-00000.json")
 
 
-def make():
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    return m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ck")
-    m, opt, sched = make()
-    m(torch.randn(3, 4)).pow(2).mean().backward()
-    opt.step()
-    sched.step()
-    ck = Checkpointer(root)
-    ck.save(1, m, opt, scheduler=sched, data={"stream": {"samples": 1, "seed": 0, "seq": 8, "fingerprint": "f"}})
-    ck.close()
-    return root
+    return save_version(tmp_path_factory.mktemp("ck"), 1)
 
 
 def odd_values():
@@ -80,15 +62,6 @@ def _replace(obj, path, value):
     return obj
 
 
-def resume(root):
-    m, opt, sched = make()
-    ck = Checkpointer(root)
-    try:
-        return ck.resume(m, opt, sched, which=1)
-    finally:
-        ck.close()
-
-
 @FUZZ
 @given(rel=st.sampled_from(SIDE_FILES), pick=st.integers(0, 10**6), value=odd_values())
 def test_fuzz_side_file_values(saved, tmp_path_factory, rel, pick, value):
@@ -99,12 +72,9 @@ def test_fuzz_side_file_values(saved, tmp_path_factory, rel, pick, value):
     paths = list(_paths(doc))
     doc = _replace(doc, paths[pick % len(paths)], value)
     (v / rel).write_text(json.dumps(doc))
-    m = read_manifest(v)
-    files = [describe_file(v, f.path) if f.path == rel else f for f in m.files]
-    write_json_durable(v / "manifest.json", m.model_copy(update={"files": files}).to_json())
-    commit_marker(v)
+    recommit(v, rel)
     try:
-        r = resume(root)
+        r = resume(root, 1)
     except DayzeroError as e:
         assert "\n" not in str(e).strip(), str(e)
         return
@@ -132,7 +102,7 @@ def test_fuzz_byte_corruptions(saved, tmp_path_factory, pick, where, how):
     changed = bytes(raw) != f.read_bytes()
     f.write_bytes(bytes(raw))
     try:
-        r = resume(root)
+        r = resume(root, 1)
     except DayzeroError as e:
         assert "\n" not in str(e).strip(), str(e)
         return

@@ -5,71 +5,33 @@ resume from a wrong step (issue #22, finding 8)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
-import torch
-import torch.nn as nn
 
 from dayzero.errors import DayzeroError
-from dayzero.runtime.checkpoint.checkpointer import Checkpointer
 from dayzero.runtime.checkpoint.json_state import from_json
-from dayzero.runtime.checkpoint.manifest import CheckpointError, describe_file, read_manifest, write_json_durable
-from dayzero.runtime.checkpoint.manifest import write_marker as commit_marker
-from dayzero.runtime.checkpoint.versions import version_name
+from dayzero.runtime.checkpoint.manifest import CheckpointError
 from dayzero.runtime.data import DataError, DataPosition
 from dayzero.runtime.resilience.guards import GuardConfig, LossGuard, LossGuardStateError
+from helpers import ckpt_craft
+from helpers.ckpt_craft import save_version
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-def make():
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    return m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A version at step 2 with model, optimizer, scheduler and data."""
-    root = tmp_path_factory.mktemp("ck")
-    m, opt, sched = make()
-    for s in (1, 2):
-        m(torch.randn(3, 4)).pow(2).mean().backward()
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-    ck = Checkpointer(root)
-    ck.save(2, m, opt, scheduler=sched, data={"stream": {"samples": 2, "seed": 0, "seq": 8, "fingerprint": "f"}})
-    ck.close()
-    return root
+    return save_version(tmp_path_factory.mktemp("ck"), 2)
 
 
 def craft(src, tmp_path, rel, edit):
-    """A copy of ``src`` whose ``rel`` is ``edit(parsed json)`` with a manifest and marker that
-    match the new bytes (so only the content is wrong)."""
-    import shutil
-
-    root = tmp_path / "ck"
-    shutil.copytree(src, root)
-    v = root / version_name(2)
-    (v / rel).write_text(json.dumps(edit(json.loads((v / rel).read_text()))))
-    m = read_manifest(v)
-    files = [describe_file(v, f.path) if f.path == rel else f for f in m.files]
-    write_json_durable(v / "manifest.json", m.model_copy(update={"files": files}).to_json())
-    commit_marker(v)
-    return root
+    return ckpt_craft.craft(src, tmp_path / "ck", 2, rel, edit)
 
 
 def resume(root):
-    m, opt, sched = make()
-    ck = Checkpointer(root)
-    try:
-        return ck.resume(m, opt, sched, which=2)
-    finally:
-        ck.close()
+    return ckpt_craft.resume(root, 2)
 
 
 def test_the_untouched_version_resumes(saved, tmp_path):
