@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dayzero.errors import LayoutError
+from dayzero.errors import ConfigError, LayoutError
 from dayzero.planner.engines import engine_problems, get_engine
 from dayzero.specs.parallel import ParallelConfig
 
@@ -40,3 +40,26 @@ def require_engine(engine: str, parallel: ParallelConfig) -> None:
     if problems:
         raise LayoutError(f"{get_engine(engine).title} cannot run {parallel.describe()}: {'; '.join(problems)}; "
                           f"search for a layout it runs with `dayzero plan --engine {get_engine(engine).name}`")
+
+
+MAX_SETTING = 2**31  # an imported degree, batch or length at or above this is not a launch setting
+
+
+def integer_setting(source: str, where: str, value: object, *, minimum: int = 1,
+                    unset: int | None = None) -> int:
+    """An integer an engine file states (a JSON number or the text of a flag): whole, in
+    [``minimum``, 2^31), or the engine's own ``unset`` marker; anything else is one ConfigError
+    naming ``source`` and ``where``. The one rule every importer reads its numbers with."""
+    n = None
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:
+            n = int(value)
+        except ValueError:
+            n = None
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    if n is None:
+        raise ConfigError(source, where, f"expected an integer, got {value!r}")
+    if n != unset and not minimum <= n < MAX_SETTING:
+        raise ConfigError(source, where, f"expected an integer in [{minimum}, 2^31), got {n}")
+    return n

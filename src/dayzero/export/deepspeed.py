@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 
 from dayzero.errors import ConfigError
-from dayzero.export.common import Export, require_engine
+from dayzero.export.common import Export, integer_setting, require_engine
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -72,15 +72,7 @@ def parallel_from_config(cfg: dict, world: int, seq: int = 4096, ep: int = 1) ->
         v = section.get(key, default)
         if v == "auto" or v is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-            raise ConfigError("deepspeed config", where, f"expected an integer, got {v!r}")
-        try:
-            n = int(v) if not isinstance(v, float) else (int(v) if v.is_integer() else None)
-        except (TypeError, ValueError, OverflowError):
-            n = None
-        if n is None or not 0 <= n < 2**31:
-            raise ConfigError("deepspeed config", where, f"expected a non-negative integer below 2^31, got {v!r}")
-        return n
+        return integer_setting("deepspeed config", where, v, minimum=0)
 
     tp = num("autotp_size", "tensor_parallel", 1) or 1  # 0: DeepSpeed's "no tensor parallelism"
     pp = num("stages", "pipeline", 1) or 1

@@ -11,11 +11,12 @@ e2m1``. Gradients are reduced in FP32 unless a plan says otherwise (Megatron's d
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 from pathlib import Path
 
 from dayzero.errors import ConfigError
-from dayzero.export.common import Export, require_engine
+from dayzero.export.common import Export, integer_setting, require_engine
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -142,16 +143,6 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError("megatron arguments", None, f"{message}; fix the argument list") from None
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 < n < 2**31:
-        raise argparse.ArgumentTypeError(f"{n} is not a positive integer below 2^31")
-    return n
-
-
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(add_help=False, allow_abbrev=False)
     for flag, default in (("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
@@ -159,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
                           ("--expert-tensor-parallel-size", None), ("--micro-batch-size", 1),
                           ("--global-batch-size", None), ("--seq-length", 4096),
                           ("--num-virtual-stages-per-pipeline-rank", None), ("--recompute-num-layers", None)):
-        ap.add_argument(flag, type=_positive, default=default)
+        ap.add_argument(flag, type=functools.partial(integer_setting, "megatron arguments", flag), default=default)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")

@@ -19,7 +19,7 @@ import shlex
 from pathlib import Path
 
 from dayzero.errors import ConfigError
-from dayzero.export.common import Export, require_engine
+from dayzero.export.common import Export, integer_setting, require_engine
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -134,15 +134,7 @@ def parallel_from_args(argv: list[str], world: int, header: dict[str, str] | Non
     def num(key: str, default: int, unset: int | None = None) -> int:
         """An integer override: positive and below 2^31, or ``unset`` (torchtitan's "not given": -1 or 0)."""
         v = vals.pop(key, None)
-        if v is None:
-            return default
-        try:
-            n = int(v)
-        except ValueError:
-            raise ConfigError("torchtitan overrides", f"--{key}", f"expected an integer, got {v!r}") from None
-        if n != unset and not 0 < n < 2**31:
-            raise ConfigError("torchtitan overrides", f"--{key}", f"expected a positive integer below 2^31, got {n}")
-        return n
+        return default if v is None else integer_setting("torchtitan overrides", f"--{key}", v, unset=unset)
 
     par = "parallelism."
     tp, cp, pp, ep = (num(par + k, 1) for k in ("tensor_parallel_degree", "context_parallel_degree",
