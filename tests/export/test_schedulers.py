@@ -16,7 +16,7 @@ import yaml
 from dayzero.cli.app import app, main
 from dayzero.errors import DayzeroError
 from dayzero.export import kubernetes, slurm
-from dayzero.export.job import JobOptions, expand_hosts, read_exclusions, time_limit_seconds
+from dayzero.export.job import JobOptions, expand_hosts, hosts_to_exclude, time_limit_seconds
 from dayzero.specs.parallel import ParallelConfig as P
 from dayzero.specs.registry import load_model
 from helpers.slurm_cluster import sbatch_parse_error
@@ -155,9 +155,9 @@ def test_exclusion_lists(tmp_path):
     (tmp_path / "exclusions.json").write_text(json.dumps({"hosts": ["gpu-07", "gpu-11", "gpu-07"], "why": {}}))
     (tmp_path / "list.json").write_text('["a1", "a2"]')
     (tmp_path / "hosts.txt").write_text("# drained\nnode[1-3]\n\nnode9  # flaky NIC\n")
-    assert read_exclusions(tmp_path / "exclusions.json") == ("gpu-07", "gpu-11")
-    assert read_exclusions(tmp_path / "list.json") == ("a1", "a2")
-    assert read_exclusions(tmp_path / "hosts.txt") == ("node[1-3]", "node9")
+    assert hosts_to_exclude(tmp_path / "exclusions.json") == ("gpu-07", "gpu-11")
+    assert hosts_to_exclude(tmp_path / "list.json") == ("a1", "a2")
+    assert hosts_to_exclude(tmp_path / "hosts.txt") == ("node[1-3]", "node9")
     assert expand_hosts(("gpu[01-03,07]", "node9", "n[9-10]b")) == ["gpu01", "gpu02", "gpu03", "gpu07", "node9",
                                                                    "n9b", "n10b"]
     k = kubernetes.export(load_model("tiny-llama"), P(dp=2), job=_job(exclude=("node[1-2]",)))
@@ -175,10 +175,10 @@ def test_the_runs_own_exclusion_file_is_read_as_hosts(tmp_path):
     add_exclusions(f, [Exclusion(rank=3, slot=3, host="gpu-02", reason="straggler", step=7, time="t"),
                        Exclusion(rank=9, slot=1, host="gpu-01", reason="hang", step=None, time="t"),
                        Exclusion(rank=2, slot=2, host="gpu-02", reason="straggler", step=9, time="t")])
-    assert read_exclusions(f) == ("gpu-01", "gpu-02")
+    assert hosts_to_exclude(f) == ("gpu-01", "gpu-02")
     f.write_text(json.dumps({"format": "dayzero-exclusions/1", "excluded": [{"host": 1}]}))
     with pytest.raises(DayzeroError, match="exclusion list"):
-        read_exclusions(f)
+        hosts_to_exclude(f)
 
 
 def test_slurm_time_limits():

@@ -67,8 +67,8 @@ def export_cmd(
     time_limit: Annotated[Optional[str], typer.Option("--time", help="Scheduler: time limit, Slurm's format "
                                                                      "(minutes, HH:MM:SS, D-HH:MM:SS).")] = None,
     exclude_from: Annotated[Optional[Path], typer.Option("--exclude-from", help="Scheduler: keep off the hosts of this "
-                                                         "file (JSON {\"hosts\": [...]}, a JSON list, or one per "
-                                                         "line).")] = None,
+                                                         "file (a run's exclusions.json, JSON {\"hosts\": [...]}, a "
+                                                         "JSON list, or one per line).")] = None,
     exclude: Annotated[Optional[str], typer.Option("--exclude", help="Scheduler: hosts to keep off, "
                                                                      "comma-separated.")] = None,
     cpus_per_node: Annotated[Optional[int], typer.Option("--cpus-per-node", min=1, help="Scheduler: cores per node "
@@ -122,9 +122,9 @@ def export_cmd(
              "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim}
     writer = _writer(to)
     if to in SCHEDULERS:
-        from dayzero.export.job import JobOptions, read_exclusions
+        from dayzero.export.job import JobOptions, hosts_to_exclude
 
-        hosts = (read_exclusions(exclude_from) if exclude_from else ()) + tuple(
+        hosts = (hosts_to_exclude(exclude_from) if exclude_from else ()) + tuple(
             h.strip() for h in (exclude or "").split(",") if h.strip())
         job = JobOptions(**{k: v for k, v in dict(
             name=job_name, devices_per_node=devices_per_node, device=device, run_dir=run_dir, steps=steps,

@@ -105,7 +105,7 @@ def node_split(parallel: ParallelConfig, devices_per_node: int, scheduler: str) 
     return NodeSplit(world // per_node, per_node)
 
 
-def read_exclusions(path: str | Path) -> tuple[str, ...]:
+def hosts_to_exclude(path: str | Path) -> tuple[str, ...]:
     """Hosts to keep off: a run's ``exclusions.json`` (:mod:`dayzero.specs.exclusions`, written by
     the trainer's alert actions: every host with an excluded device slot), a JSON object with a
     ``hosts`` list (a restart plan), a JSON list, or plain text with one hostname per line (``#``
