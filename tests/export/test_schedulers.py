@@ -140,6 +140,48 @@ def test_npu_and_cpu_ranks_ask_for_their_devices():
     assert "#SBATCH --cpus-per-task=2" in text and "--gpus" not in text and "--backend gloo" in text
 
 
+def test_npu_launch_facts():
+    """Ascend nodes: the CANN toolkit's environment sourced where it exists, ASCEND_RT_VISIBLE_DEVICES
+    set to the node's cards unless the site set it, HCCL's connect timeout raised, and an HCCL rank
+    table passed as RANK_TABLE_FILE when given (Kubernetes too); torchrun's rendezvous otherwise."""
+    spec, p = load_model("llama-3.1-8b"), P(tp=2, dp=4, gbs=8)
+    text = slurm.export(spec, p, job=_job(device="npu", devices_per_node=4)).files[slurm.SCRIPT_FILE]
+    assert 'export ASCEND_RT_VISIBLE_DEVICES="${ASCEND_RT_VISIBLE_DEVICES:-0,1,2,3}"' in text
+    assert "CANN_SET_ENV=${CANN_SET_ENV:-/usr/local/Ascend/ascend-toolkit/set_env.sh}" in text
+    assert "RANK_TABLE_FILE" not in text and "--rdzv-backend=c10d" in text
+    text = slurm.export(spec, p, job=_job(device="npu", rank_table="/etc/hccl/rank table.json")).files[
+        slurm.SCRIPT_FILE]
+    assert "export RANK_TABLE_FILE='/etc/hccl/rank table.json'" in text
+    k = list(yaml.safe_load_all(kubernetes.export(spec, p, job=_job(device="npu", rank_table="/r.json"))
+                                .files[kubernetes.MANIFEST_FILE]))[2]
+    env = k["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "RANK_TABLE_FILE", "value": "/r.json"} in env
+    for device in ("cuda", "cpu"):  # nothing of Ascend's on the others
+        text = slurm.export(spec, p, job=_job(device=device, devices_per_node=2)).files[slurm.SCRIPT_FILE]
+        assert "ASCEND" not in text and "CANN" not in text
+    with pytest.raises(DayzeroError, match="--rank-table: an HCCL rank table is for --device npu"):
+        JobOptions(device="cuda", rank_table="/r.json")
+
+
+@pytest.mark.slow
+def test_npu_node_setup_runs(tmp_path):
+    """The npu script's set-up lines, run by bash: the toolkit script is sourced when present (and
+    its absence is a note, not a failure); the site's ASCEND_RT_VISIBLE_DEVICES wins."""
+    lines = slurm.node_setup_lines(_job(device="npu", devices_per_node=4), 4)
+    env_sh = tmp_path / "set_env.sh"
+    env_sh.write_text("export FAKE_CANN_LOADED=yes\n")
+    probe = "\n".join(["set -euo pipefail", *lines, 'echo "$ASCEND_RT_VISIBLE_DEVICES ${FAKE_CANN_LOADED:-no}"'])
+
+    def run(**env):
+        r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60,
+                           env={"PATH": "/usr/bin:/bin", **env})
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()[-1]
+
+    assert run(CANN_SET_ENV=str(env_sh)) == "0,1,2,3 yes"
+    assert run(CANN_SET_ENV=str(tmp_path / "none.sh"), ASCEND_RT_VISIBLE_DEVICES="4,5") == "4,5 no"
+
+
 def test_what_a_scheduler_cannot_express_is_listed():
     spec = load_model("llama-3.1-8b")
     p = P(tp=2, pp=2, dp=2, gbs=8, recompute="full", recompute_layers=2, rank_order="tp-dp-cp-pp")
@@ -220,6 +262,7 @@ def test_cli_kubernetes_export(tmp_path, capsys):
     (["--to", "slurm", "--devices", "8", "--exclude", "ok,rm -rf"], "not a hostname"),
     (["--to", "slurm", "--devices", "8", "--device", "tpu"], "--device"),
     (["--to", "megatron", "--devices", "8", "--partition", "gpu"], "is a scheduler option"),
+    (["--to", "slurm", "--devices", "8", "--rank-table", "/r.json"], "is for --device npu"),
 ])
 def test_bad_scheduler_input_is_one_line(argv, says, tmp_path, capsys):
     (tmp_path / "bad.json").write_text('{"hosts": ["ok", "rm -rf"]}')

@@ -159,10 +159,55 @@ def test_malformed_manifests_are_one_line_errors(text, field):
 
 
 def test_emit_manifest_errors():
-    with pytest.raises(DayzeroError, match="unknown dispatch key 'NoSuchKey'"):
+    with pytest.raises(DayzeroError, match="unknown dispatch key or device type 'NoSuchKey'"):
         emit_manifest("NoSuchKey")
-    with pytest.raises(DayzeroError, match="no kernels in native_functions.yaml"):
+    with pytest.raises(DayzeroError, match="no kernels in native_functions.yaml.*--manifest-source dispatcher"):
         emit_manifest("PrivateUse1", source="native_functions")
+    # no extension registers PrivateUse1 kernels here: auto reads the dispatcher and says what to install
+    with pytest.raises(DayzeroError, match="no ATen kernels are registered for dispatch key 'PrivateUse1'.*extension"):
+        emit_manifest("PrivateUse1")
+
+
+def test_device_types_name_their_dispatch_keys():
+    from dayzero.ops._torch_compat import dispatch_key
+
+    assert [dispatch_key(n) for n in ("CPU", "cpu", "CUDA", "cuda", "xpu", "privateuseone")] == [
+        "CPU", "CPU", "CUDA", "CUDA", "XPU", "PrivateUse1"]
+    assert emit_manifest("cuda")[0].ops == emit_manifest("CUDA")[0].ops
+
+
+_OUT_OF_TREE = """
+import sys, torch
+from dayzero.ops.manifest import emit_manifest, load_manifest
+torch.utils.rename_privateuse1_backend("fakenpu")
+lib = torch.library.Library("aten", "IMPL")
+for op in ("embedding_dense_backward", "add.Tensor", "_softmax"):
+    lib.impl(op, lambda *a, **k: None, "PrivateUse1")
+m, header = emit_manifest("fakenpu")  # auto: the dispatcher, by the device type the extension registered
+assert m.name == "fakenpu" and "PrivateUse1 (fakenpu)" in m.source, m.source
+assert m.supports("aten.embedding_dense_backward.default") and m.supports("aten._softmax.default")
+assert not m.supports("aten.native_dropout.default")  # neither registered nor composite
+assert not m.supports("aten._scaled_dot_product_flash_attention.default")
+assert emit_manifest("PrivateUse1")[0].ops == m.ops
+path = sys.argv[1]
+open(path, "w").write(m.to_yaml(header))
+assert load_manifest(path).ops == m.ops
+print("ok", len(m.ops))
+"""
+
+
+@pytest.mark.slow
+def test_emit_manifest_reads_an_out_of_tree_backends_kernels(tmp_path):
+    """A renamed PrivateUse1 backend (what torch_npu does: device type ``npu``) with kernels
+    registered in the dispatcher: ``--emit-manifest <device type>`` lists exactly those kernels
+    (plus the composite ones), named after the device type, and the file loads as a manifest.
+    In a subprocess: the rename and the registrations are process-wide."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _OUT_OF_TREE, str(tmp_path / "fakenpu.yaml")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]
 
 
 def test_core_manifest_is_the_core_aten_opset():

@@ -56,6 +56,10 @@ def export_cmd(
     run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Scheduler: the run directory on the shared file "
                                                                      "system: ckpt/, metrics.jsonl, logs (default "
                                                                      "runs/dayzero).")] = None,
+    rank_table: Annotated[Optional[str], typer.Option("--rank-table", help="Scheduler, --device npu: the HCCL rank "
+                                                                           "table (JSON) on every node, for "
+                                                                           "RANK_TABLE_FILE (default: torchrun's "
+                                                                           "rendezvous).")] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Scheduler: optimizer steps of dayzero train "
                                                                         "(default 100).")] = None,
     ckpt_every: Annotated[Optional[int], typer.Option("--ckpt-every", min=1, help="Scheduler: checkpoint every N "
@@ -119,7 +123,8 @@ def export_cmd(
     given = {"--device": device, "--job-name": job_name, "--run-dir": run_dir, "--steps": steps,
              "--ckpt-every": ckpt_every, "--max-requeues": max_requeues, "--partition": partition, "--time": time_limit,
              "--exclude-from": exclude_from, "--exclude": exclude, "--cpus-per-node": cpus_per_node,
-             "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim}
+             "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim,
+             "--rank-table": rank_table}
     writer = _writer(to)
     if to in SCHEDULERS:
         from dayzero.export.job import JobOptions, hosts_to_exclude
@@ -130,7 +135,7 @@ def export_cmd(
             name=job_name, devices_per_node=devices_per_node, device=device, run_dir=run_dir, steps=steps,
             ckpt_every=ckpt_every, max_requeues=max_requeues, partition=partition, time_limit=time_limit,
             exclude=tuple(dict.fromkeys(hosts)), memory_gb=mem_per_node, cpus_per_node=cpus_per_node, image=image,
-            volume_claim=volume_claim).items() if v not in (None, ())})
+            volume_claim=volume_claim, rank_table=rank_table).items() if v not in (None, ())})
         result = writer.export(spec, parallel, job=job)
     else:
         unused = [k for k, v in given.items() if v is not None]

@@ -37,7 +37,9 @@ def ops_cmd(
                                                                    "inputs.")] = True,
     top: Annotated[int, typer.Option("--top", help="Rows in the operator table (0: all).")] = 25,
     emit_manifest: Annotated[Optional[str], typer.Option("--emit-manifest", help="Print a manifest for a dispatch key "
-                                                                                 "(CPU, CUDA, PrivateUse1, ...; "
+                                                                                 "or device type (CPU, CUDA, "
+                                                                                 "PrivateUse1 or the device type an "
+                                                                                 "installed extension registers; "
                                                                                  "'core' = Core ATen opset) and "
                                                                                  "exit.")] = None,
     manifest_source: Annotated[str, typer.Option("--manifest-source", help="With --emit-manifest: auto | dispatcher | "

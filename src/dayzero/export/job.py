@@ -29,12 +29,53 @@ COMM_ENV = {
         "NCCL_DEBUG": "WARN",
     },
     "npu": {
-        # seconds HCCL waits for every rank to connect; the default 120 s is short for a large job's start
-        # (CANN environment variables, HCCL_CONNECT_TIMEOUT: https://www.hiascend.com/document)
+        # seconds HCCL waits for every rank to connect (range 120-7200, default 120: short for a large job's
+        # start, and shorter still with a rank table, where ranks do not negotiate; CANN environment
+        # variables, HCCL_CONNECT_TIMEOUT: https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/
+        # 83RC1alpha003/maintenref/envvar/envref_07_0077.html; torch_npu RANK_TABLE_FILE:
+        # https://www.hiascend.com/document/detail/zh/Pytorch/600/apiref/Envvariables/Envir_017.html)
         "HCCL_CONNECT_TIMEOUT": "1200",
     },
     "cpu": {},
 }
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """What a node does before it starts its ranks, per device (the scheduler files render it).
+
+    ``visible``: the variable that picks a node's cards, set to all of them unless the site set it
+    (None: the scheduler sets it itself: Slurm's ``--gpus-per-node`` sets CUDA_VISIBLE_DEVICES;
+    https://slurm.schedmd.com/gres.html). ``toolkit``: the vendor's environment script (libraries,
+    paths), sourced where it exists, overridable by a variable of the same name."""
+
+    visible: str | None = None
+    toolkit: tuple[str, str] | None = None  # (shell variable, default path)
+
+
+NODE_SETUP = {
+    "cuda": NodeSetup(),
+    # ASCEND_RT_VISIBLE_DEVICES: the cards a process sees (CANN's CUDA_VISIBLE_DEVICES; a generic Slurm gres
+    # "npu" sets nothing); the CANN toolkit's set_env.sh at its default install path puts its libraries on
+    # the paths (CANN environment variables: https://www.hiascend.com/document/detail/zh/canncommercial/
+    # 82RC1/maintenref/envvar/envref_07_0121.html; the install path: torchtitan-npu's multi-node script,
+    # https://gitcode.com/cann/torchtitan-npu/blob/v0.2.2-dev/scripts/run_train_multinodes.sh)
+    "npu": NodeSetup(visible="ASCEND_RT_VISIBLE_DEVICES",
+                     toolkit=("CANN_SET_ENV", "/usr/local/Ascend/ascend-toolkit/set_env.sh")),
+    "cpu": NodeSetup(),
+}
+
+
+def comm_env(job: JobOptions) -> dict[str, str]:
+    """The ranks' communication settings: the device's defaults, plus the HCCL rank table when the
+    job gives one (torch_npu builds the global communicator from it, in a time about independent of
+    the cluster's size, instead of negotiating through the rendezvous; Envir_017 above)."""
+    env = dict(COMM_ENV[job.device])
+    if job.rank_table:
+        env["RANK_TABLE_FILE"] = job.rank_table
+    return env
+
+
 # a hostname, or a Slurm host range of one bracket group ("gpu[01-04,07]")
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-_]*(\[[0-9,\-]+\][A-Za-z0-9.\-_]*)?")
 
@@ -58,6 +99,7 @@ class JobOptions:
     cpus_per_node: int | None = None  # None: Slurm gives the whole node, Kubernetes 4 cores per device
     image: str | None = None  # Kubernetes: the container image with dayzero installed
     volume_claim: str | None = None  # Kubernetes: the ReadWriteMany PersistentVolumeClaim holding run_dir
+    rank_table: str | None = None  # npu: an HCCL rank table (JSON) on every node; None: torchrun's rendezvous
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -66,6 +108,10 @@ class JobOptions:
             raise ConfigError("--job-name", None, f"{self.name!r}: letters, digits, '-', '_' and '.', at most 63")
         if self.time_limit is not None:
             time_limit_seconds(self.time_limit)
+        if self.rank_table is not None and self.device != "npu":
+            raise ConfigError("--rank-table", None, f"an HCCL rank table is for --device npu, not {self.device}")
+        if self.rank_table is not None and not self.rank_table.strip():
+            raise ConfigError("--rank-table", None, "give the rank table's path on the nodes")
         bad = [h for h in self.exclude if not _HOST.fullmatch(h)]
         if bad:
             raise ConfigError("--exclude", None, f"not a hostname or a host range like gpu[01-04]: {bad[0]!r}")

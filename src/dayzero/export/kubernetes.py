@@ -27,8 +27,8 @@ import yaml
 from dayzero.errors import ConfigError, LayoutError
 from dayzero.export.common import Export
 from dayzero.export.job import (
-    COMM_ENV,
     JobOptions,
+    comm_env,
     expand_hosts,
     node_split,
     time_limit_seconds,
@@ -71,7 +71,7 @@ def pod_template(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, per
     run = run_path(job)
     command = ["torchrun", f"--nproc-per-node={per_node}", "-m",
                *train_args(spec, parallel, job, f"{run}/ckpt", f"{run}/metrics.jsonl")]
-    env = [{"name": k, "value": v} for k, v in COMM_ENV[job.device].items()]
+    env = [{"name": k, "value": v} for k, v in comm_env(job).items()]
     container = {"name": CONTAINER, "image": job.image, "command": command, "env": env,
                  "resources": {"requests": dict(limits), "limits": limits},
                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},

@@ -21,7 +21,7 @@ import shlex
 
 from dayzero.errors import LayoutError
 from dayzero.export.common import Export
-from dayzero.export.job import COMM_ENV, JobOptions, node_split, train_args, unexpressed
+from dayzero.export.job import COMM_ENV, NODE_SETUP, JobOptions, comm_env, node_split, train_args, unexpressed
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -76,8 +76,9 @@ def script(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions) -> str:
               "# torchrun's c10d rendezvous on the allocation's first node",
               'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               f"MASTER_PORT=${{MASTER_PORT:-{RDZV_PORT}}}", "export MASTER_ADDR MASTER_PORT"]
-    for k, v in COMM_ENV[job.device].items():
-        lines.append(f'export {k}="${{{k}:-{v}}}"')
+    for k, v in comm_env(job).items():  # the device's defaults yield to the site's; what the job gives is set
+        lines.append(f'export {k}="${{{k}:-{v}}}"' if COMM_ENV[job.device].get(k) == v else f"export {k}={q(v)}")
+    lines += node_setup_lines(job, split.per_node)
     lines += ["",
               "requeue() {  # a failed or stopped step: run again from the newest good checkpoint",
               '    if [ "${SLURM_RESTART_COUNT:-0}" -lt "$MAX_REQUEUES" ]; then',
@@ -101,6 +102,24 @@ def script(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions) -> str:
               "fi",
               'exit "$rc"', ""]
     return "\n".join(lines)
+
+
+def node_setup_lines(job: JobOptions, per_node: int) -> list[str]:
+    """The device's node set-up (:data:`dayzero.export.job.NODE_SETUP`) in the batch shell, which
+    ``srun`` passes to every node's tasks (its default ``--export=ALL``)."""
+    setup = NODE_SETUP[job.device]
+    lines = []
+    if setup.toolkit:
+        var, path = setup.toolkit
+        lines += [f"# the {job.device} toolkit's environment (libraries, paths), where the site has not loaded it",
+                  f"{var}=${{{var}:-{path}}}",
+                  f'if [ -f "${var}" ]; then source "${var}"; '
+                  f'else echo "dayzero-slurm: ${var} not found; using the environment as it is"; fi']
+    if setup.visible:
+        cards = ",".join(str(i) for i in range(per_node))
+        lines += ["# the cards each node's ranks use (torchrun's LOCAL_RANK picks one of them)",
+                  f'export {setup.visible}="${{{setup.visible}:-{cards}}}"']
+    return lines
 
 
 def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,

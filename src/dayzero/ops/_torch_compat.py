@@ -32,6 +32,44 @@ def registrations(dispatch_key: str) -> list[str]:
     return sorted({_dispatcher_to_manifest(n) for n in names})
 
 
+def dispatch_key(name: str) -> str:
+    """The dispatch key ``name`` means: a key as PyTorch spells it (``CPU``, ``CUDA``,
+    ``PrivateUse1``), or a device type (``cuda``, ``xpu``, or the name an out-of-tree extension
+    gave PrivateUse1 with ``torch.utils.rename_privateuse1_backend``, e.g. torch_npu's ``npu``),
+    mapped by the dispatcher itself (``torch._C._dispatch_key_for_device``)."""
+    try:
+        torch._C._dispatch_get_registrations_for_dispatch_key(name)
+        return name
+    except RuntimeError:
+        pass
+    try:
+        return str(torch._C._dispatch_key_for_device(name))
+    except RuntimeError:
+        raise DayzeroError(f"unknown dispatch key or device type {name!r}; use a PyTorch dispatch key such as CPU, "
+                           "CUDA, XPU, MPS, PrivateUse1, the device type an installed extension registers "
+                           f"(here: {privateuse1_name()!r} for PrivateUse1), or 'core' for the Core ATen "
+                           "opset") from None
+
+
+def privateuse1_name() -> str:
+    """The device type PrivateUse1 runs under in this process (``privateuseone`` until an extension
+    renames it, e.g. ``npu`` once torch_npu is loaded)."""
+    return torch._C._get_privateuse1_backend_name()
+
+
+def backend_extensions() -> list[str]:
+    """The out-of-tree device extensions PyTorch loads at ``import torch`` (entry points of group
+    ``torch.backends``, RFC https://github.com/pytorch/pytorch/issues/122468; off with
+    ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), as ``distribution version`` strings."""
+    from importlib.metadata import entry_points
+
+    out = []
+    for ep in entry_points(group="torch.backends"):
+        dist = getattr(ep, "dist", None)
+        out.append(f"{dist.name} {dist.version}" if dist is not None else ep.name)
+    return sorted(out)
+
+
 def _dispatcher_to_manifest(name: str) -> str:
     ns, _, rest = name.partition("::")
     base, _, overload = rest.partition(".")

@@ -183,42 +183,62 @@ _COMPOSITE = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunction
 
 def emit_manifest(dispatch_key: str, source: str = "auto", name: str | None = None) -> tuple[BackendManifest, str]:
     """Operators with a kernel for ``dispatch_key`` (plus PyTorch's backend-agnostic composite
-    kernels, which run on every backend). ``source``: ``dispatcher`` (kernels registered in this
-    process: CPU, or a backend whose extension is imported), ``native_functions`` (the
-    declarations of the installed PyTorch, e.g. CUDA on a CPU-only build), or ``auto`` (the
-    dispatcher when it holds >= 100 ATen kernels for the key). Returns (manifest, header text)."""
+    kernels, which run on every backend). ``dispatch_key`` is a key (``CUDA``, ``PrivateUse1``) or
+    a device type (``cuda``; ``npu`` once torch_npu has renamed PrivateUse1). ``source``:
+    ``dispatcher`` (kernels registered in this process: CPU, or an out-of-tree backend whose
+    extension PyTorch autoloads or the caller imported), ``native_functions`` (the declarations of
+    the installed PyTorch, e.g. CUDA on a CPU-only build), or ``auto``: the dispatcher when it holds
+    >= 100 ATen kernels for the key, and always for a key native_functions.yaml does not know
+    (PrivateUse1: only the extension can say what it implements). Returns (manifest, header text)."""
     import torch
 
-    from dayzero.ops._torch_compat import native_functions_path, registrations
+    from dayzero.ops._torch_compat import (
+        backend_extensions,
+        native_functions_path,
+        privateuse1_name,
+        registrations,
+    )
+    from dayzero.ops._torch_compat import dispatch_key as resolve_key
 
     if source not in ("auto", "dispatcher", "native_functions"):
         raise DayzeroError(f"--manifest-source {source!r}: expected auto, dispatcher or native_functions")
     if dispatch_key.lower() == "core":
         return _core_aten_manifest(name)
-    live = [o for o in registrations(dispatch_key) if o.startswith("aten.")]
+    key = resolve_key(dispatch_key)
+    out_of_tree = key == "PrivateUse1"
+    # the device type the key runs as, for the manifest's name and the messages (npu, not PrivateUse1)
+    device_name = privateuse1_name() if out_of_tree else key.lower()
+    live = [o for o in registrations(key) if o.startswith("aten.")]
+    declared = bool(_native_functions_ops(native_functions_path(), key, composite=False))
     if source == "auto":
-        source = "dispatcher" if len(live) >= 100 else "native_functions"
+        source = "dispatcher" if len(live) >= 100 or not declared else "native_functions"
+    extensions = backend_extensions()
+    loaded = f"; extensions loaded: {', '.join(extensions)}" if extensions else ""
     if source == "dispatcher":
         if not live:
-            raise DayzeroError(f"no ATen kernels are registered for dispatch key {dispatch_key!r} in this process; "
-                               "import the backend's PyTorch extension first, "
-                               "or use --manifest-source native_functions")
+            hint = ("install the backend's PyTorch extension (PyTorch loads those that declare a 'torch.backends' "
+                    "entry point at import, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0) or import it before dayzero")
+            raise DayzeroError(f"no ATen kernels are registered for dispatch key {key!r} (device type "
+                               f"{device_name!r}) in this process{loaded or '; no backend extension is loaded'}: "
+                               + hint + ("" if out_of_tree else ", or use --manifest-source native_functions"))
         ops = set(live)
-        for key in _COMPOSITE:
-            ops |= {o for o in registrations(key) if o.startswith("aten.")}
-        origin = f"kernels registered for {dispatch_key} in the dispatcher of torch {torch.__version__}"
+        for composite in _COMPOSITE:
+            ops |= {o for o in registrations(composite) if o.startswith("aten.")}
+        origin = f"kernels registered for {key} ({device_name}) in the dispatcher of torch {torch.__version__}{loaded}"
     else:
-        ops = _native_functions_ops(native_functions_path(), dispatch_key)
-        if not _native_functions_ops(native_functions_path(), dispatch_key, composite=False):
-            raise DayzeroError(f"dispatch key {dispatch_key!r} has no kernels in native_functions.yaml of torch "
-                               f"{torch.__version__}; keys there include CPU, CUDA, MPS, XPU, Meta")
-        origin = f"native_functions.yaml of torch {torch.__version__} (kernels declared for {dispatch_key})"
+        if not declared:
+            raise DayzeroError(f"dispatch key {key!r} has no kernels in native_functions.yaml of torch "
+                               f"{torch.__version__}; keys there include CPU, CUDA, MPS, XPU, Meta"
+                               + ("; an out-of-tree backend's kernels are in the dispatcher: use "
+                                  "--manifest-source dispatcher with its extension installed" if out_of_tree else ""))
+        ops = _native_functions_ops(native_functions_path(), key)
+        origin = f"native_functions.yaml of torch {torch.__version__} (kernels declared for {key})"
     fused = sorted(k for k, names in FUSED_ATEN.items() if any(n in ops for n in names))
-    manifest = BackendManifest(name=name or dispatch_key.lower(), source=origin, ops=sorted(ops), fused=fused,
-                        description=f"ATen operators with a {dispatch_key} kernel, plus PyTorch's "
-                                    "backend-agnostic CompositeExplicitAutograd kernels")
+    manifest = BackendManifest(name=name or device_name, source=origin, ops=sorted(ops), fused=fused,
+                               description=f"ATen operators with a {key} kernel, plus PyTorch's "
+                                           "backend-agnostic CompositeExplicitAutograd kernels")
     header = (f"Generated by `dayzero ops --emit-manifest {dispatch_key}` from {origin}.\n"
-              "Regenerate after upgrading torch. Schema: docs/ops.md.")
+              "Regenerate after upgrading torch or the backend's extension. Schema: docs/ops.md.")
     return manifest, header
 
 
