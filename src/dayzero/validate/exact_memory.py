@@ -36,6 +36,7 @@ import types
 from dataclasses import dataclass, field
 
 from dayzero.errors import LayoutError
+from dayzero.specs.parallel import zero_shards
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -272,7 +273,7 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
                             part.set_reshard_after_backward(last_b)
                             part.set_requires_gradient_sync(last_b)
                         else:  # runtime.train.forward_backward's rule
-                            part.set_requires_gradient_sync(last_b or p.zero >= 2)
+                            part.set_requires_gradient_sync(last_b or zero_shards(p.zero, "gradients"))
                         out = outs.pop(i)
                         with loss_context(p.tp):
                             if last:
@@ -293,7 +294,8 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
             opt.step()
             opt.zero_grad(set_to_none=True)
             # pipelining keeps gathered parameters and full gradients until the step's end (runtime_layout)
-            t_params, t_grads = p.zero == 3 and p.pp == 1, p.zero >= 2 and p.pp == 1
+            t_params = zero_shards(p.zero, "weights") and p.pp == 1
+            t_grads = zero_shards(p.zero, "gradients") and p.pp == 1
             complete = _Complete(lambda snap: _planner_categories(snap, t_params, t_grads))
             R = ref_types()
             transient = {R.TEMP, R.ALL_GATHER, R.REDUCE_SCATTER} | ({R.UNSHARDED_PARAM} if t_params else set()) | (
@@ -432,7 +434,7 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
 
     exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
     analytic = analytic_for_runtime(spec, parallel, compute_dtype)
-    t_grads = parallel.zero >= 2 and parallel.pp == 1
+    t_grads = zero_shards(parallel.zero, "gradients") and parallel.pp == 1
     rows = []
     for e in exact:
         s = analytic.stages[e.stage]
@@ -444,7 +446,7 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
         grads = explain_gradients(e)
         notes = {"gradients": (0, "") if t_grads else grads, "temporary": explain_temporary(e, s.terms),
                  "optimizer": explain_uneven(e, 12, "fp32 master weights and AdamW moments")}
-        if runtime_layout(parallel).zero >= 2:  # the gradients the planner counts are sharded
+        if zero_shards(runtime_layout(parallel).zero, "gradients"):  # the gradients the planner counts are sharded
             notes["gradients"] = _join(notes["gradients"], explain_uneven(e, 4, "sharded fp32 gradients"))
         if t_grads and grads[0]:
             b, text = notes["temporary"]
