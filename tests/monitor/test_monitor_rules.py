@@ -146,3 +146,10 @@ def test_sample_shape_is_checked():
     with pytest.raises(DayzeroError):
         StepSample(step=1, time_s=0.0, loss=1.0, tokens_per_s=(1.0,), step_time_s=(1.0, 1.0), comm_time_s=(0.0, 0.0),
                    mem_bytes=(1, 1), mem_capacity_bytes=(2, 2))
+
+
+def test_the_memory_and_comm_alerts_judge_by_the_planners_day0_targets():
+    from dayzero.planner.targets import MEMORY_TARGET, Targets
+
+    assert THRESHOLDS["memory_ratio"].default == MEMORY_TARGET == Targets().memory
+    assert THRESHOLDS["comm_ratio"].default == Targets().comm_ratio

@@ -14,7 +14,6 @@ from dayzero.cli.common import (
     console,
     emit_json,
     human,
-    model_notes,
     print_model_notes,
 )
 from dayzero.cli.next_steps import Step, print_next, starter_devices
@@ -44,10 +43,11 @@ def inspect_cmd(
     spec = load_model(model, trust_remote_code)
     s = summarize(spec, seq, causal)
     total = s.params_total_with_mtp if with_mtp else s.params_total
-    obj = s.to_dict(spec, with_mtp)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
-        emit_json({**obj, **model_notes(spec)})
+        from dayzero.report.model_notes import model_report
+
+        emit_json(model_report(spec, s, with_mtp))
         return
     t = FitTable(title=f"{spec.name} ({spec.model_type})", show_header=False)
     t.add_column("quantity")

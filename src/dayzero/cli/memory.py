@@ -98,8 +98,8 @@ def memory_cmd(
     if timeline:
         prepare_output(timeline, "--timeline")
     from dayzero.errors import ConfigError
-    from dayzero.planner.memory import MemoryOptions, estimate_memory, model_states, zero_comparison
-    from dayzero.specs.counting import params_total
+    from dayzero.planner.memory import MemoryOptions
+    from dayzero.planner.memory_breakdown import memory_breakdown, memory_layout
     from dayzero.specs.registry import load_model
 
     spec = load_model(model, trust_remote_code)
@@ -111,16 +111,7 @@ def memory_cmd(
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation)
-    cap = cl.memory_bytes
-    if not balance:  # the near-even split predict applies too (planner.predict.with_even_split)
-        from dayzero.planner.predict import with_even_split
-
-        par = with_even_split(spec, par)
-    par.validate(spec, cl.devices) if not balance else par.with_(layer_split=None).validate(None, cl.devices)
-    if balance:
-        from dayzero.planner.balance import balance_layers
-
-        par = par.with_(layer_split=balance_layers(spec, par, cap, opts))
+    par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
     if exact:
         from dayzero.cli.memory_exact import run_exact
 
@@ -132,26 +123,16 @@ def memory_cmd(
             print_next(console, [Step.of("dayzero", "memory", *where, *layout_flags(par.to_dict()),
                                          why="the analytic model alone, every stage")])
         return
-    report = estimate_memory(spec, par, cap, opts)
-    params = params_total(spec)
-    states = model_states(params, opts)
-    zrows = zero_comparison(spec, par, cap, opts)
-    sim = None
-    if simulate or timeline:
-        from dayzero.planner.replay import plot_timeline, simulate_step
+    mb = memory_breakdown(spec, cl, par, opts, simulate, record_timeline=bool(timeline))
+    report, states, zrows, sim = mb.report, mb.states, mb.zero_rows, mb.allocator
+    if timeline:
+        from dayzero.planner.replay import plot_timeline
 
-        sim = simulate_step(spec, par, cap, opts, rank=report.busiest_stage, record_timeline=bool(timeline))
-        if timeline:
-            plot_timeline(sim, timeline, f"{spec.name}, {par.describe()}: stage {sim.rank}")
+        plot_timeline(sim, timeline, f"{spec.name}, {par.describe()}: stage {sim.rank}")
 
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
-        obj = report.to_dict(terms=True)
-        obj.update(model=spec.name, cluster=cl.name, devices=cl.devices, parallel=par.to_dict(),
-                   target_utilization=TARGET, within_target=report.utilization <= TARGET,
-                   busiest_stage=report.busiest_stage, model_states=states.to_dict(), zero_comparison=zrows,
-                   allocator=sim.to_dict() if sim else None, options=_options_dict(opts))
-        emit_json({**obj, **model_notes(spec)})
+        emit_json({**mb.to_dict(), **model_notes(spec)})
         return
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
@@ -192,12 +173,6 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
                          *(["--precision", par.precision] if par.precision != "bf16" else []),
                          why="the fastest layouts that fit"))
     print_next(console, steps)
-
-
-def _options_dict(opts) -> dict:
-    from dataclasses import asdict
-
-    return asdict(opts)
 
 
 def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:

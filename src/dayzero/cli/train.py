@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -24,31 +23,6 @@ from dayzero.cli.common import (
 )
 from dayzero.runtime.checkpoint.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 from dayzero.specs.layout_options import LayoutOptions
-
-
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
-
-
-@contextlib.contextmanager
-def _ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator[None]:
-    """One job per checkpoint directory (:mod:`dayzero.runtime.checkpoint.dirlock`), refused before any work.
-
-    Spawning ranks, this process owns the job (it outlives restarts of its ranks): it holds the
-    lock and lends it to them. Otherwise rank 0's Checkpointer takes it; here it is only checked
-    (by rank 0 alone under torchrun: another rank could see this job's own lock)."""
-    if not ckpt_dir:
-        yield
-        return
-    from dayzero.runtime.checkpoint.dirlock import DirLock, check_free
-
-    if torchrun or world == 1:
-        if not torchrun or os.environ.get("RANK") == "0":
-            check_free(ckpt_dir)
-        yield
-        return
-    with DirLock(ckpt_dir, lend_to_children=True):
-        yield
 
 
 @app.command("train")
@@ -217,11 +191,11 @@ def train_cmd(
     from dayzero.runtime.device import resolve
     from dayzero.runtime.resilience.actions import check_alert_options
     from dayzero.runtime.resilience.loop import resilience_config
+    from dayzero.runtime.train_entry import launch_world, run_train
 
     acc = resolve(device, backend)
     compute_dtype = default_dtype(acc, compute_dtype)
-    torchrun = _under_torchrun()
-    world = int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
+    torchrun, world = launch_world(nproc)
     parallel = layout.resolve(world, precision, plan, fill_pipeline=True)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     tmp = None
@@ -282,15 +256,8 @@ def train_cmd(
                       f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel "
                       "rank", highlight=False)
 
-    with _ckpt_dir_lock(cfg.checkpoint.dir, torchrun, world), acc.exported():
-        if torchrun or world == 1:
-            from dayzero.runtime.train_entry import train_here
-
-            code = train_here([cfg], under_agent=torchrun)
-        else:
-            from dayzero.runtime.train_entry import spawn
-
-            code = spawn(cfg, world)
+    with acc.exported():
+        code = run_train(cfg, world, torchrun)
     if code:
         raise typer.Exit(code)
     if json_out and (not torchrun or os.environ.get("RANK") == "0"):

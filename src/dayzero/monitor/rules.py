@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Mapping, Sequence
 
 from dayzero.errors import DayzeroError
+from dayzero.planner.targets import Targets
 
 Severity = Literal["critical", "warning"]
 
@@ -116,6 +117,7 @@ class Rule:
 # -- thresholds ------------------------------------------------------------------------------
 
 _TARGETS = "dayzero.planner.targets (DESIGN.md's Day-0 targets)"
+_DAY0 = Targets()  # the planner's targets are the alerts' thresholds: one value each
 _OURS = "dayzero default (issue #19); tune per job"
 
 WINDOW = Threshold("window_s", 300.0, "s", _OURS, "Rolling window of the median-based rules.", minimum=1.0)
@@ -130,9 +132,9 @@ STRAGGLER = Threshold("straggler_ratio", 0.2, "ratio", _OURS, "A rank's median b
                       "median rank's.", minimum=0.0)
 STRAGGLER_ABS = Threshold("straggler_min_excess_s", 0.05, "s", _OURS, "... and at least this many seconds above it "
                           "(ignores jitter of tiny steps).", minimum=0.0)
-MEMORY = Threshold("memory_ratio", 0.85, "ratio", _TARGETS, "Peak memory above this share of capacity.")
-COMM = Threshold("comm_ratio", 0.15, "ratio", _TARGETS, "Communication above this share of the step (medians over "
-                 "the window).")
+MEMORY = Threshold("memory_ratio", _DAY0.memory, "ratio", _TARGETS, "Peak memory above this share of capacity.")
+COMM = Threshold("comm_ratio", _DAY0.comm_ratio, "ratio", _TARGETS, "Communication above this share of the step "
+                 "(medians over the window).")
 HANG = Threshold("hang_s", 300.0, "s", _OURS, "No finished step for this many seconds.", minimum=1.0)
 TEMPERATURE = Threshold("temperature_c", 85.0, "celsius", "dayzero default; below the slowdown temperature "
                         "`nvidia-smi -q -d TEMPERATURE` reports on current NVIDIA data-centre GPUs",

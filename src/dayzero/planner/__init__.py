@@ -3,7 +3,8 @@
 Memory: :mod:`memory` (per-device, per-stage bytes for a parallel layout), :mod:`activations`
 (per-layer saved tensors), :mod:`schedule` (pipeline orders and in-flight micro-batches),
 :mod:`params` (what each rank holds of each layer), :mod:`allocator` and :mod:`replay` (a caching
-block allocator replaying one training step).
+block allocator replaying one training step), :mod:`memory_breakdown` (all of it for one layout,
+as ``dayzero memory`` reports it).
 
 Performance: :mod:`topology` (rank layout, process groups and the tiers they span),
 :mod:`collectives` (alpha-beta collective costs on switches and full meshes), :mod:`comm` (every

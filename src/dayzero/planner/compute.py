@@ -94,6 +94,20 @@ def _gemm(flops, dims, rate, half_dim):
     return flops / (rate * d / (d + half_dim))
 
 
+@dataclass(frozen=True)
+class _Shard:
+    """What one device sees of a micro-batch, per candidate: its tokens and degrees, GEMM rates."""
+
+    T: np.ndarray  # tokens of one micro-batch on this device's CP shard, (N,)
+    T_el: np.ndarray  # tokens seen by hidden-size elementwise kernels (T / tp under sequence parallelism)
+    tp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    rate_lo: np.ndarray  # the layout's GEMM precision (FP8/FP4 where it runs so)
+    rate_bf16: np.ndarray
+    d0: float  # PerfConstants.gemm_half_dim
+
+
 def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, moe_imbalance: float = 1.0,
                   attention_kernel: str = "fused") -> ComputeCosts:
     g = {k: np.asarray(v) for k, v in grid.items()}
@@ -109,67 +123,20 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     # BF16-element units); a card without those units runs the GEMM in BF16 and casts nothing
     low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]
     cast = np.where(low, 1.5, 0.0)
-    d0 = c.gemm_half_dim
-    H, V = spec.hidden, spec.vocab
-    a = spec.attention
+    x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_bf16, c.gemm_half_dim)
     recompute = g["recompute"]
 
     fwd, bwd, gemm_f, attn_f, dense_p, expert_p = [], [], [], [], [], []
     for kind, window in layer_classes(spec):
         index = next(i for i, (k, w) in enumerate(zip(spec.layer_kinds,
                                                       spec.layer_windows)) if (k, w) == (kind, window))
-        # -- attention projections
-        if a.kind == "mla":
-            qk = a.heads * a.head_dim
-            projs = []  # (flops per token, k, n); MLA down-projections are replicated over tp
-            if a.q_lora_rank:
-                projs += [(2 * H * a.q_lora_rank, H, a.q_lora_rank), (2 * a.q_lora_rank * qk / tp, a.q_lora_rank,
-                                                                      qk / tp)]
-            else:
-                projs += [(2 * H * qk / tp, H, qk / tp)]
-            kv_a = a.kv_lora_rank + a.qk_rope_head_dim
-            kv_b = a.heads * (a.qk_nope_head_dim + a.v_head_dim) / tp
-            projs += [(2 * H * kv_a, H, kv_a), (2 * a.kv_lora_rank * kv_b, a.kv_lora_rank, kv_b),
-                      (2 * a.heads * a.v_head_dim / tp * H, a.heads * a.v_head_dim / tp, H)]
-            act_att = (3 * qk + 2 * a.heads * a.v_head_dim) / tp  # rope/split/concat copies per token
-        else:
-            qkv = (a.heads + 2 * a.kv_heads) * a.head_dim / tp
-            projs = [(2 * H * qkv, H, qkv), (2 * a.heads * a.v_head_dim / tp * H, a.heads * a.v_head_dim / tp, H)]
-            act_att = (2 * (a.heads + a.kv_heads) * a.head_dim + 2 * (a.heads + 2 * a.kv_heads) * a.head_dim) / tp
-        t_g = sum(_gemm(T * f, (T, k, n), rate_lo, d0) for f, k, n in projs)
-        cast_el = T * (H + a.heads * a.v_head_dim / tp)
-        mem_el = T_el * 10 * H + T * act_att  # 2 norms (r+w), 2 residual adds (2r+w)
-        # -- MLP / experts
+        t_g, cast_el, mem_el = _projections(spec, x)
         if kind == "moe":
-            moe = spec.moe
-            k_top = moe.top_k
-            fe = moe.expert.intermediate
-            m1 = 2 if moe.expert.gated else 1
-            routed_tok = T * k_top / tp * moe_imbalance  # token-expert rows per device (busiest)
-            m_e = T * k_top * etp * ep / (tp * moe.experts)  # rows per local expert GEMM
-            t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), rate_lo * c.moe_gemm_scale, d0)
-            t_g = t_g + _gemm(T / tp * 2 * H * moe.experts, (T / tp, H, moe.experts), rate_bf16, d0)  # router
-            mem_el = mem_el + routed_tok * ((m1 + 1) * fe + 4 * H) + T / tp * 4 * moe.experts
-            cast_el = cast_el + routed_tok * (H + fe)
-            if moe.shared_experts:
-                fs = moe.shared_intermediate
-                t_g = t_g + _gemm(T * 2 * H * (m1 + 1) * fs / tp, (T, H, fs / tp), rate_lo, d0)
-                mem_el = mem_el + T * (m1 + 1) * fs / tp
-                cast_el = cast_el + T * (H + fs / tp)
-            sm = shared_mlp(moe)
-            shared = mlp_params(sm, H) if sm else 0
-            dense_p.append((attention_params(a, H) + shared + router_params(moe, H) + 2 * norm_params(spec)) / tp)
-            expert_p.append(moe.experts * mlp_params(moe.expert, H) / (ep * etp))
+            t_g, mem_el, cast_el, dp_, ep_ = _moe_ffn(spec, x, c, moe_imbalance, t_g, mem_el, cast_el)
         else:
-            m = spec.mlp
-            m1 = 2 if m.gated else 1
-            f_ = m.intermediate
-            t_g = t_g + _gemm(T * 2 * H * m1 * f_ / tp, (T, H, m1 * f_ / tp), rate_lo, d0)
-            t_g = t_g + _gemm(T * 2 * f_ / tp * H, (T, f_ / tp, H), rate_lo, d0)
-            mem_el = mem_el + T * (m1 + 1) * f_ / tp
-            cast_el = cast_el + T * (H + f_ / tp)
-            dense_p.append((attention_params(a, H) + mlp_params(m, H) + 2 * norm_params(spec)) / tp)
-            expert_p.append(np.zeros_like(T))
+            t_g, mem_el, cast_el, dp_, ep_ = _dense_ffn(spec, x, t_g, mem_el, cast_el)
+        dense_p.append(dp_)
+        expert_p.append(ep_)
         # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
         attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
         t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
@@ -181,20 +148,94 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         gemm_f.append(t_g)
         attn_f.append(attn)
 
-    # -- embedding (first stage) and head + loss (last stage)
-    emb_mem = T_el * H * 3 * BF16  # lookup write + gradient scatter-add
-    first = emb_mem * c.memory_scale / rates.hbm_bw
-    head_fwd = _gemm(T * 2 * H * V / tp, (T, H, V / tp), rate_bf16, d0)
-    # logits (T, V/tp): BF16 write, fused softmax + cross-entropy in FP32 (read, write grad)
-    loss_bytes = T * V / tp * 10 + T_el * H * 2 * BF16
-    last = 3 * head_fwd + loss_bytes * c.memory_scale / rates.hbm_bw
-    emb_params = V * H + (spec.max_positions * H if spec.position == "learned" else 0)
-    head_params = (0 if spec.tie_embeddings else V * H) + norm_params(spec)
+    first, last, emb_params, head_params = _edges(spec, x, rates, c)
     n = T.shape
     return ComputeCosts(fwd=_rows(fwd, n), bwd=_rows(bwd, n), gemm_fwd=_rows(gemm_f, n), attn_fwd=_rows(attn_f, n),
                         first_extra=first, last_extra=last, dense_params=_rows(dense_p, n),
                         expert_params=_rows(expert_p, n), first_params=np.broadcast_to(emb_params / tp, n),
                         last_params=np.broadcast_to(head_params / tp, n))
+
+
+def _projections(spec: ModelSpec, x: _Shard):
+    """The attention projections of one layer: (GEMM seconds, elements cast before low-precision
+    GEMMs, elements of the layer's memory-bound kernels: norms, residual adds, rope and layout copies)."""
+    H, a, T, tp = spec.hidden, spec.attention, x.T, x.tp
+    if a.kind == "mla":
+        qk = a.heads * a.head_dim
+        projs = []  # (flops per token, k, n); MLA down-projections are replicated over tp
+        if a.q_lora_rank:
+            projs += [(2 * H * a.q_lora_rank, H, a.q_lora_rank), (2 * a.q_lora_rank * qk / tp, a.q_lora_rank,
+                                                                  qk / tp)]
+        else:
+            projs += [(2 * H * qk / tp, H, qk / tp)]
+        kv_a = a.kv_lora_rank + a.qk_rope_head_dim
+        kv_b = a.heads * (a.qk_nope_head_dim + a.v_head_dim) / tp
+        projs += [(2 * H * kv_a, H, kv_a), (2 * a.kv_lora_rank * kv_b, a.kv_lora_rank, kv_b),
+                  (2 * a.heads * a.v_head_dim / tp * H, a.heads * a.v_head_dim / tp, H)]
+        act_att = (3 * qk + 2 * a.heads * a.v_head_dim) / tp  # rope/split/concat copies per token
+    else:
+        qkv = (a.heads + 2 * a.kv_heads) * a.head_dim / tp
+        projs = [(2 * H * qkv, H, qkv), (2 * a.heads * a.v_head_dim / tp * H, a.heads * a.v_head_dim / tp, H)]
+        act_att = (2 * (a.heads + a.kv_heads) * a.head_dim + 2 * (a.heads + 2 * a.kv_heads) * a.head_dim) / tp
+    t_g = sum(_gemm(T * f, (T, k, n), x.rate_lo, x.d0) for f, k, n in projs)
+    cast_el = T * (H + a.heads * a.v_head_dim / tp)
+    mem_el = x.T_el * 10 * H + T * act_att  # 2 norms (r+w), 2 residual adds (2r+w)
+    return t_g, cast_el, mem_el
+
+
+def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float, t_g, mem_el, cast_el):
+    """A MoE layer's routed experts (at the busiest device's imbalance), router and shared experts,
+    added to the layer's GEMM seconds, memory-bound and cast elements; with its parameters per
+    device (dense: replicated over dp x cp; routed experts: over edp)."""
+    H, T, tp, ep, etp, d0 = spec.hidden, x.T, x.tp, x.ep, x.etp, x.d0
+    moe = spec.moe
+    k_top = moe.top_k
+    fe = moe.expert.intermediate
+    m1 = 2 if moe.expert.gated else 1
+    routed_tok = T * k_top / tp * moe_imbalance  # token-expert rows per device (busiest)
+    m_e = T * k_top * etp * ep / (tp * moe.experts)  # rows per local expert GEMM
+    t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), x.rate_lo * c.moe_gemm_scale, d0)
+    t_g = t_g + _gemm(T / tp * 2 * H * moe.experts, (T / tp, H, moe.experts), x.rate_bf16, d0)  # router
+    mem_el = mem_el + routed_tok * ((m1 + 1) * fe + 4 * H) + T / tp * 4 * moe.experts
+    cast_el = cast_el + routed_tok * (H + fe)
+    if moe.shared_experts:
+        fs = moe.shared_intermediate
+        t_g = t_g + _gemm(T * 2 * H * (m1 + 1) * fs / tp, (T, H, fs / tp), x.rate_lo, d0)
+        mem_el = mem_el + T * (m1 + 1) * fs / tp
+        cast_el = cast_el + T * (H + fs / tp)
+    sm = shared_mlp(moe)
+    shared = mlp_params(sm, H) if sm else 0
+    dense_p = (attention_params(spec.attention, H) + shared + router_params(moe, H) + 2 * norm_params(spec)) / tp
+    return t_g, mem_el, cast_el, dense_p, moe.experts * mlp_params(moe.expert, H) / (ep * etp)
+
+
+def _dense_ffn(spec: ModelSpec, x: _Shard, t_g, mem_el, cast_el):
+    """A dense layer's MLP (column- then row-parallel over tp), added like :func:`_moe_ffn`'s."""
+    H, T, tp, d0 = spec.hidden, x.T, x.tp, x.d0
+    m = spec.mlp
+    m1 = 2 if m.gated else 1
+    f_ = m.intermediate
+    t_g = t_g + _gemm(T * 2 * H * m1 * f_ / tp, (T, H, m1 * f_ / tp), x.rate_lo, d0)
+    t_g = t_g + _gemm(T * 2 * f_ / tp * H, (T, f_ / tp, H), x.rate_lo, d0)
+    mem_el = mem_el + T * (m1 + 1) * f_ / tp
+    cast_el = cast_el + T * (H + f_ / tp)
+    dense_p = (attention_params(spec.attention, H) + mlp_params(m, H) + 2 * norm_params(spec)) / tp
+    return t_g, mem_el, cast_el, dense_p, np.zeros_like(T)
+
+
+def _edges(spec: ModelSpec, x: _Shard, rates: Rates, c: PerfConstants):
+    """The embedding (first stage) and head + loss (last stage): their seconds forward+backward and
+    their parameters (before the tp split)."""
+    H, V, T, tp = spec.hidden, spec.vocab, x.T, x.tp
+    emb_mem = x.T_el * H * 3 * BF16  # lookup write + gradient scatter-add
+    first = emb_mem * c.memory_scale / rates.hbm_bw
+    head_fwd = _gemm(T * 2 * H * V / tp, (T, H, V / tp), x.rate_bf16, x.d0)
+    # logits (T, V/tp): BF16 write, fused softmax + cross-entropy in FP32 (read, write grad)
+    loss_bytes = T * V / tp * 10 + x.T_el * H * 2 * BF16
+    last = 3 * head_fwd + loss_bytes * c.memory_scale / rates.hbm_bw
+    emb_params = V * H + (spec.max_positions * H if spec.position == "learned" else 0)
+    head_params = (0 if spec.tie_embeddings else V * H) + norm_params(spec)
+    return first, last, emb_params, head_params
 
 
 def _attention(spec: ModelSpec, index: int, seq: int, T, tp, mbs, cp, rates: Rates, c: PerfConstants,

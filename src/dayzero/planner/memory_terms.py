@@ -59,51 +59,90 @@ def rank_features(per_rank_kinds: list[list[str]], per_rank_full: list[list[str]
                         first=(idx == 0).astype(float), last=(idx == pp - 1).astype(float))
 
 
+@dataclass(frozen=True)
+class _Candidates:
+    """The candidates' columns and what every section of :func:`stage_terms` derives from them."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    zero: np.ndarray
+    rc: np.ndarray  # recompute code
+    d: Dims
+    zd: np.ndarray  # dense ZeRO group: replicas of a dense shard (data x context parallel)
+    edp: np.ndarray  # expert ZeRO group
+    kinds: list  # the layer kinds present on some rank
+    dense: np.ndarray  # dense layer parameters on the rank (elements)
+    experts: np.ndarray  # routed-expert parameters on the rank
+    emb: np.ndarray  # embedding parameters on the rank (first rank only)
+    head: np.ndarray  # head (+ final norm) parameters on the rank (last rank only)
+    fp8_w: np.ndarray  # bytes per parameter of the FP8 weight cache (0 for BF16 GEMMs)
+
+
+def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) -> _Candidates:
+    tp, pp, dp, cp, ep, etp = (c[k] for k in ("tp", "pp", "dp", "cp", "ep", "etp"))
+    d = Dims(seq=c["seq"], mbs=c["mbs"], tp=tp, cp=cp, etp=etp, sp=c["sequence_parallel"] > 0,
+             fp8=c["precision"] != BF16)
+    kv = spec.attention.kv_heads
+    kinds = [k for k in KINDS if f.layers[k].any()]
+    edge = edge_params(spec)
+    emb, head = f.first * embed_local(edge, tp), f.last * head_local(edge, tp, pp)
+    dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
+    experts = sum(f.layers[k] * layer_params(spec, k).local_expert(ep, etp) for k in kinds) + 0.0
+    return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], rc=c["recompute"], d=d, zd=dp * cp,
+                       edp=expert_data_parallel(tp, cp, dp, ep, etp), kinds=kinds, dense=dense, experts=experts,
+                       emb=emb, head=head, fp8_w=np.where(d.fp8, opts.fp8_weight_cache_bytes, 0))
+
+
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
                 capacity_bytes: float) -> dict[str, np.ndarray]:
     """All terms (bytes per device) for candidates ``c`` (grid columns of shape (n, 1) keyed by
     CANDIDATE_KEYS, schedule normalised by :func:`dayzero.planner.memory.memory_schedule`) on the
     ranks described by ``f``. FP8 and FP4 GEMMs keep the same FP8 weight cache and activations."""
-    tp, pp, dp, cp, ep, etp, vpp = (c[k] for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp"))
-    zero, rc, sched = c["zero"], c["recompute"], c["schedule"]
-    d = Dims(seq=c["seq"], mbs=c["mbs"], tp=tp, cp=cp, etp=etp, sp=c["sequence_parallel"] > 0,
-             fp8=c["precision"] != BF16)
-    m = microbatches(c["gbs"], c["mbs"], dp)
-    zd = dp * cp  # dense ZeRO group: replicas of a dense shard (data x context parallel)
-    edp = expert_data_parallel(tp, cp, dp, ep, etp)  # expert ZeRO group
-    kv = spec.attention.kv_heads
-    kinds = [k for k in KINDS if f.layers[k].any()]
+    x = _candidates(spec, opts, c, f)
     t: dict[str, np.ndarray] = {}
+    _model_state_terms(opts, x, t)
+    m = microbatches(c["gbs"], c["mbs"], c["dp"])
+    inflight = inflight_microbatches(c["schedule"], x.pp, c["vpp"], m, f.rank)
+    head_mb = head_inflight(c["schedule"], m)
+    transient = _activation_terms(spec, opts, x, f, inflight, head_mb, t)
+    _temporary_terms(spec, opts, x, f, transient, head_mb, t)
+    _overhead_terms(opts, x, f, capacity_bytes, t)
+    return t
 
-    # -- model states -----------------------------------------------------------------------
-    edge = edge_params(spec)
-    emb, head = f.first * embed_local(edge, tp), f.last * head_local(edge, tp, pp)
-    dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
-    experts = sum(f.layers[k] * layer_params(spec, k).local_expert(ep, etp) for k in kinds) + 0.0
 
+def _model_state_terms(opts: MemoryOptions, x: _Candidates, t: dict) -> None:
+    """Weights, gradients and optimizer states, each sharded as ZeRO shards it (dense over dp*cp,
+    routed experts over edp)."""
+    zero, zd, edp = x.zero, x.zd, x.edp
     for cat, nbytes in (("weights", opts.param_bytes), ("gradients", opts.grad_bytes)):
         if cat == "weights" and opts.sharded_params_are_master:
             nbytes = np.where(zero_shards(zero, "weights"), 0,
                               nbytes)  # FSDP2: the sharded copy is the fp32 master itself
-        t[f"{cat}:layers"] = nbytes * zero_sharded(dense, cat, zero, zd)
-        t[f"{cat}:experts"] = nbytes * zero_sharded(experts, cat, zero, edp)
-        t[f"{cat}:embedding"] = nbytes * zero_sharded(emb, cat, zero, zd)
-        t[f"{cat}:head"] = nbytes * zero_sharded(head, cat, zero, zd)
-    states = zero_sharded(dense + emb + head, "optimizer", zero, zd) + zero_sharded(experts, "optimizer", zero, edp)
+        t[f"{cat}:layers"] = nbytes * zero_sharded(x.dense, cat, zero, zd)
+        t[f"{cat}:experts"] = nbytes * zero_sharded(x.experts, cat, zero, edp)
+        t[f"{cat}:embedding"] = nbytes * zero_sharded(x.emb, cat, zero, zd)
+        t[f"{cat}:head"] = nbytes * zero_sharded(x.head, cat, zero, zd)
+    states = zero_sharded(x.dense + x.emb + x.head, "optimizer", zero, zd) + zero_sharded(x.experts, "optimizer",
+                                                                                          zero, edp)
     t["optimizer:master"] = opts.master_bytes * states
     t["optimizer:moments"] = opts.optim_bytes * states
     # FP8 training caches an FP8 copy (+ transpose) of each local weight across micro-batches;
     # under ZeRO-3 only the gathered units have one (counted with the gather buffers).
-    fp8_w = np.where(d.fp8, opts.fp8_weight_cache_bytes, 0)
-    t["weights:fp8_cache"] = np.where(zero_shards(zero, "weights"), 0, fp8_w * (dense + experts))
+    t["weights:fp8_cache"] = np.where(zero_shards(zero, "weights"), 0, x.fp8_w * (x.dense + x.experts))
 
-    # -- activations ------------------------------------------------------------------------
-    inflight = inflight_microbatches(sched, pp, vpp, m, f.rank)
-    head_mb = head_inflight(sched, m)
-    acts = {k: layer_activation(spec, k, opts, d) for k in kinds}
+
+def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: RankFeatures, inflight, head_mb,
+                      t: dict):
+    """Saved activations of the micro-batches in flight; returns the largest transient of a layer
+    (a temporary term)."""
+    rc, d = x.rc, x.d
+    acts = {k: layer_activation(spec, k, opts, d) for k in x.kinds}
     per_mb = 0.0
     transient = 0.0
-    for k in kinds:
+    for k in x.kinds:
         a, n = acts[k], f.layers[k]
         nfull = np.where(rc == FULL, f.full[k], 0)
         per_mb = per_mb + (n - nfull) * np.where(rc == SELECTIVE, a.selective, a.none) + nfull * a.full
@@ -112,34 +151,44 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
     t["activations:layers"] = per_mb * inflight
     t["activations:embedding"] = f.first * sum(first_stage_terms(spec, opts, d).values()) * inflight
     t["activations:head"] = f.last * sum(last_stage_terms(spec, opts, d).values()) * head_mb
+    return transient
 
-    # -- temporary --------------------------------------------------------------------------
+
+def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: RankFeatures, transient, head_mb,
+                     t: dict) -> None:
+    """Buffers that live within a step: the layer transient, logits, ZeRO-3 gathers, gradient
+    buckets and the TP/SP, EP, CP and PP communication buffers."""
+    tp, cp, ep, etp, pp, zero, d = x.tp, x.cp, x.ep, x.etp, x.pp, x.zero, x.d
+    kv = spec.attention.kv_heads
     t["temporary:layer_transient"] = transient
     t["temporary:logits"] = f.last * logits_bytes(spec, opts, d) * head_mb
     unit = 0.0  # the largest ZeRO-3 unit (a decoder layer, the embedding or the head), unsharded
-    for k in kinds:
+    for k in x.kinds:
         lp = layer_params(spec, k)
         unit = np.maximum(unit, np.where(f.layers[k] > 0, lp.local_dense(tp, kv) + lp.local_expert(ep, etp), 0))
-    unit = np.maximum(np.maximum(unit, emb), head)
+    unit = np.maximum(np.maximum(unit, x.emb), x.head)
     t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"),
-                                           opts.zero3_prefetch_units * unit * (opts.param_bytes + fp8_w), 0)
-    bucket = opts.grad_bucket_params if opts.grad_bucket_params is not None else np.maximum(40e6, 1e6 * zd)
-    local = dense + experts + emb + head
+                                           opts.zero3_prefetch_units * unit * (opts.param_bytes + x.fp8_w), 0)
+    bucket = opts.grad_bucket_params if opts.grad_bucket_params is not None else np.maximum(40e6, 1e6 * x.zd)
+    local = x.dense + x.experts + x.emb + x.head
     t["temporary:grad_reduce"] = opts.grad_bytes * np.where(
         zero == 2, np.minimum(opts.grad_buckets_in_flight * bucket, local), np.where(zero_shards(zero, "weights"), unit,
                                                                                      0))
     ab, h = opts.act_bytes, spec.hidden
     t["temporary:sp_gather"] = np.where(d.sp & (tp > 1), ab * d.tok * h, 0)
-    if "moe" in kinds:
+    if "moe" in x.kinds:
         t["temporary:ep_a2a"] = np.where((ep > 1) & (f.layers["moe"] > 0), 2 * ab * routed_tokens(spec, opts, d) * h, 0)
     kv_terms = attention_terms(spec, opts, d)  # ring attention double-buffers the K/V blocks it receives
     t["temporary:cp_ring"] = np.where(cp > 1, 2 * (kv_terms["k"] + kv_terms["v"]), 0)
     t["temporary:pp_p2p"] = np.where(pp > 1, 2 * ab * d.tok_rep * h, 0)
 
-    # -- overhead ---------------------------------------------------------------------------
+
+def _overhead_terms(opts: MemoryOptions, x: _Candidates, f: RankFeatures, capacity_bytes: float, t: dict) -> None:
+    """Runtime context, communicator buffers and allocator fragmentation (of the dynamic terms already in ``t``)."""
+    tp, cp, pp, ep = x.tp, x.cp, x.pp, x.ep
     t["overhead:runtime_context"] = opts.runtime_context_bytes + opts.reserved_fraction * capacity_bytes + 0 * f.rank
     has_moe = f.layers["moe"] > 0
-    comms = ((tp > 1) * 1 + (cp > 1) + (zd > 1) + 2 * (pp > 1) + has_moe * ((ep > 1) * 1 + (edp > 1)))
+    comms = ((tp > 1) * 1 + (cp > 1) + (x.zd > 1) + 2 * (pp > 1) + has_moe * ((ep > 1) * 1 + (x.edp > 1)))
     t["overhead:comm_buffers"] = comms * opts.comm_buffer_bytes
     # Fragmentation comes from the allocations that churn every step: activations and temporaries
     # of varying sizes freed out of order (GMLake, Guo et al. ASPLOS 2024). Model states are a few
@@ -148,7 +197,6 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
     # each a segment rounded up to 2 MiB (planner.allocator.segment_size), so they leave no holes.
     dynamic = sum(v for k, v in t.items() if k.startswith(("activations:", "temporary:")))
     t["overhead:fragmentation"] = opts.fragmentation * dynamic
-    return t
 
 
 def category_totals(terms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

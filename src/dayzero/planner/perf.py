@@ -143,6 +143,71 @@ def placement(grid: dict, cluster: Cluster) -> Groups:
     return place_groups_in({k: np.asarray(v) for k, v in grid.items()}, scaleup_domain(cluster))
 
 
+@dataclass(frozen=True)
+class SlowestRank:
+    """Each candidate's slowest pipeline rank: its layer count per layer class, and whether it is
+    the first (embedding) or the last (head and loss) rank."""
+
+    classes: tuple[int, ...]  # layer -> class index (compute.layer_class_index)
+    counts: np.ndarray  # (K, N) layers of each class on the slowest rank
+    first: np.ndarray  # (N,) 1.0 where the slowest rank is the first
+    last: np.ndarray  # (N,) 1.0 where it is the last
+
+    def sum(self, x):
+        """(K, N) per-layer values -> (N,) summed over the slowest rank's layers."""
+        return np.sum(self.counts * x, axis=0)
+
+    def forward(self, costs):  # a third of the embedding's and head's time is the forward
+        return self.sum(costs.fwd) + self.first * costs.first_extra / 3 + self.last * costs.last_extra / 3
+
+    def backward(self, costs):
+        return self.sum(costs.bwd) + self.first * costs.first_extra * 2 / 3 + self.last * costs.last_extra * 2 / 3
+
+    def dense_params(self, costs):
+        return self.sum(costs.dense_params) + self.first * costs.first_params + self.last * costs.last_params
+
+
+def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tuple[int, ...] | None) -> SlowestRank:
+    """The pipeline rank with the longest micro-batch (its layers' forward, backward and exposed
+    per-layer communication, plus the embedding or head), per candidate; candidates sharing
+    (pp, vpp) share one stage-count matrix."""
+    cls = tuple(int(x) for x in layer_class_index(spec))
+    K = len(layer_classes(spec))
+    n = len(g["tp"])
+    per_layer = costs.fwd + costs.bwd + layer_exposed  # (K, N)
+    counts_of = np.zeros((K, n))  # layer counts of each candidate's slowest rank
+    first_of, last_of = np.zeros(n), np.zeros(n)
+    key = g["pp"] * 4096 + g["vpp"]
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    for idx in np.split(order, bounds):
+        pp, vpp = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]])
+        C = stage_counts(cls, K, pp, vpp, layer_split)  # (pp, K)
+        t = C @ per_layer[:, idx]  # (pp, n_idx)
+        t[0] += costs.first_extra[idx]
+        t[-1] += costs.last_extra[idx]
+        slow = np.argmax(t, axis=0)
+        counts_of[:, idx] = C[slow].T
+        first_of[idx] = slow == 0
+        last_of[idx] = slow == pp - 1
+    return SlowestRank(cls, counts_of, first_of, last_of)
+
+
+def _first_layer_gather(litems, first_class: int, n: int):
+    """(bytes, time) of the first layer's ZeRO-3 parameter gather, which nothing hides (zeros without ZeRO-3)."""
+    z3 = next((i for i in litems if i.name == "zero-3 param gather (dp_cp)"), None)
+    return (z3.nbytes[first_class], z3.time[first_class]) if z3 is not None else (np.zeros(n), np.zeros(n))
+
+
+def _inventory(litems, sitems, slow: SlowestRank, m) -> list[tuple]:
+    """(item, ops, bytes, time, exposed) per step of every collective: the per-layer ones over the
+    slowest rank's layers and ``m`` micro-batches, then the per-step ones."""
+    on_slow = slow.sum
+    return ([(i, on_slow(i.ops) * m, on_slow(i.ops * i.nbytes) * m, on_slow(i.ops * i.time) * m,
+              on_slow(i.exposed) * m) for i in litems]
+            + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
+
+
 def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions | None = None,
              layer_split: tuple[int, ...] | None = None, placed: Groups | None = None,
              inventory: bool = True) -> Evaluation:
@@ -163,42 +228,18 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     litems = layer_comm(spec, g, r, costs, groups, options.comm)
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
 
-    # -- the slowest pipeline rank, per candidate
-    cls = tuple(int(x) for x in layer_class_index(spec))
-    K = len(layer_classes(spec))
-    per_layer = costs.fwd + costs.bwd + layer_exposed  # (K, N)
-    counts_of = np.zeros((K, n))  # layer counts of each candidate's slowest rank
-    first_of, last_of = np.zeros(n), np.zeros(n)
-    key = g["pp"] * 4096 + g["vpp"]
-    order = np.argsort(key, kind="stable")
-    bounds = np.flatnonzero(np.diff(key[order])) + 1
-    for idx in np.split(order, bounds):
-        pp, vpp = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]])
-        C = stage_counts(cls, K, pp, vpp, layer_split)  # (pp, K)
-        t = C @ per_layer[:, idx]  # (pp, n_idx)
-        t[0] += costs.first_extra[idx]
-        t[-1] += costs.last_extra[idx]
-        slow = np.argmax(t, axis=0)
-        counts_of[:, idx] = C[slow].T
-        first_of[idx] = slow == 0
-        last_of[idx] = slow == pp - 1
-
-    def on_slow(x):  # (K, N) -> (N,) summed over the slowest rank's layers
-        return np.sum(counts_of * x, axis=0)
-
-    fwd_mb = on_slow(costs.fwd) + first_of * costs.first_extra / 3 + last_of * costs.last_extra / 3
-    bwd_mb = on_slow(costs.bwd) + first_of * costs.first_extra * 2 / 3 + last_of * costs.last_extra * 2 / 3
+    slow = slowest_rank(spec, g, costs, layer_exposed, layer_split)
+    on_slow = slow.sum
+    fwd_mb, bwd_mb = slow.forward(costs), slow.backward(costs)
     comm_mb = on_slow(layer_exposed)
     t_mb = fwd_mb + bwd_mb + comm_mb
     m = g["gbs"] // (g["mbs"] * g["dp"])
-    dense_params = on_slow(costs.dense_params) + first_of * costs.first_params + last_of * costs.last_params
-    expert_params = on_slow(costs.expert_params)
+    dense_params, expert_params = slow.dense_params(costs), on_slow(costs.expert_params)
 
     seq = single_seq(g)
     act = g["mbs"] * seq / g["cp"] * spec.hidden * BF16 / np.where((g["sequence_parallel"] > 0) & (g["tp"] > 1),
                                                                    g["tp"], 1)
-    z3 = next((i for i in litems if i.name == "zero-3 param gather (dp_cp)"), None)
-    first_ag = (z3.nbytes[cls[0]], z3.time[cls[0]]) if z3 is not None else (np.zeros(n), np.zeros(n))
+    first_ag = _first_layer_gather(litems, slow.classes[0], n)
     sitems = step_comm(g, r, groups, options.comm, dense_params=dense_params, expert_params=expert_params,
                        fwd_mb=fwd_mb, bwd_mb=bwd_mb, first_layer_ag=first_ag, microbatches=m, act_bytes=act)
 
@@ -219,10 +260,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     model_flops = flops_per_token(spec, seq, causal=True).train
     tflops = per_dev * model_flops
     peak = np.array([r.peak[p] for p in PRECISIONS])[g["precision"]]
-    inventory = [] if not inventory else (
-        [(i, on_slow(i.ops) * m, on_slow(i.ops * i.nbytes) * m, on_slow(i.ops * i.time) * m, on_slow(i.exposed) * m)
-         for i in litems]
-        + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
+    inventory = _inventory(litems, sitems, slow, m) if inventory else []
     return Evaluation(step_s=step_s, compute_s=compute_s, comm_exposed_s=comm_exposed_s, bubble_s=bubble_s,
                       optimizer_s=optimizer_s, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,

@@ -133,74 +133,77 @@ def _param_tensors(spec: ModelSpec, kind: str, p: ParallelConfig) -> list[tuple[
     return out
 
 
-def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int | None = None,
-                  options: MemoryOptions = MemoryOptions(), rank: int | None = None,
-                  record_timeline: bool = False) -> StepSimulation:
-    """Replay one step on ``rank`` (default: the busiest stage of estimate_memory)."""
-    p = parallel
-    report = estimate_memory(spec, p, capacity_bytes or 1, options)
-    rank = report.busiest_stage if rank is None else rank
-    st = report.stages[rank]
-    chunks = [list(r) for v, r in enumerate(p.stage_layers(spec)) if v % p.pp == rank]
-    m_all = p.microbatches
-    m = m_all if p.schedule == "gpipe" else min(m_all, 2 * p.pp)
-    tr = _Tracker(capacity_bytes, record_timeline)
-    zd, edp = p.dp * p.cp, p.edp
-    d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel, fp8=p.precision != "bf16")
-    o = options
-    first, last = rank == 0, rank == p.pp - 1
+class _StepReplay:
+    """One pipeline rank's step as allocations and frees on a :class:`_Tracker`: the persistent
+    model states first, then each forward and backward of a micro-batch and model chunk in the
+    schedule's order, with ZeRO-3 gathers, gradient buckets and per-layer transients."""
+
+    def __init__(self, spec: ModelSpec, p: ParallelConfig, o: MemoryOptions, rank: int, tr: _Tracker):
+        self.spec, self.p, self.o, self.tr = spec, p, o, tr
+        self.chunks = [list(r) for v, r in enumerate(p.stage_layers(spec)) if v % p.pp == rank]
+        self.zd, self.edp = p.dp * p.cp, p.edp
+        self.d = d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel,
+                          fp8=p.precision != "bf16")
+        self.first, self.last = rank == 0, rank == p.pp - 1
+        self.fp8_cache = o.fp8_weight_cache_bytes if p.precision != "bf16" else 0
+        # -- per-layer sizes from the activation model
+        self.terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_kinds)}
+        self.unit = {i: sum(e for _, e, _ in _param_tensors(spec, spec.layer_kinds[i], p))
+                     for c in self.chunks for i in c}
+        self.full_n = [len(c) if p.recompute_layers is None else min(p.recompute_layers, len(c)) for c in self.chunks]
+        self.bucket = o.grad_bucket_params or max(40e6, 1e6 * self.zd)
+        self.ab, self.h = o.act_bytes, spec.hidden
+        self.gathered: deque = deque()
+        self.grad_fill = {"bytes": 0.0, "live": deque(), "n": 0}
+        self.p2p = self.ab * float(d.tok_rep) * self.h  # one pipeline send or receive buffer
 
     # -- persistent model states -------------------------------------------------------------
-    def shard(elems: float, expert: bool, state: str) -> float:
-        return float(zero_sharded(elems, state, p.zero, edp if expert else zd))
+    def shard(self, elems: float, expert: bool, state: str) -> float:
+        return float(zero_sharded(elems, state, self.p.zero, self.edp if expert else self.zd))
 
-    tensors: list[tuple[tuple, float, bool]] = []
-    for layer in (i for ch in chunks for i in ch):
-        tensors += [(("w", layer, n), e, x) for n, e, x in _param_tensors(spec, spec.layer_kinds[layer], p)]
-    edge = edge_params(spec)
-    if first:
-        tensors.append((("w", "embed"), float(embed_local(edge, p.tp)), False))
-    if last:
-        tensors.append((("w", "head"), float(head_local(edge, p.tp, p.pp)), False))
-    fp8_cache = o.fp8_weight_cache_bytes if p.precision != "bf16" else 0
-    for key, elems, expert in tensors:
-        tr.new(key, o.param_bytes * shard(elems, expert, "weights"), "weights")
-        if fp8_cache and not zero_shards(p.zero, "weights") and key[1] not in ("embed", "head"):
-            tr.new(("fp8",) + key[1:], fp8_cache * elems, "weights")
-    # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
-    if not zero_shards(p.zero, "gradients"):
-        tr.new(("g", "buffer"), o.grad_bytes * sum(e for _, e, _ in tensors), "gradients")
-    else:
+    def model_states(self) -> None:
+        spec, p, o, tr, shard = self.spec, self.p, self.o, self.tr, self.shard
+        tensors: list[tuple[tuple, float, bool]] = []
+        for layer in (i for ch in self.chunks for i in ch):
+            tensors += [(("w", layer, n), e, x) for n, e, x in _param_tensors(spec, spec.layer_kinds[layer], p)]
+        edge = edge_params(spec)
+        if self.first:
+            tensors.append((("w", "embed"), float(embed_local(edge, p.tp)), False))
+        if self.last:
+            tensors.append((("w", "head"), float(head_local(edge, p.tp, p.pp)), False))
+        fp8_cache = self.fp8_cache
         for key, elems, expert in tensors:
-            tr.new(("g",) + key[1:], o.grad_bytes * shard(elems, expert, "gradients"), "gradients")
-    for key, elems, expert in tensors:
-        for name, nbytes in (("master", o.master_bytes), ("exp_avg", o.optim_bytes / 2), ("exp_avg_sq",
-                                                                                          o.optim_bytes / 2)):
-            tr.new((name,) + key[1:], nbytes * shard(elems, expert, "optimizer"), "optimizer")
+            tr.new(key, o.param_bytes * shard(elems, expert, "weights"), "weights")
+            if fp8_cache and not zero_shards(p.zero, "weights") and key[1] not in ("embed", "head"):
+                tr.new(("fp8",) + key[1:], fp8_cache * elems, "weights")
+        # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
+        if not zero_shards(p.zero, "gradients"):
+            tr.new(("g", "buffer"), o.grad_bytes * sum(e for _, e, _ in tensors), "gradients")
+        else:
+            for key, elems, expert in tensors:
+                tr.new(("g",) + key[1:], o.grad_bytes * shard(elems, expert, "gradients"), "gradients")
+        for key, elems, expert in tensors:
+            for name, nbytes in (("master", o.master_bytes), ("exp_avg", o.optim_bytes / 2), ("exp_avg_sq",
+                                                                                              o.optim_bytes / 2)):
+                tr.new((name,) + key[1:], nbytes * shard(elems, expert, "optimizer"), "optimizer")
 
-    # -- per-layer sizes from the activation model ---------------------------------------------
-    terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_kinds)}
-    unit = {i: sum(e for _, e, _ in _param_tensors(spec, spec.layer_kinds[i], p)) for c in chunks for i in c}
-    full_n = [len(c) if p.recompute_layers is None else min(p.recompute_layers, len(c)) for c in chunks]
-    bucket = o.grad_bucket_params or max(40e6, 1e6 * zd)
-    ab, h = o.act_bytes, spec.hidden
-    gathered: deque = deque()
-    grad_fill = {"bytes": 0.0, "live": deque(), "n": 0}
-
-    def gather(layer: int) -> None:  # ZeRO-3: all-gather this layer (and keep the previous one)
+    # -- what each layer adds while it runs ------------------------------------------------------
+    def gather(self, layer: int) -> None:  # ZeRO-3: all-gather this layer (and keep the previous one)
+        p, o, tr, gathered = self.p, self.o, self.tr, self.gathered
         if not zero_shards(p.zero, "weights") or ("gather", layer) in tr.live:
             return
-        tr.new(("gather", layer), unit[layer] * (o.param_bytes + fp8_cache), "temporary")
+        tr.new(("gather", layer), self.unit[layer] * (o.param_bytes + self.fp8_cache), "temporary")
         gathered.append(layer)
         while len(gathered) > o.zero3_prefetch_units:
             tr.drop(("gather", gathered.popleft()))
 
-    def layer_grads(layer: int) -> None:
+    def layer_grads(self, layer: int) -> None:
+        p, o, tr, grad_fill, bucket = self.p, self.o, self.tr, self.grad_fill, self.bucket
         if zero_shards(p.zero, "weights"):  # unsharded gradients of the unit, freed once reduce-scattered
-            tr.new(("ugrad", layer), o.grad_bytes * unit[layer], "temporary")
+            tr.new(("ugrad", layer), o.grad_bytes * self.unit[layer], "temporary")
             tr.drop(("ugrad", layer))
         elif p.zero == 2:  # fill DP buckets; two in flight
-            grad_fill["bytes"] += unit[layer]
+            grad_fill["bytes"] += self.unit[layer]
             while grad_fill["bytes"] >= bucket:
                 grad_fill["bytes"] -= bucket
                 grad_fill["n"] += 1
@@ -209,7 +212,8 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
                 while len(grad_fill["live"]) > o.grad_buckets_in_flight:
                     tr.drop(("bucket", grad_fill["live"].popleft()))
 
-    def transients(layer: int) -> None:  # buffers that live only while a layer runs
+    def transients(self, layer: int) -> None:  # buffers that live only while a layer runs
+        spec, p, o, d, tr, ab, h = self.spec, self.p, self.o, self.d, self.tr, self.ab, self.h
         kind = spec.layer_kinds[layer]
         if p.sequence_parallel and p.tp > 1:
             tr.new(("sp",), ab * float(d.tok) * h, "temporary")
@@ -218,74 +222,99 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
             tr.new(("a2a",), 2 * ab * float(routed_tokens(spec, o, d)) * h, "temporary")
             tr.drop(("a2a",))
         if p.cp > 1:
-            t = terms[kind]
+            t = self.terms[kind]
             tr.new(("ring",), 2 * (t["k"] + t["v"]), "temporary")
             tr.drop(("ring",))
 
-    p2p = ab * float(d.tok_rep) * h  # one pipeline send or receive buffer
-    for op, mb, c in step_order(p.schedule, p.pp, p.vpp, m, rank):
-        layers = chunks[c]
-        edge_in = first and c == 0
-        edge_out = last and c == len(chunks) - 1
-        if op == "F":
-            if not edge_in:
-                tr.new(("recv", mb, c), p2p, "temporary")
-            else:
-                for n, v in first_stage_terms(spec, o, d).items():
-                    tr.new(("act", mb, c, "edge", n), float(v), "activations")
-            for j, layer in enumerate(layers):
-                gather(layer)
-                if j + 1 < len(layers):
-                    gather(layers[j + 1])
-                kind = spec.layer_kinds[layer]
-                for n, v in terms[kind].items():
-                    tr.new(("act", mb, c, layer, n), v, "activations")
-                transients(layer)
-                if j == 0 and not edge_in:
-                    tr.drop(("recv", mb, c))
-                keep = (LAYER_INPUT,) if p.recompute == "full" and j < full_n[c] else None
-                for n in terms[kind]:
-                    if (keep is not None and n not in keep) or (keep is None and p.recompute == "selective"
-                                                                and n in CORE_TERMS):
-                        tr.drop(("act", mb, c, layer, n))
-            if edge_out:
-                for n, v in last_stage_terms(spec, o, d).items():
-                    tr.new(("act", mb, c, "edge", n), float(v), "activations")
-                tr.new(("logits", mb), float(logits_bytes(spec, o, d)), "temporary")
-            else:
-                tr.new(("send", mb, c), p2p, "temporary")
-                tr.drop(("send", mb, c))
+    # -- the schedule's operations -----------------------------------------------------------------
+    def forward(self, mb: int, c: int) -> None:
+        spec, p, o, d, tr, p2p = self.spec, self.p, self.o, self.d, self.tr, self.p2p
+        layers = self.chunks[c]
+        edge_in = self.first and c == 0
+        edge_out = self.last and c == len(self.chunks) - 1
+        if not edge_in:
+            tr.new(("recv", mb, c), p2p, "temporary")
         else:
-            if edge_out:
-                tr.drop(("logits", mb))
-                tr.drop_prefix(("act", mb, c, "edge"))
-            else:
-                tr.new(("grad_recv", mb, c), p2p, "temporary")
-            back = layers[::-1]
-            for j, layer in enumerate(back):
-                gather(layer)
-                if j + 1 < len(back):
-                    gather(back[j + 1])
-                kind = spec.layer_kinds[layer]
-                t = terms[kind]
-                if p.recompute == "full" and layers.index(layer) < full_n[c]:
-                    for n, v in t.items():
-                        if n != LAYER_INPUT:
-                            tr.new(("re", n), v, "temporary")
-                elif p.recompute == "selective":
-                    for n in CORE_TERMS:
-                        if n in t:
-                            tr.new(("re", n), t[n], "temporary")
-                tr.new(("dgrad",), max(t.values()), "temporary")
-                transients(layer)
-                tr.drop(("dgrad",))
-                tr.drop_prefix(("re",))
-                tr.drop_prefix(("act", mb, c, layer))
-                if j == 0 and not edge_out:
-                    tr.drop(("grad_recv", mb, c))
-                layer_grads(layer)
-            if edge_in:
-                tr.drop_prefix(("act", mb, c, "edge"))
+            for n, v in first_stage_terms(spec, o, d).items():
+                tr.new(("act", mb, c, "edge", n), float(v), "activations")
+        for j, layer in enumerate(layers):
+            self.gather(layer)
+            if j + 1 < len(layers):
+                self.gather(layers[j + 1])
+            kind = spec.layer_kinds[layer]
+            for n, v in self.terms[kind].items():
+                tr.new(("act", mb, c, layer, n), v, "activations")
+            self.transients(layer)
+            if j == 0 and not edge_in:
+                tr.drop(("recv", mb, c))
+            keep = (LAYER_INPUT,) if p.recompute == "full" and j < self.full_n[c] else None
+            for n in self.terms[kind]:
+                if (keep is not None and n not in keep) or (keep is None and p.recompute == "selective"
+                                                            and n in CORE_TERMS):
+                    tr.drop(("act", mb, c, layer, n))
+        if edge_out:
+            for n, v in last_stage_terms(spec, o, d).items():
+                tr.new(("act", mb, c, "edge", n), float(v), "activations")
+            tr.new(("logits", mb), float(logits_bytes(spec, o, d)), "temporary")
+        else:
+            tr.new(("send", mb, c), p2p, "temporary")
+            tr.drop(("send", mb, c))
+
+    def backward(self, mb: int, c: int) -> None:
+        spec, p, tr = self.spec, self.p, self.tr
+        layers = self.chunks[c]
+        edge_in = self.first and c == 0
+        edge_out = self.last and c == len(self.chunks) - 1
+        if edge_out:
+            tr.drop(("logits", mb))
+            tr.drop_prefix(("act", mb, c, "edge"))
+        else:
+            tr.new(("grad_recv", mb, c), self.p2p, "temporary")
+        back = layers[::-1]
+        for j, layer in enumerate(back):
+            self.gather(layer)
+            if j + 1 < len(back):
+                self.gather(back[j + 1])
+            kind = spec.layer_kinds[layer]
+            t = self.terms[kind]
+            if p.recompute == "full" and layers.index(layer) < self.full_n[c]:
+                for n, v in t.items():
+                    if n != LAYER_INPUT:
+                        tr.new(("re", n), v, "temporary")
+            elif p.recompute == "selective":
+                for n in CORE_TERMS:
+                    if n in t:
+                        tr.new(("re", n), t[n], "temporary")
+            tr.new(("dgrad",), max(t.values()), "temporary")
+            self.transients(layer)
+            tr.drop(("dgrad",))
+            tr.drop_prefix(("re",))
+            tr.drop_prefix(("act", mb, c, layer))
+            if j == 0 and not edge_out:
+                tr.drop(("grad_recv", mb, c))
+            self.layer_grads(layer)
+        if edge_in:
+            tr.drop_prefix(("act", mb, c, "edge"))
+
+
+def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int | None = None,
+                  options: MemoryOptions = MemoryOptions(), rank: int | None = None,
+                  record_timeline: bool = False) -> StepSimulation:
+    """Replay one step on ``rank`` (default: the busiest stage of estimate_memory)."""
+    p = parallel
+    report = estimate_memory(spec, p, capacity_bytes or 1, options)
+    rank = report.busiest_stage if rank is None else rank
+    st = report.stages[rank]
+    m_all = p.microbatches
+    m = m_all if p.schedule == "gpipe" else min(m_all, 2 * p.pp)
+    tr = _Tracker(capacity_bytes, record_timeline)
+    replay = _StepReplay(spec, p, options, rank, tr)
+    replay.model_states()
+    for op, mb, c in step_order(p.schedule, p.pp, p.vpp, m, rank):
+        if op == "F":
+            replay.forward(mb, c)
+        else:
+            replay.backward(mb, c)
     analytic = st.weights + st.gradients + st.optimizer + st.activations + st.temporary
     a = tr.alloc
     timeline = {}

@@ -25,7 +25,7 @@ from dayzero.planner.memory import estimate_memory
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import RECOMPUTES, ParallelConfig
+from dayzero.specs.parallel import RECOMPUTES, ParallelConfig, zero_shards
 
 FUSED_LOSS_LOGITS_BYTES = 2  # BF16 logits, gradient in place (Engine.fused_loss)
 BF16_GRAD_BYTES = 2  # the engine default is MemoryOptions.grad_bytes: FP32 (Megatron-LM: bf16 implies fp32 grad reduce)
@@ -63,7 +63,7 @@ def engine_memory(cluster: Cluster, engine: Engine, zero: int, grad_bytes: int |
     the master weights (torch.distributed.fsdp MixedPrecision docs: the sharded parameters stay in
     full precision, low-precision copies are all-gathered for compute; MaxText ``weight_dtype``
     float32). Megatron's distributed optimizer keeps a separate BF16 working copy."""
-    kw = {"sharded_params_are_master": not engine.megatron and zero >= 3}
+    kw = {"sharded_params_are_master": not engine.megatron and zero_shards(zero, "weights")}
     if engine.fused_loss:
         kw["logits_bytes"] = FUSED_LOSS_LOGITS_BYTES
     if grad_bytes is not None:

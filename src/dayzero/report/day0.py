@@ -81,12 +81,12 @@ def manifest_for(accelerator) -> tuple[str, str]:
 
 
 def _model(req: Day0Request, r: dict) -> None:
-    from dayzero.report.model_notes import model_notes
+    from dayzero.report.model_notes import model_report
     from dayzero.specs.counting import summarize
     from dayzero.specs.registry import load_model
 
     spec = load_model(req.model)
-    r["model"] = {**summarize(spec, req.seq).to_dict(spec), **model_notes(spec)}
+    r["model"] = model_report(spec, summarize(spec, req.seq))
 
 
 def _cluster(req: Day0Request, r: dict) -> None:

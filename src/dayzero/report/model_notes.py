@@ -1,4 +1,5 @@
-"""What a verb reports about the model config it read (``--json`` keys shared by every verb)."""
+"""What a verb reports about the model config it read (``--json`` keys shared by every verb), and
+the model object of ``dayzero inspect --json`` and the Day-0 report (:func:`model_report`)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,9 @@ def model_notes(spec) -> dict:
              "norms": k.norms, "other": k.other} for k in desc.kinds]
         out["params_vision"] = desc.vision
     return out
+
+
+def model_report(spec, summary, with_mtp: bool = False) -> dict:
+    """``dayzero inspect --json`` (and the Day-0 report's ``model``): the exact counts of
+    ``summary`` (:func:`dayzero.specs.counting.summarize` of ``spec``) and the model notes."""
+    return {**summary.to_dict(spec, with_mtp), **model_notes(spec)}

@@ -234,7 +234,12 @@ def compute_dtype(acc: Accelerator, requested: str = "auto") -> str:
         raise ConfigError("--compute-dtype", None, f"must be {', '.join(COMPUTE_DTYPES)}, got {requested!r}")
     if requested != "auto":
         return requested
-    return "fp32" if acc.is_cpu else "bf16"
+    return auto_compute_dtype(acc.type)
+
+
+def auto_compute_dtype(device_type: str) -> str:
+    """``--compute-dtype auto`` on a device type: bf16 on an accelerator, fp32 on CPU."""
+    return "fp32" if device_type == "cpu" else "bf16"
 
 
 def device_name(device) -> str:

@@ -33,6 +33,7 @@ from dayzero.runtime.parallel.mesh import Meshes, build_meshes
 from dayzero.runtime.parallel.parallelize import ParallelModel, parallelize, seeded_weights
 from dayzero.runtime.parallel.pipeline import Pipeline, build_pipeline
 from dayzero.specs.model import ModelSpec
+from dayzero.specs.parallel import zero_shards
 from dayzero.torch_version import require_torch
 
 
@@ -180,7 +181,7 @@ def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tens
         for i, (x, y) in enumerate(zip(xs, ys)):
             if state.model.fsdp_units:
                 # ZeRO-0/1 reduce gradients once per step; ZeRO-2/3 keep them sharded: every micro-batch
-                part.set_requires_gradient_sync(i == len(xs) - 1 or p.zero >= 2)
+                part.set_requires_gradient_sync(i == len(xs) - 1 or zero_shards(p.zero, "gradients"))
             loss = f(part(x), y)
             loss.backward()
             total = total + _local(loss).detach()

@@ -6,20 +6,24 @@ those ranks runs (``python -m dayzero.runtime.train_entry [--error-dir DIR] CONF
 Several configs run one after another in the same process group (tests share one spawned world
 across runs this way). :func:`train_here` trains in the calling process instead (a single-process
 run, or one rank of the user's own torchrun). After a stop signal both say where a restart would
-pick up (:func:`committed_note`, :func:`resume_point`).
+pick up (:func:`committed_note`, :func:`resume_point`). :func:`run_train` is the choice between
+the two for ``dayzero train`` (:func:`launch_world`: under the user's torchrun, or ``--nproc`` ranks),
+holding the checkpoint directory's lock for the job.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from dayzero.errors import DayzeroError
+from dayzero.runtime.checkpoint.dirlock import DirLock, check_free
 from dayzero.runtime.checkpoint.lineage import resume_order
 from dayzero.runtime.checkpoint.versions import scan
 from dayzero.runtime.config import TrainConfig
@@ -147,6 +151,45 @@ def spawn(configs: TrainConfig | list[TrainConfig], nproc: int) -> int:
         except Interrupted as e:
             print(f"dayzero: {e.describe()}{committed_note(c.checkpoint.dir for c in configs)}", file=sys.stderr)
             return e.exit_code
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a job torchrun (or another launcher) started."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def launch_world(nproc: int | None) -> tuple[bool, int]:
+    """``(torchrun, world)``: under torchrun its WORLD_SIZE (``--nproc`` ignored), else ``nproc`` or 1."""
+    torchrun = under_torchrun()
+    return torchrun, int(os.environ["WORLD_SIZE"]) if torchrun else (nproc or 1)
+
+
+@contextlib.contextmanager
+def ckpt_dir_lock(ckpt_dir: str | None, torchrun: bool, world: int) -> Iterator[None]:
+    """One job per checkpoint directory (:mod:`dayzero.runtime.checkpoint.dirlock`), refused before any work.
+
+    Spawning ranks, this process owns the job (it outlives restarts of its ranks): it holds the
+    lock and lends it to them. Otherwise rank 0's Checkpointer takes it; here it is only checked
+    (by rank 0 alone under torchrun: another rank could see this job's own lock)."""
+    if not ckpt_dir:
+        yield
+        return
+    if torchrun or world == 1:
+        if not torchrun or os.environ.get("RANK") == "0":
+            check_free(ckpt_dir)
+        yield
+        return
+    with DirLock(ckpt_dir, lend_to_children=True):
+        yield
+
+
+def run_train(cfg: TrainConfig, world: int, torchrun: bool) -> int:
+    """``dayzero train``'s run: here (one process, or one rank under torchrun) or on ``world``
+    spawned local ranks, under the checkpoint directory's lock; returns the exit code."""
+    with ckpt_dir_lock(cfg.checkpoint.dir, torchrun, world):
+        if torchrun or world == 1:
+            return train_here([cfg], under_agent=torchrun)
+        return spawn(cfg, world)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,6 @@ from dayzero.inputs import load_json
 from dayzero.specs.config_keys import unused_keys
 from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
 
-SUPPORTED_MODEL_TYPES = (
-    "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-    "kimi_k2", "glm4_moe", "gpt_oss", "nemotron", "gpt2",
-)
-
-
 # Bounds on config values, so an absurd field is one line instead of a hang, an overflow or a NaN:
 # every integer field <= MAX_INT_FIELD (2^24: vocabularies reach 256K, widths 32K); layer counts
 # <= MAX_LAYERS (the deepest published LLMs have ~200 layers). Float fields by name: RoPE bases and
@@ -407,9 +401,10 @@ def _fp8_block(f: _Fields) -> tuple[int, int] | None:
     return None
 
 
+# the model types with a hand-written parser, in the order error messages list them
 _PARSERS: dict[str, Callable[[_Fields, str, str], ModelSpec]] = {
-    "llama": _dense, "mistral": _dense, "qwen2": _dense, "qwen3": _dense, "nemotron": _dense,
-    "mixtral": _mixtral, "qwen3_moe": _qwen3_moe,
-    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "kimi_k2": _deepseek,
-    "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss, "gpt2": _gpt2,
+    "llama": _dense, "mistral": _dense, "qwen2": _dense, "qwen3": _dense, "mixtral": _mixtral,
+    "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "kimi_k2": _deepseek,
+    "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss, "nemotron": _dense, "gpt2": _gpt2,
 }
+SUPPORTED_MODEL_TYPES = tuple(_PARSERS)

@@ -36,6 +36,7 @@ import types
 from dataclasses import dataclass, field
 
 from dayzero.errors import LayoutError
+from dayzero.specs.parallel import zero_shards
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -199,33 +200,99 @@ def _balanced_moe_forward(self, x):
     return out.view(bs, seq, hidden)
 
 
-def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> ExactStage:
-    """Measure pipeline stage ``stage`` (its first rank) under fake tensors and a fake group."""
-    import time
-
-    import torch
+def _check_exact(spec, p) -> None:
+    """What one fake rank can measure: a layout the runtime runs, vpp 1, a process of its own."""
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from dayzero.runtime.checks import check_runtime
-    from dayzero.runtime.models.model import build_model
-    from dayzero.runtime.models.moe import MoE
-    from dayzero.runtime.optim import build_optimizer
-    from dayzero.runtime.parallel.mesh import build_meshes
-    from dayzero.runtime.parallel.parallelize import parallelize
-    from dayzero.runtime.train import loss_context
-    from dayzero.torch_version import require_torch
-    from dayzero.validate.torch_tools import category_tracker, fake_store, local_sharding_propagation, ref_types
 
-    require_torch("memory --exact")
-    p = parallel
     check_runtime(spec, p, p.world)
     if p.vpp > 1:
         raise LayoutError(f"--exact measures vpp 1 pipelines; got vpp {p.vpp} (interleaved stages hold several "
                           "FSDP roots); use the analytic model for interleaved layouts")
     if dist.is_initialized():
         raise LayoutError("--exact needs a process of its own (a process group is already running)")
+
+
+def _fake_step(spec, p, stage: int, part, opt, dtype, complete: "_Complete | None" = None, tracker=None) -> None:
+    """One training step of this stage's part in the schedule's order (inputs, targets and
+    incoming gradients are empty tensors of the right shapes); with ``tracker``, each category is
+    recorded in ``complete`` when the step has built all of it."""
+    import torch
+    import torch.nn.functional as F
+
+    from dayzero.runtime.train import loss_context
+
+    m, first, last = p.microbatches, stage == 0, stage == p.pp - 1
+    # the residual stream a stage receives: sequence-sharded under sequence parallelism
+    stage_seq = p.seq // p.tp if p.sequence_parallel and p.tp > 1 else p.seq
+    outs = {}
+    for kind, i in schedule_order(p.schedule, p.pp, stage, m):
+        if kind == "F":
+            if tracker is not None:
+                tracker.reset_mod_stats()  # the tracker keeps module stats per call
+            x = (torch.randint(0, spec.vocab, (p.mbs, p.seq)) if first else
+                 torch.empty(p.mbs, stage_seq, spec.hidden, dtype=dtype, requires_grad=True))
+            with loss_context(p.tp):
+                out = part(x)
+                if last:
+                    y = torch.randint(0, spec.vocab, (p.mbs, p.seq))
+                    out = F.cross_entropy(out.flatten(0, 1).float(), y.flatten()) / m
+            outs[i] = out
+            if tracker is not None:
+                complete.update(tracker, ("weights", "activations"))
+        else:
+            last_b = i == m - 1
+            if p.pp > 1:  # torch.distributed.pipelining: no sync or reshard until the last one
+                part.set_is_last_backward(last_b)
+                part.set_reshard_after_backward(last_b)
+                part.set_requires_gradient_sync(last_b)
+            else:  # runtime.train.forward_backward's rule
+                part.set_requires_gradient_sync(last_b or zero_shards(p.zero, "gradients"))
+            out = outs.pop(i)
+            with loss_context(p.tp):
+                if last:
+                    out.backward()
+                else:
+                    out.backward(torch.empty_like(out))
+            if tracker is not None:
+                complete.update(tracker, ("gradients",))
+    opt.step()
+    if tracker is not None:
+        complete.update(tracker, ("optimizer",))
+    opt.zero_grad(set_to_none=True)
+
+
+def _create_optimizer_states(pm, opt) -> None:
+    """AdamW creates its states on the first step; a step on zero gradients creates them (the
+    steady step holds them throughout) without tracing an untracked forward and backward."""
+    import torch
+
+    for param in pm.parameters():
+        param.grad = torch.zeros_like(param)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> ExactStage:
+    """Measure pipeline stage ``stage`` (its first rank) under fake tensors and a fake group."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dayzero.runtime.models.model import build_model
+    from dayzero.runtime.models.moe import MoE
+    from dayzero.runtime.optim import build_optimizer
+    from dayzero.runtime.parallel.mesh import build_meshes
+    from dayzero.runtime.parallel.parallelize import parallelize
+    from dayzero.torch_version import require_torch
+    from dayzero.validate.torch_tools import category_tracker, fake_store, local_sharding_propagation, ref_types
+
+    require_torch("memory --exact")
+    p = parallel
+    _check_exact(spec, p)
     dtype = getattr(torch, DTYPES[compute_dtype])
     start = time.perf_counter()
     rank = stage * p.tp * p.cp * p.dp
@@ -237,70 +304,25 @@ def exact_stage(spec, parallel, stage: int, compute_dtype: str = "bf16") -> Exac
         if len(pm.parts) != 1:
             raise LayoutError(f"--exact expects one model part per rank, got {len(pm.parts)}")
         part = pm.parts[0]
-        m, first, last = p.microbatches, stage == 0, stage == p.pp - 1
-        # the residual stream a stage receives: sequence-sharded under sequence parallelism
-        stage_seq = p.seq // p.tp if p.sequence_parallel and p.tp > 1 else p.seq
         with FakeTensorMode(allow_non_fake_inputs=True), local_sharding_propagation():
             part.to_empty(device="cpu")
             for mod in part.modules():
                 if isinstance(mod, MoE):
                     mod.forward = types.MethodType(_balanced_moe_forward, mod)
-                    mod.aux_loss_scale = 1.0 / m
+                    mod.aux_loss_scale = 1.0 / p.microbatches
             part.train()
             opt = build_optimizer(pm.parameters(), 1e-3, 0.1)
-
-            def step(tracker=None):
-                outs = {}
-                for kind, i in schedule_order(p.schedule, p.pp, stage, m):
-                    if kind == "F":
-                        if tracker is not None:
-                            tracker.reset_mod_stats()  # the tracker keeps module stats per call
-                        x = (torch.randint(0, spec.vocab, (p.mbs, p.seq)) if first else
-                             torch.empty(p.mbs, stage_seq, spec.hidden, dtype=dtype, requires_grad=True))
-                        with loss_context(p.tp):
-                            out = part(x)
-                            if last:
-                                y = torch.randint(0, spec.vocab, (p.mbs, p.seq))
-                                out = F.cross_entropy(out.flatten(0, 1).float(), y.flatten()) / m
-                        outs[i] = out
-                        if tracker is not None:
-                            complete.update(tracker, ("weights", "activations"))
-                    else:
-                        last_b = i == m - 1
-                        if p.pp > 1:  # torch.distributed.pipelining: no sync or reshard until the last one
-                            part.set_is_last_backward(last_b)
-                            part.set_reshard_after_backward(last_b)
-                            part.set_requires_gradient_sync(last_b)
-                        else:  # runtime.train.forward_backward's rule
-                            part.set_requires_gradient_sync(last_b or p.zero >= 2)
-                        out = outs.pop(i)
-                        with loss_context(p.tp):
-                            if last:
-                                out.backward()
-                            else:
-                                out.backward(torch.empty_like(out))
-                        if tracker is not None:
-                            complete.update(tracker, ("gradients",))
-                opt.step()
-                if tracker is not None:
-                    complete.update(tracker, ("optimizer",))
-                opt.zero_grad(set_to_none=True)
-
-            # AdamW creates its states on the first step; a step on zero gradients creates them (the
-            # steady step holds them throughout) without tracing an untracked forward and backward
-            for param in pm.parameters():
-                param.grad = torch.zeros_like(param)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            _create_optimizer_states(pm, opt)
             # pipelining keeps gathered parameters and full gradients until the step's end (runtime_layout)
-            t_params, t_grads = p.zero == 3 and p.pp == 1, p.zero >= 2 and p.pp == 1
+            t_params = zero_shards(p.zero, "weights") and p.pp == 1
+            t_grads = zero_shards(p.zero, "gradients") and p.pp == 1
             complete = _Complete(lambda snap: _planner_categories(snap, t_params, t_grads))
             R = ref_types()
             transient = {R.TEMP, R.ALL_GATHER, R.REDUCE_SCATTER} | ({R.UNSHARDED_PARAM} if t_params else set()) | (
                 {R.UNSHARDED_GRAD} if t_grads else set())
             tracker = category_tracker(part, opt, lambda snap: _planner_categories(snap, t_params, t_grads), transient)
             with tracker:
-                step(tracker)
+                _fake_step(spec, p, stage, part, opt, dtype, complete, tracker)
             peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
             uneven = shard_excess(part)  # after a forward: FSDP2 creates the unsharded parameters lazily
     finally:
@@ -432,7 +454,7 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
 
     exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
     analytic = analytic_for_runtime(spec, parallel, compute_dtype)
-    t_grads = parallel.zero >= 2 and parallel.pp == 1
+    t_grads = zero_shards(parallel.zero, "gradients") and parallel.pp == 1
     rows = []
     for e in exact:
         s = analytic.stages[e.stage]
@@ -444,7 +466,7 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
         grads = explain_gradients(e)
         notes = {"gradients": (0, "") if t_grads else grads, "temporary": explain_temporary(e, s.terms),
                  "optimizer": explain_uneven(e, 12, "fp32 master weights and AdamW moments")}
-        if runtime_layout(parallel).zero >= 2:  # the gradients the planner counts are sharded
+        if zero_shards(runtime_layout(parallel).zero, "gradients"):  # the gradients the planner counts are sharded
             notes["gradients"] = _join(notes["gradients"], explain_uneven(e, 4, "sharded fp32 gradients"))
         if t_grads and grads[0]:
             b, text = notes["temporary"]

@@ -30,6 +30,7 @@ import numpy as np
 from dayzero.errors import ConfigError
 from dayzero.planner.collectives import Link, group_collective
 from dayzero.planner.minimize import nelder_mead
+from dayzero.runtime.device import auto_compute_dtype
 from dayzero.specs.hardware import HBM_GB
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -177,11 +178,6 @@ def merge_ranks(results: list[dict]) -> dict:
 
 # -- the profile -----------------------------------------------------------------------------
 
-def compute_dtype(device: str) -> str:
-    """The dtype ``dayzero train`` computes in on this device by default (``--compute-dtype auto``)."""
-    return "fp32" if device == "cpu" else "bf16"
-
-
 def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) -> dict:
     """The cluster YAML mapping for merged measurements ``m`` (see :func:`merge_ranks`).
 
@@ -250,7 +246,7 @@ def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) ->
         efficiency["intra"] = 1.0  # the fitted bandwidth is already what collectives achieve
     profile["efficiency"] = efficiency
     profile["measurements"] = {
-        "machine": info, "compute_dtype": compute_dtype(info["device"]), "fits": fits,
+        "machine": info, "compute_dtype": auto_compute_dtype(info["device"]), "fits": fits,
         "link_fit": None if link is None else {**asdict(link), "bw_gbytes_per_s": link.bw / 1e9,
                                                "p2p_gbytes_per_s": link.p2p_bw / 1e9, "alpha_us": link.alpha * 1e6},
         "memory_overhead": over, "gemm": m.get("gemm", []), "memory_bandwidth": m.get("memory_bandwidth", []),

@@ -23,12 +23,13 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dayzero.runtime.models.model import Transformer
+from dayzero.specs.parallel import zero_shards
 
 
 def apply_fsdp(model: Transformer, meshes, param_dtype: torch.dtype, zero: int, gloo: bool) -> list:
     """fully_shard every block (experts, router and shared experts on their own meshes first),
     then the root (embedding, final norm, head). Returns every FSDP module created."""
-    reshard = zero == 3
+    reshard = zero_shards(zero, "weights")  # ZeRO-3: parameters stay sharded between uses
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
     dp = meshes.parallel.dp * meshes.parallel.cp
