@@ -169,3 +169,16 @@ def test_run_options_reject_a_negative_cv_and_two_imbalance_sources():
     with pytest.raises(ConfigError, match="not both"):
         PerfOptions.for_run(moe_imbalance=1.2, moe_expert_cv=0.3)
     assert PerfOptions.for_run(moe_expert_cv=0.3, ep_dispatcher="all_to_all").comm.ep_dispatcher == "all_to_all"
+
+
+def test_dedup_rows_vectorised_equals_one_placement_at_a_time():
+    """Many candidates share a few placements: the rows are computed once per placement and
+    equal the one-at-a-time values; uneven splits (12 over domains of 8) get the plain rows."""
+    size, per, doms = np.array([64, 8, 32, 64, 12] * 1000), np.array([8, 8, 8, 8, 8] * 1000), \
+        np.array([8, 1, 4, 8, 2] * 1000)
+    up, out = dedup_rows(256, 8, size, per, doms, 8, 4)
+    for i in range(5):
+        u1, o1 = dedup_rows(256, 8, size[i], per[i], doms[i], 8, 4)
+        assert up[i::5] == pytest.approx(np.full(1000, float(u1)))
+        assert out[i::5] == pytest.approx(np.full(1000, float(o1)))
+    assert up[4] == pytest.approx(8 * 8 / 12) and out[4] == pytest.approx(8 * 4 / 12)

@@ -110,29 +110,29 @@ def dedup_rows(experts: int, top_k: int, size, per_domain, domains, n_group: int
     network: one per remote domain hit). The scale-up figure counts every rank hit; the
     collective's (n-1)/n then leaves out the rows that stay on their arrival GPU. Groups whose
     experts or domains do not split evenly get the plain all-to-all's rows."""
-    size, per, doms = (np.asarray(x, dtype=int) for x in (size, per_domain, domains))
-    shape = np.broadcast(size, per, doms).shape
-    up, out = np.zeros(shape), np.zeros(shape)
-    cache: dict = {}
-    for idx in np.ndindex(shape):
-        n, u, d = (int(np.broadcast_to(x, shape)[idx]) for x in (size, per, doms))
-        if (n, u, d) not in cache:
-            k = float(min(top_k, experts))
-            if n <= 1 or experts % n or u * d != n:  # uneven slices: no dedup credit (the plain all-to-all)
-                cache[n, u, d] = (k * u / max(n, 1), k * (n - u) / max(n, 1) if d > 1 else 0.0)
-            else:
-                ranks = expected_units_hit(experts, top_k, n, n_group, topk_group)
-                remote = (d - 1) * unit_hit_probability(experts, top_k, d, n_group, topk_group) if d > 1 else 0.0
-                cache[n, u, d] = (ranks, remote)
-        up[idx], out[idx] = cache[n, u, d]
-    return up, out
+    size, per, doms = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (size, per_domain, domains)))
+    code = (size.ravel() << 42) | (per.ravel() << 21) | doms.ravel()  # one int per placement (each < 2^21)
+    keys, inverse = np.unique(code, return_inverse=True)
+    k = float(min(top_k, experts))
+    up_u, out_u = np.zeros(len(keys)), np.zeros(len(keys))
+    for i, c in enumerate(keys.tolist()):  # a few distinct EP placements, however many candidates
+        n, u, d = c >> 42, (c >> 21) & (2**21 - 1), c & (2**21 - 1)
+        if n <= 1 or experts % n or u * d != n:  # uneven slices: no dedup credit (the plain all-to-all)
+            up_u[i], out_u[i] = k * u / max(n, 1), k * (n - u) / max(n, 1) if d > 1 else 0.0
+        else:
+            up_u[i] = expected_units_hit(experts, top_k, n, n_group, topk_group)
+            out_u[i] = (d - 1) * unit_hit_probability(experts, top_k, d, n_group, topk_group) if d > 1 else 0.0
+    inverse = np.ravel(inverse)
+    return up_u[inverse].reshape(size.shape), out_u[inverse].reshape(size.shape)
 
 
 def expected_max_normal(n) -> np.ndarray:
     """Expected maximum of ``n`` independent standard normals (Blom 1958; 0 for n = 1)."""
     n = np.maximum(np.asarray(n, dtype=float), 1.0)
     inv = NormalDist().inv_cdf
-    return np.vectorize(lambda x: inv((x - 0.375) / (x + 0.25)) if x > 1 else 0.0, otypes=[float])(n)
+    values, inverse = np.unique(n, return_inverse=True)
+    z = np.array([inv((x - 0.375) / (x + 0.25)) if x > 1 else 0.0 for x in values.tolist()])
+    return z[np.ravel(inverse)].reshape(n.shape)
 
 
 def device_imbalance(expert_cv: float, experts: int, ep) -> np.ndarray:
