@@ -88,16 +88,39 @@ def all_to_all(nbytes, n, bw, alpha):
 
 def all_to_all_mesh(nbytes, n, link_bw, agg_bw, alpha, imbalance=1.0):
     """All-to-all on a full mesh: every peer chunk (B/n, times ``imbalance`` for the busiest
-    pair) crosses its own link, and the device's links together carry (n-1)/n of B."""
+    pair) crosses its own link, and the busiest device's links together carry ``imbalance`` x
+    (n-1)/n of B."""
     n = _n(n)
     busiest_pair = imbalance * nbytes / n / link_bw
-    # single-member groups (n = 1) move nothing: divide by 1 there instead of 0 (the result is masked)
-    aggregate = (n - 1) / n * nbytes / np.maximum(np.minimum(agg_bw, (n - 1) * link_bw), np.where(n > 1, 0.0, 1.0))
+    # single-member groups (n = 1) move nothing: divide by 1 there instead of 0 (the result is masked);
+    # the hot receiver takes ``imbalance`` x its share over all its links together
+    aggregate = imbalance * (n - 1) / n * nbytes / np.maximum(np.minimum(agg_bw, (n - 1) * link_bw),
+                                                              np.where(n > 1, 0.0, 1.0))
     return np.where(n > 1, alpha + np.maximum(busiest_pair, aggregate), 0.0)
 
 
 def send_recv(nbytes, bw, alpha):
     return alpha + nbytes / bw
+
+
+def dedup_all_to_all(up_bytes, out_bytes, size, per_domain, domains, intra: Link, inter: Link | None,
+                     imbalance=1.0):
+    """A deduplicating dispatch or combine (DeepEP normal kernels, HybridEP;
+    :mod:`dayzero.planner.moe_dispatch`): ``up_bytes`` is what one device moves over the scale-up
+    fabric (one row per rank its tokens hit, the forwarding to the final rank included), of which
+    (per-1)/per leaves the arrival GPU; ``out_bytes`` what it sends over the scale-out network
+    (one row per remote domain hit). The two run pipelined (DeepEP overlaps the RDMA sends with
+    the NVLink forwarding), so the slower sets the time; the busiest device takes ``imbalance``
+    x both."""
+    up, out = np.asarray(up_bytes, dtype=float), np.asarray(out_bytes, dtype=float)
+    size, per, doms = _n(size), _n(per_domain), _n(domains)
+    inter = inter or intra
+    if intra.topology == "mesh":
+        local = all_to_all_mesh(up, per, intra.p2p_bw, intra.bw, intra.alpha, imbalance)
+    else:
+        local = all_to_all(imbalance * up, per, intra.group_bw(per), intra.alpha)
+    remote = inter.alpha + imbalance * out / inter.bw
+    return np.where(size > 1, np.where(doms > 1, np.maximum(local, remote), local), 0.0)
 
 
 # -- on a topology ---------------------------------------------------------------------------
@@ -118,8 +141,8 @@ def group_collective(kind: str, nbytes, size, per_domain, domains, intra: Link, 
     if kind == "all_to_all":
         if intra.topology == "mesh":
             local = all_to_all_mesh(nbytes * per / size, per, intra.p2p_bw, intra.bw, intra.alpha, imbalance)
-        else:
-            local = all_to_all(nbytes * per / size, per, intra_bw, intra.alpha)
+        else:  # behind a switch the busiest device's port carries imbalance x its share
+            local = all_to_all(imbalance * nbytes * per / size, per, intra_bw, intra.alpha)
         # Spanning domains: the remote share (size - per)/size of B leaves through the NIC while
         # the local share moves over the scale-up fabric at the same time.
         remote = inter.alpha + imbalance * (size - per) / size * nbytes / inter.bw

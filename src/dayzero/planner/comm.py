@@ -9,10 +9,14 @@ Per layer and micro-batch (time added to the stage that runs the layer):
   what exceeds the layer's GEMM time.
 * **CP** (cp > 1): ring attention passes K and V blocks around the cp group (cp - 1 sends
   forward, twice that backward with dK/dV); overlapped with the attention core, exposed beyond it.
-* **EP** (ep > 1): token dispatch and combine all-to-all (2 forward, 2 backward, 2 more under
-  full recompute) over the ep group, with the routing imbalance on the busiest peer; exposed
-  unless overlapped with another micro-batch's compute (DualPipe-style), then exposed beyond the
-  layer's compute.
+* **EP** (ep > 1): token dispatch and combine (each 1 forward, 1 backward, 1 more under full
+  recompute) over the ep group, with the routing imbalance on the busiest device. The default
+  dispatcher deduplicates (DeepEP/HybridEP: one row per rank hit over the scale-up fabric, one per
+  remote domain hit over the scale-out network, :mod:`dayzero.planner.moe_dispatch`); the plain
+  all-to-all sends all top_k rows. With ``fp8_dispatch`` an FP8 recipe's dispatch direction (the
+  forward dispatch and the backward of the combine) travels in FP8 with its scales, the combine
+  direction in BF16 (DeepSeek-V3 sec. 3.3). Exposed unless overlapped with another micro-batch's
+  compute (DualPipe-style), then exposed beyond the layer's compute.
 * **ZeRO-3**: parameter all-gather before forward and backward, gradient reduce-scatter after
   backward, over dp x cp (experts: edp); prefetched one layer ahead, so exposed beyond the
   layer's own compute (plus the first layer's gather, once per micro-batch).
@@ -34,10 +38,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dayzero.planner.calibration import Rates
-from dayzero.planner.collectives import group_collective
+from dayzero.planner.collectives import dedup_all_to_all, group_collective
 from dayzero.planner.compute import BF16, ComputeCosts, layer_classes, single_seq
-from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance
+from dayzero.planner.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, dedup_rows, device_imbalance
+from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
 from dayzero.planner.topology import group_strides, span
+from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import FULL
 from dayzero.specs.model import ModelSpec
 
@@ -53,16 +59,38 @@ class CommOptions:
     # --bf16), as Llama 3 reduce-scattered (Llama Team 2024, sec. 3.3.2: "reduce-scatter gradients in
     # FP32") and as dayzero's runtime reduces (FSDP2 reduce_dtype=float32); 2 for BF16 reduction
     grad_reduce_bytes: int = 4
+    # per-expert load CV (std / mean of the tokens each expert gets); > 0 derives the busiest
+    # device's imbalance per EP size, 1 + z_ep c / sqrt(E/ep) (planner.moe_dispatch), in place of
+    # the constant; 0: the constant (force-balanced benchmarks route evenly)
+    moe_expert_cv: float = 0.0
+    # "dedup": DeepEP/HybridEP-style (Megatron-Core --moe-token-dispatcher-type flex, DeepSeek's
+    # own), one row per rank / remote domain hit; "all_to_all": Megatron's alltoall dispatcher,
+    # every top_k copy travels
+    ep_dispatcher: str = "dedup"
+    # the dispatch direction in FP8 (+ 1 x 128 FP32 scales) under FP8/FP4 recipes, the combine in
+    # BF16 (DeepSeek-V3 sec. 3.3); off: Megatron-Core's dispatchers send BF16 activations
+    fp8_dispatch: bool = False
 
+    def __post_init__(self):
+        check_dispatcher(self.ep_dispatcher)
 
-    def imbalance(self, ep):
-        """The routing imbalance per candidate (``ep``: EP sizes, (N,)): measured, else the constant."""
-        return self.moe_measured.values(ep) if self.moe_measured is not None else self.moe_imbalance
+    def imbalance(self, ep, experts: int = 0):
+        """The routing imbalance per candidate (``ep``: EP sizes, (N,)): measured, else derived
+        from ``moe_expert_cv`` for ``experts`` routed experts, else the constant."""
+        if self.moe_measured is not None:
+            return self.moe_measured.values(ep)
+        if self.moe_expert_cv > 0 and experts:
+            return device_imbalance(self.moe_expert_cv, experts, ep)
+        return self.moe_imbalance
 
-    def describe_imbalance(self, ep: int) -> dict:
+    def describe_imbalance(self, ep: int, experts: int = 0) -> dict:
         """Which imbalance a prediction used and where it came from."""
-        return self.moe_measured.describe(ep) if self.moe_measured is not None else constant_imbalance(
-            self.moe_imbalance)
+        if self.moe_measured is not None:
+            return self.moe_measured.describe(ep)
+        if self.moe_expert_cv > 0 and experts:
+            return derived_imbalance(float(device_imbalance(self.moe_expert_cv, experts, ep)), self.moe_expert_cv,
+                                     experts, ep)
+        return constant_imbalance(self.moe_imbalance)
 
 
 @dataclass(frozen=True)
@@ -104,6 +132,21 @@ def coll(kind, nbytes, groups: Groups, dim: str, rates: Rates, imbalance=1.0):
     if hit is None:
         size, per, doms = groups[dim]
         hit = np.asarray(group_collective(kind, nb, size, per, doms, rates.intra, rates.inter, imbalance))
+        hit.flags.writeable = False
+        groups.memo[key] = hit
+    return hit
+
+
+def coll_dedup(up_bytes, out_bytes, groups: Groups, rates: Rates, imbalance=1.0):
+    """Time of one deduplicating EP dispatch or combine (:func:`collectives.dedup_all_to_all`),
+    memoised on ``groups`` like :func:`coll`."""
+    up, out = np.asarray(up_bytes, dtype=float), np.asarray(out_bytes, dtype=float)
+    imb = np.asarray(imbalance, dtype=float)
+    key = ("dedup", up.shape, up.tobytes(), out.tobytes(), imb.shape, imb.tobytes(), rates.intra, rates.inter)
+    hit = groups.memo.get(key)
+    if hit is None:
+        size, per, doms = groups["ep"]
+        hit = np.asarray(dedup_all_to_all(up, out, size, per, doms, rates.intra, rates.inter, imbalance))
         hit.flags.writeable = False
         groups.memo[key] = hit
     return hit
@@ -174,13 +217,32 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
 
     # -- expert parallel (dispatch + combine)
     if spec.moe is not None:
-        tok = T / tp * spec.moe.top_k * H * BF16  # routed token rows leaving one device
-        t = coll("all_to_all", tok, groups, "ep", rates, opt.imbalance(g["ep"]))
-        ops = kn(kinds * (np.asarray(g["ep"]) > 1) * 2 * (2 + full))
-        total = ops * t
-        exp = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
-        items.append(LayerComm("ep all-to-all", "all_to_all", "ep", kn(tok), ops, kn(t), exp,
-                               "other micro-batch" if opt.ep_overlap else ""))
+        moe = spec.moe
+        imb = opt.imbalance(g["ep"], moe.experts)
+        tok = T / tp * moe.top_k * H * BF16  # routed token rows leaving one device, all top_k copies
+        prec = np.asarray(g["precision"])
+        low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]  # FP8/FP4 GEMMs the card runs natively
+        width = {"dispatch": np.where(opt.fp8_dispatch & low, FP8_DISPATCH_BYTES, BF16), "combine": BF16}
+        ops = kn(kinds * (np.asarray(g["ep"]) > 1) * (2 + full))  # per direction
+        if opt.ep_dispatcher == "dedup":
+            size, per, doms = groups["ep"]
+            up, out = dedup_rows(moe.experts, moe.top_k, size, per, doms, moe.n_group, moe.topk_group)
+        ep_items = []
+        for direction in ("dispatch", "combine"):
+            if opt.ep_dispatcher == "dedup":
+                b_up, b_out = T / tp * up * H * width[direction], T / tp * out * H * width[direction]
+                nb = b_up
+                t = coll_dedup(b_up, b_out, groups, rates, imb)
+            else:
+                nb = tok / BF16 * width[direction]
+                t = coll("all_to_all", nb, groups, "ep", rates, imb)
+            ep_items.append((direction, nb, t))
+        total = sum(ops * t for _, _, t in ep_items)
+        exposed = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
+        share = exposed / np.maximum(total, 1e-30)
+        for direction, nb, t in ep_items:
+            items.append(LayerComm(f"ep {direction}", "all_to_all", "ep", kn(nb), ops, kn(t), ops * t * share,
+                                   "other micro-batch" if opt.ep_overlap else ""))
         # expert tensor parallelism: gather the routed rows over etp before the experts
         t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
         ops = kn(kinds * etp_gt1 * 2 * (2 + full))

@@ -65,6 +65,13 @@ def constant_imbalance(value: float) -> dict:
     return {"value": value, "from": "constant", "flag": "--moe-imbalance"}
 
 
+def derived_imbalance(value: float, expert_cv: float, experts: int, ep: int) -> dict:
+    """How a prediction describes the factor derived from a per-expert load CV
+    (:func:`dayzero.planner.moe_dispatch.device_imbalance`)."""
+    return {"value": value, "from": "per-expert load CV", "expert_cv": expert_cv,
+            "experts_per_device": experts / max(ep, 1), "rule": "1 + z_ep * cv / sqrt(experts per device)"}
+
+
 def measured_imbalance(experts: int, loads: ExpertLoads | None = None, placement: Placement | None = None,
                        placement_source: str | None = None, eps: tuple[int, ...] | None = None) -> MeasuredImbalance:
     """The factor per EP size (``eps``; default: the placement's ep, else every divisor of

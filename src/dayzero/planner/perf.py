@@ -44,10 +44,13 @@ class PerfOptions:
 
     @classmethod
     def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool = False, moe_imbalance: float = 1.0,
-                calibration: str | None = None, attention_kernel: str = "fused") -> "PerfOptions":
+                calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
+                ep_dispatcher: str = "dedup", fp8_dispatch: bool = False) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
         file's overrides, then a ``calibration`` file's), the overlap switches, the MoE imbalance
-        (busiest device's routed tokens over the average, >= 1) and the attention kernel."""
+        (busiest device's routed tokens over the average, >= 1, or derived per EP size from a
+        per-expert load CV ``moe_expert_cv``), the EP dispatcher (``dedup`` | ``all_to_all``), FP8
+        dispatch, and the attention kernel."""
         from dayzero.errors import ConfigError
         from dayzero.planner.calibration import constants_for, load_calibration
         from dayzero.planner.memory_options import check_attention_kernel
@@ -55,10 +58,17 @@ class PerfOptions:
         check_attention_kernel(attention_kernel)
         if not moe_imbalance >= 1.0:
             raise ConfigError("--moe-imbalance", None, f"must be >= 1.0 (busiest over average), got {moe_imbalance}")
+        if not moe_expert_cv >= 0.0:
+            raise ConfigError("--moe-expert-cv", None, f"must be >= 0 (std over mean of expert loads), "
+                              f"got {moe_expert_cv}")
+        if moe_expert_cv > 0 and moe_imbalance != 1.0:
+            raise ConfigError("--moe-expert-cv", None, "give either a per-device --moe-imbalance or a per-expert "
+                              "--moe-expert-cv, not both")
         constants = constants_for(cluster) if cluster is not None else None
         if calibration:
             constants = load_calibration(calibration, constants)
-        comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance)
+        comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance,
+                           moe_expert_cv=moe_expert_cv, ep_dispatcher=ep_dispatcher, fp8_dispatch=fp8_dispatch)
         return cls(comm=comm, constants=constants, attention_kernel=attention_kernel)
 
     def with_expert_loads(self, spec: ModelSpec, expert_loads: str | None = None,
@@ -78,9 +88,9 @@ class PerfOptions:
         if not spec.is_moe:
             raise ConfigError("--expert-loads" if expert_loads else "--placement", None,
                               f"{spec.name} has no MoE layers; expert loads and placements apply to MoE models only")
-        if self.comm.moe_imbalance != 1.0:
-            raise ConfigError("--moe-imbalance", None, "give either a constant --moe-imbalance or measured "
-                              "--expert-loads/--placement, not both")
+        if self.comm.moe_imbalance != 1.0 or self.comm.moe_expert_cv > 0:
+            flag = "--moe-imbalance" if self.comm.moe_imbalance != 1.0 else "--moe-expert-cv"
+            raise ConfigError(flag, None, f"give either {flag} or measured --expert-loads/--placement, not both")
         experts = spec.moe.experts
         loads = read_expert_loads(expert_loads) if expert_loads else None
         placed = load_placement(placement, experts=experts) if placement else None
@@ -223,7 +233,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     r = rates(cluster, consts)
     g = {k: np.asarray(v) for k, v in grid.items()}
     n = len(g["tp"])
-    costs = compute_costs(spec, g, r, consts, options.comm.imbalance(g["ep"]), options.attention_kernel)
+    experts = spec.moe.experts if spec.moe is not None else 0
+    costs = compute_costs(spec, g, r, consts, options.comm.imbalance(g["ep"], experts), options.attention_kernel)
     groups = placed if placed is not None else place_groups(g, r)
     litems = layer_comm(spec, g, r, costs, groups, options.comm)
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)

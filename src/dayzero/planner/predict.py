@@ -61,7 +61,7 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "groups": {k: g.to_dict() for k, g in groups.items() if g.size > 1},
         "engines": engines_for(parallel),  # the engines that run this layout as laid out (planner.engines)
         # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
-        **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep)} if spec.is_moe else {}),
+        **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts)} if spec.is_moe else {}),
     }
 
 

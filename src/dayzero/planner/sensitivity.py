@@ -72,8 +72,8 @@ def perturbations(spec: ModelSpec, cluster: Cluster, options: PerfOptions) -> li
            Perturbation(f"GEMM efficiency -{GEMM:.0%}", cluster, gemm(1 - GEMM), 1.0),
            Perturbation(f"GEMM efficiency +{GEMM:.0%}", cluster, gemm(1 + GEMM), 1 + GEMM)]
     if spec.is_moe:
-        out.append(Perturbation(f"MoE imbalance {IMBALANCE}", cluster, comm(moe_imbalance=IMBALANCE, moe_measured=None),
-                                1.0))
+        fixed = comm(moe_imbalance=IMBALANCE, moe_measured=None, moe_expert_cv=0.0)  # the constant, nothing else
+        out.append(Perturbation(f"MoE imbalance {IMBALANCE}", cluster, fixed, 1.0))
     fp32 = options.comm.grad_reduce_bytes >= 4
     out.append(Perturbation("gradients in BF16" if fp32 else "gradients in FP32", cluster,
                             comm(grad_reduce_bytes=2 if fp32 else 4), 2.0 if fp32 else 1.0))
