@@ -6,6 +6,11 @@ token picks those two (max/mean ~4). One run updates the bias by DeepSeek-V3's r
 (``--moe-bias-rate``, gamma = 0.001, arXiv 2412.19437 sec. 4.2), the other keeps it (rate 0).
 Reports max/mean expert load per step, the first step at which it stays below 1.3, and the loss.
 
+The learning-rate schedule is DeepSeek-V3's: linear warm-up from 0 to 2.2e-4 over the first 2K
+steps (sec. 4.2), so the 200 steps measured are the first 200 of that recipe, where the bias rate
+0.001 was published for. ``--warmup 20`` compresses the warm-up tenfold (the router then learns at
+the full rate from step 20 and outruns the bias: recorded in RESULTS.md as a stress case).
+
 Per-step max/mean carries counting noise: with S routed slots per expert and step, perfectly balanced
 routing still gives E[max/mean] ~ 1 + 1.4 sqrt((1 - 1/E) / S) (1.12 at this benchmark's S = 128).
 DeepSeek-V3 counts each step's loads over batches of up to 15,360 x 4,096 tokens (arXiv 2412.19437
@@ -33,9 +38,10 @@ FAVOURED = (0, 1)
 NOISE_FLOOR = 1.05  # window rule: balanced-routing max/mean at most 1/6 of the way to the 1.3 target
 TARGET = 1.3
 LR = 2.2e-4  # DeepSeek-V3's peak learning rate (arXiv 2412.19437 sec. 4.2), with its gamma 0.001
+WARMUP = 2000  # DeepSeek-V3: "linearly increases from 0 to 2.2e-4 during the first 2K steps" (sec. 4.2)
 
 
-def one_run(rate: float, steps: int, metrics: str, gbs: int, seq: int) -> None:
+def one_run(rate: float, steps: int, metrics: str, gbs: int, seq: int, warmup: int = WARMUP) -> None:
     """Train in this process (a one-rank group) with the skewed router; metrics to ``metrics``."""
     import torch
 
@@ -45,7 +51,8 @@ def one_run(rate: float, steps: int, metrics: str, gbs: int, seq: int) -> None:
     from dayzero.specs.parallel import ParallelConfig
 
     cfg = TrainConfig(model=ModelSection("tiny-moe", layers=2, hidden=64),
-                      parallel=ParallelConfig(seq=seq, mbs=gbs, gbs=gbs), optimizer=OptimizerSection(lr=LR),
+                      parallel=ParallelConfig(seq=seq, mbs=gbs, gbs=gbs),
+                      optimizer=OptimizerSection(lr=LR, warmup=warmup),
                       moe=MoESection(bias_rate=rate, loads_every=1), steps=steps, seed=0, compute_dtype="fp32",
                       metrics=metrics, quiet=True, measure_comm=False)
     state = build_state(cfg)
@@ -106,7 +113,7 @@ def summarize(metrics: str) -> dict:
             "max_mean": [round(v, 4) for v in mm], "window_max_mean": [round(v, 4) for v in win]}
 
 
-def compare(steps: int, gbs: int = 8, seq: int = 64, workdir: str | None = None) -> dict:
+def compare(steps: int, gbs: int = 8, seq: int = 64, workdir: str | None = None, warmup: int = WARMUP) -> dict:
     """Both runs, each in a process of its own; {"bias": summary, "no_bias": summary}."""
     out = {}
     with tempfile.TemporaryDirectory(prefix="moe-balance-") as tmp:
@@ -114,7 +121,8 @@ def compare(steps: int, gbs: int = 8, seq: int = 64, workdir: str | None = None)
             metrics = str(Path(workdir or tmp) / f"{name}.jsonl")
             env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
             subprocess.run([sys.executable, __file__, "--one", str(rate), "--steps", str(steps), "--gbs", str(gbs),
-                            "--seq", str(seq), "--metrics", metrics], check=True, env=env)
+                            "--seq", str(seq), "--warmup", str(warmup), "--metrics", metrics], check=True,
+                           env=env)
             out[name] = summarize(metrics)
     return out
 
@@ -124,6 +132,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--gbs", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="learning-rate warm-up steps (default: DeepSeek-V3's "
+                    "2,000; the run covers its first --steps)")
     ap.add_argument("--out")
     ap.add_argument("--workdir", help="keep the two runs' metrics JSONL here (default: a temporary folder)")
     ap.add_argument("--summarize", nargs=2, metavar=("BIAS_JSONL", "NO_BIAS_JSONL"),
@@ -132,10 +142,10 @@ def main() -> None:
     ap.add_argument("--metrics", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one is not None:
-        one_run(a.one, a.steps, a.metrics, a.gbs, a.seq)
+        one_run(a.one, a.steps, a.metrics, a.gbs, a.seq, a.warmup)
         return
     res = ({"bias": summarize(a.summarize[0]), "no_bias": summarize(a.summarize[1])} if a.summarize
-           else compare(a.steps, a.gbs, a.seq, a.workdir))
+           else compare(a.steps, a.gbs, a.seq, a.workdir, a.warmup))
     for name, s in res.items():
         print(f"{name:8s} max/mean first {s['max_mean_first']:.3f} last {s['max_mean_last']:.3f} "
               f"(last 50 steps: mean {s['max_mean_tail_mean']:.3f}, min {s['max_mean_tail_min']:.3f}, "

@@ -106,3 +106,17 @@ def test_bad_input_is_one_line(argv, says, tmp_path, capsys):
     assert main([a.replace("{bad}", str(bad)) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dayzero: error: ") and says in err[0]
+
+
+def test_megatron_dispatches_tokens_the_way_the_planner_priced_them():
+    """The planner prices Megatron's MoE layers with the deduplicating dispatcher
+    (planner.engines.MEGATRON.ep_dispatcher): the export writes the flex dispatcher on DeepEP when
+    experts span ranks, the plain all-to-all when every expert is local."""
+    from dayzero.planner.engines import MEGATRON
+
+    assert MEGATRON.ep_dispatcher == "dedup"
+    spec = load_model("mixtral-8x7b")
+    text = megatron.export(spec, P(tp=2, dp=8, ep=8, gbs=32)).files[megatron.ARGS_FILE]
+    assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend deepep" in text
+    text = megatron.export(spec, P(tp=2, dp=8, gbs=32)).files[megatron.ARGS_FILE]
+    assert "--moe-token-dispatcher-type alltoall" in text and "deepep" not in text

@@ -30,8 +30,22 @@ MODEL_FLAGS = frozenset((
     "--qk-layernorm", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-token-dispatcher-type",
     "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
     "--moe-router-enable-expert-bias", "--moe-router-num-groups", "--moe-router-group-topk", "--moe-layer-freq",
+    "--moe-flex-dispatcher-backend",
     "--mtp-num-layers"))
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def dispatcher_config(p: ParallelConfig) -> dict:
+    """The token dispatcher the planner priced for Megatron (:data:`dayzero.planner.engines.MEGATRON`):
+    with experts across ranks the flex dispatcher on DeepEP, which sends a token once per rank and
+    once per remote node (needs the deep_ep package); within one rank the plain all-to-all."""
+    if p.ep > 1:
+        return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}
+    return {"moe_token_dispatcher_type": "alltoall"}
+
+
+def dispatcher_args(p: ParallelConfig) -> list[str]:
+    return [x for k, v in dispatcher_config(p).items() for x in (f"--{k.replace('_', '-')}", v)]
 
 
 def layout_args(p: ParallelConfig) -> list[str]:
@@ -59,8 +73,10 @@ def layout_args(p: ParallelConfig) -> list[str]:
     return [str(x) for x in a]
 
 
-def model_args(spec: ModelSpec) -> tuple[list[str], list[str]]:
-    """The flags that state the architecture, and what the argument list cannot say about it."""
+def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple[list[str], list[str]]:
+    """The flags that state the architecture (and the token dispatcher ``parallel``'s EP needs), and
+    what the argument list cannot say about it."""
+    p = parallel or ParallelConfig()
     att, mlp = spec.attention, spec.mlp
     a: list = ["--num-layers", spec.layers, "--hidden-size", spec.hidden, "--num-attention-heads", att.heads,
                "--ffn-hidden-size", mlp.intermediate, "--max-position-embeddings", spec.max_positions,
@@ -93,7 +109,7 @@ def model_args(spec: ModelSpec) -> tuple[list[str], list[str]]:
     if spec.moe is not None and spec.is_moe:
         m = spec.moe
         a += ["--num-experts", m.experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert.intermediate,
-              "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+              *dispatcher_args(p), "--moe-grouped-gemm"]
         if m.shared_experts:
             a += ["--moe-shared-expert-intermediate-size", m.shared_intermediate]
         if m.scoring == "sigmoid":
@@ -113,7 +129,7 @@ def model_args(spec: ModelSpec) -> tuple[list[str], list[str]]:
 
 def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8) -> Export:
     require_engine("megatron", parallel)
-    margs, missing = model_args(spec)
+    margs, missing = model_args(spec, parallel)
     args = margs + layout_args(parallel)
     nnodes = nodes or max(1, parallel.world // devices_per_node)
     per_node = parallel.world // nnodes
@@ -232,7 +248,7 @@ def core_configs(spec: ModelSpec, parallel: ParallelConfig) -> dict:
             kw.update(fp8="hybrid") if p.precision == "fp8" else kw.update(fp4="e2m1")
     if spec.moe is not None and spec.is_moe:
         kw.update(num_moe_experts=spec.moe.experts, moe_router_topk=spec.moe.top_k,
-                  moe_ffn_hidden_size=spec.moe.expert.intermediate, moe_token_dispatcher_type="alltoall",
+                  moe_ffn_hidden_size=spec.moe.expert.intermediate, **dispatcher_config(p),
                   moe_shared_expert_intermediate_size=spec.moe.shared_intermediate or None)
     ddp = DistributedDataParallelConfig(use_distributed_optimizer=p.zero >= 1, grad_reduce_in_fp32=True,
                                         use_megatron_fsdp=p.zero >= 2,

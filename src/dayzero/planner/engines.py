@@ -41,6 +41,9 @@ class Engine:
     name: str
     title: str
     limits: tuple[Limit, ...]
+    # how its MoE layers send tokens to the experts (planner.comm.CommOptions.ep_dispatcher): "dedup" sends a
+    # token once per rank (and once per remote node) it reaches, "all_to_all" every routed copy
+    ep_dispatcher: str = "all_to_all"
 
 
 MEGATRON = Engine("megatron", "Megatron-Core", (
@@ -54,7 +57,9 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
     Limit(("rank_order",), lambda c: (c["rank_order"] == DENSE) | (c["rank_order"] == TP_PP_DP),
           "Megatron numbers ranks tp-cp-(ep)-dp-pp, or tp-cp-pp-dp with --use-tp-pp-dp-mapping",
           "megatron/core/parallel_state.py RankGenerator (order 'tp-cp-ep-dp-pp')"),
-))
+),  # dayzero export --to megatron writes the flex dispatcher on DeepEP (transformer_config.py
+    # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep')
+    ep_dispatcher="dedup")
 
 TORCHTITAN = Engine("torchtitan", "torchtitan", (
     Limit(("zero",), lambda c: c["zero"] != 1,
