@@ -371,46 +371,202 @@ def explain_uneven(e: ExactStage, nbytes: int, what: str) -> tuple[int, str]:
                             "than ranks)")
 
 
-def explain_temporary(e: ExactStage, terms: dict) -> tuple[int, str]:
-    """Bytes and words for the temporary maximum: the exact run's largest set of buffers live at
-    one op, against the planner's sum of every transient term. Buffers of a whole number of one
-    micro-batch's logits (bf16 halves of the fp32 ones) are named: the eager cross-entropy's
-    backward (aten's, or torch.distributed.tensor.parallel.loss under TP) holds its gradient, the
-    softmax and their sum at once, where the planner (a fused cross-entropy) counts the logits
-    once, compared as an activation here. FSDP2's reduce-scatter input at the syncing micro-batch
-    is named where the planner has no gradient-bucket term (ZeRO-1)."""
-    at = e.temporary_at
-    if not at:
+def attention_saved(spec, parallel, compute_dtype: str = "bf16", seqs: tuple[int, int] = (16, 32)) -> float:
+    """Bytes the runtime's core attention saves for its backward, for one layer and micro-batch at
+    the layout's size, measured with the kernel PyTorch picks on this machine (SDPA's CPU flash
+    kernel needs equal q/k and v head dims; otherwise its math kernel, which computes bf16 in
+    fp32): the distinct storages its autograd saves (the output excluded: it is the output
+    projection's input, counted there) at two short sequence lengths, fitted as a s^2 + b s."""
+    import torch
+
+    from dayzero.runtime.models.attention import CoreAttention
+
+    a, p = spec.attention, parallel
+    heads = max(1, a.heads // p.tp)
+    kv = heads if a.kind == "mla" else max(1, a.kv_heads // p.tp)
+    dtype = getattr(torch, DTYPES[compute_dtype])
+    core = CoreAttention(a.head_dim ** -0.5)
+    sizes = []
+    for n in seqs:
+        q = torch.zeros(1, heads, n, a.head_dim, dtype=dtype, requires_grad=True)
+        k = torch.zeros(1, kv, n, a.head_dim, dtype=dtype, requires_grad=True)
+        v = torch.zeros(1, kv, n, a.v_head_dim, dtype=dtype, requires_grad=True)
+        saved: dict = {}
+
+        def pack(t, saved=saved):
+            st = t.untyped_storage()
+            saved[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = core(q, k, v)
+        saved.pop(out.untyped_storage().data_ptr(), None)
+        sizes.append(sum(saved.values()))
+    s1, s2 = seqs
+    quad = (sizes[1] - sizes[0] * s2 / s1) / (s2 * s2 - s1 * s2)
+    lin = (sizes[0] - quad * s1 * s1) / s1
+    return p.mbs * (quad * p.seq ** 2 + lin * p.seq)
+
+
+def _attention_planned(spec, parallel, compute_dtype: str) -> float:
+    """What the planner's runtime model counts for the same tensors: q, k, v and the scores (eager
+    attention) or the log-sum-exp (a fused kernel), one layer and micro-batch."""
+    from dayzero.planner.activations import Dims, attention_terms
+    from dayzero.validate.predicted import memory_options, runtime_layout
+
+    p = runtime_layout(parallel)
+    opts = memory_options(None, compute_dtype, spec, p, "cpu")
+    d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel, fp8=False)
+    t = attention_terms(spec, opts, d)
+    return float(sum(float(t[k]) for k in ("q", "k", "v", "attn_scores", "attn_lse") if k in t))
+
+
+def explain_attention(e: ExactStage, spec, parallel, compute_dtype: str, layers: int) -> tuple[int, str]:
+    """Bytes and words for saved attention tensors kept at another size than the planner counts:
+    the kernel's measured saved bytes (:func:`attention_saved`) against the planner's terms, times
+    the layers whose attention is saved at the stage's activation maximum (no recompute: every
+    layer of the stage, for each micro-batch in flight)."""
+    p = parallel
+    if p.recompute != "none" or not layers:
         return 0, ""
-    live = at.get("live", [])
-    logits = terms.get("temporary:logits", 0)
-    half = logits / 2  # one micro-batch's logits in bf16; the fp32 ones are 2 halves
+    inflight = 1 if p.pp == 1 else (p.microbatches if p.schedule == "gpipe" else min(p.pp - e.stage, p.microbatches))
+    kernel, planned = attention_saved(spec, p, compute_dtype), _attention_planned(spec, p, compute_dtype)
+    extra = (kernel - planned) * layers * inflight
+    if abs(extra) < MIB:
+        return 0, ""
+    a = spec.attention
+    why = (f"SDPA's math kernel (v head dim {a.v_head_dim} != q/k {a.head_dim} rules out the CPU flash kernel) "
+           "computes in fp32 and saves the scores and q, k, v as fp32 copies" if a.head_dim != a.v_head_dim else
+           "the attention kernel saves other tensors than the planner counts")
+    return int(extra), (f"attention: {why}: {_mib(kernel)} per layer and micro-batch, measured on a probe of the "
+                        f"runtime's attention at this layout's heads, where the planner counts {_mib(planned)} (q, k, "
+                        f"v and the scores or log-sum-exp in the compute dtype): {_mib(extra)} more over {layers} "
+                        f"layers x {inflight} micro-batch(es) in flight")
 
-    def loss_sized(b):  # 1 to 4 fp32 logits (or a bf16 copy): the cross-entropy backward's buffers
-        r = b / half if half else 0
-        return 1 <= round(r) <= 8 and abs(r - round(r)) <= 0.01 * r
 
-    loss = [b for kind, b in live if kind == "Temp" and loss_sized(b)]
+def _recomputed_planned(spec, parallel, compute_dtype: str) -> float:
+    """The part of the planner's layer_transient that is one layer's recomputed activations (full:
+    the layer's activations beyond its input; selective: its core attention), for the layer kind
+    whose transient is largest."""
+    from dayzero.planner.activations import Dims, layer_activation
+    from dayzero.validate.predicted import memory_options, runtime_layout
+
+    p = runtime_layout(parallel)
+    if p.recompute == "none":
+        return 0.0
+    opts = memory_options(None, compute_dtype, spec, p, "cpu")
+    d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel, fp8=False)
+    best = (-1.0, 0.0)
+    for kind in set(spec.layer_kinds):
+        a = layer_activation(spec, kind, opts, d)
+        rc = float(a.core) if p.recompute == "selective" else float(a.none - a.full)
+        best = max(best, (float(a.largest) + rc, rc))
+    return best[1]
+
+
+def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: str = "bf16") -> list[dict]:
+    """The exact temporary maximum's live buffers (``temporary_at``), sorted into the planner's
+    transient terms, each with the planner's bytes for it (the planner's one-layer transient split
+    into its score matrix, its recomputed activations and the rest): ``loss backward`` (buffers of a whole
+    number of one micro-batch's logits, live outside the decoder layers; planner 0, a fused
+    cross-entropy), ``attention backward`` (buffers of one micro-batch's s x s scores, in an
+    attention module; planner: its eager score term), ``parameter gathers`` (all-gather outputs and
+    gathered parameters; planner: zero3_gather), ``gradient buffers`` (reduce-scatter inputs,
+    unsharded gradients, and inside a decoder layer gradients of the embedding's or head's size,
+    which FSDP2 reduces only at the end of backward; planner: grad_reduce), ``recomputed
+    activations`` (exact 0: the tracker files them as activations) and ``layer backward``
+    (the rest, buffers under 1 MiB included; planner: layer_transient's rest and the
+    communication buffers)."""
+    at = e.temporary_at
+    live, module = at.get("live", []), at.get("module", "") or ""
+    b = 2 if compute_dtype == "bf16" else 4
+    in_layer = ".layers." in f".{module}."
+    half = terms.get("temporary:logits", 0) / 2  # one micro-batch's logits in bf16; the fp32 ones are 2 halves
+    a, p = spec.attention, parallel
+    score = p.mbs * max(1, a.heads // p.tp) * (p.seq / p.cp) * p.seq * b  # one s x s score matrix
+    root = spec.vocab * spec.hidden / p.tp * b  # the embedding's (or head's) local weight
+
+    def multiple(n, unit, most):
+        r = n / unit if unit else 0
+        return 1 <= round(r) <= most and abs(r - round(r)) <= 0.01 * r
+
+    cls = {"loss backward": 0, "attention backward": 0, "parameter gathers": 0, "gradient buffers": 0,
+           "recomputed activations": 0, "layer backward": 0}
+    for kind, n in live:
+        if kind in ("All Gather", "Unsharded Param"):
+            cls["parameter gathers"] += n
+        elif kind in ("Reduce Scatter", "Unsharded Grad"):
+            cls["gradient buffers"] += n
+        elif not in_layer and multiple(n, half, 8):
+            cls["loss backward"] += n
+        elif "attention" in module and score >= 64 * MIB and multiple(n, score, 2 * 4 // b):
+            cls["attention backward"] += n
+        elif in_layer and multiple(n, root, 2):
+            cls["gradient buffers"] += n
+        else:
+            cls["layer backward"] += n
+    cls["layer backward"] += max(0, int(at.get("bytes", e.categories["temporary"])) - sum(n for _, n in live))
+    t = lambda k: float(terms.get(f"temporary:{k}", 0))  # noqa: E731
+    scores_planned = min(t("layer_transient"), score) if cls["attention backward"] else 0.0
+    recomputed = min(t("layer_transient") - scores_planned, _recomputed_planned(spec, parallel, compute_dtype))
+    comm = {k: t(k) for k in ("ep_a2a", "sp_gather", "cp_ring", "pp_p2p") if t(k)}
+    planned = {"loss backward": (0.0, "none: a fused cross-entropy"),
+               "attention backward": (scores_planned, "the eager score matrix of layer_transient"),
+               "parameter gathers": (t("zero3_gather"), "zero3_gather"),
+               "gradient buffers": (t("grad_reduce"), "grad_reduce"),
+               "recomputed activations": (recomputed, "the recomputed layer of layer_transient"),
+               "layer backward": (t("layer_transient") - scores_planned - recomputed + sum(comm.values()),
+                                  " + ".join(["layer_transient" + (" (rest)" if scores_planned or recomputed else "")]
+                                             + list(comm)))}
+    why = {"loss backward": "the eager cross-entropy backward's buffers (gradient, softmax, their sum, dtype "
+                            "casts) live at once",
+           "attention backward": "SDPA's math kernel's softmax backward holds the probabilities and their gradient "
+                                 "in fp32 (CPU; see the activations row)",
+           "parameter gathers": "FSDP2 keeps the root unit (embedding, head) gathered through the backward, with "
+                                "the current and the prefetched layer; the planner counts 2 of the largest unit",
+           "gradient buffers": "FSDP2's reduce-scatter input (a copy of one unit's unsharded gradients at the "
+                               "syncing micro-batch) and the root unit's (embedding, head) unsharded gradients, "
+                               "reduced only at the end of backward" + ("" if t("grad_reduce") else
+                                                                      "; the planner counts them only under "
+                                                                      "ZeRO-2/3"),
+           "recomputed activations": "FSDPMemTracker files tensors recomputed in backward as activations, not "
+                                     "temporaries, so the exact temporary has none",
+           "layer backward": "one layer's backward temporaries (gradients in flight), buffers "
+                             "under 1 MiB and communication buffers" + ("" if in_layer else
+                                                                        "; not live at this op (the maximum is "
+                                                                        "outside the decoder layers), the planner "
+                                                                        "adds it to the other terms")}
+    return [{"term": k, "exact": int(v), "analytic": int(planned[k][0]), "planner_term": planned[k][1],
+             "why": why[k]} for k, v in cls.items() if v or planned[k][0]]
+
+
+def explain_temporary(e: ExactStage, terms: dict, spec=None, parallel=None, compute_dtype: str = "bf16",
+                      tolerance: float = 0.10) -> tuple[int, str]:
+    """Bytes and words for the temporary maximum, term by term: the exact run's largest set of
+    buffers live at one op, sorted into the planner's transient terms (:func:`temporary_terms`).
+    Every term but ``layer backward`` is a named mechanism the planner does not model as the
+    runtime runs it, so its difference is explained; ``layer backward`` is the term the two
+    models both claim to count, and is explained only when it is not live at the maximum (an op
+    outside the decoder layers). What is left is named when it exceeds ``tolerance``."""
+    at = e.temporary_at
+    if not at or spec is None:
+        return 0, ""
+    rows = temporary_terms(e, terms, spec, parallel, compute_dtype)
     where = f"{at['phase']} of {at['module'] or 'the model'} at {at['op']}"
-    sizes = ", ".join(_mib(b) for _, b in live[:6]) + (f" and {len(live) - 6} more" if len(live) > 6 else "")
-    an = [f"{k.split(':', 1)[1]} {_mib(v)}" for k, v in terms.items()
-          if k.startswith("temporary:") and k != "temporary:logits" and v > 0]
-    text = (f"exact is the largest set live at one op ({where}: {sizes or 'nothing over 1 MiB'}); analytic sums every "
-            f"transient ({', '.join(an) or 'none'})")
-    explained = sum(loss)
-    if loss:
-        text += (f"; {', '.join(_mib(b) for b in loss)} are multiples of one micro-batch's logits ({_mib(logits)} "
-                 "in fp32): the eager cross-entropy backward's buffers (gradient, softmax, their sum, dtype casts) "
-                 "live at once, which the planner's fused cross-entropy does not keep")
-    grads = sum(b for kind, b in live if kind == "Unsharded Grad")
-    if grads:
-        text += (f"; {_mib(grads)} are unsharded gradients awaiting their reduce-scatter (FSDP2 frees the root "
-                 "unit's - embedding, head - only at the end of backward)")
-    rs = sum(b for kind, b in live if kind == "Reduce Scatter")
-    if rs and not terms.get("temporary:grad_reduce"):
-        explained += rs
-        text += (f"; {_mib(rs)} is FSDP2's reduce-scatter input (a copy of one unit's unsharded gradients at the "
-                 "syncing micro-batch), which the planner counts only under ZeRO-2/3")
+    parts, explained, left = [], 0, 0
+    for r in rows:
+        diff = r["exact"] - r["analytic"]
+        layer = r["term"] == "layer backward"
+        if layer and r["exact"] > 0.05 * max(r["analytic"], 1):
+            left = diff
+        else:
+            explained += diff
+        parts.append(f"{r['term']} {_mib(r['exact'])} vs {_mib(r['analytic'])} ({r['planner_term']}): {r['why']}")
+    text = f"term by term at the exact maximum ({where}; exact vs planner): " + "; ".join(parts)
+    total = e.categories["temporary"]
+    if total and abs(left) > tolerance * total:
+        text += (f"; remaining: layer backward, {_mib(abs(left))} {'more' if left > 0 else 'less'} live than the "
+                 "planner's one-layer transient")
     return int(explained), text
 
 
@@ -442,8 +598,10 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
         an["temporary"] -= logits
         ex = e.categories
         grads = explain_gradients(e)
-        notes = {"gradients": (0, "") if t_grads else grads, "temporary": explain_temporary(e, s.terms),
-                 "optimizer": explain_uneven(e, 12, "fp32 master weights and AdamW moments")}
+        notes = {"gradients": (0, "") if t_grads else grads,
+                 "temporary": explain_temporary(e, s.terms, spec, parallel, compute_dtype, tolerance),
+                 "optimizer": explain_uneven(e, 12, "fp32 master weights and AdamW moments"),
+                 "activations": explain_attention(e, spec, parallel, compute_dtype, len(s.layers))}
         if runtime_layout(parallel).zero >= 2:  # the gradients the planner counts are sharded
             notes["gradients"] = _join(notes["gradients"], explain_uneven(e, 4, "sharded fp32 gradients"))
         if t_grads and grads[0]:
