@@ -583,7 +583,9 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
     Where they differ by more than ``tolerance`` for a reason the exact run measures (a gradient
     kept replicated, the loss backward's buffers), the row's ``explanation`` says what and how
     much (``explained`` bytes), and ``residual`` is the error left once those are added to the
-    analytic figure; ``explained`` is true when that residual is within the tolerance."""
+    analytic figure; ``explained`` is true when that residual is within the tolerance. A temporary
+    row also holds ``terms``: the exact maximum's live buffers against the planner's transient
+    terms, one by one (:func:`temporary_terms`)."""
     from dayzero.validate.predicted import runtime_layout
 
     exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
@@ -618,6 +620,8 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
                          "explained_bytes": int(extra) if text else 0, "residual": residual,
                          "explained": bool(both and not within and text and abs(residual) <= tolerance),
                          "explanation": text if text and not within else ""})
+            if c == "temporary" and e.temporary_at:  # the same, as data: exact vs planner per transient term
+                rows[-1]["terms"] = temporary_terms(e, s.terms, spec, parallel, compute_dtype)
         total_an = sum(an.values())
         rows.append({"stage": e.stage, "category": "peak", "analytic": int(total_an), "exact": e.peak_bytes,
                      "rel_error": (total_an - e.peak_bytes) / e.peak_bytes, "compared": True,
