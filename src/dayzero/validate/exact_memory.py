@@ -490,23 +490,24 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
         r = n / unit if unit else 0
         return 1 <= round(r) <= most and abs(r - round(r)) <= 0.01 * r
 
-    cls = {"loss backward": 0, "attention backward": 0, "parameter gathers": 0, "gradient buffers": 0,
-           "recomputed activations": 0, "layer backward": 0}
+    cls = {"loss backward": [], "attention backward": [], "parameter gathers": [], "gradient buffers": [],
+           "recomputed activations": [], "layer backward": []}
     for kind, n in live:
         if kind in ("All Gather", "Unsharded Param"):
-            cls["parameter gathers"] += n
+            cls["parameter gathers"].append(n)
         elif kind in ("Reduce Scatter", "Unsharded Grad"):
-            cls["gradient buffers"] += n
+            cls["gradient buffers"].append(n)
         elif not in_layer and multiple(n, half, 8):
-            cls["loss backward"] += n
+            cls["loss backward"].append(n)
         elif "attention" in module and score >= 64 * MIB and multiple(n, score, 2 * 4 // b):
-            cls["attention backward"] += n
+            cls["attention backward"].append(n)
         elif in_layer and multiple(n, root, 2):
-            cls["gradient buffers"] += n
+            cls["gradient buffers"].append(n)
         else:
-            cls["layer backward"] += n
-    cls["layer backward"] += max(0, int(at.get("bytes", e.categories["temporary"])) - sum(n for _, n in live))
+            cls["layer backward"].append(n)
+    small = max(0, int(at.get("bytes", e.categories["temporary"])) - sum(n for _, n in live))  # buffers < 1 MiB
     t = lambda k: float(terms.get(f"temporary:{k}", 0))  # noqa: E731
+    exact = {k: sum(v) + (small if k == "layer backward" else 0) for k, v in cls.items()}
     scores_planned = min(t("layer_transient"), score) if cls["attention backward"] else 0.0
     recomputed = min(t("layer_transient") - scores_planned, _recomputed_planned(spec, parallel, compute_dtype))
     comm = {k: t(k) for k in ("ep_a2a", "sp_gather", "cp_ring", "pp_p2p") if t(k)}
@@ -537,7 +538,25 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
                                                                         "outside the decoder layers), the planner "
                                                                         "adds it to the other terms")}
     return [{"term": k, "exact": int(v), "analytic": int(planned[k][0]), "planner_term": planned[k][1],
-             "why": why[k]} for k, v in cls.items() if v or planned[k][0]]
+             "why": why[k], "buffers": [int(n) for n in cls[k]], "under_1_mib": int(small if k == "layer backward"
+                                                                                     else 0)}
+            for k, v in exact.items() if v or planned[k][0]]
+
+
+def _widths(buffers, module: str, spec, parallel, compute_dtype: str) -> str:
+    """A dense layer's backward buffers in the units the planner's eager backward term counts: one
+    micro-batch's tensors of the MLP width and of the hidden width (it assumes 4 and 2 of them for
+    a gated MLP, :func:`dayzero.planner.activations.eager_backward_transient`)."""
+    if ".layers." not in f".{module}." or "moe" in module or not spec.mlp.gated:
+        return ""
+    p, b = parallel, 2 if compute_dtype == "bf16" else 4
+    tok = p.mbs * p.seq / p.cp
+    mlp, hid = tok * spec.mlp.intermediate / p.tp * b, tok * spec.hidden * b
+    n_mlp = sum(round(n / mlp) for n in buffers if n >= mlp * 0.99 and abs(n / mlp - round(n / mlp)) < 0.01)
+    n_hid = sum(round(n / hid) for n in buffers if hid * 0.99 <= n < mlp * 0.99
+                and abs(n / hid - round(n / hid)) < 0.01)
+    return (f"; that is {n_mlp} tensors' worth of the MLP width ({_mib(mlp)}) and {n_hid} of the hidden width "
+            f"({_mib(hid)}), where the planner's eager backward counts 4 and 2")
 
 
 def explain_temporary(e: ExactStage, terms: dict, spec=None, parallel=None, compute_dtype: str = "bf16",
@@ -553,12 +572,18 @@ def explain_temporary(e: ExactStage, terms: dict, spec=None, parallel=None, comp
         return 0, ""
     rows = temporary_terms(e, terms, spec, parallel, compute_dtype)
     where = f"{at['phase']} of {at['module'] or 'the model'} at {at['op']}"
-    parts, explained, left = [], 0, 0
+    parts, explained, left, listed = [], 0, 0, ""
     for r in rows:
         diff = r["exact"] - r["analytic"]
         layer = r["term"] == "layer backward"
         if layer and r["exact"] > 0.05 * max(r["analytic"], 1):
             left = diff
+            sizes = sorted(r["buffers"], reverse=True)
+            groups = [f"{_mib(n)}" + (f" x {sizes.count(n)}" if sizes.count(n) > 1 else "")
+                      for n in sorted(set(sizes), reverse=True)]
+            listed = ", ".join(groups[:8] + ([f"{len(groups) - 8} more sizes"] if len(groups) > 8 else [])
+                               + [f"{_mib(r['under_1_mib'])} in buffers under 1 MiB"])
+            listed += _widths(r["buffers"], at.get("module", "") or "", spec, parallel, compute_dtype)
         else:
             explained += diff
         parts.append(f"{r['term']} {_mib(r['exact'])} vs {_mib(r['analytic'])} ({r['planner_term']}): {r['why']}")
@@ -566,7 +591,7 @@ def explain_temporary(e: ExactStage, terms: dict, spec=None, parallel=None, comp
     total = e.categories["temporary"]
     if total and abs(left) > tolerance * total:
         text += (f"; remaining: layer backward, {_mib(abs(left))} {'more' if left > 0 else 'less'} live than the "
-                 "planner's one-layer transient")
+                 f"planner's one-layer transient (live: {listed})")
     return int(explained), text
 
 
