@@ -444,39 +444,19 @@ def explain_attention(e: ExactStage, spec, parallel, compute_dtype: str, layers:
                         f"layers x {inflight} micro-batch(es) in flight")
 
 
-def _recomputed_planned(spec, parallel, compute_dtype: str) -> float:
-    """The part of the planner's layer_transient that is one layer's recomputed activations (full:
-    the layer's activations beyond its input; selective: its core attention), for the layer kind
-    whose transient is largest."""
-    from dayzero.planner.activations import Dims, layer_activation
-    from dayzero.validate.predicted import memory_options, runtime_layout
-
-    p = runtime_layout(parallel)
-    if p.recompute == "none":
-        return 0.0
-    opts = memory_options(None, compute_dtype, spec, p, "cpu")
-    d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel, fp8=False)
-    best = (-1.0, 0.0)
-    for kind in set(spec.layer_kinds):
-        a = layer_activation(spec, kind, opts, d)
-        rc = float(a.core) if p.recompute == "selective" else float(a.none - a.full)
-        best = max(best, (float(a.largest) + rc, rc))
-    return best[1]
-
-
 def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: str = "bf16") -> list[dict]:
     """The exact temporary maximum's live buffers (``temporary_at``), sorted into the planner's
     transient terms, each with the planner's bytes for it (the planner's one-layer transient split
-    into its score matrix, its recomputed activations and the rest): ``loss backward`` (buffers of a whole
+    into its score matrix and the rest): ``loss backward`` (buffers of a whole
     number of one micro-batch's logits, live outside the decoder layers; planner 0, a fused
     cross-entropy), ``attention backward`` (buffers of one micro-batch's s x s scores, in an
     attention module; planner: its eager score term), ``parameter gathers`` (all-gather outputs and
     gathered parameters; planner: zero3_gather), ``gradient buffers`` (reduce-scatter inputs,
     unsharded gradients, and inside a decoder layer gradients of the embedding's or head's size,
-    which FSDP2 reduces only at the end of backward; planner: grad_reduce), ``recomputed
-    activations`` (exact 0: the tracker files them as activations) and ``layer backward``
-    (the rest, buffers under 1 MiB included; planner: layer_transient's rest and the
-    communication buffers)."""
+    which FSDP2 reduces only at the end of backward; planner: grad_reduce) and ``layer backward``
+    (the rest: a layer's recomputed tensors and gradients in flight, which the tracker files as
+    temporaries, and buffers under 1 MiB; planner: layer_transient's rest and the communication
+    buffers)."""
     at = e.temporary_at
     live, module = at.get("live", []), at.get("module", "") or ""
     b = 2 if compute_dtype == "bf16" else 4
@@ -491,7 +471,7 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
         return 1 <= round(r) <= most and abs(r - round(r)) <= 0.01 * r
 
     cls = {"loss backward": [], "attention backward": [], "parameter gathers": [], "gradient buffers": [],
-           "recomputed activations": [], "layer backward": []}
+           "layer backward": []}
     for kind, n in live:
         if kind in ("All Gather", "Unsharded Param"):
             cls["parameter gathers"].append(n)
@@ -509,15 +489,13 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
     t = lambda k: float(terms.get(f"temporary:{k}", 0))  # noqa: E731
     exact = {k: sum(v) + (small if k == "layer backward" else 0) for k, v in cls.items()}
     scores_planned = min(t("layer_transient"), score) if cls["attention backward"] else 0.0
-    recomputed = min(t("layer_transient") - scores_planned, _recomputed_planned(spec, parallel, compute_dtype))
     comm = {k: t(k) for k in ("ep_a2a", "sp_gather", "cp_ring", "pp_p2p") if t(k)}
     planned = {"loss backward": (0.0, "none: a fused cross-entropy"),
                "attention backward": (scores_planned, "the eager score matrix of layer_transient"),
                "parameter gathers": (t("zero3_gather"), "zero3_gather"),
                "gradient buffers": (t("grad_reduce"), "grad_reduce"),
-               "recomputed activations": (recomputed, "the recomputed layer of layer_transient"),
-               "layer backward": (t("layer_transient") - scores_planned - recomputed + sum(comm.values()),
-                                  " + ".join(["layer_transient" + (" (rest)" if scores_planned or recomputed else "")]
+               "layer backward": (t("layer_transient") - scores_planned + sum(comm.values()),
+                                  " + ".join(["layer_transient" + (" (rest)" if scores_planned else "")]
                                              + list(comm)))}
     why = {"loss backward": "the eager cross-entropy backward's buffers (gradient, softmax, their sum, dtype "
                             "casts) live at once",
@@ -530,9 +508,7 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
                                "reduced only at the end of backward" + ("" if t("grad_reduce") else
                                                                       "; the planner counts them only under "
                                                                       "ZeRO-2/3"),
-           "recomputed activations": "FSDPMemTracker files tensors recomputed in backward as activations, not "
-                                     "temporaries, so the exact temporary has none",
-           "layer backward": "one layer's backward temporaries (gradients in flight), buffers "
+           "layer backward": "one layer's backward temporaries (its recomputed tensors, gradients in flight), buffers "
                              "under 1 MiB and communication buffers" + ("" if in_layer else
                                                                         "; not live at this op (the maximum is "
                                                                         "outside the decoder layers), the planner "
@@ -556,7 +532,8 @@ def _widths(buffers, module: str, spec, parallel, compute_dtype: str) -> str:
     n_hid = sum(round(n / hid) for n in buffers if hid * 0.99 <= n < mlp * 0.99
                 and abs(n / hid - round(n / hid)) < 0.01)
     return (f"; that is {n_mlp} tensors' worth of the MLP width ({_mib(mlp)}) and {n_hid} of the hidden width "
-            f"({_mib(hid)}), where the planner's eager backward counts 4 and 2")
+            f"({_mib(hid)}), where the planner's eager backward counts 4 and 2"
+            + (" besides the recomputed layer" if parallel.recompute != "none" else ""))
 
 
 def explain_temporary(e: ExactStage, terms: dict, spec=None, parallel=None, compute_dtype: str = "bf16",
