@@ -24,6 +24,7 @@ DEFAULTS_DIFFER = {
     "--nproc": "calibrate measures 1 rank by default; validate/train their layout's world",
     "--manifest": "ops reads a backend manifest; other verbs none",
     "--gbs": "sizes are resolved per verb from the layout",
+    "--global-batch-size": "the Megatron spelling of --gbs, same defaults",
     "--zero": "planner verbs default to ZeRO-1 (Megatron's distributed optimizer); the runtime alike",
 }
 
@@ -62,10 +63,15 @@ def _kind(p) -> str:
 
 
 # plan pins each layout dimension to a candidate list ("--tp 4,8"; absent: search all), so its layout
-# flags are comma-separated text with no default, where the other verbs take one value
+# flags (and their Megatron-style aliases) are comma-separated text with no default, where the other
+# verbs take one value
 CANDIDATE_LISTS = {("plan", f) for f in ("--tp", "--pp", "--dp", "--cp", "--ep", "--etp", "--vpp", "--mbs", "--zero",
                                          "--recompute", "--schedule",
                                          "--sequence-parallel")}
+
+
+def _candidate_list(path, p) -> bool:
+    return any((path, o) in CANDIDATE_LISTS for o in p.opts)
 
 
 def test_no_retired_spelling_is_used():
@@ -76,7 +82,7 @@ def test_no_retired_spelling_is_used():
 def test_a_flag_has_one_type_and_one_default_everywhere():
     seen: dict[str, dict] = {}
     for path, opt, p in _options():
-        if (path, opt) not in CANDIDATE_LISTS:
+        if not _candidate_list(path, p):
             seen.setdefault(opt, {})[path] = (_kind(p), p.default)
     conflicts = []
     for opt, by_verb in seen.items():
@@ -86,6 +92,17 @@ def test_a_flag_has_one_type_and_one_default_everywhere():
         defaults = {repr(d) for _, d in by_verb.values()}
         if len(defaults) > 1 and opt not in DEFAULTS_DIFFER:
             conflicts.append(f"{opt}: defaults {sorted(defaults)} in {sorted(by_verb)}")
+    assert not conflicts, conflicts
+
+
+def test_a_flag_has_the_same_aliases_everywhere():
+    """--tp is --tensor-model-parallel-size on every verb that takes it (plan's pins included)."""
+    spellings: dict[str, dict] = {}
+    for path, opt, p in _options():
+        longs = tuple(sorted(o for o in p.opts if o.startswith("--")))
+        spellings.setdefault(opt, {}).setdefault(longs, []).append(path)
+    conflicts = [f"{opt}: {' | '.join(f'{list(k)} in {sorted(v)}' for k, v in by.items())}"
+                 for opt, by in spellings.items() if len(by) > 1]
     assert not conflicts, conflicts
 
 
@@ -119,14 +136,57 @@ def test_plan_pins_every_searched_dimension():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["plan", "mixtral-8x7b", "-a", "h100", "-n", "64", "--gbs", "128", "--seq", "4096", "--top", "3",
-                     "--tp", "2", "--pp", "2", "--ep", "4", "--etp", "1", "--vpp", "2", "--mbs", "1", "--zero", "1",
-                     "--recompute", "selective", "--sequence-parallel", "on", "--json"]) == 0
+                     "--tp", "4", "--pp", "4", "--dp", "4", "--cp", "1", "--ep", "4", "--etp", "1", "--vpp", "2",
+                     "--schedule", "interleaved", "--mbs", "1", "--zero", "1", "--recompute", "selective",
+                     "--sequence-parallel", "on", "--json"]) == 0
     plans = json.loads(out.getvalue())["plans"]
     assert plans
     for p in plans:
         q = p["parallel"]
-        assert (q["tp"], q["pp"], q["ep"], q["etp"], q["vpp"], q["mbs"], q["zero"], q["recompute"],
-                q["sequence_parallel"]) == (2, 2, 4, 1, 2, 1, 1, "selective", True)
+        assert (q["tp"], q["pp"], q["dp"], q["cp"], q["ep"], q["etp"], q["vpp"], q["schedule"], q["mbs"], q["zero"],
+                q["recompute"], q["sequence_parallel"]) == (4, 4, 4, 1, 4, 1, 2, "interleaved", 1, 1, "selective",
+                                                            True)
+
+
+def test_plan_pins_dp_and_schedule_in_every_plan():
+    """A dp or schedule pin holds in every plan shown, the Megatron spellings included."""
+    import contextlib
+    import io
+    import json
+
+    from dayzero.cli.app import main
+
+    for dp, schedule in (("8", "gpipe"), ("4,16", "1f1b")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["plan", "llama-3.1-8b", "-a", "h100", "-n", "64", "--gbs", "128", "--top", "4",
+                         "--dp", dp, "--schedule", schedule, "--pipeline-model-parallel-size", "1,2,4",
+                         "--json"]) == 0
+        plans = json.loads(out.getvalue())["plans"]
+        assert len(plans) == 4
+        for p in plans:
+            q = p["parallel"]
+            assert str(q["dp"]) in dp.split(",") and q["schedule"] == schedule and q["pp"] in (1, 2, 4)
+            if schedule == "1f1b":
+                assert q["vpp"] == 1
+
+
+def test_a_pin_no_layout_satisfies_is_one_line_naming_why(capsys):
+    from dayzero.cli.app import main
+
+    base = ["plan", "llama-3.1-8b", "-a", "h100", "-n", "64", "--gbs", "128"]
+    for extra, needle in ((["--schedule", "interleaved", "--vpp", "1"], "3,456 rejected: the interleaved schedule "
+                                                                         "needs vpp > 1, got vpp 1"),
+                          (["--dp", "7"], "--dp 7: dp must divide the 64 devices"),
+                          (["--tp", "3"], "attention heads (32) must be divisible by tp (3)"),
+                          (["--dp", "64", "--tp", "2"], "dp 32 = 64 devices / (tp*pp*cp = 2*1*1) is not among "
+                                                        "--dp 64"),
+                          (["--schedule", "zb"], "schedule must be 1f1b|interleaved|gpipe, got 'zb'")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        err = [line for line in err if not line.startswith("config keys not used")]
+        assert len(err) == 1 and needle in err[0], (extra, err)
+        assert "Traceback" not in err[0]
 
 
 def test_train_and_validate_take_a_plan_file(tmp_path):

@@ -44,10 +44,11 @@ def test_etp_must_divide_tp_in_problems_and_in_the_search():
     assert p.problems() == ["etp 3 must divide tp 4 (each expert's tensor-parallel group lies inside a tp group)"]
     assert not mask(encode([p]))[0]
     assert mask(encode([p.with_(etp=2)]))[0] and mask(encode([p.with_(etp=1)]))[0]
-    # the search never builds it: with tp 4 and etp 3 every layout is indivisible
+    # the search never builds it: with tp 4 and etp 3 every layout is indivisible, and the error says
+    # so for all 24 (ep 2 options x zero 4 x recompute 3)
     space = SearchSpace(tp=(4,), etp=(3,), ep=(1, 2), pp=(1,), cp=(1,), vpp=(1,), mbs=(1,))
-    bases, considered, indivisible, _ = enumerate_layouts(MIXTRAL, 12, 24, 4096, space)
-    assert len(bases["tp"]) == 0 and indivisible == considered > 0
+    with pytest.raises(LayoutError, match=r"24 rejected: etp 3 must divide tp 4 \(each"):
+        enumerate_layouts(MIXTRAL, 12, 24, 4096, space)
 
 
 # -- the encoding ------------------------------------------------------------------------------------
@@ -136,6 +137,51 @@ def test_search_bases_are_exactly_the_layouts_problems_accepts():
     assert got == want and len(want) > 100
     assert considered == n * variants
     assert indivisible == (n - len(want)) * variants
+
+
+def test_dp_and_schedule_pins_enumerate_exactly_the_layouts_inside_them():
+    """Brute force: with dp and the schedule pinned the bases are the valid layouts whose derived dp
+    is pinned and whose schedule runs as named (1f1b: vpp 1, interleaved: vpp > 1, gpipe: any);
+    layouts outside the pins are not considered, the rest are bases or indivisible."""
+    devices, gbs, seq = 24, 48, 4096
+    space = SearchSpace(tp=(1, 2, 4), pp=(1, 2, 3), cp=(1, 2), ep=(1, 2), etp=(1,), vpp=(1, 2), mbs=(1, 2),
+                        zero=(1,), recompute=("none",), sequence_parallel=(False,), dp=(2, 3, 4),
+                        schedule=("1f1b", "interleaved", "gpipe"))
+    bases, considered, indivisible, variants = enumerate_layouts(MIXTRAL, devices, gbs, seq, space)
+    got = {tuple(int(bases[k][i]) for k in FIELDS if k not in ("zero", "recompute")) for i in range(len(bases["tp"]))}
+    want, inside = set(), 0
+    for tp, pp, cp, ep, vpp, sched, mbs in itertools.product(space.tp, space.pp, space.cp, space.ep, space.vpp,
+                                                             space.schedule, space.mbs):
+        dp = devices // (tp * pp * cp)
+        if dp not in space.dp or (sched == "1f1b") != (vpp == 1) and sched != "gpipe":
+            continue
+        inside += 1
+        p = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq, schedule=sched)
+        if bool(space_mask(encode([p]), MIXTRAL)[0]) and valid_everywhere(MIXTRAL, p, devices):
+            c = columns(p)
+            want.add(tuple(c[k] for k in FIELDS if k not in ("zero", "recompute")))
+    assert got == want and len(want) > 10
+    assert {SCHEDULES[s] for s in bases["schedule"]} == {"1f1b", "interleaved", "gpipe"}
+    assert set(bases["dp"].tolist()) <= {2, 3, 4}
+    assert considered == inside * variants and indivisible == (inside - len(want)) * variants
+
+
+def test_a_pin_no_layout_passes_names_the_rules_that_rejected_it():
+    cluster = build_cluster("h100", 16)
+    cases = ((SearchSpace(schedule=("1f1b",), vpp=(2, 4)), "the 1f1b schedule runs one model chunk per rank, got vpp"),
+             (SearchSpace(dp=(16,), tp=(2, 4)), "is not among --dp 16"),
+             (SearchSpace(dp=(5,)), "--dp 5: dp must divide the 16 devices"),
+             (SearchSpace(tp=(8,), pp=(4,), cp=(1,)), "must equal the 16 devices"))
+    for space, needle in cases:
+        with pytest.raises(LayoutError, match="no layout of llama-3.1-8b on 16 devices passes|dp must divide") as e:
+            search(LLAMA, cluster, 64, 4096, space=space)
+        assert needle in str(e.value) and "\n" not in str(e.value)
+        if "passes" in str(e.value):
+            assert space.pins() in str(e.value)
+    # the counts are layouts: a stage's rejected rows times the options not expanded yet
+    with pytest.raises(LayoutError) as e:
+        search(LLAMA, cluster, 64, 4096, space=SearchSpace(tp=(8,), pp=(4,), cp=(1,), mbs=(1, 2), zero=(1, 3)))
+    assert "rejected: tp*cp*dp*pp = 8*1*0*4 = 0 must equal the 16 devices" in str(e.value)
 
 
 def test_search_rejects_options_no_layout_could_use():

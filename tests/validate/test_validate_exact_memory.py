@@ -111,3 +111,4 @@ def test_exact_cli_json(capsys):
     assert main(["memory", "tiny-llama", "--accelerator", "h100", "--devices", "2", "--pp", "2", "--vpp", "2",
                  "--gbs", "4", "--seq", "128", "--exact"]) == 2
     assert "vpp 1" in capsys.readouterr().err
+

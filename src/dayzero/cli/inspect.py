@@ -24,8 +24,8 @@ from dayzero.cli.render import FitTable
 def inspect_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
                                               "one.")],
-    seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length for FLOPs (default: min(max positions, "
-                                                             "4096)).")] = None,
+    seq: Annotated[Optional[int], typer.Option("--seq", "--seq-length", help="Sequence length for FLOPs (default: "
+                                                                             "min(max positions, 4096)).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--full-attention", help="Count only the causal half of attention "
                                                                            "scores (default: full s x s, as Narayanan "
                                                                            "et al. 2021).")] = False,

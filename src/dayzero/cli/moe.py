@@ -23,7 +23,8 @@ def place_cmd(
     loads: Annotated[str, typer.Option("--loads", help="A run's metrics.jsonl (its expert_loads records summed) or "
                                        "a layer x expert JSON matrix: a list of rows (layers 0..L-1) or {\"layers\": "
                                        "{\"<global layer>\": row}}.")],
-    ep: Annotated[int, typer.Option("--ep", min=1, help="Expert-parallel ranks to place the experts on.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", "--expert-model-parallel-size", min=1,
+                                    help="Expert-parallel ranks to place the experts on.")] = 1,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes the EP ranks span (must divide --ep).")] = 1,
     redundant: Annotated[int, typer.Option("--redundant", min=0, help="Spare expert slots in total (replicas of hot "
                                            "experts); --ep must divide experts + redundant.")] = 0,

@@ -24,8 +24,8 @@ def ops_cmd(
                                                         "modeling_*.py: needs --trust-remote-code).")] = None,
     manifest: Annotated[str, typer.Option("--manifest", "-m", help=f"Backend manifest: {', '.join(SHIPPED)}, or a "
                                                                    "YAML file.")] = DEFAULT_MANIFEST,
-    seq: Annotated[Optional[int], typer.Option("--seq", help="Sequence length traced (default: min(max positions, "
-                                                             "4096)).")] = None,
+    seq: Annotated[Optional[int], typer.Option("--seq", "--seq-length", help="Sequence length traced (default: "
+                                                                             "min(max positions, 4096)).")] = None,
     batch: Annotated[int, typer.Option("--batch", help="Micro-batch size traced.")] = 1,
     compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="Dtype the model is traced in: bf16 | fp16 | "
                                                                        "fp32.")] = "bf16",

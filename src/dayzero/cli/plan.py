@@ -54,11 +54,14 @@ DEFAULT_CLUSTER = "ascend910b-8192"
 # (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.4.1).
 DEFAULT_GBS = 4096
 # the batch of a whole-cluster scenario (plan, day0, compare): sequences and tokens per sequence
-ScenarioGbsOpt = Annotated[int, typer.Option("--gbs", min=1, help="Global batch size, sequences.")]
-ScenarioSeqOpt = Annotated[int, typer.Option("--seq", min=1, help="Sequence length, tokens.")]
+ScenarioGbsOpt = Annotated[int, typer.Option("--gbs", "--global-batch-size", min=1,
+                                             help="Global batch size, sequences.")]
+ScenarioSeqOpt = Annotated[int, typer.Option("--seq", "--seq-length", min=1, help="Sequence length, tokens.")]
 
-def ListOpt(name: str, what: str):  # noqa: N802 (used as a type, like the other *Opt)
-    return Annotated[Optional[str], typer.Option(name, help=f"Only these {what} (comma-separated).")]
+def ListOpt(name: str, what: str, *aliases: str):  # noqa: N802 (used as a type, like the other *Opt)
+    """A pin: the candidate list of one layout dim, under the flag (and Megatron-style aliases) the
+    other verbs give that dim's single value (cli.common's layout options)."""
+    return Annotated[Optional[str], typer.Option(name, *aliases, help=f"Only these {what} (comma-separated).")]
 
 
 def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
@@ -102,11 +105,16 @@ def plan_cmd(
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.")] = 5,
     max_memory: Annotated[float, typer.Option("--max-memory", min=0.05, max=1.0,
                                               help="Peak memory limit, fraction of device memory.")] = MEMORY_TARGET,
-    tp: ListOpt("--tp", "tensor-parallel degrees") = None, pp: ListOpt("--pp", "pipeline degrees") = None,
-    cp: ListOpt("--cp", "context-parallel degrees") = None, ep: ListOpt("--ep", "expert-parallel degrees") = None,
-    mbs: ListOpt("--mbs", "micro-batch sizes") = None, zero: ListOpt("--zero", "ZeRO stages") = None,
-    etp: ListOpt("--etp", "expert tensor-parallel "
-                          "degrees") = None, vpp: ListOpt("--vpp", "virtual stages per rank") = None,
+    tp: ListOpt("--tp", "tensor-parallel degrees", "--tensor-model-parallel-size") = None,
+    pp: ListOpt("--pp", "pipeline degrees", "--pipeline-model-parallel-size") = None,
+    dp: ListOpt("--dp", "data-parallel degrees (dp = devices / (tp*pp*cp))") = None,
+    cp: ListOpt("--cp", "context-parallel degrees", "--context-parallel-size") = None,
+    ep: ListOpt("--ep", "expert-parallel degrees", "--expert-model-parallel-size") = None,
+    mbs: ListOpt("--mbs", "micro-batch sizes", "--micro-batch-size") = None,
+    zero: ListOpt("--zero", "ZeRO stages") = None,
+    etp: ListOpt("--etp", "expert tensor-parallel degrees", "--expert-tensor-parallel-size") = None,
+    vpp: ListOpt("--vpp", "virtual stages per rank", "--virtual-pipeline-model-parallel-size") = None,
+    schedule: ListOpt("--schedule", "pipeline schedules (1f1b: vpp 1, interleaved: vpp > 1, gpipe)") = None,
     recompute: ListOpt("--recompute", "recompute modes (none, selective, full)") = None,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
@@ -118,9 +126,10 @@ def plan_cmd(
                                                   "megatron | torchtitan | deepspeed | dayzero.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Search tp x pp x dp x cp x ep x etp x vpp x ZeRO x recompute x micro-batch x sequence parallelism for the fastest
-    layouts that fit; memory is checked first, the step time of the survivors is predicted in one vectorised pass; each
-    plan with the time, energy and cost of training --tokens tokens.
+    """Search tp x pp x dp x cp x ep x etp x vpp x schedule x ZeRO x recompute x micro-batch x sequence parallelism for
+    the fastest layouts that fit (each flag of a dim pins it to a comma-separated list); memory is checked first, the
+    step time of the survivors is predicted in one vectorised pass; each plan with the time, energy and cost of training
+    --tokens tokens.
 
     With no arguments: [bold]dense-3t[/bold] on [bold]ascend910b-8192[/bold] (8,192 Ascend 910B, 8-card HCCS full-mesh
     nodes).
@@ -141,8 +150,9 @@ def plan_cmd(
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
-                            ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("recompute",
-                                                                                         _words(recompute)),
+                            ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("dp", _ints(dp, "--dp")),
+                            ("schedule", _words(schedule.lower() if schedule else None)),
+                            ("recompute", _words(recompute)),
                             ("sequence_parallel", _bools(sequence_parallel, "--sequence-parallel")))
           if v is not None}
     if placement:  # a placement is for one EP size: search only that one

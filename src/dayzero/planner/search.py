@@ -1,8 +1,9 @@
 """Search the whole parallel space: enumerate, reject the indivisible, prune by memory, rank by
 predicted step time.
 
-The space is the cartesian product of per-dim options (tp, pp, cp, ep, etp, vpp, mbs, zero,
-recompute, sequence parallelism, rank order; dp = devices / (tp pp cp)), held as the planner's grid
+The space is the cartesian product of per-dim options (tp, pp, cp, ep, etp, vpp, pipeline schedule,
+mbs, zero, recompute, sequence parallelism, rank order; dp = devices / (tp pp cp), kept only where it
+is one of the pinned dp degrees when those are given), held as the planner's grid
 (:mod:`dayzero.specs.grid`). Enumeration is staged with numpy so a rejected prefix is counted
 (times the size of the dims not yet expanded) without being materialised: after each dim is
 expanded, every layout rule (:mod:`dayzero.specs.layout_rules`, the rules ParallelConfig.problems
@@ -11,12 +12,13 @@ define the space itself (:func:`space_mask`). Survivors are checked against devi
 vectorised call (:func:`dayzero.planner.memory.peak_memory_batch`), and only layouts that fit are
 timed, in one vectorised call of the step-time model (:func:`dayzero.planner.perf.evaluate`).
 Every layout considered ends in exactly one bucket: a plan, or rejected as ``indivisible``,
-``does not fit`` or ``worse``.
+``does not fit`` or ``worse``. When no layout passes the rules, the error names the rules (and
+pins) that rejected them, with how many layouts each rejected (:func:`why_none`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -27,14 +29,15 @@ from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
-from dayzero.specs.grid import TABLES, code, decode, default_schedule
-from dayzero.specs.layout_rules import field_problems, mask, rules_reading
+from dayzero.specs.grid import FIELDS, INTERLEAVED, ONE_F_ONE_B, TABLES, code, decode, default_schedule
+from dayzero.specs.layout_rules import DEGREES, Where, field_problems, mask, rules_reading
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills
 
 CHUNK = 100_000  # bases per vectorised batch (bounds memory)
 # the order dims are expanded in (a base is every dim but zero and recompute)
-STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), ("etp",), ("vpp",), ("mbs",))
+STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), ("etp",), ("vpp", "schedule"),
+          ("mbs",))
 VARIANTS = ("zero", "recompute")
 
 
@@ -60,6 +63,24 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (True,)
     rank_order: tuple[str, ...] = (DENSE_ORDER,)
     engine: str | None = None  # only layouts this engine runs as laid out (planner.engines)
+    # pinned data-parallel degrees: only layouts whose dp = devices / (tp pp cp) is one of them
+    dp: tuple[int, ...] | None = None
+    # pinned pipeline schedules (None: interleaved 1F1B with vpp > 1, else 1F1B); 1f1b keeps vpp 1,
+    # interleaved vpp > 1 (with one chunk per rank it runs as 1F1B), gpipe any vpp
+    schedule: tuple[str, ...] | None = None
+
+    def pins(self) -> str:
+        """The options set away from the defaults, as the plan flags that set them (``--tp 4,8
+        --dp 16``; empty when none is)."""
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            if isinstance(value, tuple):
+                value = ",".join(("on" if v else "off") if isinstance(v, (bool, np.bool_)) else str(v) for v in value)
+            out.append(f"--{f.name.replace('_', '-')} {value}")
+        return " ".join(out)
 
     def resolve(self, spec: ModelSpec, devices: int, seq: int, domain: int) -> dict[str, tuple[int, ...]]:
         """Grid codes per dim. Default lists: tp divides the heads and stays inside one scale-up
@@ -84,8 +105,12 @@ class SearchSpace:
         if not sp or any(not isinstance(x, (bool, np.bool_)) and x not in (0, 1) for x in sp):
             raise LayoutError(f"sequence-parallel options must be a non-empty subset of (False, True), got "
                               f"{self.sequence_parallel}")
-        opts = dict(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=self.mbs, zero=self.zero,
+        # without pinned schedules one placeholder, replaced by the default per vpp (enumerate_layouts)
+        schedule = self.schedule if self.schedule is not None else ("1f1b",)
+        opts = dict(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule, mbs=self.mbs, zero=self.zero,
                     recompute=self.recompute, sequence_parallel=tuple(bool(x) for x in sp), rank_order=self.rank_order)
+        if self.dp is not None:
+            opts["dp"] = self.dp
         for dim, values in opts.items():
             if not values:
                 raise LayoutError(f"search space: no {dim} options")
@@ -106,6 +131,76 @@ def space_mask(g: dict, spec: ModelSpec) -> np.ndarray:
         ok &= even_split_fills(L, stages)
         ok &= (g["vpp"] <= 8) | (L % stages == 0) | ((L + 2) % stages == 0)
     return ok
+
+
+def _layout_at(g: dict, i: int) -> ParallelConfig:
+    """Row ``i`` of a partly expanded grid as a ParallelConfig (columns not expanded yet: defaults)."""
+    kw = {}
+    for f in FIELDS:
+        if f in g:
+            v = int(g[f][i])
+            kw[f] = TABLES[f][v] if f in TABLES and 0 <= v < len(TABLES[f]) else v
+    kw["sequence_parallel"] = bool(kw.get("sequence_parallel", 0))
+    return ParallelConfig(**kw)
+
+
+def pin_checks(g: dict, space: SearchSpace, devices: int) -> list[tuple[np.ndarray, object]]:
+    """The pins that are not a dim's own option list, on the columns present: (rows inside, the
+    message for row i). dp is derived (devices / (tp pp cp)), so a pinned dp keeps the rows that
+    derive one of its values; a pinned schedule is kept only with the vpp it runs as (1F1B one
+    model chunk per rank, interleaved several)."""
+    out = []
+    if space.dp is not None and "dp" in g:
+        pinned = ",".join(map(str, space.dp))
+        out.append((np.isin(g["dp"], space.dp),
+                    lambda i: f"dp {int(g['dp'][i])} = {devices} devices / (tp*pp*cp = {int(g['tp'][i])}*"
+                              f"{int(g['pp'][i])}*{int(g['cp'][i])}) is not among --dp {pinned}"))
+    if space.schedule is not None and "schedule" in g:
+        out.append(((g["schedule"] != ONE_F_ONE_B) | (g["vpp"] == 1),
+                    lambda i: f"the 1f1b schedule runs one model chunk per rank, got vpp {int(g['vpp'][i])} "
+                              "(with virtual stages it is the interleaved schedule)"))
+        out.append(((g["schedule"] != INTERLEAVED) | (g["vpp"] > 1),
+                    lambda i: f"the interleaved schedule needs vpp > 1, got vpp {int(g['vpp'][i])} (with one "
+                              "model chunk per rank it runs as 1f1b)"))
+    return out
+
+
+def why_none(g: dict, spec: ModelSpec, devices: int, rules, pins, later: int, space: SearchSpace) -> str:
+    """Why no row of ``g`` passes: every row is put down to the first check it fails (the
+    device-count rule, the pins, the degree rules, the other rules, the space's own limits, in that
+    order), and the checks that rejected most are named with one example each and the number of
+    layouts (rows x ``later``) they rejected."""
+    where = Where(spec, devices)
+    device_rule = [r for r in rules if r.reads == ("tp", "cp", "dp", "pp")]
+    rest = [r for r in rules if r.degree] + [r for r in rules if not r.degree and r not in device_rule]
+    checks = [*((r, None) for r in device_rule), *((None, pin) for pin in pins), *((r, None) for r in rest)]
+    alive = np.ones(len(g["tp"]), dtype=bool)
+    safe = {k: (np.maximum(v, 1) if k in DEGREES else v) for k, v in g.items()}
+    counts = []
+    with np.errstate(all="ignore"):
+        for rule, pin in checks:
+            if pin is not None:
+                ok, says = pin
+            else:
+                ok = np.broadcast_to(np.asarray(rule.ok(g if rule.degree else safe, where), dtype=bool), alive.shape)
+                says = (lambda r: lambda i: r.says(_layout_at(g, i), where))(rule)
+            bad = alive & ~ok
+            if bad.any():
+                counts.append((int(bad.sum()) * later, says(int(np.argmax(bad)))))
+            alive &= ok
+        bad = alive & ~space_mask(g, spec)
+    if bad.any():
+        i = int(np.argmax(bad))
+        counts.append((int(bad.sum()) * later, f"pp*vpp = {int(g['pp'][i])}*{int(g['vpp'][i])} stages do not split "
+                                               f"the {spec.layers} layers near-evenly with every middle stage holding "
+                                               "some (more than 8 virtual stages must split them exactly)"))
+    counts.sort(key=lambda c: -c[0])
+    pins_text = space.pins()
+    head = (f"no layout of {spec.name} on {devices:,} devices passes the layout rules"
+            + (f" with {pins_text}" if pins_text else ""))
+    shown = "; ".join(f"{n:,} rejected: {msg}" for n, msg in counts[:3])
+    more = f"; {len(counts) - 3} more reasons" if len(counts) > 3 else ""
+    return f"{head}: {shown}{more}" + ("; change or drop those options" if pins_text else "")
 
 
 @dataclass
@@ -142,12 +237,17 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
     """All valid *bases* (every dim but zero and recompute), as a grid.
 
     Returns (bases, considered, indivisible, variants): ``considered`` and ``indivisible`` count
-    full layouts (a base times its ``variants`` = |zero| x |recompute| options)."""
+    full layouts (a base times its ``variants`` = |zero| x |recompute| options); layouts outside the
+    pins (:func:`pin_checks`) are not considered. Raises LayoutError, naming why
+    (:func:`why_none`), when no layout passes."""
     for name, value in (("gbs", gbs), ("seq", seq), ("precision", precision)):
         bad = field_problems(name, value)
         if bad:
             raise LayoutError(f"search: {'; '.join(bad)}")
     o = space.resolve(spec, devices, seq, domain)
+    if space.dp is not None and not any(devices % d == 0 for d in space.dp):
+        raise LayoutError(f"--dp {','.join(map(str, space.dp))}: dp must divide the {devices:,} devices "
+                          "(tp*cp*dp*pp = devices)")
     variants = int(np.prod([len(o[d]) for d in VARIANTS]))
 
     def later(i: int) -> int:  # full layouts behind one row after stage i
@@ -170,12 +270,17 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
                 g = _cross(g, d, o[d])
         if "cp" in stage:
             g["dp"] = devices // (g["tp"] * g["pp"] * g["cp"])  # the device-count rule rejects a remainder
-        if "vpp" in stage:
+        if "vpp" in stage and space.schedule is None:
             g["schedule"] = default_schedule(g["vpp"])
         rules = tuple(r for r in rules_reading(g, spec, devices) if r not in applied)
         applied.update(rules)
-        ok = mask(g, spec, devices, rules) & space_mask(g, spec)
-        indivisible += int((~ok).sum()) * later(i)
+        pins = pin_checks(g, space, devices)
+        inside = np.logical_and.reduce([ok for ok, _ in pins]) if pins else np.ones(len(g["tp"]), dtype=bool)
+        ok = inside & mask(g, spec, devices, rules) & space_mask(g, spec)
+        considered -= int((~inside).sum()) * later(i)
+        indivisible += int((inside & ~ok).sum()) * later(i)
+        if not ok.any():
+            raise LayoutError(why_none(g, spec, devices, rules, pins, later(i), space))
         g = _take(g, ok)
     return g, considered, indivisible, variants
 
@@ -287,7 +392,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         left_out = f" ({engine_bases + engine_zero:,} layouts {space.engine} cannot run were left out)"
         raise FitError(f"no layout of {spec.name} fits in {max_memory:.0%} of {capacity / 2**30:.1f} GiB per device on "
                        f"{devices} devices (gbs {gbs}, seq {seq}; {considered:,} layouts considered); add devices, "
-                       f"lower --seq, or raise --max-memory" + (left_out if space.engine else ""))
+                       f"lower --seq, or raise --max-memory" + (left_out if space.engine else "")
+                       + (f"; or change the pinned {space.pins()}" if space.pins() else ""))
     allrows = {k: np.concatenate([b[k] for b in best_rows]) for k in best_rows[0]}
     steps, peaks = np.concatenate(best_step), np.concatenate(best_peak)
     order = np.argsort(steps, kind="stable")[:top_k]

@@ -9,7 +9,7 @@ cluster where no layout fits gets a row with ``fits: false`` and the reason, not
 
 from __future__ import annotations
 
-from dayzero.errors import FitError
+from dayzero.errors import FitError, LayoutError
 from dayzero.planner.perf import PerfOptions
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.training_cost import CostOptions, cost_of_prediction
@@ -39,7 +39,7 @@ def compare(spec: ModelSpec, clusters: list[Cluster], gbs: int, seq: int, precis
         row = card(cl)
         try:
             obj = plan(spec, cl, gbs, seq, precision, perf_for(cl), 1, max_memory)
-        except FitError as e:
+        except (FitError, LayoutError) as e:  # nothing fits, or no layout of it passes the rules
             rows.append({**row, "fits": False, "reason": str(e)})
             continue
         best = obj["plans"][0]

@@ -393,46 +393,204 @@ def explain_uneven(e: ExactStage, nbytes: int, what: str) -> tuple[int, str]:
                             "than ranks)")
 
 
-def explain_temporary(e: ExactStage, terms: dict) -> tuple[int, str]:
-    """Bytes and words for the temporary maximum: the exact run's largest set of buffers live at
-    one op, against the planner's sum of every transient term. Buffers of a whole number of one
-    micro-batch's logits (bf16 halves of the fp32 ones) are named: the eager cross-entropy's
-    backward (aten's, or torch.distributed.tensor.parallel.loss under TP) holds its gradient, the
-    softmax and their sum at once, where the planner (a fused cross-entropy) counts the logits
-    once, compared as an activation here. FSDP2's reduce-scatter input at the syncing micro-batch
-    is named where the planner has no gradient-bucket term (ZeRO-1)."""
-    at = e.temporary_at
-    if not at:
+def attention_saved(spec, parallel, compute_dtype: str = "bf16", seqs: tuple[int, int] = (16, 32)) -> float:
+    """Bytes the runtime's core attention saves for its backward, for one layer and micro-batch at
+    the layout's size, measured with the kernel PyTorch picks on this machine (SDPA's CPU flash
+    kernel needs equal q/k and v head dims; otherwise its math kernel, which computes bf16 in
+    fp32): the distinct storages its autograd saves (the output excluded: it is the output
+    projection's input, counted there) at two short sequence lengths, fitted as a s^2 + b s."""
+    import torch
+
+    from dayzero.runtime.models.attention import CoreAttention
+
+    a, p = spec.attention, parallel
+    heads = max(1, a.heads // p.tp)
+    kv = heads if a.kind == "mla" else max(1, a.kv_heads // p.tp)
+    dtype = getattr(torch, DTYPES[compute_dtype])
+    core = CoreAttention(a.head_dim ** -0.5)
+    sizes = []
+    for n in seqs:
+        q = torch.zeros(1, heads, n, a.head_dim, dtype=dtype, requires_grad=True)
+        k = torch.zeros(1, kv, n, a.head_dim, dtype=dtype, requires_grad=True)
+        v = torch.zeros(1, kv, n, a.v_head_dim, dtype=dtype, requires_grad=True)
+        saved: dict = {}
+
+        def pack(t, saved=saved):
+            st = t.untyped_storage()
+            saved[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = core(q, k, v)
+        saved.pop(out.untyped_storage().data_ptr(), None)
+        sizes.append(sum(saved.values()))
+    s1, s2 = seqs
+    quad = (sizes[1] - sizes[0] * s2 / s1) / (s2 * s2 - s1 * s2)
+    lin = (sizes[0] - quad * s1 * s1) / s1
+    return p.mbs * (quad * p.seq ** 2 + lin * p.seq)
+
+
+def _attention_planned(spec, parallel, compute_dtype: str) -> float:
+    """What the planner's runtime model counts for the same tensors: q, k, v and the scores (eager
+    attention) or the log-sum-exp (a fused kernel), one layer and micro-batch."""
+    from dayzero.planner.activations import Dims, attention_terms
+    from dayzero.validate.predicted import memory_options, runtime_layout
+
+    p = runtime_layout(parallel)
+    opts = memory_options(None, compute_dtype, spec, p, "cpu")
+    d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel, fp8=False)
+    t = attention_terms(spec, opts, d)
+    return float(sum(float(t[k]) for k in ("q", "k", "v", "attn_scores", "attn_lse") if k in t))
+
+
+def explain_attention(e: ExactStage, spec, parallel, compute_dtype: str, layers: int) -> tuple[int, str]:
+    """Bytes and words for saved attention tensors kept at another size than the planner counts:
+    the kernel's measured saved bytes (:func:`attention_saved`) against the planner's terms, times
+    the layers whose attention is saved at the stage's activation maximum (no recompute: every
+    layer of the stage, for each micro-batch in flight)."""
+    p = parallel
+    if p.recompute != "none" or not layers:
         return 0, ""
-    live = at.get("live", [])
-    logits = terms.get("temporary:logits", 0)
-    half = logits / 2  # one micro-batch's logits in bf16; the fp32 ones are 2 halves
+    inflight = 1 if p.pp == 1 else (p.microbatches if p.schedule == "gpipe" else min(p.pp - e.stage, p.microbatches))
+    kernel, planned = attention_saved(spec, p, compute_dtype), _attention_planned(spec, p, compute_dtype)
+    extra = (kernel - planned) * layers * inflight
+    if abs(extra) < MIB:
+        return 0, ""
+    a = spec.attention
+    why = (f"SDPA's math kernel (v head dim {a.v_head_dim} != q/k {a.head_dim} rules out the CPU flash kernel) "
+           "computes in fp32 and saves the scores and q, k, v as fp32 copies" if a.head_dim != a.v_head_dim else
+           "the attention kernel saves other tensors than the planner counts")
+    return int(extra), (f"attention: {why}: {_mib(kernel)} per layer and micro-batch, measured on a probe of the "
+                        f"runtime's attention at this layout's heads, where the planner counts {_mib(planned)} (q, k, "
+                        f"v and the scores or log-sum-exp in the compute dtype): {_mib(extra)} more over {layers} "
+                        f"layers x {inflight} micro-batch(es) in flight")
 
-    def loss_sized(b):  # 1 to 4 fp32 logits (or a bf16 copy): the cross-entropy backward's buffers
-        r = b / half if half else 0
-        return 1 <= round(r) <= 8 and abs(r - round(r)) <= 0.01 * r
 
-    loss = [b for kind, b in live if kind == "Temp" and loss_sized(b)]
+def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: str = "bf16") -> list[dict]:
+    """The exact temporary maximum's live buffers (``temporary_at``), sorted into the planner's
+    transient terms, each with the planner's bytes for it (the planner's one-layer transient split
+    into its score matrix and the rest): ``loss backward`` (buffers of a whole
+    number of one micro-batch's logits, live outside the decoder layers; planner 0, a fused
+    cross-entropy), ``attention backward`` (buffers of one micro-batch's s x s scores, in an
+    attention module; planner: its eager score term), ``parameter gathers`` (all-gather outputs and
+    gathered parameters; planner: zero3_gather), ``gradient buffers`` (reduce-scatter inputs,
+    unsharded gradients, and inside a decoder layer gradients of the embedding's or head's size,
+    which FSDP2 reduces only at the end of backward; planner: grad_reduce) and ``layer backward``
+    (the rest: a layer's recomputed tensors and gradients in flight, which the tracker files as
+    temporaries, and buffers under 1 MiB; planner: layer_transient's rest and the communication
+    buffers)."""
+    at = e.temporary_at
+    live, module = at.get("live", []), at.get("module", "") or ""
+    b = 2 if compute_dtype == "bf16" else 4
+    in_layer = ".layers." in f".{module}."
+    half = terms.get("temporary:logits", 0) / 2  # one micro-batch's logits in bf16; the fp32 ones are 2 halves
+    a, p = spec.attention, parallel
+    score = p.mbs * max(1, a.heads // p.tp) * (p.seq / p.cp) * p.seq * b  # one s x s score matrix
+    root = spec.vocab * spec.hidden / p.tp * b  # the embedding's (or head's) local weight
+
+    def multiple(n, unit, most):
+        r = n / unit if unit else 0
+        return 1 <= round(r) <= most and abs(r - round(r)) <= 0.01 * r
+
+    cls = {"loss backward": [], "attention backward": [], "parameter gathers": [], "gradient buffers": [],
+           "layer backward": []}
+    for kind, n in live:
+        if kind in ("All Gather", "Unsharded Param"):
+            cls["parameter gathers"].append(n)
+        elif kind in ("Reduce Scatter", "Unsharded Grad"):
+            cls["gradient buffers"].append(n)
+        elif not in_layer and multiple(n, half, 8):
+            cls["loss backward"].append(n)
+        elif "attention" in module and score >= 64 * MIB and multiple(n, score, 2 * 4 // b):
+            cls["attention backward"].append(n)
+        elif in_layer and multiple(n, root, 2):
+            cls["gradient buffers"].append(n)
+        else:
+            cls["layer backward"].append(n)
+    small = max(0, int(at.get("bytes", e.categories["temporary"])) - sum(n for _, n in live))  # buffers < 1 MiB
+    t = lambda k: float(terms.get(f"temporary:{k}", 0))  # noqa: E731
+    exact = {k: sum(v) + (small if k == "layer backward" else 0) for k, v in cls.items()}
+    scores_planned = min(t("layer_transient"), score) if cls["attention backward"] else 0.0
+    comm = {k: t(k) for k in ("ep_a2a", "sp_gather", "cp_ring", "pp_p2p") if t(k)}
+    planned = {"loss backward": (0.0, "none: a fused cross-entropy"),
+               "attention backward": (scores_planned, "the eager score matrix of layer_transient"),
+               "parameter gathers": (t("zero3_gather"), "zero3_gather"),
+               "gradient buffers": (t("grad_reduce"), "grad_reduce"),
+               "layer backward": (t("layer_transient") - scores_planned + sum(comm.values()),
+                                  " + ".join(["layer_transient" + (" (rest)" if scores_planned else "")]
+                                             + list(comm)))}
+    why = {"loss backward": "the eager cross-entropy backward's buffers (gradient, softmax, their sum, dtype "
+                            "casts) live at once",
+           "attention backward": "SDPA's math kernel's softmax backward holds the probabilities and their gradient "
+                                 "in fp32 (CPU; see the activations row)",
+           "parameter gathers": "FSDP2 keeps the root unit (embedding, head) gathered through the backward, with "
+                                "the current and the prefetched layer; the planner counts 2 of the largest unit",
+           "gradient buffers": "FSDP2's reduce-scatter input (a copy of one unit's unsharded gradients at the "
+                               "syncing micro-batch) and the root unit's (embedding, head) unsharded gradients, "
+                               "reduced only at the end of backward" + ("" if t("grad_reduce") else
+                                                                      "; the planner counts them only under "
+                                                                      "ZeRO-2/3"),
+           "layer backward": "one layer's backward temporaries (its recomputed tensors, gradients in flight), buffers "
+                             "under 1 MiB and communication buffers" + ("" if in_layer else
+                                                                        "; not live at this op (the maximum is "
+                                                                        "outside the decoder layers), the planner "
+                                                                        "adds it to the other terms")}
+    return [{"term": k, "exact": int(v), "analytic": int(planned[k][0]), "planner_term": planned[k][1],
+             "why": why[k], "buffers": [int(n) for n in cls[k]], "under_1_mib": int(small if k == "layer backward"
+                                                                                     else 0)}
+            for k, v in exact.items() if v or planned[k][0]]
+
+
+def _widths(buffers, module: str, spec, parallel, compute_dtype: str) -> str:
+    """A dense layer's backward buffers in the units the planner's eager backward term counts: one
+    micro-batch's tensors of the MLP width and of the hidden width (it assumes 4 and 2 of them for
+    a gated MLP, :func:`dayzero.planner.activations.eager_backward_transient`)."""
+    if ".layers." not in f".{module}." or "moe" in module or not spec.mlp.gated:
+        return ""
+    p, b = parallel, 2 if compute_dtype == "bf16" else 4
+    tok = p.mbs * p.seq / p.cp
+    mlp, hid = tok * spec.mlp.intermediate / p.tp * b, tok * spec.hidden * b
+    n_mlp = sum(round(n / mlp) for n in buffers if n >= mlp * 0.99 and abs(n / mlp - round(n / mlp)) < 0.01)
+    n_hid = sum(round(n / hid) for n in buffers if hid * 0.99 <= n < mlp * 0.99
+                and abs(n / hid - round(n / hid)) < 0.01)
+    return (f"; that is {n_mlp} tensors' worth of the MLP width ({_mib(mlp)}) and {n_hid} of the hidden width "
+            f"({_mib(hid)}), where the planner's eager backward counts 4 and 2"
+            + (" besides the recomputed layer" if parallel.recompute != "none" else ""))
+
+
+def explain_temporary(e: ExactStage, terms: dict, spec=None, parallel=None, compute_dtype: str = "bf16",
+                      tolerance: float = 0.10) -> tuple[int, str]:
+    """Bytes and words for the temporary maximum, term by term: the exact run's largest set of
+    buffers live at one op, sorted into the planner's transient terms (:func:`temporary_terms`).
+    Every term but ``layer backward`` is a named mechanism the planner does not model as the
+    runtime runs it, so its difference is explained; ``layer backward`` is the term the two
+    models both claim to count, and is explained only when it is not live at the maximum (an op
+    outside the decoder layers). What is left is named when it exceeds ``tolerance``."""
+    at = e.temporary_at
+    if not at or spec is None:
+        return 0, ""
+    rows = temporary_terms(e, terms, spec, parallel, compute_dtype)
     where = f"{at['phase']} of {at['module'] or 'the model'} at {at['op']}"
-    sizes = ", ".join(_mib(b) for _, b in live[:6]) + (f" and {len(live) - 6} more" if len(live) > 6 else "")
-    an = [f"{k.split(':', 1)[1]} {_mib(v)}" for k, v in terms.items()
-          if k.startswith("temporary:") and k != "temporary:logits" and v > 0]
-    text = (f"exact is the largest set live at one op ({where}: {sizes or 'nothing over 1 MiB'}); analytic sums every "
-            f"transient ({', '.join(an) or 'none'})")
-    explained = sum(loss)
-    if loss:
-        text += (f"; {', '.join(_mib(b) for b in loss)} are multiples of one micro-batch's logits ({_mib(logits)} "
-                 "in fp32): the eager cross-entropy backward's buffers (gradient, softmax, their sum, dtype casts) "
-                 "live at once, which the planner's fused cross-entropy does not keep")
-    grads = sum(b for kind, b in live if kind == "Unsharded Grad")
-    if grads:
-        text += (f"; {_mib(grads)} are unsharded gradients awaiting their reduce-scatter (FSDP2 frees the root "
-                 "unit's - embedding, head - only at the end of backward)")
-    rs = sum(b for kind, b in live if kind == "Reduce Scatter")
-    if rs and not terms.get("temporary:grad_reduce"):
-        explained += rs
-        text += (f"; {_mib(rs)} is FSDP2's reduce-scatter input (a copy of one unit's unsharded gradients at the "
-                 "syncing micro-batch), which the planner counts only under ZeRO-2/3")
+    parts, explained, left, listed = [], 0, 0, ""
+    for r in rows:
+        diff = r["exact"] - r["analytic"]
+        layer = r["term"] == "layer backward"
+        if layer and r["exact"] > 0.05 * max(r["analytic"], 1):
+            left = diff
+            sizes = sorted(r["buffers"], reverse=True)
+            groups = [f"{_mib(n)}" + (f" x {sizes.count(n)}" if sizes.count(n) > 1 else "")
+                      for n in sorted(set(sizes), reverse=True)]
+            listed = ", ".join(groups[:8] + ([f"{len(groups) - 8} more sizes"] if len(groups) > 8 else [])
+                               + [f"{_mib(r['under_1_mib'])} in buffers under 1 MiB"])
+            listed += _widths(r["buffers"], at.get("module", "") or "", spec, parallel, compute_dtype)
+        else:
+            explained += diff
+        parts.append(f"{r['term']} {_mib(r['exact'])} vs {_mib(r['analytic'])} ({r['planner_term']}): {r['why']}")
+    text = f"term by term at the exact maximum ({where}; exact vs planner): " + "; ".join(parts)
+    total = e.categories["temporary"]
+    if total and abs(left) > tolerance * total:
+        text += (f"; remaining: layer backward, {_mib(abs(left))} {'more' if left > 0 else 'less'} live than the "
+                 f"planner's one-layer transient (live: {listed})")
     return int(explained), text
 
 
@@ -449,7 +607,9 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
     Where they differ by more than ``tolerance`` for a reason the exact run measures (a gradient
     kept replicated, the loss backward's buffers), the row's ``explanation`` says what and how
     much (``explained`` bytes), and ``residual`` is the error left once those are added to the
-    analytic figure; ``explained`` is true when that residual is within the tolerance."""
+    analytic figure; ``explained`` is true when that residual is within the tolerance. A temporary
+    row also holds ``terms``: the exact maximum's live buffers against the planner's transient
+    terms, one by one (:func:`temporary_terms`)."""
     from dayzero.validate.predicted import runtime_layout
 
     exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
@@ -464,8 +624,10 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
         an["temporary"] -= logits
         ex = e.categories
         grads = explain_gradients(e)
-        notes = {"gradients": (0, "") if t_grads else grads, "temporary": explain_temporary(e, s.terms),
-                 "optimizer": explain_uneven(e, 12, "fp32 master weights and AdamW moments")}
+        notes = {"gradients": (0, "") if t_grads else grads,
+                 "temporary": explain_temporary(e, s.terms, spec, parallel, compute_dtype, tolerance),
+                 "optimizer": explain_uneven(e, 12, "fp32 master weights and AdamW moments"),
+                 "activations": explain_attention(e, spec, parallel, compute_dtype, len(s.layers))}
         if zero_shards(runtime_layout(parallel).zero, "gradients"):  # the gradients the planner counts are sharded
             notes["gradients"] = _join(notes["gradients"], explain_uneven(e, 4, "sharded fp32 gradients"))
         if t_grads and grads[0]:
@@ -482,6 +644,8 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
                          "explained_bytes": int(extra) if text else 0, "residual": residual,
                          "explained": bool(both and not within and text and abs(residual) <= tolerance),
                          "explanation": text if text and not within else ""})
+            if c == "temporary" and e.temporary_at:  # the same, as data: exact vs planner per transient term
+                rows[-1]["terms"] = temporary_terms(e, s.terms, spec, parallel, compute_dtype)
         total_an = sum(an.values())
         rows.append({"stage": e.stage, "category": "peak", "analytic": int(total_an), "exact": e.peak_bytes,
                      "rel_error": (total_an - e.peak_bytes) / e.peak_bytes, "compared": True,
