@@ -100,3 +100,26 @@ def test_calibration_file_changes_the_prediction(tmp_path: Path, capsys):
     f.write_text(json.dumps({"gemm_scale_fp9": 0.3}))
     assert main(LLAMA_ARGS + ["--calibration", str(f)]) == 2
     assert "unknown efficiency constant" in capsys.readouterr().err
+
+
+def test_the_ep_dispatcher_is_a_flag_and_follows_the_engine(capsys):
+    """DeepSeek-V3 with EP 64 over eight 8-GPU nodes: the deduplicating dispatcher sends each token
+    to about 3.6 of 8 nodes (group-limited routing, planner.moe_dispatch), the plain all-to-all
+    every one of its 8 routed copies, so the dispatch costs more and the JSON says which one ran;
+    plan --engine dayzero prices the runtime's all-to-all; a bad name is one line."""
+    base = ["predict", "deepseek-v3", "-a", "h800", "-n", "2048", "--pp", "16", "--ep", "64", "--gbs", "15360",
+            "--precision", "fp8", "--json"]
+    out = {}
+    for d in ("dedup", "all-to-all"):
+        assert main([*base, "--ep-dispatcher", d]) == 0
+        out[d] = json.loads(capsys.readouterr().out)
+    assert out["dedup"]["moe_dispatch"]["dispatcher"] == "dedup"
+    assert out["all-to-all"]["moe_dispatch"]["dispatcher"] == "all_to_all"
+    ep = {d: sum(c["exposed_s"] for c in o["communication"] if c["name"].startswith("ep ")) for d, o in out.items()}
+    assert ep["all-to-all"] > 1.5 * ep["dedup"] > 0
+    assert main(["plan", "mixtral-8x7b", "-a", "h100", "-n", "64", "--gbs", "256", "--engine", "dayzero", "--top", "1",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans"][0]["moe_dispatch"]["dispatcher"] == "all_to_all"
+    assert main([*base, "--ep-dispatcher", "carrier-pigeon"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ep-dispatcher" in err[0]

@@ -32,6 +32,7 @@ from dayzero.cli.next_steps import cluster_flags, print_next
 from dayzero.cli.predict import (
     AttentionKernelOpt,
     CalibrationOpt,
+    EpDispatcherOpt,
     EpOverlapOpt,
     ExpertLoadsOpt,
     ImbalanceOpt,
@@ -41,6 +42,7 @@ from dayzero.cli.predict import (
     TpOverlapOpt,
     check_precision,
     describe,
+    dispatcher_option,
     next_for_layout,
     print_prediction,
 )
@@ -117,7 +119,8 @@ def plan_cmd(
     schedule: ListOpt("--schedule", "pipeline schedules (1f1b: vpp 1, interleaved: vpp > 1, gpipe)") = None,
     recompute: ListOpt("--recompute", "recompute modes (none, selective, full)") = None,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
-    tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, moe_imbalance: ImbalanceOpt = 1.0,
+    tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, ep_dispatcher: EpDispatcherOpt = None,
+    moe_imbalance: ImbalanceOpt = 1.0,
     expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
@@ -146,7 +149,8 @@ def plan_cmd(
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
-    opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
+    opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
+                               ep_dispatcher=dispatcher_option(ep_dispatcher, engine))
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),

@@ -41,6 +41,11 @@ TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help
                                                                                  "(Megatron --tp-comm-overlap).")]
 EpOverlapOpt = Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help="Overlap EP all-to-all with another "
                                                                                  "micro-batch (DualPipe-style).")]
+EpDispatcherOpt = Annotated[Optional[str], typer.Option("--ep-dispatcher", help="How MoE tokens reach their experts: "
+                                                      "dedup (once per rank and remote node: DeepEP, Megatron's flex "
+                                                      "dispatcher) | all-to-all (every routed copy: Megatron's "
+                                                      "alltoall, torchtitan, DeepSpeed, dayzero's runtime). Default: "
+                                                      "the --engine's, else dedup.")]
 ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="Busiest device's routed tokens over the average "
                                                                      "(1.0: balanced).")]
 ExpertLoadsOpt = Annotated[Optional[str], typer.Option("--expert-loads", help="Measured expert loads (a run's "
@@ -74,7 +79,7 @@ def predict_cmd(
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False,
-                ep_overlap: EpOverlapOpt = False,
+                ep_overlap: EpOverlapOpt = False, ep_dispatcher: EpDispatcherOpt = None,
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",
@@ -98,7 +103,8 @@ def predict_cmd(
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
-    opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel)
+    opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
+                               ep_dispatcher=dispatcher_option(ep_dispatcher))
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
     obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
@@ -158,6 +164,20 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
         console.print(f"  {mark}  {ch['metric']} {ch['value']:.1%} (target {ch['target']})")
     if obj.get("training"):
         print_training(obj["training"])
+
+
+def dispatcher_option(flag: str | None, engine: str | None = None) -> str:
+    """``--ep-dispatcher`` as the planner names it; unset: the engine's dispatcher, else dedup."""
+    from dayzero.errors import ConfigError, DayzeroError
+    from dayzero.planner.engines import get_engine
+    from dayzero.planner.moe_dispatch import check_dispatcher
+
+    if flag is None:
+        return get_engine(engine).ep_dispatcher if engine else "dedup"
+    try:
+        return check_dispatcher(flag.strip().lower().replace("-", "_"))
+    except DayzeroError:
+        raise ConfigError("--ep-dispatcher", None, f"{flag!r}: one of dedup, all-to-all") from None
 
 
 def print_engines(obj: dict) -> None:

@@ -61,7 +61,10 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "groups": {k: g.to_dict() for k, g in groups.items() if g.size > 1},
         "engines": engines_for(parallel),  # the engines that run this layout as laid out (planner.engines)
         # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
-        **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts)} if spec.is_moe else {}),
+        **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts),
+            # how tokens reach their experts: dedup (once per rank and remote node) or all_to_all (every copy)
+            "moe_dispatch": {"dispatcher": options.comm.ep_dispatcher, "fp8": options.comm.fp8_dispatch}}
+           if spec.is_moe else {}),
     }
 
 
