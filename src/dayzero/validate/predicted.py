@@ -62,8 +62,12 @@ def compute_view(cluster: Cluster, compute_dtype: str) -> Cluster:
 
 
 def perf_options(compute_dtype: str, constants=None, **comm) -> PerfOptions:
-    """Gradients are reduced in fp32: 4 bytes, or 2 counted bytes in the fp32 view."""
+    """Gradients are reduced in fp32: 4 bytes, or 2 counted bytes in the fp32 view; MoE tokens go
+    through the runtime's plain all-to-all (planner.engines.DAYZERO.ep_dispatcher)."""
+    from dayzero.planner.engines import DAYZERO
+
     grad = 2 if compute_dtype == "fp32" else 4
+    comm = {"ep_dispatcher": DAYZERO.ep_dispatcher, **comm}
     return PerfOptions(comm=CommOptions(grad_reduce_bytes=grad, **comm), constants=constants)
 
 
