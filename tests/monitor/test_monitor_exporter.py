@@ -108,6 +108,24 @@ def test_taken_port_is_one_line(capsys):
         check_ports(65535, 2)
 
 
+def test_a_port_the_previous_run_left_in_time_wait_is_free():
+    """The exporter's server binds with SO_REUSEADDR (http.server), so a port whose last connection
+    is in TIME_WAIT (a run that was just scraped and stopped) is free to it, and to the check; a
+    port someone listens on is still taken. (Before, a resumed run on the same --metrics-port was
+    refused as "taken".)"""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()  # the server side closes first: its end of the connection waits in TIME_WAIT
+    client.close()
+    srv.close()
+    check_ports(port, 1)
+
+
 def test_bad_alert_threshold_is_one_line(capsys):
     code = main(["train", "tiny-llama", "--steps", "1", "--alert-threshold", "nope=3", "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -25,6 +25,10 @@ def check_ports(port: int, count: int, local_rank: int | None = None, aggregate:
         raise PortError(f"--metrics-port {port}: {count} rank(s) need ports up to {ports[-1]}, past 65535")
     for p in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # as the exporter's server binds (prometheus_client serves through http.server, whose
+            # allow_reuse_address sets SO_REUSEADDR): a port left in TIME_WAIT by the previous run is
+            # free to it, a port another process listens on is not (Linux refuses that bind either way)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("0.0.0.0", p))
             except OSError as e:
