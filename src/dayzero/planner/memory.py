@@ -17,6 +17,7 @@ embedding, half the layers, and min(pp, m) = 2 micro-batches of activations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -170,11 +171,15 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     return out
 
 
+@lru_cache(maxsize=512)
 def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
     """Features of the ranks that can be the busiest under an even split: the first and last rank,
     and, among the middle ranks, the lowest-index one of each layer composition. A middle rank's
     total depends on its index only through the in-flight micro-batches, which never grow with the
-    index, so the others cannot exceed it. This keeps the batch at a few columns per candidate."""
+    index, so the others cannot exceed it. This keeps the batch at a few columns per candidate.
+
+    A pure function of its arguments, memoised (a search asks for the same (pp, vpp) in every
+    memory pass); its arrays are read-only, so no caller can change the cached value."""
     split = even_split(spec.layers, pp * vpp)
     kinds: list[list[str]] = [[] for _ in range(pp)]
     start = 0
@@ -189,8 +194,14 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
             keep.append(r)
     f = rank_features(kinds)
     cols = np.array(sorted(keep))
-    return RankFeatures(rank=f.rank[:, cols], layers={k: v[:, cols] for k, v in f.layers.items()},
-                        full={k: v[:, cols] for k, v in f.full.items()}, first=f.first[:, cols], last=f.last[:, cols])
+
+    def frozen(a: np.ndarray) -> np.ndarray:
+        a = a[:, cols]
+        a.setflags(write=False)
+        return a
+
+    return RankFeatures(rank=frozen(f.rank), layers={k: frozen(v) for k, v in f.layers.items()},
+                        full={k: frozen(v) for k, v in f.full.items()}, first=frozen(f.first), last=frozen(f.last))
 
 
 # -- the classic arithmetic ----------------------------------------------------------------------
