@@ -40,12 +40,18 @@ def prepare_output(path: str | Path, flag: str, kind: Literal["file", "dir"] = "
 
 def _check_writable(folder: Path, flag: str) -> None:
     """Without writing: the first existing folder on the way to ``folder`` is a directory that
-    can be written (and searched) by this process."""
+    this process can write in (and search); the refusal reads as the one the real write would give."""
+    import errno
+
     here = folder.absolute()
     while not here.exists() and here != here.parent:
         here = here.parent
     if not here.is_dir():
-        raise ConfigError(flag, None, f"cannot write in {folder} ({here} is a file); choose a writable location")
-    if not os.access(here, os.W_OK | os.X_OK):
-        raise ConfigError(flag, None, f"cannot write in {folder} ({here}: permission denied or a read-only file "
-                                      "system); choose a writable location")
+        code = errno.ENOTDIR
+    elif not os.access(here, os.W_OK | os.X_OK):
+        readonly = bool(os.statvfs(here).f_flag & os.ST_RDONLY) if hasattr(os, "statvfs") else False
+        code = errno.EROFS if readonly else errno.EACCES
+    else:
+        return
+    raise ConfigError(flag, None, f"cannot write in {folder} ({folder}: {os.strerror(code)}); choose a writable "
+                                  "location")
