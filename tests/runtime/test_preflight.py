@@ -106,6 +106,7 @@ def test_validate_refusals_are_made_by_the_check(tmp_path, capsys):
     profile.write_text("accelerator: h100\n")
     for argv in (["tiny-llama", "--tp", "3", "--nproc", "3"], ["tiny-llama", "--pp", "2", "--nproc", "2", "--gbs", "1"],
                  ["tiny-llama", "--layers", "64", "--hidden", "8192"], ["tiny-llama", "--runs", profile],
+                 ["deepseek-v3", "--dp", "0"], ["tiny-llama", "--gbs", "0"],  # found by the fuzz: ZeroDivisionError
                  ["tiny-llama", "--calibrate"], ["tiny-llama", "--calibrate", "--cluster", profile, "--fit-keys", "x"],
                  ["tiny-llama", "--calibrate", "--cluster", profile, "--runs", profile]):
         argv = ["validate", *argv] + ([] if "--cluster" in argv else ["--cluster", CLUSTER])

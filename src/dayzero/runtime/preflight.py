@@ -152,14 +152,16 @@ def preflight_train(cfg: TrainConfig, world: int, *, cpu: bool, torchrun: bool =
 
         local = int(os.environ.get("LOCAL_RANK", "0")) if torchrun else None
         check_ports(cfg.monitor.port, 1 if cfg.monitor.aggregate else world, local, cfg.monitor.aggregate)
-    plan = checkpoint_plan(cfg, spec, dry=dry)
+    # under the user's torchrun rank 0 alone looks at the directory: a later rank could see this job's own lock
+    # and versions being written
+    plan = checkpoint_plan(cfg, spec, dry=dry) if not torchrun or os.environ.get("RANK") == "0" else None
     return TrainPreflight(spec, parallel, world, cfg.steps, cfg.compute_dtype, need, plan)
 
 
 def checkpoint_plan(cfg: TrainConfig, spec: ModelSpec, *, dry: bool) -> CheckpointPlan | None:
     """The checkpoint directory's part of the pre-flight: writable (a file or an unwritable
-    directory refused), free (``dry``: no other job holds its lock; a real run takes the lock next
-    and fails there the same way), and the version ``--resume`` picks. Read-only when ``dry``."""
+    directory refused), free (no other job holds its lock: looked up, not taken; a real run takes
+    it next), and the version ``--resume`` picks. Read-only when ``dry``."""
     from dayzero.outputs import prepare_output
     from dayzero.runtime.checkpoint.versions import scan
 
@@ -168,11 +170,10 @@ def checkpoint_plan(cfg: TrainConfig, spec: ModelSpec, *, dry: bool) -> Checkpoi
         return None
     root = Path(ck.dir)
     existed = root.is_dir()
-    prepare_output(root, "--ckpt-dir", "dir", dry=dry)
-    if dry:
-        from dayzero.runtime.checkpoint.dirlock import check_free_readonly
+    from dayzero.runtime.checkpoint.dirlock import check_free_readonly
 
-        check_free_readonly(root)
+    prepare_output(root, "--ckpt-dir", "dir", dry=dry)
+    check_free_readonly(root)  # before the versions: another job's lock is the first thing to say
     versions = scan(root) if existed else []
     complete = sum(v.state == "complete" for v in versions)
     resume = _resume_plan(root, versions, ck.resume, spec.digest())

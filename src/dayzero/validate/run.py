@@ -82,6 +82,9 @@ def proxy_shrink(spec: ModelSpec, parallel: ParallelConfig, given: dict, capacit
     """The proxy sizing: what the user gave, or, when the full model does not fit the machine
     (planner memory above 85 % of a rank's memory), a small model of the same architecture: 4
     layers per pipeline stage, width 256, 8 experts (at least 2 per EP rank), vocab 512."""
+    from dayzero.runtime.checks import check_layout
+
+    check_layout(parallel)  # a layout that cannot run gets no proxy (and no division by a zero degree)
     if any(v is not None for v in given.values()):
         return {k: v for k, v in given.items() if v is not None}
     from dayzero.planner.memory import estimate_memory
