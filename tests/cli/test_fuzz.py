@@ -415,11 +415,16 @@ def flagged(flags: dict, bools: list[str]) -> list[str]:
            sorted({w for ws in {**PREFLIGHT_WORDS, **TRAIN_WORDS}.values() for w in ws})), max_size=3),
        faults=st.lists(fault_specs(), max_size=2), bools=st.lists(st.sampled_from(TRAIN_BOOLS), max_size=3,
                                                                    unique=True),
-       ckpt=st.sampled_from(CKPT_DIRS))
-def test_fuzz_train_check(tmp_path_factory, model, ints, floats, words, faults, bools, ckpt):
+       ckpt=st.sampled_from(CKPT_DIRS), paths=st.dictionaries(st.sampled_from(["--metrics", "--data"]),
+                                                               st.sampled_from(["fresh", "dir", "under-file"]),
+                                                               max_size=2))
+def test_fuzz_train_check(tmp_path_factory, model, ints, floats, words, faults, bools, ckpt, paths):
     d = tmp_path_factory.mktemp("train")
+    (d / "file").write_text("x")
+    where = {"fresh": d / "new" / "m.jsonl", "dir": d, "under-file": d / "file" / "m.jsonl"}
     argv = ["train", model, "--check", "--json", *flagged({**ints, **floats, **words}, bools),
-            *[x for f in faults for x in ("--inject-fault", f)], *ckpt_dir_arg(d, ckpt)]
+            *[x for f in faults for x in ("--inject-fault", f)], *ckpt_dir_arg(d, ckpt),
+            *[x for k, v in paths.items() for x in (k, str(where[v]))]]
     before = tree(d)
     check_preflight(argv)
     assert tree(d) == before, (argv, "train --check wrote something")
