@@ -14,7 +14,7 @@ from dayzero.errors import ConfigError
 def prepare_output(path: str | Path, flag: str, kind: Literal["file", "dir"] = "file", dry: bool = False) -> Path:
     """Make sure ``path`` can be written as a ``kind`` (creating the directories it needs) or raise
     one ConfigError naming ``flag``, the path and what to do. ``dry`` (a pre-flight such as
-    ``dayzero train --check``): create and write nothing; the nearest existing folder must be a
+    ``dayzero train --dry-run``): create and write nothing; the nearest existing folder must be a
     directory this process may write in (``os.access``, which also sees read-only mounts)."""
     p = Path(path)
     folder = p if kind == "dir" else p.parent

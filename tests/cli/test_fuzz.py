@@ -2,7 +2,7 @@
 cluster files, layout flags, calibration files and published-runs rows; export flags for every
 engine and scheduler, engine files for `dayzero import`, expert-load matrices for `dayzero moe
 place`, metrics streams for `dayzero monitor` and `dayzero moe loads`, and the flags of `dayzero
-train --check` and `dayzero validate --check` (the runs' own pre-flight; a few accepted draws are
+train --dry-run` and `dayzero validate --dry-run` (the runs' own pre-flight; a few accepted draws are
 then trained for real, slow-marked) (checkpoints: tests/runtime/checkpoint/test_ckpt_fuzz.py).
 
 For each generated input the verb must exit 0 or 2 (a usage or input error), print no traceback,
@@ -285,7 +285,18 @@ def test_fuzz_metrics_streams(tmp_path_factory, records, verb):
     check([*verb.split(), f, *(["--once"] if verb == "monitor" else []), "--json"])
 
 
-# -- pre-flight of train and validate (--check) ----------------------------------------------------
+# -- pre-flight of train and validate (--dry-run) ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runtime_imported():
+    """The runtime's modules imported before the first timed draw: a cold import of torch.distributed
+    took over TIMEOUT_S on the loaded 2-core CI host, which is not the verb hanging."""
+    import dayzero.runtime.preflight  # noqa: F401
+    import dayzero.runtime.resilience.loop  # noqa: F401
+    import dayzero.validate.host_cache  # noqa: F401
+    import dayzero.validate.preflight  # noqa: F401
+    import dayzero.validate.run  # noqa: F401
+
 
 def preflight_problems(argv: list[str], doc: dict) -> list[str]:
     """What an accepted pre-flight must say: a world that is the layout's, a need that fits what it
@@ -316,7 +327,7 @@ def preflight_problems(argv: list[str], doc: dict) -> list[str]:
 
 
 def check_preflight(argv: list[str]) -> int:
-    """``check`` for a --check verb, plus :func:`preflight_problems` on an accepted one."""
+    """``check`` for a --dry-run verb, plus :func:`preflight_problems` on an accepted one."""
     code, out, err, replaced = run(argv)
     assert code in (0, 2), (argv, code, err[-2000:])
     assert "Traceback" not in err and "Traceback" not in out, (argv, err[-2000:])
@@ -333,7 +344,7 @@ def check_preflight(argv: list[str]) -> int:
 
 @contextlib.contextmanager
 def empty_profile_cache(tmp_path_factory):
-    """No measured profile of this host: ``validate --check`` must say the run measures one, never measure."""
+    """No measured profile of this host: ``validate --dry-run`` must say the run measures one, never measure."""
     old = os.environ.get("DAYZERO_CACHE_DIR")
     cache = tmp_path_factory.mktemp("cache")
     os.environ["DAYZERO_CACHE_DIR"] = str(cache)
@@ -344,7 +355,7 @@ def empty_profile_cache(tmp_path_factory):
             os.environ.pop("DAYZERO_CACHE_DIR", None)
         else:
             os.environ["DAYZERO_CACHE_DIR"] = old
-        assert not any(cache.iterdir()), "validate --check wrote into the profile cache"
+        assert not any(cache.iterdir()), "validate --dry-run wrote into the profile cache"
 
 
 def odd_floats():
@@ -418,16 +429,16 @@ def flagged(flags: dict, bools: list[str]) -> list[str]:
        ckpt=st.sampled_from(CKPT_DIRS), paths=st.dictionaries(st.sampled_from(["--metrics", "--data"]),
                                                                st.sampled_from(["fresh", "dir", "under-file"]),
                                                                max_size=2))
-def test_fuzz_train_check(tmp_path_factory, model, ints, floats, words, faults, bools, ckpt, paths):
+def test_fuzz_train_check(runtime_imported, tmp_path_factory, model, ints, floats, words, faults, bools, ckpt, paths):
     d = tmp_path_factory.mktemp("train")
     (d / "file").write_text("x")
     where = {"fresh": d / "new" / "m.jsonl", "dir": d, "under-file": d / "file" / "m.jsonl"}
-    argv = ["train", model, "--check", "--json", *flagged({**ints, **floats, **words}, bools),
+    argv = ["train", model, "--dry-run", "--json", *flagged({**ints, **floats, **words}, bools),
             *[x for f in faults for x in ("--inject-fault", f)], *ckpt_dir_arg(d, ckpt),
             *[x for k, v in paths.items() for x in (k, str(where[v]))]]
     before = tree(d)
     check_preflight(argv)
-    assert tree(d) == before, (argv, "train --check wrote something")
+    assert tree(d) == before, (argv, "train --dry-run wrote something")
 
 
 VALIDATE_FLOATS = ["--lr", "--grad-clip", "--step-tolerance"]
@@ -443,9 +454,9 @@ VALIDATE_WORDS = {**PREFLIGHT_WORDS, "--fit-keys": ["gemm_bf16", "gemm_bf16,intr
        cluster=st.sampled_from(["none", "preset", "file", "missing", "bad"]),
        extras=st.lists(st.sampled_from(["--calibrate", "--runs", "--out", "--profile-out", "--strict"]), max_size=3,
                        unique=True))
-def test_fuzz_validate_check(tmp_path_factory, model, ints, floats, words, cluster, extras):
+def test_fuzz_validate_check(runtime_imported, tmp_path_factory, model, ints, floats, words, cluster, extras):
     d = tmp_path_factory.mktemp("val")
-    argv = ["validate", *([] if model == "none" else [model]), "--check", "--json", *flagged({**ints, **floats,
+    argv = ["validate", *([] if model == "none" else [model]), "--dry-run", "--json", *flagged({**ints, **floats,
                                                                                                 **words}, [])]
     if cluster != "none":
         f = d / "host.yaml"
@@ -463,14 +474,14 @@ def test_fuzz_validate_check(tmp_path_factory, model, ints, floats, words, clust
     before = tree(d)
     with empty_profile_cache(tmp_path_factory):
         check_preflight(argv)
-    assert tree(d) == before, (argv, "validate --check wrote something")
+    assert tree(d) == before, (argv, "validate --dry-run wrote something")
 
 
 RUNNABLE = settings(FUZZ, max_examples=int(os.environ.get("DAYZERO_FUZZ_RUNNABLE_DRAWS", "60")))
 
 
 @pytest.mark.slow
-def test_fuzz_check_accepted_means_runnable(tmp_path_factory):
+def test_fuzz_check_accepted_means_runnable(runtime_imported, tmp_path_factory):
     """The first 3 draws the check accepts, trained for one step: accepted means it runs."""
     import subprocess
     import sys
@@ -493,7 +504,7 @@ def test_fuzz_check_accepted_means_runnable(tmp_path_factory):
                 "--compute-dtype", dtype, "--layers", "2", "--hidden", "64", "--quiet", *flagged({**layout, **moe}, [])]
         if ckpt:
             argv += ["--ckpt-dir", str(tmp_path_factory.mktemp("ck") / "ck")]
-        if check_preflight([*argv, "--check", "--json"]) == 0:
+        if check_preflight([*argv, "--dry-run", "--json"]) == 0:
             accepted.append(argv)
 
     draw()

@@ -1,4 +1,4 @@
-"""``dayzero train --check`` and ``dayzero validate --check``: the real run's own pre-flight
+"""``dayzero train --dry-run`` and ``dayzero validate --dry-run``: the real run's own pre-flight
 (:mod:`dayzero.runtime.preflight`, :mod:`dayzero.validate.preflight`), stopped before any rank
 starts. What the check refuses the run refuses with the same line; what it accepts starts; it
 writes nothing and takes no lock."""
@@ -96,7 +96,7 @@ def test_every_refusal_of_the_run_is_made_by_the_check(tmp_path, capsys):
         argv = ["train", *argv] + ([] if "--steps" in argv else ["--steps", "1"])  # should one pass: a short run
         code, _, run_err = _run(argv, capsys)
         assert code == 2 and expect in run_err and run_err.count("\n") == 1, (argv, run_err)
-        code, out, err = _run([*argv, "--check"], capsys)
+        code, out, err = _run([*argv, "--dry-run"], capsys)
         assert code == 2 and _same(err, run_err), (argv, err, run_err)
 
 
@@ -112,21 +112,21 @@ def test_validate_refusals_are_made_by_the_check(tmp_path, capsys):
         argv = ["validate", *argv] + ([] if "--cluster" in argv else ["--cluster", CLUSTER])
         code, _, run_err = _run(argv, capsys)
         assert code == 2 and run_err.count("\n") == 1, (argv, run_err)
-        code, _, err = _run([*argv, "--check"], capsys)
+        code, _, err = _run([*argv, "--dry-run"], capsys)
         assert code == 2 and _same(err, run_err), (argv, err, run_err)
 
 
 def test_the_check_writes_nothing(tmp_path, capsys):
     root = tmp_path / "w"
     root.mkdir()
-    code, out, err = _run(["train", "tiny-llama", "--check", "--json", "--ckpt-dir", root / "ck", "--ckpt-every", "2",
+    code, out, err = _run(["train", "tiny-llama", "--dry-run", "--json", "--ckpt-dir", root / "ck", "--ckpt-every", "2",
                            "--metrics", root / "m" / "metrics.jsonl"], capsys)
     assert code == 0, err
     doc = json.loads(out)
     assert doc["ok"] and doc["checkpoint"]["exists"] is False and doc["checkpoint"]["resume"]["step"] is None
     assert doc["memory"]["need_bytes"] <= doc["memory"]["usable_bytes"] and doc["ranks"] == 1
-    code, out, err = _run(["validate", "tiny-llama", "--cluster", CLUSTER, "--check", "--out", root / "v"], capsys)
-    assert code == 0 and "check passed" in out, err
+    code, out, err = _run(["validate", "tiny-llama", "--cluster", CLUSTER, "--dry-run", "--out", root / "v"], capsys)
+    assert code == 0 and "dry run passed" in out, err
     assert list(root.iterdir()) == []
 
 
@@ -136,16 +136,16 @@ def test_a_held_checkpoint_directory_is_refused_without_touching_the_lock(tmp_pa
     ck = tmp_path / "ck"
     with DirLock(ck):
         before = (ck / ".lock").read_text()
-        code, _, err = _run(["train", "tiny-llama", "--check", "--ckpt-dir", ck], capsys)
+        code, _, err = _run(["train", "tiny-llama", "--dry-run", "--ckpt-dir", ck], capsys)
         assert code == 2 and "in use by another job" in err and f"pid {os.getpid()}" in err, err
         assert (ck / ".lock").read_text() == before
-    code, out, err = _run(["train", "tiny-llama", "--check", "--ckpt-dir", ck], capsys)  # released: free again
-    assert code == 0 and "check passed" in out, err
+    code, out, err = _run(["train", "tiny-llama", "--dry-run", "--ckpt-dir", ck], capsys)  # released: free again
+    assert code == 0 and "dry run passed" in out, err
 
 
 def test_validate_check_does_not_measure_the_host(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DAYZERO_CACHE_DIR", str(tmp_path / "cache"))
-    code, out, err = _run(["validate", "tiny-llama", "--check", "--json", "--nproc", "2", "--gbs", "2"], capsys)
+    code, out, err = _run(["validate", "tiny-llama", "--dry-run", "--json", "--nproc", "2", "--gbs", "2"], capsys)
     assert code == 0, err
     doc = json.loads(out)
     assert doc["profile"]["measured_first"] and doc["ranks"] == 2 and doc["memory"]["ranks_sharing"] == 2
@@ -159,19 +159,19 @@ def test_what_the_check_accepts_starts_and_resumes_as_planned(tmp_path, capsys):
     ck = tmp_path / "ck"
     argv = ["train", "tiny-llama", "--layers", "1", "--hidden", "64", "--seq", "32", "--steps", "2", "--ckpt-dir", ck,
             "--compute-dtype", "fp32", "--quiet"]
-    code, out, err = _run([*argv, "--check"], capsys)
-    assert code == 0 and "check passed" in out, err
+    code, out, err = _run([*argv, "--dry-run"], capsys)
+    assert code == 0 and "dry run passed" in out, err
     code, out, err = _run(argv, capsys)
     assert code == 0, err
     before = _files(ck)
-    code, out, err = _run([*argv, "--steps", "4", "--check", "--json"], capsys)
+    code, out, err = _run([*argv, "--steps", "4", "--dry-run", "--json"], capsys)
     assert code == 0, err
     plan = json.loads(out)["checkpoint"]
     assert plan["exists"] and plan["complete_versions"] == 1
     assert plan["resume"]["step"] == 2 and plan["resume"]["path"].endswith("step-00000002")
-    code, _, err = _run([*argv, "--resume", "9", "--check"], capsys)
+    code, _, err = _run([*argv, "--resume", "9", "--dry-run"], capsys)
     assert code == 2 and "step-00000009" in err, err
-    code, _, err = _run([*argv, "--layers", "2", "--check"], capsys)  # another model: nothing fits
+    code, _, err = _run([*argv, "--layers", "2", "--dry-run"], capsys)  # another model: nothing fits
     assert code == 2 and "passes verification and fits this run" in err, err
     assert _files(ck) == before
     code, out, err = _run([*argv, "--steps", "4", "--json"], capsys)  # and the run resumes where the check said

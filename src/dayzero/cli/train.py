@@ -182,7 +182,7 @@ def train_cmd(
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
                                                                                 "memory exceeds what this machine has "
                                                                                 "free.")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Pre-flight: run every check the run makes (flags, config, "
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Pre-flight: run every check the run makes (flags, config, "
                                                         "layout, memory, write paths, checkpoint directory and "
                                                         "resume), print what would run, start nothing, write "
                                                         "nothing.")] = False,
@@ -204,7 +204,7 @@ def train_cmd(
     from dayzero.outputs import prepare_output
 
     if metrics:
-        prepare_output(metrics, "--metrics", dry=check)
+        prepare_output(metrics, "--metrics", dry=dry_run)
     from dayzero.monitor.rules import threshold_overrides
     from dayzero.runtime.config import (
         CheckpointSection,
@@ -225,7 +225,7 @@ def train_cmd(
     parallel = layout.resolve(world, precision, plan, fill_pipeline=True)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     tmp = None
-    if metrics is None and json_out and not check:
+    if metrics is None and json_out and not dry_run:
         tmp = tempfile.TemporaryDirectory(prefix="dayzero-train-")
         metrics = Path(tmp.name) / "metrics.jsonl"
     from dayzero.cli.common import require_runtime_family
@@ -254,9 +254,10 @@ def train_cmd(
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     from dayzero.runtime.preflight import preflight_train
 
-    pre = preflight_train(cfg, world, cpu=acc.is_cpu, torchrun=torchrun, skip_memory_check=skip_memory_check, dry=check)
+    pre = preflight_train(cfg, world, cpu=acc.is_cpu, torchrun=torchrun, skip_memory_check=skip_memory_check,
+                          dry=dry_run)
     spec = pre.spec
-    if check:  # --check: what would run, and nothing started
+    if dry_run:  # --dry-run: what would run, and nothing started
         notes = [n for n in (layout.gbs_note(parallel),) if n]
         if json_out:
             emit_json(pre.to_dict(notes))

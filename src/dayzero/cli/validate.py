@@ -53,7 +53,7 @@ def validate_cmd(
                                                                               "profile here (default: update "
                                                                               "--cluster in place).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit with code 1 when a target fails (CI gates).")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Pre-flight: run every check the run makes (flags, layout, "
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Pre-flight: run every check the run makes (flags, layout, "
                                                         "proxy, memory, write paths, calibration inputs), print what "
                                                         "would run, start nothing, write nothing.")] = False,
     json_out: JsonOpt = False,
@@ -72,9 +72,9 @@ def validate_cmd(
     from dayzero.outputs import prepare_output
 
     if out:
-        prepare_output(out, "--out", "dir", dry=check)
+        prepare_output(out, "--out", "dir", dry=dry_run)
     if profile_out:
-        prepare_output(profile_out, "--profile-out", dry=check)
+        prepare_output(profile_out, "--profile-out", dry=dry_run)
     from dayzero.errors import ConfigError
     from dayzero.validate.calibration_store import calibrate_from_files, calibration_inputs
 
@@ -83,7 +83,7 @@ def validate_cmd(
         if not calibrate:
             raise ConfigError("MODEL", None, "give a model to validate (or --calibrate --runs FILE... to fit stored "
                                              "runs)")
-        if check:  # --check: the fit's inputs, nothing fitted or written
+        if dry_run:  # --dry-run: the fit's inputs, nothing fitted or written
             found = calibration_inputs(cluster, runs or [], keys)
             _checked({"ok": True, "calibration": {"profile": cluster, "runs": len(found), "keys": list(keys)}},
                      [f"calibration: would fit {', '.join(keys)} on {len(found)} stored run(s) and save them to "
@@ -114,7 +114,7 @@ def validate_cmd(
     dtype = resolve_dtype(acc, compute_dtype)
     # the profile file (the cached one of this host when none is given) is what --calibrate updates
     cl, cluster = host_profile(cluster, nproc, acc, lambda text: err_console.print(f"dayzero: {text}", highlight=False),
-                               measure=not check)
+                               measure=not dry_run)
     par = layout.resolve(nproc, plan=plan, fill_pipeline=True)
     from dayzero.specs.registry import load_model
 
@@ -122,7 +122,7 @@ def validate_cmd(
                           local_cluster(cl, nproc).memory_bytes if cl else unmeasured_capacity(nproc))
     req = ValidationRequest(model=ModelSection(model, **shrink), parallel=par, steps=steps, compute_dtype=dtype,
                             seed=seed, optimizer=OptimizerSection(lr=lr, grad_clip=grad_clip))
-    if not json_out and not check:
+    if not json_out and not dry_run:
         console.print(f"[bold]{req.spec().name}[/bold] "
                       f"({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
                       f"{par.describe()} on {nproc} rank(s), {steps} steps in {dtype}; profile "
@@ -134,7 +134,7 @@ def validate_cmd(
         err_console.print(f"dayzero: {note}", highlight=False)
     if calibrate:  # the fit's inputs, before minutes of work
         calibration_inputs(cluster, runs or [], keys)
-    if check:  # --check: the run's own pre-flight, then stop
+    if dry_run:  # --dry-run: the run's own pre-flight, then stop
         from dayzero.validate.preflight import preflight_validate
 
         pre = preflight_validate(req, nproc)

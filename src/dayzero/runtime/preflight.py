@@ -1,7 +1,7 @@
 """Pre-flight of a training run: every check the run makes before it starts ranks, in one function.
 
 ``dayzero train`` calls :func:`preflight_train` on the way to spawning ranks; ``dayzero train
---check`` calls the same function with ``dry=True`` and stops there, printing what would run.
+--dry-run`` calls the same function with ``dry=True`` and stops there, printing what would run.
 A config the check accepts therefore passes every check the real run makes before its ranks
 start, and every refusal of the real run before that point is made by the check too.
 
@@ -85,7 +85,7 @@ class TrainPreflight:
                 "checkpoint": asdict(self.checkpoint) if self.checkpoint else None, "notes": list(notes)}
 
     def lines(self, notes: list[str] | tuple[str, ...] = ()) -> list[str]:
-        """The pre-flight for a person: what would run, then ``check passed``."""
+        """The pre-flight for a person: what would run, then ``dry run passed``."""
         from dayzero.specs.counting import params_total
 
         s, p, GiB = self.spec, self.parallel, 2**30
@@ -112,14 +112,14 @@ class TrainPreflight:
                        f"{', async' if c.async_save else ''}")
             out += [f"  would skip {s}" for s in r.skipped]
         out += [f"note: {n}" for n in notes]
-        out.append("check passed: nothing was started or written (drop --check to run)")
+        out.append("dry run passed: nothing was started or written (drop --dry-run to run)")
         return out
 
 
 def preflight_train(cfg: TrainConfig, world: int, *, cpu: bool, torchrun: bool = False,
                     skip_memory_check: bool = False, dry: bool = False) -> TrainPreflight:
     """Every check ``dayzero train`` makes before starting ranks (raises DayzeroError: one line,
-    exit 2); what the run would do otherwise. ``dry``: touch nothing (``--check``)."""
+    exit 2); what the run would do otherwise. ``dry``: touch nothing (``--dry-run``)."""
     from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.data import resolve_data
     from dayzero.runtime.resilience.actions import check_alert_options

@@ -73,7 +73,7 @@ def calibrate_from_files(profile_path: str | None, records: list[dict], run_file
 
 def calibration_inputs(profile_path: str | None, run_files, keys=FIT_KEYS) -> list[dict]:
     """The inputs of a fit, checked before any work (``dayzero validate --calibrate``, also with
-    ``--check``): the profile file, the keys, and the records of the stored runs."""
+    ``--dry-run``): the profile file, the keys, and the records of the stored runs."""
     from dayzero.inputs import load_json
     from dayzero.validate.fit import check_fit_keys
 

@@ -1,6 +1,6 @@
 """Pre-flight of a validation run: the checks ``dayzero validate`` makes before it starts ranks,
 in one function (:func:`preflight_validate`) that the run (:func:`dayzero.validate.run.validate`)
-and ``dayzero validate --check`` both call; the check stops there and prints what would run.
+and ``dayzero validate --dry-run`` both call; the check stops there and prints what would run.
 
 Torch-free.
 """
@@ -54,7 +54,7 @@ class ValidatePreflight:
                 f"memory: {m.per_rank_bytes / GiB:,.2f} GiB per rank x {m.ranks_sharing} = {m.need_bytes / GiB:,.2f} "
                 f"GiB of {m.available_bytes / GiB:,.2f} GiB available on the {m.where} ({HEADROOM:.0%} usable)",
                 f"profile: {profile_text}", *[f"note: {n}" for n in notes],
-                "check passed: nothing was started or written (drop --check to run)"]
+                "dry run passed: nothing was started or written (drop --dry-run to run)"]
 
 
 def preflight_validate(request: "ValidationRequest", nproc: int) -> ValidatePreflight:

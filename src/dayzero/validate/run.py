@@ -260,6 +260,6 @@ def validate(request: ValidationRequest, cluster: Cluster, nproc: int, step_tole
     from dayzero.validate.launch import run_ranks
     from dayzero.validate.preflight import preflight_validate
 
-    preflight_validate(request, nproc)  # one line before any rank starts (also `dayzero validate --check`)
+    preflight_validate(request, nproc)  # one line before any rank starts (also `dayzero validate --dry-run`)
     ranks = run_ranks("dayzero.validate.run:run_rank", {"request": request.to_dict()}, nproc)
     return evaluate_run(request, cluster, ranks, step_tolerance)

@@ -136,7 +136,7 @@ def check_free(root: str | Path) -> None:
 
 
 def check_free_readonly(root: str | Path) -> None:
-    """:func:`check_free` without touching the lock (``dayzero train --check``): whether a process
+    """:func:`check_free` without touching the lock (``dayzero train --dry-run``): whether a process
     holds a flock on ``<root>/.lock``, read from the kernel's lock table (Linux ``/proc/locks``;
     elsewhere the lock is probed with a shared lock, taken and released at once). Writes nothing."""
     path = Path(root) / LOCK_FILE
