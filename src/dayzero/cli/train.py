@@ -262,7 +262,7 @@ def train_cmd(
         if json_out:
             emit_json(pre.to_dict(notes))
         else:
-            console.print("\n".join(pre.lines(notes)), highlight=False, markup=False)
+            console.print("\n".join(pre.lines(notes)), highlight=False, markup=False, soft_wrap=True)
         return
     if (note := layout.gbs_note(parallel)) and not torchrun:
         err_console.print(f"dayzero: {note}", highlight=False)

@@ -139,7 +139,7 @@ def validate_cmd(
 
         pre = preflight_validate(req, nproc)
         profile = {"name": cl.name if cl else None, "file": cluster, "measured_first": cl is None}
-        text = (f"{cl.name}" + (f" ({cluster})" if cluster else "") if cl else
+        text = (f"{cl.name}" + (f" ({cluster})" if cluster and cluster != cl.name else "") if cl else
                 f"none cached for this host: the run measures one first (about a minute) into {cluster}")
         lines = pre.lines(text, [note] if note else [])
         if calibrate:
@@ -157,7 +157,7 @@ def _checked(result: dict, lines: list[str], json_out: bool) -> None:
     if json_out:
         emit_json(result)
     else:
-        console.print("\n".join(lines), highlight=False, markup=False)
+        console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
 def _finish(result: dict, out: Path | None, json_out: bool, strict: bool = False, cluster: str | None = None,
