@@ -329,6 +329,9 @@ def preflight_problems(argv: list[str], doc: dict) -> list[str]:
 def check_preflight(argv: list[str]) -> int:
     """``check`` for a --dry-run verb, plus :func:`preflight_problems` on an accepted one."""
     code, out, err, replaced = run(argv)
+    if os.environ.get("DAYZERO_FUZZ_TALLY"):  # exit codes, to tell how many draws were accepted
+        with open(os.environ["DAYZERO_FUZZ_TALLY"], "a") as f:
+            f.write(f"{argv[0]} {code}\n")
     assert code in (0, 2), (argv, code, err[-2000:])
     assert "Traceback" not in err and "Traceback" not in out, (argv, err[-2000:])
     if code == 2:
@@ -436,6 +439,35 @@ def test_fuzz_train_check(runtime_imported, tmp_path_factory, model, ints, float
     argv = ["train", model, "--dry-run", "--json", *flagged({**ints, **floats, **words}, bools),
             *[x for f in faults for x in ("--inject-fault", f)], *ckpt_dir_arg(d, ckpt),
             *[x for k, v in paths.items() for x in (k, str(where[v]))]]
+    before = tree(d)
+    check_preflight(argv)
+    assert tree(d) == before, (argv, "train --dry-run wrote something")
+
+
+@FUZZ
+@given(model=st.sampled_from(["tiny-llama", "tiny-moe", "llama-3.1-8b", "mixtral-8x7b"]),
+       nproc=st.sampled_from(["1", "2", "4", "8"]),
+       degrees=st.dictionaries(st.sampled_from(["--tp", "--pp", "--dp", "--ep", "--vpp", "--zero"]),
+                               st.sampled_from(["1", "2", "4"]), max_size=3),
+       batch=st.dictionaries(st.sampled_from(["--mbs", "--gbs", "--seq"]),
+                             st.sampled_from(["1", "2", "8", "64", "512"]), max_size=3),
+       proxy=st.fixed_dictionaries({"--layers": st.sampled_from(["1", "2", "4"]),
+                                    "--hidden": st.sampled_from(["64", "128", "256"])},
+                                   optional={"--experts": st.sampled_from(["2", "4", "8"]),
+                                             "--vocab": st.sampled_from(["257", "512", "1024"])}),
+       run=st.dictionaries(st.sampled_from(["--steps", "--warmup", "--moe-loads-every", "--seed"]),
+                           st.sampled_from(["1", "5", "100"]), max_size=3),
+       rates=st.dictionaries(st.sampled_from(["--lr", "--grad-clip", "--moe-z-loss", "--moe-capacity-factor",
+                                              "--watchdog", "--save-timeout"]), st.sampled_from(["1e-3", "0.5", "2"]),
+                             max_size=2),
+       bools=st.lists(st.sampled_from(["--async-save", "--sequence-parallel"]), max_size=1),
+       ckpt=st.sampled_from(["none", "fresh", "fresh", "empty", "corrupt"]))
+def test_fuzz_train_check_plausible(runtime_imported, tmp_path_factory, model, nproc, degrees, batch, proxy, run,
+                                    rates, bools, ckpt):
+    """Draws from values a user would type, so that many are accepted and their plans are checked."""
+    d = tmp_path_factory.mktemp("train")
+    argv = ["train", model, "--dry-run", "--json", "--nproc", nproc,
+            *flagged({**degrees, **batch, **proxy, **run, **rates}, bools), *ckpt_dir_arg(d, ckpt)]
     before = tree(d)
     check_preflight(argv)
     assert tree(d) == before, (argv, "train --dry-run wrote something")
