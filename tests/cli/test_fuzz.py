@@ -12,7 +12,8 @@ time, size, rate or count; utilisations and MFU at most 1).
 
 CI runs ``FUZZ_EXAMPLES`` (default 25) examples per target with a fixed seed (derandomized);
 ``DAYZERO_FUZZ_EXAMPLES=1000 pytest tests/cli/test_fuzz.py`` is the long run recorded in
-benchmarks/RESULTS.md.
+benchmarks/RESULTS.md; ``DAYZERO_FUZZ_TALLY=FILE`` appends each pre-flight draw's verb and exit code
+to FILE (how many were accepted).
 """
 
 from __future__ import annotations
