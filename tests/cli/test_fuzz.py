@@ -1,8 +1,9 @@
 """Fuzzing every input a user hands the planner and production verbs: generated model configs,
 cluster files, layout flags, calibration files and published-runs rows; export flags for every
 engine and scheduler, engine files for `dayzero import`, expert-load matrices for `dayzero moe
-place`, metrics streams for `dayzero monitor` and `dayzero moe loads` (checkpoints:
-tests/runtime/checkpoint/test_ckpt_fuzz.py).
+place`, metrics streams for `dayzero monitor` and `dayzero moe loads`, and the flags of `dayzero
+train --dry-run` and `dayzero validate --dry-run` (the runs' own pre-flight; a few accepted draws are
+then trained for real, slow-marked) (checkpoints: tests/runtime/checkpoint/test_ckpt_fuzz.py).
 
 For each generated input the verb must exit 0 or 2 (a usage or input error), print no traceback,
 finish within ``TIMEOUT_S``, and when it exits 0 its JSON must hold only finite numbers (no value
@@ -11,7 +12,8 @@ time, size, rate or count; utilisations and MFU at most 1).
 
 CI runs ``FUZZ_EXAMPLES`` (default 25) examples per target with a fixed seed (derandomized);
 ``DAYZERO_FUZZ_EXAMPLES=1000 pytest tests/cli/test_fuzz.py`` is the long run recorded in
-benchmarks/RESULTS.md.
+benchmarks/RESULTS.md; ``DAYZERO_FUZZ_TALLY=FILE`` appends each pre-flight draw's verb and exit code
+to FILE (how many were accepted).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import signal
 
@@ -281,6 +284,272 @@ def test_fuzz_metrics_streams(tmp_path_factory, records, verb):
     f = tmp_path_factory.mktemp("run") / "metrics.jsonl"
     f.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
     check([*verb.split(), f, *(["--once"] if verb == "monitor" else []), "--json"])
+
+
+# -- pre-flight of train and validate (--dry-run) ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runtime_imported():
+    """The runtime's modules imported before the first timed draw: a cold import of torch.distributed
+    took over TIMEOUT_S on the loaded 2-core CI host, which is not the verb hanging."""
+    import dayzero.runtime.preflight  # noqa: F401
+    import dayzero.runtime.resilience.loop  # noqa: F401
+    import dayzero.validate.host_cache  # noqa: F401
+    import dayzero.validate.preflight  # noqa: F401
+    import dayzero.validate.run  # noqa: F401
+
+
+def preflight_problems(argv: list[str], doc: dict) -> list[str]:
+    """What an accepted pre-flight must say: a world that is the layout's, a need that fits what it
+    says is usable, positive sizes, and the flags it was given."""
+    out = []
+    par, mem = doc["parallel"], doc["memory"]
+    if doc["ranks"] != par["world"] or doc["ranks"] < 1:
+        out.append(f"ranks {doc['ranks']} vs layout world {par['world']}")
+    if par["tp"] * par["pp"] * par["dp"] * par["cp"] != par["world"]:
+        out.append(f"tp*pp*dp*cp != world: {par}")
+    if doc["tokens_per_step"] != par["gbs"] * par["seq"] or doc["tokens_per_step"] < 1:
+        out.append(f"tokens_per_step {doc['tokens_per_step']}")
+    if par["gbs"] != par["mbs"] * par["dp"] * par["microbatches"]:
+        out.append(f"gbs != mbs * dp * microbatches: {par}")
+    if doc["model"]["params"] < 1 or doc["model"]["layers"] < 1 or doc["steps"] < 1:
+        out.append(f"model {doc['model']}, steps {doc['steps']}")
+    if mem is not None and not (0 < mem["per_rank_bytes"] and mem["need_bytes"] <= mem["usable_bytes"]
+                                <= mem["available_bytes"] and mem["fits"]):
+        out.append(f"accepted although it does not fit: {mem}")
+    given = dict(zip(argv, argv[1:]))
+    for flag, key in (("--steps", "steps"), ("--nproc", "ranks")):
+        if flag in given and given[flag].isdigit() and int(given[flag]) != doc[key]:
+            out.append(f"{flag} {given[flag]} but the plan says {doc[key]}")
+    for flag in ("--tp", "--pp", "--ep", "--seq", "--mbs"):
+        if flag in given and given[flag].isdigit() and int(given[flag]) != par[flag[2:]]:
+            out.append(f"{flag} {given[flag]} but the plan says {par[flag[2:]]}")
+    return out
+
+
+def check_preflight(argv: list[str]) -> int:
+    """``check`` for a --dry-run verb, plus :func:`preflight_problems` on an accepted one."""
+    code, out, err, replaced = run(argv)
+    if os.environ.get("DAYZERO_FUZZ_TALLY"):  # exit codes, to tell how many draws were accepted
+        with open(os.environ["DAYZERO_FUZZ_TALLY"], "a") as f:
+            f.write(f"{argv[0]} {code}\n")
+    assert code in (0, 2), (argv, code, err[-2000:])
+    assert "Traceback" not in err and "Traceback" not in out, (argv, err[-2000:])
+    if code == 2:
+        assert err.startswith("dayzero: error: ") and err.count("\n") == 1, (argv, err)
+        return code
+    assert not replaced, (argv, "non-finite values in the output", replaced[:5])
+    doc = json.loads(out)
+    assert doc["ok"] is True and not physical_problems(doc), (argv, physical_problems(doc)[:5])
+    if "model" in doc:
+        assert not preflight_problems(argv, doc), (argv, preflight_problems(argv, doc))
+    return code
+
+
+@contextlib.contextmanager
+def empty_profile_cache(tmp_path_factory):
+    """No measured profile of this host: ``validate --dry-run`` must say the run measures one, never measure."""
+    old = os.environ.get("DAYZERO_CACHE_DIR")
+    cache = tmp_path_factory.mktemp("cache")
+    os.environ["DAYZERO_CACHE_DIR"] = str(cache)
+    try:
+        yield cache
+    finally:
+        if old is None:
+            os.environ.pop("DAYZERO_CACHE_DIR", None)
+        else:
+            os.environ["DAYZERO_CACHE_DIR"] = old
+        assert not any(cache.iterdir()), "validate --dry-run wrote into the profile cache"
+
+
+def odd_floats():
+    return st.one_of(st.sampled_from(["0", "1e-3", "0.5", "1", "3", "-1", "-0.0", "nan", "inf", "-inf", "1e308",
+                                      "1e-320", "x", "", "1,5"]),
+                     st.floats(allow_nan=True, allow_infinity=True).map(str))
+
+
+def fault_specs():
+    keys = st.sampled_from(["step", "rank", "kind", "sleep", "at", "attempt", "when"])
+    vals = st.one_of(flag_values(), st.sampled_from(["kill", "exception", "hang", "straggler", "save", "step", "x"]))
+    return st.one_of(st.lists(st.tuples(keys, vals), max_size=5).map(lambda kv: ",".join(f"{k}={v}" for k, v in kv)),
+                     st.builds(lambda s, r, k: f"step={s},rank={r},kind={k}", st.integers(-1, 12), st.integers(-1, 3),
+                               st.sampled_from(["kill", "exception", "hang", "straggler"])),
+                     st.text(max_size=12))
+
+
+PREFLIGHT_INTS = ["--tp", "--pp", "--dp", "--cp", "--ep", "--etp", "--vpp", "--mbs", "--gbs", "--seq", "--zero",
+                  "--nproc", "--steps", "--seed", "--layers", "--hidden", "--experts", "--vocab"]
+PREFLIGHT_WORDS = {"--compute-dtype": ["bf16", "fp32", "auto", "fp16", "x"], "--precision": ["bf16", "fp8", "fp4"],
+                   "--recompute": ["none", "full", "selective", "x"],
+                   "--schedule": ["1f1b", "interleaved", "gpipe", "zb", "x"], "--device": ["cpu", "cuda", "npu", "x"]}
+TRAIN_WORDS = {"--moe-aux-loss": ["model", "none", "seq", "global", "micro", "x"],
+               "--resume": ["auto", "never", "0", "2", "7", "-1", "x", "../ck"],
+               "--on-bad-loss": ["skip", "rollback", "x"], "--on-rank-failure": ["restart", "exclude", "x"],
+               "--ckpt-checksum": ["xxh3-128", "sha256", "md5"],
+               "--on-alert": ["all=log", "straggler=checkpoint", "x=y", "nan_loss=exclude", "="]}
+TRAIN_FLOATS = ["--lr", "--grad-clip", "--watchdog", "--save-timeout", "--spike-factor", "--moe-bias-rate",
+                "--moe-aux-coef", "--moe-z-loss", "--moe-capacity-factor", "--metrics-linger", "--peak-tflops"]
+TRAIN_INTS = ["--warmup", "--ckpt-every", "--keep", "--max-restarts", "--spares", "--moe-loads-every"]
+TRAIN_BOOLS = ["--async-save", "--ckpt-prune-other-lineages", "--skip-memory-check", "--alerts", "--quiet"]
+CKPT_DIRS = ["none", "fresh", "empty", "file", "corrupt", "under-file"]
+
+
+def ckpt_dir_arg(d, kind: str) -> list[str]:
+    """A --ckpt-dir of each kind a user can give, in the folder ``d``: new, empty, a file, with a
+    corrupt version, below a file."""
+    if kind == "none":
+        return []
+    if kind == "fresh":
+        return ["--ckpt-dir", str(d / "new" / "ck")]
+    if kind in ("file", "under-file"):
+        (d / "f").write_text("x")
+        return ["--ckpt-dir", str(d / "f" / ("ck" if kind == "under-file" else ""))]
+    if kind == "corrupt":
+        v = d / "step-00000002"
+        v.mkdir()
+        (v / "COMPLETE").write_text("")
+        (v / "manifest.json").write_text('{"format": "dayzero-checkpoint/1", "step": 2}')
+    return ["--ckpt-dir", str(d)]
+
+
+def tree(d) -> dict:
+    """Every path under ``d`` with its size and modification time."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))}
+
+
+def flagged(flags: dict, bools: list[str]) -> list[str]:
+    out = [x for k, v in flags.items() for x in (k, v)]
+    return out + bools
+
+
+@FUZZ
+@given(model=st.sampled_from(["tiny-llama", "tiny-moe", "llama-3.1-8b", "deepseek-v3", "gpt-oss-120b"]),
+       ints=st.dictionaries(st.sampled_from(PREFLIGHT_INTS + TRAIN_INTS), flag_values(), max_size=6),
+       floats=st.dictionaries(st.sampled_from(TRAIN_FLOATS), odd_floats(), max_size=3),
+       words=st.dictionaries(st.sampled_from(sorted({**PREFLIGHT_WORDS, **TRAIN_WORDS})), st.sampled_from(
+           sorted({w for ws in {**PREFLIGHT_WORDS, **TRAIN_WORDS}.values() for w in ws})), max_size=3),
+       faults=st.lists(fault_specs(), max_size=2), bools=st.lists(st.sampled_from(TRAIN_BOOLS), max_size=3,
+                                                                   unique=True),
+       ckpt=st.sampled_from(CKPT_DIRS), paths=st.dictionaries(st.sampled_from(["--metrics", "--data"]),
+                                                               st.sampled_from(["fresh", "dir", "under-file"]),
+                                                               max_size=2))
+def test_fuzz_train_check(runtime_imported, tmp_path_factory, model, ints, floats, words, faults, bools, ckpt, paths):
+    d = tmp_path_factory.mktemp("train")
+    (d / "file").write_text("x")
+    where = {"fresh": d / "new" / "m.jsonl", "dir": d, "under-file": d / "file" / "m.jsonl"}
+    argv = ["train", model, "--dry-run", "--json", *flagged({**ints, **floats, **words}, bools),
+            *[x for f in faults for x in ("--inject-fault", f)], *ckpt_dir_arg(d, ckpt),
+            *[x for k, v in paths.items() for x in (k, str(where[v]))]]
+    before = tree(d)
+    check_preflight(argv)
+    assert tree(d) == before, (argv, "train --dry-run wrote something")
+
+
+@FUZZ
+@given(model=st.sampled_from(["tiny-llama", "tiny-moe", "llama-3.1-8b", "mixtral-8x7b"]),
+       nproc=st.sampled_from(["1", "2", "4", "8"]),
+       degrees=st.dictionaries(st.sampled_from(["--tp", "--pp", "--dp", "--ep", "--vpp", "--zero"]),
+                               st.sampled_from(["1", "2", "4"]), max_size=3),
+       batch=st.dictionaries(st.sampled_from(["--mbs", "--gbs", "--seq"]),
+                             st.sampled_from(["1", "2", "8", "64", "512"]), max_size=3),
+       proxy=st.fixed_dictionaries({"--layers": st.sampled_from(["1", "2", "4"]),
+                                    "--hidden": st.sampled_from(["64", "128", "256"])},
+                                   optional={"--experts": st.sampled_from(["2", "4", "8"]),
+                                             "--vocab": st.sampled_from(["257", "512", "1024"])}),
+       run=st.dictionaries(st.sampled_from(["--steps", "--warmup", "--moe-loads-every", "--seed"]),
+                           st.sampled_from(["1", "5", "100"]), max_size=3),
+       rates=st.dictionaries(st.sampled_from(["--lr", "--grad-clip", "--moe-z-loss", "--moe-capacity-factor",
+                                              "--watchdog", "--save-timeout"]), st.sampled_from(["1e-3", "0.5", "2"]),
+                             max_size=2),
+       bools=st.lists(st.sampled_from(["--async-save", "--sequence-parallel"]), max_size=1),
+       ckpt=st.sampled_from(["none", "fresh", "fresh", "empty", "corrupt"]))
+def test_fuzz_train_check_plausible(runtime_imported, tmp_path_factory, model, nproc, degrees, batch, proxy, run,
+                                    rates, bools, ckpt):
+    """Draws from values a user would type, so that many are accepted and their plans are checked."""
+    d = tmp_path_factory.mktemp("train")
+    argv = ["train", model, "--dry-run", "--json", "--nproc", nproc,
+            *flagged({**degrees, **batch, **proxy, **run, **rates}, bools), *ckpt_dir_arg(d, ckpt)]
+    before = tree(d)
+    check_preflight(argv)
+    assert tree(d) == before, (argv, "train --dry-run wrote something")
+
+
+VALIDATE_FLOATS = ["--lr", "--grad-clip", "--step-tolerance"]
+VALIDATE_WORDS = {**PREFLIGHT_WORDS, "--fit-keys": ["gemm_bf16", "gemm_bf16,intra", "x", ",", ""]}
+
+
+@FUZZ
+@given(model=st.sampled_from(["tiny-llama", "tiny-moe", "llama-3.1-8b", "deepseek-v3", "none"]),
+       ints=st.dictionaries(st.sampled_from(PREFLIGHT_INTS), flag_values(), max_size=6),
+       floats=st.dictionaries(st.sampled_from(VALIDATE_FLOATS), odd_floats(), max_size=2),
+       words=st.dictionaries(st.sampled_from(sorted(VALIDATE_WORDS)), st.sampled_from(
+           sorted({w for ws in VALIDATE_WORDS.values() for w in ws})), max_size=3),
+       cluster=st.sampled_from(["none", "preset", "file", "missing", "bad"]),
+       extras=st.lists(st.sampled_from(["--calibrate", "--runs", "--out", "--profile-out", "--strict"]), max_size=3,
+                       unique=True))
+def test_fuzz_validate_check(runtime_imported, tmp_path_factory, model, ints, floats, words, cluster, extras):
+    d = tmp_path_factory.mktemp("val")
+    argv = ["validate", *([] if model == "none" else [model]), "--dry-run", "--json", *flagged({**ints, **floats,
+                                                                                                **words}, [])]
+    if cluster != "none":
+        f = d / "host.yaml"
+        if cluster == "file":
+            f.write_text("accelerator: h100\nnodes: 1\n")
+        elif cluster == "bad":
+            f.write_text("accelerator: [1, 2\n")
+        argv += ["--cluster", "dgx-h100-1024" if cluster == "preset" else str(f)]
+    if "--runs" in extras:
+        (d / "validation.json").write_text(json.dumps({"record": {"label": "x"}}))
+        argv += ["--runs", str(d / "validation.json")]
+    argv += ["--out", str(d / "out")] if "--out" in extras else []
+    argv += ["--profile-out", str(d / "p.yaml")] if "--profile-out" in extras else []
+    argv += [x for x in extras if x in ("--calibrate", "--strict")]
+    before = tree(d)
+    with empty_profile_cache(tmp_path_factory):
+        check_preflight(argv)
+    assert tree(d) == before, (argv, "validate --dry-run wrote something")
+
+
+RUNNABLE = settings(FUZZ, max_examples=int(os.environ.get("DAYZERO_FUZZ_RUNNABLE_DRAWS", "60")))
+
+
+@pytest.mark.slow
+def test_fuzz_check_accepted_means_runnable(runtime_imported, tmp_path_factory):
+    """The first 3 draws the check accepts, trained for one step: accepted means it runs."""
+    import subprocess
+    import sys
+
+    accepted: list[list[str]] = []
+
+    @RUNNABLE
+    @given(model=st.sampled_from(["tiny-llama", "tiny-moe"]), nproc=st.sampled_from(["1", "2"]),
+           layout=st.dictionaries(st.sampled_from(["--tp", "--dp", "--ep", "--pp", "--mbs", "--gbs"]),
+                                  st.sampled_from(["1", "2", "3", "4"]), max_size=3),
+           seq=st.sampled_from(["16", "32", "33", "64"]), lr=odd_floats(), warmup=st.sampled_from(["0", "1", "5"]),
+           dtype=st.sampled_from(["fp32", "auto", "bf16"]),
+           moe=st.dictionaries(st.sampled_from(["--moe-aux-loss", "--moe-z-loss", "--moe-capacity-factor"]),
+                               st.sampled_from(["seq", "micro", "0", "1e-3", "1.25"]), max_size=2),
+           ckpt=st.booleans())
+    def draw(model, nproc, layout, seq, lr, warmup, dtype, moe, ckpt):
+        if len(accepted) >= 3:
+            return
+        argv = ["train", model, "--nproc", nproc, "--steps", "1", "--seq", seq, "--lr", lr, "--warmup", warmup,
+                "--compute-dtype", dtype, "--layers", "2", "--hidden", "64", "--quiet", *flagged({**layout, **moe}, [])]
+        if ckpt:
+            argv += ["--ckpt-dir", str(tmp_path_factory.mktemp("ck") / "ck")]
+        if check_preflight([*argv, "--dry-run", "--json"]) == 0:
+            accepted.append(argv)
+
+    draw()
+    assert len(accepted) == 3, accepted
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"),
+                                                                   os.environ.get("PYTHONPATH")] if p)}
+    for argv in accepted:
+        p = subprocess.run([sys.executable, "-m", "dayzero", *argv, "--json"], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert p.returncode == 0, (argv, p.stderr[-2000:])
+        doc = json.loads(p.stdout)
+        assert [r["step"] for r in doc["steps"]] == [1] and math.isfinite(doc["steps"][0]["loss"]), (argv, doc)
 
 
 @pytest.mark.parametrize("argv", [["plan", "tiny-llama", "-a", "h100", "-n", "8", "--json"],

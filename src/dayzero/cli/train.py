@@ -156,6 +156,10 @@ def train_cmd(
     skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help="Start even when the planner's peak "
                                                                                 "memory exceeds what this machine has "
                                                                                 "free.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Pre-flight: run every check the run makes (flags, config, "
+                                                        "layout, memory, write paths, checkpoint directory and "
+                                                        "resume), print what would run, start nothing, write "
+                                                        "nothing.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Train MODEL with a parallel layout on torch.distributed (CPU: gloo; an accelerator: its vendor's backend, see
@@ -174,9 +178,8 @@ def train_cmd(
     from dayzero.outputs import prepare_output
 
     if metrics:
-        prepare_output(metrics, "--metrics")
+        prepare_output(metrics, "--metrics", dry=dry_run)
     from dayzero.monitor.rules import threshold_overrides
-    from dayzero.runtime.checks import check_runtime
     from dayzero.runtime.config import (
         CheckpointSection,
         FaultSection,
@@ -186,11 +189,8 @@ def train_cmd(
         OptimizerSection,
         TrainConfig,
     )
-    from dayzero.runtime.data import resolve_data
     from dayzero.runtime.device import compute_dtype as default_dtype
     from dayzero.runtime.device import resolve
-    from dayzero.runtime.resilience.actions import check_alert_options
-    from dayzero.runtime.resilience.loop import resilience_config
     from dayzero.runtime.train_entry import launch_world, run_train
 
     acc = resolve(device, backend)
@@ -199,7 +199,7 @@ def train_cmd(
     parallel = layout.resolve(world, precision, plan, fill_pipeline=True)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     tmp = None
-    if metrics is None and json_out:
+    if metrics is None and json_out and not dry_run:
         tmp = tempfile.TemporaryDirectory(prefix="dayzero-train-")
         metrics = Path(tmp.name) / "metrics.jsonl"
     from dayzero.cli.common import require_runtime_family
@@ -226,28 +226,18 @@ def train_cmd(
         steps=steps, seed=seed, compute_dtype=compute_dtype, data=data, metrics=str(metrics) if metrics else None,
         quiet=quiet)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
-    spec = cfg.spec()
-    check_runtime(spec, parallel, world)
-    cfg.moe.check()
-    if placement is not None:
-        from dayzero.errors import ConfigError
-        from dayzero.specs.placement import load_placement
+    from dayzero.runtime.preflight import preflight_train
 
-        if not spec.is_moe:
-            raise ConfigError(str(placement), None, f"--placement places routed experts; {spec.name} has no MoE layers")
-        load_placement(placement, spec.moe.experts, parallel.ep)
-    if not torchrun and not skip_memory_check:  # under torchrun the ranks are already up, allocating
-        from dayzero.runtime.memory_check import check_memory
-
-        check_memory(spec, parallel, world, compute_dtype, "cpu" if acc.is_cpu else None)
-    resolve_data(data)
-    resilience_config(cfg)  # checkpoint, drill and guard options
-    check_alert_options(cfg, torchrun, world)
-    if metrics_port is not None:
-        from dayzero.monitor.ports import check_ports
-
-        local = int(os.environ.get("LOCAL_RANK", "0")) if torchrun else None
-        check_ports(metrics_port, 1 if metrics_aggregate else world, local, metrics_aggregate)
+    pre = preflight_train(cfg, world, cpu=acc.is_cpu, torchrun=torchrun, skip_memory_check=skip_memory_check,
+                          dry=dry_run)
+    spec = pre.spec
+    if dry_run:  # --dry-run: what would run, and nothing started
+        notes = [n for n in (layout.gbs_note(parallel),) if n]
+        if json_out:
+            emit_json(pre.to_dict(notes))
+        else:
+            console.print("\n".join(pre.lines(notes)), highlight=False, markup=False, soft_wrap=True)
+        return
     if (note := layout.gbs_note(parallel)) and not torchrun:
         err_console.print(f"dayzero: {note}", highlight=False)
     if not torchrun and not quiet and not json_out:

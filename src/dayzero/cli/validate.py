@@ -53,6 +53,9 @@ def validate_cmd(
                                                                               "profile here (default: update "
                                                                               "--cluster in place).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit with code 1 when a target fails (CI gates).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Pre-flight: run every check the run makes (flags, layout, "
+                                                        "proxy, memory, write paths, calibration inputs), print what "
+                                                        "would run, start nothing, write nothing.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Run a layout on the runtime at proxy scale (same layout, model shrunk to fit this machine), measure MFU, peak
@@ -69,17 +72,23 @@ def validate_cmd(
     from dayzero.outputs import prepare_output
 
     if out:
-        prepare_output(out, "--out", "dir")
+        prepare_output(out, "--out", "dir", dry=dry_run)
     if profile_out:
-        prepare_output(profile_out, "--profile-out")
+        prepare_output(profile_out, "--profile-out", dry=dry_run)
     from dayzero.errors import ConfigError
-    from dayzero.validate.calibration_store import calibrate_from_files
+    from dayzero.validate.calibration_store import calibrate_from_files, calibration_inputs
 
     keys = tuple(k.strip() for k in fit_keys.split(",") if k.strip())
     if model is None:
         if not calibrate:
             raise ConfigError("MODEL", None, "give a model to validate (or --calibrate --runs FILE... to fit stored "
                                              "runs)")
+        if dry_run:  # --dry-run: the fit's inputs, nothing fitted or written
+            found = calibration_inputs(cluster, runs or [], keys)
+            _checked({"ok": True, "calibration": {"profile": cluster, "runs": len(found), "keys": list(keys)}},
+                     [f"calibration: would fit {', '.join(keys)} on {len(found)} stored run(s) and save them to "
+                      f"{profile_out or cluster}"], json_out)
+            return
         result = {"calibration": calibrate_from_files(cluster, [], runs or [], keys, profile_out)}
         _finish(result, out, json_out, strict, cluster, runs or [])
         return
@@ -92,20 +101,28 @@ def validate_cmd(
     from dayzero.runtime.config import ModelSection, OptimizerSection
     from dayzero.runtime.device import compute_dtype as resolve_dtype
     from dayzero.runtime.device import resolve
-    from dayzero.validate.run import ValidationRequest, host_profile, local_cluster, proxy_shrink, validate
+    from dayzero.validate.run import (
+        ValidationRequest,
+        host_profile,
+        local_cluster,
+        proxy_shrink,
+        unmeasured_capacity,
+        validate,
+    )
 
     acc = resolve(device, backend)
     dtype = resolve_dtype(acc, compute_dtype)
     # the profile file (the cached one of this host when none is given) is what --calibrate updates
-    cl, cluster = host_profile(cluster, nproc, acc, lambda text: err_console.print(f"dayzero: {text}", highlight=False))
+    cl, cluster = host_profile(cluster, nproc, acc, lambda text: err_console.print(f"dayzero: {text}", highlight=False),
+                               measure=not dry_run)
     par = layout.resolve(nproc, plan=plan, fill_pipeline=True)
     from dayzero.specs.registry import load_model
 
     shrink = proxy_shrink(load_model(model), par, dict(layers=layers, hidden=hidden, experts=experts, vocab=vocab),
-                          local_cluster(cl, nproc).memory_bytes)
+                          local_cluster(cl, nproc).memory_bytes if cl else unmeasured_capacity(nproc))
     req = ValidationRequest(model=ModelSection(model, **shrink), parallel=par, steps=steps, compute_dtype=dtype,
                             seed=seed, optimizer=OptimizerSection(lr=lr, grad_clip=grad_clip))
-    if not json_out:
+    if not json_out and not dry_run:
         console.print(f"[bold]{req.spec().name}[/bold] "
                       f"({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
                       f"{par.describe()} on {nproc} rank(s), {steps} steps in {dtype}; profile "
@@ -115,11 +132,32 @@ def validate_cmd(
 
         check_runtime(req.spec(), par, nproc)  # a layout that cannot run is the one line to print
         err_console.print(f"dayzero: {note}", highlight=False)
+    if calibrate:  # the fit's inputs, before minutes of work
+        calibration_inputs(cluster, runs or [], keys)
+    if dry_run:  # --dry-run: the run's own pre-flight, then stop
+        from dayzero.validate.preflight import preflight_validate
+
+        pre = preflight_validate(req, nproc)
+        profile = {"name": cl.name if cl else None, "file": cluster, "measured_first": cl is None}
+        text = (f"{cl.name}" + (f" ({cluster})" if cluster and cluster != cl.name else "") if cl else
+                f"none cached for this host: the run measures one first (about a minute) into {cluster}")
+        lines = pre.lines(text, [note] if note else [])
+        if calibrate:
+            lines.insert(-1, f"calibration: after the run, fit {', '.join(keys)} and save to {profile_out or cluster}")
+        _checked(pre.to_dict(profile, [note] if note else []), lines, json_out)
+        return
     with acc.exported():
         result = validate(req, cl, nproc, tolerance)
     if calibrate:
         result["calibration"] = calibrate_from_files(cluster, [result["record"]], runs or [], keys, profile_out)
     _finish(result, out, json_out, strict, cluster, runs or [])
+
+
+def _checked(result: dict, lines: list[str], json_out: bool) -> None:
+    if json_out:
+        emit_json(result)
+    else:
+        console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
 def _finish(result: dict, out: Path | None, json_out: bool, strict: bool = False, cluster: str | None = None,

@@ -36,6 +36,15 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
     return p
 
 
+def check_layout(parallel: ParallelConfig, world: int | None = None) -> None:
+    """The layout's own rules, before any model is sized for it (degrees and batch sizes >= 1,
+    their products against ``world``)."""
+    problems = parallel.problems(None, world)
+    if problems:
+        where = f" on {world} rank(s)" if world else ""
+        raise LayoutError(f"cannot run {parallel.describe()}{where}: " + "; ".join(problems))
+
+
 def check_runtime(spec: ModelSpec, parallel: ParallelConfig, world: int | None) -> None:
     problems = runtime_problems(spec, parallel, world)
     if problems:

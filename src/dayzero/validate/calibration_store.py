@@ -67,15 +67,24 @@ def calibrate_from_files(profile_path: str | None, records: list[dict], run_file
                          out: str | Path | None = None) -> dict:
     """:func:`calibrate_profile` on ``records`` plus the records of stored ``dayzero validate``
     results (``validation.json`` files); the profile must be a file (``dayzero calibrate`` writes one)."""
+    records = list(records) + calibration_inputs(profile_path, run_files, keys)
+    return calibrate_profile(profile_path, records, keys, out)
+
+
+def calibration_inputs(profile_path: str | None, run_files, keys=FIT_KEYS) -> list[dict]:
+    """The inputs of a fit, checked before any work (``dayzero validate --calibrate``, also with
+    ``--dry-run``): the profile file, the keys, and the records of the stored runs."""
     from dayzero.inputs import load_json
+    from dayzero.validate.fit import check_fit_keys
 
     if not profile_path or not Path(profile_path).exists():
         raise ConfigError("--cluster", None, "--calibrate updates a profile file: pass --cluster FILE.yaml "
                           "(from dayzero calibrate)")
-    records = list(records)
+    check_fit_keys(tuple(keys))
+    records = []
     for f in run_files:
         obj = load_json(f, "pass validation.json files written by `dayzero validate --out DIR`")
         if not isinstance(obj, dict) or "record" not in obj:
             raise ConfigError(str(f), "record", "not a dayzero validate result (no 'record')")
         records.append(obj["record"])
-    return calibrate_profile(profile_path, records, keys, out)
+    return records

@@ -105,16 +105,21 @@ def with_efficiency(cluster: Cluster, values: dict) -> Cluster:
     return replace(cluster, efficiency={**cluster.efficiency, **values})
 
 
+def check_fit_keys(keys: tuple[str, ...]) -> None:
+    """Refuse a key ``fit`` cannot fit (``--fit-keys``)."""
+    fittable = (*CLUSTER_KEYS, "gemm_bf16")
+    unknown = [k for k in keys if k not in fittable]
+    if unknown:
+        raise ConfigError("calibration", unknown[0], f"not a fittable efficiency key; known: {', '.join(fittable)}")
+
+
 def fit(observations: list[Observation], cluster: Cluster, keys: tuple[str, ...] = FIT_KEYS,
         iterations: int = 300) -> dict:
     """Fit ``keys`` (cluster efficiency keys) to the observations. Returns the fitted values,
     the constants before and after, and the error summaries before and after."""
     if not observations:
         raise ConfigError("calibration", None, "no validation runs to fit; run dayzero validate first")
-    fittable = (*CLUSTER_KEYS, "gemm_bf16")
-    unknown = [k for k in keys if k not in fittable]
-    if unknown:
-        raise ConfigError("calibration", unknown[0], f"not a fittable efficiency key; known: {', '.join(fittable)}")
+    check_fit_keys(keys)
     keys = tuple(keys[:len(observations)])
     measured = np.array([o.step_time_s for o in observations])
     labels = [o.label for o in observations]

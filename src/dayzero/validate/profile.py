@@ -225,7 +225,7 @@ def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) ->
             "id": f"{info['device']}-host", "name": f"{info.get('name') or info['cpu']} ({ranks} ranks, "
                                                     f"{info['threads_per_rank']} thread(s) each)",
             "vendor": info["device"], "peak_tflops": {dt: round(gf.peak_flops / 1e12, 6) for dt, gf in gemm.items()},
-            "hbm_gb": round(mem / ranks / HBM_GB, 3) if mem else 1.0, "hbm_tbytes_per_s": round(hbm_bw / 1e12, 6),
+            "hbm_gb": host_rank_memory_gb(mem, ranks), "hbm_tbytes_per_s": round(hbm_bw / 1e12, 6),
             "devices_per_node": ranks, "topology": "switch",
             "runtime_context_mib": round(over["runtime_context_bytes"] / 2**20, 1),
             "comm_buffer_mib": round(over["comm_buffer_bytes"] / 2**20, 1),
@@ -253,6 +253,12 @@ def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) ->
         "attention": m.get("attention", []), "collectives": m.get("collectives", []),
     }
     return profile
+
+
+def host_rank_memory_gb(memory_bytes: int, ranks: int) -> float:
+    """A CPU host profile's memory per rank: the host's memory split evenly over its ranks (1 GB
+    when the host does not say)."""
+    return round(memory_bytes / ranks / HBM_GB, 3) if memory_bytes else 1.0
 
 
 def write_profile(profile: dict, path: str | Path) -> Path:

@@ -82,6 +82,9 @@ def proxy_shrink(spec: ModelSpec, parallel: ParallelConfig, given: dict, capacit
     """The proxy sizing: what the user gave, or, when the full model does not fit the machine
     (planner memory above 85 % of a rank's memory), a small model of the same architecture: 4
     layers per pipeline stage, width 256, 8 experts (at least 2 per EP rank), vocab 512."""
+    from dayzero.runtime.checks import check_layout
+
+    check_layout(parallel)  # a layout that cannot run gets no proxy (and no division by a zero degree)
     if any(v is not None for v in given.values()):
         return {k: v for k, v in given.items() if v is not None}
     from dayzero.planner.memory import estimate_memory
@@ -174,10 +177,13 @@ def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label
             "device": measured.get("device")}
 
 
-def host_profile(path: str | None, nproc: int, acc, announce=lambda _: None) -> tuple[Cluster, str | None]:
+def host_profile(path: str | None, nproc: int, acc, announce=lambda _: None,
+                 measure: bool = True) -> tuple[Cluster | None, str | None]:
     """The profile to predict a run here with, and its file when it has one: ``path``
     (``--cluster``), or on an accelerator the catalog entry of the device's own name (no file), else
-    a measured profile of this host (made once and cached: :mod:`dayzero.validate.host_cache`)."""
+    a measured profile of this host (made once and cached: :mod:`dayzero.validate.host_cache`).
+    Without ``measure`` (a pre-flight) a host with no cached profile gets (None, the file the run
+    would measure into)."""
     from dayzero.errors import ConfigError
     from dayzero.specs.cluster import build_cluster, get_cluster
 
@@ -193,12 +199,24 @@ def host_profile(path: str | None, nproc: int, acc, announce=lambda _: None) -> 
         if entry is not None:
             return build_cluster(entry, nproc, nproc), None
     if acc.is_cpu:
-        from dayzero.validate.host_cache import cached_profile
+        from dayzero.validate.host_cache import HostKey, cached_profile, profile_path
 
+        if not measure and not profile_path(HostKey.here(nproc)).exists():
+            return None, str(profile_path(HostKey.here(nproc)))
         cached = str(cached_profile(nproc, announce))
         return get_cluster(cached), cached
     raise ConfigError("--cluster", None, f"no hardware profile for this {acc.type} device in the catalog; run `dayzero "
                       f"calibrate --nproc {nproc} --out host.yaml` and pass --cluster host.yaml")
+
+
+def unmeasured_capacity(nproc: int) -> float:
+    """Memory per rank of this host before its profile is measured: what the measured profile
+    will say (:func:`dayzero.validate.profile.host_rank_memory_gb`)."""
+    from dayzero.specs.hardware import HBM_GB
+    from dayzero.validate.host_cache import HostKey
+    from dayzero.validate.profile import host_rank_memory_gb
+
+    return host_rank_memory_gb(HostKey.here(nproc).memory_bytes, nproc) * HBM_GB
 
 
 def local_cluster(cluster: Cluster, nproc: int) -> Cluster:
@@ -239,14 +257,9 @@ def _proxy_text(shrink: dict) -> str:
 
 def validate(request: ValidationRequest, cluster: Cluster, nproc: int, step_tolerance: float = 0.20) -> dict:
     """Run ``request`` on ``nproc`` local ranks and build the result object."""
-    from dayzero.runtime.checks import check_runtime
-    from dayzero.runtime.memory_check import check_memory
     from dayzero.validate.launch import run_ranks
+    from dayzero.validate.preflight import preflight_validate
 
-    spec = request.spec()
-    check_runtime(spec, request.parallel, nproc)  # one line before any rank starts
-    check_memory(spec, request.parallel, nproc, request.compute_dtype, override=None)
-    if request.steps < 4:
-        raise LayoutError(f"--steps {request.steps}: the loss-trend test needs at least 4 steps (12 or more is better)")
+    preflight_validate(request, nproc)  # one line before any rank starts (also `dayzero validate --dry-run`)
     ranks = run_ranks("dayzero.validate.run:run_rank", {"request": request.to_dict()}, nproc)
     return evaluate_run(request, cluster, ranks, step_tolerance)

@@ -135,6 +135,51 @@ def check_free(root: str | Path) -> None:
         DirLock(root).acquire().release()
 
 
+def check_free_readonly(root: str | Path) -> None:
+    """:func:`check_free` without touching the lock (``dayzero train --dry-run``): whether a process
+    holds a flock on ``<root>/.lock``, read from the kernel's lock table (Linux ``/proc/locks``;
+    elsewhere the lock is probed with a shared lock, taken and released at once). Writes nothing."""
+    path = Path(root) / LOCK_FILE
+    if not path.is_file():
+        return
+    if not _flocked(path):
+        return
+    holder = read_holder(root)
+    who = holder.describe() if holder is not None else "a process that has not written its details yet"
+    raise CheckpointLocked(f"{root} is in use by another job: {who}; wait for it to finish or use another "
+                           f"--ckpt-dir (the lock, {path}, is released when that process exits)")
+
+
+def _flocked(path: Path) -> bool:
+    st = path.stat()
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        table = None
+    if table is not None:
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF": device major:minor in hex, then the inode
+        # (proc(5), /proc/locks)
+        want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+        for line in table.splitlines():
+            parts = line.split()
+            if "FLOCK" not in parts or "->" in parts:  # "->": a waiter, not a holder
+                continue
+            try:
+                major, minor, inode = next(p for p in parts if p.count(":") == 2).split(":")
+                if (int(major, 16), int(minor, 16), int(inode)) == want:
+                    return True
+            except (StopIteration, ValueError):
+                continue
+        return False
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 def _ours(h: Holder) -> bool:
     """The holder is this job: this process, or the launcher that started it (and lends it)."""
     if h.host != socket.gethostname():
