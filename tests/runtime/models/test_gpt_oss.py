@@ -215,3 +215,15 @@ def test_runtime_accepts_gpt_oss_and_only_gpt_oss_lists_the_swiglu_constants():
                              "num_hidden_layers": 2, "num_attention_heads": 4}).to_dict()
     assert "swiglu_limit" not in d["mlp"] and d["mlp"]["activation"] == "silu"
     assert _spec().to_dict()["moe"]["expert"]["swiglu_limit"] == 0.5
+
+
+def test_the_experts_stacked_biases_are_not_weight_decayed():
+    from dayzero.runtime.optim import build_optimizer
+
+    zoo = MoE(_spec().hidden, _spec().moe)
+    _randomize(zoo, 0)
+    opt = build_optimizer(zoo.named_parameters(), 1e-3, 0.1)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    ex = zoo.experts
+    assert {id(ex.w1), id(ex.w2), id(ex.w3), id(zoo.router.gate.weight)} <= decayed
+    assert not {id(ex.w1_bias), id(ex.w2_bias), id(ex.w3_bias), id(zoo.router.gate.bias)} & decayed
