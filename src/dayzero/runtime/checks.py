@@ -16,11 +16,8 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
     p = parallel.problems(spec, world)
     a = spec.attention
     p += engine_problems(DAYZERO, parallel)  # the layout limits of the runtime, as the planner labels them
-    if a.sinks:
-        p.append(f"{spec.name}: attention sinks (gpt-oss) are not in the runtime's model zoo yet")
-    acts = {spec.mlp.activation} | ({spec.moe.expert.activation} if spec.moe else set())
-    if "swiglu_clamped" in acts:
-        p.append(f"{spec.name}: the clamped SwiGLU of gpt-oss is not in the runtime's model zoo yet")
+    if a.sinks and a.kind == "mla":
+        p.append(f"{spec.name}: attention sinks are in the runtime's grouped-query attention only, not in MLA")
     if spec.tie_embeddings and (parallel.tp > 1 or parallel.pp > 1):
         p.append(f"{spec.name} ties its embedding and head: the runtime supports that only with tp 1 and pp 1")
     if spec.is_moe and parallel.tp > 1 and parallel.seq % parallel.tp:

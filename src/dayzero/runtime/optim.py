@@ -19,14 +19,18 @@ from torch.distributed.tensor import DTensor, Replicate
 
 def build_optimizer(params, lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8):
     """Decay matrices (and stacked experts), not norms and biases, as GPT-style recipes do.
+    ``params``: parameters, or (name, parameter) pairs, which also keep the routed experts' stacked
+    biases (``w1_bias``, 2-D) out of the decay.
     betas (0.9, 0.95): the Llama/GPT-3 pretraining setting (Touvron et al. 2023; Brown et al. 2020)."""
     groups: dict[tuple, list] = {}
-    for p in params:
+    for item in params:
+        name, p = item if isinstance(item, tuple) else ("", item)
         if p.requires_grad:
+            decay = p.ndim >= 2 and not name.endswith("bias")
             # one group per (mesh, decay): DTensor's multi-tensor kernels need every tensor of a
             # call on the same mesh, and parameters live on several (dense, experts, router)
             mesh = p.device_mesh if isinstance(p, DTensor) else None
-            groups.setdefault((id(mesh), p.ndim >= 2), []).append(p)
+            groups.setdefault((id(mesh), decay), []).append(p)
     # fused: one kernel per tensor on CPU and CUDA (about 6x the for-loop update on one CPU core)
     return torch.optim.AdamW([{"params": ps, "weight_decay": weight_decay if decay else 0.0}
                               for (_, decay), ps in groups.items()], lr=lr, betas=betas, eps=eps, fused=True)

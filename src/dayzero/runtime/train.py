@@ -131,7 +131,7 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     if parallel.pp > 1:
         pipeline = build_pipeline(list(zip(pm.stage_indices, pm.parts)), parallel, meshes.pp_group, device,
                                   loss_fn(parallel.microbatches))
-    optimizer = build_optimizer(pm.parameters(), config.optimizer.lr, config.optimizer.weight_decay)
+    optimizer = build_optimizer(pm.named_parameters(), config.optimizer.lr, config.optimizer.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.optimizer.min_lr_ratio)
     return TrainState(config, spec, meshes, device, pm, pipeline, optimizer, scheduler, data)
 

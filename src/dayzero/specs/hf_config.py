@@ -27,7 +27,7 @@ _EPS = (0.0, 1.0, True)
 FLOAT_RANGES = {
     "rope_theta": (0.0, math.inf, True), "rms_norm_eps": _EPS, "norm_eps": _EPS, "layer_norm_epsilon": _EPS,
     "routed_scaling_factor": (0.0, 1e6, True), "router_aux_loss_coef": (0.0, 1e3, False),
-    "aux_loss_alpha": (0.0, 1e3, False),
+    "aux_loss_alpha": (0.0, 1e3, False), "swiglu_alpha": (0.0, 1e3, True), "swiglu_limit": (0.0, 1e6, True),
 }
 
 
@@ -361,7 +361,10 @@ def _gpt_oss(f: _Fields, name: str, mt: str) -> ModelSpec:
     if f.str_list("layer_types") is None and window:  # gpt-oss alternates sliding / full, sliding first
         windows = tuple(window if i % 2 == 0 else None for i in range(layers))
     experts = f.int("num_local_experts")
-    expert = MLPSpec(f.int("intermediate_size"), gated=True, bias=True, activation="swiglu_clamped")
+    # transformers GptOssConfig defaults: swiglu_alpha 1.702, swiglu_limit 7.0 (as in openai/gpt-oss
+    # gpt_oss/torch/model.py swiglu(alpha=1.702, limit=7.0))
+    expert = MLPSpec(f.int("intermediate_size"), gated=True, bias=True, activation="swiglu_clamped",
+                     swiglu_alpha=f.float("swiglu_alpha", 1.702), swiglu_limit=f.float("swiglu_limit", 7.0))
     moe = MoESpec(experts=experts, top_k=_top_k(f, experts, alt=("experts_per_token",)), expert=expert,
                   router_bias=True, aux_loss_coef=f.float("router_aux_loss_coef", 0.0))
     return ModelSpec(attention=att, mlp=expert, moe=moe, layer_kinds=("moe",) * layers, layer_windows=windows,

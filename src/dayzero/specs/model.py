@@ -58,6 +58,10 @@ class MLPSpec:
     gated: bool = True
     bias: bool = False
     activation: Activation = "silu"
+    # ``swiglu_clamped`` only (gpt-oss): glu = gate * sigmoid(alpha * gate), out = (up + 1) * glu, with
+    # gate clamped to <= limit and up to [-limit, limit] (transformers GptOssExperts._apply_gate)
+    swiglu_alpha: float | None = None
+    swiglu_limit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,12 @@ class ModelSpec:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("extra")
+        # the clamped-SwiGLU constants are listed only where set, so the digest of every other spec
+        # (checkpoint manifests) is what it was before they existed
+        for mlp in (d["mlp"], (d["moe"] or {}).get("expert") or {}):
+            for key in ("swiglu_alpha", "swiglu_limit"):
+                if mlp.get(key, 0) is None:
+                    mlp.pop(key)
         return d
 
     def digest(self) -> str:

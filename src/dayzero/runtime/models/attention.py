@@ -1,5 +1,6 @@
-"""Self-attention for the zoo: grouped-query (MHA/GQA/MQA) and DeepSeek's multi-head latent
-attention (MLA), both with rotary positions and PyTorch's fused ``scaled_dot_product_attention``.
+"""Self-attention for the zoo: grouped-query (MHA/GQA/MQA, optionally with gpt-oss's attention
+sinks) and DeepSeek's multi-head latent attention (MLA), both with rotary positions and PyTorch's
+fused ``scaled_dot_product_attention``.
 
 Plain PyTorch: nothing here knows about parallelism. Projections are reshaped with
 ``view(B, S, -1, head_dim)`` so that when tensor parallelism shards a projection's output
@@ -40,22 +41,45 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
 
 class CoreAttention(nn.Module):
     """softmax(q k^T * scale + causal mask) v through the fused SDPA kernel: the part selective
-    recompute re-runs in backward (Korthikanti et al. 2022)."""
+    recompute re-runs in backward (Korthikanti et al. 2022). With ``sinks`` (gpt-oss) each head's
+    learned logit joins the softmax denominator and carries no value (OpenAI gpt-oss model card,
+    2025, "attention sinks"; transformers modeling_gpt_oss.eager_attention_forward), computed
+    explicitly since SDPA has no such term."""
 
     def __init__(self, scale: float, window: int | None = None):
         super().__init__()
         self.scale = scale
         self.window = window
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q: (B, h, S, d), k: (B, kv_h, S, d), v: (B, kv_h, S, dv) -> (B, h, S, dv)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
+        # q: (B, h, S, d), k: (B, kv_h, S, d), v: (B, kv_h, S, dv), sinks: (h,) -> (B, h, S, dv)
         seq = q.shape[2]
         gqa = k.shape[1] != q.shape[1]
-        if self.window is None or self.window >= seq:
+        windowed = self.window is not None and self.window < seq
+        if sinks is None and not windowed:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
         i = torch.arange(seq, device=q.device)
-        mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < self.window)  # (S, S) sliding causal
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+        mask = i[None, :] <= i[:, None]  # (S, S) causal
+        if windowed:
+            mask = mask & (i[:, None] - i[None, :] < self.window)  # sliding: the last ``window`` keys
+        if sinks is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+        return sink_attention(q, k, v, mask, self.scale, sinks)
+
+
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                   sinks: torch.Tensor) -> torch.Tensor:
+    """softmax over [q k^T * scale (masked), sink_h] per row, the sink column dropped, times v; the
+    softmax in fp32. q: (B, h, S, d), k/v: (B, kv_h, S, .), mask: (S, S) bool, sinks: (h,)."""
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    logits = (q @ k.transpose(-2, -1)).float() * scale  # (B, h, S, S)
+    logits = logits.masked_fill(~mask, float("-inf"))
+    sink = sinks.float().view(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[2], 1)
+    probs = torch.cat([logits, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return probs.to(v.dtype) @ v
 
 
 class RMSNorm(nn.Module):
@@ -85,6 +109,8 @@ class GroupedQueryAttention(nn.Module):
         self.wo = nn.Linear(a.heads * a.v_head_dim, hidden, bias=a.o_bias)
         self.q_norm = RMSNorm(a.head_dim, eps) if a.qk_norm else None
         self.k_norm = RMSNorm(a.head_dim, eps) if a.qk_norm else None
+        # one learned logit per query head (gpt-oss); tensor parallelism shards it with the heads
+        self.sinks = nn.Parameter(torch.empty(a.heads)) if a.sinks else None
         self.core = CoreAttention(a.head_dim ** -0.5, window)
 
     @property
@@ -100,8 +126,14 @@ class GroupedQueryAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if cos is not None:  # (learned absolute positions were added to the embedding instead)
             q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
-        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, h_local, S, dv)
+        sinks = None if self.sinks is None else _local(self.sinks)  # (h_local,)
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks)  # (B, h_local, S, dv)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a tensor-parallel DTensor parameter (autograd flows through)."""
+    return p.to_local() if hasattr(p, "to_local") else p
 
 
 class MultiHeadLatentAttention(nn.Module):

@@ -20,17 +20,34 @@ def activation(name: str):
     raise ValueError(f"activation {name!r}")
 
 
+def gated(spec: MLPSpec):
+    """The gate-up product of a gated MLP, ``f(gate, up)``: act(gate) * up (SwiGLU, Shazeer 2020), or
+    gpt-oss's clamped SwiGLU (OpenAI gpt-oss model card, 2025; transformers GptOssExperts._apply_gate):
+    gate clamped to <= limit, up to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)."""
+    if spec.activation == "swiglu_clamped":
+        alpha, limit = spec.swiglu_alpha, spec.swiglu_limit
+
+        def clamped(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+            gate = gate.clamp(max=limit)
+            up = up.clamp(min=-limit, max=limit)
+            return (up + 1) * (gate * torch.sigmoid(alpha * gate))
+
+        return clamped
+    act = activation(spec.activation)
+    return lambda gate, up: act(gate) * up
+
+
 class MLP(nn.Module):
-    """SwiGLU (w2(act(w1 x) * w3 x), Shazeer 2020) or plain (w2(act(w1 x)))."""
+    """Gated (w2(gated(w1 x, w3 x)), see :func:`gated`) or plain (w2(act(w1 x)))."""
 
     def __init__(self, hidden: int, spec: MLPSpec, intermediate: int | None = None):
         super().__init__()
         inter = intermediate or spec.intermediate
-        self.act = activation(spec.activation)
+        self.act = gated(spec) if spec.gated else activation(spec.activation)
         self.w1 = nn.Linear(hidden, inter, bias=spec.bias)
         self.w2 = nn.Linear(inter, hidden, bias=spec.bias)
         self.w3 = nn.Linear(hidden, inter, bias=spec.bias) if spec.gated else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.act(self.w1(x))
-        return self.w2(h * self.w3(x) if self.w3 is not None else h)
+        h = self.act(self.w1(x), self.w3(x)) if self.w3 is not None else self.act(self.w1(x))
+        return self.w2(h)

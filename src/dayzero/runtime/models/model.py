@@ -96,11 +96,11 @@ def initial_value(fqn: str, shape: tuple[int, ...], seed: int, device: torch.dev
     """The full initial value of parameter ``fqn``: a pure function of (name, shape, seed), so every
     layout (and every rank computing its shard) starts from exactly the same weights.
 
-    Norm weights 1, biases 0, everything else N(0, 0.02), the HF/GPT-2 convention.
+    Norm weights 1, biases 0, everything else (attention sinks too) N(0, 0.02), the HF/GPT-2 convention.
     """
     leaf = fqn.rsplit(".", 1)[-1]
     parent = fqn.rsplit(".", 2)[-2] if fqn.count(".") >= 1 else ""
-    if leaf == "bias":
+    if leaf == "bias" or leaf.endswith("_bias"):  # incl. the routed experts' w1_bias / w2_bias / w3_bias
         return torch.zeros(shape, device=device)
     if "norm" in parent and leaf == "weight":
         return torch.ones(shape, device=device)

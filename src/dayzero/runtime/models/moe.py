@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dayzero.runtime.models.grouped_gemm import grouped_linear
-from dayzero.runtime.models.mlp import MLP, activation
+from dayzero.runtime.models.mlp import MLP, activation, gated
 from dayzero.specs.model import MLPSpec, MoESpec
 
 AUX_LOSSES = ("none", "seq", "global", "micro")
@@ -55,30 +55,45 @@ class Routing:
 
 
 class GroupedExperts(nn.Module):
-    """``experts`` SwiGLU experts as three stacked weights: w1, w3 (E, I, H) and w2 (E, H, I).
-    Expert parallelism shards dim 0; the forward then sees only its local experts."""
+    """``experts`` gated experts as stacked weights: w1 (gate), w3 (up) (E, I, H) and w2 (down) (E, H, I),
+    with per-expert biases w1_bias, w3_bias (E, I) and w2_bias (E, H) when the spec has them (gpt-oss).
+    Expert parallelism shards dim 0 of every one; the forward then sees only its local experts."""
 
     def __init__(self, experts: int, hidden: int, spec: MLPSpec):
         super().__init__()
-        self.act = activation(spec.activation)
-        self.w1 = nn.Parameter(torch.empty(experts, spec.intermediate, hidden))
-        self.w2 = nn.Parameter(torch.empty(experts, hidden, spec.intermediate))
-        self.w3 = nn.Parameter(torch.empty(experts, spec.intermediate, hidden)) if spec.gated else None
+        self.act = gated(spec) if spec.gated else activation(spec.activation)
+        inter = spec.intermediate
+        self.w1 = nn.Parameter(torch.empty(experts, inter, hidden))
+        self.w2 = nn.Parameter(torch.empty(experts, hidden, inter))
+        self.w3 = nn.Parameter(torch.empty(experts, inter, hidden)) if spec.gated else None
+        self.w1_bias = nn.Parameter(torch.empty(experts, inter)) if spec.bias else None
+        self.w2_bias = nn.Parameter(torch.empty(experts, hidden)) if spec.bias else None
+        self.w3_bias = nn.Parameter(torch.empty(experts, inter)) if spec.bias and spec.gated else None
         self.impl = "auto"  # grouped_gemm.IMPLS: grouped kernel where supported, else the loop
 
     def local_weights(self) -> tuple:
-        """(w1, w2, w3) of the experts this rank holds (w3 None for an ungated MLP)."""
-        return tuple(_local(w) for w in (self.w1, self.w2, self.w3))
+        """(w1, w2, w3, w1_bias, w2_bias, w3_bias) of the experts this rank holds (None where absent)."""
+        return tuple(_local(w) for w in (self.w1, self.w2, self.w3, self.w1_bias, self.w2_bias, self.w3_bias))
 
     def forward(self, x: torch.Tensor, counts: list[int], remap=None) -> torch.Tensor:
         # x: (N, H) tokens grouped by expert, counts[e] rows each -> (N, H). ``remap`` maps the local
-        # (w1, w2, w3) to the weights the rows' groups use (a placement's slots); it runs here, inside
+        # weights to the weights the rows' groups use (a placement's slots); it runs here, inside
         # the module's forward, where FSDP has gathered the weights
-        w1, w2, w3 = self.local_weights() if remap is None else remap(self.local_weights())
-        h = self.act(grouped_linear(x, counts, w1, self.impl))
-        if w3 is not None:
-            h = h * grouped_linear(x, counts, w3, self.impl)
-        return grouped_linear(h, counts, w2, self.impl)
+        w1, w2, w3, b1, b2, b3 = self.local_weights() if remap is None else remap(self.local_weights())
+
+        def linear(h, w, b):
+            y = grouped_linear(h, counts, w, self.impl)
+            return y if b is None else y + _rows_bias(b, counts, y.shape[0])
+
+        g = linear(x, w1, b1)
+        h = self.act(g, linear(x, w3, b3)) if w3 is not None else self.act(g)
+        return linear(h, w2, b2)
+
+
+def _rows_bias(b: torch.Tensor, counts: list[int], rows: int) -> torch.Tensor:
+    """Per-expert biases ``b`` (E, O) repeated over each expert's ``counts[e]`` rows: (rows, O)."""
+    reps = torch.tensor(counts, dtype=torch.long, device=b.device)
+    return torch.repeat_interleave(b, reps, dim=0, output_size=rows)
 
 
 def _local(w):

@@ -40,6 +40,14 @@ def apply_fsdp(model: Transformer, meshes, param_dtype: torch.dtype, zero: int, 
         m = module[0] if isinstance(module, list) else module
         if divide_by is not None:
             m.set_gradient_divide_factor(float(divide_by))
+        # gloo: guard against averaging inside its collectives (see STYLE.md, CPU facts). Not where
+        # the shard dim has one rank and a divide factor is set: no reduce-scatter runs there, and
+        # torch 2.13's FSDP2 (_fsdp_collectives.foreach_reduce, its world_size == 1 branch) then
+        # divides by the factor once while copying and again after the all-reduce, i.e. by its
+        # square (routed experts with ep == dp: their gradients came out 1/dp too small)
+        single_shard = mesh.size(mesh.ndim - 1) == 1 and divide_by is not None
+        if gloo and not single_shard:
+            m.set_force_sum_reduction_for_comms(True)
         units.append(m)
 
     for block in model.layers.values():
@@ -52,7 +60,4 @@ def apply_fsdp(model: Transformer, meshes, param_dtype: torch.dtype, zero: int, 
                 shard(shared, meshes.mdp, mp, dp)
         shard(block, meshes.dp, mp)
     shard(model, meshes.dp, mp)
-    if gloo:  # guard against averaging inside gloo collectives (see STYLE.md, CPU facts)
-        for m in units:
-            m.set_force_sum_reduction_for_comms(True)
     return units

@@ -71,8 +71,9 @@ class PlacedDispatch:
         return self.slot_rows(counts).view(self.ep, self.per_rank).sum(1)
 
     def slot_weights(self, local: tuple) -> tuple:
-        """(w1, w2, w3) of this rank's slots (S, ...) from the home ranks' ``local`` (w1, w2, w3)
-        (differentiable: the gradient returns home and sums over replicas)."""
+        """The expert weights of this rank's slots (S, ...) from the home ranks' ``local`` weights
+        (``GroupedExperts.local_weights``, None staying None); differentiable: the gradient returns
+        home and sums over replicas."""
         ws = [w for w in local if w is not None]
         flat = torch.cat([w.reshape(w.shape[0], -1) for w in ws], dim=1)  # (home experts, sum of sizes)
         send_idx = torch.tensor([i for ids in self.w_send for i in ids], dtype=torch.long, device=flat.device)
@@ -84,8 +85,8 @@ class PlacedDispatch:
             size = w[0].numel()
             out.append(got[:, start:start + size].reshape((self.per_rank,) + tuple(w.shape[1:])))
             start += size
-        w1, w2 = out[0], out[1]
-        return w1, w2, (out[2] if len(out) > 2 else None)
+        it = iter(out)
+        return tuple(None if w is None else next(it) for w in local)
 
     def __call__(self, x_sorted: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
         # x_sorted: (N, H) this rank's rows grouped by global expert; counts: (E,)

@@ -41,6 +41,10 @@ class ParallelModel:
         for p in self.parts:
             yield from p.parameters()
 
+    def named_parameters(self):
+        for p in self.parts:
+            yield from p.named_parameters()
+
     def train(self, mode: bool = True):
         for p in self.parts:
             p.train(mode)

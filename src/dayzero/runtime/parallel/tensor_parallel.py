@@ -12,7 +12,7 @@ shards (each tp rank routes a different part of the micro-batch; ``expert_parall
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -126,3 +126,6 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool) 
                 output_layouts=(Shard(1),), desired_output_layouts=(act,), use_local_output=True)
             block.moe.stats_group = tp_mesh.get_group()
         parallelize_module(block, tp_mesh, plan)
+        if not mla and att.sinks is not None:  # one sink per query head: sharded like wq's heads
+            dt = distribute_tensor(att.sinks.data, tp_mesh, [Shard(0)], src_data_rank=None)
+            att.sinks = nn.Parameter(dt, requires_grad=att.sinks.requires_grad)
