@@ -21,7 +21,8 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
     acts = {spec.mlp.activation} | ({spec.moe.expert.activation} if spec.moe else set())
     if "swiglu_clamped" in acts:
         p.append(f"{spec.name}: the clamped SwiGLU of gpt-oss is not in the runtime's model zoo yet")
-    if spec.tie_embeddings and (parallel.tp > 1 or parallel.pp > 1):
+    # a model derived from its own code keeps embedding and head whole under tp (runtime.parallel.hf_plan)
+    if spec.tie_embeddings and (parallel.tp > 1 or parallel.pp > 1) and not spec.extra.get("derived"):
         p.append(f"{spec.name} ties its embedding and head: the runtime supports that only with tp 1 and pp 1")
     if spec.is_moe and parallel.tp > 1 and parallel.seq % parallel.tp:
         p.append(f"seq {parallel.seq} must be divisible by tp {parallel.tp}: MoE layers route sequence shards")
