@@ -11,12 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_derive import NEW_TYPES, write_config  # noqa: E402
+
 from dayzero.cli.app import main  # noqa: E402
 from dayzero.errors import DayzeroError  # noqa: E402
 from dayzero.runtime.config import ModelSection  # noqa: E402
 from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config, shrink_config  # noqa: E402
 from dayzero.runtime.parallel.hf_plan import layer_plan  # noqa: E402
-from test_derive import NEW_TYPES, write_config  # noqa: E402
 
 TRAINED = ("olmo2", "qwen3_next", "phimoe", "gemma3_text")
 RUN = ["--steps", "8", "--seq", "32", "--gbs", "4", "--compute-dtype", "fp32", "--quiet"]
