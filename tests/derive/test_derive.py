@@ -232,9 +232,10 @@ def test_a_directory_with_its_own_modeling_code_needs_trust(tmp_path, capsys):
     assert obj["params_total"] == sum(p.numel() for p in net.parameters()) and obj["layers"] == 3
 
 
-def test_train_and_validate_refuse_a_derived_model(tmp_path, capsys):
+def test_validate_refuses_a_derived_model(tmp_path, capsys):
+    # train runs it as transformers' own module (test_derive_train.py); validate compares the runtime
+    # against the planner's prediction, and the planner's spec of a derived model is an approximation
     path = write_config(tmp_path, "olmo2", NEW_TYPES["olmo2"])
-    for argv in (["train", path, "--steps", "1"], ["validate", path]):
-        assert main(argv) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "derived from its own modeling code" in err[0], err
+    assert main(["validate", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "derived from its own modeling code" in err[0], err

@@ -25,6 +25,13 @@ from dayzero.runtime.checkpoint.manifest import CHECKSUMS, DEFAULT_CHECKSUM
 from dayzero.specs.layout_options import LayoutOptions
 
 
+def derived_dimensions(cfg) -> list[str]:
+    """A model derived from its own code trains as transformers' module: what applies (refused otherwise)."""
+    from dayzero.runtime.parallel.hf_plan import check_derived
+
+    return check_derived(cfg)
+
+
 @app.command("train")
 @takes_layout(seq_default=256)
 def train_cmd(
@@ -202,10 +209,6 @@ def train_cmd(
     if metrics is None and json_out and not dry_run:
         tmp = tempfile.TemporaryDirectory(prefix="dayzero-train-")
         metrics = Path(tmp.name) / "metrics.jsonl"
-    from dayzero.cli.common import require_runtime_family
-    from dayzero.specs.registry import load_model
-
-    require_runtime_family(load_model(model), "train")
     cfg = TrainConfig(
         model=ModelSection(model, layers=layers, hidden=hidden, experts=experts, vocab=vocab,
                            hf_weights=str(hf_weights) if hf_weights else None),
@@ -231,6 +234,7 @@ def train_cmd(
     pre = preflight_train(cfg, world, cpu=acc.is_cpu, torchrun=torchrun, skip_memory_check=skip_memory_check,
                           dry=dry_run)
     spec = pre.spec
+    applies = derived_dimensions(cfg) if spec.extra.get("derived") else None
     if dry_run:  # --dry-run: what would run, and nothing started
         notes = [n for n in (layout.gbs_note(parallel),) if n]
         if json_out:
@@ -245,6 +249,9 @@ def train_cmd(
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "
                       f"{parallel.microbatches} micro-batch(es) of {parallel.mbs} per data-parallel "
                       "rank", highlight=False)
+    if applies and not torchrun and not quiet and not json_out:
+        err_console.print(f"{spec.name}: trained as transformers' own module (derived from its own code); "
+                          + "; ".join(applies), highlight=False, soft_wrap=True)
 
     with acc.exported():
         code = run_train(cfg, world, torchrun)
@@ -254,8 +261,9 @@ def train_cmd(
         from dayzero.runtime.metrics import read_metrics
 
         steps_out, end = read_metrics(cfg.metrics)
-        emit_json({"config": cfg.to_dict(), "end": end, "steps": steps_out})
-    if not json_out and (not torchrun or os.environ.get("RANK") == "0"):
+        emit_json({"config": cfg.to_dict(), "end": end, "steps": steps_out,
+                   **({"derived_dimensions": applies} if applies else {})})
+    if not json_out and not applies and (not torchrun or os.environ.get("RANK") == "0"):  # validate refuses derived
         from dayzero.cli.next_steps import after_train, print_next
 
         print_next(console, after_train(cfg, world))

@@ -18,7 +18,8 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
     p += engine_problems(DAYZERO, parallel)  # the layout limits of the runtime, as the planner labels them
     if a.sinks and a.kind == "mla":
         p.append(f"{spec.name}: attention sinks are in the runtime's grouped-query attention only, not in MLA")
-    if spec.tie_embeddings and (parallel.tp > 1 or parallel.pp > 1):
+    # a model derived from its own code keeps embedding and head whole under tp (runtime.parallel.hf_plan)
+    if spec.tie_embeddings and (parallel.tp > 1 or parallel.pp > 1) and not spec.extra.get("derived"):
         p.append(f"{spec.name} ties its embedding and head: the runtime supports that only with tp 1 and pp 1")
     if spec.is_moe and parallel.tp > 1 and parallel.seq % parallel.tp:
         p.append(f"seq {parallel.seq} must be divisible by tp {parallel.tp}: MoE layers route sequence shards")

@@ -46,7 +46,12 @@ class ModelSection:
     def spec(self):
         from dayzero.specs.registry import load_model
 
-        return load_model(self.name).shrink(**{k: getattr(self, k) for k in SHRINK_KEYS})
+        spec = load_model(self.name)
+        if spec.extra.get("derived"):  # trained as transformers' own module: its proxy config, described
+            from dayzero.runtime.models.hf_model import proxy_spec
+
+            return proxy_spec(self)
+        return spec.shrink(**{k: getattr(self, k) for k in SHRINK_KEYS})
 
     def recipe(self) -> dict:
         """What rebuilds the ModelSpec, as checkpoint manifests record it (``model.recipe``):

@@ -128,6 +128,12 @@ def preflight_train(cfg: TrainConfig, world: int, *, cpu: bool, torchrun: bool =
     parallel = cfg.parallel
     spec = cfg.spec()
     check_runtime(spec, parallel, world)
+    if spec.extra.get("derived"):  # transformers' own module: the dimensions it cannot apply, refused here
+        from dayzero.errors import LayoutError
+        from dayzero.runtime.parallel.hf_plan import derived_problems
+
+        if problems := derived_problems(cfg):
+            raise LayoutError("; ".join(problems))
     cfg.moe.check()
     if cfg.moe.placement is not None:
         from dayzero.specs.placement import load_placement

@@ -101,23 +101,12 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
 
     meshes = build_meshes(parallel, device.type)
     param_dtype = torch.bfloat16 if config.compute_dtype == "bf16" else torch.float32
-    model = build_model(spec, parallel.seq)
-    weights, buffers = seeded_weights(config.seed, device), None
-    if config.model.hf_weights:
-        from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint
+    if spec.extra.get("derived"):  # transformers' own module, shrunk (runtime.models.hf_model)
+        from dayzero.runtime.parallel.hf_plan import parallelize_derived
 
-        ckpt = HFCheckpoint(config.model.hf_weights, spec)
-        weights = buffers = ckpt.tensor
-        scaling = rope_scaling_type(config.model.hf_weights)
-        if scaling and dist.get_rank() == 0:
-            print(f"dayzero: note: config.json asks for {scaling!r} RoPE scaling, which the zoo does not apply "
-                  f"(plain RoPE, theta {spec.rope_theta:g}); logits will differ from transformers'", file=sys.stderr)
-    placement = None
-    if config.moe.placement and spec.is_moe:
-        from dayzero.specs.placement import load_placement
-
-        placement = load_placement(config.moe.placement, spec.moe.experts, parallel.ep)
-    pm = parallelize(model, meshes, device, param_dtype, weights, buffers, placement)
+        pm = parallelize_derived(config, meshes, device, param_dtype)
+    else:
+        pm = _parallelize_zoo(config, spec, meshes, device, param_dtype)
     routing = routing_of(config, spec)
     for part in pm.parts:
         for m in part.modules():
@@ -134,6 +123,29 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     optimizer = build_optimizer(pm.named_parameters(), config.optimizer.lr, config.optimizer.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.optimizer.min_lr_ratio)
     return TrainState(config, spec, meshes, device, pm, pipeline, optimizer, scheduler, data)
+
+
+def _parallelize_zoo(config: TrainConfig, spec: ModelSpec, meshes: Meshes, device: torch.device,
+                     param_dtype: torch.dtype) -> ParallelModel:
+    """The runtime's own model of ``spec``, parallelized and materialized (seeded or HF weights)."""
+    parallel = config.parallel
+    model = build_model(spec, parallel.seq)
+    weights, buffers = seeded_weights(config.seed, device), None
+    if config.model.hf_weights:
+        from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint
+
+        ckpt = HFCheckpoint(config.model.hf_weights, spec)
+        weights = buffers = ckpt.tensor
+        scaling = rope_scaling_type(config.model.hf_weights)
+        if scaling and dist.get_rank() == 0:
+            print(f"dayzero: note: config.json asks for {scaling!r} RoPE scaling, which the zoo does not apply "
+                  f"(plain RoPE, theta {spec.rope_theta:g}); logits will differ from transformers'", file=sys.stderr)
+    placement = None
+    if config.moe.placement and spec.is_moe:
+        from dayzero.specs.placement import load_placement
+
+        placement = load_placement(config.moe.placement, spec.moe.experts, parallel.ep)
+    return parallelize(model, meshes, device, param_dtype, weights, buffers, placement)
 
 
 def routing_of(config: TrainConfig, spec: ModelSpec) -> Routing:
@@ -314,7 +326,7 @@ def expert_loads(state: TrainState) -> ExpertLoads | None:
     parallel ranks different shards), so the sums count the global batch of the step, over all its
     micro-batches. None for a dense model."""
     spec = state.spec
-    if not spec.is_moe:
+    if not spec.is_moe or spec.extra.get("derived"):  # a derived model's own MoE modules are not counted
         return None
     layers = tuple(i for i, kind in enumerate(spec.layer_kinds) if kind == "moe")
     e, ep = spec.moe.experts, state.config.parallel.ep

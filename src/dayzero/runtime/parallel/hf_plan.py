@@ -1,0 +1,228 @@
+"""Parallelism for a model derived from its own modeling code (:mod:`dayzero.runtime.models.hf_model`).
+
+Data parallel / ZeRO: FSDP2 ``fully_shard`` on every decoder layer (the list found by structure),
+then the root, with the runtime's ZeRO mapping and mixed precision (as ``data_parallel.apply_fsdp``).
+
+Tensor parallel (Megatron-LM's split, Shoeybi et al. 2019, sec. 3): a plan derived from each decoder
+layer's Linear modules by name and shape, applied only when every Linear of every layer is
+recognised and divisible by tp, else refused with one line naming the module:
+
+- ``q_proj`` / ``k_proj`` / ``v_proj`` column-parallel and ``o_proj`` row-parallel, heads split over
+  the tp ranks (the attention reshapes with ``-1`` heads, so each rank runs its own heads). A
+  per-head norm inside the attention (q/k norm of width ``head_dim``) stays replicated and its
+  gradient is all-reduced over tp (each rank saw only its heads). When the attention holds a norm
+  over all heads at once (width = a projection's output), or its projections are packed
+  (``qkv_proj``), the projections' outputs are gathered instead and ``o_proj`` splits its input:
+  correct for any attention, with the attention itself computed on every rank.
+- ``gate_proj`` / ``up_proj`` column-parallel, ``down_proj`` row-parallel; a packed ``gate_up_proj``
+  is column-parallel with its output gathered.
+- Routed experts (3-D expert weights), linear attention / SSM mixers or any other Linear: refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dayzero.errors import LayoutError
+from dayzero.specs.parallel import zero_shards
+
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+PACKED = ("qkv_proj", "gate_up_proj")
+ROW = ("o_proj", "down_proj")
+ATTENTION = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class TPEntry:
+    """One Linear of a layer's plan: ``colwise`` | ``colwise_gather`` | ``rowwise`` | ``rowwise_split``."""
+
+    name: str  # qualified name inside the decoder layer
+    style: str
+
+
+def _norms(mod: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(q, m) for q, m in mod.named_modules() if q and "norm" in (q.rsplit(".", 1)[-1] + type(m).__name__).lower()]
+
+
+def layer_plan(layer: nn.Module, tp: int, where: str) -> tuple[list[TPEntry], list[nn.Parameter]]:
+    """(the plan of one decoder layer, replicated parameters whose gradient is all-reduced over tp);
+    raises LayoutError naming the first module tensor parallelism cannot split."""
+    why = f"tp {tp} for a model derived from its own code"
+    for q, m in layer.named_modules():
+        if any(p.dim() == 3 for p in m.parameters(recurse=False)) or (
+                isinstance(m, nn.ModuleList) and "expert" in q.rsplit(".", 1)[-1].lower()):
+            raise LayoutError(f"{where}.{q}: routed experts are not split by {why}; use --dp")
+    linears = {q: m for q, m in layer.named_modules() if isinstance(m, nn.Linear)}
+    attn_parents = {q.rpartition(".")[0] for q in linears if q.rsplit(".", 1)[-1] in ATTENTION}
+    plan, allreduce = [], []
+    for parent in sorted(attn_parents):
+        mod = layer.get_submodule(parent) if parent else layer
+        outs = {m.out_features for q, m in linears.items() if q.rpartition(".")[0] == parent}
+        norms = _norms(mod)
+        widths = {n.weight.shape[-1] for _, n in norms if getattr(n, "weight", None) is not None}
+        head_dim = getattr(mod, "head_dim", None)
+        packed = any(q.rsplit(".", 1)[-1] in PACKED and q.rpartition(".")[0] == parent for q in linears)
+        gathered = packed or bool(widths & outs) or not isinstance(head_dim, int)
+        for q, m in linears.items():
+            if q.rpartition(".")[0] != parent:
+                continue
+            leaf = q.rsplit(".", 1)[-1]
+            if leaf not in ATTENTION:
+                raise LayoutError(f"{where}.{q}: Linear {m.in_features}->{m.out_features} is not a recognised "
+                                  f"attention projection (q/k/v/o_proj); {why} refuses it; use --dp")
+            if leaf == "o_proj":
+                _divisible(m.in_features, tp, f"{where}.{q}")
+                plan.append(TPEntry(q, "rowwise_split" if gathered else "rowwise"))
+            else:
+                _divisible(m.out_features, tp, f"{where}.{q}")
+                if not gathered and (m.out_features // head_dim) % tp:
+                    raise LayoutError(f"{where}.{q}: {m.out_features // head_dim} heads do not split over tp {tp}")
+                plan.append(TPEntry(q, "colwise_gather" if gathered else "colwise"))
+        if not gathered:
+            allreduce += [p for _, n in norms for p in n.parameters()]
+    for q, m in linears.items():
+        if q.rpartition(".")[0] in attn_parents:
+            continue
+        leaf = q.rsplit(".", 1)[-1]
+        if leaf in COLUMN:
+            _divisible(m.out_features, tp, f"{where}.{q}")
+            plan.append(TPEntry(q, "colwise"))
+        elif leaf in PACKED:
+            _divisible(m.out_features, tp, f"{where}.{q}")
+            plan.append(TPEntry(q, "colwise_gather"))
+        elif leaf in ROW:
+            _divisible(m.in_features, tp, f"{where}.{q}")
+            sib = [x for x in linears if x.rpartition(".")[0] == q.rpartition(".")[0]]
+            split = any(x.rsplit(".", 1)[-1] in PACKED for x in sib)
+            plan.append(TPEntry(q, "rowwise_split" if split else "rowwise"))
+        else:
+            raise LayoutError(f"{where}.{q}: Linear {m.in_features}->{m.out_features} is not a recognised projection "
+                              f"(q/k/v/o_proj, gate/up/down_proj); {why} refuses it; use --dp")
+    return plan, allreduce
+
+
+def _divisible(n: int, tp: int, where: str) -> None:
+    if n % tp:
+        raise LayoutError(f"{where}: width {n} does not split over tp {tp}")
+
+
+def check_tp(model, tp: int) -> None:
+    """Raise LayoutError when the derived model cannot run tensor parallel at ``tp`` (on any device)."""
+    from dayzero.runtime.models.hf_model import decoder_layers
+
+    qual, layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        layer_plan(layer, tp, f"{qual}.{i}")
+
+
+def _style(name: str):
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"colwise": ColwiseParallel(), "colwise_gather": ColwiseParallel(output_layouts=Replicate()),
+            "rowwise": RowwiseParallel(), "rowwise_split": RowwiseParallel(input_layouts=Replicate())}[name]
+
+
+def apply_tp(model, tp_mesh) -> None:
+    """Parallelize every decoder layer by its derived plan (``check_tp`` passed)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from dayzero.runtime.models.hf_model import decoder_layers
+
+    qual, layers = decoder_layers(model)
+    group = tp_mesh.get_group()
+    for i, layer in enumerate(layers):
+        plan, allreduce = layer_plan(layer, tp_mesh.size(), f"{qual}.{i}")
+        parallelize_module(layer, tp_mesh, {e.name: _style(e.style) for e in plan})
+        for p in allreduce:
+            p.register_hook(_allreduce_hook(group))
+
+
+def _allreduce_hook(group):
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    return hook
+
+
+def apply_fsdp(model, mesh, param_dtype: torch.dtype, zero: int, gloo: bool) -> list:
+    """fully_shard every decoder layer, then the root; returns the FSDP modules."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from dayzero.runtime.models.hf_model import decoder_layers
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    reshard = zero_shards(zero, "weights")
+    units = []
+    for layer in decoder_layers(model)[1]:
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        units.append(layer)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    units.append(model)
+    if gloo:  # guard against averaging inside gloo collectives (see STYLE.md, CPU facts)
+        for m in units:
+            m.set_force_sum_reduction_for_comms(True)
+    return units
+
+
+def derived_problems(config) -> list[str]:
+    """What the runtime cannot do for a model derived from its own code (no torch needed)."""
+    p, out = config.parallel, []
+    for dim in ("pp", "ep", "cp"):
+        if getattr(p, dim) > 1:
+            out.append(f"{dim} {getattr(p, dim)} is not supported for a model derived from its own code; use --dp/--tp")
+    if config.checkpoint.dir:
+        out.append("--ckpt-dir is not supported for a model derived from its own code (its state dict is "
+                   "transformers', not the runtime's checkpoint layout); train without it")
+    if config.model.hf_weights:
+        out.append("--hf-weights is not supported for a model derived from its own code (the proxy starts from "
+                   "transformers' own initialisation)")
+    if p.recompute != "none":
+        out.append(f"--recompute {p.recompute} is not supported for a model derived from its own code")
+    return out
+
+
+def check_derived(config) -> list[str]:
+    """Raise LayoutError for what cannot run; else the dimensions that apply, as sentences."""
+    from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
+
+    problems = derived_problems(config)
+    if problems:
+        raise LayoutError("; ".join(problems))
+    config_obj, name = proxy_config(config.model)
+    model = CausalLM(_build(config_obj, name))
+    tp_note = "tp: column/row-parallel plan derived from q/k/v/o and gate/up/down projections"
+    try:
+        check_tp(model, max(2, config.parallel.tp))
+    except LayoutError as e:
+        if config.parallel.tp > 1:
+            raise
+        tp_note = f"tp: not applicable ({e})"
+    return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note,
+            "pp, ep, cp, --ckpt-dir, --hf-weights: refused for a model derived from its own code"]
+
+
+def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch.dtype):
+    """This rank's proxy of a derived model: built by transformers under the run's seed, tensor
+    parallel by the derived plan, FSDP2 over data parallel (as the runtime skips it at one fp32 rank)."""
+    from dayzero.runtime.models.hf_model import build_proxy
+    from dayzero.runtime.parallel.parallelize import ParallelModel
+
+    problems = derived_problems(config)
+    if problems:
+        raise LayoutError("; ".join(problems))
+    p = config.parallel
+    model = build_proxy(config.model, config.seed).to(device)
+    if p.tp > 1:
+        check_tp(model, p.tp)
+        apply_tp(model, meshes.tp)
+    units = []
+    if p.dp > 1 or param_dtype != torch.float32:
+        units = apply_fsdp(model, meshes.dp, param_dtype, p.zero, gloo=device.type == "cpu")
+    return ParallelModel([model], [0], units)

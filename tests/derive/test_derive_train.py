@@ -1,0 +1,123 @@
+"""Training the proxy of a model derived from its own modeling code: transformers' module itself on
+dayzero's runtime (runtime.models.hf_model, runtime.parallel.hf_plan). Tiny configs built from
+NEW_TYPES (test_derive), fp32 on CPU; multi-rank runs use gloo with 2 ranks and are marked slow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_derive import NEW_TYPES, write_config  # noqa: E402
+
+from dayzero.cli.app import main  # noqa: E402
+from dayzero.errors import DayzeroError  # noqa: E402
+from dayzero.runtime.config import ModelSection  # noqa: E402
+from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config, shrink_config  # noqa: E402
+from dayzero.runtime.parallel.hf_plan import layer_plan  # noqa: E402
+
+TRAINED = ("olmo2", "qwen3_next", "phimoe", "gemma3_text")
+RUN = ["--steps", "8", "--seq", "32", "--gbs", "4", "--compute-dtype", "fp32", "--quiet"]
+
+
+def config_dir(tmp_path, model_type: str) -> str:
+    return write_config(tmp_path, model_type, dict(NEW_TYPES[model_type], vocab_size=512))
+
+
+def train_json(path: str, capsys, *extra: str) -> dict:
+    code = main(["train", path, *RUN, *extra, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def train_ranks(path: str, tmp_path, capsys, *extra: str) -> list[dict]:
+    metrics = tmp_path / "ranks.jsonl"
+    code = main(["train", path, *RUN, "--nproc", "2", *extra, "--metrics", str(metrics)])
+    assert code == 0, capsys.readouterr().err
+    return [json.loads(line) for line in metrics.read_text().splitlines() if '"step"' in line and "event" not in line]
+
+
+def falling(losses: list[float]) -> bool:
+    return losses[-1] < losses[0] - 0.2 and sum(losses[4:]) < sum(losses[:4])
+
+
+@pytest.mark.parametrize("model_type", TRAINED)
+def test_a_proxy_trains_single_process_with_falling_loss(model_type, tmp_path, capsys):
+    obj = train_json(config_dir(tmp_path, model_type), capsys)
+    steps = obj["steps"]
+    assert len(steps) == 8 and obj["end"]["event"] == "end" and obj["end"]["steps"] == 8
+    for key in ("loss", "grad_norm", "lr", "tokens", "step_time_s", "tokens_per_s", "peak_mem_bytes"):
+        assert key in steps[0], key
+    assert steps[0]["tokens"] == 4 * 32
+    assert falling([s["loss"] for s in steps]), [s["loss"] for s in steps]
+    assert any(d.startswith("dp/zero: FSDP2") for d in obj["derived_dimensions"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", TRAINED)
+def test_dp2_under_fsdp2_matches_single_process(model_type, tmp_path, capsys):
+    path = config_dir(tmp_path, model_type)
+    single = [s["loss"] for s in train_json(path, capsys)["steps"]]
+    dp = [r["loss"] for r in train_ranks(path, tmp_path, capsys, "--dp", "2")]
+    assert len(dp) == 8 and falling(dp), dp
+    assert abs(dp[0] - single[0]) < 1e-5, (dp[0], single[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["olmo2", "gemma3_text"])  # a norm over all heads; per-head norms
+def test_tp2_matches_single_process(model_type, tmp_path, capsys):
+    path = config_dir(tmp_path, model_type)
+    single = [s["loss"] for s in train_json(path, capsys)["steps"]]
+    tp = [r["loss"] for r in train_ranks(path, tmp_path, capsys, "--tp", "2")]
+    assert len(tp) == 8 and falling(tp), tp
+    assert abs(tp[0] - single[0]) < 1e-5 and abs(tp[-1] - single[-1]) < 1e-4, (tp, single)
+
+
+@pytest.mark.parametrize("extra, expect", [
+    (["--pp", "2", "--nproc", "2"], "pp 2 is not supported for a model derived from its own code; use --dp/--tp"),
+    (["--tp", "2", "--nproc", "2"], "model.layers.0.mlp.experts: routed experts are not split by tp 2"),
+    (["--ckpt-dir", "CKPT"], "--ckpt-dir is not supported for a model derived from its own code"),
+])
+def test_what_cannot_run_is_refused_in_one_line(extra, expect, tmp_path, capsys):
+    path = config_dir(tmp_path, "phimoe")
+    extra = [str(tmp_path / "ckpt") if a == "CKPT" else a for a in extra]
+    assert main(["train", path, *RUN, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expect in err[0], err
+
+
+def test_the_shrink_keeps_ratios_and_every_layer_kind(tmp_path):
+    cfg = dict(NEW_TYPES["qwen3_next"], model_type="qwen3_next")
+    small = shrink_config(cfg, hidden=32, experts=2, vocab=300)
+    assert small["hidden_size"] == 32 and small["num_attention_heads"] == 2 and small["num_key_value_heads"] == 1
+    assert small["num_experts"] == 2 and small["num_experts_per_tok"] == 2 and small["vocab_size"] == 300
+    assert small["moe_intermediate_size"] == 16 and small["head_dim"] == 16
+    gemma = config_dir(tmp_path, "gemma3_text")  # 3 sliding-window layers, then a full-attention one
+    spec = ModelSection(gemma, hidden=32, layers=4).spec()
+    assert spec.hidden == 32 and spec.layers == 4 and spec.vocab == 512
+    with pytest.raises(DayzeroError, match="keeps 1 of its 2 layer kinds"):
+        ModelSection(gemma, layers=2).spec()
+
+
+def test_the_tp_plan_is_derived_from_names_and_shapes(tmp_path):
+    def plan(model_type):
+        config, name = proxy_config(ModelSection(config_dir(tmp_path, model_type)))
+        layer = CausalLM(_build(config, name)).net.model.layers[0]
+        entries, allreduce = layer_plan(layer, 2, "layers.0")
+        return {e.name: e.style for e in entries}, len(allreduce)
+
+    olmo, olmo_ar = plan("olmo2")  # q/k norms over all heads: projections gathered, o_proj splits its input
+    assert olmo["self_attn.q_proj"] == "colwise_gather" and olmo["self_attn.o_proj"] == "rowwise_split"
+    assert olmo["mlp.gate_proj"] == "colwise" and olmo["mlp.down_proj"] == "rowwise" and olmo_ar == 0
+    gemma, gemma_ar = plan("gemma3_text")  # per-head q/k norms: heads split, norm gradients all-reduced
+    assert gemma["self_attn.q_proj"] == "colwise" and gemma["self_attn.o_proj"] == "rowwise" and gemma_ar == 2
+    phi3, _ = plan("phi3")  # packed projections
+    assert phi3["self_attn.qkv_proj"] == "colwise_gather" and phi3["mlp.gate_up_proj"] == "colwise_gather"
+    assert phi3["mlp.down_proj"] == "rowwise_split"
+    with pytest.raises(DayzeroError, match="linear_attn"):
+        config, name = proxy_config(ModelSection(config_dir(tmp_path, "qwen3_next")))
+        layer_plan(CausalLM(_build(config, name)).net.model.layers[0], 2, "layers.0")
