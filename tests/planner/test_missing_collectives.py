@@ -135,3 +135,22 @@ def test_zero3_first_gather_is_exposed_once_per_model_chunk():
     four = rows(LLAMA, replace(p, vpp=4))["zero-3 first gather"]
     assert one["count"] == 4 and four["count"] == 16
     assert four["exposed_s"] == pytest.approx(16 * four["time_s"], rel=1e-12)
+
+
+def test_unfused_attention_costs_memory_as_well_as_time():
+    """``--attention-kernel unfused`` (plain matmul + softmax) keeps the s x s probabilities of
+    every layer for the backward, BF16 (b a s^2 x 2 B per layer; Korthikanti et al. 2022 sec. 4.1,
+    without dropout) where FlashAttention keeps an FP32 log-sum-exp per row (Dao et al. 2022,
+    sec. 3.1). Llama 3.1 8B, 32 layers, 32 heads, one 4096-token sequence per device: the peak
+    rises by at least 32 x (2 x 32 x 4096^2 - 4 x 32 x 4096) B = 34.4 GB, and the step is slower."""
+    from dayzero.planner.perf import PerfOptions
+    from dayzero.planner.predict import predict
+
+    spec, cluster = load_model("llama-3.1-8b"), build_cluster("h100", 8)
+    p = ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq=4096)
+    fused = predict(spec, p, cluster, PerfOptions())
+    unfused = predict(spec, p, cluster, PerfOptions(attention_kernel="unfused"))
+    stored = 32 * (2 * 32 * 4096 ** 2 - 4 * 32 * 4096)
+    grown = unfused["memory"]["peak_bytes"] - fused["memory"]["peak_bytes"]
+    assert stored <= grown < 2 * stored
+    assert unfused["time"]["step_s"] > fused["time"]["step_s"]
