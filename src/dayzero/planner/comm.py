@@ -5,8 +5,11 @@ Per layer and micro-batch (time added to the stage that runs the layer):
 * **TP** (tp > 1): Megatron's column/row-parallel pairs. With sequence parallelism an
   all-gather before and a reduce-scatter after each of attention and MLP, else all-reduces;
   2 per block forward, 2 backward, 2 more forward under full recompute. MoE layers with etp = 1
-  only pay the attention pair. Exposed, unless TP overlap (userbuffers-style) is on: then only
-  what exceeds the layer's GEMM time.
+  only pay the attention pair, plus the shared experts' own pair when there are shared experts.
+  Exposed, unless TP overlap (userbuffers-style) is on: then only what exceeds the layer's GEMM
+  time. Sequence parallelism also re-gathers each column-parallel linear's input in the backward
+  for its weight gradient (Korthikanti et al. 2022 sec. 4.2.2), exposed beyond those linears'
+  dgrad GEMMs.
 * **CP** (cp > 1): ring attention passes K and V blocks around the cp group (cp - 1 sends
   forward, twice that backward with dK/dV); overlapped with the attention core, exposed beyond it.
 * **EP** (ep > 1): token dispatch and combine (each 1 forward, 1 backward, 1 more under full
@@ -16,10 +19,11 @@ Per layer and micro-batch (time added to the stage that runs the layer):
   all-to-all sends all top_k rows. With ``fp8_dispatch`` an FP8 recipe's dispatch direction (the
   forward dispatch and the backward of the combine) travels in FP8 with its scales, the combine
   direction in BF16 (DeepSeek-V3 sec. 3.3). Exposed unless overlapped with another micro-batch's
-  compute (DualPipe-style), then exposed beyond the layer's compute.
+  compute (DualPipe-style), then exposed beyond the layer's compute. Before each dispatch the
+  per-expert token counts are all-gathered over the ep group (the split sizes).
 * **ZeRO-3**: parameter all-gather before forward and backward, gradient reduce-scatter after
   backward, over dp x cp (experts: edp); prefetched one layer ahead, so exposed beyond the
-  layer's own compute (plus the first layer's gather, once per micro-batch).
+  layer's own compute (plus the first layer's gather, once per micro-batch and model chunk).
 
 Per step:
 
@@ -29,6 +33,9 @@ Per step:
   the updated parameters during the next step's first forward.
 * **PP**: activations forward and gradients backward between neighbouring stages on their own
   stream; exposed only on the pipeline ramp, (pp x vpp - 1) hops each way.
+* **Gradient norm**: one FP32 scalar all-reduced before clipping (tp x pp; ZeRO >= 1: the world).
+* **Tied embedding**: its gradient all-reduced between the first and last stage (pp > 1). Both
+  exposed, between the gradient reduction and the optimizer step.
 """
 
 from __future__ import annotations
