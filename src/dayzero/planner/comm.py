@@ -5,8 +5,11 @@ Per layer and micro-batch (time added to the stage that runs the layer):
 * **TP** (tp > 1): Megatron's column/row-parallel pairs. With sequence parallelism an
   all-gather before and a reduce-scatter after each of attention and MLP, else all-reduces;
   2 per block forward, 2 backward, 2 more forward under full recompute. MoE layers with etp = 1
-  only pay the attention pair. Exposed, unless TP overlap (userbuffers-style) is on: then only
-  what exceeds the layer's GEMM time.
+  only pay the attention pair, plus the shared experts' own pair when there are shared experts.
+  Exposed, unless TP overlap (userbuffers-style) is on: then only what exceeds the layer's GEMM
+  time. Sequence parallelism also re-gathers each column-parallel linear's input in the backward
+  for its weight gradient (Korthikanti et al. 2022 sec. 4.2.2), exposed beyond those linears'
+  dgrad GEMMs.
 * **CP** (cp > 1): ring attention passes K and V blocks around the cp group (cp - 1 sends
   forward, twice that backward with dK/dV); overlapped with the attention core, exposed beyond it.
 * **EP** (ep > 1): token dispatch and combine (each 1 forward, 1 backward, 1 more under full
@@ -16,10 +19,11 @@ Per layer and micro-batch (time added to the stage that runs the layer):
   all-to-all sends all top_k rows. With ``fp8_dispatch`` an FP8 recipe's dispatch direction (the
   forward dispatch and the backward of the combine) travels in FP8 with its scales, the combine
   direction in BF16 (DeepSeek-V3 sec. 3.3). Exposed unless overlapped with another micro-batch's
-  compute (DualPipe-style), then exposed beyond the layer's compute.
+  compute (DualPipe-style), then exposed beyond the layer's compute. Before each dispatch the
+  per-expert token counts are all-gathered over the ep group (the split sizes).
 * **ZeRO-3**: parameter all-gather before forward and backward, gradient reduce-scatter after
   backward, over dp x cp (experts: edp); prefetched one layer ahead, so exposed beyond the
-  layer's own compute (plus the first layer's gather, once per micro-batch).
+  layer's own compute (plus the first layer's gather, once per micro-batch and model chunk).
 
 Per step:
 
@@ -29,6 +33,9 @@ Per step:
   the updated parameters during the next step's first forward.
 * **PP**: activations forward and gradients backward between neighbouring stages on their own
   stream; exposed only on the pipeline ramp, (pp x vpp - 1) hops each way.
+* **Gradient norm**: one FP32 scalar all-reduced before clipping (tp x pp; ZeRO >= 1: the world).
+* **Tied embedding**: its gradient all-reduced between the first and last stage (pp > 1). Both
+  exposed, between the gradient reduction and the optimizer step.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import FULL
 from dayzero.specs.model import ModelSpec
+
+GRAD_NORM_BYTES = 4  # the squared norm, one FP32 scalar
+COUNT_BYTES = 8  # one int64 token count per expert (torch.bincount/histc results are int64 in the dispatchers)
 
 
 @dataclass(frozen=True)
@@ -119,7 +129,21 @@ def place_groups_in(grid: dict, domain: int) -> Groups:
     for name, (size, stride) in group_strides(grid).items():
         per, doms = span(size, stride, domain)
         out[name] = (np.asarray(size), per, doms)
+    out["norm"] = grad_norm_group(grid, domain)
     return Groups(out)
+
+
+def grad_norm_group(grid: dict, domain: int):
+    """(size, per_domain, domains) of the group that sums the squared gradient norm: each rank
+    holds the gradients of its tp x pp (model-parallel) shard; with a sharded optimizer (ZeRO >= 1,
+    Megatron's distributed optimizer) only its dp x cp slice of those, so the sum runs over the
+    whole world (Megatron-Core clip_grads.get_grad_norm_fp32 over the grad-stats group). Placed as
+    consecutive ranks: the message is one scalar, so the placement only sets the domains it crosses."""
+    zero = np.asarray(grid["zero"])
+    model = np.asarray(grid["tp"]) * np.asarray(grid["pp"])
+    size = np.where(zero >= 1, model * np.asarray(grid["dp"]) * np.asarray(grid["cp"]), model)
+    per = np.minimum(size, domain)
+    return size, per, -(-size // per)
 
 
 def coll(kind, nbytes, groups: Groups, dim: str, rates: Rates, imbalance=1.0):
@@ -188,7 +212,11 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     # -- tensor parallel
     act = T * H * BF16  # the full (tp-gathered) activation of one micro-batch
     etp_gt1 = np.asarray(g["etp"]) > 1
-    per_fwd = kn(np.where(kinds, np.where(etp_gt1, 4, 2), 4))  # collectives per layer forward
+    # collectives per layer forward: a pair per TP block (attention, MLP); MoE layers with etp = 1
+    # only the attention pair, plus the shared experts' own pair (Megatron-Core's SharedExpertMLP is a
+    # tp-parallel MLP on the layer input, gathered and scattered apart from the dispatcher's tokens)
+    shared_pair = 2 if spec.moe is not None and spec.moe.shared_experts else 0
+    per_fwd = kn(np.where(kinds, np.where(etp_gt1, 4, 2) + shared_pair, 4))
     n_ops = per_fwd * (2 + full)
     for kind, name in (("all_gather", "tp all-gather"), ("reduce_scatter", "tp reduce-scatter")):
         t = coll(kind, act, groups, "tp", rates)
@@ -204,6 +232,21 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     share = np.where(tp_total > 0, tp_exposed / np.maximum(tp_total, 1e-30), 0.0)
     items = [LayerComm(i.name, i.collective, i.dim, i.nbytes, i.ops, i.time, i.ops * i.time * share, i.hidden_by)
              for i in items]
+    # sequence parallelism keeps only the 1/tp shard of each column-parallel linear's input, so its
+    # backward all-gathers it again for the weight gradient (Korthikanti et al. 2022, "Reducing
+    # Activation Recomputation in Large Transformer Models", sec. 4.2.2; Megatron-Core's linear
+    # backward issues it asynchronously and computes the input gradient meanwhile): one per
+    # forward all-gather, exposed beyond the dgrad GEMMs of those linears (under TP overlap: beyond
+    # what the other TP collectives leave of the GEMM window)
+    t = coll("all_gather", act, groups, "tp", rates)
+    ops = np.where(sp, per_fwd / 2, 0.0) * (g["tp"] > 1)
+    busy = ops * t
+    if opt.tp_overlap:
+        exp = np.maximum(0.0, tp_total + busy - window) - tp_exposed
+    else:
+        exp = np.maximum(0.0, busy - costs.gemm_in_fwd)
+    items.append(LayerComm("tp sp re-gather (wgrad)", "all_gather", "tp", kn(act), kn(ops), kn(t), kn(exp),
+                           "dgrad GEMMs"))
 
     # -- context parallel (ring attention: K and V of the local tokens travel cp - 1 hops)
     a = spec.attention
@@ -227,7 +270,15 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
         if opt.ep_dispatcher == "dedup":
             size, per, doms = groups["ep"]
             up, out = dedup_rows(moe.experts, moe.top_k, size, per, doms, moe.n_group, moe.topk_group)
-        ep_items = []
+        # before each dispatch the ranks exchange how many rows each sends every expert (the split
+        # sizes): Megatron-Core's all-to-all dispatcher all-gathers the per-expert token counts over
+        # its expert group and syncs them to the host (MoEAlltoAllTokenDispatcher.preprocess); DeepEP's
+        # dispatch notifies the counts first (notify_dispatch). E int64 counts per rank, latency-bound;
+        # once per forward (and recomputed forward), the backward reuses the splits
+        counts = np.asarray(g["ep"], float) * moe.experts * COUNT_BYTES
+        count_ops = kn(kinds * (np.asarray(g["ep"]) > 1) * (1 + full))
+        t_counts = coll("all_gather", counts, groups, "ep", rates)
+        ep_items = [("ep token counts", "all_gather", counts, count_ops, t_counts)]
         for direction in ("dispatch", "combine"):
             if opt.ep_dispatcher == "dedup":
                 b_up, b_out = T / tp * up * H * width[direction], T / tp * out * H * width[direction]
@@ -236,12 +287,12 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
             else:
                 nb = tok / BF16 * width[direction]
                 t = coll("all_to_all", nb, groups, "ep", rates, imb)
-            ep_items.append((direction, nb, t))
-        total = sum(ops * t for _, _, t in ep_items)
+            ep_items.append((f"ep {direction}", "all_to_all", nb, ops, t))
+        total = sum(o * t for _, _, _, o, t in ep_items)
         exposed = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
         share = exposed / np.maximum(total, 1e-30)
-        for direction, nb, t in ep_items:
-            items.append(LayerComm(f"ep {direction}", "all_to_all", "ep", kn(nb), ops, kn(t), ops * t * share,
+        for name, kind, nb, o, t in ep_items:
+            items.append(LayerComm(name, kind, "ep", kn(nb), o, kn(t), o * t * share,
                                    "other micro-batch" if opt.ep_overlap else ""))
         # expert tensor parallelism: gather the routed rows over etp before the experts
         t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
@@ -280,11 +331,12 @@ class StepComm:
 
 
 def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, dense_params, expert_params,
-              fwd_mb, bwd_mb, first_layer_ag, microbatches, act_bytes) -> list[StepComm]:
+              fwd_mb, bwd_mb, first_layer_ag, microbatches, act_bytes, tied_params=0.0) -> list[StepComm]:
     """Per-step collectives of the busiest stage: ``dense_params``/``expert_params`` are its
     parameters per device, ``fwd_mb``/``bwd_mb`` one micro-batch's forward/backward time,
     ``first_layer_ag`` (bytes, seconds) the ZeRO-3 gather of its first layer, ``act_bytes`` one
-    micro-batch's activation between stages."""
+    micro-batch's activation between stages, ``tied_params`` the word-embedding parameters per
+    device that the first and last pipeline stages both hold (tied embeddings under pp > 1; else 0)."""
     g = grid
     zero = np.asarray(g["zero"])
     m = microbatches
@@ -310,10 +362,15 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
         ag_on = on & (zero >= 1)
         items.append(StepComm(f"dp param gather ({dim})", "all_gather", dim, pbytes, 1.0 * ag_on, t_ag,
                               np.maximum(b_ag, t_ag - fwd_mb) * ag_on, "next forward"))
-    # ZeRO-3: the first layer's gather of each micro-batch has nothing to hide behind
+    # ZeRO-3: the first layer's gather of each model chunk and micro-batch has nothing to hide
+    # behind: under interleaving each of the vpp chunks a rank runs starts its own prefetch chain
+    # (FSDP prefetches the next layer of the same module order, not across chunks)
     ag_bytes, ag_time = first_layer_ag
-    items.append(StepComm("zero-3 first gather", "all_gather", "dp_cp", ag_bytes, m * (zero == 3),
-                          ag_time, ag_time * m * (zero == 3), ""))
+    chunk_ops = m * np.asarray(g["vpp"]) * (zero == 3)
+    items.append(StepComm("zero-3 first gather", "all_gather", "dp_cp", ag_bytes, chunk_ops,
+                          ag_time, ag_time * chunk_ops, ""))
+    items.append(grad_norm_comm(g, rates, groups))
+    items.append(tied_embedding_comm(g, rates, groups, tied_params * opt.grad_reduce_bytes))
     # pipeline: one activation per micro-batch and chunk each way
     pp, vpp = np.asarray(g["pp"]), np.asarray(g["vpp"])
     t = coll("send_recv", act_bytes, groups, "pp", rates)
@@ -322,3 +379,29 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
     items.append(StepComm("pp send/recv", "send_recv", "pp", act_bytes, ops, t, 2 * ramp * t,
                           "own stream (ramp exposed)"))
     return items
+
+
+def grad_norm_comm(grid: dict, rates: Rates, groups: Groups) -> StepComm:
+    """The all-reduce of the squared gradient norm before clipping: one FP32 scalar per step over
+    :func:`grad_norm_group` (Megatron-Core clip_grads.get_grad_norm_fp32). Latency-bound and on the
+    critical path between the last gradient reduction and the optimizer step: exposed."""
+    size = np.asarray(groups["norm"][0])
+    nbytes = np.full(np.shape(size), float(GRAD_NORM_BYTES))
+    t = coll("all_reduce", nbytes, groups, "norm", rates)
+    on = 1.0 * (size > 1)
+    return StepComm("grad-norm all-reduce", "all_reduce", "norm", nbytes, on, t, t * on, "")
+
+
+def tied_embedding_comm(grid: dict, rates: Rates, groups: Groups, nbytes) -> StepComm:
+    """The gradient all-reduce of a tied word embedding between the first and the last pipeline
+    stage, which both hold it when pp > 1 (Megatron-LM's embedding group,
+    finalize_model_grads._allreduce_word_embedding_grads): a two-member group, over the scale-out
+    network when the pipeline group spans domains; after the data-parallel reduction, before the
+    optimizer step, so exposed. ``nbytes``: the embedding gradient per device (0: untied, pp = 1)."""
+    nb = np.broadcast_to(np.asarray(nbytes, dtype=float), np.shape(grid["tp"]))
+    cross = np.asarray(groups["pp"][2]) > 1  # the pipeline group spans scale-up domains
+    size = np.full(nb.shape, 2.0)
+    t = group_collective("all_reduce", nb, size, np.where(cross, 1.0, 2.0), np.where(cross, 2.0, 1.0),
+                         rates.intra, rates.inter)
+    on = 1.0 * ((np.asarray(grid["pp"]) > 1) & (nb > 0))
+    return StepComm("tied embedding grad all-reduce", "all_reduce", "pp", nb, on, t, t * on, "")

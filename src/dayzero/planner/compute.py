@@ -76,6 +76,10 @@ class ComputeCosts:
     fwd: np.ndarray  # forward of one layer of each class
     bwd: np.ndarray  # backward (+ recompute) of one layer of each class
     gemm_fwd: np.ndarray  # GEMM share of fwd (what TP communication can overlap with)
+    # forward GEMM seconds of the linears that read the layer's (sequence-parallel gathered) input:
+    # QKV (MLA: the Q and KV projections), FC1, the shared experts' FC1; their backward dgrad GEMMs
+    # (same FLOPs) are what the re-gather of that input for the weight gradient overlaps with
+    gemm_in_fwd: np.ndarray
     attn_fwd: np.ndarray  # attention-core share of fwd (what CP communication overlaps with)
     first_extra: np.ndarray  # embedding, forward+backward (first pipeline stage)
     last_extra: np.ndarray  # final norm, output head and loss, forward+backward (last stage)
@@ -126,15 +130,16 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_bf16, c.gemm_half_dim)
     recompute = g["recompute"]
 
-    fwd, bwd, gemm_f, attn_f, dense_p, expert_p = [], [], [], [], [], []
+    fwd, bwd, gemm_f, gemm_in, attn_f, dense_p, expert_p = [], [], [], [], [], [], []
     for kind, window in layer_classes(spec):
         index = next(i for i, (k, w) in enumerate(zip(spec.layer_kinds,
                                                       spec.layer_windows)) if (k, w) == (kind, window))
-        t_g, cast_el, mem_el = _projections(spec, x)
+        t_g, cast_el, mem_el, t_in = _projections(spec, x)
         if kind == "moe":
-            t_g, mem_el, cast_el, dp_, ep_ = _moe_ffn(spec, x, c, moe_imbalance, t_g, mem_el, cast_el)
+            t_g, mem_el, cast_el, dp_, ep_, t_in_ffn = _moe_ffn(spec, x, c, moe_imbalance, t_g, mem_el, cast_el)
         else:
-            t_g, mem_el, cast_el, dp_, ep_ = _dense_ffn(spec, x, t_g, mem_el, cast_el)
+            t_g, mem_el, cast_el, dp_, ep_, t_in_ffn = _dense_ffn(spec, x, t_g, mem_el, cast_el)
+        gemm_in.append(t_in + t_in_ffn)
         dense_p.append(dp_)
         expert_p.append(ep_)
         # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
@@ -150,7 +155,8 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
 
     first, last, emb_params, head_params = _edges(spec, x, rates, c)
     n = T.shape
-    return ComputeCosts(fwd=_rows(fwd, n), bwd=_rows(bwd, n), gemm_fwd=_rows(gemm_f, n), attn_fwd=_rows(attn_f, n),
+    return ComputeCosts(fwd=_rows(fwd, n), bwd=_rows(bwd, n), gemm_fwd=_rows(gemm_f, n),
+                        gemm_in_fwd=_rows(gemm_in, n), attn_fwd=_rows(attn_f, n),
                         first_extra=first, last_extra=last, dense_params=_rows(dense_p, n),
                         expert_params=_rows(expert_p, n), first_params=np.broadcast_to(emb_params / tp, n),
                         last_params=np.broadcast_to(head_params / tp, n))
@@ -158,7 +164,8 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
 
 def _projections(spec: ModelSpec, x: _Shard):
     """The attention projections of one layer: (GEMM seconds, elements cast before low-precision
-    GEMMs, elements of the layer's memory-bound kernels: norms, residual adds, rope and layout copies)."""
+    GEMMs, elements of the layer's memory-bound kernels: norms, residual adds, rope and layout copies,
+    GEMM seconds of the projections that read the layer input: all but the output projection)."""
     H, a, T, tp = spec.hidden, spec.attention, x.T, x.tp
     if a.kind == "mla":
         qk = a.heads * a.head_dim
@@ -177,10 +184,15 @@ def _projections(spec: ModelSpec, x: _Shard):
         qkv = (a.heads + 2 * a.kv_heads) * a.head_dim / tp
         projs = [(2 * H * qkv, H, qkv), (2 * a.heads * a.v_head_dim / tp * H, a.heads * a.v_head_dim / tp, H)]
         act_att = (2 * (a.heads + a.kv_heads) * a.head_dim + 2 * (a.heads + 2 * a.kv_heads) * a.head_dim) / tp
-    t_g = sum(_gemm(T * f, (T, k, n), x.rate_lo, x.d0) for f, k, n in projs)
+    times = [_gemm(T * f, (T, k, n), x.rate_lo, x.d0) for f, k, n in projs]
+    t_g = sum(times)
+    # the projections that read the layer input: QKV; MLA: Q (or its down-projection) and the KV
+    # down-projection (the up-projections read the latents)
+    reads_input = ((0, 2) if a.q_lora_rank else (0, 1)) if a.kind == "mla" else (0,)
+    t_in = sum(times[i] for i in reads_input)
     cast_el = T * (H + a.heads * a.v_head_dim / tp)
     mem_el = x.T_el * 10 * H + T * act_att  # 2 norms (r+w), 2 residual adds (2r+w)
-    return t_g, cast_el, mem_el
+    return t_g, cast_el, mem_el, t_in
 
 
 def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float, t_g, mem_el, cast_el):
@@ -198,15 +210,17 @@ def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float,
     t_g = t_g + _gemm(T / tp * 2 * H * moe.experts, (T / tp, H, moe.experts), x.rate_bf16, d0)  # router
     mem_el = mem_el + routed_tok * ((m1 + 1) * fe + 4 * H) + T / tp * 4 * moe.experts
     cast_el = cast_el + routed_tok * (H + fe)
+    t_in = np.zeros_like(T)
     if moe.shared_experts:
         fs = moe.shared_intermediate
         t_g = t_g + _gemm(T * 2 * H * (m1 + 1) * fs / tp, (T, H, fs / tp), x.rate_lo, d0)
+        t_in = _gemm(T * 2 * H * m1 * fs / tp, (T, H, m1 * fs / tp), x.rate_lo, d0)  # the shared FC1
         mem_el = mem_el + T * (m1 + 1) * fs / tp
         cast_el = cast_el + T * (H + fs / tp)
     sm = shared_mlp(moe)
     shared = mlp_params(sm, H) if sm else 0
     dense_p = (attention_params(spec.attention, H) + shared + router_params(moe, H) + 2 * norm_params(spec)) / tp
-    return t_g, mem_el, cast_el, dense_p, moe.experts * mlp_params(moe.expert, H) / (ep * etp)
+    return t_g, mem_el, cast_el, dense_p, moe.experts * mlp_params(moe.expert, H) / (ep * etp), t_in
 
 
 def _dense_ffn(spec: ModelSpec, x: _Shard, t_g, mem_el, cast_el):
@@ -215,12 +229,12 @@ def _dense_ffn(spec: ModelSpec, x: _Shard, t_g, mem_el, cast_el):
     m = spec.mlp
     m1 = 2 if m.gated else 1
     f_ = m.intermediate
-    t_g = t_g + _gemm(T * 2 * H * m1 * f_ / tp, (T, H, m1 * f_ / tp), x.rate_lo, d0)
-    t_g = t_g + _gemm(T * 2 * f_ / tp * H, (T, f_ / tp, H), x.rate_lo, d0)
+    t_in = _gemm(T * 2 * H * m1 * f_ / tp, (T, H, m1 * f_ / tp), x.rate_lo, d0)  # FC1
+    t_g = t_g + t_in + _gemm(T * 2 * f_ / tp * H, (T, f_ / tp, H), x.rate_lo, d0)
     mem_el = mem_el + T * (m1 + 1) * f_ / tp
     cast_el = cast_el + T * (H + f_ / tp)
     dense_p = (attention_params(spec.attention, H) + mlp_params(m, H) + 2 * norm_params(spec)) / tp
-    return t_g, mem_el, cast_el, dense_p, np.zeros_like(T)
+    return t_g, mem_el, cast_el, dense_p, np.zeros_like(T), t_in
 
 
 def _edges(spec: ModelSpec, x: _Shard, rates: Rates, c: PerfConstants):

@@ -218,6 +218,14 @@ def _inventory(litems, sitems, slow: SlowestRank, m) -> list[tuple]:
             + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
 
 
+def tied_embedding_params(spec: ModelSpec, grid: dict) -> np.ndarray:
+    """Word-embedding parameters per device that the first and last pipeline stages both hold and
+    must sum the gradients of: a tied embedding (vocab-parallel over tp) when pp > 1, else 0."""
+    pp = np.asarray(grid["pp"])
+    tied = spec.tie_embeddings * (pp > 1)
+    return tied * spec.vocab * spec.hidden / np.asarray(grid["tp"], dtype=float)
+
+
 def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions | None = None,
              layer_split: tuple[int, ...] | None = None, placed: Groups | None = None,
              inventory: bool = True) -> Evaluation:
@@ -252,7 +260,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
                                                                    g["tp"], 1)
     first_ag = _first_layer_gather(litems, slow.classes[0], n)
     sitems = step_comm(g, r, groups, options.comm, dense_params=dense_params, expert_params=expert_params,
-                       fwd_mb=fwd_mb, bwd_mb=bwd_mb, first_layer_ag=first_ag, microbatches=m, act_bytes=act)
+                       fwd_mb=fwd_mb, bwd_mb=bwd_mb, first_layer_ag=first_ag, microbatches=m, act_bytes=act,
+                       tied_params=tied_embedding_params(spec, g))
 
     zero = g["zero"]
     edp = groups["edp"][0]
