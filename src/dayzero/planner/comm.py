@@ -190,27 +190,52 @@ class LayerComm:
     hidden_by: str
 
 
+@dataclass(frozen=True)
+class _Layer:
+    """What every section of :func:`layer_comm` reads: the candidates' columns and sizes, per layer
+    class (K) and candidate (N)."""
+
+    spec: ModelSpec
+    g: dict
+    rates: Rates
+    costs: ComputeCosts
+    groups: Groups
+    opt: CommOptions
+    tp: np.ndarray
+    T: np.ndarray  # tokens of one micro-batch on one cp rank
+    H: int
+    sp: np.ndarray
+    full: np.ndarray
+    kinds: np.ndarray  # (K, 1): MoE layer classes
+    shape: tuple
+
+    def kn(self, x) -> np.ndarray:  # per-candidate (or per-class) values as a (K, N) array
+        return np.broadcast_to(np.asarray(x, dtype=float), self.shape)
+
+
 def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, groups: Groups,
                opt: CommOptions) -> list[LayerComm]:
+    """Every collective of one layer and micro-batch, by section: TP, CP, EP, ZeRO-3 (module docstring)."""
     g = grid
     tp, cp = np.asarray(g["tp"], float), np.asarray(g["cp"], float)
-    seq = single_seq(g)
-    T = g["mbs"] * seq / cp
-    H = spec.hidden
-    sp = (g["sequence_parallel"] > 0) & (g["tp"] > 1)
-    full = g["recompute"] == FULL
-    classes = layer_classes(spec)
-    kinds = np.array([k == "moe" for k, _ in classes])[:, None]  # (K, 1)
-    layer_fb = costs.fwd + costs.bwd
-    shape = costs.fwd.shape  # (K classes, N candidates)
+    L = _Layer(spec=spec, g=g, rates=rates, costs=costs, groups=groups, opt=opt, tp=tp,
+               T=g["mbs"] * single_seq(g) / cp, H=spec.hidden, sp=(g["sequence_parallel"] > 0) & (g["tp"] > 1),
+               full=g["recompute"] == FULL, kinds=np.array([k == "moe" for k, _ in layer_classes(spec)])[:, None],
+               shape=costs.fwd.shape)
+    items = _tensor_parallel(L)
+    items.append(_context_parallel(L))
+    if spec.moe is not None:
+        items += _expert_parallel(L)
+    return items + _zero3(L)
 
-    def kn(x) -> np.ndarray:  # per-candidate (or per-class) values as a (K, N) array
-        return np.broadcast_to(np.asarray(x, dtype=float), shape)
 
+def _tensor_parallel(L: _Layer) -> list[LayerComm]:
+    """Megatron's column/row-parallel pairs (and the shared experts' pair), and the sequence-parallel
+    re-gather of the layer input for the weight gradient."""
+    g, costs, groups, rates, opt, spec, kn = L.g, L.costs, L.groups, L.rates, L.opt, L.spec, L.kn
+    sp, full, kinds = L.sp, L.full, L.kinds
     items: list[LayerComm] = []
-
-    # -- tensor parallel
-    act = T * H * BF16  # the full (tp-gathered) activation of one micro-batch
+    act = L.T * L.H * BF16  # the full (tp-gathered) activation of one micro-batch
     etp_gt1 = np.asarray(g["etp"]) > 1
     # collectives per layer forward: a pair per TP block (attention, MLP); MoE layers with etp = 1
     # only the attention pair, plus the shared experts' own pair (Megatron-Core's SharedExpertMLP is a
@@ -247,59 +272,75 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
         exp = np.maximum(0.0, busy - costs.gemm_in_fwd)
     items.append(LayerComm("tp sp re-gather (wgrad)", "all_gather", "tp", kn(act), kn(ops), kn(t), kn(exp),
                            "dgrad GEMMs"))
+    return items
 
-    # -- context parallel (ring attention: K and V of the local tokens travel cp - 1 hops)
+
+def _context_parallel(L: _Layer) -> LayerComm:
+    """Ring attention: K and V of the local tokens travel cp - 1 hops."""
+    g, costs, groups, rates, spec, kn, full = L.g, L.costs, L.groups, L.rates, L.spec, L.kn, L.full
     a = spec.attention
     kv_width = (a.heads * (a.head_dim + a.v_head_dim)) if a.kind == "mla" else a.kv_heads * (a.head_dim + a.v_head_dim)
-    kv = T * kv_width / tp * BF16
+    kv = L.T * kv_width / L.tp * BF16
     t = coll("send_recv", kv, groups, "cp", rates)
     hops = kn(np.asarray(g["cp"]) - 1)
     f_time, b_time = hops * t, 2 * hops * t
     exp = (np.maximum(0, f_time - costs.attn_fwd) * (1 + full) + np.maximum(0, b_time - 2.5 * costs.attn_fwd))
-    items.append(LayerComm("cp ring K/V", "send_recv", "cp", kn(kv), hops * (3 + full), kn(t), exp, "attention"))
+    return LayerComm("cp ring K/V", "send_recv", "cp", kn(kv), hops * (3 + full), kn(t), exp, "attention")
 
-    # -- expert parallel (dispatch + combine)
-    if spec.moe is not None:
-        moe = spec.moe
-        imb = opt.imbalance(g["ep"], moe.experts)
-        tok = T / tp * moe.top_k * H * BF16  # routed token rows leaving one device, all top_k copies
-        prec = np.asarray(g["precision"])
-        low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]  # FP8/FP4 GEMMs the card runs natively
-        width = {"dispatch": np.where(opt.fp8_dispatch & low, FP8_DISPATCH_BYTES, BF16), "combine": BF16}
-        ops = kn(kinds * (np.asarray(g["ep"]) > 1) * (2 + full))  # per direction
+
+
+def _expert_parallel(L: _Layer) -> list[LayerComm]:
+    """Token dispatch and combine (with the count exchange before them), and the etp gather."""
+    g, costs, groups, rates, opt, spec, kn = L.g, L.costs, L.groups, L.rates, L.opt, L.spec, L.kn
+    full, kinds, T, tp, H = L.full, L.kinds, L.T, L.tp, L.H
+    etp_gt1 = np.asarray(g["etp"]) > 1
+    layer_fb = costs.fwd + costs.bwd
+    items: list[LayerComm] = []
+    moe = spec.moe
+    imb = opt.imbalance(g["ep"], moe.experts)
+    tok = T / tp * moe.top_k * H * BF16  # routed token rows leaving one device, all top_k copies
+    prec = np.asarray(g["precision"])
+    low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]  # FP8/FP4 GEMMs the card runs natively
+    width = {"dispatch": np.where(opt.fp8_dispatch & low, FP8_DISPATCH_BYTES, BF16), "combine": BF16}
+    ops = kn(kinds * (np.asarray(g["ep"]) > 1) * (2 + full))  # per direction
+    if opt.ep_dispatcher == "dedup":
+        size, per, doms = groups["ep"]
+        up, out = dedup_rows(moe.experts, moe.top_k, size, per, doms, moe.n_group, moe.topk_group)
+    # before each dispatch the ranks exchange how many rows each sends every expert (the split
+    # sizes): Megatron-Core's all-to-all dispatcher all-gathers the per-expert token counts over
+    # its expert group and syncs them to the host (MoEAlltoAllTokenDispatcher.preprocess); DeepEP's
+    # dispatch notifies the counts first (notify_dispatch). E int64 counts per rank, latency-bound;
+    # once per forward (and recomputed forward), the backward reuses the splits
+    counts = np.asarray(g["ep"], float) * moe.experts * COUNT_BYTES
+    count_ops = kn(kinds * (np.asarray(g["ep"]) > 1) * (1 + full))
+    t_counts = coll("all_gather", counts, groups, "ep", rates)
+    ep_items = [("ep token counts", "all_gather", counts, count_ops, t_counts)]
+    for direction in ("dispatch", "combine"):
         if opt.ep_dispatcher == "dedup":
-            size, per, doms = groups["ep"]
-            up, out = dedup_rows(moe.experts, moe.top_k, size, per, doms, moe.n_group, moe.topk_group)
-        # before each dispatch the ranks exchange how many rows each sends every expert (the split
-        # sizes): Megatron-Core's all-to-all dispatcher all-gathers the per-expert token counts over
-        # its expert group and syncs them to the host (MoEAlltoAllTokenDispatcher.preprocess); DeepEP's
-        # dispatch notifies the counts first (notify_dispatch). E int64 counts per rank, latency-bound;
-        # once per forward (and recomputed forward), the backward reuses the splits
-        counts = np.asarray(g["ep"], float) * moe.experts * COUNT_BYTES
-        count_ops = kn(kinds * (np.asarray(g["ep"]) > 1) * (1 + full))
-        t_counts = coll("all_gather", counts, groups, "ep", rates)
-        ep_items = [("ep token counts", "all_gather", counts, count_ops, t_counts)]
-        for direction in ("dispatch", "combine"):
-            if opt.ep_dispatcher == "dedup":
-                b_up, b_out = T / tp * up * H * width[direction], T / tp * out * H * width[direction]
-                nb = b_up
-                t = coll_dedup(b_up, b_out, groups, rates, imb)
-            else:
-                nb = tok / BF16 * width[direction]
-                t = coll("all_to_all", nb, groups, "ep", rates, imb)
-            ep_items.append((f"ep {direction}", "all_to_all", nb, ops, t))
-        total = sum(o * t for _, _, _, o, t in ep_items)
-        exposed = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
-        share = exposed / np.maximum(total, 1e-30)
-        for name, kind, nb, o, t in ep_items:
-            items.append(LayerComm(name, kind, "ep", kn(nb), o, kn(t), o * t * share,
-                                   "other micro-batch" if opt.ep_overlap else ""))
-        # expert tensor parallelism: gather the routed rows over etp before the experts
-        t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
-        ops = kn(kinds * etp_gt1 * 2 * (2 + full))
-        items.append(LayerComm("etp gather/scatter", "all_gather", "etp", kn(tok * g["etp"]), ops, kn(t), ops * t, ""))
+            b_up, b_out = T / tp * up * H * width[direction], T / tp * out * H * width[direction]
+            nb = b_up
+            t = coll_dedup(b_up, b_out, groups, rates, imb)
+        else:
+            nb = tok / BF16 * width[direction]
+            t = coll("all_to_all", nb, groups, "ep", rates, imb)
+        ep_items.append((f"ep {direction}", "all_to_all", nb, ops, t))
+    total = sum(o * t for _, _, _, o, t in ep_items)
+    exposed = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
+    share = exposed / np.maximum(total, 1e-30)
+    for name, kind, nb, o, t in ep_items:
+        items.append(LayerComm(name, kind, "ep", kn(nb), o, kn(t), o * t * share,
+                               "other micro-batch" if opt.ep_overlap else ""))
+    # expert tensor parallelism: gather the routed rows over etp before the experts
+    t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
+    ops = kn(kinds * etp_gt1 * 2 * (2 + full))
+    items.append(LayerComm("etp gather/scatter", "all_gather", "etp", kn(tok * g["etp"]), ops, kn(t), ops * t, ""))
+    return items
 
-    # -- ZeRO-3: gather parameters (forward, backward), reduce-scatter gradients
+
+def _zero3(L: _Layer) -> list[LayerComm]:
+    """ZeRO-3: gather parameters (forward, backward), reduce-scatter gradients."""
+    g, costs, groups, rates, opt = L.g, L.costs, L.groups, L.rates, L.opt
+    items: list[LayerComm] = []
     z3 = np.asarray(g["zero"]) == 3
     for dim, params in (("dp_cp", costs.dense_params), ("edp", costs.expert_params)):
         pbytes = params * BF16
