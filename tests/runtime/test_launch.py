@@ -45,7 +45,10 @@ def test_crash_names_the_function_and_rank():
     with pytest.raises(DayzeroError) as e:
         run_ranks("helpers.launch_funcs:crash_on_rank0", {}, 2)
     msg = str(e.value)
-    assert "helpers.launch_funcs:crash_on_rank0" in msg and "rank 0: exit code 1; RuntimeError: boom" in msg
+    assert "helpers.launch_funcs:crash_on_rank0" in msg
+    # rank 0's own cause is named either way; whether it had exited (code 1) or was still tearing down
+    # when rank 1 failed and the launcher stopped it (SIGTERM) is a race the machine's load decides
+    assert re.search(r"rank 0: (exit code 1|killed by SIGTERM); RuntimeError: boom", msg), msg
     log = Path(re.search(r"details in (\S+)$", msg).group(1))  # kept although the launch directory is gone
     try:
         assert "Traceback" in log.read_text() and "raise RuntimeError(\"boom\")" in log.read_text()

@@ -7,7 +7,8 @@ Four sub-packages hold the architecture: ``models`` (the zoo, built from a Model
 the exclusion list and the relaunch on fewer ranks).
 
 The modules here, in reading order: ``config`` (TrainConfig, the run as a document), ``checks``
-(what the runtime can run, before any process starts), ``memory_check`` (will it fit this
+(what the runtime can run, before any process starts), ``preflight`` (every check of a run, shared
+by ``dayzero train`` and its ``--dry-run``), ``memory_check`` (will it fit this
 machine), ``device`` (the one place that knows device types and backends), ``torch_compat`` (the
 private PyTorch APIs, behind a version check), ``distributed`` (joining and leaving the process
 group), ``data`` (the token stream), ``optim`` (AdamW, warmup-cosine, global grad-norm clipping),

@@ -202,15 +202,18 @@ def run_as_rank(main: Callable[[StopOnSignal], int | None]) -> None:
     other ranks. After a stop signal the rank exits 128 + the signal at once, whatever ``main`` did
     with it (it reaches DCP as an error on every rank)."""
     code: int | str | None = 1
-    with rank_log.capture_stderr(), training_process(bind_to_parent=True) as stop:
-        try:
-            code = main(stop)
-        except SystemExit as e:
-            code = e.code
-        except BaseException as e:
-            if stop.signum is None:
-                traceback.print_exc()  # into the run's log (ranks.log); the launcher prints the one line
-                rank_log.write_crash(e)
+    try:
+        with rank_log.capture_stderr(), training_process(bind_to_parent=True) as stop:
+            try:
+                code = main(stop)
+            except SystemExit as e:
+                code = e.code
+            except BaseException as e:
+                if stop.signum is None:
+                    traceback.print_exc()  # into the run's log (ranks.log); the launcher prints the one line
+                    rank_log.write_crash(e)
+    except Interrupted as e:  # the stop signal came while the rank was leaving its process context: no traceback
+        exit_now(128 + e.signum)
     if stop.signum is not None:
         exit_now(128 + stop.signum)
     sys.exit(code)

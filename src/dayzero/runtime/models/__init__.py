@@ -5,6 +5,7 @@ attention), ``mlp`` (the dense feed-forward block and its activations), ``groupe
 routed experts' GEMMs: one grouped kernel where the device has it, a loop elsewhere), ``moe`` (router,
 grouped routed experts, shared experts, balance losses, capacity), ``model`` (the blocks and the ``Transformer``,
 deterministic initial weights), ``recompute`` (activation checkpointing of whole blocks or of the
-attention core). Nothing here knows about parallelism; :mod:`dayzero.runtime.parallel` shards
-these modules in place.
+attention core), and ``hf_model`` (a model nobody taught dayzero: its config shrunk by key name and
+built as transformers' own module, trained as it is). Nothing here knows about parallelism;
+:mod:`dayzero.runtime.parallel` shards these modules in place.
 """

@@ -7,5 +7,7 @@ that runs them), ``tensor_parallel`` (tp + sequence parallel as DTensor plans), 
 moved with all-to-all), ``expert_placement`` (an expert placement with replicated experts in the
 dispatcher), ``data_parallel`` (dp: FSDP2, ZeRO and mixed precision), and ``parallelize`` (the one
 function that applies them all, with activation checkpointing from
-:mod:`dayzero.runtime.models.recompute`, then materializes the weights).
+:mod:`dayzero.runtime.models.recompute`, then materializes the weights). ``hf_plan`` does the same
+for transformers' own module of a derived model: FSDP2 per decoder layer and a TP plan derived from
+module names and shapes; what it cannot apply is refused.
 """
