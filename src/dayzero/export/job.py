@@ -66,14 +66,16 @@ NODE_SETUP = {
 }
 
 
+def job_env(job: JobOptions) -> dict[str, str]:
+    """The communication settings the job itself gives: the HCCL rank table (torch_npu builds the
+    global communicator from it, in a time about independent of the cluster's size, instead of
+    negotiating through the rendezvous; Envir_017 above)."""
+    return {"RANK_TABLE_FILE": job.rank_table} if job.rank_table else {}
+
+
 def comm_env(job: JobOptions) -> dict[str, str]:
-    """The ranks' communication settings: the device's defaults, plus the HCCL rank table when the
-    job gives one (torch_npu builds the global communicator from it, in a time about independent of
-    the cluster's size, instead of negotiating through the rendezvous; Envir_017 above)."""
-    env = dict(COMM_ENV[job.device])
-    if job.rank_table:
-        env["RANK_TABLE_FILE"] = job.rank_table
-    return env
+    """The ranks' communication settings: the device's defaults (:data:`COMM_ENV`), then the job's."""
+    return {**COMM_ENV[job.device], **job_env(job)}
 
 
 # a hostname, or a Slurm host range of one bracket group ("gpu[01-04,07]")

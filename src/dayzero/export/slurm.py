@@ -21,7 +21,7 @@ import shlex
 
 from dayzero.errors import LayoutError
 from dayzero.export.common import Export
-from dayzero.export.job import COMM_ENV, NODE_SETUP, JobOptions, comm_env, node_split, train_args, unexpressed
+from dayzero.export.job import COMM_ENV, NODE_SETUP, JobOptions, job_env, node_split, train_args, unexpressed
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -76,8 +76,9 @@ def script(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions) -> str:
               "# torchrun's c10d rendezvous on the allocation's first node",
               'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               f"MASTER_PORT=${{MASTER_PORT:-{RDZV_PORT}}}", "export MASTER_ADDR MASTER_PORT"]
-    for k, v in comm_env(job).items():  # the device's defaults yield to the site's; what the job gives is set
-        lines.append(f'export {k}="${{{k}:-{v}}}"' if COMM_ENV[job.device].get(k) == v else f"export {k}={q(v)}")
+    for k, v in COMM_ENV[job.device].items():  # the device's defaults yield to the site's environment
+        lines.append(f'export {k}="${{{k}:-{v}}}"')
+    lines += [f"export {k}={q(v)}" for k, v in job_env(job).items()]  # what the job gives is set
     lines += node_setup_lines(job, split.per_node)
     lines += ["",
               "requeue() {  # a failed or stopped step: run again from the newest good checkpoint",
