@@ -167,13 +167,14 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
 
 
 def dispatcher_option(flag: str | None, engine: str | None = None) -> str:
-    """``--ep-dispatcher`` as the planner names it; unset: the engine's dispatcher, else dedup."""
+    """``--ep-dispatcher`` as the planner names it; unset: the engine's dispatcher, else the planner's default."""
     from dayzero.errors import ConfigError, DayzeroError
+    from dayzero.planner.comm import CommOptions
     from dayzero.planner.engines import get_engine
     from dayzero.planner.moe_dispatch import check_dispatcher
 
     if flag is None:
-        return get_engine(engine).ep_dispatcher if engine else "dedup"
+        return get_engine(engine).ep_dispatcher if engine else CommOptions().ep_dispatcher
     try:
         return check_dispatcher(flag.strip().lower().replace("-", "_"))
     except DayzeroError:
