@@ -19,7 +19,8 @@ from torch import nn  # noqa: E402
 from dayzero.cli.app import main  # noqa: E402
 from dayzero.derive import structure  # noqa: E402
 from dayzero.derive.describe import describe  # noqa: E402
-from dayzero.specs.counting import norm_params, params_total  # noqa: E402
+from dayzero.derive.to_spec import spec_from_description  # noqa: E402
+from dayzero.specs.counting import flops_per_token, norm_params, params_total  # noqa: E402
 from dayzero.specs.registry import load_model, model_presets  # noqa: E402
 from helpers.paths import DATA  # noqa: E402
 
@@ -129,6 +130,14 @@ def test_derived_description_agrees_with_the_hand_written_parsers(name):
         f = next(k.ffn for k in d.kinds if k.ffn.kind == "moe")
         assert (f.experts.experts, f.top_k, f.experts.expert.intermediate) == (
             spec.moe.experts, spec.moe.top_k, spec.moe.expert.intermediate)
+    # the planner's spec built from the description costs what the parser's does (#15: within 0.5 %),
+    # at two sequence lengths so both the per-token (linear) and the attention (quadratic) terms count
+    derived, _ = spec_from_description(d)
+    assert params_total(derived) == params_total(spec)
+    for seq in (1024, 8192):
+        want, got = flops_per_token(spec, seq), flops_per_token(derived, seq)
+        assert got.train == pytest.approx(want.train, rel=5e-3), (seq, got, want)
+        assert got.attention_forward == pytest.approx(want.attention_forward, rel=5e-3), seq
 
 
 def test_relabelled_configs_show_the_keys_their_parser_ignores(tmp_path, capsys):
