@@ -35,13 +35,14 @@ NEW_TYPES = {
     "qwen3_next": dict(T, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=48, linear_num_value_heads=4, linear_num_key_heads=2,
                        linear_key_head_dim=16, linear_value_head_dim=16),
-    "deepseek_v32": dict(T, **MLA, index_n_heads=2, index_head_dim=16),
+    # MLA: key/value heads equal the heads (transformers' MLA attention repeats no KV groups)
+    "deepseek_v32": dict(T, **MLA, num_key_value_heads=4, index_n_heads=2, index_head_dim=16),
     "minimax": dict(T, head_dim=16, num_local_experts=4, num_experts_per_tok=2),
     "gemma3_text": dict(T, head_dim=16, sliding_window=16,
                         layer_types=["sliding_attention"] * 3 + ["full_attention"]),
     "phimoe": dict(T, num_local_experts=4, num_experts_per_tok=2),
     "olmo2": dict(T),
-    "glm4_moe_lite": dict(T, **MLA),
+    "glm4_moe_lite": dict(T, **MLA, num_key_value_heads=4),
     "phi3": dict(T, pad_token_id=None),
 }
 
