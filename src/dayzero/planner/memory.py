@@ -16,7 +16,7 @@ embedding, half the layers, and min(pp, m) = 2 micro-batches of activations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 import numpy as np
@@ -159,16 +159,42 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     out = np.empty(n, dtype=np.float64)
     if n == 0:
         return out
-    key = cols["pp"] * 1_000_003 + cols["vpp"] * 3 + np.minimum(cols["schedule"], 2)
-    order = np.argsort(key, kind="stable")
-    bounds = np.flatnonzero(np.diff(key[order])) + 1
-    for idx in np.split(order, bounds):
-        pp, vpp = int(cols["pp"][idx[0]]), int(cols["vpp"][idx[0]])
-        feats = _even_features(spec, pp, vpp)
-        c = {k: v[idx][:, None] for k, v in cols.items()}
-        totals = sum(category_totals(stage_terms(spec, options, c, feats, float(capacity_bytes))).values())
-        out[idx] = np.broadcast_to(totals, (len(idx), feats.rank.shape[1])).max(axis=1)
+    # One batch per rank-feature width (a few) rather than one per (pp, vpp, schedule) group
+    # (hundreds in a search): each row gets its own group's rank features, the schedule is a column.
+    vpp_span = int(cols["vpp"].max()) + 1
+    keys, group = np.unique(cols["pp"] * vpp_span + cols["vpp"], return_inverse=True)
+    group = group.ravel()
+    feats = [_even_features(spec, int(k // vpp_span), int(k % vpp_span)) for k in keys]
+    width = np.array([f.rank.shape[1] for f in feats])
+    for w in np.unique(width):
+        ids = np.flatnonzero(width == w)
+        local = np.zeros(len(feats), dtype=np.int64)
+        local[ids] = np.arange(len(ids))
+        rows = np.flatnonzero(width[group] == w)
+        if len(rows) == n:
+            c = {k: v[:, None] for k, v in cols.items()}
+        else:
+            c = {k: v[rows][:, None] for k, v in cols.items()}
+        f = _stacked([feats[i] for i in ids], local[group[rows]])
+        totals = sum(category_totals(stage_terms(spec, options, c, f, float(capacity_bytes))).values())
+        out[rows] = np.broadcast_to(totals, (len(rows), int(w))).max(axis=1)
     return out
+
+
+def _stacked(groups: list[RankFeatures], group: np.ndarray) -> RankFeatures:
+    """Per-candidate rank features: row i holds those of ``groups[group[i]]`` (the groups it
+    indexes all have the same number of ranks)."""
+
+    def take(arrays: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(arrays)[group]
+
+    def field_of(name: str):
+        first = getattr(groups[0], name)
+        if isinstance(first, dict):
+            return {k: take([getattr(g, name)[k] for g in groups]) for k in first}
+        return take([getattr(g, name) for g in groups])
+
+    return RankFeatures(**{f.name: field_of(f.name) for f in fields(RankFeatures)})
 
 
 @lru_cache(maxsize=512)

@@ -3,7 +3,7 @@
 One function, :func:`stage_terms`, computes all terms with numpy broadcasting: candidate arrays
 have shape (n, 1), rank features shape (1, pp) (or (n, pp)), results (n, pp). The scalar
 :func:`dayzero.planner.memory.estimate_memory` calls it with n = 1 and the batch path
-:func:`dayzero.planner.memory.peak_memory_batch` with n candidates sharing (pp, vpp, schedule),
+:func:`dayzero.planner.memory.peak_memory_batch` with n candidates and per-candidate features (n, w),
 so both agree by construction. Term names are ``category:term``; docs/memory.md explains each.
 """
 

@@ -1,8 +1,10 @@
 """Every parallel layout trains the same model as one process does (fp32, same seed and global
-batch): per-step losses within 1e-5 relative for 10 steps, on gloo with up to 8 ranks.
+batch): per-step losses within 1e-5 relative for 5 steps, on gloo with up to 8 ranks.
 
 Worlds are spawned once per size and run several layouts in turn (``train_entry.spawn`` takes a list)
-to keep the suite's runtime modest.
+to keep the suite's runtime modest. Five steps are enough for every check: each step's loss is
+compared, the reference's loss falls (6.27 -> 4.29 by step 5) and the BF16 MoE run's by over 20 %
+(6.30 -> 3.36); a 4-rank step costs seconds on a loaded 2-core machine, so each step counts.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-STEPS = 10
+STEPS = 5
 BATCH = dict(seq=32, mbs=1, gbs=8)
 DENSE = ModelSection("tiny-llama", hidden=128)  # 4 layers, 4 heads / 2 kv heads of 32
 # layouts per world size: name -> (model kind, ParallelConfig)
