@@ -262,7 +262,8 @@ def _attention(spec: ModelSpec, index: int, seq: int, T, tp, mbs, cp, rates: Rat
     GEMMs plus memory traffic of 8 bytes per score forward (write S, softmax read + write, read
     for PV) and 12 backward (write dP, softmax backward reads P and dP and writes dS, read dS
     for dQ and dK); what Transformer Engine falls back to where the fused kernels lack a feature
-    (learnable softmax sinks: https://github.com/NVIDIA/TransformerEngine/issues/2318)."""
+    (learnable softmax sinks before cuDNN 9.13.1, https://github.com/NVIDIA/TransformerEngine/issues/2318,
+    or with packed THD sequences, https://github.com/NVIDIA/TransformerEngine/issues/2483)."""
     if kernel == "unfused":
         a = spec.attention
         scores = mbs * (a.heads / tp) * (seq / cp) * seq  # per micro-batch on this device
