@@ -3,6 +3,8 @@ against a hand-computed value and its source."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -45,3 +47,33 @@ def test_sink_attention_runs_fused_and_windowed_layers_cost_their_window(rows):
     # unfused attention (what the planner assumed before) masks but does not skip: both classes equal
     unfused = _costs(case, "unfused")
     assert unfused.attn_fwd[window, 0] == pytest.approx(unfused.attn_fwd[full, 0])
+
+
+def test_clamped_swiglu_runs_eagerly_and_moves_six_times_the_bytes_of_a_fused_swiglu(rows):
+    """Megatron-Bridge's GPT-OSS provider sets bias_activation_fusion=False, so Megatron-Core's
+    grouped experts run the clamped SwiGLU one torch op at a time (experts.py, TEGroupedMLP): per
+    routed row of expert width f, forward element traffic 2 (gate clamp) + 2 (up clamp) + 2 (x alpha)
+    + 2 (sigmoid) + 3 (gate x sigmoid) + 2 (up + 1) + 3 (product) + 2 (x routing probability) = 18 f,
+    against 3 f for a fused SwiGLU (read gate and up, write the product). By hand for one gpt-oss-120b
+    MoE layer of R0241 (mbs 4 x seq 4096 = 16,384 tokens, top-4: 65,536 routed rows, f = 2,880): the
+    extra forward traffic is 65,536 x 15 x 2,880 x 2 B = 5.662 GB, i.e. 5.662e9 x memory_scale / HBM
+    bandwidth seconds more in the forward and twice that in the backward."""
+    from dayzero.planner.compute import activation_elements
+    from dayzero.specs.model import MLPSpec
+
+    assert activation_elements(MLPSpec(2880, gated=True, activation="swiglu_clamped")) == 18.0
+    assert activation_elements(MLPSpec(2880, gated=True)) == 3.0
+    assert activation_elements(MLPSpec(2880, gated=False, activation="gelu")) == 2.0
+
+    case = case_of(rows["R0241"])
+    assert case.spec.moe.expert.activation == "swiglu_clamped"
+    moe = case.spec.moe
+    spec_fused = replace(case.spec, moe=replace(moe, expert=replace(moe.expert, activation="silu")))
+    c = PerfConstants()
+    r = rates(case.cluster, c)
+    grid = {k: np.asarray(v) for k, v in encode([case.parallel]).items()}
+    eager = compute_costs(case.spec, grid, r, c, 1.0, "fused")
+    plain = compute_costs(spec_fused, grid, r, c, 1.0, "fused")
+    extra = 65_536 * 15 * 2_880 * 2 * c.memory_scale / r.hbm_bw
+    assert eager.fwd[0, 0] - plain.fwd[0, 0] == pytest.approx(extra, rel=1e-9)
+    assert eager.bwd[0, 0] - plain.bwd[0, 0] == pytest.approx(2 * extra, rel=1e-9)
