@@ -42,7 +42,7 @@ from dayzero.specs.counting import (
 )
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import FULL, SELECTIVE
-from dayzero.specs.model import ModelSpec
+from dayzero.specs.model import MLPSpec, ModelSpec
 
 BF16 = 2  # bytes per activation element
 
@@ -195,6 +195,22 @@ def _projections(spec: ModelSpec, x: _Shard):
     return t_g, cast_el, mem_el, t_in
 
 
+def activation_elements(mlp: MLPSpec) -> float:
+    """Elements per row of an MLP's activation kernels in the forward, in units of its width ``f``.
+
+    A fused activation reads its input and writes its output once: ``3 f`` gated (gate and up in,
+    product out), ``2 f`` plain. The clamped SwiGLU (gpt-oss) runs eagerly, one kernel per
+    operation: Megatron-Bridge's GPT-OSS provider sets ``bias_activation_fusion=False``, so
+    Megatron-Core's grouped experts (``TEGroupedMLP``, ``megatron/core/transformer/moe/experts.py``)
+    apply ``torch.chunk``, then clamp the gate (read f, write f), clamp the up half (2 f), scale the
+    gate by alpha (2 f), sigmoid (2 f), gate x sigmoid (3 f), up + 1 (2 f), the product (3 f) and
+    the routing-probability scale the fused kernel folds in (2 f): ``18 f``. The backward moves
+    twice the forward's bytes, as for every memory-bound kernel of this model."""
+    if mlp.activation == "swiglu_clamped":
+        return 18.0
+    return 3.0 if mlp.gated else 2.0
+
+
 def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float, t_g, mem_el, cast_el):
     """A MoE layer's routed experts (at the busiest device's imbalance), router and shared experts,
     added to the layer's GEMM seconds, memory-bound and cast elements; with its parameters per
@@ -208,7 +224,7 @@ def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float,
     m_e = T * k_top * etp * ep / (tp * moe.experts)  # rows per local expert GEMM
     t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), x.rate_lo * c.moe_gemm_scale, d0)
     t_g = t_g + _gemm(T / tp * 2 * H * moe.experts, (T / tp, H, moe.experts), x.rate_bf16, d0)  # router
-    mem_el = mem_el + routed_tok * ((m1 + 1) * fe + 4 * H) + T / tp * 4 * moe.experts
+    mem_el = mem_el + routed_tok * (activation_elements(moe.expert) * fe + 4 * H) + T / tp * 4 * moe.experts
     cast_el = cast_el + routed_tok * (H + fe)
     t_in = np.zeros_like(T)
     if moe.shared_experts:
@@ -231,7 +247,7 @@ def _dense_ffn(spec: ModelSpec, x: _Shard, t_g, mem_el, cast_el):
     f_ = m.intermediate
     t_in = _gemm(T * 2 * H * m1 * f_ / tp, (T, H, m1 * f_ / tp), x.rate_lo, d0)  # FC1
     t_g = t_g + t_in + _gemm(T * 2 * f_ / tp * H, (T, f_ / tp, H), x.rate_lo, d0)
-    mem_el = mem_el + T * (m1 + 1) * f_ / tp
+    mem_el = mem_el + T * activation_elements(m) * f_ / tp
     cast_el = cast_el + T * (H + f_ / tp)
     dense_p = (attention_params(spec.attention, H) + mlp_params(m, H) + 2 * norm_params(spec)) / tp
     return t_g, mem_el, cast_el, dense_p, np.zeros_like(T), t_in
@@ -262,7 +278,8 @@ def _attention(spec: ModelSpec, index: int, seq: int, T, tp, mbs, cp, rates: Rat
     GEMMs plus memory traffic of 8 bytes per score forward (write S, softmax read + write, read
     for PV) and 12 backward (write dP, softmax backward reads P and dP and writes dS, read dS
     for dQ and dK); what Transformer Engine falls back to where the fused kernels lack a feature
-    (learnable softmax sinks: https://github.com/NVIDIA/TransformerEngine/issues/2318)."""
+    (learnable softmax sinks before cuDNN 9.13.1, https://github.com/NVIDIA/TransformerEngine/issues/2318,
+    or with packed THD sequences, https://github.com/NVIDIA/TransformerEngine/issues/2483)."""
     if kernel == "unfused":
         a = spec.attention
         scores = mbs * (a.heads / tp) * (seq / cp) * seq  # per micro-batch on this device

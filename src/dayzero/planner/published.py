@@ -404,12 +404,13 @@ def _options(row: dict, spec: ModelSpec, recipe: str, feats: Features) -> PerfOp
     # *_FP8_MX_* for DeepSeek-V3 and GPT-OSS); its BF16, FP8-CS and NVFP4 presets leave it off
     bridge = "megatron-bridge" in framework and recipe == "mxfp8"
     # llm-foundry's MPT benchmarks (2023) ran FlashAttention-2; Megatron uses cuDNN fused attention,
-    # except for learnable softmax sinks (gpt-oss), where Transformer Engine falls back to unfused
-    # attention (TE 2.8; https://github.com/NVIDIA/TransformerEngine/issues/2318)
+    # learnable softmax sinks (gpt-oss) and sliding windows included: Transformer Engine 2.8 runs them
+    # in FusedAttention on cuDNN >= 9.13.1 for the BSHD/SBHD layouts pre-training uses
+    # (https://github.com/NVIDIA/TransformerEngine/pull/2148; issue 2318 was a cuDNN 9.10 install);
+    # gpt-oss (August 2025) postdates it, and its 8K-sequence rows run nearly as fast per token as the
+    # 4K ones, which unfused attention (quadratic work on every layer) cannot
     foundry = "foundry" in framework or "mosaic" in text(row, "source").lower()
     kernel = feats.kernel or ("flash2" if foundry else "fused")
-    if spec.attention.sinks and kernel == "fused":
-        kernel = "unfused"
     return PerfOptions(comm=CommOptions(tp_overlap=megatron or feats.tp_overlap, ep_overlap=bridge or feats.ep_overlap),
                        attention_kernel=kernel)
 
