@@ -369,7 +369,7 @@ def case_of(row: dict) -> Case:
     problems = parallel.problems(spec, devices)
     if problems:
         raise Unpredictable("inconsistent layout", "layout inconsistent: " + "; ".join(problems))
-    options = _options(row, spec, recipe, feats)
+    options = _options(row, recipe, feats)
     engine = Engine(megatron=megatron_family(row), attention_kernel=options.attention_kernel,
                     fused_loss=fused_loss(row))
     settled = settle(spec, parallel, cluster, engine, recompute_stated=recompute is not None)
@@ -396,7 +396,7 @@ def fused_loss(row: dict) -> bool:
     return "llm-foundry" in framework or "llmfoundry" in framework
 
 
-def _options(row: dict, spec: ModelSpec, recipe: str, feats: Features) -> PerfOptions:
+def _options(row: dict, recipe: str, feats: Features) -> PerfOptions:
     framework = text(row, "framework").lower()
     megatron = megatron_family(row)
     # Megatron-Bridge overlaps the EP all-to-all with another micro-batch's compute in its MXFP8 MoE
