@@ -312,7 +312,7 @@ def recurrent_scan_flops_per_token(r: RecurrentSpec, seq: int, causal: bool) -> 
     counts a Mamba layer's scan as 7 d_in N per token (its note: "should be updated based on new
     SSD kernels") and Gated DeltaNet's as 2 x 4 heads dv^2; for Nemotron-H 8B's mixer (d_in 8,192,
     N 128, chunk 256) that is 7.3 M FLOPs per token against 8.9 M here: both a few percent of the
-    layer's projections (2 x 2 x 4,096 x 17,544 = 287 M)."""
+    layer's projections (2 x 4,096 x (18,560 + 8,192) = 219 M)."""
     q = min(r.chunk_size, seq)
     ctx = (q + 1) / 2 if causal else float(q)
     if r.kind == "mamba2":
