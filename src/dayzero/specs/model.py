@@ -158,7 +158,7 @@ FFNS = ("dense", "moe", "none")
 def layer_type(mixer: str, ffn: str) -> str:
     """The key of a (mixer, feed-forward) pair: ``dense`` / ``moe`` for softmax attention with that
     FFN (every transformer layer, as before hybrids), else ``mixer+ffn`` (``recurrent+none``)."""
-    return ffn if mixer == "attention" else f"{mixer}+{ffn}"
+    return ffn if mixer == "attention" and ffn != "none" else f"{mixer}+{ffn}"
 
 
 def split_layer_type(t: str) -> tuple[str, str]:
@@ -223,6 +223,9 @@ class ModelSpec:
             raise ValueError(f"{self.name}: layer_mixers and layer_kinds need one entry per layer ({self.layers})")
         if "recurrent" in self.layer_mixers and self.recurrent is None:
             raise ValueError(f"{self.name}: recurrent layers need ModelSpec.recurrent (their shapes)")
+        # not a field (no digest, no equality): derived once, read per layer by counting and the planner
+        object.__setattr__(self, "_layer_types", tuple(layer_type(m, k) for m, k in zip(self.layer_mixers,
+                                                                                          self.layer_kinds)))
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -236,7 +239,7 @@ class ModelSpec:
     @property
     def layer_types(self) -> tuple[str, ...]:
         """Per layer, :func:`layer_type` of its (mixer, FFN): ``dense``/``moe`` for transformer layers."""
-        return tuple(layer_type(m, k) for m, k in zip(self.layer_mixers, self.layer_kinds))
+        return self._layer_types
 
     @property
     def is_hybrid(self) -> bool:
