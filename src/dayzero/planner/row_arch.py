@@ -124,6 +124,9 @@ def model_of(row: dict) -> RowModel:
     else:
         spec = spec_from_hf_config(dict(cand.entry["config"]), name=cand.target, source=cand.entry["source"])
     notes = [f"model {name!r} read as {cand.target}: {match.note}"] if match.note else []
+    # what the entry or its config approximates (LatentMoE, MTP, ...), stated per row
+    notes += ([f"{cand.target}: {cand.entry['notes']}"] if cand.kind == "config" and cand.entry.get("notes") else [])
+    notes += [f"{cand.target}: {a}" for a in spec.extra.get("approximations", ())]
     differ = disagreements(spec, row)
     if differ:
         try:

@@ -494,6 +494,8 @@ def _hybrid(f: _Fields, name: str, mt: str) -> ModelSpec:
         inter = f.int("moe_intermediate_size")
         shared = f.int("moe_shared_expert_intermediate_size", default=0, minimum=0,
                        alt=("shared_expert_intermediate_size",))
+        if not f.int("n_shared_experts", default=1 if shared else 0, minimum=0):
+            shared = 0
         latent = f.opt_int("moe_latent_size")
         if latent is not None:
             if (inter * latent) % hidden:

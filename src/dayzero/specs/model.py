@@ -209,7 +209,8 @@ class ModelSpec:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
-        if not self.layer_mixers:
+        if not self.layer_mixers or (len(self.layer_mixers) != self.layers and set(self.layer_mixers) == {"attention"}):
+            # all attention (also after a replace() that changed the depth of a transformer)
             object.__setattr__(self, "layer_mixers", ("attention",) * self.layers)
         if not self.layer_kinds:
             object.__setattr__(self, "layer_kinds", ("dense",) * self.layers)
@@ -219,8 +220,8 @@ class ModelSpec:
             object.__setattr__(self, "layer_windows", (None,) * self.layers)
         if not self.layer_extra:
             object.__setattr__(self, "layer_extra", (0,) * self.layers)
-        if len(self.layer_mixers) != self.layers or len(self.layer_kinds) != self.layers:
-            raise ValueError(f"{self.name}: layer_mixers and layer_kinds need one entry per layer ({self.layers})")
+        if len(self.layer_mixers) != self.layers:
+            raise ValueError(f"{self.name}: layer_mixers needs one entry per layer ({self.layers})")
         if "recurrent" in self.layer_mixers and self.recurrent is None:
             raise ValueError(f"{self.name}: recurrent layers need ModelSpec.recurrent (their shapes)")
         # not a field (no digest, no equality): derived once, read per layer by counting and the planner
@@ -325,7 +326,7 @@ def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
     extras = list(spec.layer_extra)
     new_extra = [extras[i % len(extras)] for i in range(layers)]
     return replace(spec, layers=layers, layer_kinds=tuple(new_kinds), layer_windows=tuple(new_windows),
-                   layer_extra=tuple(new_extra))
+                   layer_extra=tuple(new_extra), layer_mixers=())
 
 
 def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
