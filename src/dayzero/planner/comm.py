@@ -304,7 +304,9 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
     items: list[LayerComm] = []
     moe = spec.moe
     imb = opt.imbalance(g["ep"], moe.experts)
-    tok = T / tp * moe.top_k * H * BF16  # routed token rows leaving one device, all top_k copies
+    # routed token rows leaving one device, all top_k copies; LatentMoE dispatches latent-wide rows
+    H = moe.latent_size or H
+    tok = T / tp * moe.top_k * H * BF16
     prec = np.asarray(g["precision"])
     low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]  # FP8/FP4 GEMMs the card runs natively
     width = {"dispatch": np.where(opt.fp8_dispatch & low, FP8_DISPATCH_BYTES, BF16), "combine": BF16}

@@ -471,8 +471,8 @@ def _hybrid(f: _Fields, name: str, mt: str) -> ModelSpec:
     a latent width ``d`` between a down-projection H -> d and an up-projection d -> H: modelled
     as experts of width ``moe_intermediate_size x d / H`` in H (the same parameters and FLOPs per
     routed token) and the two projections as part of the shared expert (dense, every token; the
-    same parameters and FLOPs); its dispatch then moves H-wide tokens where LatentMoE moves d-wide
-    ones (EP communication over-estimated by H / d). Stated in ``spec.extra['approximations']``."""
+    same parameters and FLOPs); the dispatcher moves d-wide tokens (MoESpec.latent_size). Stated in
+    ``spec.extra['approximations']``."""
     hidden = f.int("hidden_size")
     pairs, key = _layer_pattern(f)
     layers = f.int("num_hidden_layers", default=len(pairs))
@@ -505,8 +505,7 @@ def _hybrid(f: _Fields, name: str, mt: str) -> ModelSpec:
             approx.append(f"LatentMoE (moe_latent_size {latent}): routed experts of width {inter} in the latent "
                           f"{latent} modelled as width {inter * latent // hidden} in {hidden} (same parameters and "
                           f"FLOPs); the latent projections {hidden} -> {latent} -> {hidden} counted with the shared "
-                          f"expert (dense); EP dispatch over-estimated {hidden / latent:g}x (tokens travel {latent} "
-                          "wide)")
+                          f"expert (dense); tokens dispatched {latent} wide")
             inter, shared = inter * latent // hidden, shared + latent
         scoring = f.str("scoring_func", "sigmoid" if "n_group" in f.cfg else "softmax")
         moe = MoESpec(experts=experts, top_k=_top_k(f, experts),
@@ -516,7 +515,8 @@ def _hybrid(f: _Fields, name: str, mt: str) -> ModelSpec:
                       scoring="sigmoid" if scoring == "sigmoid" else "softmax",
                       norm_topk_prob=f.bool("norm_topk_prob", True),
                       routed_scaling_factor=f.float("routed_scaling_factor", 1.0),
-                      n_group=f.int("n_group", default=1), topk_group=f.int("topk_group", default=1))
+                      n_group=f.int("n_group", default=1), topk_group=f.int("topk_group", default=1),
+                      latent_size=latent or 0)
     rec = _recurrent(f, hidden, types) if "recurrent" in mixers else None
     att = _gqa_attention(f, hidden, qkv_bias=f.bool("attention_bias", False), o_bias=f.bool("attention_bias", False))
     common = _common(f, name, mt)

@@ -90,6 +90,9 @@ class MoESpec:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    # LatentMoE (Nemotron 3 Super): the width tokens are dispatched in (the routed experts run in a
+    # latent of this width between two dense projections); 0: the hidden width
+    latent_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,8 @@ class ModelSpec:
             d.pop("layer_mixers")
         # the clamped-SwiGLU constants are listed only where set, so the digest of every other spec
         # (checkpoint manifests) is what it was before they existed
+        if d["moe"] is not None and not d["moe"]["latent_size"]:
+            d["moe"].pop("latent_size")
         for mlp in (d["mlp"], (d["moe"] or {}).get("expert") or {}):
             for key in ("swiglu_alpha", "swiglu_limit"):
                 if mlp.get(key, 0) is None:
