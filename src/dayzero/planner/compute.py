@@ -246,6 +246,15 @@ def _recurrent_mixer(spec: ModelSpec, x: _Shard, seq: int, rates: Rates, mixer: 
     cast_el = T * (H + r.inner / tp)
     mem_el = mem_el + T * (2 * r.conv_channels + 5 * r.inner) / tp
     scan = T / tp * recurrent_scan_flops_per_token(r, seq, causal=True) / rates.attention_flops
+    # the chunked scan is several kernels (mamba_ssm's ssd_combined: chunk_state, state_passing,
+    # bmm_chunk, chunk_scan), each reading its inputs from HBM: the values x twice and the output
+    # once, the B/C (key/query-like) inputs twice each, the FP32 chunk states written, passed (read +
+    # write) and read (3 x 2 BF16-element units per state element, one state per chunk of q tokens)
+    # and the FP32 within-chunk score blocks C B^T written and read (q per token and group)
+    q = min(r.chunk_size, seq)
+    scan_el = (3 * r.inner + 4 * r.qk_heads * r.qk_dim + 6 * r.heads * r.head_dim * r.qk_dim / q
+               + 4 * q * r.qk_heads)
+    mem_el = mem_el + T * scan_el / tp
     return t_g, cast_el, mem_el, t_in, scan, 2.5 * scan
 
 
