@@ -110,8 +110,8 @@ def model_of(row: dict) -> RowModel:
     name = text(row, "model")
     att = text(row, "attention_type")
     if m := _UNSUPPORTED.search(att):
-        raise UnsupportedLayers(f"attention_type {att!r}: {m.group(0)} layers, which dayzero does not model "
-                                "(attention decoders only)")
+        raise UnsupportedLayers(f"attention_type {att!r}: {m.group(0)} layers, which a row's columns cannot "
+                                "express (no layer pattern or mixer shapes; a name table entry with its config can)")
     match = best_match(name, list(model_candidates()), text(row, "total_params"))
     if match is None:
         spec, notes = from_columns(row)
