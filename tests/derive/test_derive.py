@@ -19,7 +19,8 @@ from torch import nn  # noqa: E402
 from dayzero.cli.app import main  # noqa: E402
 from dayzero.derive import structure  # noqa: E402
 from dayzero.derive.describe import describe  # noqa: E402
-from dayzero.specs.counting import norm_params, params_total  # noqa: E402
+from dayzero.derive.to_spec import spec_from_description  # noqa: E402
+from dayzero.specs.counting import flops_per_token, norm_params, params_total  # noqa: E402
 from dayzero.specs.registry import load_model, model_presets  # noqa: E402
 from helpers.paths import DATA  # noqa: E402
 
@@ -34,13 +35,14 @@ NEW_TYPES = {
     "qwen3_next": dict(T, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=48, linear_num_value_heads=4, linear_num_key_heads=2,
                        linear_key_head_dim=16, linear_value_head_dim=16),
-    "deepseek_v32": dict(T, **MLA, index_n_heads=2, index_head_dim=16),
+    # MLA: key/value heads equal the heads (transformers' MLA attention repeats no KV groups)
+    "deepseek_v32": dict(T, **MLA, num_key_value_heads=4, index_n_heads=2, index_head_dim=16),
     "minimax": dict(T, head_dim=16, num_local_experts=4, num_experts_per_tok=2),
     "gemma3_text": dict(T, head_dim=16, sliding_window=16,
                         layer_types=["sliding_attention"] * 3 + ["full_attention"]),
     "phimoe": dict(T, num_local_experts=4, num_experts_per_tok=2),
     "olmo2": dict(T),
-    "glm4_moe_lite": dict(T, **MLA),
+    "glm4_moe_lite": dict(T, **MLA, num_key_value_heads=4),
     "phi3": dict(T, pad_token_id=None),
 }
 
@@ -129,6 +131,14 @@ def test_derived_description_agrees_with_the_hand_written_parsers(name):
         f = next(k.ffn for k in d.kinds if k.ffn.kind == "moe")
         assert (f.experts.experts, f.top_k, f.experts.expert.intermediate) == (
             spec.moe.experts, spec.moe.top_k, spec.moe.expert.intermediate)
+    # the planner's spec built from the description costs what the parser's does (#15: within 0.5 %),
+    # at two sequence lengths so both the per-token (linear) and the attention (quadratic) terms count
+    derived, _ = spec_from_description(d)
+    assert params_total(derived) == params_total(spec)
+    for seq in (1024, 8192):
+        want, got = flops_per_token(spec, seq), flops_per_token(derived, seq)
+        assert got.train == pytest.approx(want.train, rel=5e-3), (seq, got, want)
+        assert got.attention_forward == pytest.approx(want.attention_forward, rel=5e-3), seq
 
 
 def test_relabelled_configs_show_the_keys_their_parser_ignores(tmp_path, capsys):

@@ -16,7 +16,7 @@ from test_derive import NEW_TYPES, write_config  # noqa: E402
 from dayzero.cli.app import main  # noqa: E402
 from dayzero.errors import DayzeroError  # noqa: E402
 from dayzero.runtime.config import ModelSection  # noqa: E402
-from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config, shrink_config  # noqa: E402
+from dayzero.runtime.models.hf_model import CausalLM, _build, build_proxy, proxy_config, shrink_config  # noqa: E402
 from dayzero.runtime.parallel.hf_plan import layer_plan  # noqa: E402
 
 TRAINED = ("olmo2", "qwen3_next", "phimoe", "gemma3_text")
@@ -122,3 +122,13 @@ def test_the_tp_plan_is_derived_from_names_and_shapes(tmp_path):
     with pytest.raises(DayzeroError, match="linear_attn"):
         config, name = proxy_config(ModelSection(config_dir(tmp_path, "qwen3_next")))
         layer_plan(CausalLM(_build(config, name)).net.model.layers[0], 2, "layers.0")
+
+
+def test_a_config_the_modeling_code_cannot_run_is_one_line_before_training(tmp_path):
+    """MLA code repeats no key/value groups: fewer KV heads than heads fails transformers' own forward.
+    The proxy's probe forward says so in one line instead of a traceback from every rank."""
+    (tmp_path / "bad").mkdir()
+    bad = write_config(tmp_path / "bad", "glm4_moe_lite", dict(NEW_TYPES["glm4_moe_lite"], num_key_value_heads=2))
+    with pytest.raises(DayzeroError, match="the model's own code fails a forward pass of the proxy"):
+        build_proxy(ModelSection(bad), seed=0)
+    build_proxy(ModelSection(config_dir(tmp_path, "glm4_moe_lite")), seed=0)  # the consistent config builds

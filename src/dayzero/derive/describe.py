@@ -344,10 +344,9 @@ def _kind(layer, indices: list[int], config, hidden: int, net) -> LayerKind:
 
 
 def _mixer(mod, config, hidden: int, ltype: str) -> Mixer:
-    from torch import nn
 
     params = st.numel(mod, True)
-    linears = [(q, m) for q, m in mod.named_modules() if isinstance(m, nn.Linear)]
+    linears = st.linear_maps(mod)
     heads = st.scalar(mod, "num_heads", "num_attention_heads", "n_heads", "num_v_heads",
                       default=_int_attr(config, "num_attention_heads", default=1))
     head_dim = st.scalar(mod, "head_dim", "head_v_dim", "attention_head_size",
@@ -356,8 +355,8 @@ def _mixer(mod, config, hidden: int, ltype: str) -> Mixer:
     if kv_heads is None:
         groups = st.scalar(mod, "num_key_value_groups", default=None)
         kv_heads = heads // groups if groups else _int_attr(config, "num_key_value_heads", default=heads)
-    out_bias = any(m.out_features == hidden and m.bias is not None for _, m in linears)
-    in_bias = any(m.in_features == hidden and m.bias is not None for _, m in linears)
+    out_bias = any(m.out_features == hidden and m.bias for m in linears)
+    in_bias = any(m.in_features == hidden and m.bias for m in linears)
     if st.is_recurrent_mixer(mod):
         k_dim = st.scalar(mod, "head_k_dim", "head_dim", default=head_dim)
         v_dim = st.scalar(mod, "head_v_dim", "head_dim", default=head_dim)

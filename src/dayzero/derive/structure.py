@@ -122,6 +122,31 @@ def expert_list(mod):
 
 
 @dataclass(frozen=True)
+class LinearMap:
+    """A dense projection ``in_features -> out_features`` (``nn.Linear``, or the transposed
+    ``Conv1D`` of GPT-2-style code: weight ``[in, out]``, attribute ``nf`` = out)."""
+
+    in_features: int
+    out_features: int
+    bias: bool
+
+
+def linear_maps(mod) -> list[LinearMap]:
+    """Every dense projection below ``mod`` (itself included), in module order."""
+    from torch import nn
+
+    out = []
+    for m in mod.modules():
+        w = getattr(m, "weight", None)
+        if isinstance(m, nn.Linear):
+            out.append(LinearMap(m.in_features, m.out_features, m.bias is not None))
+        elif type(m).__name__ == "Conv1D" and isinstance(getattr(m, "nf", None), int) and w is not None \
+                and w.dim() == 2 and w.shape[1] == m.nf:
+            out.append(LinearMap(int(w.shape[0]), m.nf, getattr(m, "bias", None) is not None))
+    return out
+
+
+@dataclass(frozen=True)
 class MLPShape:
     """A feed-forward network's shape: intermediate width and whether it is gated (GLU)."""
 
@@ -134,20 +159,18 @@ class MLPShape:
 def mlp_shape(mod, hidden: int) -> MLPShape | None:
     """Shape of a plain (non-routed) MLP from its Linear layers: the down projection maps the
     intermediate width back to ``hidden``; the up side is gated when it is twice that width."""
-    from torch import nn
-
-    linears = [m for m in mod.modules() if isinstance(m, nn.Linear)]
+    linears = linear_maps(mod)
     down = [m for m in linears if m.out_features == hidden and m.in_features != hidden]
     up = [m for m in linears if m.in_features == hidden and m.out_features != 1]
     if not down or not up:
         square = [m for m in linears if m.in_features == m.out_features == hidden]
         if len(square) >= 2:  # intermediate == hidden
             inter = hidden
-            return MLPShape(inter, len(square) >= 3, any(m.bias is not None for m in square), numel(mod))
+            return MLPShape(inter, len(square) >= 3, any(m.bias for m in square), numel(mod))
         return None
     inter = down[0].in_features
     width = sum(m.out_features for m in up)
-    return MLPShape(inter, width >= 2 * inter, any(m.bias is not None for m in linears), numel(mod))
+    return MLPShape(inter, width >= 2 * inter, any(m.bias for m in linears), numel(mod))
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,22 @@ def build_proxy(section, seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = _build(config, name, "cpu")
+    _probe(net, config, name)
     return CausalLM(net)
+
+
+def _probe(net, config, name: str, tokens: int = 8) -> None:
+    """One forward of two short sequences before any training: a config the model's own code cannot
+    run (e.g. MLA with fewer key/value heads than heads) is one line here, not a traceback per rank."""
+    vocab = int(getattr(config, "vocab_size", 2) or 2)
+    ids = torch.arange(2 * tokens, dtype=torch.long).remainder(vocab).reshape(2, tokens)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            net(input_ids=ids, use_cache=False)
+    except Exception as e:  # any modeling code can fail; one line, never a traceback
+        raise DayzeroError(f"{name}: the model's own code fails a forward pass of the proxy "
+                           f"({type(e).__name__}: {' '.join(str(e).split())[:300]}); check the config's shapes "
+                           "(heads, key/value heads, head dims) against what the modeling code expects") from None
 
 
 class CausalLM(nn.Module):
