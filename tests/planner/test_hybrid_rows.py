@@ -45,6 +45,10 @@ def test_nemotron_3_super_is_latent_moe_with_stated_approximation(rows):
                                                                                                              rel=0.01)
     assert spec.moe.latent_size == 1024 and spec.moe.top_k == 22 and spec.moe.experts == 512
     assert any("LatentMoE" in n for n in arch.notes) and any("MTP" in n for n in arch.notes)
+    # activations of the routed rows in the latent: 1024 wide, the experts' own 2688 inside
+    from dayzero.planner.activations import expert_widths
+
+    assert expert_widths(spec) == (1024, 2688)
 
 
 def test_hybrid_row_refuses_context_parallelism(rows):

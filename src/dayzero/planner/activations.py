@@ -130,9 +130,10 @@ def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[
         out["router_probs"] = 4 * rep * moe.experts  # FP32 scores for the softmax/sigmoid backward
         out["router_topk"] = 12 * rep * moe.top_k  # FP32 weights + int64 expert ids
         routed = routed_tokens(spec, opts, d)
-        out["expert_in"] = lin * routed * h
-        out.update(_mlp("expert", moe.expert.gated, moe.expert.intermediate, routed, d.etp, opts, lin))
-        out["expert_out"] = ab * routed * h  # the combine's backward needs each expert's output
+        h_e, inter_e = expert_widths(spec)
+        out["expert_in"] = lin * routed * h_e
+        out.update(_mlp("expert", moe.expert.gated, inter_e, routed, d.etp, opts, lin))
+        out["expert_out"] = ab * routed * h_e  # the combine's backward needs each expert's output
         out["dispatch_map"] = 8 * routed  # int64 permutation rows to un-permute
         if opts.kernels == "eager":  # the combine's gathered weights (fp32) and their int64 order;
             # the router's fp32 upcast of its input when computing in a narrower dtype
@@ -174,6 +175,16 @@ def recurrent_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, 
     if opts.dropout:
         out["rec_drop_mask"] = 1 * rep * h
     return out
+
+
+def expert_widths(spec: ModelSpec) -> tuple[int, int]:
+    """(row width, intermediate width) of a routed expert's tensors. LatentMoE (MoESpec.latent_size)
+    runs its experts on latent-wide rows with their own intermediate width, which the spec holds as
+    the equivalent ``intermediate x latent / hidden`` (specs.hf_config._hybrid): undone here."""
+    moe = spec.moe
+    if moe.latent_size:
+        return moe.latent_size, moe.expert.intermediate * spec.hidden // moe.latent_size
+    return spec.hidden, moe.expert.intermediate
 
 
 def routed_tokens(spec: ModelSpec, opts: MemoryOptions, d: Dims):
@@ -251,7 +262,8 @@ def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
     elif kind == "moe":
         moe = spec.moe
         routed = routed_tokens(spec, opts, d)
-        ffn = mlp(routed, moe.expert.intermediate, d.etp, moe.expert.gated) + 2 * ab * routed * h
+        h_e, inter_e = expert_widths(spec)
+        ffn = mlp(routed, inter_e, d.etp, moe.expert.gated) + 2 * ab * routed * h_e
         if moe.shared_experts:
             ffn = ffn + mlp(tok, moe.shared_intermediate, d.tp, moe.expert.gated)
     else:

@@ -180,7 +180,8 @@ def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: Ra
     t["temporary:sp_gather"] = np.where(d.sp & (tp > 1), ab * d.tok * h, 0)
     moe_layers = _moe_layers(f)
     if any(split_layer_type(k)[1] == "moe" for k in x.kinds):
-        t["temporary:ep_a2a"] = np.where((ep > 1) & (moe_layers > 0), 2 * ab * routed_tokens(spec, opts, d) * h, 0)
+        h_e = spec.moe.latent_size or h  # LatentMoE dispatches latent-wide rows
+        t["temporary:ep_a2a"] = np.where((ep > 1) & (moe_layers > 0), 2 * ab * routed_tokens(spec, opts, d) * h_e, 0)
     kv_terms = attention_terms(spec, opts, d)  # ring attention double-buffers the K/V blocks it receives
     t["temporary:cp_ring"] = np.where(cp > 1, 2 * (kv_terms["k"] + kv_terms["v"]), 0) * spec.has_attention
     t["temporary:pp_p2p"] = np.where(pp > 1, 2 * ab * d.tok_rep * h, 0)
