@@ -77,12 +77,13 @@ def inspect_cmd(
     lt = FitTable(title="Per layer, by component")
     lt.add_column("layers")
     lt.add_column("kind")
-    for c in COMPONENTS:
+    shown = [c for c in COMPONENTS if c != "recurrent" or spec.recurrent is not None]
+    for c in shown:
         lt.add_column(c.replace("_", " "), num=True)
     lt.add_column("total", num=True)
     for _, a, b, lc in groups:
         lt.add_row(f"{a}" if a == b else f"{a}-{b}", lc.kind,
-                   *[human(getattr(lc, c)) if getattr(lc, c) else "·" for c in COMPONENTS],
+                   *[human(getattr(lc, c)) if getattr(lc, c) else "·" for c in shown],
                    human(lc.total))
     console.print(lt)
     if spec.extra.get("derived"):

@@ -24,6 +24,7 @@ from pathlib import Path
 from dayzero.derive import structure as st
 from dayzero.errors import DayzeroError
 from dayzero.specs.config_keys import unused_keys
+from dayzero.specs.model import RecurrentSpec
 
 VISION_WORDS = ("vision", "visual", "image", "multi_modal_projector", "audio")
 
@@ -49,6 +50,8 @@ class Mixer:
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
+    # a recurrent mixer's shapes read from its weights (structure.recurrent_shapes); None where unread
+    recurrent: RecurrentSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -358,7 +361,8 @@ def _mixer(mod, config, hidden: int, ltype: str) -> Mixer:
         k_dim = st.scalar(mod, "head_k_dim", "head_dim", default=head_dim)
         v_dim = st.scalar(mod, "head_v_dim", "head_dim", default=head_dim)
         return Mixer(kind="recurrent", module=type(mod).__name__, params=params, heads=heads, kv_heads=heads,
-                     head_dim=k_dim, v_head_dim=v_dim, rope=False, qkv_bias=in_bias, o_bias=out_bias)
+                     head_dim=k_dim, v_head_dim=v_dim, rope=False, qkv_bias=in_bias, o_bias=out_bias,
+                     recurrent=st.recurrent_shapes(mod, hidden))
     window = chunk = None
     if "sliding" in ltype or "local" in ltype:
         window = st.scalar(mod, "sliding_window", default=_int_attr(config, "sliding_window"))

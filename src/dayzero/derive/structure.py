@@ -215,6 +215,59 @@ def is_recurrent_mixer(mod) -> bool:
     return has_conv or recurrent
 
 
+def recurrent_shapes(mod, hidden: int):
+    """The :class:`~dayzero.specs.model.RecurrentSpec` of a recurrent mixer, read from its weights
+    (None where they are not a Mamba-2 or Gated-DeltaNet-like layout).
+
+    Read from shapes, not class names: the depthwise causal conv (groups == channels) gives the
+    conv channels, kernel and bias; the per-head vectors (``A_log`` / ``dt_bias``) the head count;
+    the output projection (into ``hidden``) the value width; a per-head skip ``D`` marks Mamba-2's
+    SSD (2 inner + 2 G N + heads input features, conv over inner + 2 G N), its absence a
+    Gated-DeltaNet-style delta rule (2 keys + 2 values + 2 heads, conv over 2 keys + values). The
+    state size N needs the module's ``ssm_state_size`` / ``d_state`` and its groups ``n_groups``
+    (else 1 group); key heads ``num_k_heads`` (else as many as value heads)."""
+    from torch import nn
+
+    from dayzero.specs.model import RecurrentSpec
+
+    convs = [m for m in mod.modules() if isinstance(m, nn.Conv1d) and m.groups == m.in_channels == m.out_channels]
+    linears = [m for m in mod.modules() if isinstance(m, nn.Linear)]
+    vec = {k: p for k, p in mod.named_parameters(recurse=False) if p.dim() == 1}  # A_log, dt_bias, D
+    norms = [m.weight.numel() for m in mod.modules() if not isinstance(m, (nn.Linear, nn.Conv1d))
+             and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 1]
+    per_head = vec.get("A_log", vec.get("dt_bias"))
+    outs = [m for m in linears if m.out_features == hidden and m.in_features != hidden]
+    ins = [m for m in linears if m.in_features == hidden and m.out_features != hidden]
+    if len(convs) != 1 or per_head is None or len(outs) != 1 or not ins:
+        return None
+    conv, out = convs[0], outs[0]
+    heads, inner = per_head.numel(), out.in_features
+    if inner % heads:
+        return None
+    head_dim, n_in = inner // heads, sum(m.out_features for m in ins)
+    channels, kernel = conv.in_channels, conv.kernel_size[0]
+    common = dict(heads=heads, head_dim=head_dim, conv_kernel=kernel, conv_bias=conv.bias is not None,
+                  proj_bias=out.bias is not None or any(m.bias is not None for m in ins))
+    if "D" in vec:  # Mamba-2: conv over x, B, C; in_proj z, x, B, C, dt
+        gn2 = channels - inner
+        if gn2 <= 0 or gn2 % 2 or n_in != 2 * inner + gn2 + heads:
+            return None
+        groups = scalar(mod, "n_groups", "ngroups", default=1)
+        state = scalar(mod, "ssm_state_size", "d_state", "state_size", default=gn2 // 2 // groups)
+        if groups * state != gn2 // 2:
+            return None
+        return RecurrentSpec(kind="mamba2", d_state=state, n_groups=groups, gated_norm=inner in norms,
+                             chunk_size=scalar(mod, "chunk_size", default=256), **common)
+    key2 = channels - inner  # Gated DeltaNet: conv over q, k, v; projections q, k, v, z, beta, a
+    if key2 <= 0 or key2 % 2 or n_in != key2 + 2 * inner + 2 * heads:
+        return None
+    key_heads = scalar(mod, "num_k_heads", "num_key_heads", default=heads)
+    if (key2 // 2) % key_heads:
+        return None
+    return RecurrentSpec(kind="gated_deltanet", key_heads=key_heads, key_head_dim=key2 // 2 // key_heads,
+                         gated_norm=head_dim in norms, chunk_size=scalar(mod, "chunk_size", default=64), **common)
+
+
 def scalar(mod, *names: str, default=None):
     """The first int attribute of ``mod`` among ``names`` (transformers modules keep their shapes)."""
     for n in names:

@@ -7,10 +7,15 @@ stay exact: each layer's module-tree parameters beyond what the shapes give go i
 ``ModelSpec.layer_extra`` (and those outside the layers into ``outside_extra``), so ``inspect``
 equals the meta-device count to the unit.
 
+Recurrent mixers (Mamba-2 SSD, Gated-DeltaNet-style linear attention) whose weights
+:func:`dayzero.derive.structure.recurrent_shapes` reads become ``recurrent`` layers of the spec
+(ModelSpec.recurrent, layer_mixers); layers without a mixer or without a feed-forward block are
+``none`` there, so they cost no attention or MLP.
+
 What the planner can only approximate is returned as sentences (``approximations``), never
-silently: linear attention / SSM layers, chunked attention, layers whose attention or experts differ
-in shape from the ones modelled, and parameters the shapes do not express (their FLOPs are not
-counted).
+silently: recurrent mixers whose weights are not such a layout, chunked attention, layers whose
+attention, recurrent mixer or experts differ in shape from the ones modelled, and parameters the
+shapes do not express (their FLOPs are not counted).
 """
 
 from __future__ import annotations
@@ -56,12 +61,18 @@ def spec_from_description(desc: ModelDescription) -> tuple[ModelSpec, list[str]]
     h = desc.hidden
     approx: list[str] = []
     kinds = desc.kinds
+    rec_kind = next((k for k in kinds if _read_recurrent(k)), None)
+    recurrent = rec_kind.mixer.recurrent if rec_kind is not None else None
+    per_layer = desc.kind_of()
+    mixers = tuple(_mixer_kind(k) for k in per_layer)
     attn_kinds = [k for k in kinds if k.mixer is not None and k.mixer.kind != "recurrent"]
-    ref_attn = attn_kinds[0] if attn_kinds else next((k for k in kinds if k.mixer is not None), None)
+    ref_attn = attn_kinds[0] if attn_kinds else next((k for k in kinds if k.mixer is not None and not
+                                                      _read_recurrent(k)), None)
     if ref_attn is None:
         attention = AttentionSpec(kind="gqa", heads=1, kv_heads=1, head_dim=h, v_head_dim=h)
-        approx.append("no layer has a token mixer the planner recognises; attention modelled as one head of width "
-                      f"{h} (its parameters are counted exactly)")
+        if "attention" in mixers:
+            approx.append("no layer has a token mixer the planner recognises; attention modelled as one head of "
+                          f"width {h} (its parameters are counted exactly)")
     else:
         attention = replace(_attention(ref_attn), sliding_window=None) if ref_attn.mixer.kind == "recurrent" else \
             _attention(ref_attn)
@@ -81,36 +92,53 @@ def spec_from_description(desc: ModelDescription) -> tuple[ModelSpec, list[str]]
         mlp = moe.expert
     else:
         mlp = MLPSpec(intermediate=0)
-    per_layer = desc.kind_of()
-    layer_kinds = tuple("moe" if k.ffn.kind == "moe" else "dense" for k in per_layer)
+    layer_kinds = tuple({"moe": "moe", "none": "none"}.get(k.ffn.kind, "dense") for k in per_layer)
     windows = []
-    for k in per_layer:
+    for k, mixer in zip(per_layer, mixers):
         m = k.mixer
-        if m is None:
+        if m is None or mixer == "recurrent":
             windows.append(None)
-        elif m.kind == "recurrent":
+        elif m.kind == "recurrent":  # a recurrent mixer whose weights are not a layout the planner reads
             windows.append(max(1, m.head_dim))
         else:
             windows.append(m.window or m.chunk)
     spec = ModelSpec(name=desc.name, model_type=desc.model_type, hidden=h, layers=desc.num_layers, vocab=desc.vocab,
                      attention=attention, mlp=mlp, moe=moe, layer_kinds=layer_kinds, layer_windows=tuple(windows),
+                     recurrent=recurrent, layer_mixers=mixers,
                      norm=desc.norm, norm_bias=desc.norm_bias, tie_embeddings=desc.tied,
                      max_positions=desc.max_positions, rope_theta=desc.rope_theta, norm_eps=desc.norm_eps)
     extra = tuple(k.params - layer_count(spec, i).total for i, k in enumerate(per_layer))
     outside = desc.embedding + desc.head + desc.final_norm + desc.outside
     outside_extra = outside - embedding_params(spec) - head_params(spec) - norm_params(spec)
     spec = replace(spec, layer_extra=extra, outside_extra=outside_extra)
-    approx += _approximations(desc, spec, ref_attn, moe_kind, dense_kind)
+    approx += _approximations(desc, spec, ref_attn, moe_kind, dense_kind, rec_kind)
     return spec, approx
 
 
-def _approximations(desc: ModelDescription, spec: ModelSpec, ref_attn, moe_kind, dense_kind) -> list[str]:
+def _read_recurrent(k: LayerKind) -> bool:
+    """A recurrent mixer whose shapes were read from its weights."""
+    return k.mixer is not None and k.mixer.kind == "recurrent" and k.mixer.recurrent is not None
+
+
+def _mixer_kind(k: LayerKind) -> str:
+    """ModelSpec.layer_mixers entry: a read recurrent mixer, none, or (softmax, MLA, or an unread
+    recurrent mixer approximated by a window) attention."""
+    if k.mixer is None:
+        return "none"
+    return "recurrent" if _read_recurrent(k) else "attention"
+
+
+def _approximations(desc: ModelDescription, spec: ModelSpec, ref_attn, moe_kind, dense_kind, rec_kind) -> list[str]:
     out = []
     ref = _attention(ref_attn) if ref_attn is not None and ref_attn.mixer.kind != "recurrent" else None
     for k in desc.kinds:
         where = f"layers {ranges(k.layers)} ({k.name})"
         m = k.mixer
-        if m is not None and m.kind == "recurrent":
+        if _read_recurrent(k):
+            if k is not rec_kind and m.recurrent != rec_kind.mixer.recurrent:
+                out.append(f"{where}: recurrent mixer shapes differ from layers {ranges(rec_kind.layers)}; "
+                           "modelled with those (parameters exact)")
+        elif m is not None and m.kind == "recurrent":
             out.append(f"{where}: {m.module} is linear attention / SSM (a recurrent state, no softmax over keys); "
                        f"its parameters are exact, its compute and activations are modelled as attention with the "
                        f"modelled attention's shapes over a window of {max(1, m.head_dim)} keys (= head_dim: updating "
@@ -134,9 +162,6 @@ def _approximations(desc: ModelDescription, spec: ModelSpec, ref_attn, moe_kind,
         if f.kind == "dense" and dense_kind is not None and f.dense is not None and f.dense != dense_kind.ffn.dense:
             out.append(f"{where}: dense MLP differs from layers {ranges(dense_kind.layers)}; modelled with that "
                        "(parameters exact)")
-        if f.kind == "none":
-            out.append(f"{where}: no feed-forward block; modelled as a dense layer whose MLP parameters are "
-                       "taken back out of the count (its MLP FLOPs are still counted)")
     extras = {}
     for i, x in enumerate(spec.layer_extra):
         if x:

@@ -106,6 +106,9 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
         missing.append(f"sliding-window attention ({att.sliding_window} tokens on some layers)")
     if att.sinks:
         missing.append("attention sinks")
+    if spec.is_hybrid:  # Megatron-LM trains these with its hybrid model, not pretrain_gpt.py
+        missing.append("hybrid layers (recurrent mixers, layers without a mixer or an FFN): Megatron-LM's hybrid "
+                       "model and its --hybrid-override-pattern are not exported")
     if spec.moe is not None and spec.is_moe:
         m = spec.moe
         a += ["--num-experts", m.experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert.intermediate,

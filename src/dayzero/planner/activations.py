@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dayzero.planner.memory_options import MemoryOptions
-from dayzero.specs.model import ModelSpec
+from dayzero.specs.model import ModelSpec, split_layer_type
 
 # Terms selective recompute drops (Megatron's "core_attn" recompute: softmax, its dropout, and
 # FlashAttention's log-sum-exp are recomputed in backward from the saved Q, K, V).
@@ -130,9 +130,10 @@ def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[
         out["router_probs"] = 4 * rep * moe.experts  # FP32 scores for the softmax/sigmoid backward
         out["router_topk"] = 12 * rep * moe.top_k  # FP32 weights + int64 expert ids
         routed = routed_tokens(spec, opts, d)
-        out["expert_in"] = lin * routed * h
-        out.update(_mlp("expert", moe.expert.gated, moe.expert.intermediate, routed, d.etp, opts, lin))
-        out["expert_out"] = ab * routed * h  # the combine's backward needs each expert's output
+        h_e, inter_e = expert_widths(spec)
+        out["expert_in"] = lin * routed * h_e
+        out.update(_mlp("expert", moe.expert.gated, inter_e, routed, d.etp, opts, lin))
+        out["expert_out"] = ab * routed * h_e  # the combine's backward needs each expert's output
         out["dispatch_map"] = 8 * routed  # int64 permutation rows to un-permute
         if opts.kernels == "eager":  # the combine's gathered weights (fp32) and their int64 order;
             # the router's fp32 upcast of its input when computing in a narrower dtype
@@ -147,6 +148,45 @@ def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[
     return out
 
 
+def recurrent_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
+    """What a recurrent mixer saves for backward (heads split by tp, as Megatron-Core's MambaMixer).
+
+    The inputs of each op the backward needs: the pre-norm's and in_proj's input (outside the TP
+    region: sequence-parallel shards under SP), the depthwise conv's input and output (x, B, C,
+    which the chunked scan reads), dt per head, the gate z, the scan output y (the gated norm's
+    input), the gated norm's output (out_proj's input), and the chunk states of the SSD algorithm
+    in FP32 (Dao & Gu 2024, arXiv 2405.21060, sec. 6: one heads x head_dim x d_state state per
+    chunk of ``chunk_size`` tokens; Gated DeltaNet: dk x dv per value head, Yang et al. 2024,
+    arXiv 2406.06484, sec. 3.3). Gated DeltaNet adds its beta and decay inputs (2 per value head).
+    No term grows with the sequence beyond the tokens themselves: no score matrix."""
+    r, h, ab = spec.recurrent, spec.hidden, opts.act_bytes
+    tok, rep, t, lin = d.tok, d.tok_rep, d.tp, _lin(opts, d)
+    out: dict[str, object] = {LAYER_INPUT: ab * rep * h, "rec_in": lin * rep * h}
+    if opts.kernels == "eager":
+        out["ln1_eager"] = _eager_norm(opts, rep, h)
+    out["conv_in"] = ab * tok * r.conv_channels / t
+    out["scan_in"] = ab * tok * r.conv_channels / t  # the conv's activated output: x, B, C (q, k, v)
+    out["scan_dt"] = ab * tok * r.heads * (1 if r.kind == "mamba2" else 2) / t
+    out["gate_z"] = ab * tok * r.inner / t
+    out["scan_out"] = ab * tok * r.inner / t
+    chunks = tok / np.minimum(r.chunk_size, np.asarray(d.seq))
+    out["scan_states"] = 4 * chunks * r.heads / t * r.head_dim * r.qk_dim
+    out["rec_out_in"] = lin * tok * r.inner / t
+    if opts.dropout:
+        out["rec_drop_mask"] = 1 * rep * h
+    return out
+
+
+def expert_widths(spec: ModelSpec) -> tuple[int, int]:
+    """(row width, intermediate width) of a routed expert's tensors. LatentMoE (MoESpec.latent_size)
+    runs its experts on latent-wide rows with their own intermediate width, which the spec holds as
+    the equivalent ``intermediate x latent / hidden`` (specs.hf_config._hybrid): undone here."""
+    moe = spec.moe
+    if moe.latent_size:
+        return moe.latent_size, moe.expert.intermediate * spec.hidden // moe.latent_size
+    return spec.hidden, moe.expert.intermediate
+
+
 def routed_tokens(spec: ModelSpec, opts: MemoryOptions, d: Dims):
     """Token-expert assignments one rank computes per micro-batch.
 
@@ -159,8 +199,21 @@ def routed_tokens(spec: ModelSpec, opts: MemoryOptions, d: Dims):
 
 
 def layer_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[str, object]:
-    """Every tensor a ``dense`` or ``moe`` layer saves for backward without recompute, in bytes."""
-    return {**attention_terms(spec, opts, d), **mlp_terms(spec, kind, opts, d)}
+    """Every tensor a layer of type ``kind`` (ModelSpec.layer_types: ``dense``, ``moe`` or a hybrid's
+    ``mixer+ffn``) saves for backward without recompute, in bytes. A layer without a mixer starts
+    at its FFN's pre-norm (that input is then the layer input)."""
+    mixer, ffn = split_layer_type(kind)
+    out: dict[str, object] = {}
+    if mixer == "attention":
+        out.update(attention_terms(spec, opts, d))
+    elif mixer == "recurrent":
+        out.update(recurrent_terms(spec, opts, d))
+    if ffn != "none":
+        mlp = mlp_terms(spec, ffn, opts, d)
+        if mixer == "none":
+            mlp[LAYER_INPUT] = mlp.pop("ln2_in")
+        out.update(mlp)
+    return out
 
 
 @dataclass(frozen=True)
@@ -192,16 +245,25 @@ def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
     gradients of q, k, v and of the attention output. A MoE layer's experts count their routed
     rows; its shared experts and the combine's row gradients come on top."""
     ab, h, rep, tok = opts.act_bytes, spec.hidden, d.tok_rep, d.tok
-    att = attention_terms(spec, opts, d)
-    attn = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
+    mixer, kind = split_layer_type(kind)
+    attn = 0.0
+    if mixer == "attention":
+        att = attention_terms(spec, opts, d)
+        attn = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
+    elif mixer == "recurrent":  # gradients of the conv output, z and y, alive together
+        att = recurrent_terms(spec, opts, d)
+        attn = sum(np.asarray(att[k], dtype=float) for k in ("scan_in", "gate_z", "scan_out"))
 
     def mlp(rows, inter, t, gated):
         return ab * rows * inter / t * (4 if gated else 2)
 
-    if kind == "moe":
+    if kind == "none":
+        ffn = 0.0
+    elif kind == "moe":
         moe = spec.moe
         routed = routed_tokens(spec, opts, d)
-        ffn = mlp(routed, moe.expert.intermediate, d.etp, moe.expert.gated) + 2 * ab * routed * h
+        h_e, inter_e = expert_widths(spec)
+        ffn = mlp(routed, inter_e, d.etp, moe.expert.gated) + 2 * ab * routed * h_e
         if moe.shared_experts:
             ffn = ffn + mlp(tok, moe.shared_intermediate, d.tp, moe.expert.gated)
     else:

@@ -24,14 +24,16 @@ def _totals_for_rank(spec: ModelSpec, p: ParallelConfig, rank: int, capacity: fl
     starts, counts = np.meshgrid(np.arange(layers + 1), np.arange(layers + 1), indexing="ij")
     ok = starts + counts <= layers
     s, n = starts[ok], counts[ok]
-    kinds = np.array([[k == kind for k in spec.layer_kinds] for kind in KINDS], dtype=float)  # (2, L)
-    prefix = np.concatenate([np.zeros((2, 1)), np.cumsum(kinds, axis=1)], axis=1)  # (2, L+1)
+    types = spec.layer_types
+    names = list(KINDS) + sorted(set(types) - set(KINDS))  # dense, moe and a hybrid's own layer types
+    kinds = np.array([[k == kind for k in types] for kind in names], dtype=float)  # (K, L)
+    prefix = np.concatenate([np.zeros((len(names), 1)), np.cumsum(kinds, axis=1)], axis=1)  # (K, L+1)
     full_n = n if p.recompute_layers is None else np.minimum(n, p.recompute_layers)
     cols = len(s)
     feats = RankFeatures(
         rank=np.full((1, cols), float(rank)),
-        layers={k: (prefix[i, s + n] - prefix[i, s])[None, :] for i, k in enumerate(KINDS)},
-        full={k: (prefix[i, s + full_n] - prefix[i, s])[None, :] for i, k in enumerate(KINDS)},
+        layers={k: (prefix[i, s + n] - prefix[i, s])[None, :] for i, k in enumerate(names)},
+        full={k: (prefix[i, s + full_n] - prefix[i, s])[None, :] for i, k in enumerate(names)},
         first=np.full((1, cols), float(rank == 0)), last=np.full((1, cols), float(rank == p.pp - 1)))
     total = sum(category_totals(stage_terms(spec, options, candidate(p), feats, capacity)).values())
     out = np.full((layers + 1, layers + 1), np.inf)

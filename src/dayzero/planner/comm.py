@@ -52,7 +52,7 @@ from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance,
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import FULL
-from dayzero.specs.model import ModelSpec
+from dayzero.specs.model import ModelSpec, split_layer_type
 
 GRAD_NORM_BYTES = 4  # the squared norm, one FP32 scalar
 COUNT_BYTES = 8  # one int64 token count per expert (torch.bincount/histc results are int64 in the dispatchers)
@@ -208,6 +208,8 @@ class _Layer:
     full: np.ndarray
     kinds: np.ndarray  # (K, 1): MoE layer classes
     shape: tuple
+    mixers: np.ndarray | float = 1.0  # (K, 1): 1 where the class has a token mixer (attention or recurrent)
+    dense_ffn: np.ndarray | float = 1.0  # (K, 1): 1 where it has a dense MLP (0: MoE or no FFN)
 
     def kn(self, x) -> np.ndarray:  # per-candidate (or per-class) values as a (K, N) array
         return np.broadcast_to(np.asarray(x, dtype=float), self.shape)
@@ -218,10 +220,12 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     """Every collective of one layer and micro-batch, by section: TP, CP, EP, ZeRO-3 (module docstring)."""
     g = grid
     tp, cp = np.asarray(g["tp"], float), np.asarray(g["cp"], float)
+    types = [split_layer_type(t) for t, _ in layer_classes(spec)]  # (mixer, ffn) per class
     L = _Layer(spec=spec, g=g, rates=rates, costs=costs, groups=groups, opt=opt, tp=tp,
                T=g["mbs"] * single_seq(g) / cp, H=spec.hidden, sp=(g["sequence_parallel"] > 0) & (g["tp"] > 1),
-               full=g["recompute"] == FULL, kinds=np.array([k == "moe" for k, _ in layer_classes(spec)])[:, None],
-               shape=costs.fwd.shape)
+               full=g["recompute"] == FULL, kinds=np.array([f == "moe" for _, f in types])[:, None],
+               shape=costs.fwd.shape, mixers=np.array([m != "none" for m, _ in types], float)[:, None],
+               dense_ffn=np.array([k == "dense" for _, k in types], float)[:, None])
     items = _tensor_parallel(L)
     items.append(_context_parallel(L))
     if spec.moe is not None:
@@ -240,8 +244,10 @@ def _tensor_parallel(L: _Layer) -> list[LayerComm]:
     # collectives per layer forward: a pair per TP block (attention, MLP); MoE layers with etp = 1
     # only the attention pair, plus the shared experts' own pair (Megatron-Core's SharedExpertMLP is a
     # tp-parallel MLP on the layer input, gathered and scattered apart from the dispatcher's tokens)
+    # A recurrent mixer is one pair as attention (Megatron-Core's MambaMixer: in_proj column-, out_proj
+    # row-parallel); a hybrid layer without a mixer or without an FFN lacks that block's pair
     shared_pair = 2 if spec.moe is not None and spec.moe.shared_experts else 0
-    per_fwd = kn(np.where(kinds, np.where(etp_gt1, 4, 2) + shared_pair, 4))
+    per_fwd = kn(2 * L.mixers + np.where(kinds, np.where(etp_gt1, 2, 0) + shared_pair, 2 * L.dense_ffn))
     n_ops = per_fwd * (2 + full)
     for kind, name in (("all_gather", "tp all-gather"), ("reduce_scatter", "tp reduce-scatter")):
         t = coll(kind, act, groups, "tp", rates)
@@ -298,7 +304,9 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
     items: list[LayerComm] = []
     moe = spec.moe
     imb = opt.imbalance(g["ep"], moe.experts)
-    tok = T / tp * moe.top_k * H * BF16  # routed token rows leaving one device, all top_k copies
+    # routed token rows leaving one device, all top_k copies; LatentMoE dispatches latent-wide rows
+    H = moe.latent_size or H
+    tok = T / tp * moe.top_k * H * BF16
     prec = np.asarray(g["precision"])
     low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]  # FP8/FP4 GEMMs the card runs natively
     width = {"dispatch": np.where(opt.fp8_dispatch & low, FP8_DISPATCH_BYTES, BF16), "combine": BF16}

@@ -37,12 +37,14 @@ from dayzero.specs.counting import (
     attention_params,
     mlp_params,
     norm_params,
+    recurrent_params,
+    recurrent_scan_flops_per_token,
     router_params,
     shared_mlp,
 )
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import FULL, SELECTIVE
-from dayzero.specs.model import MLPSpec, ModelSpec
+from dayzero.specs.model import MLPSpec, ModelSpec, split_layer_type
 
 BF16 = 2  # bytes per activation element
 
@@ -56,9 +58,10 @@ def single_seq(grid: dict) -> int:
 
 
 def layer_classes(spec: ModelSpec) -> list[tuple[str, int | None]]:
-    """Distinct (kind, window) pairs, in first-appearance order."""
+    """Distinct (layer type, window) pairs, in first-appearance order (the type is ModelSpec.layer_types:
+    ``dense``/``moe`` for transformer layers, ``mixer+ffn`` for a hybrid's)."""
     seen: list[tuple[str, int | None]] = []
-    for k, w in zip(spec.layer_kinds, spec.layer_windows):
+    for k, w in zip(spec.layer_types, spec.layer_windows):
         if (k, w) not in seen:
             seen.append((k, w))
     return seen
@@ -66,7 +69,7 @@ def layer_classes(spec: ModelSpec) -> list[tuple[str, int | None]]:
 
 def layer_class_index(spec: ModelSpec) -> np.ndarray:
     classes = layer_classes(spec)
-    return np.array([classes.index((k, w)) for k, w in zip(spec.layer_kinds, spec.layer_windows)])
+    return np.array([classes.index((k, w)) for k, w in zip(spec.layer_types, spec.layer_windows)])
 
 
 @dataclass(frozen=True)
@@ -129,24 +132,40 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     cast = np.where(low, 1.5, 0.0)
     x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_bf16, c.gemm_half_dim)
     recompute = g["recompute"]
+    H = spec.hidden
 
     fwd, bwd, gemm_f, gemm_in, attn_f, dense_p, expert_p = [], [], [], [], [], [], []
-    for kind, window in layer_classes(spec):
-        index = next(i for i, (k, w) in enumerate(zip(spec.layer_kinds,
-                                                      spec.layer_windows)) if (k, w) == (kind, window))
-        t_g, cast_el, mem_el, t_in = _projections(spec, x)
+    types = spec.layer_types
+    for ltype, window in layer_classes(spec):
+        index = next(i for i, (k, w) in enumerate(zip(types, spec.layer_windows)) if (k, w) == (ltype, window))
+        mixer, kind = split_layer_type(ltype)
+        if mixer == "attention":
+            t_g, cast_el, mem_el, t_in = _projections(spec, x)
+            # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
+            attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
+            core = attn
+        else:
+            t_g, cast_el, mem_el, t_in, attn, attn_bwd = _recurrent_mixer(spec, x, seq, rates, mixer)
+            core = 0.0  # selective recompute replays softmax attention's core only (Megatron's core_attn)
+        # _projections counts both blocks' pre-norms and residual adds (5 H elements each); a
+        # hybrid layer has one block
+        blocks = (mixer != "none") + (kind != "none")
+        mem_el = mem_el + x.T_el * 5 * H * (blocks - 2)
         if kind == "moe":
             t_g, mem_el, cast_el, dp_, ep_, t_in_ffn = _moe_ffn(spec, x, c, moe_imbalance, t_g, mem_el, cast_el)
-        else:
+        elif kind == "dense":
             t_g, mem_el, cast_el, dp_, ep_, t_in_ffn = _dense_ffn(spec, x, t_g, mem_el, cast_el)
+        else:
+            dp_, ep_, t_in_ffn = (attention_params(spec.attention, H) + 2 * norm_params(spec)) / tp, 0.0, 0.0
+        # the FFN helpers count an attention mixer and two norms; replace them by this layer's mixer and norms
+        dp_ = dp_ + (_mixer_params(spec, mixer) - attention_params(spec.attention, H)
+                     + (blocks - 2) * norm_params(spec)) / tp
         gemm_in.append(t_in + t_in_ffn)
         dense_p.append(dp_)
         expert_p.append(ep_)
-        # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
-        attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
         t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
         f = t_g + attn + t_mem
-        re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, attn, 0.0))
+        re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, core, 0.0))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
         bwd.append(2 * t_g + attn_bwd + 2 * t_mem + re + 2 * ovh / 3)
@@ -209,6 +228,50 @@ def activation_elements(mlp: MLPSpec) -> float:
     if mlp.activation == "swiglu_clamped":
         return 18.0
     return 3.0 if mlp.gated else 2.0
+
+
+def _mixer_params(spec: ModelSpec, mixer: str) -> int:
+    """Parameters of a layer's token mixer (0 without one)."""
+    if mixer == "attention":
+        return attention_params(spec.attention, spec.hidden)
+    return recurrent_params(spec.recurrent, spec.hidden) if mixer == "recurrent" else 0
+
+
+def _recurrent_mixer(spec: ModelSpec, x: _Shard, seq: int, rates: Rates, mixer: str):
+    """A recurrent mixer (or none): (GEMM seconds, cast elements, memory-bound elements, GEMM seconds
+    of the projections reading the layer input, scan forward, scan backward).
+
+    Heads split by tp as Megatron-Core's MambaMixer: in_proj column-parallel (T x H x in/tp),
+    out_proj row-parallel (T x inner/tp x H). The chunked scan's matmuls
+    (:func:`dayzero.specs.counting.recurrent_scan_flops_per_token`, causal) run at the fitted
+    attention-kernel rate (SSD and the chunkwise delta rule are blocked matmuls in fused Triton /
+    CUDA kernels like FlashAttention's; no separate constant is fitted), backward 2.5 x forward as
+    attention (the kernels recompute the within-chunk scores). Memory-bound elements: both
+    blocks' norms and residual adds (as :func:`_projections`), the conv read + write over its
+    channels, the gate and gated norm over the inner width (z and y read, product written, norm
+    read + write)."""
+    H, T, tp = spec.hidden, x.T, x.tp
+    zero = np.zeros_like(T)
+    mem_el = x.T_el * 10 * H
+    if mixer == "none":
+        return zero, zero, mem_el, zero, zero, zero
+    r = spec.recurrent
+    n_in = r.in_features / tp
+    t_in = _gemm(T * 2 * H * n_in, (T, H, n_in), x.rate_lo, x.d0)
+    t_g = t_in + _gemm(T * 2 * r.inner / tp * H, (T, r.inner / tp, H), x.rate_lo, x.d0)
+    cast_el = T * (H + r.inner / tp)
+    mem_el = mem_el + T * (2 * r.conv_channels + 5 * r.inner) / tp
+    scan = T / tp * recurrent_scan_flops_per_token(r, seq, causal=True) / rates.attention_flops
+    # the chunked scan is several kernels (mamba_ssm's ssd_combined: chunk_state, state_passing,
+    # bmm_chunk, chunk_scan), each reading its inputs from HBM: the values x twice and the output
+    # once, the B/C (key/query-like) inputs twice each, the FP32 chunk states written, passed (read +
+    # write) and read (3 x 2 BF16-element units per state element, one state per chunk of q tokens)
+    # and the FP32 within-chunk score blocks C B^T written and read (q per token and group)
+    q = min(r.chunk_size, seq)
+    scan_el = (3 * r.inner + 4 * r.qk_heads * r.qk_dim + 6 * r.heads * r.head_dim * r.qk_dim / q
+               + 4 * q * r.qk_heads)
+    mem_el = mem_el + T * scan_el / tp
+    return t_g, cast_el, mem_el, t_in, scan, 2.5 * scan
 
 
 def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float, t_g, mem_el, cast_el):

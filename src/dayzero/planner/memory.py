@@ -117,11 +117,12 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
 
 def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[list[int]]]:
     ranks = p.rank_layers(spec)
-    kinds = [[spec.layer_kinds[i] for i in r] for r in ranks]
+    types = spec.layer_types
+    kinds = [[types[i] for i in r] for r in ranks]
     full = [[] for _ in range(p.pp)]
     for v, chunk in enumerate(p.stage_layers(spec)):  # full recompute: first N layers of each chunk
         n = len(chunk) if p.recompute_layers is None else min(p.recompute_layers, len(chunk))
-        full[v % p.pp].extend(spec.layer_kinds[i] for i in list(chunk)[:n])
+        full[v % p.pp].extend(types[i] for i in list(chunk)[:n])
     return rank_features(kinds, full), ranks
 
 
@@ -210,7 +211,7 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
     kinds: list[list[str]] = [[] for _ in range(pp)]
     start = 0
     for v, count in enumerate(split):
-        kinds[v % pp].extend(spec.layer_kinds[start:start + count])
+        kinds[v % pp].extend(spec.layer_types[start:start + count])
         start += count
     keep, seen = [0, pp - 1] if pp > 1 else [0], set()
     for r in range(1, pp - 1):

@@ -26,7 +26,7 @@ from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import head_inflight, inflight_microbatches
 from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE
-from dayzero.specs.model import ModelSpec
+from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
@@ -54,8 +54,10 @@ def rank_features(per_rank_kinds: list[list[str]], per_rank_full: list[list[str]
         return np.array([[sum(k == kind for k in ks) for ks in lists]], dtype=float)
 
     idx = np.arange(pp, dtype=float)[None, :]
-    return RankFeatures(rank=idx, layers={k: count(per_rank_kinds, k) for k in KINDS},
-                        full={k: count(full, k) for k in KINDS},
+    # dense and moe always (sections read them by name), plus a hybrid's own layer types
+    kinds = list(KINDS) + sorted({k for ks in per_rank_kinds for k in ks} - set(KINDS))
+    return RankFeatures(rank=idx, layers={k: count(per_rank_kinds, k) for k in kinds},
+                        full={k: count(full, k) for k in kinds},
                         first=(idx == 0).astype(float), last=(idx == pp - 1).astype(float))
 
 
@@ -86,7 +88,7 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
     d = Dims(seq=c["seq"], mbs=c["mbs"], tp=tp, cp=cp, etp=etp, sp=c["sequence_parallel"] > 0,
              fp8=c["precision"] != BF16)
     kv = spec.attention.kv_heads
-    kinds = [k for k in KINDS if f.layers[k].any()]
+    kinds = [k for k in f.layers if f.layers[k].any()]
     edge = edge_params(spec)
     emb, head = f.first * embed_local(edge, tp), f.last * head_local(edge, tp, pp)
     dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
@@ -176,10 +178,12 @@ def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: Ra
                                                                                      0))
     ab, h = opts.act_bytes, spec.hidden
     t["temporary:sp_gather"] = np.where(d.sp & (tp > 1), ab * d.tok * h, 0)
-    if "moe" in x.kinds:
-        t["temporary:ep_a2a"] = np.where((ep > 1) & (f.layers["moe"] > 0), 2 * ab * routed_tokens(spec, opts, d) * h, 0)
+    moe_layers = _moe_layers(f)
+    if any(split_layer_type(k)[1] == "moe" for k in x.kinds):
+        h_e = spec.moe.latent_size or h  # LatentMoE dispatches latent-wide rows
+        t["temporary:ep_a2a"] = np.where((ep > 1) & (moe_layers > 0), 2 * ab * routed_tokens(spec, opts, d) * h_e, 0)
     kv_terms = attention_terms(spec, opts, d)  # ring attention double-buffers the K/V blocks it receives
-    t["temporary:cp_ring"] = np.where(cp > 1, 2 * (kv_terms["k"] + kv_terms["v"]), 0)
+    t["temporary:cp_ring"] = np.where(cp > 1, 2 * (kv_terms["k"] + kv_terms["v"]), 0) * spec.has_attention
     t["temporary:pp_p2p"] = np.where(pp > 1, 2 * ab * d.tok_rep * h, 0)
 
 
@@ -187,7 +191,7 @@ def _overhead_terms(opts: MemoryOptions, x: _Candidates, f: RankFeatures, capaci
     """Runtime context, communicator buffers and allocator fragmentation (of the dynamic terms already in ``t``)."""
     tp, cp, pp, ep = x.tp, x.cp, x.pp, x.ep
     t["overhead:runtime_context"] = opts.runtime_context_bytes + opts.reserved_fraction * capacity_bytes + 0 * f.rank
-    has_moe = f.layers["moe"] > 0
+    has_moe = _moe_layers(f) > 0
     comms = ((tp > 1) * 1 + (cp > 1) + (x.zd > 1) + 2 * (pp > 1) + has_moe * ((ep > 1) * 1 + (x.edp > 1)))
     t["overhead:comm_buffers"] = comms * opts.comm_buffer_bytes
     # Fragmentation comes from the allocations that churn every step: activations and temporaries
@@ -197,6 +201,11 @@ def _overhead_terms(opts: MemoryOptions, x: _Candidates, f: RankFeatures, capaci
     # each a segment rounded up to 2 MiB (planner.allocator.segment_size), so they leave no holes.
     dynamic = sum(v for k, v in t.items() if k.startswith(("activations:", "temporary:")))
     t["overhead:fragmentation"] = opts.fragmentation * dynamic
+
+
+def _moe_layers(f: RankFeatures):
+    """(1, pp) layers with a MoE feed-forward block on each rank (transformer and hybrid layers)."""
+    return sum(v for k, v in f.layers.items() if split_layer_type(k)[1] == "moe")
 
 
 def category_totals(terms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -25,10 +25,11 @@ from dayzero.specs.counting import (
     layer_count,
     mlp_params,
     norm_params,
+    recurrent_params,
     router_params,
     shared_mlp,
 )
-from dayzero.specs.model import MLPSpec, ModelSpec
+from dayzero.specs.model import MLPSpec, ModelSpec, split_layer_type
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,34 @@ def attention_split(spec: ModelSpec) -> tuple[int, int, int]:
     return tp, kv, rep
 
 
+def recurrent_split(spec: ModelSpec) -> tuple[int, int]:
+    """(tp-split, replicated) parameters of a recurrent mixer. Megatron-Core's MambaMixer shards
+    the heads (and B/C groups): in_proj column-parallel, the conv channels, dt_bias, A_log, D and
+    the grouped gated norm with them, out_proj row-parallel (its bias replicated). Gated DeltaNet
+    likewise, but its gated norm is one value head wide, shared by the heads (replicated)."""
+    r, h = spec.recurrent, spec.hidden
+    rep = h if r.proj_bias else 0
+    if r.kind == "gated_deltanet" and r.gated_norm:
+        rep += r.head_dim
+    return recurrent_params(r, h) - rep, rep
+
+
 @lru_cache(maxsize=64)
 def layer_params(spec: ModelSpec, kind: str) -> LayerParams:
-    """Split of one ``dense`` or ``moe`` decoder layer; sums to counting.layer_count exactly."""
+    """Split of one decoder layer of type ``kind`` (ModelSpec.layer_types); sums to
+    counting.layer_count exactly."""
     h = spec.hidden
-    tp, kv, rep = attention_split(spec)
-    rep += 2 * norm_params(spec)
+    mixer, ffn = split_layer_type(kind)
+    tp = kv = rep = 0
+    if mixer == "attention":
+        tp, kv, rep = attention_split(spec)
+    elif mixer == "recurrent":
+        tp, rep = recurrent_split(spec)
+    rep += ((mixer != "none") + (ffn != "none")) * norm_params(spec)
     expert = 0
-    if kind == "moe":
+    if ffn == "none":
+        pass
+    elif ffn == "moe":
         moe = spec.moe
         expert = moe.experts * mlp_params(moe.expert, h)
         rep += router_params(moe, h)
@@ -106,7 +127,7 @@ def layer_params(spec: ModelSpec, kind: str) -> LayerParams:
     exact = base.total - base.other
     # a derived spec's extra parameters (ModelSpec.layer_extra): the mean over the layers of this kind,
     # counted as replicated on every TP rank (an upper bound on what a TP rank holds)
-    extras = [x for k, x in zip(spec.layer_kinds, spec.layer_extra) if k == kind]
+    extras = [x for k, x in zip(spec.layer_types, spec.layer_extra) if k == kind]
     rep += sum(extras) / len(extras) if extras and any(extras) else 0
     out = LayerParams(tp=tp, kv=kv, rep=rep, expert=expert)
     assert abs(out.total - exact - (sum(extras) / len(extras) if extras and any(extras) else 0)) < 1e-6, \

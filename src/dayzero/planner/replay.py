@@ -31,7 +31,7 @@ from dayzero.planner.allocator import AllocatorOOM, CachingAllocator
 from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import step_order
-from dayzero.specs.model import ModelSpec
+from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import ParallelConfig, zero_sharded, zero_shards
 
 TRACKED = ("weights", "gradients", "optimizer", "activations", "temporary")
@@ -123,7 +123,8 @@ class _Tracker:
 def _param_tensors(spec: ModelSpec, kind: str, p: ParallelConfig) -> list[tuple[str, float, bool]]:
     """(name, local elements, is_expert) of one layer's parameters on this rank, before ZeRO."""
     lp = layer_params(spec, kind)
-    a_tp, a_kv, a_rep = attention_split(spec)
+    # a recurrent mixer's tp-split weights are listed with the layer's other tp-split ones
+    a_tp, a_kv, a_rep = attention_split(spec) if split_layer_type(kind)[0] == "attention" else (0, 0, 0)
     kv = spec.attention.kv_heads
     out = [("attn", a_tp / p.tp + a_kv / min(p.tp, kv), False), ("mlp", (lp.tp - a_tp) / p.tp, False),
            ("small", lp.rep, False)]
@@ -147,8 +148,8 @@ class _StepReplay:
         self.first, self.last = rank == 0, rank == p.pp - 1
         self.fp8_cache = o.fp8_weight_cache_bytes if p.precision != "bf16" else 0
         # -- per-layer sizes from the activation model
-        self.terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_kinds)}
-        self.unit = {i: sum(e for _, e, _ in _param_tensors(spec, spec.layer_kinds[i], p))
+        self.terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_types)}
+        self.unit = {i: sum(e for _, e, _ in _param_tensors(spec, spec.layer_types[i], p))
                      for c in self.chunks for i in c}
         self.full_n = [len(c) if p.recompute_layers is None else min(p.recompute_layers, len(c)) for c in self.chunks]
         self.bucket = o.grad_bucket_params or max(40e6, 1e6 * self.zd)
@@ -165,7 +166,7 @@ class _StepReplay:
         spec, p, o, tr, shard = self.spec, self.p, self.o, self.tr, self.shard
         tensors: list[tuple[tuple, float, bool]] = []
         for layer in (i for ch in self.chunks for i in ch):
-            tensors += [(("w", layer, n), e, x) for n, e, x in _param_tensors(spec, spec.layer_kinds[layer], p)]
+            tensors += [(("w", layer, n), e, x) for n, e, x in _param_tensors(spec, spec.layer_types[layer], p)]
         edge = edge_params(spec)
         if self.first:
             tensors.append((("w", "embed"), float(embed_local(edge, p.tp)), False))
@@ -214,11 +215,11 @@ class _StepReplay:
 
     def transients(self, layer: int) -> None:  # buffers that live only while a layer runs
         spec, p, o, d, tr, ab, h = self.spec, self.p, self.o, self.d, self.tr, self.ab, self.h
-        kind = spec.layer_kinds[layer]
+        kind = spec.layer_types[layer]
         if p.sequence_parallel and p.tp > 1:
             tr.new(("sp",), ab * float(d.tok) * h, "temporary")
             tr.drop(("sp",))
-        if kind == "moe" and p.ep > 1:
+        if split_layer_type(kind)[1] == "moe" and p.ep > 1:
             tr.new(("a2a",), 2 * ab * float(routed_tokens(spec, o, d)) * h, "temporary")
             tr.drop(("a2a",))
         if p.cp > 1:
@@ -241,7 +242,7 @@ class _StepReplay:
             self.gather(layer)
             if j + 1 < len(layers):
                 self.gather(layers[j + 1])
-            kind = spec.layer_kinds[layer]
+            kind = spec.layer_types[layer]
             for n, v in self.terms[kind].items():
                 tr.new(("act", mb, c, layer, n), v, "activations")
             self.transients(layer)
@@ -275,7 +276,7 @@ class _StepReplay:
             self.gather(layer)
             if j + 1 < len(back):
                 self.gather(back[j + 1])
-            kind = spec.layer_kinds[layer]
+            kind = spec.layer_types[layer]
             t = self.terms[kind]
             if p.recompute == "full" and layers.index(layer) < self.full_n[c]:
                 for n, v in t.items():

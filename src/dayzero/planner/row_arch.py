@@ -110,8 +110,8 @@ def model_of(row: dict) -> RowModel:
     name = text(row, "model")
     att = text(row, "attention_type")
     if m := _UNSUPPORTED.search(att):
-        raise UnsupportedLayers(f"attention_type {att!r}: {m.group(0)} layers, which dayzero does not model "
-                                "(attention decoders only)")
+        raise UnsupportedLayers(f"attention_type {att!r}: {m.group(0)} layers, which a row's columns cannot "
+                                "express (no layer pattern or mixer shapes; a name table entry with its config can)")
     match = best_match(name, list(model_candidates()), text(row, "total_params"))
     if match is None:
         spec, notes = from_columns(row)
@@ -124,6 +124,9 @@ def model_of(row: dict) -> RowModel:
     else:
         spec = spec_from_hf_config(dict(cand.entry["config"]), name=cand.target, source=cand.entry["source"])
     notes = [f"model {name!r} read as {cand.target}: {match.note}"] if match.note else []
+    # what the entry or its config approximates (LatentMoE, MTP, ...), stated per row
+    notes += ([f"{cand.target}: {cand.entry['notes']}"] if cand.kind == "config" and cand.entry.get("notes") else [])
+    notes += [f"{cand.target}: {a}" for a in spec.extra.get("approximations", ())]
     differ = disagreements(spec, row)
     if differ:
         try:

@@ -19,7 +19,7 @@ from dayzero.report.validation import TARGET_COLUMNS, target_rows
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 STEP_TERMS = (("compute", "compute_s"), ("exposed comm", "comm_exposed_s"), ("bubble", "bubble_s"),
               ("optimizer", "optimizer_s"))
-COMPONENTS = ("attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms")
+COMPONENTS = ("attention", "recurrent", "dense_mlp", "routed_experts", "shared_experts", "router", "norms")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def _big(n: float) -> str:
 
 def parameter_breakdown(model: dict) -> dict[str, int]:
     """Parameters by component over all layers, plus embedding and output head."""
-    out = {c: sum(lc[c] for lc in model["per_layer"]) for c in COMPONENTS}
+    out = {c: sum(lc.get(c, 0) for lc in model["per_layer"]) for c in COMPONENTS}
     out = {k: v for k, v in out.items() if v}
     out["embedding"] = model["params_embedding"]
     if model["params_head"]:

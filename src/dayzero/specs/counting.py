@@ -10,16 +10,20 @@ activations, softmax, biases) is not counted, as in Narayanan et al. 2021 and Pa
 Attention convention: ``causal=False`` (default) counts the full s x s score matrix, matching
 Narayanan et al.'s closed form 72*l*h^2*(1 + s/6h + V/12lh) per sequence; ``causal=True`` counts
 only the lower triangle (half), as FlashAttention-style kernels execute it.
+
+Recurrent mixers (:class:`~dayzero.specs.model.RecurrentSpec`) cost their projections (2 FLOPs per
+weight per token, like every linear) plus the chunked scan, linear in the sequence length
+(:func:`recurrent_scan_flops_per_token`); their depthwise conv, gates and norm are elementwise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
+from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec, RecurrentSpec, split_layer_type
 
 # "other": parameters of a layer that the shapes do not express (derived specs only, see ModelSpec.layer_extra)
-COMPONENTS = ("attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms", "other")
+COMPONENTS = ("attention", "recurrent", "dense_mlp", "routed_experts", "shared_experts", "router", "norms", "other")
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,7 @@ class LayerCount:
     """Parameters of one decoder layer, by component."""
 
     index: int
-    kind: str  # dense | moe
+    kind: str  # the layer type: dense | moe, or mixer+ffn for hybrid layers (ModelSpec.layer_types)
     attention: int
     dense_mlp: int
     routed_experts: int
@@ -35,6 +39,7 @@ class LayerCount:
     router: int
     norms: int
     other: int = 0
+    recurrent: int = 0  # a recurrent (SSM / linear-attention) mixer
 
     @property
     def total(self) -> int:
@@ -90,6 +95,30 @@ def attention_params(a: AttentionSpec, hidden: int) -> int:
     return w
 
 
+def recurrent_matmul_params(r: RecurrentSpec, hidden: int) -> int:
+    """Weights of a recurrent mixer's input and output projections (what a token multiplies through)."""
+    return hidden * r.in_features + r.inner * hidden
+
+
+def recurrent_params(r: RecurrentSpec, hidden: int) -> int:
+    """Every parameter of a recurrent mixer, as transformers holds them.
+
+    mamba2 (``Mamba2Mixer``, ``NemotronHMamba2Mixer``): in_proj H x (2 inner + 2 groups d_state +
+    heads), depthwise conv1d over inner + 2 groups d_state channels (kernel weights + bias),
+    dt_bias, A_log and D per head, the gated RMSNorm over the inner width, out_proj inner x H.
+    gated_deltanet (``Qwen3NextGatedDeltaNet``): in_proj_qkvz and in_proj_ba, a bias-free depthwise
+    conv over q, k, v, dt_bias and A_log per value head, a gated RMSNorm of one value head's width,
+    out_proj."""
+    w = recurrent_matmul_params(r, hidden)
+    if r.proj_bias:
+        w += r.in_features + hidden
+    w += r.conv_channels * r.conv_kernel + (r.conv_channels if r.conv_bias else 0)
+    w += (3 if r.kind == "mamba2" else 2) * r.heads
+    if r.gated_norm:
+        w += r.inner if r.kind == "mamba2" else r.head_dim
+    return w
+
+
 def router_params(moe: MoESpec, hidden: int) -> int:
     return moe.experts * hidden + (moe.experts if moe.router_bias else 0) + (
         moe.experts if moe.score_correction_bias else 0) + (hidden if moe.shared_expert_gate else 0)
@@ -107,20 +136,26 @@ def norm_params(spec: ModelSpec) -> int:
 
 
 def layer_count(spec: ModelSpec, index: int, kind: str | None = None) -> LayerCount:
-    kind = kind or spec.layer_kinds[index]
+    """Parameters of layer ``index`` (``kind``: a layer type, ModelSpec.layer_types; default the
+    layer's own). Each block present (mixer, feed-forward) has its own pre-norm."""
+    kind = kind or spec.layer_types[index]
+    mixer, ffn = split_layer_type(kind)
     h = spec.hidden
     dense = routed = shared = router = 0
-    if kind == "moe":
+    if ffn == "moe":
         moe = spec.moe
         routed = moe.experts * mlp_params(moe.expert, h)
         sm = shared_mlp(moe)
         shared = mlp_params(sm, h) if sm else 0
         router = router_params(moe, h)
-    else:
+    elif ffn == "dense":
         dense = mlp_params(spec.mlp, h)
-    return LayerCount(index=index, kind=kind, attention=attention_params(spec.attention, h), dense_mlp=dense,
-                      routed_experts=routed, shared_experts=shared, router=router, norms=2 * norm_params(spec),
-                      other=spec.layer_extra[index] if index < spec.layers else 0)
+    att = attention_params(spec.attention, h) if mixer == "attention" else 0
+    rec = recurrent_params(spec.recurrent, h) if mixer == "recurrent" else 0
+    blocks = (mixer != "none") + (ffn != "none")
+    return LayerCount(index=index, kind=kind, attention=att, dense_mlp=dense,
+                      routed_experts=routed, shared_experts=shared, router=router, norms=blocks * norm_params(spec),
+                      other=spec.layer_extra[index] if index < spec.layers else 0, recurrent=rec)
 
 
 # -- totals ------------------------------------------------------------------------------------
@@ -202,13 +237,18 @@ def fp8_scale_elements(spec: ModelSpec) -> int:
         att = blocks(a.heads * a.head_dim, h) + 2 * blocks(a.kv_heads * a.head_dim,
                                                            h) + blocks(h, a.heads * a.v_head_dim)
 
-    def layer_blocks(kind: str) -> int:
-        if kind == "moe":
-            sm = shared_mlp(spec.moe)
-            return att + spec.moe.experts * mlp_blocks(spec.moe.expert) + (mlp_blocks(sm) if sm else 0)
-        return att + mlp_blocks(spec.mlp)
+    r = spec.recurrent
+    rec = blocks(r.in_features, h) + blocks(h, r.inner) if r is not None else 0
 
-    total = sum(layer_blocks(k) for k in spec.layer_kinds)
+    def layer_blocks(kind: str) -> int:
+        mixer, ffn = split_layer_type(kind)
+        out = att if mixer == "attention" else rec if mixer == "recurrent" else 0
+        if ffn == "moe":
+            sm = shared_mlp(spec.moe)
+            return out + spec.moe.experts * mlp_blocks(spec.moe.expert) + (mlp_blocks(sm) if sm else 0)
+        return out + (mlp_blocks(spec.mlp) if ffn == "dense" else 0)
+
+    total = sum(layer_blocks(k) for k in spec.layer_types)
     total += spec.mtp_layers * layer_blocks(spec.mtp_kind)
     return total
 
@@ -226,23 +266,70 @@ def attention_context(spec: ModelSpec, seq: int, index: int, causal: bool) -> fl
 
 
 def layer_matmul_params(spec: ModelSpec, kind: str) -> int:
-    """Weights one token multiplies through in a layer (routed experts: top_k of them)."""
+    """Weights one token multiplies through in a layer of type ``kind`` (routed experts: top_k of them)."""
     h = spec.hidden
-    w = attention_matmul_params(spec.attention, h)
-    if kind == "moe":
+    mixer, ffn = split_layer_type(kind)
+    w = 0
+    if mixer == "attention":
+        w += attention_matmul_params(spec.attention, h)
+    elif mixer == "recurrent":
+        w += recurrent_matmul_params(spec.recurrent, h)
+    if ffn == "moe":
         moe = spec.moe
         w += moe.top_k * mlp_matmul_params(moe.expert, h) + moe.experts * h
         sm = shared_mlp(moe)
         w += mlp_matmul_params(sm, h) if sm else 0
-    else:
+    elif ffn == "dense":
         w += mlp_matmul_params(spec.mlp, h)
     return w
 
 
 def attention_flops_per_token(spec: ModelSpec, seq: int, index: int, causal: bool) -> float:
+    """QK^T and PV of layer ``index`` per token (0 where the layer has no softmax attention)."""
+    if spec.layer_mixers[index] != "attention":
+        return 0.0
     a = spec.attention
     keys = attention_context(spec, seq, index, causal)
     return 2.0 * keys * a.heads * (a.head_dim + a.v_head_dim)  # QK^T and PV
+
+
+def recurrent_scan_flops_per_token(r: RecurrentSpec, seq: int, causal: bool) -> float:
+    """Forward FLOPs per token of a recurrent mixer's chunked scan (the matmuls inside it; its
+    projections are counted as linears). Linear in the sequence length: each token works against
+    the ``Q = min(chunk_size, seq)`` tokens of its chunk and one state per head.
+
+    mamba2 (SSD, Dao & Gu 2024, arXiv 2405.21060, sec. 6 "the SSD algorithm", steps 1-4): the
+    diagonal blocks C B^T per group (Q x N per token) and their product with X per head (Q x P),
+    the chunk states B^T X and the state-to-output C h (N x P each per head); the inter-chunk
+    recurrence is N x P per chunk, negligible. gated_deltanet (chunkwise delta rule, Yang et al.
+    2024, arXiv 2406.06484, sec. 3.3, with Gated DeltaNet's decay, arXiv 2412.06464 sec. 3.3): per
+    value head K K^T, W = T K and Q K^T (Q x dk each), U = T V and the masked scores times U - W S
+    (Q x dv each), and W S, Q S and the state update K^T (U - W S) (dk x dv each).
+    ``causal``: the masked within-chunk products count their lower triangle only ((Q + 1) / 2
+    keys), as the attention convention of this module.
+
+    For comparison, Megatron-LM's ``num_floating_point_operations`` (megatron/training/training.py)
+    counts a Mamba layer's scan as 7 d_in N per token (its note: "should be updated based on new
+    SSD kernels") and Gated DeltaNet's as 2 x 4 heads dv^2; for Nemotron-H 8B's mixer (d_in 8,192,
+    N 128, chunk 256) that is 7.3 M FLOPs per token against 8.9 M here: both a few percent of the
+    layer's projections (2 x 4,096 x (18,560 + 8,192) = 219 M)."""
+    q = min(r.chunk_size, seq)
+    ctx = (q + 1) / 2 if causal else float(q)
+    if r.kind == "mamba2":
+        return 2.0 * (ctx * r.d_state * r.n_groups + r.heads * (ctx * r.head_dim + 2 * r.d_state * r.head_dim))
+    dk, dv = r.key_head_dim, r.head_dim
+    return 2.0 * r.heads * (ctx * (3 * dk + 2 * dv) + 3 * dk * dv)
+
+
+def mixer_flops_per_token(spec: ModelSpec, seq: int, index: int, causal: bool) -> float:
+    """The token-mixing core of layer ``index`` per token: attention's QK^T and PV, or a
+    recurrent mixer's scan (0 for a layer without a mixer)."""
+    m = spec.layer_mixers[index]
+    if m == "attention":
+        return attention_flops_per_token(spec, seq, index, causal)
+    if m == "recurrent":
+        return recurrent_scan_flops_per_token(spec.recurrent, seq, causal)
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -252,16 +339,20 @@ class FlopsPerToken:
     matmul_forward: float
     attention_forward: float
     head_forward: float
+    recurrent_forward: float = 0.0  # recurrent mixers' chunked scans
 
 
 def flops_per_token(spec: ModelSpec, seq: int | None = None, causal: bool = False) -> FlopsPerToken:
     """Model FLOPs per token at sequence length ``seq`` (default: min(max_positions, 4096))."""
     seq = seq or min(spec.max_positions, 4096)
-    mm = sum(2.0 * layer_matmul_params(spec, k) for k in spec.layer_kinds)
+    mm = sum(2.0 * layer_matmul_params(spec, k) for k in spec.layer_types)
     att = sum(attention_flops_per_token(spec, seq, i, causal) for i in range(spec.layers))
+    n_rec = sum(m == "recurrent" for m in spec.layer_mixers)
+    rec = n_rec * recurrent_scan_flops_per_token(spec.recurrent, seq, causal) if n_rec else 0.0
     head = 2.0 * spec.vocab * spec.hidden
-    fwd = mm + att + head
-    return FlopsPerToken(forward=fwd, train=3.0 * fwd, matmul_forward=mm, attention_forward=att, head_forward=head)
+    fwd = mm + att + rec + head
+    return FlopsPerToken(forward=fwd, train=3.0 * fwd, matmul_forward=mm, attention_forward=att, head_forward=head,
+                         recurrent_forward=rec)
 
 
 @dataclass(frozen=True)
@@ -287,7 +378,9 @@ class Summary:
             "params_head": self.params_head, "checkpoint_elements": self.checkpoint_elements,
             "flops_per_token_train": self.flops.train, "flops_per_token_forward": self.flops.forward,
             "flops_breakdown_forward": {"matmul": self.flops.matmul_forward, "attention": self.flops.attention_forward,
-                                        "head": self.flops.head_forward},
+                                        "head": self.flops.head_forward,
+                                        **({"recurrent": self.flops.recurrent_forward}
+                                           if spec.recurrent is not None else {})},
             "seq": self.seq, "causal": self.causal, "layers": spec.layers, "mtp_layers": spec.mtp_layers,
             "hidden": spec.hidden, "vocab": spec.vocab,
             "per_layer": [lc.as_dict() for lc in self.layers],

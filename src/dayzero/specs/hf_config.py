@@ -13,7 +13,7 @@ from typing import Any, Callable
 from dayzero.errors import ConfigError
 from dayzero.inputs import load_json
 from dayzero.specs.config_keys import unused_keys
-from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
+from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec, RecurrentSpec
 
 # Bounds on config values, so an absurd field is one line instead of a hang, an overflow or a NaN:
 # every integer field <= MAX_INT_FIELD (2^24: vocabularies reach 256K, widths 32K); layer counts
@@ -148,13 +148,16 @@ def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = Non
     if not isinstance(cfg, dict):
         raise ConfigError(source, None, f"expected a JSON object, got {type(cfg).__name__}")
     mt = cfg.get("model_type")
-    if not isinstance(mt, str) or mt not in _PARSERS:
+    hybrid = isinstance(mt, str) and mt not in _PARSERS and is_hybrid_config(cfg)
+    if not isinstance(mt, str) or (mt not in _PARSERS and not hybrid):
         got = "missing" if mt is None else repr(mt)
         raise ConfigError(source, "model_type", f"{got} is not supported; supported: "
-                                                f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+                                                f"{', '.join(SUPPORTED_MODEL_TYPES)}, or any config with a hybrid "
+                                                "layer pattern (hybrid_override_pattern, layers_block_type, or "
+                                                "layer_types naming mamba / linear_attention layers)")
     f = _Fields(cfg, source)
     try:
-        spec = _PARSERS[mt](f, name, mt)
+        spec = _hybrid(f, name, mt) if hybrid else _PARSERS[mt](f, name, mt)
         check_size(spec, source)
         spec.extra["unused_config_keys"] = unused_keys(cfg, f.cfg.read | {"model_type"})
         return spec
@@ -386,6 +389,143 @@ def _gpt2(f: _Fields, name: str, mt: str) -> ModelSpec:
                      tie_embeddings=f.bool("tie_word_embeddings", True),
                      max_positions=f.int("n_positions", alt=("max_position_embeddings",), default=1024),
                      norm_eps=f.float("layer_norm_epsilon", 1e-5))
+
+
+# -- hybrid layer patterns, read by their keys (not by family) ----------------------------------
+
+# Nemotron-H's hybrid_override_pattern characters and layers_block_type / layer_types names ->
+# (token mixer, feed-forward block); Megatron-Core's hybrid_layer_allocation uses the same symbols
+PATTERN_CHARS = {"M": ("recurrent", "none"), "*": ("attention", "none"), "-": ("none", "dense"),
+                 "E": ("none", "moe")}
+BLOCK_TYPES = {"mamba": ("recurrent", "none"), "attention": ("attention", "none"), "mlp": ("none", "dense"),
+               "moe": ("none", "moe")}
+RECURRENT_LAYER_TYPES = ("mamba", "linear_attention")
+
+
+def is_hybrid_config(cfg: dict) -> bool:
+    """A config whose layers are given by a hybrid pattern: ``hybrid_override_pattern``,
+    ``layers_block_type``, or ``layer_types`` naming recurrent layers."""
+    types = cfg.get("layer_types")
+    return (isinstance(cfg.get("hybrid_override_pattern"), str) or isinstance(cfg.get("layers_block_type"), list)
+            or (isinstance(types, list) and any(t in RECURRENT_LAYER_TYPES for t in types)))
+
+
+def _layer_pattern(f: _Fields) -> tuple[list[tuple[str, str]], str]:
+    """Per layer (mixer, ffn), from whichever pattern key the config has; and the key's name."""
+    pattern = f.cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str):
+        bad = sorted(set(pattern) - set(PATTERN_CHARS))
+        if bad or not pattern:
+            f._fail("hybrid_override_pattern", f"expected a string of {', '.join(PATTERN_CHARS)} (mamba, attention, "
+                                               f"MLP, MoE), got {pattern!r}")
+        return [PATTERN_CHARS[c] for c in pattern], "hybrid_override_pattern"
+    blocks = f.str_list("layers_block_type")
+    if blocks is not None:
+        bad = sorted(set(blocks) - set(BLOCK_TYPES))
+        if bad:
+            f._fail("layers_block_type", f"unknown block types {bad}; expected {', '.join(BLOCK_TYPES)}")
+        return [BLOCK_TYPES[b] for b in blocks], "layers_block_type"
+    types = f.str_list("layer_types") or []
+    experts = f.int("n_routed_experts", default=0, minimum=0, alt=("num_experts", "num_local_experts"))
+    step = f.int("decoder_sparse_step", default=1)
+    only_dense = set(f.int_list("mlp_only_layers"))
+    out = []
+    for i, t in enumerate(types):  # every layer a mixer plus an FFN, as in a transformer
+        mixer = "recurrent" if t in RECURRENT_LAYER_TYPES else "attention"
+        moe = experts > 0 and i not in only_dense and (i + 1) % step == 0
+        out.append((mixer, "moe" if moe else "dense"))
+    return out, "layer_types"
+
+
+def _recurrent(f: _Fields, hidden: int, kinds: set[str]) -> RecurrentSpec:
+    """The recurrent mixer from ``mamba_*`` / ``ssm_*`` keys (Mamba-2) or ``linear_*`` keys (Gated
+    DeltaNet), with the defaults of transformers' NemotronHConfig / Qwen3NextConfig where a key is absent."""
+    if "linear_attention" in kinds or "linear_num_value_heads" in f.cfg:
+        return RecurrentSpec(kind="gated_deltanet", heads=f.int("linear_num_value_heads"),
+                             head_dim=f.int("linear_value_head_dim"), key_heads=f.int("linear_num_key_heads"),
+                             key_head_dim=f.int("linear_key_head_dim"),
+                             conv_kernel=f.int("linear_conv_kernel_dim", default=4), chunk_size=64, conv_bias=False)
+    head_dim = f.int("mamba_head_dim", default=64)
+    heads = f.opt_int("mamba_num_heads")
+    if heads is None:  # Mamba-2's expand x hidden inner width
+        heads = f.int("expand", default=2) * hidden // head_dim
+    groups = f.int("n_groups", default=8, alt=("mamba_n_groups",))
+    if heads % groups:
+        f._fail("n_groups", f"mamba heads ({heads}) must be divisible by n_groups ({groups})")
+    bias = f.bool("use_bias", False) or f.bool("mamba_proj_bias", False)
+    return RecurrentSpec(kind="mamba2", heads=heads, head_dim=head_dim,
+                         d_state=f.int("ssm_state_size", default=128, alt=("mamba_d_state", "state_size")),
+                         n_groups=groups, conv_kernel=f.int("conv_kernel", default=4, alt=("mamba_d_conv",)),
+                         chunk_size=f.int("chunk_size", default=128, alt=("mamba_chunk_size",)),
+                         conv_bias=f.bool("use_conv_bias", True), proj_bias=bias)
+
+
+def _hybrid(f: _Fields, name: str, mt: str) -> ModelSpec:
+    """A hybrid model (recurrent / attention / MLP / MoE layers) from its layer-pattern keys.
+
+    Each layer is a mixer (Mamba-2 or Gated DeltaNet, attention) and/or a feed-forward block (dense
+    or MoE), one RMSNorm per block, as transformers' NemotronHBlock (one block per layer) and
+    Qwen3-Next's decoder layer (mixer + MoE) hold them. Experts are gated SwiGLU unless the MLP
+    activation is squared ReLU (Nemotron-H: up and down only). LatentMoE (``moe_latent_size``,
+    Nemotron 3 Super; NVIDIA, Nemotron 3 white paper, arXiv 2512.20848) runs the routed experts in
+    a latent width ``d`` between a down-projection H -> d and an up-projection d -> H: modelled
+    as experts of width ``moe_intermediate_size x d / H`` in H (the same parameters and FLOPs per
+    routed token) and the two projections as part of the shared expert (dense, every token; the
+    same parameters and FLOPs); the dispatcher moves d-wide tokens (MoESpec.latent_size). Stated in
+    ``spec.extra['approximations']``."""
+    hidden = f.int("hidden_size")
+    pairs, key = _layer_pattern(f)
+    layers = f.int("num_hidden_layers", default=len(pairs))
+    if len(pairs) != layers:
+        f._fail(key, f"describes {len(pairs)} layers, expected num_hidden_layers = {layers}")
+    mixers = tuple(m for m, _ in pairs)
+    kinds = tuple(k for _, k in pairs)
+    types = set(f.str_list("layer_types") or [])
+    act = f.str("mlp_hidden_act", f.str("hidden_act", "silu"))
+    gated = act != "relu2"
+    mlp_bias = f.bool("mlp_bias", False)
+    approx: list[str] = []
+    mlp = MLPSpec(f.int("intermediate_size", default=hidden * 4) if "dense" in kinds else
+                  f.int("intermediate_size", default=1), gated=gated, bias=mlp_bias,
+                  activation="relu2" if not gated else "silu")
+    moe = None
+    if "moe" in kinds:
+        experts = f.int("n_routed_experts", alt=("num_experts", "num_local_experts"))
+        inter = f.int("moe_intermediate_size")
+        shared = f.int("moe_shared_expert_intermediate_size", default=0, minimum=0,
+                       alt=("shared_expert_intermediate_size",))
+        if not f.int("n_shared_experts", default=1 if shared else 0, minimum=0):
+            shared = 0
+        latent = f.opt_int("moe_latent_size")
+        if latent is not None:
+            if (inter * latent) % hidden:
+                f._fail("moe_latent_size", f"moe_intermediate_size x moe_latent_size ({inter} x {latent}) is not a "
+                                           f"multiple of hidden_size ({hidden}); dayzero's LatentMoE equivalence "
+                                           "needs it")
+            approx.append(f"LatentMoE (moe_latent_size {latent}): routed experts of width {inter} in the latent "
+                          f"{latent} modelled as width {inter * latent // hidden} in {hidden} (same parameters and "
+                          f"FLOPs); the latent projections {hidden} -> {latent} -> {hidden} counted with the shared "
+                          f"expert (dense); tokens dispatched {latent} wide")
+            inter, shared = inter * latent // hidden, shared + latent
+        scoring = f.str("scoring_func", "sigmoid" if "n_group" in f.cfg else "softmax")
+        moe = MoESpec(experts=experts, top_k=_top_k(f, experts),
+                      expert=MLPSpec(inter, gated=gated, bias=mlp_bias, activation=mlp.activation),
+                      shared_experts=1 if shared else 0, shared_intermediate=shared,
+                      score_correction_bias=scoring == "sigmoid",
+                      scoring="sigmoid" if scoring == "sigmoid" else "softmax",
+                      norm_topk_prob=f.bool("norm_topk_prob", True),
+                      routed_scaling_factor=f.float("routed_scaling_factor", 1.0),
+                      n_group=f.int("n_group", default=1), topk_group=f.int("topk_group", default=1),
+                      latent_size=latent or 0)
+    rec = _recurrent(f, hidden, types) if "recurrent" in mixers else None
+    att = _gqa_attention(f, hidden, qkv_bias=f.bool("attention_bias", False), o_bias=f.bool("attention_bias", False))
+    common = _common(f, name, mt)
+    common["norm_eps"] = f.float("layer_norm_epsilon", f.float("norm_eps", common["norm_eps"]))
+    spec = ModelSpec(attention=att, mlp=mlp, moe=moe, recurrent=rec, layer_mixers=mixers, layer_kinds=kinds,
+                     **{**common, "layers": layers})
+    if approx:
+        spec.extra["approximations"] = approx
+    return spec
 
 
 def _top_k(f: _Fields, experts: int, alt: tuple[str, ...] = ()) -> int:

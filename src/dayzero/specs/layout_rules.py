@@ -122,10 +122,22 @@ RULES: tuple[Rule, ...] = (
     Rule(("rank_order",), lambda c, w: pick(CP_DP_ADJACENT, c["rank_order"], default=True),
          lambda p, w: f"rank order {p.rank_order!r}: cp and dp must be adjacent (gradients are reduced over dp x cp)"),
     # -- the model ------------------------------------------------------------------------------
-    Rule(("tp",), lambda c, w: w.spec.attention.heads % c["tp"] == 0,
+    Rule(("tp",), lambda c, w: (not w.spec.has_attention) | (w.spec.attention.heads % c["tp"] == 0),
          lambda p, w: f"attention heads ({w.spec.attention.heads}) must be divisible by tp ({p.tp})", needs="spec"),
     Rule(("tp",), _kv_heads_ok,
          lambda p, w: f"kv heads ({w.spec.attention.kv_heads}) and tp ({p.tp}) must divide one another", needs="spec"),
+    # recurrent mixers: Megatron-Core's MambaMixer splits the heads and the B/C groups over tp
+    # (megatron/core/ssm/mamba_mixer.py asserts nheads % tp == 0 and ngroups % tp == 0)
+    Rule(("tp",), lambda c, w: (w.spec.recurrent is None) or ((w.spec.recurrent.heads % c["tp"] == 0)
+                                                            & (w.spec.recurrent.qk_heads % c["tp"] == 0)),
+         lambda p, w: f"recurrent mixer heads ({w.spec.recurrent.heads}) and key/B-C groups "
+                      f"({w.spec.recurrent.qk_heads}) must be divisible by tp ({p.tp})", needs="spec"),
+    # Megatron-Core splits a Mamba mixer's sequence over cp by an all-to-all to heads
+    # (megatron/core/ssm/mamba_context_parallel.py); dayzero models ring attention only
+    Rule(("cp",), lambda c, w: (c["cp"] == 1) | ("recurrent" not in w.spec.layer_mixers),
+         lambda p, w: f"cp {p.cp} > 1: {w.spec.name} has recurrent (state-space / linear-attention) layers, whose "
+                      "context parallelism (Megatron-Core's all-to-all of heads) dayzero does not model; use cp 1",
+         needs="spec"),
     Rule(("ep",), lambda c, w: (c["ep"] == 1) | (w.spec.moe is not None),
          lambda p, w: f"ep {p.ep} > 1 but {w.spec.name} has no experts", needs="spec"),
     Rule(("ep",), lambda c, w: (w.spec.moe is None) or (w.spec.moe.experts % c["ep"] == 0),

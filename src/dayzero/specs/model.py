@@ -8,13 +8,18 @@ Vocabulary (names as in the papers / HF configs):
     hidden      H, the residual width
     heads       attention (query) heads; ``kv_heads`` key/value heads (GQA/MQA when fewer)
     head_dim    query/key width per head (for MLA: nope + rope dims)
-    layer kinds each decoder layer is ``dense`` (one MLP) or ``moe`` (router + experts)
+    layer kinds each decoder layer's feed-forward block is ``dense`` (one MLP), ``moe`` (router +
+                experts) or ``none`` (hybrid models whose layers are either a mixer or an FFN)
+    mixers      each decoder layer's token mixer is ``attention`` (softmax attention over
+                ``attention``'s shapes), ``recurrent`` (a state-space / linear-attention mixer of
+                ``recurrent``'s shapes) or ``none``
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -85,6 +90,86 @@ class MoESpec:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    # LatentMoE (Nemotron 3 Super): the width tokens are dispatched in (the routed experts run in a
+    # latent of this width between two dense projections); 0: the hidden width
+    latent_size: int = 0
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    """A recurrent token mixer: a fixed-size state per head instead of a softmax over keys.
+
+    ``mamba2``: Mamba-2's SSD mixer (Dao & Gu 2024, "Transformers are SSMs", arXiv 2405.21060,
+    sec. 7.1 and fig. 6; transformers ``Mamba2Mixer`` / ``NemotronHMamba2Mixer``). ``heads`` SSM
+    heads of ``head_dim`` channels (inner width = heads x head_dim), B and C shared by ``n_groups``
+    groups of ``d_state``; in_proj H -> 2 inner + 2 groups d_state + heads (z, x, B, C, dt), a
+    depthwise causal conv over x, B, C; dt_bias, A_log and D per head; a gated RMSNorm over the
+    inner width; out_proj inner -> H.
+
+    ``gated_deltanet``: Gated DeltaNet linear attention (Yang et al. 2024, arXiv 2412.06464;
+    transformers ``Qwen3NextGatedDeltaNet``): ``key_heads`` q/k heads of ``key_head_dim``,
+    ``heads`` value heads of ``head_dim``; in_proj_qkvz H -> 2 keys + 2 values, in_proj_ba
+    H -> 2 value heads, a depthwise conv over q, k, v, dt_bias and A_log per value head, a gated
+    RMSNorm of one value head's width (shared by the heads), out_proj values -> H.
+    """
+
+    kind: Literal["mamba2", "gated_deltanet"]
+    heads: int  # mamba2: SSM heads; gated_deltanet: value heads
+    head_dim: int  # mamba2: channels per head (P); gated_deltanet: value head width
+    d_state: int = 0  # mamba2: state size N per group
+    n_groups: int = 1  # mamba2: groups sharing B and C
+    key_heads: int = 0  # gated_deltanet: q/k heads
+    key_head_dim: int = 0  # gated_deltanet: q/k head width
+    conv_kernel: int = 4
+    chunk_size: int = 256  # the chunked scan's block length (SSD sec. 6; GDN kernels: 64)
+    gated_norm: bool = True
+    conv_bias: bool = True
+    proj_bias: bool = False
+
+    @property
+    def inner(self) -> int:
+        """Width of the values (x): heads x head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def qk_heads(self) -> int:
+        """Heads of the key/query-like inputs (mamba2: the B/C groups; GDN: key heads)."""
+        return self.n_groups if self.kind == "mamba2" else self.key_heads
+
+    @property
+    def qk_dim(self) -> int:
+        """Width of one key/query-like head (mamba2: d_state; GDN: key_head_dim)."""
+        return self.d_state if self.kind == "mamba2" else self.key_head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the depthwise conv: x (values) plus the key/query-like inputs."""
+        return self.inner + 2 * self.qk_heads * self.qk_dim
+
+    @property
+    def in_features(self) -> int:
+        """Output width of the input projection(s) (mamba2: z, x, B, C, dt; GDN: q, k, v, z, b, a)."""
+        if self.kind == "mamba2":
+            return 2 * self.inner + 2 * self.n_groups * self.d_state + self.heads
+        return 2 * self.key_heads * self.key_head_dim + 2 * self.inner + 2 * self.heads
+
+
+MIXERS = ("attention", "recurrent", "none")
+FFNS = ("dense", "moe", "none")
+
+
+def layer_type(mixer: str, ffn: str) -> str:
+    """The key of a (mixer, feed-forward) pair: ``dense`` / ``moe`` for softmax attention with that
+    FFN (every transformer layer, as before hybrids), else ``mixer+ffn`` (``recurrent+none``)."""
+    return ffn if mixer == "attention" and ffn != "none" else f"{mixer}+{ffn}"
+
+
+def split_layer_type(t: str) -> tuple[str, str]:
+    """Inverse of :func:`layer_type`: (mixer, ffn)."""
+    if "+" in t:
+        mixer, ffn = t.split("+", 1)
+        return mixer, ffn
+    return "attention", t
 
 
 # the proxy sizes of ModelSpec.shrink, the names of the --layers/--hidden/--experts/--vocab flags
@@ -103,7 +188,7 @@ class ModelSpec:
     attention: AttentionSpec
     mlp: MLPSpec  # the dense MLP (used by dense layers)
     moe: MoESpec | None = None
-    layer_kinds: tuple[str, ...] = ()  # "dense" | "moe" per layer; empty means all dense
+    layer_kinds: tuple[str, ...] = ()  # "dense" | "moe" | "none" (no FFN) per layer; empty means all dense
     layer_windows: tuple[int | None, ...] = ()  # sliding window per layer (None = full); empty = all full
     norm: Norm = "rmsnorm"
     norm_bias: bool = False  # LayerNorm with bias (GPT-2, Nemotron)
@@ -120,9 +205,16 @@ class ModelSpec:
     # and the same for everything outside the layers; empty / 0 for the hand-parsed families
     layer_extra: tuple[int, ...] = ()
     outside_extra: int = 0
+    # hybrid models: the recurrent mixer's shapes and each layer's token mixer ("attention" |
+    # "recurrent" | "none"); empty means softmax attention in every layer
+    recurrent: RecurrentSpec | None = None
+    layer_mixers: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
+        if not self.layer_mixers or (len(self.layer_mixers) != self.layers and set(self.layer_mixers) == {"attention"}):
+            # all attention (also after a replace() that changed the depth of a transformer)
+            object.__setattr__(self, "layer_mixers", ("attention",) * self.layers)
         if not self.layer_kinds:
             object.__setattr__(self, "layer_kinds", ("dense",) * self.layers)
         if not self.mtp_kind:
@@ -131,6 +223,13 @@ class ModelSpec:
             object.__setattr__(self, "layer_windows", (None,) * self.layers)
         if not self.layer_extra:
             object.__setattr__(self, "layer_extra", (0,) * self.layers)
+        if len(self.layer_mixers) != self.layers:
+            raise ValueError(f"{self.name}: layer_mixers needs one entry per layer ({self.layers})")
+        if "recurrent" in self.layer_mixers and self.recurrent is None:
+            raise ValueError(f"{self.name}: recurrent layers need ModelSpec.recurrent (their shapes)")
+        # not a field (no digest, no equality): derived once, read per layer by counting and the planner
+        object.__setattr__(self, "_layer_types", tuple(layer_type(m, k) for m, k in zip(self.layer_mixers,
+                                                                                          self.layer_kinds)))
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -141,11 +240,32 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         return sum(k == "moe" for k in self.layer_kinds)
 
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """Per layer, :func:`layer_type` of its (mixer, FFN): ``dense``/``moe`` for transformer layers."""
+        return self._layer_types
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layer has a recurrent mixer, no mixer or no feed-forward block."""
+        return any(m != "attention" for m in self.layer_mixers) or "none" in self.layer_kinds
+
+    @property
+    def has_attention(self) -> bool:
+        return "attention" in self.layer_mixers
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("extra")
+        # the hybrid fields are listed only where used, so every transformer's digest is unchanged
+        if d["recurrent"] is None:
+            d.pop("recurrent")
+        if all(m == "attention" for m in d["layer_mixers"]):
+            d.pop("layer_mixers")
         # the clamped-SwiGLU constants are listed only where set, so the digest of every other spec
         # (checkpoint manifests) is what it was before they existed
+        if d["moe"] is not None and not d["moe"]["latent_size"]:
+            d["moe"].pop("latent_size")
         for mlp in (d["mlp"], (d["moe"] or {}).get("expert") or {}):
             for key in ("swiglu_alpha", "swiglu_limit"):
                 if mlp.get(key, 0) is None:
@@ -194,6 +314,13 @@ class ModelSpec:
 
 def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
     """Keep the dense prefix (first_k_dense) and the repeating pattern of the rest."""
+    if spec.is_hybrid:  # a hybrid's layer pattern repeats as a whole (mixer and FFN together)
+        n = spec.layers
+        pick = [i % n for i in range(layers)]
+        return replace(spec, layers=layers, layer_kinds=tuple(spec.layer_kinds[i] for i in pick),
+                       layer_mixers=tuple(spec.layer_mixers[i] for i in pick),
+                       layer_windows=tuple(spec.layer_windows[i] for i in pick),
+                       layer_extra=tuple(spec.layer_extra[i] for i in pick))
     kinds = list(spec.layer_kinds)
     dense_prefix = next((i for i, k in enumerate(kinds) if k == "moe"), len(kinds))
     dense_prefix = min(dense_prefix, max(layers - 1, 0)) if spec.is_moe else min(dense_prefix, layers)
@@ -204,7 +331,7 @@ def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
     extras = list(spec.layer_extra)
     new_extra = [extras[i % len(extras)] for i in range(layers)]
     return replace(spec, layers=layers, layer_kinds=tuple(new_kinds), layer_windows=tuple(new_windows),
-                   layer_extra=tuple(new_extra))
+                   layer_extra=tuple(new_extra), layer_mixers=())
 
 
 def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
@@ -233,6 +360,12 @@ def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
     if moe is not None:
         moe = replace(moe, expert=replace(moe.expert, intermediate=scaled(moe.expert.intermediate, 8)),
                       shared_intermediate=scaled(moe.shared_intermediate, 8) if moe.shared_intermediate else 0)
+    rec = spec.recurrent
+    if rec is not None:  # heads scale with the width, the head and state sizes stay
+        heads = scaled(rec.heads)
+        groups = max(1, math.gcd(heads, rec.n_groups))
+        key_heads = max(1, math.gcd(heads, rec.key_heads)) if rec.key_heads else 0
+        rec = replace(rec, heads=heads, n_groups=groups, key_heads=key_heads)
     # extras of a derived spec belong to the full width; a proxy keeps only what its shapes give
-    return replace(spec, hidden=hidden, attention=att, mlp=mlp, moe=moe, layer_extra=(0,) * spec.layers,
-                   outside_extra=0)
+    return replace(spec, hidden=hidden, attention=att, mlp=mlp, moe=moe, recurrent=rec,
+                   layer_extra=(0,) * spec.layers, outside_extra=0)

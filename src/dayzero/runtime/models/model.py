@@ -16,6 +16,7 @@ import hashlib
 import torch
 from torch import nn
 
+from dayzero.errors import ConfigError
 from dayzero.runtime.models.attention import RMSNorm, build_attention, rope_cache
 from dayzero.runtime.models.mlp import MLP
 from dayzero.runtime.models.moe import MoE
@@ -52,6 +53,10 @@ class Transformer(nn.Module):
 
     def __init__(self, spec: ModelSpec, max_seq: int | None = None):
         super().__init__()
+        if spec.is_hybrid:
+            raise ConfigError(spec.name, None, "has recurrent (state-space / linear-attention) layers or layers "
+                              "without a mixer or FFN; dayzero's model zoo builds transformer layers only (plan it, "
+                              "or train a config of its model_type through its own modeling code)")
         self.spec = spec
         self.max_seq = max_seq or spec.max_positions
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden)
