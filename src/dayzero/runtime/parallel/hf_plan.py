@@ -53,6 +53,9 @@ def layer_plan(layer: nn.Module, tp: int, where: str) -> tuple[list[TPEntry], li
     raises LayoutError naming the first module tensor parallelism cannot split."""
     why = f"tp {tp} for a model derived from its own code"
     for q, m in layer.named_modules():
+        if isinstance(m, nn.modules.conv._ConvNd):  # a depthwise convolution (Mamba, linear attention)
+            raise LayoutError(f"{where}.{q}: a {type(m).__name__} over the channels is not split by {why}; "
+                              "use --dp")
         if any(p.dim() == 3 for p in m.parameters(recurse=False)) or (
                 isinstance(m, nn.ModuleList) and "expert" in q.rsplit(".", 1)[-1].lower()):
             raise LayoutError(f"{where}.{q}: routed experts are not split by {why}; use --dp")
