@@ -22,6 +22,7 @@ from dayzero.derive.describe import describe  # noqa: E402
 from dayzero.derive.to_spec import spec_from_description  # noqa: E402
 from dayzero.specs.counting import flops_per_token, norm_params, params_total  # noqa: E402
 from dayzero.specs.registry import load_model, model_presets  # noqa: E402
+from helpers.hf_meta import meta_count  # noqa: E402
 from helpers.paths import DATA  # noqa: E402
 
 T = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
@@ -45,16 +46,6 @@ NEW_TYPES = {
     "glm4_moe_lite": dict(T, **MLA, num_key_value_heads=4),
     "phi3": dict(T, pad_token_id=None),
 }
-
-
-def meta_count(model_type: str, cfg: dict) -> int:
-    config = transformers.AutoConfig.for_model(model_type, **cfg)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    params = sum(p.numel() for p in model.parameters())  # parameters() yields a shared tensor once
-    buffers = sum(b.numel() for m in model.modules() for n, b in m._buffers.items()
-                  if b is not None and n not in m._non_persistent_buffers_set)
-    return params + buffers
 
 
 def write_config(tmp_path, model_type: str, cfg: dict) -> str:

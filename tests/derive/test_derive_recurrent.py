@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 from dayzero.specs.counting import flops_per_token, params_total  # noqa: E402
 from dayzero.specs.model import RecurrentSpec  # noqa: E402
 from dayzero.specs.registry import load_model  # noqa: E402
+from helpers.hf_meta import meta_count  # noqa: E402
 
 NEMOTRON_H = dict(hidden_size=256, num_hidden_layers=6, hybrid_override_pattern="M-M*EM", vocab_size=1024,
                   num_attention_heads=8, num_key_value_heads=2, head_dim=32, mamba_num_heads=16, mamba_head_dim=32,
@@ -31,16 +32,6 @@ QWEN3_NEXT = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, nu
                   linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=24)
 MAMBA2 = dict(hidden_size=64, num_hidden_layers=3, num_heads=4, head_dim=32, expand=2, state_size=16, n_groups=2,
               vocab_size=128, chunk_size=64)
-
-
-def meta_count(model_type: str, cfg: dict) -> int:
-    config = transformers.AutoConfig.for_model(model_type, **cfg)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    params = sum(p.numel() for p in model.parameters())
-    buffers = sum(b.numel() for m in model.modules() for n, b in m._buffers.items()
-                  if b is not None and n not in m._non_persistent_buffers_set)
-    return params + buffers
 
 
 def load(tmp_path, model_type: str, cfg: dict):

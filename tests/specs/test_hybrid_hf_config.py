@@ -11,6 +11,7 @@ import pytest
 from dayzero.errors import ConfigError
 from dayzero.specs.counting import flops_per_token, params_total
 from dayzero.specs.hf_config import spec_from_hf_config
+from helpers.hf_meta import meta_count
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,22 +24,11 @@ TINY = dict(model_type="nemotron_h", hidden_size=256, num_hidden_layers=8, hybri
             max_position_embeddings=4096, use_bias=False, use_conv_bias=True, mlp_bias=False)
 
 
-def meta_count(cfg: dict) -> int:
-    kw = {k: v for k, v in cfg.items() if k != "model_type"}
-    config = transformers.AutoConfig.for_model("nemotron_h", **kw)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    params = sum(p.numel() for p in model.parameters())
-    buffers = sum(b.numel() for m in model.modules() for n, b in m._buffers.items()
-                  if b is not None and n not in m._non_persistent_buffers_set)
-    return params + buffers
-
-
 @pytest.mark.parametrize("extra", [{}, {"moe_latent_size": 64}, {"use_bias": True, "use_conv_bias": False}])
 def test_nemotron_h_count_equals_transformers(extra):
     cfg = {**TINY, **extra}
     spec = spec_from_hf_config(cfg, "tiny")
-    assert params_total(spec) == meta_count(cfg)
+    assert params_total(spec) == meta_count("nemotron_h", {k: v for k, v in cfg.items() if k != "model_type"})
     assert spec.layer_mixers == ("recurrent", "none", "recurrent", "attention", "none", "recurrent", "none",
                                  "recurrent")
     assert spec.layer_kinds == ("none", "dense", "none", "none", "moe", "none", "moe", "none")
