@@ -9,6 +9,13 @@ disagree, and what to do.
 from __future__ import annotations
 
 
+def one_line(e: BaseException, limit: int | None = 300) -> str:
+    """``Type: message`` of a foreign exception (modeling code, a tracer) on one line, cut at ``limit``
+    characters of the message, for a DayzeroError or a report to quote."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text if limit is None else text[:limit]}"
+
+
 class DayzeroError(ValueError):
     """An error caused by the user's input; ``str(err)`` is a complete one-line message."""
 

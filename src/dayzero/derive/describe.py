@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dayzero.derive import structure as st
-from dayzero.errors import DayzeroError
+from dayzero.errors import DayzeroError, one_line
 from dayzero.specs.config_keys import unused_keys
 from dayzero.specs.model import RecurrentSpec
 
@@ -205,7 +205,7 @@ def describe(model: str | Path, trust_remote_code: bool = False) -> ModelDescrip
                 net = AutoModelForCausalLM.from_config(config, trust_remote_code=remote)
             except Exception as e:  # any modeling code can fail; one line, never a traceback
                 raise DayzeroError(f"{name}: cannot build {type(config).__name__} on the meta device: "
-                                   f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+                                   f"{one_line(e)}") from None
         desc = describe_module(net, config, name, cfg.get("model_type") or config.model_type, notes)
     rebuild = None if remote else (lambda c: config_object(c, name, source, directory)[0])
     with _quiet_transformers():

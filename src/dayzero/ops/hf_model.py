@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from dayzero.derive.structure import expert_list, expert_tensors, find_layer_list, layer_signature
-from dayzero.errors import ConfigError, DayzeroError
+from dayzero.errors import ConfigError, DayzeroError, one_line
 from dayzero.specs.hf_config import SUPPORTED_MODEL_TYPES, load_config_file, spec_from_hf_config
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.registry import load_model, model_presets
@@ -175,7 +175,7 @@ def build_meta_model(model: str, dtype: str = "bfloat16", experts: str = "groupe
             net = AutoModelForCausalLM.from_config(config, **kwargs)
         except Exception as e:
             raise DayzeroError(f"{name}: cannot build {type(config).__name__} on the meta device: "
-                               f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+                               f"{one_line(e)}") from None
     used = ""
     if hasattr(net, "set_experts_implementation") and _has_experts(net):
         used = _set_experts(net, experts, notes)
@@ -200,7 +200,7 @@ def _set_experts(net: nn.Module, experts: str, notes: list[str]) -> str:
                 net.set_experts_implementation(impl)
         except Exception as e:  # noqa: BLE001 - any model may refuse; the fallback is eager
             notes.append(f"{type(net).__name__} refuses experts implementation '{impl}' "
-                         f"({type(e).__name__}: {' '.join(str(e).split())[:160]})")
+                         f"({one_line(e, 160)})")
             continue
         notes.append(f"MoE experts traced with transformers' '{impl}' implementation"
                      + (" instead" if impl != experts else ""))

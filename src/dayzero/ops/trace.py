@@ -22,7 +22,7 @@ import torch
 from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dayzero.errors import DayzeroError
+from dayzero.errors import DayzeroError, one_line
 from dayzero.ops._torch_compat import TorchDispatchMode, current_autograd_node, flop_formulas, tree_flatten, tree_map
 from dayzero.ops.hf_model import LayerKind, MetaModel, build_meta_model
 from dayzero.ops.modules import ModuleMap
@@ -279,7 +279,7 @@ def _run(meta: MetaModel, seq: int, batch: int, dtype: str) -> Trace:
             loss.backward()
         except Exception as e:  # the model's own code failed on meta tensors: say where, in one line
             where = max(tracker.parents, key=lambda p: p.count("."))
-            what = str(e) if isinstance(e, DayzeroError) else f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            what = str(e) if isinstance(e, DayzeroError) else one_line(e)
             raise DayzeroError(f"{meta.name}: tracing failed in {where}: {what}") from None
     examples = {k: v[1] for k, v in rec.examples.items()}
     return Trace(model=meta.name, model_type=meta.model_type, seq=seq, batch=batch, dtype=dtype, experts=meta.experts,

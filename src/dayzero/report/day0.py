@@ -106,13 +106,14 @@ def _operators(req: Day0Request, r: dict) -> None:
         r["operators"] = {"manifest": manifest, "note": f"not traced: {' and '.join(absent)} not installed "
                           "(pip install 'dayzero[ops]')"}
         return
+    from dayzero.errors import one_line
     from dayzero.ops.report import analyze
 
     try:
         # decompositions listed, not checked numerically here: `dayzero ops` checks them
         ops = analyze(req.model, manifest=manifest, seq=req.seq, check=False).to_dict()
     except Exception as e:  # noqa: BLE001 - an optional section: its failure is reported, not raised
-        r["operators"] = {"manifest": manifest, "note": f"not traced: {type(e).__name__}: {' '.join(str(e).split())}"}
+        r["operators"] = {"manifest": manifest, "note": f"not traced: {one_line(e, None)}"}
         return
     r["operators"] = {"manifest": manifest, "manifest_choice": why, "coverage": ops["coverage"],
                       "coverage_flops": ops["coverage_flops"], "calls": ops["calls"], "distinct": len(ops["ops"]),

@@ -27,7 +27,7 @@ import re
 import torch
 from torch import nn
 
-from dayzero.errors import DayzeroError
+from dayzero.errors import DayzeroError, one_line
 
 _EXPERTS = re.compile(r"^(num|n)_(local_|routed_)?experts$")
 _TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
@@ -103,7 +103,7 @@ def _build(config, name: str, device: str = "meta"):
             return AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
         except Exception as e:  # any modeling code can fail; one line, never a traceback
             raise DayzeroError(f"{name}: cannot build the proxy {type(config).__name__}: "
-                               f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+                               f"{one_line(e)}") from None
 
 
 def _kinds(net) -> int:
@@ -154,7 +154,7 @@ def _probe(net, config, name: str, tokens: int = 8) -> None:
             net(input_ids=ids, use_cache=False)
     except Exception as e:  # any modeling code can fail; one line, never a traceback
         raise DayzeroError(f"{name}: the model's own code fails a forward pass of the proxy "
-                           f"({type(e).__name__}: {' '.join(str(e).split())[:300]}); check the config's shapes "
+                           f"({one_line(e)}); check the config's shapes "
                            "(heads, key/value heads, head dims) against what the modeling code expects") from None
 
 
