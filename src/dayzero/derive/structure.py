@@ -231,7 +231,7 @@ def recurrent_shapes(mod, hidden: int):
     from dayzero.specs.model import RecurrentSpec
 
     convs = [m for m in mod.modules() if isinstance(m, nn.Conv1d) and m.groups == m.in_channels == m.out_channels]
-    linears = [m for m in mod.modules() if isinstance(m, nn.Linear)]
+    linears = linear_maps(mod)
     vec = {k: p for k, p in mod.named_parameters(recurse=False) if p.dim() == 1}  # A_log, dt_bias, D
     norms = [m.weight.numel() for m in mod.modules() if not isinstance(m, (nn.Linear, nn.Conv1d))
              and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 1]
@@ -247,7 +247,7 @@ def recurrent_shapes(mod, hidden: int):
     head_dim, n_in = inner // heads, sum(m.out_features for m in ins)
     channels, kernel = conv.in_channels, conv.kernel_size[0]
     common = dict(heads=heads, head_dim=head_dim, conv_kernel=kernel, conv_bias=conv.bias is not None,
-                  proj_bias=out.bias is not None or any(m.bias is not None for m in ins))
+                  proj_bias=out.bias or any(m.bias for m in ins))
     if "D" in vec:  # Mamba-2: conv over x, B, C; in_proj z, x, B, C, dt
         gn2 = channels - inner
         if gn2 <= 0 or gn2 % 2 or n_in != 2 * inner + gn2 + heads:

@@ -321,17 +321,6 @@ def recurrent_scan_flops_per_token(r: RecurrentSpec, seq: int, causal: bool) -> 
     return 2.0 * r.heads * (ctx * (3 * dk + 2 * dv) + 3 * dk * dv)
 
 
-def mixer_flops_per_token(spec: ModelSpec, seq: int, index: int, causal: bool) -> float:
-    """The token-mixing core of layer ``index`` per token: attention's QK^T and PV, or a
-    recurrent mixer's scan (0 for a layer without a mixer)."""
-    m = spec.layer_mixers[index]
-    if m == "attention":
-        return attention_flops_per_token(spec, seq, index, causal)
-    if m == "recurrent":
-        return recurrent_scan_flops_per_token(spec.recurrent, seq, causal)
-    return 0.0
-
-
 @dataclass(frozen=True)
 class FlopsPerToken:
     forward: float

@@ -154,10 +154,6 @@ class RecurrentSpec:
         return 2 * self.key_heads * self.key_head_dim + 2 * self.inner + 2 * self.heads
 
 
-MIXERS = ("attention", "recurrent", "none")
-FFNS = ("dense", "moe", "none")
-
-
 def layer_type(mixer: str, ffn: str) -> str:
     """The key of a (mixer, feed-forward) pair: ``dense`` / ``moe`` for softmax attention with that
     FFN (every transformer layer, as before hybrids), else ``mixer+ffn`` (``recurrent+none``)."""
