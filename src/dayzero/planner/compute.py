@@ -152,14 +152,13 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         blocks = (mixer != "none") + (kind != "none")
         mem_el = mem_el + x.T_el * 5 * H * (blocks - 2)
         if kind == "moe":
-            t_g, mem_el, cast_el, dp_, ep_, t_in_ffn = _moe_ffn(spec, x, c, moe_imbalance, t_g, mem_el, cast_el)
+            t_g, mem_el, cast_el, ffn_p, ep_, t_in_ffn = _moe_ffn(spec, x, c, moe_imbalance, t_g, mem_el, cast_el)
         elif kind == "dense":
-            t_g, mem_el, cast_el, dp_, ep_, t_in_ffn = _dense_ffn(spec, x, t_g, mem_el, cast_el)
+            t_g, mem_el, cast_el, ffn_p, ep_, t_in_ffn = _dense_ffn(spec, x, t_g, mem_el, cast_el)
         else:
-            dp_, ep_, t_in_ffn = (attention_params(spec.attention, H) + 2 * norm_params(spec)) / tp, 0.0, 0.0
-        # the FFN helpers count an attention mixer and two norms; replace them by this layer's mixer and norms
-        dp_ = dp_ + (_mixer_params(spec, mixer) - attention_params(spec.attention, H)
-                     + (blocks - 2) * norm_params(spec)) / tp
+            ffn_p, ep_, t_in_ffn = 0, 0.0, 0.0
+        # replicated over dp x cp, split by tp: the mixer, the FFN's non-expert weights, one norm per block
+        dp_ = (_mixer_params(spec, mixer) + ffn_p + blocks * norm_params(spec)) / tp
         gemm_in.append(t_in + t_in_ffn)
         dense_p.append(dp_)
         expert_p.append(ep_)
@@ -276,8 +275,9 @@ def _recurrent_mixer(spec: ModelSpec, x: _Shard, seq: int, rates: Rates, mixer: 
 
 def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float, t_g, mem_el, cast_el):
     """A MoE layer's routed experts (at the busiest device's imbalance), router and shared experts,
-    added to the layer's GEMM seconds, memory-bound and cast elements; with its parameters per
-    device (dense: replicated over dp x cp; routed experts: over edp)."""
+    added to the layer's GEMM seconds, memory-bound and cast elements; with its non-expert
+    parameters (shared experts and router, whole: the caller splits them by tp with the mixer's)
+    and the routed experts' per device (replicated over edp)."""
     H, T, tp, ep, etp, d0 = spec.hidden, x.T, x.tp, x.ep, x.etp, x.d0
     moe = spec.moe
     k_top = moe.top_k
@@ -298,8 +298,8 @@ def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float,
         cast_el = cast_el + T * (H + fs / tp)
     sm = shared_mlp(moe)
     shared = mlp_params(sm, H) if sm else 0
-    dense_p = (attention_params(spec.attention, H) + shared + router_params(moe, H) + 2 * norm_params(spec)) / tp
-    return t_g, mem_el, cast_el, dense_p, moe.experts * mlp_params(moe.expert, H) / (ep * etp), t_in
+    experts_p = moe.experts * mlp_params(moe.expert, H) / (ep * etp)
+    return t_g, mem_el, cast_el, shared + router_params(moe, H), experts_p, t_in
 
 
 def _dense_ffn(spec: ModelSpec, x: _Shard, t_g, mem_el, cast_el):
@@ -312,8 +312,7 @@ def _dense_ffn(spec: ModelSpec, x: _Shard, t_g, mem_el, cast_el):
     t_g = t_g + t_in + _gemm(T * 2 * f_ / tp * H, (T, f_ / tp, H), x.rate_lo, d0)
     mem_el = mem_el + T * activation_elements(m) * f_ / tp
     cast_el = cast_el + T * (H + f_ / tp)
-    dense_p = (attention_params(spec.attention, H) + mlp_params(m, H) + 2 * norm_params(spec)) / tp
-    return t_g, mem_el, cast_el, dense_p, np.zeros_like(T), t_in
+    return t_g, mem_el, cast_el, mlp_params(m, H), np.zeros_like(T), t_in
 
 
 def _edges(spec: ModelSpec, x: _Shard, rates: Rates, c: PerfConstants):
