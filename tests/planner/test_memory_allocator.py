@@ -103,3 +103,27 @@ def test_replay_reports_oom_against_a_small_device(tmp_path):
     out = tmp_path / "timeline.png"
     plot_timeline(sim, str(out))
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+
+
+
+def test_replay_dispatch_buffer_is_as_wide_as_the_memory_model_says_for_latent_moe():
+    """LatentMoE (Nemotron 3 Super, MoESpec.latent_size) dispatches latent-wide rows: the replay's
+    all-to-all buffer is 2 x routed rows x latent x 2 B, the memory model's ``temporary:ep_a2a``
+    (one rule, ``activations.expert_widths``), not hidden-wide rows."""
+    import dataclasses
+
+    from dayzero.planner import replay
+    from dayzero.planner.memory_options import MemoryOptions
+
+    base = load_model("tiny-moe")
+    spec = dataclasses.replace(base, moe=dataclasses.replace(base.moe, latent_size=base.hidden // 4))
+    p = ParallelConfig(ep=2, dp=2, gbs=4, seq=64)
+    want = 2 * 2 * 64 * spec.moe.top_k * spec.moe.latent_size  # mbs 1, tp 1: 64 x top_k routed rows
+    assert estimate_memory(spec, p, 10**15).stages[0].terms["temporary:ep_a2a"] == want
+    tr = replay._Tracker(None, False)
+    sizes = {}
+    new = tr.new
+    tr.new = lambda key, nbytes, cat: (sizes.setdefault(key[0], float(nbytes)), new(key, nbytes, cat))
+    moe_layer = spec.layer_types.index("moe")
+    replay._StepReplay(spec, p, MemoryOptions(), 0, tr).transients(moe_layer)
+    assert sizes["a2a"] == want

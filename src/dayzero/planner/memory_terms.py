@@ -16,6 +16,7 @@ import numpy as np
 from dayzero.planner.activations import (
     Dims,
     attention_terms,
+    expert_widths,
     first_stage_terms,
     last_stage_terms,
     layer_activation,
@@ -180,7 +181,7 @@ def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: Ra
     t["temporary:sp_gather"] = np.where(d.sp & (tp > 1), ab * d.tok * h, 0)
     moe_layers = _moe_layers(f)
     if any(split_layer_type(k)[1] == "moe" for k in x.kinds):
-        h_e = spec.moe.latent_size or h  # LatentMoE dispatches latent-wide rows
+        h_e = expert_widths(spec)[0]  # the dispatched row width (LatentMoE: latent-wide rows)
         t["temporary:ep_a2a"] = np.where((ep > 1) & (moe_layers > 0), 2 * ab * routed_tokens(spec, opts, d) * h_e, 0)
     kv_terms = attention_terms(spec, opts, d)  # ring attention double-buffers the K/V blocks it receives
     t["temporary:cp_ring"] = np.where(cp > 1, 2 * (kv_terms["k"] + kv_terms["v"]), 0) * spec.has_attention

@@ -21,6 +21,7 @@ from dayzero.planner.activations import (
     CORE_TERMS,
     LAYER_INPUT,
     Dims,
+    expert_widths,
     first_stage_terms,
     last_stage_terms,
     layer_terms,
@@ -220,7 +221,7 @@ class _StepReplay:
             tr.new(("sp",), ab * float(d.tok) * h, "temporary")
             tr.drop(("sp",))
         if split_layer_type(kind)[1] == "moe" and p.ep > 1:
-            tr.new(("a2a",), 2 * ab * float(routed_tokens(spec, o, d)) * h, "temporary")
+            tr.new(("a2a",), 2 * ab * float(routed_tokens(spec, o, d)) * expert_widths(spec)[0], "temporary")
             tr.drop(("a2a",))
         if p.cp > 1:
             t = self.terms[kind]
