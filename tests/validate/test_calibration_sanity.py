@@ -6,7 +6,7 @@ from dayzero.cli.app import main
 from dayzero.specs.hardware import get_accelerator
 from dayzero.validate import calibrate as cal
 from dayzero.validate.profile import build_profile
-from dayzero.validate.sanity import CalibrationRejected, check_fits, fit_problems, fit_warnings
+from dayzero.validate.sanity import EXTRAPOLATION, CalibrationRejected, check_fits, fit_problems, fit_warnings
 from helpers.measurements import gemm_rows, measurements
 
 
@@ -23,10 +23,38 @@ def test_a_sound_fit_passes():
     assert check_fits(build_profile(measurements())) == []
 
 
+def test_an_unsaturated_gemm_fit_is_capped_and_written_with_a_warning():
+    """Rates still rising linearly at the largest size fix only peak / half-dim: the free fit ran
+    off to 1.5e14 FLOP/s with half-dim 6e17 on a 2-core CPU (issue #13). The fit is capped at
+    EXTRAPOLATION x the fastest GEMM measured, reproduces the measurements, and says so."""
+    m = unsaturated(measurements())
+    prof = build_profile(m)
+    f = prof["measurements"]["fits"]["bf16"]
+    fastest = max(2.0 * r["m"] * r["k"] * r["n"] / r["seconds"] for r in m["gemm"] if r["dtype"] == "bf16")
+    assert f["bounded"] and f["peak_tflops"] * 1e12 == pytest.approx(EXTRAPOLATION * fastest)
+    assert f["half_dim"] < 1e5 and f["gemm_fit_mape"] < 0.25  # within the measured range, not 6e8
+    assert not prof["measurements"]["fits"]["fp32"]["bounded"]
+    assert fit_problems(prof) == []
+    (w,) = [w for w in fit_warnings(prof) if "still rising" in w]
+    assert w.startswith("bf16 GEMM rate still rising") and "capped at 2x" in w
+
+
 def test_an_extrapolated_gemm_asymptote_is_refused():
-    problems = fit_problems(build_profile(unsaturated(measurements())))
+    """A profile whose asymptote lies beyond EXTRAPOLATION x the fastest GEMM (built other than by
+    fit_gemm) breaks the bound."""
+    prof = build_profile(measurements())
+    f = prof["measurements"]["fits"]["bf16"]
+    f["peak_tflops"] *= 50
+    problems = fit_problems(prof)
     assert any("bf16 GEMM peak" in p and "extrapolated" in p for p in problems)
-    # 8 ranks on the fixture's 2 cores: also beyond what the cores can compute
+
+
+def test_gemm_rates_beyond_the_cores_are_refused():
+    """8 ranks on the fixture's 2 cores each measuring 10 TFLOP/s bf16: more than 2 cores x 6 GHz x
+    1,024 FLOP/cycle = 12.3 TFLOP/s."""
+    m = measurements()
+    m["gemm"] = [r for r in m["gemm"] if r["dtype"] != "bf16"] + gemm_rows("bf16", 1e13, 40)
+    problems = fit_problems(build_profile(m))
     assert any("exceeds what 2 CPU core(s) can compute" in p for p in problems)
 
 
@@ -53,7 +81,9 @@ def test_a_poor_fit_is_written_with_a_warning():
 
 
 def test_calibrate_writes_nothing_for_an_absurd_fit(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cal, "measure", lambda nproc, quick=False, skip=(): unsaturated(measurements()))
+    m = measurements()
+    m["gemm"] = [r for r in m["gemm"] if r["dtype"] != "bf16"] + gemm_rows("bf16", 1e13, 40)  # beyond the cores
+    monkeypatch.setattr(cal, "measure", lambda nproc, quick=False, skip=(): m)
     out = tmp_path / "host.yaml"
     with pytest.raises(CalibrationRejected, match="calibration not written"):
         cal.calibrate(8, out)

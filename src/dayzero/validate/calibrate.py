@@ -65,8 +65,9 @@ def summarize(profile: dict) -> dict:
         for r in (r for r in m["gemm"] if r["dtype"] == dt):
             d = min(r["m"], r["k"], r["n"])
             pred = g.peak_flops * d / (d + g.half_dim) / 1e12
-            out["gemm"].append({"dtype": dt, "shape": [r["m"], r["k"], r["n"]], "measured_tflops": r["tflops"],
-                                "fitted_tflops": pred, "rel_error": (pred - r["tflops"]) / r["tflops"]})
+            measured = 2.0 * r["m"] * r["k"] * r["n"] / r["seconds"] / 1e12  # the rate fit_gemm fitted
+            out["gemm"].append({"dtype": dt, "shape": [r["m"], r["k"], r["n"]], "measured_tflops": measured,
+                                "fitted_tflops": pred, "rel_error": (pred - measured) / measured})
     if m.get("collectives"):
         link = fit_link(m["collectives"]).link()
         for r in m["collectives"]:

@@ -6,6 +6,10 @@ the planner reproduce the measurements it came from:
 * **GEMM**: the planner runs a GEMM at ``peak x eff x d / (d + half_dim)``, ``d`` its smallest
   dimension (planner/compute.py); the asymptotic rate ``R`` and ``half_dim`` of each dtype
   minimise the mean squared log error of ``R d / (d + half_dim)`` over the measured shapes.
+  Where the rate is still rising at the largest size measured, ``R`` and ``half_dim`` are not
+  both determined (only their ratio is) and the free fit runs off to absurd asymptotes; the fit
+  is then bounded: ``R`` = ``sanity.EXTRAPOLATION`` x the fastest GEMM measured, ``half_dim``
+  fitted under it, and the profile records ``bounded`` (a warning says so when it is written).
 * **Links**: one (bandwidth, latency) pair for the scale-up tier that best reproduces every
   measured collective through ``planner.collectives`` (mean squared log error over all kinds,
   sizes and group sizes, each kind weighted equally), and the point-to-point bandwidth from
@@ -32,6 +36,7 @@ from dayzero.planner.collectives import Link, group_collective
 from dayzero.planner.minimize import nelder_mead
 from dayzero.runtime.device import auto_compute_dtype
 from dayzero.specs.hardware import HBM_GB
+from dayzero.validate.sanity import EXTRAPOLATION
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -43,6 +48,7 @@ class GemmFit:
     half_dim: float  # smallest dimension at which a GEMM reaches half of it
     mape: float  # mean |fit - measured| / measured over the points
     points: int
+    bounded: bool = False  # the rate never levelled off: the asymptote is capped (module docstring)
 
 
 def fit_gemm(rows: list[dict], dtype: str) -> GemmFit:
@@ -59,10 +65,16 @@ def fit_gemm(rows: list[dict], dtype: str) -> GemmFit:
     x0 = np.log([rate.max() * 1.2, float(np.median(d))])
     x, _ = nelder_mead(err, x0, 200, step=0.5)
     peak, half = float(np.exp(x[0])), float(np.exp(x[1]))
+    cap = EXTRAPOLATION * float(rate.max())
+    bounded = peak > cap
+    if bounded:  # still rising at the largest size: fit half_dim under the largest asymptote allowed
+        y, _ = nelder_mead(lambda y: float(np.mean(np.log(cap * d / (d + np.exp(y[0])) / rate) ** 2)),
+                           np.log([float(np.median(d))]), 200, step=0.5)
+        peak, half = cap, float(np.exp(y[0]))
     if half < 1e-3:  # no size effect in range
         half = 0.0
     fit = peak * d / (d + half)
-    return GemmFit(dtype, float(peak), float(half), float(np.mean(np.abs(fit - rate) / rate)), len(pts))
+    return GemmFit(dtype, float(peak), float(half), float(np.mean(np.abs(fit - rate) / rate)), len(pts), bounded)
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,7 @@ def build_profile(m: dict, name: str | None = None, catalog_accelerator=None) ->
     att = {dt: fit_attention(m.get("attention", []), dt) for dt in gemm}
     for dt, gf in gemm.items():
         fits[dt] = {"peak_tflops": gf.peak_flops / 1e12, "half_dim": gf.half_dim, "gemm_fit_mape": gf.mape,
+                    "bounded": gf.bounded,
                     "attention_tflops": None if att[dt] is None else att[dt].flops / 1e12}
     if "bf16" not in gemm:
         raise ConfigError("calibration", "gemm.bf16", "a profile needs bf16 GEMM measurements")

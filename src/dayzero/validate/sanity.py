@@ -14,7 +14,9 @@ Bounds and their sources:
   Architectures Optimization Reference Manual, AVX-512 chapter) and 1024 for bf16/fp16 (AMX
   tiles: 1,024 BF16 operations per cycle and core, Intel AMX product brief).
 * The fitted GEMM asymptote <= ``EXTRAPOLATION`` x the fastest GEMM measured: beyond that the
-  measurements never approached the asymptote and the fit is extrapolation.
+  measurements never approached the asymptote and the fit is extrapolation. ``profile.fit_gemm``
+  caps its fit there (``bounded``, written with a warning), so this bound guards profiles built
+  any other way.
 * Link bandwidth: on a CPU host a transfer between ranks is a copy through memory, so the fitted
   bandwidth <= the host's measured memory bandwidth (per rank x ranks); on a GPU <= the catalog's
   intra-node bandwidth x ``CATALOG_SLACK``. Latencies and bandwidths finite and positive.
@@ -56,7 +58,7 @@ def fit_problems(profile: dict, catalog_accelerator=None) -> list[str]:
             continue
         rates = [2.0 * r["m"] * r["k"] * r["n"] / r["seconds"] for r in m["gemm"] if r["dtype"] == dt]
         fastest = max(rates, default=0.0)
-        if peak > EXTRAPOLATION * fastest:
+        if peak > EXTRAPOLATION * fastest * (1 + 1e-9):
             out.append(f"{dt} GEMM peak {peak / 1e12:.3g} TFLOP/s is {peak / fastest:.3g}x the fastest GEMM "
                        f"measured ({fastest / 1e12:.3g} TFLOP/s; half-dim {f['half_dim']:.3g}): the rate was still "
                        "rising at the largest size, so the asymptote is extrapolated")
@@ -105,6 +107,10 @@ def fit_warnings(profile: dict) -> list[str]:
     if out:
         out = [", ".join(out) + f" (above {MAX_FIT_ERROR:.0%}): the measurements scatter around the model, "
                "as on a loaded machine; calibrate again on a quiet one for tighter figures"]
+    out += [f"{dt} GEMM rate still rising at the largest size measured: its asymptote is capped at "
+            f"{EXTRAPOLATION:g}x the fastest GEMM measured ({f['peak_tflops']:.3g} TFLOP/s, half-dim "
+            f"{f['half_dim']:.3g}); GEMMs larger than measured may run faster than the profile says "
+            "(calibrate without --quick for larger sizes)" for dt, f in m["fits"].items() if f.get("bounded")]
     return out
 
 
