@@ -105,7 +105,6 @@ def test_replay_reports_oom_against_a_small_device(tmp_path):
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
 
 
-
 def test_replay_dispatch_buffer_is_as_wide_as_the_memory_model_says_for_latent_moe():
     """LatentMoE (Nemotron 3 Super, MoESpec.latent_size) dispatches latent-wide rows: the replay's
     all-to-all buffer is 2 x routed rows x latent x 2 B, the memory model's ``temporary:ep_a2a``

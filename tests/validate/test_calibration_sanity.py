@@ -5,7 +5,7 @@ import pytest
 from dayzero.cli.app import main
 from dayzero.specs.hardware import get_accelerator
 from dayzero.validate import calibrate as cal
-from dayzero.validate.profile import build_profile
+from dayzero.validate.profile import build_profile, gemm_rate
 from dayzero.validate.sanity import EXTRAPOLATION, CalibrationRejected, check_fits, fit_problems, fit_warnings
 from helpers.measurements import gemm_rows, measurements
 
@@ -15,6 +15,14 @@ def unsaturated(m: dict) -> dict:
     host): the fitted asymptote runs off far beyond anything measured."""
     m = dict(m)
     m["gemm"] = [r for r in m["gemm"] if r["dtype"] != "bf16"] + gemm_rows("bf16", 1.5e14, 6e8)
+    return m
+
+
+def beyond_the_cores(m: dict) -> dict:
+    """bf16 GEMMs of 10 TFLOP/s per rank: 8 ranks on the fixture's 2 cores exceed 2 cores x 6 GHz x
+    1,024 FLOP/cycle = 12.3 TFLOP/s."""
+    m = dict(m)
+    m["gemm"] = [r for r in m["gemm"] if r["dtype"] != "bf16"] + gemm_rows("bf16", 1e13, 40)
     return m
 
 
@@ -30,7 +38,7 @@ def test_an_unsaturated_gemm_fit_is_capped_and_written_with_a_warning():
     m = unsaturated(measurements())
     prof = build_profile(m)
     f = prof["measurements"]["fits"]["bf16"]
-    fastest = max(2.0 * r["m"] * r["k"] * r["n"] / r["seconds"] for r in m["gemm"] if r["dtype"] == "bf16")
+    fastest = max(gemm_rate(r) for r in m["gemm"] if r["dtype"] == "bf16")
     assert f["bounded"] and f["peak_tflops"] * 1e12 == pytest.approx(EXTRAPOLATION * fastest)
     assert f["half_dim"] < 1e5 and f["gemm_fit_mape"] < 0.25  # within the measured range, not 6e8
     assert not prof["measurements"]["fits"]["fp32"]["bounded"]
@@ -50,11 +58,7 @@ def test_an_extrapolated_gemm_asymptote_is_refused():
 
 
 def test_gemm_rates_beyond_the_cores_are_refused():
-    """8 ranks on the fixture's 2 cores each measuring 10 TFLOP/s bf16: more than 2 cores x 6 GHz x
-    1,024 FLOP/cycle = 12.3 TFLOP/s."""
-    m = measurements()
-    m["gemm"] = [r for r in m["gemm"] if r["dtype"] != "bf16"] + gemm_rows("bf16", 1e13, 40)
-    problems = fit_problems(build_profile(m))
+    problems = fit_problems(build_profile(beyond_the_cores(measurements())))
     assert any("exceeds what 2 CPU core(s) can compute" in p for p in problems)
 
 
@@ -81,9 +85,7 @@ def test_a_poor_fit_is_written_with_a_warning():
 
 
 def test_calibrate_writes_nothing_for_an_absurd_fit(tmp_path, monkeypatch, capsys):
-    m = measurements()
-    m["gemm"] = [r for r in m["gemm"] if r["dtype"] != "bf16"] + gemm_rows("bf16", 1e13, 40)  # beyond the cores
-    monkeypatch.setattr(cal, "measure", lambda nproc, quick=False, skip=(): m)
+    monkeypatch.setattr(cal, "measure", lambda nproc, quick=False, skip=(): beyond_the_cores(measurements()))
     out = tmp_path / "host.yaml"
     with pytest.raises(CalibrationRejected, match="calibration not written"):
         cal.calibrate(8, out)

@@ -20,8 +20,8 @@ from dayzero.validate.profile import (
     COLLECTIVES,
     build_profile,
     collective_time,
-    fit_gemm,
     fit_link,
+    gemm_rate,
     merge_ranks,
     write_profile,
 )
@@ -60,12 +60,11 @@ def summarize(profile: dict) -> dict:
     """Per-benchmark fit quality: every measurement next to the profile's prediction."""
     m = profile["measurements"]
     out: dict = {"compute_dtype": m["compute_dtype"], "fits": m["fits"], "gemm": [], "collectives": []}
-    for dt in m["fits"]:
-        g = fit_gemm(m["gemm"], dt)
+    for dt, f in m["fits"].items():  # the profile's own fits (build_profile ran fit_gemm)
         for r in (r for r in m["gemm"] if r["dtype"] == dt):
             d = min(r["m"], r["k"], r["n"])
-            pred = g.peak_flops * d / (d + g.half_dim) / 1e12
-            measured = 2.0 * r["m"] * r["k"] * r["n"] / r["seconds"] / 1e12  # the rate fit_gemm fitted
+            pred = f["peak_tflops"] * d / (d + f["half_dim"])
+            measured = gemm_rate(r) / 1e12
             out["gemm"].append({"dtype": dt, "shape": [r["m"], r["k"], r["n"]], "measured_tflops": measured,
                                 "fitted_tflops": pred, "rel_error": (pred - measured) / measured})
     if m.get("collectives"):

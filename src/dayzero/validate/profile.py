@@ -8,7 +8,7 @@ the planner reproduce the measurements it came from:
   minimise the mean squared log error of ``R d / (d + half_dim)`` over the measured shapes.
   Where the rate is still rising at the largest size measured, ``R`` and ``half_dim`` are not
   both determined (only their ratio is) and the free fit runs off to absurd asymptotes; the fit
-  is then bounded: ``R`` = ``sanity.EXTRAPOLATION`` x the fastest GEMM measured, ``half_dim``
+  is then bounded: ``R`` = ``EXTRAPOLATION`` x the fastest GEMM measured, ``half_dim``
   fitted under it, and the profile records ``bounded`` (a warning says so when it is written).
 * **Links**: one (bandwidth, latency) pair for the scale-up tier that best reproduces every
   measured collective through ``planner.collectives`` (mean squared log error over all kinds,
@@ -36,9 +36,14 @@ from dayzero.planner.collectives import Link, group_collective
 from dayzero.planner.minimize import nelder_mead
 from dayzero.runtime.device import auto_compute_dtype
 from dayzero.specs.hardware import HBM_GB
-from dayzero.validate.sanity import EXTRAPOLATION
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+EXTRAPOLATION = 2.0  # largest GEMM asymptote a fit may claim, x the fastest GEMM measured (validate.sanity)
+
+
+def gemm_rate(row: dict) -> float:
+    """FLOP/s of one measured GEMM row (keys m, k, n, seconds)."""
+    return 2.0 * row["m"] * row["k"] * row["n"] / row["seconds"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ def fit_gemm(rows: list[dict], dtype: str) -> GemmFit:
     if not pts:
         raise ConfigError("calibration", f"gemm.{dtype}", "no GEMM measurements for this dtype")
     d = np.array([min(r["m"], r["k"], r["n"]) for r in pts], dtype=float)
-    rate = np.array([2.0 * r["m"] * r["k"] * r["n"] / r["seconds"] for r in pts])
+    rate = np.array([gemm_rate(r) for r in pts])
 
     def err(x) -> float:  # mean squared log error of R d / (d + h)
         return float(np.mean(np.log(np.exp(x[0]) * d / (d + np.exp(x[1])) / rate) ** 2))

@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 
 from dayzero.errors import DayzeroError
+from dayzero.validate.profile import EXTRAPOLATION, gemm_rate
 
 CATALOG_SLACK = 1.10  # measured may exceed a datasheet figure by clock boost and rounding, not more
 MAX_CPU_HZ = 6.0e9  # no shipping CPU core sustains more (the fastest boost clocks are ~6.2 GHz)
 CPU_FLOP_PER_CYCLE = {"fp32": 64, "fp64": 64, "bf16": 1024, "fp16": 1024}
-EXTRAPOLATION = 2.0
 MAX_FIT_ERROR = 0.5  # mean |fit - measured| / measured above which a fit is reported as poor
 
 
@@ -56,7 +56,7 @@ def fit_problems(profile: dict, catalog_accelerator=None) -> list[str]:
         if not _finite_positive(peak) or not (f["half_dim"] >= 0 and math.isfinite(f["half_dim"])):
             out.append(f"{dt} GEMM fit is not a number (peak {f['peak_tflops']}, half-dim {f['half_dim']})")
             continue
-        rates = [2.0 * r["m"] * r["k"] * r["n"] / r["seconds"] for r in m["gemm"] if r["dtype"] == dt]
+        rates = [gemm_rate(r) for r in m["gemm"] if r["dtype"] == dt]
         fastest = max(rates, default=0.0)
         if peak > EXTRAPOLATION * fastest * (1 + 1e-9):
             out.append(f"{dt} GEMM peak {peak / 1e12:.3g} TFLOP/s is {peak / fastest:.3g}x the fastest GEMM "
