@@ -77,7 +77,7 @@ def test_recurrent_flops_linear_in_sequence_length():
     r = rates(CLUSTER, PerfConstants())
     costs = [compute_costs(spec, encode([ParallelConfig(tp=1, dp=8, mbs=mbs, gbs=64, seq=seq)]), r, PerfConstants())
              for seq, mbs in ((4096, 8), (32768, 1))]
-    k = [t for t, _ in layer_classes(spec)].index("recurrent+none")
+    k = [t for t, *_ in layer_classes(spec)].index("recurrent+none")
     assert costs[0].attn_fwd[k, 0] == pytest.approx(costs[1].attn_fwd[k, 0])
     assert costs[0].fwd[k, 0] == pytest.approx(costs[1].fwd[k, 0])
 
@@ -88,7 +88,7 @@ def test_tp_all_reduce_per_mixer_layer():
     spec = hybrid()
     cons = PerfConstants()
     r = rates(CLUSTER, cons)
-    classes = [t for t, _ in layer_classes(spec)]
+    classes = [t for t, *_ in layer_classes(spec)]
     for sp in (False, True):
         g = encode([ParallelConfig(tp=4, dp=2, mbs=1, gbs=8, seq=4096, sequence_parallel=sp)])
         costs = compute_costs(spec, g, r, cons)

@@ -38,7 +38,7 @@ def test_sink_attention_runs_fused_and_windowed_layers_cost_their_window(rows):
     case = case_of(rows["R0241"])
     assert case.spec.attention.sinks and case.options.attention_kernel == "fused"
     costs = _costs(case)
-    classes = layer_classes(case.spec)
+    classes = [(t, w) for t, w, _ in layer_classes(case.spec)]
     window = classes.index(("moe", 128))
     full = classes.index(("moe", None))
     ratio = costs.attn_fwd[window, 0] / costs.attn_fwd[full, 0]

@@ -15,7 +15,7 @@ Recurrent mixers (Mamba-2 SSD, Gated-DeltaNet-style linear attention) whose weig
 What the planner can only approximate is returned as sentences (``approximations``), never
 silently: recurrent mixers whose weights are not such a layout, chunked attention, layers whose
 attention, recurrent mixer or experts differ in shape from the ones modelled, and parameters the
-shapes do not express (their FLOPs are not counted).
+shapes do not express (their FLOPs come from tracing the layer, :mod:`dayzero.derive.traced_flops`).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def _approximations(desc: ModelDescription, spec: ModelSpec, ref_attn, moe_kind,
                        "modelled with those (parameters exact)")
         if f.kind == "dense" and f.dense is None:
             out.append(f"{where}: feed-forward block {f.module} has no recognised MLP shape; its parameters are "
-                       "counted exactly, its compute is not")
+                       "counted exactly, its compute only as the trace measures it")
         if f.kind == "dense" and dense_kind is not None and f.dense is not None and f.dense != dense_kind.ffn.dense:
             out.append(f"{where}: dense MLP differs from layers {ranges(dense_kind.layers)}; modelled with that "
                        "(parameters exact)")
@@ -170,7 +170,7 @@ def _approximations(desc: ModelDescription, spec: ModelSpec, ref_attn, moe_kind,
         sign = "more" if x > 0 else "fewer"
         out.append(f"layers {ranges(tuple(layers))}: {abs(x):,} {sign} parameters per layer than the planner's shapes "
                    "give (norms, gates or mixer weights it does not model by name); counted exactly in totals and "
-                   "in memory (as replicated on every TP rank), not in FLOPs")
+                   "in memory (as replicated on every TP rank); in FLOPs only as the trace measures them")
     if spec.outside_extra:
         out.append(f"{spec.outside_extra:,} parameters outside the decoder layers beyond embedding, head and final "
                    "norm; counted with the embedding")

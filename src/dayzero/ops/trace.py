@@ -15,6 +15,7 @@ layer of that kind; calls outside decoder layers (embedding, final norm, head, l
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -150,9 +151,11 @@ def _grouped_mm_flops(a: torch.Tensor, b: torch.Tensor) -> int:
 class OpRecorder(TorchDispatchMode):
     """Records every call into a list of :class:`OpCall`."""
 
-    def __init__(self, modules: ModuleMap, tracker: ModuleTracker, shadows: ShadowValues):
+    def __init__(self, modules: ModuleMap, tracker: ModuleTracker, shadows: ShadowValues,
+                 deadline: float | None = None):
         super().__init__()
         self.modules, self.tracker, self.shadows = modules, tracker, shadows
+        self.deadline = deadline  # time.monotonic() after which the trace is abandoned (TraceTimeout)
         self.calls: list[OpCall] = []
         self.examples: dict[tuple, tuple[int, tuple]] = {}
         # weak: holding tensors would change what autograd does (it clones a gradient it cannot steal)
@@ -173,6 +176,8 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TraceTimeout("the trace ran past its time budget")
         out = self.shadows.run(func, args, kwargs)
         self._record(func, args, kwargs, out)
         return out
@@ -265,18 +270,26 @@ def trace_model(model: str, seq: int | None = None, batch: int = 1, dtype: str =
     return _run(meta, seq, batch, dtype)
 
 
-def _run(meta: MetaModel, seq: int, batch: int, dtype: str) -> Trace:
+class TraceTimeout(DayzeroError):
+    """A trace that ran past the caller's time budget (its model code loops per token, say)."""
+
+
+def _run(meta: MetaModel, seq: int, batch: int, dtype: str, deadline: float | None = None,
+         backward: bool = True) -> Trace:
     net = meta.model
     modules = ModuleMap(net, meta.layer_list)
     shadows = ShadowValues()
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     shadows.attach(ids, torch.zeros(batch, seq, dtype=torch.long))
-    with ModuleTracker() as tracker, OpRecorder(modules, tracker, shadows) as rec:
+    with ModuleTracker() as tracker, OpRecorder(modules, tracker, shadows, deadline) as rec:
         try:
             out = net(input_ids=ids, labels=ids, use_cache=False)
-            loss = _loss_of(out, ids)
-            rec.tag_autograd_nodes(loss)
-            loss.backward()
+            if backward:
+                loss = _loss_of(out, ids)
+                rec.tag_autograd_nodes(loss)
+                loss.backward()
+        except TraceTimeout:
+            raise
         except Exception as e:  # the model's own code failed on meta tensors: say where, in one line
             where = max(tracker.parents, key=lambda p: p.count("."))
             what = str(e) if isinstance(e, DayzeroError) else one_line(e)

@@ -220,7 +220,7 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     """Every collective of one layer and micro-batch, by section: TP, CP, EP, ZeRO-3 (module docstring)."""
     g = grid
     tp, cp = np.asarray(g["tp"], float), np.asarray(g["cp"], float)
-    types = [split_layer_type(t) for t, _ in layer_classes(spec)]  # (mixer, ffn) per class
+    types = [split_layer_type(t) for t, *_ in layer_classes(spec)]  # (mixer, ffn) per class
     L = _Layer(spec=spec, g=g, rates=rates, costs=costs, groups=groups, opt=opt, tp=tp,
                T=g["mbs"] * single_seq(g) / cp, H=spec.hidden, sp=(g["sequence_parallel"] > 0) & (g["tp"] > 1),
                full=g["recompute"] == FULL, kinds=np.array([f == "moe" for _, f in types])[:, None],

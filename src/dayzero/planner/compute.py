@@ -41,6 +41,7 @@ from dayzero.specs.counting import (
     recurrent_scan_flops_per_token,
     router_params,
     shared_mlp,
+    traced_extra_flops,
 )
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import FULL, SELECTIVE
@@ -57,19 +58,25 @@ def single_seq(grid: dict) -> int:
     return int(seq.flat[0])
 
 
-def layer_classes(spec: ModelSpec) -> list[tuple[str, int | None]]:
-    """Distinct (layer type, window) pairs, in first-appearance order (the type is ModelSpec.layer_types:
-    ``dense``/``moe`` for transformer layers, ``mixer+ffn`` for a hybrid's)."""
-    seen: list[tuple[str, int | None]] = []
-    for k, w in zip(spec.layer_types, spec.layer_windows):
-        if (k, w) not in seen:
-            seen.append((k, w))
+def layer_classes(spec: ModelSpec) -> list[tuple[str, int | None, tuple[float, float]]]:
+    """Distinct (layer type, window, traced extra FLOPs) triples, in first-appearance order (the type is
+    ModelSpec.layer_types: ``dense``/``moe`` for transformer layers, ``mixer+ffn`` for a hybrid's; the
+    extra is ModelSpec.layer_flops_extra, zeros but for derived layers the shapes only approximate)."""
+    seen: list[tuple[str, int | None, tuple[float, float]]] = []
+    for key in _class_keys(spec):
+        if key not in seen:
+            seen.append(key)
     return seen
+
+
+def _class_keys(spec: ModelSpec):
+    extra = list(spec.layer_flops_extra) + [(0.0, 0.0)] * (spec.layers - len(spec.layer_flops_extra))
+    return [(k, w, tuple(x)) for k, w, x in zip(spec.layer_types, spec.layer_windows, extra)]
 
 
 def layer_class_index(spec: ModelSpec) -> np.ndarray:
     classes = layer_classes(spec)
-    return np.array([classes.index((k, w)) for k, w in zip(spec.layer_types, spec.layer_windows)])
+    return np.array([classes.index(key) for key in _class_keys(spec)])
 
 
 @dataclass(frozen=True)
@@ -135,9 +142,10 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     H = spec.hidden
 
     fwd, bwd, gemm_f, gemm_in, attn_f, dense_p, expert_p = [], [], [], [], [], [], []
-    types = spec.layer_types
-    for ltype, window in layer_classes(spec):
-        index = next(i for i, (k, w) in enumerate(zip(types, spec.layer_windows)) if (k, w) == (ltype, window))
+    keys = _class_keys(spec)
+    for key in layer_classes(spec):
+        ltype = key[0]
+        index = keys.index(key)
         mixer, kind = split_layer_type(ltype)
         if mixer == "attention":
             t_g, cast_el, mem_el, t_in = _projections(spec, x)
@@ -163,11 +171,16 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         dense_p.append(dp_)
         expert_p.append(ep_)
         t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
-        f = t_g + attn + t_mem
+        # what tracing the layer's own code found beyond its shapes (derived specs): BF16 GEMMs of the
+        # layer's tokens, not split by tp (such modules' weights are replicated, as memory counts them);
+        # an overcount of the shapes (negative extra) is left in the time
+        extra = max(traced_extra_flops(spec, index, seq, causal=True), 0.0)
+        t_x = _gemm(T * extra, (T, H), rate_bf16, c.gemm_half_dim) if extra else 0.0
+        f = t_g + attn + t_mem + t_x
         re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, core, 0.0))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
-        bwd.append(2 * t_g + attn_bwd + 2 * t_mem + re + 2 * ovh / 3)
+        bwd.append(2 * t_g + attn_bwd + 2 * t_mem + 2 * t_x + re + 2 * ovh / 3)
         gemm_f.append(t_g)
         attn_f.append(attn)
 

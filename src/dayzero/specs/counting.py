@@ -329,6 +329,25 @@ class FlopsPerToken:
     attention_forward: float
     head_forward: float
     recurrent_forward: float = 0.0  # recurrent mixers' chunked scans
+    traced_forward: float = 0.0  # what tracing the model's own code adds beyond the shapes (derived specs)
+
+
+def layer_forward_flops(spec: ModelSpec, index: int, seq: int, causal: bool) -> float:
+    """Forward FLOPs per token of decoder layer ``index`` as the shapes give them (linears, the
+    attention core, a recurrent scan), without ModelSpec.layer_flops_extra."""
+    f = 2.0 * layer_matmul_params(spec, spec.layer_types[index]) + attention_flops_per_token(spec, seq, index, causal)
+    if spec.layer_mixers[index] == "recurrent":
+        f += recurrent_scan_flops_per_token(spec.recurrent, seq, causal)
+    return f
+
+
+def traced_extra_flops(spec: ModelSpec, index: int, seq: int, causal: bool) -> float:
+    """ModelSpec.layer_flops_extra of layer ``index`` at ``seq``: linear + quadratic x keys, the keys
+    halved when causal (the convention of :func:`attention_context`); 0 beyond the listed layers."""
+    if index >= len(spec.layer_flops_extra):
+        return 0.0
+    lin, quad = spec.layer_flops_extra[index]
+    return lin + quad * ((seq + 1) / 2 if causal else seq)
 
 
 def flops_per_token(spec: ModelSpec, seq: int | None = None, causal: bool = False) -> FlopsPerToken:
@@ -339,9 +358,10 @@ def flops_per_token(spec: ModelSpec, seq: int | None = None, causal: bool = Fals
     n_rec = sum(m == "recurrent" for m in spec.layer_mixers)
     rec = n_rec * recurrent_scan_flops_per_token(spec.recurrent, seq, causal) if n_rec else 0.0
     head = 2.0 * spec.vocab * spec.hidden
-    fwd = mm + att + rec + head
+    traced = sum(traced_extra_flops(spec, i, seq, causal) for i in range(spec.layers))
+    fwd = mm + att + rec + head + traced
     return FlopsPerToken(forward=fwd, train=3.0 * fwd, matmul_forward=mm, attention_forward=att, head_forward=head,
-                         recurrent_forward=rec)
+                         recurrent_forward=rec, traced_forward=traced)
 
 
 @dataclass(frozen=True)
@@ -369,7 +389,9 @@ class Summary:
             "flops_breakdown_forward": {"matmul": self.flops.matmul_forward, "attention": self.flops.attention_forward,
                                         "head": self.flops.head_forward,
                                         **({"recurrent": self.flops.recurrent_forward}
-                                           if spec.recurrent is not None else {})},
+                                           if spec.recurrent is not None else {}),
+                                        **({"traced": self.flops.traced_forward}
+                                           if self.flops.traced_forward else {})},
             "seq": self.seq, "causal": self.causal, "layers": spec.layers, "mtp_layers": spec.mtp_layers,
             "hidden": spec.hidden, "vocab": spec.vocab,
             "per_layer": [lc.as_dict() for lc in self.layers],

@@ -201,6 +201,12 @@ class ModelSpec:
     # and the same for everything outside the layers; empty / 0 for the hand-parsed families
     layer_extra: tuple[int, ...] = ()
     outside_extra: int = 0
+    # forward FLOPs per token of each decoder layer beyond (negative: short of) what the shapes give,
+    # as (linear, quadratic) coefficients: extra(seq) = linear + quadratic * keys, keys = seq (half of
+    # it causal, as attention counts). Measured by tracing the model's own code at two sequence
+    # lengths where the shapes only approximate a layer (dayzero.derive.traced_flops); empty / zeros
+    # for the hand-parsed families
+    layer_flops_extra: tuple[tuple[float, float], ...] = ()
     # hybrid models: the recurrent mixer's shapes and each layer's token mixer ("attention" |
     # "recurrent" | "none"); empty means softmax attention in every layer
     recurrent: RecurrentSpec | None = None
@@ -219,6 +225,8 @@ class ModelSpec:
             object.__setattr__(self, "layer_windows", (None,) * self.layers)
         if not self.layer_extra:
             object.__setattr__(self, "layer_extra", (0,) * self.layers)
+        if not self.layer_flops_extra:
+            object.__setattr__(self, "layer_flops_extra", ((0.0, 0.0),) * self.layers)
         if len(self.layer_mixers) != self.layers:
             raise ValueError(f"{self.name}: layer_mixers needs one entry per layer ({self.layers})")
         if "recurrent" in self.layer_mixers and self.recurrent is None:
@@ -258,6 +266,8 @@ class ModelSpec:
             d.pop("recurrent")
         if all(m == "attention" for m in d["layer_mixers"]):
             d.pop("layer_mixers")
+        if not any(a or b for a, b in d["layer_flops_extra"]):  # traced FLOPs: listed only where measured
+            d.pop("layer_flops_extra")
         # the clamped-SwiGLU constants are listed only where set, so the digest of every other spec
         # (checkpoint manifests) is what it was before they existed
         if d["moe"] is not None and not d["moe"]["latent_size"]:
@@ -316,7 +326,8 @@ def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
         return replace(spec, layers=layers, layer_kinds=tuple(spec.layer_kinds[i] for i in pick),
                        layer_mixers=tuple(spec.layer_mixers[i] for i in pick),
                        layer_windows=tuple(spec.layer_windows[i] for i in pick),
-                       layer_extra=tuple(spec.layer_extra[i] for i in pick))
+                       layer_extra=tuple(spec.layer_extra[i] for i in pick),
+                       layer_flops_extra=tuple(spec.layer_flops_extra[i] for i in pick))
     kinds = list(spec.layer_kinds)
     dense_prefix = next((i for i, k in enumerate(kinds) if k == "moe"), len(kinds))
     dense_prefix = min(dense_prefix, max(layers - 1, 0)) if spec.is_moe else min(dense_prefix, layers)
@@ -324,10 +335,11 @@ def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
     new_kinds = kinds[:dense_prefix] + [tail[i % len(tail)] for i in range(layers - dense_prefix)]
     windows = list(spec.layer_windows)
     new_windows = [windows[i % len(windows)] for i in range(layers)]
-    extras = list(spec.layer_extra)
+    extras, fextras = list(spec.layer_extra), list(spec.layer_flops_extra)
     new_extra = [extras[i % len(extras)] for i in range(layers)]
+    new_fextra = [fextras[i % len(fextras)] for i in range(layers)]
     return replace(spec, layers=layers, layer_kinds=tuple(new_kinds), layer_windows=tuple(new_windows),
-                   layer_extra=tuple(new_extra), layer_mixers=())
+                   layer_extra=tuple(new_extra), layer_flops_extra=tuple(new_fextra), layer_mixers=())
 
 
 def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
@@ -364,4 +376,4 @@ def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
         rec = replace(rec, heads=heads, n_groups=groups, key_heads=key_heads)
     # extras of a derived spec belong to the full width; a proxy keeps only what its shapes give
     return replace(spec, hidden=hidden, attention=att, mlp=mlp, moe=moe, recurrent=rec,
-                   layer_extra=(0,) * spec.layers, outside_extra=0)
+                   layer_extra=(0,) * spec.layers, outside_extra=0, layer_flops_extra=())

@@ -62,11 +62,14 @@ def derived_model(model: str, cfg: dict, source: str, trust_remote_code: bool = 
     the exact module-tree count, the planner's approximations and the unused config keys."""
     from dayzero.derive.describe import describe
     from dayzero.derive.to_spec import spec_from_description
+    from dayzero.derive.traced_flops import with_traced_flops
 
     check_bounds(cfg, source)
     desc = describe(model, trust_remote_code)
     spec, approximations = spec_from_description(desc)
     check_size(spec, source)
+    spec, traced = with_traced_flops(model, desc, spec, trust_remote_code)
+    approximations += traced
     spec.extra.update(derived=True, description=desc, approximations=approximations,
                       params_module_tree=desc.total, unused_config_keys=list(desc.unused_config_keys),
                       notes=list(desc.notes))
