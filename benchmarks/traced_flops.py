@@ -1,0 +1,55 @@
+"""Forward FLOPs per token of never-seen models: the shapes alone, and with the layers the shapes
+only approximate traced at two lengths (dayzero.derive.traced_flops), against a trace of the whole
+model's own code at a third length (eager attention over every key: windows and causal masks are
+compared as the reference computes them, i.e. non-causal and without windows).
+
+    PYTHONPATH=src python benchmarks/traced_flops.py [--seq 1024] [--types minimax,deepseek_v32,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+TYPES = ("minimax", "deepseek_v32", "granitemoehybrid", "recurrent_gemma", "qwen3_next", "olmo2", "jamba")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--types", default=",".join(TYPES))
+    args = ap.parse_args()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from dayzero.derive.traced_flops import reference_spec
+    from dayzero.ops.hf_model import build_meta_model
+    from dayzero.ops.trace import _run
+    from dayzero.specs.counting import flops_per_token
+    from dayzero.specs.registry import load_model
+
+    s = args.seq
+    print(f"| model_type | load s | traced forward FLOPs/token (seq {s}) | shapes only | with traced layers |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for mt in args.types.split(","):
+            d = Path(tmp) / mt
+            d.mkdir()
+            (d / "config.json").write_text(json.dumps(CONFIG_MAPPING[mt]().to_dict()))
+            t = time.perf_counter()
+            spec = load_model(str(d))
+            load = time.perf_counter() - t
+            tr = _run(build_meta_model(str(d)), s, 1, "bfloat16", backward=False)
+            got = sum(c.flops * tr.multiplier(c) for c in tr.calls if c.phase == "forward") / tr.tokens
+            ref = reference_spec(spec.extra["description"], spec)
+            after = flops_per_token(ref, s, causal=False).forward
+            before = flops_per_token(replace(ref, layer_flops_extra=()), s, causal=False).forward
+            print(f"| {mt} | {load:.1f} | {got:.4g} | {before:.4g} ({(before - got) / got:+.2%}) | "
+                  f"{after:.4g} ({(after - got) / got:+.2%}) |")
+
+
+if __name__ == "__main__":
+    main()
