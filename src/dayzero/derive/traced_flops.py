@@ -84,7 +84,7 @@ def with_traced_flops(model: str, desc: ModelDescription, spec: ModelSpec, trust
     layers = approximated_layers(desc, spec)
     if not layers:
         return spec, []
-    from dayzero.ops.hf_model import build_meta_model
+    from dayzero.ops.hf_model import _quiet_transformers, build_meta_model
     from dayzero.ops.trace import TraceTimeout, _run
 
     deadline = time.monotonic() + budget_s
@@ -94,7 +94,8 @@ def with_traced_flops(model: str, desc: ModelDescription, spec: ModelSpec, trust
         meta = build_meta_model(model, trust_remote_code=trust_remote_code)
         per_kind = []
         for s in seqs:
-            tr = _run(meta, s, 1, "bfloat16", deadline=deadline, backward=False)
+            with _quiet_transformers():  # its notes on reference kernels concern running, not counting
+                tr = _run(meta, s, 1, "bfloat16", deadline=deadline, backward=False)
             f = [0.0] * len(meta.kinds)
             for c in tr.calls:
                 if c.layer is not None and c.phase == "forward":
@@ -131,6 +132,6 @@ def _notes(spec: ModelSpec, layers: list[int], seqs: tuple[int, int]) -> list[st
         shapes = layer_forward_flops(spec, idx[0], seq, causal=True)
         notes.append(f"layers {ranges(tuple(idx))}: FLOPs measured by tracing the model's own code at {seqs[0]} and "
                      f"{seqs[1]} tokens: {at / 1e6:+,.1f} MFLOPs per token per layer beyond the shapes' "
-                     f"{shapes / 1e6:,.1f} at {seq} tokens causal ({lin / 1e6:+,.2f} M + {quad:+,.1f} x keys); "
+                     f"{shapes / 1e6:,.1f} at {seq} tokens causal ({lin / 1e6:+,.2f} M {quad:+,.1f} x keys); "
                      "counted in FLOPs and step time as BF16 GEMMs not split by tensor parallelism, not in memory")
     return notes
