@@ -139,3 +139,26 @@ def test_layout_rules_for_recurrent_layers():
     assert any("recurrent" in m and "cp 2" in m for m in cp)
     tp = problems(ParallelConfig(tp=8, dp=1, mbs=1, gbs=8, seq=4096), spec, 8)  # 4 B/C groups
     assert any("recurrent mixer heads" in m for m in tp)
+
+
+def test_ep_overlap_does_not_hide_a_hybrid_moe_layers_all_to_all():
+    """Megatron-Core's 1F1B a2a overlap schedules a layer's dispatch/combine of one micro-batch under
+    another's attention and experts (TransformerLayer); a hybrid stack's MoE layer has no token
+    mixer of its own, and HybridModel cannot be scheduled so (NVIDIA/Megatron-LM issue #5854, PR
+    #4798 unmerged): with ep_overlap on, its EP all-to-all is still exposed in full (exposed = ops x
+    time of each item), while a transformer MoE layer's hides behind the layer's compute."""
+    cons = PerfConstants()
+    r = rates(CLUSTER, cons)
+    g = encode([ParallelConfig(tp=1, dp=8, ep=8, mbs=1, gbs=8, seq=4096)])
+
+    def ep_items(spec):
+        costs = compute_costs(spec, g, r, cons)
+        items = layer_comm(spec, g, r, costs, place_groups(g, r), CommOptions(ep_overlap=True))
+        k = [t for t, _ in layer_classes(spec)].index(next(t for t in spec.layer_types if t.endswith("moe")))
+        return [(i.ops[k, 0] * i.time[k, 0], i.exposed[k, 0], i.hidden_by) for i in items if i.dim == "ep"]
+
+    for busy, exposed, hidden_by in ep_items(hybrid()):
+        assert busy > 0 and exposed == pytest.approx(busy) and hidden_by == ""
+    transformer = replace(hybrid("EEEE"), recurrent=None, layer_mixers=(), layer_kinds=("moe",) * 4)
+    items = ep_items(transformer)
+    assert all(exposed == 0.0 for _, exposed, _ in items) and items[0][2] == "other micro-batch"
