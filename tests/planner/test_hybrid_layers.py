@@ -14,7 +14,7 @@ import pytest
 from dayzero.planner.activations import Dims, layer_activation, layer_terms
 from dayzero.planner.calibration import PerfConstants
 from dayzero.planner.comm import CommOptions, layer_comm, place_groups
-from dayzero.planner.compute import compute_costs, layer_classes
+from dayzero.planner.compute import compute_costs, layer_classes, mamba2_elements
 from dayzero.planner.memory import estimate_memory, peak_memory_batch
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import layer_params
@@ -73,10 +73,11 @@ def test_recurrent_flops_linear_in_sequence_length():
     assert a.recurrent_forward == b.recurrent_forward > 0
     assert a.matmul_forward == b.matmul_forward
     assert b.attention_forward == pytest.approx(a.attention_forward * 32769 / 4097)
-    # compute model: the recurrent class's scan seconds per token do not depend on seq
+    # compute model: the recurrent class's scan seconds per token do not depend on seq (both batches
+    # hold several sequences: a one-sequence batch skips Megatron-Core's layout copies, mamba2_elements)
     r = rates(CLUSTER, PerfConstants())
     costs = [compute_costs(spec, encode([ParallelConfig(tp=1, dp=8, mbs=mbs, gbs=64, seq=seq)]), r, PerfConstants())
-             for seq, mbs in ((4096, 8), (32768, 1))]
+             for seq, mbs in ((4096, 8), (16384, 2))]
     k = [t for t, _ in layer_classes(spec)].index("recurrent+none")
     assert costs[0].attn_fwd[k, 0] == pytest.approx(costs[1].attn_fwd[k, 0])
     assert costs[0].fwd[k, 0] == pytest.approx(costs[1].fwd[k, 0])
@@ -162,3 +163,25 @@ def test_ep_overlap_does_not_hide_a_hybrid_moe_layers_all_to_all():
     transformer = replace(hybrid("EEEE"), recurrent=None, layer_mixers=(), layer_kinds=("moe",) * 4)
     items = ep_items(transformer)
     assert all(exposed == 0.0 for _, exposed, _ in items) and items[0][2] == "other micro-batch"
+
+
+def test_mamba2_memory_passes_kernel_by_kernel():
+    """Megatron-Core's MambaMixer._ssm_training over mamba_ssm's SSD kernels
+    (mamba_ssm/ops/triton/ssd_combined.py, MambaSplitConv1dScanCombinedFn): per token, forward
+    2C + 7D + 4GN + 6S + 4GQ, backward 5C + 20D + 5GN + 17S + 12GQ (the backward re-runs the conv,
+    C B^T, chunk states and state passing; compute.mamba2_elements lists every kernel). The tiny
+    mixer: D = 16 x 32 = 512, GN = 4 x 64 = 256, C = 1024, q = 128, S = 512 x 64 / 128 = 256,
+    GQ = 4 x 128 = 512: forward 2048 + 3584 + 1024 + 1536 + 2048 = 10240, backward 5120 + 10240 +
+    1280 + 4352 + 6144 = 27136; a batch of several sequences adds the (l b d) <-> (b l d) copies of
+    the in_proj output and the mixer output, 2 (1552 + 512) = 4128 each way."""
+    r = hybrid().recurrent
+    assert mamba2_elements(r, 4096, 1) == (10240, 27136)
+    assert mamba2_elements(r, 4096, 2) == (10240 + 4128, 27136 + 4128)
+    # in the step time: the backward's memory time beyond twice the forward's (the scan's matmuls
+    # add their own 2.5 - 2 = 0.5 x forward)
+    spec, cons = hybrid(), PerfConstants()
+    rt = rates(CLUSTER, cons)
+    c = compute_costs(spec, encode([ParallelConfig(tp=1, dp=8, mbs=1, gbs=8, seq=4096)]), rt, cons)
+    k = [t for t, _ in layer_classes(spec)].index("recurrent+none")
+    extra = c.bwd[k, 0] - 2 * c.fwd[k, 0] - 0.5 * c.attn_fwd[k, 0]
+    assert extra == pytest.approx((27136 - 2 * 10240) * 4096 * 2 * cons.memory_scale / rt.hbm_bw)
