@@ -111,10 +111,14 @@ def test_activations_of_recurrent_layers_linear_in_seq():
     acts = [layer_activation(spec, "recurrent+none", o, Dims(seq=s, mbs=1, tp=1, cp=1)).none for s in (4096, 8192)]
     assert acts[1] == pytest.approx(2 * acts[0])
     terms = layer_terms(spec, "recurrent+none", o, Dims(seq=4096, mbs=1, tp=2, cp=1))
-    # Mamba-2 saved tensors (bf16, 2 B): conv in/out over inner + 2 G N = 512 + 512 channels, split by tp
-    assert terms["conv_in"] == terms["scan_in"] == 2 * 4096 * 1024 / 2
-    # chunk states in FP32: 4096 / 128 chunks x 16/2 heads x 32 x 64
-    assert terms["scan_states"] == 4 * 32 * 8 * 32 * 64
+    # Mamba-2 saved tensors as mamba_ssm's MambaSplitConv1dScanCombinedFn.forward saves them (bf16,
+    # 2 B, split by tp): the in_proj output zxbcdt, 2 x 512 + 2 x 256 + 16 = 1552 wide, and the
+    # ungated scan output out_x (512); the RMSNorm's input (512) and its FP32 rstd per group (4)
+    assert terms["rec_zxbcdt"] == 2 * 4096 * 1552 / 2
+    assert terms["scan_out_x"] == terms["rec_norm_in"] == 2 * 4096 * 512 / 2
+    assert terms["rec_norm_rstd"] == 4 * 4096 * 4 / 2
+    # the conv output and the FP32 chunk states are recomputed in backward, not kept
+    assert not {"scan_in", "scan_states", "conv_in"} & set(terms)
     assert "attn_scores" not in terms and "attn_lse" not in terms
     # a layer without a mixer: its FFN's pre-norm input is the layer input (full recompute keeps it)
     ffn = layer_activation(spec, "none+dense", o, Dims(seq=4096, mbs=1, tp=1, cp=1))
