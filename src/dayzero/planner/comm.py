@@ -339,6 +339,8 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
     # layer has no token mixer of its own, and Megatron-Core's HybridModel cannot schedule it so
     # (NVIDIA/Megatron-LM issue #5854: "there is no single layer that contains both a compute part and
     # a communication part"; the support, PR #4798, is unmerged): its all-to-all stays exposed
+    # (Megatron-Bridge's Nemotron 3 recipe, src/megatron/bridge/recipes/nemotronh/nemotron_3_nano.py,
+    # sets overlap_moe_expert_parallel_comm = False)
     overlap = opt.ep_overlap & (L.mixers > 0)
     exposed = np.where(overlap, np.maximum(0.0, total - layer_fb), total)
     share = exposed / np.maximum(total, 1e-30)
