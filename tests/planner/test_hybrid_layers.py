@@ -14,7 +14,7 @@ import pytest
 from dayzero.planner.activations import Dims, layer_activation, layer_terms
 from dayzero.planner.calibration import PerfConstants
 from dayzero.planner.comm import CommOptions, layer_comm, place_groups
-from dayzero.planner.compute import compute_costs, layer_classes
+from dayzero.planner.compute import compute_costs, layer_classes, mamba2_elements
 from dayzero.planner.memory import estimate_memory, peak_memory_batch
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import layer_params
@@ -73,10 +73,11 @@ def test_recurrent_flops_linear_in_sequence_length():
     assert a.recurrent_forward == b.recurrent_forward > 0
     assert a.matmul_forward == b.matmul_forward
     assert b.attention_forward == pytest.approx(a.attention_forward * 32769 / 4097)
-    # compute model: the recurrent class's scan seconds per token do not depend on seq
+    # compute model: the recurrent class's scan seconds per token do not depend on seq (both batches
+    # hold several sequences: a one-sequence batch skips Megatron-Core's layout copies, mamba2_elements)
     r = rates(CLUSTER, PerfConstants())
     costs = [compute_costs(spec, encode([ParallelConfig(tp=1, dp=8, mbs=mbs, gbs=64, seq=seq)]), r, PerfConstants())
-             for seq, mbs in ((4096, 8), (32768, 1))]
+             for seq, mbs in ((4096, 8), (16384, 2))]
     k = [t for t, *_ in layer_classes(spec)].index("recurrent+none")
     assert costs[0].attn_fwd[k, 0] == pytest.approx(costs[1].attn_fwd[k, 0])
     assert costs[0].fwd[k, 0] == pytest.approx(costs[1].fwd[k, 0])
@@ -110,10 +111,14 @@ def test_activations_of_recurrent_layers_linear_in_seq():
     acts = [layer_activation(spec, "recurrent+none", o, Dims(seq=s, mbs=1, tp=1, cp=1)).none for s in (4096, 8192)]
     assert acts[1] == pytest.approx(2 * acts[0])
     terms = layer_terms(spec, "recurrent+none", o, Dims(seq=4096, mbs=1, tp=2, cp=1))
-    # Mamba-2 saved tensors (bf16, 2 B): conv in/out over inner + 2 G N = 512 + 512 channels, split by tp
-    assert terms["conv_in"] == terms["scan_in"] == 2 * 4096 * 1024 / 2
-    # chunk states in FP32: 4096 / 128 chunks x 16/2 heads x 32 x 64
-    assert terms["scan_states"] == 4 * 32 * 8 * 32 * 64
+    # Mamba-2 saved tensors as mamba_ssm's MambaSplitConv1dScanCombinedFn.forward saves them (bf16,
+    # 2 B, split by tp): the in_proj output zxbcdt, 2 x 512 + 2 x 256 + 16 = 1552 wide, and the
+    # ungated scan output out_x (512); the RMSNorm's input (512) and its FP32 rstd per group (4)
+    assert terms["rec_zxbcdt"] == 2 * 4096 * 1552 / 2
+    assert terms["scan_out_x"] == terms["rec_norm_in"] == 2 * 4096 * 512 / 2
+    assert terms["rec_norm_rstd"] == 4 * 4096 * 4 / 2
+    # the conv output and the FP32 chunk states are recomputed in backward, not kept
+    assert not {"scan_in", "scan_states", "conv_in"} & set(terms)
     assert "attn_scores" not in terms and "attn_lse" not in terms
     # a layer without a mixer: its FFN's pre-norm input is the layer input (full recompute keeps it)
     ffn = layer_activation(spec, "none+dense", o, Dims(seq=4096, mbs=1, tp=1, cp=1))
@@ -139,3 +144,48 @@ def test_layout_rules_for_recurrent_layers():
     assert any("recurrent" in m and "cp 2" in m for m in cp)
     tp = problems(ParallelConfig(tp=8, dp=1, mbs=1, gbs=8, seq=4096), spec, 8)  # 4 B/C groups
     assert any("recurrent mixer heads" in m for m in tp)
+
+
+def test_ep_overlap_does_not_hide_a_hybrid_moe_layers_all_to_all():
+    """Megatron-Core's 1F1B a2a overlap schedules a layer's dispatch/combine of one micro-batch under
+    another's attention and experts (TransformerLayer); a hybrid stack's MoE layer has no token
+    mixer of its own, and HybridModel cannot be scheduled so (NVIDIA/Megatron-LM issue #5854, PR
+    #4798 unmerged): with ep_overlap on, its EP all-to-all is still exposed in full (exposed = ops x
+    time of each item), while a transformer MoE layer's hides behind the layer's compute."""
+    cons = PerfConstants()
+    r = rates(CLUSTER, cons)
+    g = encode([ParallelConfig(tp=1, dp=8, ep=8, mbs=1, gbs=8, seq=4096)])
+
+    def ep_items(spec):
+        costs = compute_costs(spec, g, r, cons)
+        items = layer_comm(spec, g, r, costs, place_groups(g, r), CommOptions(ep_overlap=True))
+        k = [t for t, *_ in layer_classes(spec)].index(next(t for t in spec.layer_types if t.endswith("moe")))
+        return [(i.ops[k, 0] * i.time[k, 0], i.exposed[k, 0], i.hidden_by) for i in items if i.dim == "ep"]
+
+    for busy, exposed, hidden_by in ep_items(hybrid()):
+        assert busy > 0 and exposed == pytest.approx(busy) and hidden_by == ""
+    transformer = replace(hybrid("EEEE"), recurrent=None, layer_mixers=(), layer_kinds=("moe",) * 4)
+    items = ep_items(transformer)
+    assert all(exposed == 0.0 for _, exposed, _ in items) and items[0][2] == "other micro-batch"
+
+
+def test_mamba2_memory_passes_kernel_by_kernel():
+    """Megatron-Core's MambaMixer._ssm_training over mamba_ssm's SSD kernels
+    (mamba_ssm/ops/triton/ssd_combined.py, MambaSplitConv1dScanCombinedFn): per token, forward
+    2C + 7D + 4GN + 6S + 4GQ, backward 5C + 20D + 5GN + 17S + 12GQ (the backward re-runs the conv,
+    C B^T, chunk states and state passing; compute.mamba2_elements lists every kernel). The tiny
+    mixer: D = 16 x 32 = 512, GN = 4 x 64 = 256, C = 1024, q = 128, S = 512 x 64 / 128 = 256,
+    GQ = 4 x 128 = 512: forward 2048 + 3584 + 1024 + 1536 + 2048 = 10240, backward 5120 + 10240 +
+    1280 + 4352 + 6144 = 27136; a batch of several sequences adds the (l b d) <-> (b l d) copies of
+    the in_proj output and the mixer output, 2 (1552 + 512) = 4128 each way."""
+    r = hybrid().recurrent
+    assert mamba2_elements(r, 4096, 1) == (10240, 27136)
+    assert mamba2_elements(r, 4096, 2) == (10240 + 4128, 27136 + 4128)
+    # in the step time: the backward's memory time beyond twice the forward's (the scan's matmuls
+    # add their own 2.5 - 2 = 0.5 x forward)
+    spec, cons = hybrid(), PerfConstants()
+    rt = rates(CLUSTER, cons)
+    c = compute_costs(spec, encode([ParallelConfig(tp=1, dp=8, mbs=1, gbs=8, seq=4096)]), rt, cons)
+    k = [t for t, *_ in layer_classes(spec)].index("recurrent+none")
+    extra = c.bwd[k, 0] - 2 * c.fwd[k, 0] - 0.5 * c.attn_fwd[k, 0]
+    assert extra == pytest.approx((27136 - 2 * 10240) * 4096 * 2 * cons.memory_scale / rt.hbm_bw)

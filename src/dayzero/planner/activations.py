@@ -151,30 +151,53 @@ def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[
 def recurrent_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
     """What a recurrent mixer saves for backward (heads split by tp, as Megatron-Core's MambaMixer).
 
-    The inputs of each op the backward needs: the pre-norm's and in_proj's input (outside the TP
-    region: sequence-parallel shards under SP), the depthwise conv's input and output (x, B, C,
-    which the chunked scan reads), dt per head, the gate z, the scan output y (the gated norm's
-    input), the gated norm's output (out_proj's input), and the chunk states of the SSD algorithm
-    in FP32 (Dao & Gu 2024, arXiv 2405.21060, sec. 6: one heads x head_dim x d_state state per
-    chunk of ``chunk_size`` tokens; Gated DeltaNet: dk x dv per value head, Yang et al. 2024,
-    arXiv 2406.06484, sec. 3.3). Gated DeltaNet adds its beta and decay inputs (2 per value head).
-    No term grows with the sequence beyond the tokens themselves: no score matrix."""
+    The pre-norm's and in_proj's input (outside the TP region: sequence-parallel shards under SP)
+    and out_proj's input; Mamba-2 what mamba_ssm's fused kernel and the norm keep
+    (:func:`mamba2_saved`: the in_proj output, the ungated scan output, the norm's input; the conv
+    output and the chunk states are recomputed in backward). Gated DeltaNet: the depthwise conv's
+    input and output (q, k, v, which the chunked scan reads), its beta and decay inputs (2 per value
+    head), the gate z, the scan output, and the FP32 chunk states (dk x dv per value head, Yang et
+    al. 2024, arXiv 2406.06484, sec. 3.3). No term grows with the sequence beyond the tokens
+    themselves: no score matrix."""
     r, h, ab = spec.recurrent, spec.hidden, opts.act_bytes
     tok, rep, t, lin = d.tok, d.tok_rep, d.tp, _lin(opts, d)
     out: dict[str, object] = {LAYER_INPUT: ab * rep * h, "rec_in": lin * rep * h}
     if opts.kernels == "eager":
         out["ln1_eager"] = _eager_norm(opts, rep, h)
-    out["conv_in"] = ab * tok * r.conv_channels / t
-    out["scan_in"] = ab * tok * r.conv_channels / t  # the conv's activated output: x, B, C (q, k, v)
-    out["scan_dt"] = ab * tok * r.heads * (1 if r.kind == "mamba2" else 2) / t
-    out["gate_z"] = ab * tok * r.inner / t
-    out["scan_out"] = ab * tok * r.inner / t
-    chunks = tok / np.minimum(r.chunk_size, np.asarray(d.seq))
-    out["scan_states"] = 4 * chunks * r.heads / t * r.head_dim * r.qk_dim
+    if r.kind == "mamba2":
+        out.update(mamba2_saved(spec, opts, d))
+    else:
+        out["conv_in"] = ab * tok * r.conv_channels / t
+        out["scan_in"] = ab * tok * r.conv_channels / t  # the conv's activated output: q, k, v
+        out["scan_dt"] = ab * tok * r.heads * 2 / t
+        out["gate_z"] = ab * tok * r.inner / t
+        out["scan_out"] = ab * tok * r.inner / t
+        out["scan_states"] = scan_states_bytes(spec, d)
     out["rec_out_in"] = lin * tok * r.inner / t
     if opts.dropout:
         out["rec_drop_mask"] = 1 * rep * h
     return out
+
+
+def scan_states_bytes(spec: ModelSpec, d: Dims):
+    """The FP32 chunk states of a recurrent mixer's chunked scan per micro-batch: one heads x
+    head_dim x qk_dim state per chunk (Dao & Gu 2024 sec. 6; Yang et al. 2024 sec. 3.3), heads split by tp."""
+    r = spec.recurrent
+    chunks = d.tok / np.minimum(r.chunk_size, np.asarray(d.seq))
+    return 4 * chunks * r.heads / d.tp * r.head_dim * r.qk_dim
+
+
+def mamba2_saved(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
+    """What a Mamba-2 mixer keeps for backward beyond its block input, as Megatron-Core's MambaMixer
+    trains it (``_ssm_training``: mamba_ssm's ``mamba_split_conv1d_scan_combined``, then the grouped
+    RMSNorm). ``MambaSplitConv1dScanCombinedFn.forward`` (mamba_ssm/ops/triton/ssd_combined.py)
+    saves ``zxbcdt`` (the in_proj output: z, x B C before the conv, dt) and ``out_x`` (the scan
+    output before the z gate), besides weights; its backward recomputes the conv output and the
+    chunk states (``causal_conv1d_fwd``, ``_chunk_state_fwd``, ``_state_passing_fwd``), so neither
+    is kept. The RMSNorm keeps its input (the gated output) and an FP32 rstd per token and group."""
+    r, ab, tok, t = spec.recurrent, opts.act_bytes, d.tok, d.tp
+    return {"rec_zxbcdt": ab * tok * r.in_features / t, "scan_out_x": ab * tok * r.inner / t,
+            "rec_norm_in": ab * tok * r.inner / t, "rec_norm_rstd": 4 * tok * r.n_groups / t}
 
 
 def expert_widths(spec: ModelSpec) -> tuple[int, int]:
@@ -232,6 +255,10 @@ def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -
     total = sum(terms.values())
     core = sum((terms[k] for k in CORE_TERMS if k in terms), 0.0)
     largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*terms.values())])
+    if split_layer_type(kind)[0] == "recurrent" and spec.recurrent.kind == "mamba2":
+        # the backward's recomputed conv output and FP32 chunk states (mamba2_saved), one at a time
+        largest = np.maximum(largest, np.maximum(opts.act_bytes * d.tok * spec.recurrent.conv_channels / d.tp,
+                                                 scan_states_bytes(spec, d)))
     if opts.kernels == "eager":
         largest = np.maximum(largest, eager_backward_transient(spec, kind, opts, d))
     return LayerActivation(none=total, selective=total - core, full=terms[LAYER_INPUT], core=core, largest=largest)
@@ -251,8 +278,8 @@ def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
         att = attention_terms(spec, opts, d)
         attn = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
     elif mixer == "recurrent":  # gradients of the conv output, z and y, alive together
-        att = recurrent_terms(spec, opts, d)
-        attn = sum(np.asarray(att[k], dtype=float) for k in ("scan_in", "gate_z", "scan_out"))
+        r = spec.recurrent
+        attn = opts.act_bytes * tok * (r.conv_channels + 2 * r.inner) / d.tp
 
     def mlp(rows, inter, t, gated):
         return ab * rows * inter / t * (4 if gated else 2)

@@ -19,7 +19,8 @@ Per layer and micro-batch (time added to the stage that runs the layer):
   all-to-all sends all top_k rows. With ``fp8_dispatch`` an FP8 recipe's dispatch direction (the
   forward dispatch and the backward of the combine) travels in FP8 with its scales, the combine
   direction in BF16 (DeepSeek-V3 sec. 3.3). Exposed unless overlapped with another micro-batch's
-  compute (DualPipe-style), then exposed beyond the layer's compute. Before each dispatch the
+  compute (DualPipe-style), then exposed beyond the layer's compute; a hybrid stack's MoE layer
+  (no token mixer in the layer) is never overlapped (Megatron-LM issue #5854). Before each dispatch the
   per-expert token counts are all-gathered over the ep group (the split sizes).
 * **ZeRO-3**: parameter all-gather before forward and backward, gradient reduce-scatter after
   backward, over dp x cp (experts: edp); prefetched one layer ahead, so exposed beyond the
@@ -333,11 +334,19 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
             t = coll("all_to_all", nb, groups, "ep", rates, imb)
         ep_items.append((f"ep {direction}", "all_to_all", nb, ops, t))
     total = sum(o * t for _, _, _, o, t in ep_items)
-    exposed = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
+    # the 1F1B a2a overlap runs one micro-batch's dispatch/combine under another's attention and
+    # experts inside one layer (Megatron-Core's TransformerLayer schedule plan); a hybrid stack's MoE
+    # layer has no token mixer of its own, and Megatron-Core's HybridModel cannot schedule it so
+    # (NVIDIA/Megatron-LM issue #5854: "there is no single layer that contains both a compute part and
+    # a communication part"; the support, PR #4798, is unmerged): its all-to-all stays exposed
+    # (Megatron-Bridge's Nemotron 3 recipe, src/megatron/bridge/recipes/nemotronh/nemotron_3_nano.py,
+    # sets overlap_moe_expert_parallel_comm = False)
+    overlap = opt.ep_overlap & (L.mixers > 0)
+    exposed = np.where(overlap, np.maximum(0.0, total - layer_fb), total)
     share = exposed / np.maximum(total, 1e-30)
     for name, kind, nb, o, t in ep_items:
         items.append(LayerComm(name, kind, "ep", kn(nb), o, kn(t), o * t * share,
-                               "other micro-batch" if opt.ep_overlap else ""))
+                               "other micro-batch" if np.any(overlap & L.kinds) else ""))
     # expert tensor parallelism: gather the routed rows over etp before the experts
     t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
     ops = kn(kinds * etp_gt1 * 2 * (2 + full))

@@ -120,6 +120,7 @@ class _Shard:
     rate_lo: np.ndarray  # the layout's GEMM precision (FP8/FP4 where it runs so)
     rate_bf16: np.ndarray
     d0: float  # PerfConstants.gemm_half_dim
+    mbs: np.ndarray | float = 1.0  # sequences per micro-batch (layout copies of (seq, batch) tensors)
 
 
 def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, moe_imbalance: float = 1.0,
@@ -137,7 +138,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     # BF16-element units); a card without those units runs the GEMM in BF16 and casts nothing
     low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]
     cast = np.where(low, 1.5, 0.0)
-    x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_bf16, c.gemm_half_dim)
+    x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_bf16, c.gemm_half_dim, g["mbs"].astype(float))
     recompute = g["recompute"]
     H = spec.hidden
 
@@ -147,13 +148,14 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         ltype = key[0]
         index = keys.index(key)
         mixer, kind = split_layer_type(ltype)
+        bwd_el = 0.0  # memory-bound elements the backward moves beyond twice the forward's
         if mixer == "attention":
             t_g, cast_el, mem_el, t_in = _projections(spec, x)
             # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
             attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
             core = attn
         else:
-            t_g, cast_el, mem_el, t_in, attn, attn_bwd = _recurrent_mixer(spec, x, seq, rates, mixer)
+            t_g, cast_el, mem_el, t_in, attn, attn_bwd, bwd_el = _recurrent_mixer(spec, x, seq, rates, mixer)
             core = 0.0  # selective recompute replays softmax attention's core only (Megatron's core_attn)
         # _projections counts both blocks' pre-norms and residual adds (5 H elements each); a
         # hybrid layer has one block
@@ -171,6 +173,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         dense_p.append(dp_)
         expert_p.append(ep_)
         t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
+        t_mem_bwd = 2 * t_mem + bwd_el * BF16 * c.memory_scale / rates.hbm_bw
         # what tracing the layer's own code found beyond its shapes (derived specs): BF16 GEMMs of the
         # layer's tokens, not split by tp (such modules' weights are replicated, as memory counts them);
         # an overcount of the shapes (negative extra) is left in the time
@@ -180,7 +183,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, core, 0.0))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
-        bwd.append(2 * t_g + attn_bwd + 2 * t_mem + 2 * t_x + re + 2 * ovh / 3)
+        bwd.append(2 * t_g + attn_bwd + t_mem_bwd + 2 * t_x + re + 2 * ovh / 3)
         gemm_f.append(t_g)
         attn_f.append(attn)
 
@@ -251,7 +254,8 @@ def _mixer_params(spec: ModelSpec, mixer: str) -> int:
 
 def _recurrent_mixer(spec: ModelSpec, x: _Shard, seq: int, rates: Rates, mixer: str):
     """A recurrent mixer (or none): (GEMM seconds, cast elements, memory-bound elements, GEMM seconds
-    of the projections reading the layer input, scan forward, scan backward).
+    of the projections reading the layer input, scan forward, scan backward, memory-bound elements
+    the backward moves beyond twice the forward's).
 
     Heads split by tp as Megatron-Core's MambaMixer: in_proj column-parallel (T x H x in/tp),
     out_proj row-parallel (T x inner/tp x H). The chunked scan's matmuls
@@ -259,31 +263,71 @@ def _recurrent_mixer(spec: ModelSpec, x: _Shard, seq: int, rates: Rates, mixer: 
     attention-kernel rate (SSD and the chunkwise delta rule are blocked matmuls in fused Triton /
     CUDA kernels like FlashAttention's; no separate constant is fitted), backward 2.5 x forward as
     attention (the kernels recompute the within-chunk scores). Memory-bound elements: both
-    blocks' norms and residual adds (as :func:`_projections`), the conv read + write over its
-    channels, the gate and gated norm over the inner width (z and y read, product written, norm
-    read + write)."""
+    blocks' norms and residual adds (as :func:`_projections`) and the mixer's kernels
+    (:func:`mamba2_elements` for Mamba-2; Gated DeltaNet: the conv read + write over its channels,
+    the gate and gated norm over the inner width (z and y read, product written, norm read +
+    write), the chunked scan's passes (values twice and the output once, the key/query-like
+    inputs twice each, FP32 chunk states written, passed and read, FP32 within-chunk scores written
+    and read), backward twice the forward)."""
     H, T, tp = spec.hidden, x.T, x.tp
     zero = np.zeros_like(T)
     mem_el = x.T_el * 10 * H
     if mixer == "none":
-        return zero, zero, mem_el, zero, zero, zero
+        return zero, zero, mem_el, zero, zero, zero, zero
     r = spec.recurrent
     n_in = r.in_features / tp
     t_in = _gemm(T * 2 * H * n_in, (T, H, n_in), x.rate_lo, x.d0)
     t_g = t_in + _gemm(T * 2 * r.inner / tp * H, (T, r.inner / tp, H), x.rate_lo, x.d0)
     cast_el = T * (H + r.inner / tp)
-    mem_el = mem_el + T * (2 * r.conv_channels + 5 * r.inner) / tp
     scan = T / tp * recurrent_scan_flops_per_token(r, seq, causal=True) / rates.attention_flops
-    # the chunked scan is several kernels (mamba_ssm's ssd_combined: chunk_state, state_passing,
-    # bmm_chunk, chunk_scan), each reading its inputs from HBM: the values x twice and the output
-    # once, the B/C (key/query-like) inputs twice each, the FP32 chunk states written, passed (read +
-    # write) and read (3 x 2 BF16-element units per state element, one state per chunk of q tokens)
-    # and the FP32 within-chunk score blocks C B^T written and read (q per token and group)
+    if r.kind == "mamba2":
+        fwd_el, bwd_el = mamba2_elements(r, seq, x.mbs)
+    else:  # no kernel-by-kernel count of the GDN kernels: backward twice the forward
+        q = min(r.chunk_size, seq)
+        fwd_el = (2 * r.conv_channels + 5 * r.inner + 3 * r.inner + 4 * r.qk_heads * r.qk_dim
+                  + 6 * r.heads * r.head_dim * r.qk_dim / q + 4 * q * r.qk_heads)
+        bwd_el = 2 * fwd_el
+    mem_el = mem_el + T * fwd_el / tp
+    return t_g, cast_el, mem_el, t_in, scan, 2.5 * scan, T * (bwd_el - 2 * fwd_el) / tp
+
+
+def mamba2_elements(r, seq: int, mbs=1.0):
+    """Memory-bound elements per token (BF16-element units, before the tp split) of one Mamba-2
+    mixer in training, (forward, backward), kernel by kernel as Megatron-Core's MambaMixer runs it
+    (``_ssm_training``: mamba_ssm's ``mamba_split_conv1d_scan_combined`` without the fused norm,
+    then the grouped RMSNorm) over mamba_ssm's SSD kernels (``mamba_ssm/ops/triton/ssd_combined.py``
+    ``MambaSplitConv1dScanCombinedFn``, ``_mamba_chunk_scan_combined_fwd/_bwd``). Widths: ``D`` the
+    values (heads x head_dim), ``C`` the conv channels (D + 2 G N), ``GN`` one of B / C, ``S`` the
+    chunk states per token (heads x head_dim x N / q, q = min(chunk, seq)), ``GQ`` the within-chunk
+    score block C B^T per token (G x q); FP32 tensors count 2 units.
+
+    Forward 2C + 7D + 4GN + 6S + 4GQ: causal conv1d (read C, write C); chunk_state (read x, B;
+    write FP32 states); state_passing (read FP32, write BF16 states); bmm_chunk (read B, C; write
+    FP32 C B^T); chunk_scan (read C B^T, x, C, states, z; write the gated output and out_x); the
+    norm (read, write D). Backward 5C + 20D + 5GN + 17S + 12GQ: the norm's (read dy and y, write
+    dx); the conv, C B^T, chunk states and state passing recomputed (``backward`` re-runs
+    ``causal_conv1d_fwd``, ``_bmm_chunk_fwd``, ``_chunk_state_fwd``, ``_state_passing_fwd``, FP32
+    out); ``_chunk_scan_bwd_dz`` (read x, z, out, dout; write dz, dout); ``_chunk_scan_bwd_dstates``
+    (read C, dout; write FP32 dstates); ``_state_passing_bwd`` (read both FP32, write both BF16);
+    ``_chunk_scan_chunk_state_bwd_dx`` (read x, C B^T, dout, B, dstates; write dx);
+    ``_chunk_state_bwd_db`` and ``_chunk_scan_bwd_dC`` (read x or dout, states, B or C; write dB,
+    dC); ``_chunk_scan_bwd_dcb`` (read x, dout; write FP32 dCB); two ``_bmm_chunk_bwd`` (read B or
+    C, dCB, the residual; write); ``_chunk_scan_bwd_ddAcs_stable`` (read x, dout, C B^T); the conv
+    backward (read input and gradient, write dxBC). The per-head dt/dA cumsums (heads per token)
+    are negligible and left out.
+
+    With more than one sequence per micro-batch, Megatron-Core's ``_ssm_training`` copies the
+    in_proj output ``rearrange(zxBCdt, "l b d -> b l d").contiguous()`` and the output back
+    (``"b l d -> l b d"``), and the backward their gradients: 2 (in_features + D) each way (a
+    one-sequence batch is contiguous either way, no copy)."""
+    D, GN = r.inner, r.n_groups * r.d_state
+    C = D + 2 * GN
     q = min(r.chunk_size, seq)
-    scan_el = (3 * r.inner + 4 * r.qk_heads * r.qk_dim + 6 * r.heads * r.head_dim * r.qk_dim / q
-               + 4 * q * r.qk_heads)
-    mem_el = mem_el + T * scan_el / tp
-    return t_g, cast_el, mem_el, t_in, scan, 2.5 * scan
+    S, GQ = r.heads * r.head_dim * r.d_state / q, r.n_groups * q
+    fwd = 2 * C + 7 * D + 4 * GN + 6 * S + 4 * GQ
+    bwd = 5 * C + 20 * D + 5 * GN + 17 * S + 12 * GQ
+    copies = np.where(np.asarray(mbs) > 1, 2.0 * (r.in_features + D), 0.0)
+    return fwd + copies, bwd + copies
 
 
 def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float, t_g, mem_el, cast_el):

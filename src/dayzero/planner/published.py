@@ -401,7 +401,9 @@ def _options(row: dict, recipe: str, feats: Features) -> PerfOptions:
     megatron = megatron_family(row)
     # Megatron-Bridge overlaps the EP all-to-all with another micro-batch's compute in its MXFP8 MoE
     # presets (moe_a2a_overlap=True in scripts/performance/configs/*/..._workload_base_configs.py,
-    # *_FP8_MX_* for DeepSeek-V3 and GPT-OSS); its BF16, FP8-CS and NVFP4 presets leave it off
+    # *_FP8_MX_* for DeepSeek-V3 and GPT-OSS); its BF16, FP8-CS and NVFP4 presets leave it off. A
+    # hybrid stack's MoE layers stay exposed regardless (comm._expert_parallel: HybridModel has no
+    # 1F1B a2a schedule; the Nemotron 3 presets, nemotron_3_workload_base_configs.py, set none)
     bridge = "megatron-bridge" in framework and recipe == "mxfp8"
     # llm-foundry's MPT benchmarks (2023) ran FlashAttention-2; Megatron uses cuDNN fused attention,
     # learnable softmax sinks (gpt-oss) and sliding windows included: Transformer Engine 2.8 runs them
