@@ -29,7 +29,16 @@ from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
-from dayzero.specs.grid import FIELDS, INTERLEAVED, ONE_F_ONE_B, TABLES, code, decode, default_schedule
+from dayzero.specs.grid import (
+    FIELDS,
+    INTERLEAVED,
+    ONE_F_ONE_B,
+    TABLES,
+    code,
+    decode,
+    default_schedule,
+    module_names,
+)
 from dayzero.specs.layout_rules import DEGREES, Where, field_problems, mask, rules_reading
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills
@@ -141,6 +150,7 @@ def _layout_at(g: dict, i: int) -> ParallelConfig:
             v = int(g[f][i])
             kw[f] = TABLES[f][v] if f in TABLES and 0 <= v < len(TABLES[f]) else v
     kw["sequence_parallel"] = bool(kw.get("sequence_parallel", 0))
+    kw["recompute_modules"] = module_names(max(kw.get("recompute_modules", 0), 0))
     return ParallelConfig(**kw)
 
 
