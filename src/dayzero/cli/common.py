@@ -114,7 +114,8 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
     flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("ep", EpOpt, 1),
              ("etp", EtpOpt, 1), ("vpp", VppOpt, 1), ("mbs", MbsOpt, 1), ("gbs", GbsOpt, None),
              ("seq", seq_opt, seq_default), ("zero", ZeroOpt, 1), ("recompute", RecomputeOpt, "none"),
-             ("recompute_modules", RecomputeModulesOpt, None), ("sequence_parallel", SpOpt, False), ("schedule", ScheduleOpt, None), ("layer_split", SplitOpt, None)]
+             ("recompute_modules", RecomputeModulesOpt, None), ("sequence_parallel", SpOpt, False),
+             ("schedule", ScheduleOpt, None), ("layer_split", SplitOpt, None)]
     names = [n for n, _, _ in flags]
 
     def wrap(fn):

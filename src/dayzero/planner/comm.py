@@ -14,9 +14,9 @@ Per layer and micro-batch (time added to the stage that runs the layer):
 * **CP** (cp > 1): ring attention passes K and V blocks around the cp group (cp - 1 sends
   forward, twice that backward with dK/dV); overlapped with the attention core, exposed beyond it.
 * **EP** (ep > 1): token dispatch and combine (each 1 forward, 1 backward, 1 more under full
-  recompute or selective recompute of the moe module) over the ep group, with the routing imbalance on the busiest device. The default
-  dispatcher deduplicates (DeepEP/HybridEP: one row per rank hit over the scale-up fabric, one per
-  remote domain hit over the scale-out network, :mod:`dayzero.planner.moe_dispatch`); the plain
+  recompute or selective recompute of the moe module) over the ep group, with the routing
+  imbalance on the busiest device. The default dispatcher deduplicates (DeepEP/HybridEP: one row
+  per rank hit over the scale-up fabric, one per remote domain hit over the scale-out network, :mod:`dayzero.planner.moe_dispatch`); the plain
   all-to-all sends all top_k rows. With ``fp8_dispatch`` an FP8 recipe's dispatch direction (the
   forward dispatch and the backward of the combine) travels in FP8 with its scales, the combine
   direction in BF16 (DeepSeek-V3 sec. 3.3). Exposed unless overlapped with another micro-batch's
