@@ -14,14 +14,15 @@ Per layer and micro-batch (time added to the stage that runs the layer):
 * **CP** (cp > 1): ring attention passes K and V blocks around the cp group (cp - 1 sends
   forward, twice that backward with dK/dV); overlapped with the attention core, exposed beyond it.
 * **EP** (ep > 1): token dispatch and combine (each 1 forward, 1 backward, 1 more under full
-  recompute or selective recompute of the moe module) over the ep group, with the routing
-  imbalance on the busiest device. The default dispatcher deduplicates (DeepEP/HybridEP: one row
-  per rank hit over the scale-up fabric, one per remote domain hit over the scale-out network, :mod:`dayzero.planner.moe_dispatch`); the plain
-  all-to-all sends all top_k rows. With ``fp8_dispatch`` an FP8 recipe's dispatch direction (the
-  forward dispatch and the backward of the combine) travels in FP8 with its scales, the combine
-  direction in BF16 (DeepSeek-V3 sec. 3.3). Exposed unless overlapped with another micro-batch's
-  compute (DualPipe-style), then exposed beyond the layer's compute. Before each dispatch the
-  per-expert token counts are all-gathered over the ep group (the split sizes).
+  recompute or selective recompute of the moe module) over the ep group, with the routing imbalance
+  on the busiest device. The default dispatcher deduplicates (DeepEP/HybridEP: one row per rank hit
+  over the scale-up fabric, one per remote domain hit over the scale-out network,
+  :mod:`dayzero.planner.moe_dispatch`); the plain all-to-all sends all top_k rows. With
+  ``fp8_dispatch`` an FP8 recipe's dispatch direction (the forward dispatch and the backward of the
+  combine) travels in FP8 with its scales, the combine direction in BF16 (DeepSeek-V3 sec. 3.3).
+  Exposed unless overlapped with another micro-batch's compute (DualPipe-style), then exposed beyond
+  the layer's compute. Before each dispatch the per-expert token counts are all-gathered over the ep
+  group (the split sizes).
 * **ZeRO-3**: parameter all-gather before forward and backward, gradient reduce-scatter after
   backward, over dp x cp (experts: edp); prefetched one layer ahead, so exposed beyond the
   layer's own compute (plus the first layer's gather, once per micro-batch and model chunk).

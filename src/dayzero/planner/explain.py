@@ -12,8 +12,8 @@ NEAR_LIMIT = 0.95  # a peak memory within 5 % of the limit is what stops a faste
 
 
 def family(p: ParallelConfig) -> str:
-    words = [recompute_words(p.recompute, p.recompute_modules) if k == "recompute" else f"{k}{getattr(p, k)}" for k in FAMILY
-             if not (k == "ep" and p.ep == 1)]
+    words = [recompute_words(p.recompute, p.recompute_modules) if k == "recompute" else f"{k}{getattr(p, k)}"
+             for k in FAMILY if not (k == "ep" and p.ep == 1)]
     return " ".join(words)
 
 
