@@ -161,3 +161,19 @@ def test_fp8_swiglu_input_cache_by_hand():
     assert float(plain["expert_act_in"]) == 2 * ROUTED * 2 * 128
     bf16 = layer_terms(SPEC, "moe", on, Dims(S, B, 1, 1))
     assert float(bf16["expert_act_in"]) == 2 * ROUTED * 2 * 128
+
+
+def test_only_megatron_runs_recompute_modules_and_its_export_says_them():
+    """Megatron-Core's --recompute-modules (transformer_config.py recompute_modules); torchtitan,
+    DeepSpeed and dayzero's runtime recompute whole blocks or the attention core."""
+    from dayzero.export.megatron import layout_args
+    from dayzero.planner.engines import engines_for
+
+    p = ParallelConfig(recompute="selective", recompute_modules=("layernorm", "moe_act"))
+    assert engines_for(p) == ["megatron"]
+    assert "torchtitan" not in engines_for(p) and "dayzero" in engines_for(p.with_(recompute_modules=()))
+    args = [str(a) for a in layout_args(p)]
+    i = args.index("--recompute-modules")
+    assert args[i + 1:i + 3] == ["moe_act", "layernorm"]
+    assert "--recompute-modules" not in [str(a) for a in layout_args(p.with_(recompute_modules=()))]
+    assert SearchSpace(engine="torchtitan").levels(SPEC) == [(0, 0), (1, 1), (2, 0)]

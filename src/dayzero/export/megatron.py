@@ -64,6 +64,8 @@ def layout_args(p: ParallelConfig) -> list[str]:
               "--use-distributed-optimizer"]
     if p.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
+        if tuple(p.recompute_modules) not in ((), ("core_attn",)):
+            a += ["--recompute-modules", *p.recompute_modules]
     elif p.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     if p.precision == "fp8":

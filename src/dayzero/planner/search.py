@@ -130,6 +130,12 @@ class SearchSpace:
                 if mask not in masks:
                     masks.append(mask)
             out += [(rc, m) for m in masks]
+        if self.engine:  # an engine without Megatron's recompute modules: those layouts are not in the space
+            from dayzero.planner.engines import engine_mask
+
+            ok = engine_mask(self.engine, {"recompute": np.array([rc for rc, _ in out]),
+                                           "recompute_modules": np.array([m for _, m in out])})
+            out = [lv for lv, keep in zip(out, ok) if keep]
         return out
 
     def resolve(self, spec: ModelSpec, devices: int, seq: int, domain: int) -> dict[str, tuple[int, ...]]:
