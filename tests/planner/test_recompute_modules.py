@@ -177,3 +177,7 @@ def test_only_megatron_runs_recompute_modules_and_its_export_says_them():
     assert args[i + 1:i + 3] == ["moe_act", "layernorm"]
     assert "--recompute-modules" not in [str(a) for a in layout_args(p.with_(recompute_modules=()))]
     assert SearchSpace(engine="torchtitan").levels(SPEC) == [(0, 0), (1, 1), (2, 0)]
+    from dayzero.export.megatron import parallel_from_args
+
+    back, _ = parallel_from_args(args, world=1)
+    assert back.recompute_modules == ("moe_act", "layernorm") and back.recompute == "selective"

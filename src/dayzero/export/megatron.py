@@ -177,6 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")
     ap.add_argument("--recompute-granularity", default=None)
     ap.add_argument("--recompute-method", default=None)
+    ap.add_argument("--recompute-modules", nargs="*", default=None)
     ap.add_argument("--fp8-format", default=None)
     ap.add_argument("--fp4-format", default=None)
     return ap
@@ -205,7 +206,8 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
     p = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ns.expert_model_parallel_size,
                        etp=ns.expert_tensor_parallel_size or 1,
                        vpp=vpp, mbs=ns.micro_batch_size, gbs=ns.global_batch_size or 0, seq=ns.seq_length, zero=zero,
-                       recompute=recompute, sequence_parallel=ns.sequence_parallel, precision=precision)
+                       recompute=recompute, recompute_modules=tuple(ns.recompute_modules or ()),
+                       sequence_parallel=ns.sequence_parallel, precision=precision)
     return p, [w for w in rest if w.startswith("--") and w not in MODEL_FLAGS]
 
 
