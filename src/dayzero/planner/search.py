@@ -351,9 +351,10 @@ def _with(g: dict, **cols) -> dict:
 def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None) -> tuple[list, int, int]:
     """For each base and ZeRO stage, the least recompute that fits. Memory falls as recompute
     grows (but not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost
-    more than they save), so each ZeRO stage is walked down from full recompute through the
-    selective module sets (``levels``: SearchSpace.levels, least first) and stops at the first
-    level that does not fit; the levels above it fit but only add time. Returns ([(base indices,
+    more than they save), so each ZeRO stage is checked under the most recompute first (a base that
+    does not fit there fits nowhere), and the rest climb the selective module sets (``levels``:
+    SearchSpace.levels, least first) from no recompute and stop at the first level that fits; the
+    levels above it fit but only add time. Returns ([(base indices,
     zero, level index per base, peak per base)], number of fitting (base, zero, level) layouts,
     number ruled out by ``engine``)."""
     n = len(bases["tp"])
@@ -367,7 +368,10 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
             runs = engine_mask(engine, _with(bases, zero=z))
             n_engine += int((~runs).sum()) * len(recomputes)
             alive = alive[runs]
-        for ri in range(len(recomputes) - 1, -1, -1):
+        # the most recompute first: a base that does not fit under it fits nowhere; the survivors
+        # then climb from the least recompute and stop at the first level that fits
+        top = len(levels) - 1
+        for step, ri in enumerate([top] + list(range(top))):
             if not len(alive):
                 break
             rc, modules = levels[ri]
@@ -376,7 +380,7 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
             ok = peak <= limit
             level[alive[ok]] = ri
             peak_at[alive[ok]] = peak[ok]
-            alive = alive[ok]
+            alive = alive[ok] if step == 0 else alive[~ok]
         idx = np.nonzero(level >= 0)[0]
         n_fit += int((len(recomputes) - level[idx]).sum())
         out.append((idx, z, recomputes[level[idx]], peak_at[idx]))
