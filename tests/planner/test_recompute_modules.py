@@ -181,3 +181,18 @@ def test_only_megatron_runs_recompute_modules_and_its_export_says_them():
 
     back, _ = parallel_from_args(args, world=1)
     assert back.recompute_modules == ("moe_act", "layernorm") and back.recompute == "selective"
+
+
+def test_memory_remedies_offer_the_module_sets():
+    """``dayzero memory``'s one-flag changes include --recompute-modules with the search's sets when
+    they bring the peak under the target (a capacity between the peaks of selective core_attn and
+    of core_attn+moe_act+layernorm+mla_up_proj)."""
+    from dayzero.planner.remedies import single_changes
+
+    p = ParallelConfig(mbs=4, seq=1024, recompute="selective")
+    wide = ("core_attn", "moe_act", "layernorm", "mla_up_proj")
+    lo = estimate_memory(SPEC, p.with_(recompute_modules=wide), 2**40).peak_bytes
+    hi = estimate_memory(SPEC, p, 2**40).peak_bytes
+    assert lo < hi
+    found = single_changes(SPEC, p, 1, (lo + hi) // 2, MemoryOptions(), 1.0)
+    assert ("--recompute-modules", ",".join(wide)) in [r.change for r in found]
