@@ -10,7 +10,6 @@ from dayzero.planner.memory import MemoryOptions, peak_memory_batch
 from dayzero.planner.perf import evaluate
 from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
 from dayzero.specs.cluster import build_cluster
-from dayzero.specs.grid import code
 from dayzero.specs.registry import load_model
 
 MIXTRAL = load_model("mixtral-8x7b")
@@ -20,10 +19,12 @@ CLUSTER = build_cluster("h100", 32)
 def brute_force(spec, cluster, gbs, seq, space, limit):
     bases, considered, indivisible, variants = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8)
     n = len(bases["tp"])
-    zr = [(z, code("recompute", r)) for z in space.zero for r in space.recompute]
+    # every ZeRO stage x recompute level (none, selective with each module set, full)
+    zr = [(z, r, m) for z in space.zero for r, m in space.levels(spec)]
     full = {k: np.repeat(v, len(zr)) for k, v in bases.items()}
-    full["zero"] = np.tile([z for z, _ in zr], n)
-    full["recompute"] = np.tile([r for _, r in zr], n)
+    full["zero"] = np.tile([z for z, _, _ in zr], n)
+    full["recompute"] = np.tile([r for _, r, _ in zr], n)
+    full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
     peak = peak_memory_batch(spec, full, cluster.memory_bytes, MemoryOptions.for_accelerator(cluster.accelerator))
     ok = peak <= limit
     fit = {k: v[ok] for k, v in full.items()}

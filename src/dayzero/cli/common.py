@@ -84,6 +84,10 @@ SeqOpt = Annotated[int, typer.Option("--seq", "--seq-length", min=1, help="Seque
 ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 "
                                                                    "+parameters.")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recompute: none | selective | full.")]
+RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", help="With selective recompute, the modules recomputed, comma-separated (Megatron "
+    "--recompute-modules): core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts. Default core_attn; "
+    "giving modules implies --recompute selective.")]
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence "
                                                                                         "parallelism with TP.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Compute precision: bf16 | fp8.")]
@@ -110,7 +114,8 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
     flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("ep", EpOpt, 1),
              ("etp", EtpOpt, 1), ("vpp", VppOpt, 1), ("mbs", MbsOpt, 1), ("gbs", GbsOpt, None),
              ("seq", seq_opt, seq_default), ("zero", ZeroOpt, 1), ("recompute", RecomputeOpt, "none"),
-             ("sequence_parallel", SpOpt, False), ("schedule", ScheduleOpt, None), ("layer_split", SplitOpt, None)]
+             ("recompute_modules", RecomputeModulesOpt, None), ("sequence_parallel", SpOpt, False),
+             ("schedule", ScheduleOpt, None), ("layer_split", SplitOpt, None)]
     names = [n for n, _, _ in flags]
 
     def wrap(fn):
@@ -136,6 +141,32 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
         return verb
 
     return wrap
+
+
+# -- the memory recipe (memory, predict, plan) --------------------------------------------------
+
+MomentsOpt = Annotated[str, typer.Option("--moments", help="Dtype of AdamW's two moments: fp32 (8 B/param) | bf16 "
+                                                           "(4 B/param, as DeepSeek-V3; Megatron --exp-avg-dtype "
+                                                           "bf16 --exp-avg-sq-dtype bf16).")]
+ActFp8Opt = Annotated[bool, typer.Option("--activation-func-fp8-input-store/--no-activation-func-fp8-input-store",
+                                         help="Under --precision fp8, cache the SwiGLU inputs in FP8 too (Megatron's "
+                                              "flag; DeepSeek-V3 sec. 3.3.3).")]
+
+
+def memory_recipe(moments: str = "fp32", act_fp8: bool = False) -> dict:
+    """MemoryOptions keywords of ``--moments`` and ``--activation-func-fp8-input-store`` (the
+    defaults give none, so each verb's own defaults stay)."""
+    from dayzero.errors import ConfigError
+    from dayzero.planner.memory_options import MOMENT_BYTES
+
+    if moments not in MOMENT_BYTES:
+        raise ConfigError("--moments", None, f"must be {' or '.join(MOMENT_BYTES)}, got {moments!r}")
+    out: dict = {}
+    if moments != "fp32":
+        out["optim_bytes"] = MOMENT_BYTES[moments]
+    if act_fp8:
+        out["act_func_fp8_input"] = True
+    return out
 
 
 # -- time, energy and cost of training (predict, plan, day0, compare) -------------------------

@@ -9,17 +9,20 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import (
     AcceleratorOpt,
+    ActFp8Opt,
     AttentionKernelOpt,
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
     InterNodeOpt,
     JsonOpt,
+    MomentsOpt,
     PrecisionOpt,
     TrustRemoteCodeOpt,
     cluster_from_options,
     console,
     emit_json,
+    memory_recipe,
     model_notes,
     print_model_notes,
     takes_layout,
@@ -67,7 +70,7 @@ def memory_cmd(
                                                             "1).")] = False,
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
                                                                  "(ZeRO paper).")] = "fp32",
-    attention_kernel: AttentionKernelOpt = "fused",
+    attention_kernel: AttentionKernelOpt = "fused", moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced "
                                                                              "share.")] = 1.0,
@@ -110,7 +113,8 @@ def memory_cmd(
     if grad_dtype not in ("fp32", "bf16"):
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
-                                 dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation)
+                                 dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
+                                 **memory_recipe(moments, act_fp8))
     par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
     if exact:
         from dayzero.cli.memory_exact import run_exact

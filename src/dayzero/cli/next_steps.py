@@ -42,6 +42,9 @@ def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
     for k, default in _WHEN_SET:
         if p.get(k, default) != default:
             out += [f"--{k}", str(p[k])]
+    modules = tuple(p.get("recompute_modules") or ())
+    if p.get("recompute") == "selective" and modules not in ((), ("core_attn",)):
+        out += ["--recompute-modules", ",".join(modules)]
     if p.get("recompute_layers") is not None:
         out += ["--recompute-layers", str(p["recompute_layers"])]
     if p.get("sequence_parallel"):

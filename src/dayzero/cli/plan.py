@@ -11,12 +11,14 @@ from dayzero.cli.app import app
 from dayzero.cli.common import (
     DEFAULT_TOKENS,
     AcceleratorOpt,
+    ActFp8Opt,
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
+    MomentsOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -25,6 +27,7 @@ from dayzero.cli.common import (
     console,
     cost_options,
     emit_json,
+    memory_recipe,
     model_notes,
     print_model_notes,
 )
@@ -84,6 +87,22 @@ def _words(text: str | None) -> tuple[str, ...] | None:
     return tuple(w.strip() for w in text.split(",") if w.strip()) if text else None
 
 
+def _module_sets(text: str | None) -> tuple[tuple[str, ...], ...] | None:
+    """``--recompute-modules core_attn,core_attn+moe_act``: the module sets selective recompute is
+    tried with (comma between sets, + inside one), each name checked (one line naming the valid ones)."""
+    from dayzero.errors import ConfigError
+    from dayzero.specs.parallel import RECOMPUTE_MODULES
+
+    words = _words(text)
+    if words is None:
+        return None
+    sets = tuple(tuple(m.strip() for m in w.split("+") if m.strip()) for w in words)
+    bad = sorted({m for ms in sets for m in ms if m not in RECOMPUTE_MODULES})
+    if bad:
+        raise ConfigError("--recompute-modules", None, f"{', '.join(bad)} not among {', '.join(RECOMPUTE_MODULES)}")
+    return sets
+
+
 def _bools(text: str | None, name: str) -> tuple[bool, ...] | None:
     from dayzero.errors import ConfigError
 
@@ -118,6 +137,12 @@ def plan_cmd(
     vpp: ListOpt("--vpp", "virtual stages per rank", "--virtual-pipeline-model-parallel-size") = None,
     schedule: ListOpt("--schedule", "pipeline schedules (1f1b: vpp 1, interleaved: vpp > 1, gpipe)") = None,
     recompute: ListOpt("--recompute", "recompute modes (none, selective, full)") = None,
+    recompute_modules: Annotated[Optional[str], typer.Option(
+        "--recompute-modules", help="Module sets selective recompute is tried with, comma between sets, + inside "
+        "one (e.g. core_attn,core_attn+moe_act+layernorm); modules: core_attn, moe_act, layernorm, mla_up_proj, "
+        "mlp, moe, shared_experts. Default: core_attn; core_attn+moe_act+layernorm; + mla_up_proj, those that "
+        "apply to the model.")] = None,
+    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, ep_dispatcher: EpDispatcherOpt = None,
     moe_imbalance: ImbalanceOpt = 1.0,
@@ -156,7 +181,7 @@ def plan_cmd(
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
                             ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("dp", _ints(dp, "--dp")),
                             ("schedule", _words(schedule.lower() if schedule else None)),
-                            ("recompute", _words(recompute)),
+                            ("recompute", _words(recompute)), ("recompute_modules", _module_sets(recompute_modules)),
                             ("sequence_parallel", _bools(sequence_parallel, "--sequence-parallel")))
           if v is not None}
     if placement:  # a placement is for one EP size: search only that one
@@ -171,8 +196,14 @@ def plan_cmd(
         from dayzero.planner.engines import get_engine
 
         engine = get_engine(engine).name
+    recipe = memory_recipe(moments, act_fp8)
+    mopts = None
+    if recipe:
+        from dayzero.planner.memory_options import MemoryOptions
+
+        mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
-               SearchSpace(rank_order=(rank_order,), engine=engine, **kw), uncertainty=True)
+               SearchSpace(rank_order=(rank_order,), engine=engine, **kw), memory_options=mopts, uncertainty=True)
     obj = with_training(obj, cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:

@@ -10,6 +10,7 @@ from dayzero.cli.app import app
 from dayzero.cli.common import (
     DEFAULT_TOKENS,
     AcceleratorOpt,
+    ActFp8Opt,
     AttentionKernelOpt,
     ClusterOpt,
     DevicesOpt,
@@ -17,6 +18,7 @@ from dayzero.cli.common import (
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
+    MomentsOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -26,6 +28,7 @@ from dayzero.cli.common import (
     cost_options,
     emit_json,
     human,
+    memory_recipe,
     model_notes,
     print_model_notes,
     takes_layout,
@@ -83,6 +86,7 @@ def predict_cmd(
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",
+    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
     json_out: JsonOpt = False,
@@ -107,7 +111,13 @@ def predict_cmd(
                                ep_dispatcher=dispatcher_option(ep_dispatcher))
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
-    obj = with_training(predict(spec, par, cl, opts), cl.accelerator, copt)
+    recipe = memory_recipe(moments, act_fp8)
+    mopts = None
+    if recipe:
+        from dayzero.planner.memory_options import MemoryOptions
+
+        mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
+    obj = with_training(predict(spec, par, cl, opts, mopts), cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})

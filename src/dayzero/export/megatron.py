@@ -64,6 +64,8 @@ def layout_args(p: ParallelConfig) -> list[str]:
               "--use-distributed-optimizer"]
     if p.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
+        if tuple(p.recompute_modules) not in ((), ("core_attn",)):
+            a += ["--recompute-modules", *p.recompute_modules]
     elif p.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     if p.precision == "fp8":
@@ -175,6 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")
     ap.add_argument("--recompute-granularity", default=None)
     ap.add_argument("--recompute-method", default=None)
+    ap.add_argument("--recompute-modules", nargs="*", default=None)
     ap.add_argument("--fp8-format", default=None)
     ap.add_argument("--fp4-format", default=None)
     return ap
@@ -203,7 +206,8 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
     p = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ns.expert_model_parallel_size,
                        etp=ns.expert_tensor_parallel_size or 1,
                        vpp=vpp, mbs=ns.micro_batch_size, gbs=ns.global_batch_size or 0, seq=ns.seq_length, zero=zero,
-                       recompute=recompute, sequence_parallel=ns.sequence_parallel, precision=precision)
+                       recompute=recompute, recompute_modules=tuple(ns.recompute_modules or ()),
+                       sequence_parallel=ns.sequence_parallel, precision=precision)
     return p, [w for w in rest if w.startswith("--") and w not in MODEL_FLAGS]
 
 

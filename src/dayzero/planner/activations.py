@@ -29,6 +29,35 @@ from dayzero.specs.model import ModelSpec, split_layer_type
 # FlashAttention's log-sum-exp are recomputed in backward from the saved Q, K, V).
 CORE_TERMS = ("attn_scores", "attn_dropout", "attn_lse")
 LAYER_INPUT = "ln1_in"  # the residual-stream input of the layer: all full recompute keeps
+_EXPERT_INSIDE = ("expert_act_in", "expert_down_in", "expert_act_out")
+_SHARED_INSIDE = ("shared_act_in", "shared_down_in", "shared_act_out")
+# The saved tensors each module of selective recompute drops (Megatron-LM --recompute-modules,
+# megatron/core/transformer/transformer_config.py ``recompute_modules``; specs.parallel.RECOMPUTE_MODULES):
+#   core_attn       the softmax core; Q, K, V stay (the checkpoint's inputs)
+#   layernorm       the outputs of input_layernorm and pre_mlp_layernorm, i.e. the saved inputs of
+#                   the QKV / in_proj, FC1 and router (output-discarding: rebuilt from the kept norm
+#                   input, the residual stream), with an eager norm's own saved copies
+#   mla_up_proj     MLA's up-projected, rotary-applied per-head Q, K, V (rebuilt from the kept
+#                   latents q_b_in / kv_b_in); nothing on other attention kinds
+#   moe_act         the routed experts' activation output, the down-projection input (TEGroupedMLP in
+#                   megatron/core/transformer/moe/experts.py; under FP8 it makes linear_fc2 save its
+#                   original input, set_save_original_input, so the dropped copy is the only one);
+#                   the shared experts are a plain MLP, which has no activation checkpoint
+#   mlp             a dense MLP's insides, FC1's input included (TE fuses pre_mlp_layernorm into
+#                   FC1, so the checkpoint's input is the residual stream ln2_in, which stays)
+#   moe             the whole MoE block but its input (moe_in, the pre_mlp_layernorm output that
+#                   the checkpoint keeps): router, dispatched rows, experts, combine, shared experts
+#   shared_experts  the shared experts' insides
+MODULE_TERMS: dict[str, tuple[str, ...]] = {
+    "core_attn": CORE_TERMS,
+    "layernorm": ("attn_in", "rec_in", "mlp_in", "moe_in", "ln1_eager", "ln2_eager"),
+    "mla_up_proj": ("q", "k", "v"),
+    "moe_act": ("expert_down_in", "expert_act_out"),
+    "mlp": ("mlp_in", "mlp_act_in", "mlp_down_in", "mlp_act_out"),
+    "moe": ("router_probs", "router_topk", "expert_in", *_EXPERT_INSIDE, "expert_out", "dispatch_map",
+            "combine_eager", *_SHARED_INSIDE),
+    "shared_experts": _SHARED_INSIDE,
+}
 
 
 @dataclass(frozen=True)
@@ -109,10 +138,17 @@ def attention_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, 
     return out
 
 
-def _mlp(prefix: str, gated: bool, inter: float, tokens, t, opts: MemoryOptions, lin) -> dict[str, object]:
-    """Inside an MLP of width ``inter`` split ``t`` ways: activation input and down-projection
-    input (eager gated MLPs also keep the activation's output for the gate product)."""
-    out = {f"{prefix}_act_in": opts.act_bytes * tokens * (2 if gated else 1) * inter / t,
+def _act_in(opts: MemoryOptions, d: Dims):
+    """Bytes per element of a saved activation-function (SwiGLU) input: BF16, or FP8 under FP8
+    training with ``act_func_fp8_input`` (MemoryOptions)."""
+    return np.where(np.asarray(d.fp8) & opts.act_func_fp8_input, opts.fp8_act_bytes, opts.act_bytes)
+
+
+def _mlp(prefix: str, gated: bool, inter: float, tokens, t, opts: MemoryOptions, lin, act) -> dict[str, object]:
+    """Inside an MLP of width ``inter`` split ``t`` ways: activation input (``act`` bytes per
+    element, :func:`_act_in`) and down-projection input (eager gated MLPs also keep the
+    activation's output for the gate product)."""
+    out = {f"{prefix}_act_in": act * tokens * (2 if gated else 1) * inter / t,
            f"{prefix}_down_in": lin * tokens * inter / t}
     if gated and opts.kernels == "eager":
         out[f"{prefix}_act_out"] = opts.act_bytes * tokens * inter / t
@@ -132,17 +168,18 @@ def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[
         routed = routed_tokens(spec, opts, d)
         h_e, inter_e = expert_widths(spec)
         out["expert_in"] = lin * routed * h_e
-        out.update(_mlp("expert", moe.expert.gated, inter_e, routed, d.etp, opts, lin))
+        out.update(_mlp("expert", moe.expert.gated, inter_e, routed, d.etp, opts, lin, _act_in(opts, d)))
         out["expert_out"] = ab * routed * h_e  # the combine's backward needs each expert's output
         out["dispatch_map"] = 8 * routed  # int64 permutation rows to un-permute
         if opts.kernels == "eager":  # the combine's gathered weights (fp32) and their int64 order;
             # the router's fp32 upcast of its input when computing in a narrower dtype
             out["combine_eager"] = 12 * routed + np.where(ab < 4, 4 * rep * h, 0)
         if moe.shared_experts:
-            out.update(_mlp("shared", moe.expert.gated, moe.shared_intermediate, tok, d.tp, opts, lin))
+            out.update(_mlp("shared", moe.expert.gated, moe.shared_intermediate, tok, d.tp, opts, lin,
+                            _act_in(opts, d)))
     else:
         out["mlp_in"] = lin * rep * h
-        out.update(_mlp("mlp", spec.mlp.gated, spec.mlp.intermediate, tok, d.tp, opts, lin))
+        out.update(_mlp("mlp", spec.mlp.gated, spec.mlp.intermediate, tok, d.tp, opts, lin, _act_in(opts, d)))
     if opts.dropout:
         out["mlp_drop_mask"] = 1 * rep * h
     return out
@@ -239,18 +276,46 @@ def layer_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dic
     return out
 
 
+def module_terms(spec: ModelSpec, module: str, names) -> tuple[str, ...]:
+    """The terms among ``names`` (a layer's saved tensors) that recomputing ``module`` drops."""
+    if module == "mla_up_proj" and (not spec.has_attention or spec.attention.kind != "mla"):
+        return ()
+    return tuple(n for n in MODULE_TERMS[module] if n in names)
+
+
 @dataclass(frozen=True)
 class LayerActivation:
     """Saved bytes of one layer per micro-batch under each recompute mode, plus its transient."""
 
     none: object  # every saved tensor
-    selective: object  # without the core-attention terms
+    selective: object  # without the core-attention terms (selective recompute of core_attn alone)
     full: object  # the layer input only
-    core: object  # what selective recompute rebuilds during backward
+    core: object  # what selective recompute of core_attn rebuilds during backward
     largest: object  # the largest single tensor (its gradient is the biggest backward temporary)
+    # selective recompute by module: the saved bytes grouped by the modules that drop them,
+    # ((bitmask of those modules, bytes), ...) with bit i = RECOMPUTE_MODULES[i] (specs.grid.MODULE_BIT)
+    dropped: tuple = ()
+    rebuilt: tuple = ()  # ((module bit, bytes that module rebuilds in backward), ...)
+
+    def saved(self, modules):
+        """Saved bytes under selective recompute of the module bitmask ``modules`` (array or int)."""
+        out = self.none
+        for bits, nbytes in self.dropped:
+            out = out - np.where(np.asarray(modules) & bits, nbytes, 0.0)
+        return out
+
+    def rebuilding(self, modules):
+        """The largest set of tensors one module rebuilds in backward (modules are replayed one at a
+        time, each just before its own backward, and freed after it)."""
+        out = 0.0
+        for bit, nbytes in self.rebuilt:
+            out = np.maximum(out, np.where(np.asarray(modules) & bit, nbytes, 0.0))
+        return out
 
 
 def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> LayerActivation:
+    from dayzero.specs.grid import MODULE_BIT
+
     terms = layer_terms(spec, kind, opts, d)
     total = sum(terms.values())
     core = sum((terms[k] for k in CORE_TERMS if k in terms), 0.0)
@@ -261,7 +326,20 @@ def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -
                                                  scan_states_bytes(spec, d)))
     if opts.kernels == "eager":
         largest = np.maximum(largest, eager_backward_transient(spec, kind, opts, d))
-    return LayerActivation(none=total, selective=total - core, full=terms[LAYER_INPUT], core=core, largest=largest)
+    by_term = {n: 0 for n in terms}
+    rebuilt = []
+    for m, bit in MODULE_BIT.items():
+        names = module_terms(spec, m, terms)
+        for n in names:
+            by_term[n] |= bit
+        if names:
+            rebuilt.append((bit, sum(terms[n] for n in names)))
+    groups: dict[int, object] = {}
+    for n, bits in by_term.items():
+        if bits:
+            groups[bits] = groups.get(bits, 0.0) + terms[n]
+    return LayerActivation(none=total, selective=total - core, full=terms[LAYER_INPUT], core=core, largest=largest,
+                           dropped=tuple(groups.items()), rebuilt=tuple(rebuilt))
 
 
 def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims):

@@ -4,7 +4,8 @@ Per layer and micro-batch (time added to the stage that runs the layer):
 
 * **TP** (tp > 1): Megatron's column/row-parallel pairs. With sequence parallelism an
   all-gather before and a reduce-scatter after each of attention and MLP, else all-reduces;
-  2 per block forward, 2 backward, 2 more forward under full recompute. MoE layers with etp = 1
+  2 per block forward, 2 backward, 2 more forward under full recompute (and for the FFN block under
+  selective recompute of its module: mlp, moe or shared_experts). MoE layers with etp = 1
   only pay the attention pair, plus the shared experts' own pair when there are shared experts.
   Exposed, unless TP overlap (userbuffers-style) is on: then only what exceeds the layer's GEMM
   time. Sequence parallelism also re-gathers each column-parallel linear's input in the backward
@@ -13,15 +14,16 @@ Per layer and micro-batch (time added to the stage that runs the layer):
 * **CP** (cp > 1): ring attention passes K and V blocks around the cp group (cp - 1 sends
   forward, twice that backward with dK/dV); overlapped with the attention core, exposed beyond it.
 * **EP** (ep > 1): token dispatch and combine (each 1 forward, 1 backward, 1 more under full
-  recompute) over the ep group, with the routing imbalance on the busiest device. The default
-  dispatcher deduplicates (DeepEP/HybridEP: one row per rank hit over the scale-up fabric, one per
-  remote domain hit over the scale-out network, :mod:`dayzero.planner.moe_dispatch`); the plain
-  all-to-all sends all top_k rows. With ``fp8_dispatch`` an FP8 recipe's dispatch direction (the
-  forward dispatch and the backward of the combine) travels in FP8 with its scales, the combine
-  direction in BF16 (DeepSeek-V3 sec. 3.3). Exposed unless overlapped with another micro-batch's
-  compute (DualPipe-style), then exposed beyond the layer's compute; a hybrid stack's MoE layer
-  (no token mixer in the layer) is never overlapped (Megatron-LM issue #5854). Before each dispatch the
-  per-expert token counts are all-gathered over the ep group (the split sizes).
+  recompute or selective recompute of the moe module) over the ep group, with the routing imbalance
+  on the busiest device. The default dispatcher deduplicates (DeepEP/HybridEP: one row per rank hit
+  over the scale-up fabric, one per remote domain hit over the scale-out network,
+  :mod:`dayzero.planner.moe_dispatch`); the plain all-to-all sends all top_k rows. With
+  ``fp8_dispatch`` an FP8 recipe's dispatch direction (the forward dispatch and the backward of the
+  combine) travels in FP8 with its scales, the combine direction in BF16 (DeepSeek-V3 sec. 3.3).
+  Exposed unless overlapped with another micro-batch's compute (DualPipe-style), then exposed beyond
+  the layer's compute; a hybrid stack's MoE layer (no token mixer in the layer) is never overlapped
+  (Megatron-LM issue #5854). Before each dispatch the per-expert token counts are all-gathered over
+  the ep group (the split sizes).
 * **ZeRO-3**: parameter all-gather before forward and backward, gradient reduce-scatter after
   backward, over dp x cp (experts: edp); prefetched one layer ahead, so exposed beyond the
   layer's own compute (plus the first layer's gather, once per micro-batch and model chunk).
@@ -52,7 +54,7 @@ from dayzero.planner.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, d
 from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import BF16 as BF16_CODE
-from dayzero.specs.grid import FULL
+from dayzero.specs.grid import FULL, MODULE_BIT, SELECTIVE, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 
 GRAD_NORM_BYTES = 4  # the squared norm, one FP32 scalar
@@ -211,6 +213,11 @@ class _Layer:
     shape: tuple
     mixers: np.ndarray | float = 1.0  # (K, 1): 1 where the class has a token mixer (attention or recurrent)
     dense_ffn: np.ndarray | float = 1.0  # (K, 1): 1 where it has a dense MLP (0: MoE or no FFN)
+    modules: np.ndarray | int = 0  # (N,) the modules selective recompute replays (specs.grid.MODULE_BIT)
+
+    def replays(self, module: str) -> np.ndarray:
+        """Whether selective recompute replays ``module`` (its collectives run again in backward)."""
+        return (np.asarray(self.modules) & MODULE_BIT[module]) > 0
 
     def kn(self, x) -> np.ndarray:  # per-candidate (or per-class) values as a (K, N) array
         return np.broadcast_to(np.asarray(x, dtype=float), self.shape)
@@ -226,7 +233,8 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
                T=g["mbs"] * single_seq(g) / cp, H=spec.hidden, sp=(g["sequence_parallel"] > 0) & (g["tp"] > 1),
                full=g["recompute"] == FULL, kinds=np.array([f == "moe" for _, f in types])[:, None],
                shape=costs.fwd.shape, mixers=np.array([m != "none" for m, _ in types], float)[:, None],
-               dense_ffn=np.array([k == "dense" for _, k in types], float)[:, None])
+               dense_ffn=np.array([k == "dense" for _, k in types], float)[:, None],
+               modules=np.where(np.asarray(g["recompute"]) == SELECTIVE, recompute_modules(g), 0))
     items = _tensor_parallel(L)
     items.append(_context_parallel(L))
     if spec.moe is not None:
@@ -249,7 +257,11 @@ def _tensor_parallel(L: _Layer) -> list[LayerComm]:
     # row-parallel); a hybrid layer without a mixer or without an FFN lacks that block's pair
     shared_pair = 2 if spec.moe is not None and spec.moe.shared_experts else 0
     per_fwd = kn(2 * L.mixers + np.where(kinds, np.where(etp_gt1, 2, 0) + shared_pair, 2 * L.dense_ffn))
-    n_ops = per_fwd * (2 + full)
+    # selective recompute of a whole FFN module (mlp; moe, or its shared_experts alone) replays its pair
+    moe_again, shared_again = L.replays("moe"), L.replays("shared_experts") & ~L.replays("moe")
+    again = np.where(kinds, (np.where(etp_gt1, 2, 0) + shared_pair) * moe_again + shared_pair * shared_again,
+                     2 * L.dense_ffn * L.replays("mlp"))
+    n_ops = per_fwd * (2 + full) + kn(again)
     for kind, name in (("all_gather", "tp all-gather"), ("reduce_scatter", "tp reduce-scatter")):
         t = coll(kind, act, groups, "tp", rates)
         ops = np.where(sp, n_ops / 2, 0.0) * (g["tp"] > 1)
@@ -299,7 +311,8 @@ def _context_parallel(L: _Layer) -> LayerComm:
 def _expert_parallel(L: _Layer) -> list[LayerComm]:
     """Token dispatch and combine (with the count exchange before them), and the etp gather."""
     g, costs, groups, rates, opt, spec, kn = L.g, L.costs, L.groups, L.rates, L.opt, L.spec, L.kn
-    full, kinds, T, tp, H = L.full, L.kinds, L.T, L.tp, L.H
+    kinds, T, tp, H = L.kinds, L.T, L.tp, L.H
+    full = L.full | L.replays("moe")  # recomputing the MoE module dispatches and combines again
     etp_gt1 = np.asarray(g["etp"]) > 1
     layer_fb = costs.fwd + costs.bwd
     items: list[LayerComm] = []

@@ -16,7 +16,8 @@ For one micro-batch on one device, each decoder layer is split into
   2 x forward bytes.
 * A fixed **overhead** per layer and micro-batch (kernel launches, synchronisation).
 
-Recompute adds the forward again (full) or the attention core forward (selective). MoE expert
+Recompute adds the forward again (full), or under selective recompute the forward of each module
+it checkpoints (:func:`module_replay`; core_attn alone: the attention core). MoE expert
 GEMMs are multiplied by the routing imbalance (the busiest device sets the pace). Sequence
 parallelism divides the hidden-size elementwise work by tp.
 
@@ -44,7 +45,7 @@ from dayzero.specs.counting import (
     traced_extra_flops,
 )
 from dayzero.specs.grid import BF16 as BF16_CODE
-from dayzero.specs.grid import FULL, SELECTIVE
+from dayzero.specs.grid import FULL, MODULE_BIT, SELECTIVE, recompute_modules
 from dayzero.specs.model import MLPSpec, ModelSpec, split_layer_type
 
 BF16 = 2  # bytes per activation element
@@ -140,6 +141,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     cast = np.where(low, 1.5, 0.0)
     x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_bf16, c.gemm_half_dim, g["mbs"].astype(float))
     recompute = g["recompute"]
+    modules = recompute_modules(g)
     H = spec.hidden
 
     fwd, bwd, gemm_f, gemm_in, attn_f, dense_p, expert_p = [], [], [], [], [], [], []
@@ -150,19 +152,23 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         mixer, kind = split_layer_type(ltype)
         bwd_el = 0.0  # memory-bound elements the backward moves beyond twice the forward's
         if mixer == "attention":
-            t_g, cast_el, mem_el, t_in = _projections(spec, x)
+            t_g, cast_el, mem_el, t_in, (up_g, up_el) = _projections(spec, x)
             # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
             attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
             core = attn
         else:
             t_g, cast_el, mem_el, t_in, attn, attn_bwd, bwd_el = _recurrent_mixer(spec, x, seq, rates, mixer)
             core = 0.0  # selective recompute replays softmax attention's core only (Megatron's core_attn)
+            up_g, up_el = 0.0, 0.0
         # _projections counts both blocks' pre-norms and residual adds (5 H elements each); a
         # hybrid layer has one block
         blocks = (mixer != "none") + (kind != "none")
         mem_el = mem_el + x.T_el * 5 * H * (blocks - 2)
+        mixer_g, mixer_mem, mixer_cast = t_g, mem_el, cast_el
+        inside = {}  # forward seconds of parts of the FFN one recompute module replays
         if kind == "moe":
-            t_g, mem_el, cast_el, ffn_p, ep_, t_in_ffn = _moe_ffn(spec, x, c, moe_imbalance, t_g, mem_el, cast_el)
+            t_g, mem_el, cast_el, ffn_p, ep_, t_in_ffn, inside = _moe_ffn(spec, x, c, moe_imbalance, t_g, mem_el,
+                                                                          cast_el)
         elif kind == "dense":
             t_g, mem_el, cast_el, ffn_p, ep_, t_in_ffn = _dense_ffn(spec, x, t_g, mem_el, cast_el)
         else:
@@ -172,15 +178,24 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         gemm_in.append(t_in + t_in_ffn)
         dense_p.append(dp_)
         expert_p.append(ep_)
-        t_mem = (mem_el + cast * cast_el) * BF16 * c.memory_scale / rates.hbm_bw
-        t_mem_bwd = 2 * t_mem + bwd_el * BF16 * c.memory_scale / rates.hbm_bw
+        def mem_s(el):
+            return el * BF16 * c.memory_scale / rates.hbm_bw
+
+        t_mem = mem_s(mem_el + cast * cast_el)
+        t_mem_bwd = 2 * t_mem + mem_s(bwd_el)
         # what tracing the layer's own code found beyond its shapes (derived specs): BF16 GEMMs of the
         # layer's tokens, not split by tp (such modules' weights are replicated, as memory counts them);
         # an overcount of the shapes (negative extra) is left in the time
         extra = max(traced_extra_flops(spec, index, seq, causal=True), 0.0)
         t_x = _gemm(T * extra, (T, H), rate_bf16, c.gemm_half_dim) if extra else 0.0
         f = t_g + attn + t_mem + t_x
-        re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, core, 0.0))
+        ffn_f = (t_g - mixer_g) + mem_s(mem_el - mixer_mem + cast * (cast_el - mixer_cast))
+        replay = {"core_attn": core, "layernorm": mem_s(x.T_el * 2 * H * blocks),  # each block's norm: r + w
+                  "mla_up_proj": up_g + mem_s(up_el),
+                  "moe_act": mem_s(inside.get("act_el", 0.0)),
+                  "mlp": ffn_f if kind == "dense" else 0.0, "moe": ffn_f if kind == "moe" else 0.0,
+                  "shared_experts": inside.get("shared_g", 0.0) + mem_s(inside.get("shared_el", 0.0))}
+        re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, module_replay(replay, modules), 0.0))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
         bwd.append(2 * t_g + attn_bwd + t_mem_bwd + 2 * t_x + re + 2 * ovh / 3)
@@ -194,6 +209,21 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
                         first_extra=first, last_extra=last, dense_params=_rows(dense_p, n),
                         expert_params=_rows(expert_p, n), first_params=np.broadcast_to(emb_params / tp, n),
                         last_params=np.broadcast_to(head_params / tp, n))
+
+
+def module_replay(replay: dict, modules):
+    """Forward seconds selective recompute replays in backward for the module bitmask ``modules``
+    (specs.grid.MODULE_BIT), from each module's own forward seconds ``replay``: a module inside
+    another that is replayed whole (moe_act and shared_experts inside moe) is not counted twice."""
+    modules = np.asarray(modules)
+    whole_moe = (modules & MODULE_BIT["moe"]) > 0
+    out = 0.0
+    for m, seconds in replay.items():
+        on = (modules & MODULE_BIT[m]) > 0
+        if m in ("moe_act", "shared_experts"):
+            on = on & ~whole_moe
+        out = out + np.where(on, seconds, 0.0)
+    return out
 
 
 def _projections(spec: ModelSpec, x: _Shard):
@@ -226,7 +256,11 @@ def _projections(spec: ModelSpec, x: _Shard):
     t_in = sum(times[i] for i in reads_input)
     cast_el = T * (H + a.heads * a.v_head_dim / tp)
     mem_el = x.T_el * 10 * H + T * act_att  # 2 norms (r+w), 2 residual adds (2r+w)
-    return t_g, cast_el, mem_el, t_in
+    # MLA's up-projection and RoPE (Megatron's mla_up_proj recompute): the projections whose outputs
+    # are the per-head Q, K, V (Q's up-projection, or Q's projection without a Q latent, and KV's),
+    # with the rope/split/concat copies
+    up = ((1, 3) if a.q_lora_rank else (0, 2)) if a.kind == "mla" else ()
+    return t_g, cast_el, mem_el, t_in, (sum(times[i] for i in up) + 0.0, T * act_att if up else 0.0)
 
 
 def activation_elements(mlp: MLPSpec) -> float:
@@ -333,8 +367,10 @@ def mamba2_elements(r, seq: int, mbs=1.0):
 def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float, t_g, mem_el, cast_el):
     """A MoE layer's routed experts (at the busiest device's imbalance), router and shared experts,
     added to the layer's GEMM seconds, memory-bound and cast elements; with its non-expert
-    parameters (shared experts and router, whole: the caller splits them by tp with the mixer's)
-    and the routed experts' per device (replicated over edp)."""
+    parameters (shared experts and router, whole: the caller splits them by tp with the mixer's),
+    the routed experts' per device (replicated over edp), the shared FC1's GEMM seconds and what
+    module recompute replays: the routed experts' activation-function elements (``act_el``, moe_act)
+    and the shared experts' GEMM seconds and elements (``shared_g``, ``shared_el``)."""
     H, T, tp, ep, etp, d0 = spec.hidden, x.T, x.tp, x.ep, x.etp, x.d0
     moe = spec.moe
     k_top = moe.top_k
@@ -344,19 +380,23 @@ def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float,
     m_e = T * k_top * etp * ep / (tp * moe.experts)  # rows per local expert GEMM
     t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), x.rate_lo * c.moe_gemm_scale, d0)
     t_g = t_g + _gemm(T / tp * 2 * H * moe.experts, (T / tp, H, moe.experts), x.rate_bf16, d0)  # router
-    mem_el = mem_el + routed_tok * (activation_elements(moe.expert) * fe + 4 * H) + T / tp * 4 * moe.experts
+    act_el = routed_tok * activation_elements(moe.expert) * fe
+    mem_el = mem_el + act_el + routed_tok * 4 * H + T / tp * 4 * moe.experts
     cast_el = cast_el + routed_tok * (H + fe)
     t_in = np.zeros_like(T)
+    inside = {"act_el": act_el}
     if moe.shared_experts:
         fs = moe.shared_intermediate
-        t_g = t_g + _gemm(T * 2 * H * (m1 + 1) * fs / tp, (T, H, fs / tp), x.rate_lo, d0)
+        shared_g = _gemm(T * 2 * H * (m1 + 1) * fs / tp, (T, H, fs / tp), x.rate_lo, d0)
+        t_g = t_g + shared_g
         t_in = _gemm(T * 2 * H * m1 * fs / tp, (T, H, m1 * fs / tp), x.rate_lo, d0)  # the shared FC1
         mem_el = mem_el + T * (m1 + 1) * fs / tp
         cast_el = cast_el + T * (H + fs / tp)
+        inside.update(shared_g=shared_g, shared_el=T * (m1 + 1) * fs / tp)
     sm = shared_mlp(moe)
     shared = mlp_params(sm, H) if sm else 0
     experts_p = moe.experts * mlp_params(moe.expert, H) / (ep * etp)
-    return t_g, mem_el, cast_el, shared + router_params(moe, H), experts_p, t_in
+    return t_g, mem_el, cast_el, shared + router_params(moe, H), experts_p, t_in, inside
 
 
 def _dense_ffn(spec: ModelSpec, x: _Shard, t_g, mem_el, cast_el):

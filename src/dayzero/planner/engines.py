@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.specs.grid import GPIPE, ONE_F_ONE_B, code, columns
+from dayzero.specs.grid import GPIPE, MODULE_BIT, ONE_F_ONE_B, SELECTIVE, code, columns
 from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig
 
 BF16 = code("precision", "bf16")
@@ -26,6 +26,16 @@ FP4 = code("precision", "fp4")
 DENSE = code("rank_order", DENSE_ORDER)
 # Megatron's --use-tp-pp-dp-mapping numbers ranks tp, cp, pp, dp (fastest first)
 TP_PP_DP = code("rank_order", "tp-cp-pp-dp")
+CORE_ATTN = MODULE_BIT["core_attn"]
+
+
+def _modules_limit(engine: str, source: str) -> Limit:
+    """Selective recompute of other modules than the attention core is Megatron-Core's
+    (--recompute-modules, transformer_config.py recompute_modules)."""
+    return Limit(("recompute", "recompute_modules"),
+                 lambda c: (c["recompute"] != SELECTIVE) | (c["recompute_modules"] == CORE_ATTN),
+                 f"{engine} recomputes whole blocks or the attention core, not Megatron's recompute modules",
+                 source)
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,7 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
           "torchtitan's device mesh is [pp, dp_replicate, dp_shard, cp, tp] (tp fastest)",
           "torchtitan distributed/parallel_dims.py build_mesh"),
+    _modules_limit("torchtitan", "torchtitan activation_checkpoint.mode full | selective (layer or op policy)"),
 ))
 
 DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
@@ -104,6 +115,7 @@ DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
           "DeepSpeed config reference: bf16 / fp16 sections"),
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE, "DeepSpeed's topology numbers ranks data-fastest "
           "within a pipe stage", "deepspeed/runtime/pipe/topology.py PipeModelDataParallelTopology"),
+    _modules_limit("DeepSpeed", "DeepSpeed activation checkpointing (whole layers)"),
 ))
 
 DAYZERO = Engine("dayzero", "dayzero runtime", (
@@ -117,6 +129,7 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
           "the runtime computes in bf16 or fp32; use --precision bf16 (or --compute-dtype fp32)", "dayzero runtime"),
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
           f"the runtime's device mesh numbers ranks {DENSE_ORDER}", "dayzero runtime"),
+    _modules_limit("the runtime", "dayzero runtime models/recompute.py"),
 ))
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}

@@ -3,7 +3,7 @@ shape) and the constraint that binds it."""
 
 from __future__ import annotations
 
-from dayzero.specs.parallel import ParallelConfig
+from dayzero.specs.parallel import ParallelConfig, recompute_words
 
 # the layout choices that make two plans different plans; cp, mbs and the rank order trade within
 # a family (the top of a search is otherwise one plan repeated with cp2 swapped for mbs 4)
@@ -12,8 +12,8 @@ NEAR_LIMIT = 0.95  # a peak memory within 5 % of the limit is what stops a faste
 
 
 def family(p: ParallelConfig) -> str:
-    words = [str(p.recompute) if k == "recompute" else f"{k}{getattr(p, k)}" for k in FAMILY
-             if not (k == "ep" and p.ep == 1)]
+    words = [recompute_words(p.recompute, p.recompute_modules) if k == "recompute" else f"{k}{getattr(p, k)}"
+             for k in FAMILY if not (k == "ep" and p.ep == 1)]
     return " ".join(words)
 
 

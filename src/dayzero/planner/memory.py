@@ -32,7 +32,7 @@ from dayzero.planner.memory_terms import (
     stage_terms,
 )
 from dayzero.planner.schedule import effective_schedule
-from dayzero.specs.grid import encode
+from dayzero.specs.grid import encode, recompute_modules
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, even_split, zero_sharded
 
@@ -106,6 +106,8 @@ def candidate(p: ParallelConfig) -> dict[str, np.ndarray]:
 def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
     """The grid columns the memory terms read, reshaped to ``shape``, with the schedule that
     really runs (:func:`dayzero.planner.schedule.effective_schedule`)."""
+    if "recompute_modules" not in grid and "recompute" in grid:  # a grid built by hand: Megatron's default
+        grid = {**grid, "recompute_modules": recompute_modules(grid)}
     missing = [k for k in CANDIDATE_KEYS if k not in grid]
     if missing:
         raise LayoutError(f"memory planner: grid lacks {', '.join(missing)}; give equal-length arrays for "

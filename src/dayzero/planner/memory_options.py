@@ -16,6 +16,12 @@ from typing import Literal
 from dayzero.errors import ConfigError
 
 MiB = 2**20
+# Bytes per parameter of AdamW's two moments (exp_avg + exp_avg_sq), by their dtype: FP32 is
+# Megatron-LM's default; BF16 is DeepSeek-V3's (arXiv 2412.19437, sec. 3.3.3, "Low-Precision
+# Optimizer States": "we adopt the BF16 data format instead of FP32 to track the first and second
+# moments in the AdamW optimizer"; master weights and gradients stay FP32) and Megatron-LM's
+# --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16
+MOMENT_BYTES = {"fp32": 8, "bf16": 4}
 # What an attention kernel keeps for its backward: fused kernels (cuDNN, FlashAttention 2/3) the
 # log-sum-exp per row; unfused attention (plain matmul + softmax) the s x s probabilities
 # (Korthikanti et al. 2022, sec. 4.1: the 5as^2/t term disappears only with a fused kernel).
@@ -39,12 +45,19 @@ class MemoryOptions:
     param_bytes: int = 2  # BF16 working weights
     grad_bytes: int = 4  # FP32 gradient buffer (Megatron main_grad; torchtitan reduce_dtype=fp32)
     master_bytes: int = 4  # FP32 master weights (0 when training in FP32: the param is the master)
-    optim_bytes: int = 8  # AdamW exp_avg + exp_avg_sq in FP32
+    # AdamW exp_avg + exp_avg_sq in FP32; 4 in BF16 (MOMENT_BYTES["bf16"]), as DeepSeek-V3 trains
+    optim_bytes: int = 8
     fp8_weight_cache_bytes: int = 2  # FP8 weight + transpose cached across micro-batches (TE)
 
     # -- activations -----------------------------------------------------------------------------
     act_bytes: int = 2  # BF16 saved activations
     fp8_act_bytes: int = 1  # inputs of linear layers saved in FP8 under --precision fp8 (TE)
+    # Under FP8 training, also cache the activation function's (SwiGLU's) inputs in FP8: Megatron-LM
+    # --activation-func-fp8-input-store (transformer_config.py activation_func_fp8_input_store:
+    # "Store the input of MLP activation function in FP8 for backprop to save memory"); DeepSeek-V3
+    # (arXiv 2412.19437, sec. 3.3.3, "Inputs of the SwiGLU operator in MoE"): "These activations are
+    # also stored in FP8 with our fine-grained quantization method"
+    act_func_fp8_input: bool = False
     attention: Literal["flash", "eager"] = "flash"  # eager materialises the a*s*s score matrix
     # fused: norms and gated activations as fused kernels (Megatron/TE: a norm saves its input, a
     # SwiGLU its two inputs); eager: plain PyTorch ops as dayzero's runtime runs them, which also

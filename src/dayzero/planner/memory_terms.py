@@ -26,7 +26,7 @@ from dayzero.planner.activations import (
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import head_inflight, inflight_microbatches
-from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE
+from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
@@ -73,6 +73,7 @@ class _Candidates:
     etp: np.ndarray
     zero: np.ndarray
     rc: np.ndarray  # recompute code
+    modules: np.ndarray  # recompute-module bitmask (specs.grid.MODULE_BIT), read under selective recompute
     d: Dims
     zd: np.ndarray  # dense ZeRO group: replicas of a dense shard (data x context parallel)
     edp: np.ndarray  # expert ZeRO group
@@ -94,7 +95,8 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
     emb, head = f.first * embed_local(edge, tp), f.last * head_local(edge, tp, pp)
     dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
     experts = sum(f.layers[k] * layer_params(spec, k).local_expert(ep, etp) for k in kinds) + 0.0
-    return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], rc=c["recompute"], d=d, zd=dp * cp,
+    return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], rc=c["recompute"],
+                       modules=recompute_modules(c), d=d, zd=dp * cp,
                        edp=expert_data_parallel(tp, cp, dp, ep, etp), kinds=kinds, dense=dense, experts=experts,
                        emb=emb, head=head, fp8_w=np.where(d.fp8, opts.fp8_weight_cache_bytes, 0))
 
@@ -148,8 +150,9 @@ def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: R
     for k in x.kinds:
         a, n = acts[k], f.layers[k]
         nfull = np.where(rc == FULL, f.full[k], 0)
-        per_mb = per_mb + (n - nfull) * np.where(rc == SELECTIVE, a.selective, a.none) + nfull * a.full
-        tr = a.largest + np.where(rc == SELECTIVE, a.core, 0) + np.where((rc == FULL) & (nfull > 0), a.none - a.full, 0)
+        per_mb = per_mb + (n - nfull) * np.where(rc == SELECTIVE, a.saved(x.modules), a.none) + nfull * a.full
+        tr = (a.largest + np.where(rc == SELECTIVE, a.rebuilding(x.modules), 0)
+              + np.where((rc == FULL) & (nfull > 0), a.none - a.full, 0))
         transient = np.maximum(transient, np.where(n > 0, tr, 0))
     t["activations:layers"] = per_mb * inflight
     t["activations:embedding"] = f.first * sum(first_stage_terms(spec, opts, d).values()) * inflight

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dayzero.planner.memory import MemoryOptions, estimate_memory
+from dayzero.specs.grid import module_names
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -24,12 +25,21 @@ class Remedy:
     utilization: float
 
 
-def _candidates(p: ParallelConfig) -> list[tuple[tuple[str, ...], ParallelConfig]]:
+def _candidates(p: ParallelConfig, spec: ModelSpec | None = None) -> list[tuple[tuple[str, ...], ParallelConfig]]:
     out: list[tuple[tuple[str, ...], ParallelConfig]] = []
     for z in range(p.zero + 1, 4):
         out.append((("--zero", str(z)), p.with_(zero=z)))
     if p.recompute == "none":
         out.append((("--recompute", "selective"), p.with_(recompute="selective")))
+    if p.recompute != "full" and spec is not None:  # the search's module sets beyond the current one
+        from dayzero.planner.search import SearchSpace
+
+        have = set(p.recompute_modules)
+        for _, mask in SearchSpace(recompute=("selective",)).levels(spec):
+            ms = module_names(mask)
+            if set(ms) > have and ms != ("core_attn",):
+                out.append((("--recompute-modules", ",".join(ms)),
+                            p.with_(recompute="selective", recompute_modules=ms)))
     if p.recompute != "full" or p.recompute_layers is not None:
         out.append((("--recompute", "full"), p.with_(recompute="full", recompute_layers=None)))
     if p.tp > 1 and not p.sequence_parallel:
@@ -48,7 +58,7 @@ def single_changes(spec: ModelSpec, parallel: ParallelConfig, devices: int, capa
     """The valid one-flag changes of ``parallel`` whose peak is at most ``target`` of capacity,
     cheapest first."""
     found = []
-    for change, q in _candidates(parallel):
+    for change, q in _candidates(parallel, spec):
         if q.problems(spec, devices):
             continue
         rep = estimate_memory(spec, q, capacity_bytes, options)

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dayzero.planner.activations import (
-    CORE_TERMS,
     LAYER_INPUT,
     Dims,
     expert_widths,
@@ -26,6 +25,7 @@ from dayzero.planner.activations import (
     last_stage_terms,
     layer_terms,
     logits_bytes,
+    module_terms,
     routed_tokens,
 )
 from dayzero.planner.allocator import AllocatorOOM, CachingAllocator
@@ -250,9 +250,9 @@ class _StepReplay:
             if j == 0 and not edge_in:
                 tr.drop(("recv", mb, c))
             keep = (LAYER_INPUT,) if p.recompute == "full" and j < self.full_n[c] else None
+            dropped = {n for m in self.modules(kind) for n in m}
             for n in self.terms[kind]:
-                if (keep is not None and n not in keep) or (keep is None and p.recompute == "selective"
-                                                            and n in CORE_TERMS):
+                if (keep is not None and n not in keep) or (keep is None and n in dropped):
                     tr.drop(("act", mb, c, layer, n))
         if edge_out:
             for n, v in last_stage_terms(spec, o, d).items():
@@ -261,6 +261,14 @@ class _StepReplay:
         else:
             tr.new(("send", mb, c), p2p, "temporary")
             tr.drop(("send", mb, c))
+
+    def modules(self, kind: str) -> list[tuple[str, ...]]:
+        """The saved terms of a ``kind`` layer each recomputed module drops, per module (selective
+        recompute; none otherwise)."""
+        if self.p.recompute != "selective":
+            return []
+        names = self.terms[kind]
+        return [ts for ts in (module_terms(self.spec, m, names) for m in self.p.recompute_modules) if ts]
 
     def backward(self, mb: int, c: int) -> None:
         spec, p, tr = self.spec, self.p, self.tr
@@ -283,10 +291,9 @@ class _StepReplay:
                 for n, v in t.items():
                     if n != LAYER_INPUT:
                         tr.new(("re", n), v, "temporary")
-            elif p.recompute == "selective":
-                for n in CORE_TERMS:
-                    if n in t:
-                        tr.new(("re", n), t[n], "temporary")
+            elif self.modules(kind):  # the module rebuilding most, as planner.activations.LayerActivation.rebuilding
+                for n in max(self.modules(kind), key=lambda names: sum(t[x] for x in names)):
+                    tr.new(("re", n), t[n], "temporary")
             tr.new(("dgrad",), max(t.values()), "temporary")
             self.transients(layer)
             tr.drop(("dgrad",))

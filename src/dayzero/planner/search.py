@@ -29,7 +29,18 @@ from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
-from dayzero.specs.grid import FIELDS, INTERLEAVED, ONE_F_ONE_B, TABLES, code, decode, default_schedule
+from dayzero.specs.grid import (
+    FIELDS,
+    INTERLEAVED,
+    MODULE_BIT,
+    ONE_F_ONE_B,
+    TABLES,
+    code,
+    decode,
+    default_schedule,
+    module_mask,
+    module_names,
+)
 from dayzero.specs.layout_rules import DEGREES, Where, field_problems, mask, rules_reading
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills
@@ -38,7 +49,15 @@ CHUNK = 100_000  # bases per vectorised batch (bounds memory)
 # the order dims are expanded in (a base is every dim but zero and recompute)
 STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), ("etp",), ("vpp", "schedule"),
           ("mbs",))
-VARIANTS = ("zero", "recompute")
+VARIANTS = ("zero", "recompute")  # the recompute variants are its levels: SearchSpace.levels
+VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules")
+# Selective recompute module sets the search tries, least first, where each applies to the model
+# (a module with nothing to drop on it is left out of a set; sets left equal are tried once):
+# Megatron's default core_attn; + moe_act + layernorm (the norm outputs and the experts' SwiGLU
+# output, cheap elementwise replays); + mla_up_proj on MLA models (DeepSeek-V3, arXiv 2412.19437,
+# sec. 3.2.3: "We recompute all RMSNorm operations and MLA up-projections during back-propagation").
+MODULE_LADDER: tuple[tuple[str, ...], ...] = (("core_attn",), ("core_attn", "moe_act", "layernorm"),
+                                              ("core_attn", "moe_act", "layernorm", "mla_up_proj"))
 
 
 def _divisors(n: int) -> list[int]:
@@ -59,6 +78,8 @@ class SearchSpace:
     mbs: tuple[int, ...] = (1, 2, 4, 8)
     zero: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = RECOMPUTES
+    # module sets selective recompute is tried with (None: MODULE_LADDER, those that apply)
+    recompute_modules: tuple[tuple[str, ...], ...] | None = None
     # with tp > 1 (it only removes work and memory); a tp = 1 layout is one layout, without it
     sequence_parallel: tuple[bool, ...] = (True,)
     rank_order: tuple[str, ...] = (DENSE_ORDER,)
@@ -81,6 +102,41 @@ class SearchSpace:
                 value = ",".join(("on" if v else "off") if isinstance(v, (bool, np.bool_)) else str(v) for v in value)
             out.append(f"--{f.name.replace('_', '-')} {value}")
         return " ".join(out)
+
+    def levels(self, spec: ModelSpec) -> list[tuple[int, int]]:
+        """The recompute variants, least recompute first, as (recompute code, module bitmask): none,
+        selective with each module set (:data:`MODULE_LADDER` by default, reduced to the modules
+        that drop something on ``spec``), full; only the recompute modes in ``self.recompute``."""
+        from dayzero.planner.activations import Dims, layer_terms, module_terms
+        from dayzero.planner.memory_options import MemoryOptions
+
+        out = []
+        for rc in sorted(code("recompute", r) for r in self.recompute):
+            if RECOMPUTES[rc] != "selective":
+                out.append((rc, 0))
+                continue
+            names = set()
+            for k in set(spec.layer_types):
+                names |= set(layer_terms(spec, k, MemoryOptions(), Dims(seq=1, mbs=1, tp=1, cp=1)))
+            sets = self.recompute_modules if self.recompute_modules is not None else MODULE_LADDER
+            masks = []
+            for ms in sets:
+                bad = [m for m in ms if m not in MODULE_BIT]
+                if bad or not ms:
+                    raise LayoutError(f"search space: recompute modules {'+'.join(ms) or '(none)'}: must be a "
+                                      f"non-empty set of {', '.join(MODULE_BIT)}")
+                used = [m for m in ms if module_terms(spec, m, names)] if self.recompute_modules is None else ms
+                mask = module_mask(used or ms)
+                if mask not in masks:
+                    masks.append(mask)
+            out += [(rc, m) for m in masks]
+        if self.engine:  # an engine without Megatron's recompute modules: those layouts are not in the space
+            from dayzero.planner.engines import engine_mask
+
+            ok = engine_mask(self.engine, {"recompute": np.array([rc for rc, _ in out]),
+                                           "recompute_modules": np.array([m for _, m in out])})
+            out = [lv for lv, keep in zip(out, ok) if keep]
+        return out
 
     def resolve(self, spec: ModelSpec, devices: int, seq: int, domain: int) -> dict[str, tuple[int, ...]]:
         """Grid codes per dim. Default lists: tp divides the heads and stays inside one scale-up
@@ -141,6 +197,7 @@ def _layout_at(g: dict, i: int) -> ParallelConfig:
             v = int(g[f][i])
             kw[f] = TABLES[f][v] if f in TABLES and 0 <= v < len(TABLES[f]) else v
     kw["sequence_parallel"] = bool(kw.get("sequence_parallel", 0))
+    kw["recompute_modules"] = module_names(max(kw.get("recompute_modules", 0), 0))
     return ParallelConfig(**kw)
 
 
@@ -237,7 +294,8 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
     """All valid *bases* (every dim but zero and recompute), as a grid.
 
     Returns (bases, considered, indivisible, variants): ``considered`` and ``indivisible`` count
-    full layouts (a base times its ``variants`` = |zero| x |recompute| options); layouts outside the
+    full layouts (a base times its ``variants`` = |zero| x |recompute levels| options,
+    SearchSpace.levels); layouts outside the
     pins (:func:`pin_checks`) are not considered. Raises LayoutError, naming why
     (:func:`why_none`), when no layout passes."""
     for name, value in (("gbs", gbs), ("seq", seq), ("precision", precision)):
@@ -248,7 +306,7 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
     if space.dp is not None and not any(devices % d == 0 for d in space.dp):
         raise LayoutError(f"--dp {','.join(map(str, space.dp))}: dp must divide the {devices:,} devices "
                           "(tp*cp*dp*pp = devices)")
-    variants = int(np.prod([len(o[d]) for d in VARIANTS]))
+    variants = len(o["zero"]) * len(space.levels(spec))
 
     def later(i: int) -> int:  # full layouts behind one row after stage i
         return variants * int(np.prod([len(o[d]) for stage in STAGES[i + 1:] for d in stage]))
@@ -290,15 +348,17 @@ def _with(g: dict, **cols) -> dict:
     return {**g, **{k: np.full(n, v, dtype=np.int64) if np.ndim(v) == 0 else v for k, v in cols.items()}}
 
 
-def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit, engine=None) -> tuple[list, int, int]:
+def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None) -> tuple[list, int, int]:
     """For each base and ZeRO stage, the least recompute that fits. Memory falls as recompute
     grows (but not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost
-    more than they save), so each ZeRO stage is walked down from full recompute and stops at the
-    first level that does not fit; the levels above it fit but only add time. Returns
-    ([(base indices, zero, recompute per base, peak per base)], number of fitting (base, zero,
-    recompute) layouts, number ruled out by ``engine``)."""
+    more than they save), so each ZeRO stage is checked under the most recompute first (a base that
+    does not fit there fits nowhere), and the rest climb the selective module sets (``levels``:
+    SearchSpace.levels, least first) from no recompute and stop at the first level that fits; the
+    levels above it fit but only add time. Returns ([(base indices,
+    zero, level index per base, peak per base)], number of fitting (base, zero, level) layouts,
+    number ruled out by ``engine``)."""
     n = len(bases["tp"])
-    recomputes = np.asarray(sorted(recomputes))
+    recomputes = np.arange(len(levels))
     out, n_fit, n_engine = [], 0, 0
     for z in sorted(zeros):
         level = np.full(n, -1, dtype=np.int64)  # least fitting recompute index so far
@@ -308,14 +368,19 @@ def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit, engin
             runs = engine_mask(engine, _with(bases, zero=z))
             n_engine += int((~runs).sum()) * len(recomputes)
             alive = alive[runs]
-        for ri in range(len(recomputes) - 1, -1, -1):
+        # the most recompute first: a base that does not fit under it fits nowhere; the survivors
+        # then climb from the least recompute and stop at the first level that fits
+        top = len(levels) - 1
+        for step, ri in enumerate([top] + list(range(top))):
             if not len(alive):
                 break
-            peak = memory(_with({k: v[alive] for k, v in bases.items()}, zero=z, recompute=recomputes[ri]))
+            rc, modules = levels[ri]
+            peak = memory(_with({k: v[alive] for k, v in bases.items()}, zero=z, recompute=rc,
+                                recompute_modules=modules))
             ok = peak <= limit
             level[alive[ok]] = ri
             peak_at[alive[ok]] = peak[ok]
-            alive = alive[ok]
+            alive = alive[ok] if step == 0 else alive[~ok]
         idx = np.nonzero(level >= 0)[0]
         n_fit += int((len(recomputes) - level[idx]).sum())
         out.append((idx, z, recomputes[level[idx]], peak_at[idx]))
@@ -357,12 +422,14 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
             return np.asarray(memory_fn(spec, grid, capacity), dtype=float)
         return np.asarray(memory_fn(spec, grid, capacity, memory_options), dtype=float)
 
-    zeros, recomputes = codes["zero"], codes["recompute"]
+    zeros, levels = codes["zero"], space.levels(spec)
+    level_rc = np.array([rc for rc, _ in levels], dtype=np.int64)
+    level_modules = np.array([m for _, m in levels], dtype=np.int64)
     best_rows, best_step, best_peak = [], [], []
     n_fit = n_timed = 0
     for start in range(0, n, CHUNK):
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
-        found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, recomputes, memory, limit, space.engine)
+        found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, levels, memory, limit, space.engine)
         n_fit += fit_here
         engine_zero += engine_here
         by_zero = {z: (idx, r, pk) for idx, z, r, pk in found}
@@ -380,7 +447,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
             continue
         cand = {k: v[idx] for k, v in chunk.items()}
         cand["zero"] = np.concatenate([p[1] for p in parts]).astype(np.int64)
-        cand["recompute"] = np.concatenate([p[2] for p in parts]).astype(np.int64)
+        level = np.concatenate([p[2] for p in parts]).astype(np.int64)
+        cand["recompute"], cand["recompute_modules"] = level_rc[level], level_modules[level]
         peaks = np.concatenate([p[3] for p in parts])
         n_timed += len(idx)
         ev = evaluate(spec, cand, cluster, options)

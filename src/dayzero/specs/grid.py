@@ -9,6 +9,8 @@ their index in ParallelConfig's tables:
     schedule           SCHEDULES    0 1f1b, 1 interleaved, 2 gpipe
     rank_order         RANK_ORDERS  0 tp-cp-dp-pp, then the other 23 orders of the dense dims
     sequence_parallel  0 / 1
+    recompute_modules  a bitmask over RECOMPUTE_MODULES (bit i: module i; core_attn = 1), the
+                       modules selective recompute checkpoints (0 without selective recompute)
 
 ``layer_split`` and ``recompute_layers`` are not columns: a grid row stands for the near-even
 split (:func:`dayzero.specs.parallel.even_split`) with full recompute on every layer of a stage,
@@ -33,6 +35,7 @@ from dayzero.specs.parallel import (
     DENSE_DIMS,
     DENSE_ORDER,
     PRECISIONS,
+    RECOMPUTE_MODULES,
     RECOMPUTES,
     SCHEDULES,
     ParallelConfig,
@@ -47,8 +50,11 @@ TABLES: dict[str, tuple[str, ...]] = {"recompute": RECOMPUTES, "precision": PREC
 NOT_COLUMNS = ("layer_split", "recompute_layers")
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelConfig) if f.name not in NOT_COLUMNS)
 
+MASKS: dict[str, tuple[str, ...]] = {"recompute_modules": RECOMPUTE_MODULES}  # tuple fields coded as bitmasks
+
 # codes the models test against
 SELECTIVE, FULL = RECOMPUTES.index("selective"), RECOMPUTES.index("full")
+MODULE_BIT = {m: 1 << i for i, m in enumerate(RECOMPUTE_MODULES)}
 ONE_F_ONE_B, INTERLEAVED, GPIPE = (SCHEDULES.index(s) for s in ("1f1b", "interleaved", "gpipe"))
 BF16 = PRECISIONS.index("bf16")
 
@@ -62,12 +68,35 @@ def code(field: str, name) -> int:
     return table.index(name) if name in table else -1
 
 
+def module_mask(names) -> int:
+    """The bitmask of a module set (-1 when a name is not a module)."""
+    if any(m not in MODULE_BIT for m in names):
+        return -1
+    return sum(MODULE_BIT[m] for m in set(names))
+
+
+def module_names(mask: int) -> tuple[str, ...]:
+    """The module set of a bitmask, in RECOMPUTE_MODULES order."""
+    return tuple(m for m, bit in MODULE_BIT.items() if int(mask) & bit)
+
+
+def recompute_modules(g: dict):
+    """The ``recompute_modules`` column of a grid; a grid without it (built by hand) reads as
+    Megatron's default: core_attn under selective recompute, nothing otherwise."""
+    if "recompute_modules" in g:
+        return np.asarray(g["recompute_modules"])
+    return np.where(np.asarray(g["recompute"]) == SELECTIVE, MODULE_BIT["core_attn"], 0)
+
+
 def columns(p: ParallelConfig) -> dict[str, int]:
     """One layout as the grid's integers (names outside their tables code as -1)."""
     out = {}
     for f in FIELDS:
         v = getattr(p, f)
         # sizes beyond int64 code as -1 (the degree rules refuse them; encoding must not overflow)
+        if f in MASKS:
+            out[f] = module_mask(v)
+            continue
         out[f] = code(f, v) if f in TABLES else (int(v) if -2**62 < int(v) < 2**62 else -1)
     return out
 
@@ -76,10 +105,11 @@ def encode(layouts) -> dict[str, np.ndarray]:
     """ParallelConfigs -> grid. Raises LayoutError for a name outside its table (validate first)."""
     rows = [columns(p) for p in layouts]
     for p, r in zip(layouts, rows):
-        bad = [f for f in TABLES if r[f] < 0]
+        bad = [f for f in (*TABLES, *MASKS) if r[f] < 0]
         if bad:
+            names = {**TABLES, **MASKS}[bad[0]]
             raise LayoutError(f"cannot encode {p.describe()}: {bad[0]} {getattr(p, bad[0])!r} is not one of "
-                              f"{'|'.join(TABLES[bad[0]])}")
+                              f"{'|'.join(names)}")
     return {f: np.array([r[f] for r in rows], dtype=np.int64) for f in FIELDS}
 
 
@@ -93,6 +123,7 @@ def decode(grid: dict, index=None) -> list[ParallelConfig]:
         for f, table in TABLES.items():
             kw[f] = table[kw[f]]
         kw["sequence_parallel"] = bool(kw["sequence_parallel"])
+        kw["recompute_modules"] = module_names(kw["recompute_modules"]) if kw["recompute"] == "selective" else ()
         out.append(ParallelConfig(**kw))
     return out
 

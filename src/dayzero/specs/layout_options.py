@@ -27,6 +27,7 @@ class LayoutOptions:
     seq: int = 4096
     zero: int = 1
     recompute: str = "none"
+    recompute_modules: str | None = None  # comma-separated (--recompute-modules); implies selective
     sequence_parallel: bool = False
     schedule: str | None = None
     layer_split: str | None = None
@@ -41,6 +42,21 @@ class LayoutOptions:
             if getattr(self, f.name) != f.default:
                 out.append("--" + f.name.replace("_", "-"))
         return out
+
+    def modules(self) -> tuple[str, tuple[str, ...]]:
+        """(recompute mode, module set) of ``--recompute`` and ``--recompute-modules``: modules imply
+        selective recompute when ``--recompute`` is not given; unknown names are a one-line
+        LayoutError naming the valid ones."""
+        from dayzero.specs.parallel import RECOMPUTE_MODULES
+
+        if not self.recompute_modules:
+            return self.recompute, ()
+        names = tuple(m.strip() for m in self.recompute_modules.replace("+", ",").split(",") if m.strip())
+        bad = [m for m in names if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise LayoutError(f"--recompute-modules {self.recompute_modules!r}: {', '.join(bad)} not among "
+                              f"{', '.join(RECOMPUTE_MODULES)}")
+        return ("selective" if self.recompute == "none" else self.recompute), names
 
     def split(self) -> tuple[int, ...] | None:
         if not self.layer_split:
@@ -86,9 +102,11 @@ class LayoutOptions:
         if rank_order:
             extra["rank_order"] = rank_order
         dp = self.data_parallel(devices)
+        recompute, modules = self.modules()
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=dp, cp=self.cp, ep=self.ep, etp=self.etp, vpp=self.vpp,
                               mbs=self.mbs, gbs=self.default_gbs(dp, fill_pipeline), seq=self.seq,
-                              zero=self.zero, recompute=self.recompute, sequence_parallel=self.sequence_parallel,
+                              zero=self.zero, recompute=recompute, recompute_modules=modules,
+                              sequence_parallel=self.sequence_parallel,
                               precision=precision, layer_split=self.split(), **extra)
 
     def resolve(self, devices: int | None, precision: str = "bf16", plan: str | None = None,

@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dayzero.specs.grid import FIELDS, INTERLEAVED, RANK_ORDERS, TABLES, columns, pick
+from dayzero.specs.grid import FIELDS, INTERLEAVED, RANK_ORDERS, SELECTIVE, TABLES, columns, pick
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig, microbatches
+from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTE_MODULES, ParallelConfig, microbatches
 
 DEGREES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "seq")
 
@@ -96,6 +96,13 @@ RULES: tuple[Rule, ...] = (
     *(_degree(d) for d in DEGREES),
     Rule(("zero",), lambda c, w: (c["zero"] >= 0) & (c["zero"] <= 3), lambda p, w: f"zero must be 0-3, got {p.zero}"),
     *(_in_table(f) for f in ("recompute", "schedule", "precision")),
+    Rule(("recompute_modules",), lambda c, w: c["recompute_modules"] >= 0,
+         lambda p, w: f"recompute modules must be among {', '.join(RECOMPUTE_MODULES)}, got "
+                      f"{','.join(p.recompute_modules)}"),
+    # Megatron reads --recompute-modules only with --recompute-granularity selective
+    Rule(("recompute", "recompute_modules"), lambda c, w: (c["recompute"] == SELECTIVE) | (c["recompute_modules"] == 0),
+         lambda p, w: f"recompute modules ({','.join(p.recompute_modules)}) need recompute selective, got "
+                      f"{p.recompute}"),
     Rule(("rank_order",), lambda c, w: (c["rank_order"] >= 0) & (c["rank_order"] < len(RANK_ORDERS)),
          lambda p, w: f"rank order {p.rank_order!r} must name each of tp, cp, dp, pp exactly once, fastest first "
                       f"(e.g. {DENSE_ORDER})"),

@@ -30,6 +30,15 @@ Precision = Literal["bf16", "fp8", "fp4"]  # GEMM precision; fp4 (NVFP4/MXFP4) k
 RECOMPUTES: tuple[str, ...] = get_args(Recompute)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+# The modules selective recompute can checkpoint (Megatron-LM ``--recompute-modules``,
+# megatron/core/transformer/transformer_config.py, ``recompute_modules``): core_attn, mlp, moe and
+# shared_experts use normal checkpointing (the module's inputs are kept, its insides rebuilt in
+# backward); moe_act, layernorm and mla_up_proj are output-discarding checkpoints (the module's
+# output is dropped and rebuilt from its kept input). "selective" alone means core_attn, Megatron's
+# default. planner.activations.MODULE_TERMS says which saved tensors each one drops.
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                                      "shared_experts")
+DEFAULT_MODULES: tuple[str, ...] = ("core_attn",)
 
 # Ranks are numbered by a dim-order string, fastest-varying dim first (Megatron's
 # ``--rank-order``-style ``tp-cp-dp-pp``: tensor parallelism inside a node, pipeline outermost).
@@ -67,6 +76,8 @@ class ParallelConfig:
     zero: int = 1  # 0: none, 1: optimizer states, 2: + gradients, 3: + parameters (FSDP)
     recompute: Recompute = "none"
     recompute_layers: int | None = None  # with "full": recompute only this many layers per stage
+    # with "selective": the modules recomputed (RECOMPUTE_MODULES order; () given = core_attn)
+    recompute_modules: tuple[str, ...] = ()
     sequence_parallel: bool = False
     precision: Precision = "bf16"
     schedule: Schedule = "1f1b"
@@ -83,6 +94,7 @@ class ParallelConfig:
         dims = order_dims(self.rank_order)
         if dims is not None:  # canonical spelling; a malformed order is kept for problems() to name
             object.__setattr__(self, "rank_order", "-".join(dims))
+        object.__setattr__(self, "recompute_modules", canonical_modules(self.recompute, self.recompute_modules))
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -108,7 +120,7 @@ class ParallelConfig:
             s += f" etp{self.etp}"
         if self.vpp > 1:
             s += f" vpp{self.vpp}"
-        s += f" zero{self.zero} mbs{self.mbs} gbs{self.gbs} {self.recompute}"
+        s += f" zero{self.zero} mbs{self.mbs} gbs{self.gbs} {recompute_words(self.recompute, self.recompute_modules)}"
         if self.sequence_parallel:
             s += " sp"
         return s
@@ -125,6 +137,8 @@ class ParallelConfig:
         fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         if fields.get("layer_split") is not None:
             fields["layer_split"] = tuple(fields["layer_split"])
+        if fields.get("recompute_modules") is not None:
+            fields["recompute_modules"] = tuple(fields["recompute_modules"])
         return cls(**fields)
 
     def with_(self, **kw) -> "ParallelConfig":
@@ -167,6 +181,26 @@ class ParallelConfig:
         for v, rng in enumerate(self.stage_layers(spec)):
             per_rank[v % self.pp].extend(rng)
         return per_rank
+
+
+def canonical_modules(recompute: str, modules) -> tuple[str, ...]:
+    """The module set of a layout, in one spelling: selective recompute without modules is
+    core_attn (Megatron's default); known names in :data:`RECOMPUTE_MODULES` order, once each, and
+    unknown names after them (kept for ``problems()`` to name); a comma/plus-separated string is split."""
+    if isinstance(modules, str):
+        modules = [m for m in modules.replace("+", ",").split(",") if m.strip()]
+    names = [str(m).strip() for m in (modules or ())]
+    if recompute == "selective" and not names:
+        return DEFAULT_MODULES
+    known = tuple(m for m in RECOMPUTE_MODULES if m in names)
+    return known + tuple(dict.fromkeys(m for m in names if m not in RECOMPUTE_MODULES))
+
+
+def recompute_words(recompute: str, modules: tuple[str, ...]) -> str:
+    """``full``, ``none``, ``selective`` (core_attn alone) or ``selective(core_attn+moe_act)``."""
+    if recompute != "selective" or tuple(modules) in ((), DEFAULT_MODULES):
+        return str(recompute)
+    return f"selective({'+'.join(modules)})"
 
 
 def even_split_fills(layers, stages):

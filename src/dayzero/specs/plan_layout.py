@@ -51,4 +51,5 @@ def layout_of(p: dict, world: int, seq: int, gbs: int | None = None, source: str
     m = max(pp, min(micro, 4 * pp))
     return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs or mbs * dp * m,
                           seq=seq, zero=zero, recompute=p.get("recompute", "none"),
+                          recompute_modules=tuple(p.get("recompute_modules") or ()),
                           sequence_parallel=bool(p.get("sequence_parallel")), schedule=p.get("schedule", "1f1b"))
