@@ -90,7 +90,7 @@ def test_problems_and_the_vectorised_mask_agree_on_every_layout(layouts, model, 
 def test_names_outside_their_tables_are_reported_not_encoded():
     p = ParallelConfig(recompute="most", precision="fp16", schedule="zb", rank_order="tp-dp-pp")
     assert p.problems() == ["recompute must be none|selective|full, got 'most'",
-                            "schedule must be 1f1b|interleaved|gpipe, got 'zb'",
+                            "schedule must be 1f1b|interleaved|gpipe|dualpipe|dualpipev, got 'zb'",
                             "precision must be bf16|fp8|fp4, got 'fp16'",
                             "rank order 'tp-dp-pp' must name each of tp, cp, dp, pp exactly once, fastest first "
                             "(e.g. tp-cp-dp-pp)"]

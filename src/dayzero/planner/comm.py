@@ -51,7 +51,7 @@ from dayzero.planner.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, d
 from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import BF16 as BF16_CODE
-from dayzero.specs.grid import FULL
+from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL
 from dayzero.specs.model import ModelSpec, split_layer_type
 
 GRAD_NORM_BYTES = 4  # the squared norm, one FP32 scalar
@@ -333,16 +333,26 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
             t = coll("all_to_all", nb, groups, "ep", rates, imb)
         ep_items.append((f"ep {direction}", "all_to_all", nb, ops, t))
     total = sum(o * t for _, _, _, o, t in ep_items)
-    exposed = np.maximum(0.0, total - layer_fb) if opt.ep_overlap else total
+    overlap = kn(ep_overlapped(g, opt))
+    exposed = np.where(overlap > 0, np.maximum(0.0, total - layer_fb), total)
     share = exposed / np.maximum(total, 1e-30)
+    hidden = "other micro-batch" if opt.ep_overlap or overlap.any() else ""
     for name, kind, nb, o, t in ep_items:
-        items.append(LayerComm(name, kind, "ep", kn(nb), o, kn(t), o * t * share,
-                               "other micro-batch" if opt.ep_overlap else ""))
+        items.append(LayerComm(name, kind, "ep", kn(nb), o, kn(t), o * t * share, hidden))
     # expert tensor parallelism: gather the routed rows over etp before the experts
     t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
     ops = kn(kinds * etp_gt1 * 2 * (2 + full))
     items.append(LayerComm("etp gather/scatter", "all_gather", "etp", kn(tok * g["etp"]), ops, kn(t), ops * t, ""))
     return items
+
+
+def ep_overlapped(grid: dict, opt: CommOptions) -> np.ndarray:
+    """(N,) 1.0 where the EP all-to-all overlaps another micro-batch's compute: under DualPipe and
+    DualPipeV always (the schedules pair one micro-batch's forward with another's backward to hide
+    it, DeepSeek-V3 sec. 3.2.1), elsewhere where ``opt.ep_overlap`` turns it on."""
+    sched = np.asarray(grid["schedule"]) if "schedule" in grid else np.zeros(np.shape(grid["tp"]), dtype=np.int64)
+    dual = (sched == DUALPIPE) | (sched == DUALPIPEV)
+    return 1.0 * (dual | bool(opt.ep_overlap))
 
 
 def _zero3(L: _Layer) -> list[LayerComm]:

@@ -16,7 +16,7 @@ embedding, half the layers, and min(pp, m) = 2 micro-batches of activations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -31,10 +31,10 @@ from dayzero.planner.memory_terms import (
     rank_features,
     stage_terms,
 )
-from dayzero.planner.schedule import effective_schedule
+from dayzero.planner.schedule import PLACEMENTS, effective_schedule, placement_code
 from dayzero.specs.grid import encode
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split, zero_sharded
+from dayzero.specs.parallel import ParallelConfig, even_split, stage_ranks, zero_sharded
 
 __all__ = ["MemoryOptions", "StageMemory", "MemoryReport", "estimate_memory", "peak_memory_batch",
            "model_states", "zero_comparison", "CATEGORIES"]
@@ -115,15 +115,29 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
     return cols
 
 
+def placed_features(kinds: list[list[str]], full: list[list[str]] | None,
+                    placed: tuple[tuple[int, ...], ...]) -> RankFeatures:
+    """Rank features with the embedding on the ranks holding the first stage and the head on those
+    holding the last (``placed``: :func:`dayzero.specs.parallel.stage_ranks`; DualPipeV puts both
+    on rank 0, DualPipe on ranks 0 and pp - 1)."""
+    f = rank_features(kinds, full)
+    pp = len(kinds)
+    first = np.array([[float(r in placed[0]) for r in range(pp)]])
+    last = np.array([[float(r in placed[-1]) for r in range(pp)]])
+    return replace(f, first=first, last=last)
+
+
 def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[list[int]]]:
     ranks = p.rank_layers(spec)
     types = spec.layer_types
     kinds = [[types[i] for i in r] for r in ranks]
     full = [[] for _ in range(p.pp)]
+    placed = stage_ranks(p.schedule, p.pp, p.vpp)
     for v, chunk in enumerate(p.stage_layers(spec)):  # full recompute: first N layers of each chunk
         n = len(chunk) if p.recompute_layers is None else min(p.recompute_layers, len(chunk))
-        full[v % p.pp].extend(types[i] for i in list(chunk)[:n])
-    return rank_features(kinds, full), ranks
+        for r in placed[v]:
+            full[r].extend(types[i] for i in list(chunk)[:n])
+    return placed_features(kinds, full, placed), ranks
 
 
 def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int,
@@ -163,9 +177,11 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     # One batch per rank-feature width (a few) rather than one per (pp, vpp, schedule) group
     # (hundreds in a search): each row gets its own group's rank features, the schedule is a column.
     vpp_span = int(cols["vpp"].max()) + 1
-    keys, group = np.unique(cols["pp"] * vpp_span + cols["vpp"], return_inverse=True)
+    place = placement_code(cols["schedule"])
+    keys, group = np.unique((cols["pp"] * vpp_span + cols["vpp"]) * 3 + place, return_inverse=True)
     group = group.ravel()
-    feats = [_even_features(spec, int(k // vpp_span), int(k % vpp_span)) for k in keys]
+    feats = [_even_features(spec, int(k // 3 // vpp_span), int(k // 3 % vpp_span), PLACEMENTS[int(k % 3)])
+             for k in keys]
     width = np.array([f.rank.shape[1] for f in feats])
     for w in np.unique(width):
         ids = np.flatnonzero(width == w)
@@ -199,7 +215,7 @@ def _stacked(groups: list[RankFeatures], group: np.ndarray) -> RankFeatures:
 
 
 @lru_cache(maxsize=512)
-def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
+def _even_features(spec: ModelSpec, pp: int, vpp: int, schedule: str = "1f1b") -> RankFeatures:
     """Features of the ranks that can be the busiest under an even split: the first and last rank,
     and, among the middle ranks, the lowest-index one of each layer composition. A middle rank's
     total depends on its index only through the in-flight micro-batches, which never grow with the
@@ -209,9 +225,11 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
     memory pass); its arrays are read-only, so no caller can change the cached value."""
     split = even_split(spec.layers, pp * vpp)
     kinds: list[list[str]] = [[] for _ in range(pp)]
+    placed = stage_ranks(schedule, pp, vpp)
     start = 0
     for v, count in enumerate(split):
-        kinds[v % pp].extend(spec.layer_types[start:start + count])
+        for r in placed[v]:
+            kinds[r].extend(spec.layer_types[start:start + count])
         start += count
     keep, seen = [0, pp - 1] if pp > 1 else [0], set()
     for r in range(1, pp - 1):
@@ -219,7 +237,7 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
         if comp not in seen:
             seen.add(comp)
             keep.append(r)
-    f = rank_features(kinds)
+    f = placed_features(kinds, None, placed)
     cols = np.array(sorted(keep))
 
     def frozen(a: np.ndarray) -> np.ndarray:

@@ -3,7 +3,8 @@
     t_mb     = max over pipeline ranks of  sum over its layers (forward + backward + exposed
                per-layer communication)  + embedding (first rank) + head and loss (last rank)
     step_s   = m * t_mb  +  bubble  +  exposed per-step communication  +  optimizer
-    bubble   = (pp - 1) / vpp * t_mb        (1F1B and GPipe: vpp = 1; interleaved 1F1B: vpp)
+    bubble   = (pp - 1) / vpp * t_mb        (1F1B and GPipe: vpp = 1; interleaved 1F1B: vpp;
+               DualPipe / DualPipeV: planner.schedule.bubble_microbatches)
 
 ``m`` = gbs / (mbs * dp) micro-batches. The bubble fraction (p-1)/(v m) is Narayanan et al.,
 "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (SC'21), eq. 1
@@ -26,11 +27,12 @@ import numpy as np
 from dayzero.planner.calibration import PerfConstants, constants_for, rates
 from dayzero.planner.comm import CommOptions, Groups, layer_comm, place_groups, place_groups_in, step_comm
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
+from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import PRECISIONS, even_split, zero_sharded
+from dayzero.specs.parallel import PRECISIONS, even_split, stage_ranks, zero_sharded
 
 
 @dataclass(frozen=True)
@@ -99,17 +101,35 @@ class PerfOptions:
 
 
 @lru_cache(maxsize=4096)
-def stage_counts(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
-                 split: tuple[int, ...] | None = None) -> np.ndarray:
-    """(pp, K): layers of each class on each pipeline rank (virtual stage s on rank s % pp)."""
+def stage_work(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
+               split: tuple[int, ...] | None = None, schedule: str = "1f1b") -> tuple[np.ndarray, np.ndarray,
+                                                                                       np.ndarray]:
+    """What one micro-batch costs each pipeline rank on average: (pp, K) layers of each class it
+    runs, and (pp,) the shares of the embedding and of the head it runs. A stage on several ranks
+    (DualPipe's mirrored copies, :func:`dayzero.specs.parallel.stage_ranks`) is run by each for
+    its share of the micro-batches (DualPipe: half enter at each end)."""
     split = split or even_split(len(class_index), pp * vpp)
+    placed = stage_ranks(schedule, pp, vpp)
     counts = np.zeros((pp, n_classes))
     start = 0
     for s, n in enumerate(split):
-        for layer in range(start, start + n):
-            counts[s % pp, class_index[layer]] += 1
+        for r in placed[s]:
+            for layer in range(start, start + n):
+                counts[r, class_index[layer]] += 1 / len(placed[s])
         start += n
-    return counts
+    first, last = np.zeros(pp), np.zeros(pp)
+    for share, stage in ((first, placed[0]), (last, placed[-1])):
+        for r in stage:
+            share[r] += 1 / len(stage)
+    for a in (counts, first, last):
+        a.setflags(write=False)
+    return counts, first, last
+
+
+def stage_counts(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
+                 split: tuple[int, ...] | None = None, schedule: str = "1f1b") -> np.ndarray:
+    """(pp, K): layers of each class one micro-batch passes on each pipeline rank (:func:`stage_work`)."""
+    return stage_work(class_index, n_classes, pp, vpp, split, schedule)[0]
 
 
 @dataclass(frozen=True)
@@ -160,8 +180,8 @@ class SlowestRank:
 
     classes: tuple[int, ...]  # layer -> class index (compute.layer_class_index)
     counts: np.ndarray  # (K, N) layers of each class on the slowest rank
-    first: np.ndarray  # (N,) 1.0 where the slowest rank is the first
-    last: np.ndarray  # (N,) 1.0 where it is the last
+    first: np.ndarray  # (N,) the share of the embedding the slowest rank runs per micro-batch (1: the first rank)
+    last: np.ndarray  # (N,) its share of the head and loss (1: the last rank)
 
     def sum(self, x):
         """(K, N) per-layer values -> (N,) summed over the slowest rank's layers."""
@@ -187,19 +207,19 @@ def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tu
     per_layer = costs.fwd + costs.bwd + layer_exposed  # (K, N)
     counts_of = np.zeros((K, n))  # layer counts of each candidate's slowest rank
     first_of, last_of = np.zeros(n), np.zeros(n)
-    key = g["pp"] * 4096 + g["vpp"]
+    place = placement_code(g["schedule"]) if "schedule" in g else np.zeros(n, dtype=np.int64)
+    key = (g["pp"] * 4096 + g["vpp"]) * 3 + place
     order = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     for idx in np.split(order, bounds):
         pp, vpp = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]])
-        C = stage_counts(cls, K, pp, vpp, layer_split)  # (pp, K)
+        C, first, last = stage_work(cls, K, pp, vpp, layer_split, PLACEMENTS[int(place[idx[0]])])
         t = C @ per_layer[:, idx]  # (pp, n_idx)
-        t[0] += costs.first_extra[idx]
-        t[-1] += costs.last_extra[idx]
+        t += first[:, None] * costs.first_extra[idx] + last[:, None] * costs.last_extra[idx]
         slow = np.argmax(t, axis=0)
         counts_of[:, idx] = C[slow].T
-        first_of[idx] = slow == 0
-        last_of[idx] = slow == pp - 1
+        first_of[idx] = first[slow]
+        last_of[idx] = last[slow]
     return SlowestRank(cls, counts_of, first_of, last_of)
 
 
@@ -268,7 +288,9 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer",
                                                                                            zero, edp)
     optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
-    bubble_s = (g["pp"] - 1) / g["vpp"] * t_mb
+    comm_share = comm_mb / 2  # the exposed per-layer communication, half with each of F and B
+    bubble_s = bubble_microbatches(effective_schedule(g["schedule"], g["vpp"]), g["pp"], g["vpp"], fwd_mb + comm_share,
+                                   bwd_mb + comm_share, slow.sum(costs.gemm_fwd))
     step_exposed = sum(i.exposed for i in sitems)
     step_s = m * t_mb + bubble_s + step_exposed + optimizer_s
     compute_s = m * (fwd_mb + bwd_mb)

@@ -25,7 +25,8 @@ from dayzero.errors import LayoutError
 from dayzero.specs.model import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "gpipe"]
+# new schedules are appended, so that the grid codes of the others never move (specs.grid)
+Schedule = Literal["1f1b", "interleaved", "gpipe", "dualpipe", "dualpipev"]
 Precision = Literal["bf16", "fp8", "fp4"]  # GEMM precision; fp4 (NVFP4/MXFP4) keeps fp8's memory
 RECOMPUTES: tuple[str, ...] = get_args(Recompute)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -80,6 +81,8 @@ class ParallelConfig:
             object.__setattr__(self, "layer_split", tuple(int(x) for x in self.layer_split))
         if self.vpp > 1 and self.schedule == "1f1b":
             object.__setattr__(self, "schedule", "interleaved")
+        if self.vpp == 1 and self.schedule == "dualpipev":  # DualPipeV's V: two chunks per rank
+            object.__setattr__(self, "vpp", 2)
         dims = order_dims(self.rank_order)
         if dims is not None:  # canonical spelling; a malformed order is kept for problems() to name
             object.__setattr__(self, "rank_order", "-".join(dims))
@@ -111,6 +114,8 @@ class ParallelConfig:
         s += f" zero{self.zero} mbs{self.mbs} gbs{self.gbs} {self.recompute}"
         if self.sequence_parallel:
             s += " sp"
+        if self.schedule in ("dualpipe", "dualpipev"):  # the others follow from vpp (gpipe is never searched)
+            s += f" {self.schedule}"
         return s
 
     def to_dict(self) -> dict:
@@ -150,9 +155,8 @@ class ParallelConfig:
 
     # -- layer assignment ------------------------------------------------------------------
     def stage_layers(self, spec: ModelSpec) -> list[range]:
-        """Decoder layers of each virtual stage, in model order (virtual stage v*pp + r runs on
-        pipeline rank r, as in Megatron's interleaved schedule). Embedding sits on the first
-        stage, final norm + head + loss on the last."""
+        """Decoder layers of each virtual stage, in model order (the ranks holding each:
+        :func:`stage_ranks`). Embedding sits on the first stage, final norm + head + loss on the last."""
         stages = self.pp * self.vpp
         split = self.layer_split or even_split(spec.layers, stages)
         out, start = [], 0
@@ -164,9 +168,29 @@ class ParallelConfig:
     def rank_layers(self, spec: ModelSpec) -> list[list[int]]:
         """Decoder layers held by each pipeline rank (all its virtual stages)."""
         per_rank: list[list[int]] = [[] for _ in range(self.pp)]
+        placed = stage_ranks(self.schedule, self.pp, self.vpp)
         for v, rng in enumerate(self.stage_layers(spec)):
-            per_rank[v % self.pp].extend(rng)
+            for r in placed[v]:
+                per_rank[r].extend(rng)
         return per_rank
+
+
+def stage_ranks(schedule: str, pp: int, vpp: int) -> tuple[tuple[int, ...], ...]:
+    """The pipeline ranks holding each of the pp x vpp (virtual) stages, first to last.
+
+    - 1F1B, GPipe, interleaved 1F1B: virtual stage s on rank s % pp (Megatron's interleaving).
+    - DualPipe (DeepSeek-V3, arXiv 2412.19437 sec. 3.2.1; deepseek-ai/DualPipe dualpipe.py): pp
+      stages, rank r holds stage r and stage pp - 1 - r, feeding micro-batches from both ends, so
+      every stage's parameters are held twice ("Parameter 2x", the README's table).
+    - DualPipeV (deepseek-ai/DualPipe dualpipev.py; torch.distributed.pipelining
+      ScheduleDualPipeV, stage-to-rank style "v"): 2 pp stages, rank r holds stage r and stage
+      2 pp - 1 - r (a V: rank 0 holds the first and the last stage), each once."""
+    stages = pp * vpp
+    if schedule == "dualpipe":
+        return tuple((s, pp - 1 - s) if pp - 1 - s != s else (s,) for s in range(stages))
+    if schedule == "dualpipev":
+        return tuple((s if s < pp else 2 * pp - 1 - s,) for s in range(stages))
+    return tuple((s % pp,) for s in range(stages))
 
 
 def even_split_fills(layers, stages):
