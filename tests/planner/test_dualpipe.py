@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dayzero.planner.calibration import PerfConstants
 from dayzero.planner.comm import CommOptions
 from dayzero.planner.memory import estimate_memory, peak_memory_batch
 from dayzero.planner.perf import PerfOptions, evaluate
@@ -92,3 +93,71 @@ def test_dualpipe_hides_the_ep_all_to_all_behind_the_other_micro_batch():
     assert ep["ep dispatch"]["exposed_s"] == pytest.approx(ep["ep dispatch"]["total_s"])
     assert ep_d["ep dispatch"]["exposed_s"] < ep_d["ep dispatch"]["total_s"]
     assert ev.step_s[1] < ev.step_s[0]
+
+
+def test_sm_sharing_slowdown_of_overlapped_compute():
+    """DeepSeek-V3 sec. 3.2.2: 20 of the H800's 132 SMs run the dispatch/combine kernels, so the
+    compute they overlap runs at 112/132 while they are in flight: a pair takes max(c, C + f c).
+    c = 10 ms under C = 100 ms adds 10 x 20/132 = 1.515 ms; c = 100 ms over C = 10 ms adds 90 ms
+    (the unhidden part, 10 + 0.1515 x 100 = 25 < 100); with f = 0 a hidden all-to-all is free."""
+    from dayzero.planner.comm import overlapped_exposed
+
+    f = PerfConstants().comm_sm_fraction
+    assert f == pytest.approx(20 / 132)
+    assert overlapped_exposed(10.0, 100.0, f) == pytest.approx(1.51515, rel=1e-4)
+    assert overlapped_exposed(100.0, 10.0, f) == pytest.approx(90.0)
+    assert overlapped_exposed(10.0, 100.0, 0.0) == 0.0
+
+
+def test_ep_overlap_is_on_where_the_schedule_runs_it_and_the_flag_pins_it():
+    """Megatron-Core's --overlap-moe-expert-parallel-comm (transformer_config.py __post_init__)
+    needs ep > 1, no full recompute and a virtual pipeline when pp > 1; DualPipe/DualPipeV overlap
+    by construction, whatever the pin."""
+    from dayzero.planner.comm import ep_overlapped
+
+    rows = [dict(pp=1, vpp=1, ep=8), dict(pp=4, vpp=1, ep=8), dict(pp=4, vpp=2, ep=8), dict(pp=4, vpp=2, ep=1),
+            dict(pp=4, vpp=2, ep=8, recompute="full"), dict(pp=4, vpp=1, ep=8, schedule="dualpipe")]
+    g = encode([ParallelConfig(dp=8, gbs=64, **r) for r in rows])
+    assert list(ep_overlapped(g, CommOptions())) == [1, 0, 1, 0, 0, 1]
+    assert list(ep_overlapped(g, CommOptions(ep_overlap=False))) == [0, 0, 0, 0, 0, 1]
+    assert list(ep_overlapped(g, CommOptions(ep_overlap=True))) == [1] * 6
+
+
+def test_overlapped_ep_exposes_the_slowdown_by_default():
+    """An interleaved MoE layout's EP all-to-all is overlapped by default (it was exposed whole
+    before): each MoE layer's dispatch + combine + count exchange exposes max(a2a - layer, f a2a)."""
+    from dayzero.planner.comm import overlapped_exposed
+
+    cl = build_cluster("h100", 64)
+    p = ParallelConfig(pp=4, vpp=2, dp=16, ep=16, gbs=256, mbs=1, seq=4096)
+    ev = evaluate(MOE, encode([p]), cl, PerfOptions())
+    assert ev.ep_overlap[0] == 1.0
+    rows = [r for r in ev.inventory_of(0) if r["dim"] == "ep" and r["collective"] != "all_gather" or
+            r["name"] == "ep token counts"]
+    total = sum(r["total_s"] for r in rows)
+    exposed = sum(r["exposed_s"] for r in rows)
+    assert 0 < exposed < total
+    off = evaluate(MOE, encode([p]), cl, PerfOptions(comm=CommOptions(ep_overlap=False)))
+    assert ev.step_s[0] < off.step_s[0]
+    f = PerfConstants().comm_sm_fraction
+    assert exposed >= f * total * 0.999  # never below the SM-sharing slowdown
+    assert float(overlapped_exposed(1.0, 0.0, f)) == 1.0
+
+
+def test_the_search_tries_dualpipev_where_an_engine_runs_it():
+    """Beside each vpp's default schedule the search adds DualPipeV for vpp 2, pp > 1 (torchtitan
+    runs it, torch.distributed.pipelining ScheduleDualPipeV) and keeps it only at the ZeRO
+    stages some engine runs it with: torchtitan has no ZeRO-1, so (zero 1, dualpipev) is left out
+    and (zero 3, dualpipev) kept; a 1F1B row keeps every ZeRO stage."""
+    from dayzero.planner.search import SearchSpace, _fitting_variants, enumerate_layouts
+
+    space = SearchSpace(tp=(1,), pp=(2,), cp=(1,), ep=(8,), etp=(1,), vpp=(1, 2), mbs=(1,))
+    g, *_ = enumerate_layouts(MOE, 64, 256, 4096, space, 8)
+    scheds = sorted(set(zip(g["vpp"].tolist(), g["schedule"].tolist())))
+    assert scheds == [(1, ONE_F_ONE_B), (2, INTERLEAVED), (2, DUALPIPEV)]
+    rows = {k: v[[int(np.flatnonzero(g["schedule"] == ONE_F_ONE_B)[0]),
+                  int(np.flatnonzero(g["schedule"] == DUALPIPEV)[0])]] for k, v in g.items()}
+    found, _, dropped = _fitting_variants(MOE, rows, (1, 3), (0,), lambda grid: np.zeros(len(grid["tp"])), 1.0,
+                                          searched_dual=True)
+    kept = {z: idx.tolist() for idx, z, _, _ in found}
+    assert kept == {1: [0], 3: [0, 1]} and dropped == 1

@@ -127,13 +127,20 @@ def test_search_bases_are_exactly_the_layouts_problems_accepts():
             space.rank_order):
         if tp == 1 and sp:  # a tp = 1 layout is one layout, without sequence parallelism
             continue
-        n += 1
-        p = ParallelConfig(tp=tp, pp=pp, dp=devices // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
-                           gbs=gbs, seq=seq, sequence_parallel=sp, rank_order=order)
-        in_space = bool(space_mask(encode([p]), MIXTRAL)[0])
-        if in_space and valid_everywhere(MIXTRAL, p, devices):
-            c = columns(p)
-            want.add(tuple(c[k] for k in FIELDS if k not in ("zero", "recompute")))
+        # each vpp's default schedule, and DualPipeV beside every valid two-chunk layout (search.searched_schedules)
+        valid = False
+        for schedule in ("1f1b",) + (("dualpipev",) if vpp == 2 and pp > 1 else ()):
+            if schedule == "dualpipev" and not valid:
+                continue
+            n += 1
+            p = ParallelConfig(tp=tp, pp=pp, dp=devices // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
+                               gbs=gbs, seq=seq, sequence_parallel=sp, rank_order=order, schedule=schedule)
+            in_space = bool(space_mask(encode([p]), MIXTRAL)[0])
+            ok = in_space and valid_everywhere(MIXTRAL, p, devices)
+            valid = valid or ok
+            if ok:
+                c = columns(p)
+                want.add(tuple(c[k] for k in FIELDS if k not in ("zero", "recompute")))
     assert got == want and len(want) > 100
     assert considered == n * variants
     assert indivisible == (n - len(want)) * variants

@@ -119,7 +119,7 @@ def plan_cmd(
     schedule: ListOpt("--schedule", "pipeline schedules (1f1b: vpp 1, interleaved: vpp > 1, gpipe)") = None,
     recompute: ListOpt("--recompute", "recompute modes (none, selective, full)") = None,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
-    tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, ep_dispatcher: EpDispatcherOpt = None,
+    tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     moe_imbalance: ImbalanceOpt = 1.0,
     expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",

@@ -61,7 +61,11 @@ COUNT_BYTES = 8  # one int64 token count per expert (torch.bincount/histc result
 @dataclass(frozen=True)
 class CommOptions:
     tp_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
-    ep_overlap: bool = False  # EP all-to-all overlapped with another micro-batch (DualPipe, 1F1B a2a overlap)
+    # EP all-to-all overlapped with another micro-batch's compute: None (the default) wherever the
+    # layout's schedule runs it (ep_overlapped: DualPipe/DualPipeV always, Megatron-Core's
+    # --overlap-moe-expert-parallel-comm where its conditions hold), True pinned on everywhere,
+    # False pinned off (DualPipe/DualPipeV overlap by construction all the same)
+    ep_overlap: bool | None = None
     moe_imbalance: float = 1.0  # busiest device's routed tokens / average (NVIDIA benchmarks force-balance)
     moe_measured: MeasuredImbalance | None = None  # measured per EP size (--expert-loads); replaces the constant
     # bytes per gradient element on the wire: FP32, as Megatron-LM reduces BF16 runs unless
@@ -334,7 +338,7 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
         ep_items.append((f"ep {direction}", "all_to_all", nb, ops, t))
     total = sum(o * t for _, _, _, o, t in ep_items)
     overlap = kn(ep_overlapped(g, opt))
-    exposed = np.where(overlap > 0, np.maximum(0.0, total - layer_fb), total)
+    exposed = np.where(overlap > 0, overlapped_exposed(total, layer_fb, rates.comm_sm_fraction), total)
     share = exposed / np.maximum(total, 1e-30)
     hidden = "other micro-batch" if opt.ep_overlap or overlap.any() else ""
     for name, kind, nb, o, t in ep_items:
@@ -347,12 +351,34 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
 
 
 def ep_overlapped(grid: dict, opt: CommOptions) -> np.ndarray:
-    """(N,) 1.0 where the EP all-to-all overlaps another micro-batch's compute: under DualPipe and
-    DualPipeV always (the schedules pair one micro-batch's forward with another's backward to hide
-    it, DeepSeek-V3 sec. 3.2.1), elsewhere where ``opt.ep_overlap`` turns it on."""
-    sched = np.asarray(grid["schedule"]) if "schedule" in grid else np.zeros(np.shape(grid["tp"]), dtype=np.int64)
+    """(N,) 1.0 where the EP all-to-all overlaps another micro-batch's compute.
+
+    Under DualPipe and DualPipeV always (the schedules pair one micro-batch's forward with
+    another's backward to hide it, DeepSeek-V3 sec. 3.2.1). Elsewhere, with ``opt.ep_overlap``
+    None, where Megatron-Core's ``--overlap-moe-expert-parallel-comm`` runs
+    (megatron/core/transformer/transformer_config.py __post_init__ asserts: expert parallelism
+    (ep > 1), no full recompute, and a virtual pipeline when pp > 1), since an overlap never
+    costs time in this model (:func:`overlapped_exposed` <= the all-to-all); True pins it on
+    everywhere, False off."""
+    shape = np.shape(grid["tp"])
+    sched = np.asarray(grid["schedule"]) if "schedule" in grid else np.zeros(shape, dtype=np.int64)
     dual = (sched == DUALPIPE) | (sched == DUALPIPEV)
-    return 1.0 * (dual | bool(opt.ep_overlap))
+    if opt.ep_overlap is not None:
+        return 1.0 * (dual | bool(opt.ep_overlap))
+    g = {k: np.asarray(grid[k]) for k in ("ep", "pp", "vpp", "recompute") if k in grid}
+    megatron = ((g["ep"] > 1) & (g.get("recompute", 0) != FULL)
+                & ((g.get("pp", 1) == 1) | (g.get("vpp", 1) > 1)))
+    return 1.0 * np.broadcast_to(dual | megatron, shape)
+
+
+def overlapped_exposed(comm, compute, sm_fraction):
+    """What an all-to-all of ``comm`` seconds adds to ``compute`` seconds it overlaps, while its
+    kernels hold ``sm_fraction`` of the device's SMs (DeepSeek-V3 sec. 3.2.2: 20 of the H800's
+    132 SMs run the dispatch/combine kernels). The compute runs at (1 - f) while the
+    communication is in flight and at full rate after: it ends at C + f c when the communication
+    ends first (C >= (1 - f) c), else the pair ends with the communication. The pair takes
+    max(c, C + f c), so it adds max(c - C, f c): the part nothing hides, or the slowdown."""
+    return np.maximum(comm - compute, sm_fraction * comm)
 
 
 def _zero3(L: _Layer) -> list[LayerComm]:

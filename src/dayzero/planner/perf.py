@@ -25,7 +25,15 @@ from functools import lru_cache
 import numpy as np
 
 from dayzero.planner.calibration import PerfConstants, constants_for, rates
-from dayzero.planner.comm import CommOptions, Groups, layer_comm, place_groups, place_groups_in, step_comm
+from dayzero.planner.comm import (
+    CommOptions,
+    Groups,
+    ep_overlapped,
+    layer_comm,
+    place_groups,
+    place_groups_in,
+    step_comm,
+)
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
 from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
 from dayzero.planner.topology import scaleup_domain
@@ -45,11 +53,12 @@ class PerfOptions:
     attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 | unfused
 
     @classmethod
-    def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool = False, moe_imbalance: float = 1.0,
+    def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool | None = None, moe_imbalance: float = 1.0,
                 calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
-        file's overrides, then a ``calibration`` file's), the overlap switches, the MoE imbalance
+        file's overrides, then a ``calibration`` file's), the overlap switches (``ep_overlap``
+        None: wherever the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
         (busiest device's routed tokens over the average, >= 1, or derived per EP size from a
         per-expert load CV ``moe_expert_cv``), the EP dispatcher (``dedup`` | ``all_to_all``), FP8
         dispatch, and the attention kernel."""
@@ -150,6 +159,8 @@ class Evaluation:
     microbatch_s: np.ndarray  # one micro-batch on the slowest rank, with its exposed per-layer communication
     groups: dict = field(repr=False)  # dim -> (size, per_domain, domains) arrays
     inventory: list = field(repr=False)  # [(item, ops, bytes, busy seconds, exposed seconds) per step, (N,) each]
+    # (N,) 1.0 where the EP all-to-all overlaps another micro-batch (planner.comm.ep_overlapped; 0 without MoE)
+    ep_overlap: np.ndarray | None = field(default=None, repr=False)
 
     def inventory_of(self, i: int) -> list[dict]:
         """The communication inventory of candidate ``i``: one row per collective kind."""
@@ -306,4 +317,5 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     return Evaluation(step_s=step_s, compute_s=compute_s, comm_exposed_s=comm_exposed_s, bubble_s=bubble_s,
                       optimizer_s=optimizer_s, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
-                      microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory)
+                      microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory,
+                      ep_overlap=ep_overlapped(g, options.comm) * (spec.moe is not None and spec.is_moe))

@@ -63,7 +63,9 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
         **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts),
             # how tokens reach their experts: dedup (once per rank and remote node) or all_to_all (every copy)
-            "moe_dispatch": {"dispatcher": options.comm.ep_dispatcher, "fp8": options.comm.fp8_dispatch}}
+            "moe_dispatch": {"dispatcher": options.comm.ep_dispatcher, "fp8": options.comm.fp8_dispatch,
+                             # the EP all-to-all overlapped with another micro-batch (planner.comm.ep_overlapped)
+                             "ep_overlap": bool(ev.ep_overlap[i]) if ev.ep_overlap is not None else False}}
            if spec.is_moe else {}),
     }
 

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from dayzero.errors import FitError, LayoutError
-from dayzero.planner.engines import engine_mask
+from dayzero.planner.engines import ENGINES, engine_mask
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
-from dayzero.specs.grid import FIELDS, INTERLEAVED, ONE_F_ONE_B, TABLES, code, decode, default_schedule
+from dayzero.specs.grid import DUALPIPEV, FIELDS, INTERLEAVED, ONE_F_ONE_B, TABLES, code, decode, default_schedule
 from dayzero.specs.layout_rules import DEGREES, Where, field_problems, mask, rules_reading
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills
@@ -232,6 +232,18 @@ def _cross(g: dict, name: str, values) -> dict:
     return out
 
 
+def searched_schedules(g: dict) -> dict:
+    """The rows the search adds beside each valid layout's default schedule: DualPipeV for every
+    two-chunk pipeline (vpp 2, pp > 1), which torchtitan runs (torch.distributed.pipelining
+    ScheduleDualPipeV); the rows no engine runs at their ZeRO stage are dropped later
+    (:func:`_fitting_variants`). DualPipe, which no engine of planner.engines runs, is tried only
+    when ``--schedule`` pins it."""
+    rows = (g["vpp"] == 2) & (g["pp"] > 1)
+    out = _take(g, rows)
+    out["schedule"] = np.full(int(rows.sum()), DUALPIPEV, dtype=np.int64)
+    return out
+
+
 def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: SearchSpace,
                       domain: int = 8, precision: str = "bf16") -> tuple[dict, int, int, int]:
     """All valid *bases* (every dim but zero and recompute), as a grid.
@@ -282,6 +294,12 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
         if not ok.any():
             raise LayoutError(why_none(g, spec, devices, rules, pins, later(i), space))
         g = _take(g, ok)
+    if space.schedule is None:  # DualPipeV beside every valid two-chunk layout, under the same rules
+        extra = searched_schedules(g)
+        ok = mask(extra, spec, devices) & space_mask(extra, spec)
+        considered += len(extra["tp"]) * variants
+        indivisible += int((~ok).sum()) * variants
+        g = {k: np.concatenate([g[k], extra[k][ok]]) for k in g}
     return g, considered, indivisible, variants
 
 
@@ -290,13 +308,15 @@ def _with(g: dict, **cols) -> dict:
     return {**g, **{k: np.full(n, v, dtype=np.int64) if np.ndim(v) == 0 else v for k, v in cols.items()}}
 
 
-def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit, engine=None) -> tuple[list, int, int]:
+def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit, engine=None,
+                      searched_dual: bool = False) -> tuple[list, int, int]:
     """For each base and ZeRO stage, the least recompute that fits. Memory falls as recompute
     grows (but not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost
     more than they save), so each ZeRO stage is walked down from full recompute and stops at the
     first level that does not fit; the levels above it fit but only add time. Returns
     ([(base indices, zero, recompute per base, peak per base)], number of fitting (base, zero,
-    recompute) layouts, number ruled out by ``engine``)."""
+    recompute) layouts, number ruled out by ``engine``; without one, with ``searched_dual``, the
+    searched DualPipeV rows no engine runs)."""
     n = len(bases["tp"])
     recomputes = np.asarray(sorted(recomputes))
     out, n_fit, n_engine = [], 0, 0
@@ -308,6 +328,12 @@ def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit, engin
             runs = engine_mask(engine, _with(bases, zero=z))
             n_engine += int((~runs).sum()) * len(recomputes)
             alive = alive[runs]
+        elif searched_dual:  # a searched DualPipeV row only where some engine runs it at this ZeRO stage
+            zb = _with(bases, zero=z)
+            runs = np.logical_or.reduce([engine_mask(e, zb) for e in ENGINES])
+            keep = (bases["schedule"] != DUALPIPEV) | runs
+            n_engine += int((~keep).sum()) * len(recomputes)
+            alive = alive[keep]
         for ri in range(len(recomputes) - 1, -1, -1):
             if not len(alive):
                 break
@@ -362,7 +388,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     n_fit = n_timed = 0
     for start in range(0, n, CHUNK):
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
-        found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, recomputes, memory, limit, space.engine)
+        found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, recomputes, memory, limit, space.engine,
+                                                         searched_dual=space.schedule is None)
         n_fit += fit_here
         engine_zero += engine_here
         by_zero = {z: (idx, r, pk) for idx, z, r, pk in found}
@@ -403,6 +430,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                 "worse": n_fit - len(order)}
     if space.engine:
         rejected["engine"] = engine_bases + engine_zero
+    elif engine_zero:  # searched DualPipeV rows at ZeRO stages no engine runs them with
+        rejected["no engine"] = engine_zero
     return SearchResult(candidates=top, evaluation=ev, peak_bytes=peaks[order], considered=considered,
                         rejected=rejected, timed=n_timed)
 
