@@ -34,7 +34,7 @@ from dayzero.planner.memory_terms import (
 from dayzero.planner.schedule import PLACEMENTS, effective_schedule, placement_code
 from dayzero.specs.grid import encode
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split, stage_ranks, zero_sharded
+from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
 
 __all__ = ["MemoryOptions", "StageMemory", "MemoryReport", "estimate_memory", "peak_memory_batch",
            "model_states", "zero_comparison", "CATEGORIES"]
@@ -116,15 +116,38 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
 
 
 def placed_features(kinds: list[list[str]], full: list[list[str]] | None,
-                    placed: tuple[tuple[int, ...], ...]) -> RankFeatures:
+                    placed: tuple[tuple[int, ...], ...], spec: ModelSpec | None = None) -> RankFeatures:
     """Rank features with the embedding on the ranks holding the first stage and the head on those
     holding the last (``placed``: :func:`dayzero.specs.parallel.stage_ranks`; DualPipeV puts both
-    on rank 0, DualPipe on ranks 0 and pp - 1)."""
+    on rank 0, DualPipe on ranks 0 and pp - 1). ``spec``'s multi-token-prediction modules
+    (DeepSeek-V3 sec. 2.2) sit on the ranks holding the last stage, as Megatron-LM builds them: a
+    decoder layer of ``spec.mtp_kind`` each (its weights, gradients, optimizer states and
+    activations as any layer's) and a copy of the shared embedding (their input lookup)."""
+    kinds = [list(k) for k in kinds]
+    full = [list(k) for k in full] if full is not None else None
+    mtp = spec.mtp_layers if spec is not None else 0
+    for r in placed[-1] if mtp else ():
+        kinds[r] += [spec.mtp_kind] * mtp
+        if full is not None:
+            full[r] += [spec.mtp_kind] * mtp
     f = rank_features(kinds, full)
     pp = len(kinds)
-    first = np.array([[float(r in placed[0]) for r in range(pp)]])
+    first = np.array([[float(r in placed[0] or (mtp > 0 and r in placed[-1])) for r in range(pp)]])
     last = np.array([[float(r in placed[-1]) for r in range(pp)]])
     return replace(f, first=first, last=last)
+
+
+def _stage_terms(spec: ModelSpec, options: MemoryOptions, c: dict, f: RankFeatures,
+                 capacity: float) -> dict[str, np.ndarray]:
+    """:func:`stage_terms`, with each MTP module's second pass through the head on the last stage:
+    its saved head inputs and its logits, as many again as the main head's (Megatron-LM's MTP
+    block computes each depth's logits and loss in the same forward)."""
+    t = stage_terms(spec, options, c, f, capacity)
+    if spec.mtp_layers:
+        for k in ("activations:head", "temporary:logits"):
+            if k in t:
+                t[k] = t[k] * (1 + spec.mtp_layers)
+    return t
 
 
 def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[list[int]]]:
@@ -137,7 +160,7 @@ def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[li
         n = len(chunk) if p.recompute_layers is None else min(p.recompute_layers, len(chunk))
         for r in placed[v]:
             full[r].extend(types[i] for i in list(chunk)[:n])
-    return placed_features(kinds, full, placed), ranks
+    return placed_features(kinds, full, placed, spec), ranks
 
 
 def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int,
@@ -145,7 +168,7 @@ def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: i
     """Bytes per device on every pipeline stage. Raises LayoutError for an impossible layout."""
     parallel.validate(spec)
     feats, ranks = _features(spec, parallel)
-    terms = stage_terms(spec, options, candidate(parallel), feats, float(capacity_bytes))
+    terms = _stage_terms(spec, options, candidate(parallel), feats, float(capacity_bytes))
     cats = category_totals(terms)
     stages = []
     for r in range(parallel.pp):
@@ -193,7 +216,7 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
         else:
             c = {k: v[rows][:, None] for k, v in cols.items()}
         f = _stacked([feats[i] for i in ids], local[group[rows]])
-        totals = sum(category_totals(stage_terms(spec, options, c, f, float(capacity_bytes))).values())
+        totals = sum(category_totals(_stage_terms(spec, options, c, f, float(capacity_bytes))).values())
         out[rows] = np.broadcast_to(totals, (len(rows), int(w))).max(axis=1)
     return out
 
@@ -223,7 +246,7 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int, schedule: str = "1f1b") -
 
     A pure function of its arguments, memoised (a search asks for the same (pp, vpp) in every
     memory pass); its arrays are read-only, so no caller can change the cached value."""
-    split = even_split(spec.layers, pp * vpp)
+    split = model_split(spec.layers, pp * vpp, spec.mtp_layers)
     kinds: list[list[str]] = [[] for _ in range(pp)]
     placed = stage_ranks(schedule, pp, vpp)
     start = 0
@@ -237,7 +260,7 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int, schedule: str = "1f1b") -
         if comp not in seen:
             seen.add(comp)
             keep.append(r)
-    f = placed_features(kinds, None, placed)
+    f = placed_features(kinds, None, placed, spec)
     cols = np.array(sorted(keep))
 
     def frozen(a: np.ndarray) -> np.ndarray:

@@ -38,9 +38,9 @@ from dayzero.planner.compute import BF16, compute_costs, layer_class_index, laye
 from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
-from dayzero.specs.counting import flops_per_token
+from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import PRECISIONS, even_split, stage_ranks, zero_sharded
+from dayzero.specs.parallel import PRECISIONS, model_split, stage_ranks, zero_sharded
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,16 @@ class PerfOptions:
 
 @lru_cache(maxsize=4096)
 def stage_work(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
-               split: tuple[int, ...] | None = None, schedule: str = "1f1b") -> tuple[np.ndarray, np.ndarray,
-                                                                                       np.ndarray]:
+               split: tuple[int, ...] | None = None, schedule: str = "1f1b",
+               mtp: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What one micro-batch costs each pipeline rank on average: (pp, K) layers of each class it
     runs, and (pp,) the shares of the embedding and of the head it runs. A stage on several ranks
     (DualPipe's mirrored copies, :func:`dayzero.specs.parallel.stage_ranks`) is run by each for
-    its share of the micro-batches (DualPipe: half enter at each end)."""
-    split = split or even_split(len(class_index), pp * vpp)
+    its share of the micro-batches (DualPipe: half enter at each end). ``mtp``: (class, count) of
+    the multi-token-prediction modules' decoder layers, which run on the last stage with their
+    own embedding lookup (Megatron-LM builds the MTP block on the last pipeline stage;
+    Megatron-Bridge's layouts end "...tmL", the MTP as one more layer of the last stage)."""
+    split = split or model_split(len(class_index), pp * vpp, mtp[1])
     placed = stage_ranks(schedule, pp, vpp)
     counts = np.zeros((pp, n_classes))
     start = 0
@@ -130,6 +133,9 @@ def stage_work(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
     for share, stage in ((first, placed[0]), (last, placed[-1])):
         for r in stage:
             share[r] += 1 / len(stage)
+    for r in placed[-1]:
+        counts[r, mtp[0]] += mtp[1] / len(placed[-1])
+        first[r] += mtp[1] / len(placed[-1])
     for a in (counts, first, last):
         a.setflags(write=False)
     return counts, first, last
@@ -208,6 +214,16 @@ class SlowestRank:
         return self.sum(costs.dense_params) + self.first * costs.first_params + self.last * costs.last_params
 
 
+def mtp_class(spec: ModelSpec) -> tuple[int, int]:
+    """(layer class, count) of the MTP modules' decoder layers: the class of the first layer of
+    ``spec.mtp_kind`` (ModelSpec: the last layer's kind by default); (0, 0) without MTP."""
+    if not spec.mtp_layers:
+        return 0, 0
+    classes = layer_classes(spec)
+    index = next((i for i, (k, _) in enumerate(classes) if k == spec.mtp_kind), len(classes) - 1)
+    return index, spec.mtp_layers
+
+
 def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tuple[int, ...] | None) -> SlowestRank:
     """The pipeline rank with the longest micro-batch (its layers' forward, backward and exposed
     per-layer communication, plus the embedding or head), per candidate; candidates sharing
@@ -224,7 +240,7 @@ def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tu
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     for idx in np.split(order, bounds):
         pp, vpp = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]])
-        C, first, last = stage_work(cls, K, pp, vpp, layer_split, PLACEMENTS[int(place[idx[0]])])
+        C, first, last = stage_work(cls, K, pp, vpp, layer_split, PLACEMENTS[int(place[idx[0]])], mtp_class(spec))
         t = C @ per_layer[:, idx]  # (pp, n_idx)
         t += first[:, None] * costs.first_extra[idx] + last[:, None] * costs.last_extra[idx]
         slow = np.argmax(t, axis=0)
@@ -310,7 +326,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     devices = g["tp"] * g["pp"] * g["dp"] * g["cp"]
     tokens_per_s = g["gbs"] * seq / step_s
     per_dev = tokens_per_s / devices
-    model_flops = flops_per_token(spec, seq, causal=True).train
+    # model FLOPs as Megatron-LM counts them: the MTP modules' included (counting.mtp_flops_per_token)
+    model_flops = flops_per_token(spec, seq, causal=True).train + mtp_flops_per_token(spec, seq, causal=True)
     tflops = per_dev * model_flops
     peak = np.array([r.peak[p] for p in PRECISIONS])[g["precision"]]
     inventory = _inventory(litems, sitems, slow, m) if inventory else []

@@ -158,7 +158,7 @@ class ParallelConfig:
         """Decoder layers of each virtual stage, in model order (the ranks holding each:
         :func:`stage_ranks`). Embedding sits on the first stage, final norm + head + loss on the last."""
         stages = self.pp * self.vpp
-        split = self.layer_split or even_split(spec.layers, stages)
+        split = self.layer_split or model_split(spec.layers, stages, spec.mtp_layers)
         out, start = [], 0
         for n in split:
             out.append(range(start, start + n))
@@ -199,6 +199,24 @@ def even_split_fills(layers, stages):
     one layer each when splitting (account_for_embedding/loss_in_pipeline_split), so 126 layers
     fill 128 stages. Ints or arrays."""
     return layers >= stages - 2
+
+
+def model_split(layers: int, stages: int, mtp: int = 0) -> tuple[int, ...]:
+    """Decoder layers per stage when the last stage also runs ``mtp`` multi-token-prediction
+    modules: the near-even split of layers + mtp with the MTP modules' share taken off the last
+    stage(s), so that each counts as one layer of the last stage (Megatron-Bridge's DeepSeek
+    layouts end "...tmL": the last stage's decoder layer, the MTP layer and the loss, e.g.
+    "Et*4|(t*4|)*14tmL"). Without MTP, :func:`even_split`."""
+    if not mtp or stages <= 1:
+        return even_split(layers, stages)
+    split = list(even_split(layers + mtp, stages))
+    need, i = mtp, stages - 1
+    while need and i >= 0:
+        d = min(split[i], need)
+        split[i] -= d
+        need -= d
+        i -= 1
+    return tuple(split)
 
 
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
