@@ -233,8 +233,8 @@ def _cross(g: dict, name: str, values) -> dict:
 
 
 def searched_schedules(g: dict) -> dict:
-    """The rows the search adds beside each valid layout's default schedule: DualPipeV for every
-    two-chunk pipeline (vpp 2, pp > 1), which torchtitan runs (torch.distributed.pipelining
+    """The rows the search adds beside each vpp's default schedule: DualPipeV for every two-chunk
+    pipeline (vpp 2, pp > 1) whose tp, pp, cp, ep and etp passed, which torchtitan runs (torch.distributed.pipelining
     ScheduleDualPipeV); the rows no engine runs at their ZeRO stage are dropped later
     (:func:`_fitting_variants`). DualPipe, which no engine of planner.engines runs, is tried only
     when ``--schedule`` pins it."""
@@ -284,6 +284,10 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
             g["dp"] = devices // (g["tp"] * g["pp"] * g["cp"])  # the device-count rule rejects a remainder
         if "vpp" in stage and space.schedule is None:
             g["schedule"] = default_schedule(g["vpp"])
+            # DualPipeV beside every two-chunk row whose earlier dims passed (its own rules follow)
+            extra = searched_schedules(g)
+            considered += len(extra["tp"]) * later(i)
+            g = {k: np.concatenate([g[k], extra[k]]) for k in g}
         rules = tuple(r for r in rules_reading(g, spec, devices) if r not in applied)
         applied.update(rules)
         pins = pin_checks(g, space, devices)
@@ -294,12 +298,6 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
         if not ok.any():
             raise LayoutError(why_none(g, spec, devices, rules, pins, later(i), space))
         g = _take(g, ok)
-    if space.schedule is None:  # DualPipeV beside every valid two-chunk layout, under the same rules
-        extra = searched_schedules(g)
-        ok = mask(extra, spec, devices) & space_mask(extra, spec)
-        considered += len(extra["tp"]) * variants
-        indivisible += int((~ok).sum()) * variants
-        g = {k: np.concatenate([g[k], extra[k][ok]]) for k in g}
     return g, considered, indivisible, variants
 
 
@@ -329,11 +327,14 @@ def _fitting_variants(spec, bases: dict, zeros, recomputes, memory, limit, engin
             n_engine += int((~runs).sum()) * len(recomputes)
             alive = alive[runs]
         elif searched_dual:  # a searched DualPipeV row only where some engine runs it at this ZeRO stage
-            zb = _with(bases, zero=z)
-            runs = np.logical_or.reduce([engine_mask(e, zb) for e in ENGINES])
-            keep = (bases["schedule"] != DUALPIPEV) | runs
-            n_engine += int((~keep).sum()) * len(recomputes)
-            alive = alive[keep]
+            dual = np.flatnonzero(bases["schedule"] == DUALPIPEV)
+            if len(dual):
+                zb = _with({k: v[dual] for k, v in bases.items()}, zero=z)
+                runs = np.logical_or.reduce([engine_mask(e, zb) for e in ENGINES])
+                keep = np.ones(n, dtype=bool)
+                keep[dual[~runs]] = False
+                n_engine += int((~runs).sum()) * len(recomputes)
+                alive = alive[keep]
         for ri in range(len(recomputes) - 1, -1, -1):
             if not len(alive):
                 break
