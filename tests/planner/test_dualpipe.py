@@ -161,3 +161,15 @@ def test_the_search_tries_dualpipev_where_an_engine_runs_it():
                                           searched_dual=True)
     kept = {z: idx.tolist() for idx, z, _, _ in found}
     assert kept == {1: [0], 3: [0, 1]} and dropped == 1
+
+
+def test_the_megatron_export_turns_on_the_overlap_the_planner_priced():
+    """Megatron-Core's --overlap-moe-expert-parallel-comm is written where planner.comm.ep_overlapped
+    turns it on (ep > 1, no full recompute, vpp > 1 when pp > 1), not for a 1F1B pipeline."""
+    from dayzero.export.megatron import model_args
+
+    on, _ = model_args(MOE, ParallelConfig(pp=2, vpp=2, dp=8, ep=8, gbs=64))
+    off, _ = model_args(MOE, ParallelConfig(pp=2, dp=8, ep=8, gbs=64))
+    full, _ = model_args(MOE, ParallelConfig(pp=1, dp=8, ep=8, gbs=64, recompute="full"))
+    flag = "--overlap-moe-expert-parallel-comm"
+    assert flag in on and flag not in off and flag not in full
