@@ -173,3 +173,19 @@ def test_the_megatron_export_turns_on_the_overlap_the_planner_priced():
     full, _ = model_args(MOE, ParallelConfig(pp=1, dp=8, ep=8, gbs=64, recompute="full"))
     flag = "--overlap-moe-expert-parallel-comm"
     assert flag in on and flag not in off and flag not in full
+
+
+def test_deepseek_v3_published_degrees_search_chooses_the_ep_overlap():
+    """Issue #16: DeepSeek-V3 on 2,048 H800 with its published degrees (tp 1, pp 16, ep 64, FP8,
+    gbs 15,360 x 4,096; arXiv 2412.19437 sec. 3.1-3.3, 4.2) is predicted to fit with the EP
+    overlap chosen by the search (no --ep-overlap), within 15 % of the 1e12 / (180e3 x 3600) =
+    1,543 tokens/s per GPU of its 180K H800 GPU hours per trillion tokens (Table 1)."""
+    from dayzero.planner.search import SearchSpace, plan
+
+    dsv3 = load_model("deepseek-v3")
+    h800 = build_cluster("h800", 2048)
+    space = SearchSpace(tp=(1,), pp=(16,), ep=(64,), cp=(1,), etp=(1,), mbs=(1,))
+    best = plan(dsv3, h800, 15360, 4096, "fp8", PerfOptions.for_run(h800), top_k=1, space=space)["plans"][0]
+    assert best["fits"] and best["moe_dispatch"]["ep_overlap"]
+    assert best["parallel"]["schedule"] in ("dualpipe", "dualpipev") and best["engines"]
+    assert best["throughput"]["tokens_per_s_per_device"] == pytest.approx(1e12 / (180e3 * 3600), rel=0.15)
