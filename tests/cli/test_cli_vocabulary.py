@@ -182,7 +182,8 @@ def test_a_pin_no_layout_satisfies_is_one_line_naming_why(capsys):
                           (["--tp", "3"], "attention heads (32) must be divisible by tp (3)"),
                           (["--dp", "64", "--tp", "2"], "dp 32 = 64 devices / (tp*pp*cp = 2*1*1) is not among "
                                                         "--dp 64"),
-                          (["--schedule", "zb"], "schedule must be 1f1b|interleaved|gpipe, got 'zb'")):
+                          (["--schedule", "zb"],
+                           "schedule must be 1f1b|interleaved|gpipe|dualpipe|dualpipev, got 'zb'")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err.strip().splitlines()
         err = [line for line in err if not line.startswith("config keys not used")]

@@ -18,7 +18,7 @@ from dayzero.planner.memory import (
 from dayzero.planner.params import layer_params
 from dayzero.specs.counting import layer_count, params_total
 from dayzero.specs.grid import encode
-from dayzero.specs.parallel import ParallelConfig, even_split
+from dayzero.specs.parallel import ParallelConfig, even_split, model_split
 from dayzero.specs.registry import load_model
 
 GB = 10**9
@@ -161,7 +161,7 @@ def test_batch_equals_scalar_on_named_layouts():
     # that can be busiest; the scalar path evaluates all of them
     for pp, vpp in ((8, 1), (4, 2), (16, 1), (61, 1)):
         cases["deepseek-v3"].append(ParallelConfig(pp=pp, vpp=vpp, dp=8, ep=8, gbs=8 * pp * 2, zero=1,
-                                                   layer_split=even_split(61, pp * vpp)))
+                                                   layer_split=model_split(61, pp * vpp, 1)))  # + the MTP layer
     cases["gpt3-175b"] = [ParallelConfig(tp=8, pp=pp, dp=2, gbs=2 * pp, zero=z, recompute="selective",
                                          layer_split=even_split(96, pp)) for pp, z in ((64, 1), (40, 3), (7, 0))]
     for model, layouts in cases.items():

@@ -91,7 +91,7 @@ def test_problems_and_the_vectorised_mask_agree_on_every_layout(layouts, model, 
 def test_names_outside_their_tables_are_reported_not_encoded():
     p = ParallelConfig(recompute="most", precision="fp16", schedule="zb", rank_order="tp-dp-pp")
     assert p.problems() == ["recompute must be none|selective|full, got 'most'",
-                            "schedule must be 1f1b|interleaved|gpipe, got 'zb'",
+                            "schedule must be 1f1b|interleaved|gpipe|dualpipe|dualpipev, got 'zb'",
                             "precision must be bf16|fp8|fp4, got 'fp16'",
                             "rank order 'tp-dp-pp' must name each of tp, cp, dp, pp exactly once, fastest first "
                             "(e.g. tp-cp-dp-pp)"]
@@ -128,13 +128,22 @@ def test_search_bases_are_exactly_the_layouts_problems_accepts():
             space.rank_order):
         if tp == 1 and sp:  # a tp = 1 layout is one layout, without sequence parallelism
             continue
-        n += 1
-        p = ParallelConfig(tp=tp, pp=pp, dp=devices // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
-                           gbs=gbs, seq=seq, sequence_parallel=sp, rank_order=order)
-        in_space = bool(space_mask(encode([p]), MIXTRAL)[0])
-        if in_space and valid_everywhere(MIXTRAL, p, devices):
-            c = columns(p)
-            want.add(tuple(c[k] for k in FIELDS if k not in VARIANT_COLUMNS))
+        # each vpp's default schedule, and DualPipeV beside every two-chunk layout whose dims before
+        # vpp pass the rules that read only them (search.searched_schedules)
+        prefix = {k: v for k, v in encode([ParallelConfig(tp=tp, pp=pp, dp=devices // (tp * pp * cp), cp=cp, ep=ep,
+                                                             etp=etp, gbs=gbs, seq=seq, sequence_parallel=sp,
+                                                             rank_order=order)]).items()
+                  if k in ("tp", "sequence_parallel", "rank_order", "pp", "cp", "dp", "ep", "etp", "gbs", "seq",
+                           "precision")}
+        dual = vpp == 2 and pp > 1 and bool(mask(prefix, MIXTRAL, devices)[0])
+        for schedule in ("1f1b",) + (("dualpipev",) if dual else ()):
+            n += 1
+            p = ParallelConfig(tp=tp, pp=pp, dp=devices // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
+                               gbs=gbs, seq=seq, sequence_parallel=sp, rank_order=order, schedule=schedule)
+            in_space = bool(space_mask(encode([p]), MIXTRAL)[0])
+            if in_space and valid_everywhere(MIXTRAL, p, devices):
+                c = columns(p)
+                want.add(tuple(c[k] for k in FIELDS if k not in VARIANT_COLUMNS))
     assert got == want and len(want) > 100
     assert considered == n * variants
     assert indivisible == (n - len(want)) * variants

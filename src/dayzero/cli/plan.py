@@ -144,7 +144,7 @@ def plan_cmd(
         "apply to the model.")] = None,
     moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
-    tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = False, ep_dispatcher: EpDispatcherOpt = None,
+    tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     moe_imbalance: ImbalanceOpt = 1.0,
     expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",

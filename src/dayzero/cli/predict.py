@@ -42,8 +42,10 @@ PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: 
                                                                "memory as fp8).")]
 TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs "
                                                                                  "(Megatron --tp-comm-overlap).")]
-EpOverlapOpt = Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help="Overlap EP all-to-all with another "
-                                                                                 "micro-batch (DualPipe-style).")]
+EpOverlapOpt = Annotated[Optional[bool], typer.Option(
+    "--ep-overlap/--no-ep-overlap", help="Pin the overlap of the EP all-to-all with another micro-batch on or off "
+                                         "(default: wherever the layout's schedule runs it: DualPipe/DualPipeV, "
+                                         "Megatron's --overlap-moe-expert-parallel-comm conditions).")]
 EpDispatcherOpt = Annotated[Optional[str], typer.Option("--ep-dispatcher", help="How MoE tokens reach their experts: "
                                                       "dedup (once per rank and remote node: DeepEP, Megatron's flex "
                                                       "dispatcher) | all-to-all (every routed copy: Megatron's "
@@ -82,7 +84,7 @@ def predict_cmd(
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False,
-                ep_overlap: EpOverlapOpt = False, ep_dispatcher: EpDispatcherOpt = None,
+                ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",

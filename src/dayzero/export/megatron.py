@@ -17,6 +17,8 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError
 from dayzero.export.common import Export, integer_setting, require_engine
+from dayzero.planner.comm import CommOptions, ep_overlapped
+from dayzero.specs.grid import columns
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -31,7 +33,8 @@ MODEL_FLAGS = frozenset((
     "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
     "--moe-router-enable-expert-bias", "--moe-router-num-groups", "--moe-router-group-topk", "--moe-layer-freq",
     "--moe-flex-dispatcher-backend",
-    "--mtp-num-layers"))
+    "--mtp-num-layers",
+    "--overlap-moe-expert-parallel-comm"))  # derived from the layout (planner.comm.ep_overlapped), as the planner does
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 
 
@@ -123,6 +126,10 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
             a.append("--moe-router-enable-expert-bias")
         if m.n_group > 1:
             a += ["--moe-router-num-groups", m.n_group, "--moe-router-group-topk", m.topk_group]
+        if ep_overlapped(columns(p), CommOptions())[()] > 0:
+            # the overlap the planner priced for this layout (planner.comm.ep_overlapped: Megatron-Core's
+            # conditions, ep > 1, no full recompute, a virtual pipeline when pp > 1)
+            a.append("--overlap-moe-expert-parallel-comm")
         dense = [i for i, k in enumerate(spec.layer_kinds) if k != "moe"]
         if dense:
             pattern = "[" + ",".join("0" if k != "moe" else "1" for k in spec.layer_kinds) + "]"

@@ -29,7 +29,8 @@ HEADER = "# dayzero:"  # the facts the overrides cannot carry: `# dayzero: preci
 MODULES = {"llama": "llama3", "deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2_7", "qwen3": "qwen3",
            "qwen3_moe": "qwen3", "gpt_oss": "gpt_oss"}
 # torch.distributed.pipelining schedule names torchtitan's pipeline_parallel_schedule takes
-SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
+SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe",
+             "dualpipev": "DualPipeV"}  # torch.distributed.pipelining get_schedule_class names
 CHECKPOINT_EVERY = 500  # torchtitan's own default checkpoint.interval (components/checkpointer/base.py)
 
 

@@ -61,6 +61,12 @@ class PerfConstants:
     # every GEMM's rate times this, after the cluster's measured efficiencies (1: none); the
     # sensitivity table's +-10 % GEMM efficiency (planner/sensitivity.py)
     gemm_eff_scale: float = 1.0
+    # share of the SMs the EP dispatch/combine kernels hold while they overlap compute (the
+    # overlapped compute runs at 1 - this, planner.comm.overlapped_exposed): DeepSeek-V3 (arXiv
+    # 2412.19437) sec. 3.2.2, 20 of the H800's 132 SMs; DeepEP's kernels take 20 SMs by default
+    # (deepseek-ai/DeepEP deep_ep/buffer.py Buffer.num_sms = 20; Megatron-Core moe_deepep_num_sms = 20).
+    # A cluster file sets its own as efficiency.comm_sm_fraction (its SMs over the device's).
+    comm_sm_fraction: float = 20 / 132
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -94,7 +100,7 @@ CONSTANT_BOUNDS = {
     "gemm_half_dim": (0.0, 1e5, False), "memory_scale": (0.0, 20.0, True),
     "layer_overhead_s": (0.0, 1.0, False), "moe_expert_overhead_s": (0.0, 1.0, False),
     "flash2_max_tflops": (0.0, 1e5, True), "optimizer_bytes_per_param": (0.0, 1000.0, True),
-    "gemm_eff_scale": (0.0, MEASURED_FRACTION_MAX, True),
+    "gemm_eff_scale": (0.0, MEASURED_FRACTION_MAX, True), "comm_sm_fraction": (0.0, 1.0, False),
 }
 
 
@@ -116,7 +122,7 @@ def check_bound(v, bound: tuple[float, float, bool], source: str, key: str) -> f
 CLUSTER_KEYS = {"moe_gemm": "moe_gemm_scale", "attention": "attention_eff", "memory_scale": "memory_scale",
                 "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
                 "moe_expert_overhead_s": "moe_expert_overhead_s", "gemm_half_dim": "gemm_half_dim",
-                "optimizer_bytes_per_param": "optimizer_bytes_per_param"}
+                "optimizer_bytes_per_param": "optimizer_bytes_per_param", "comm_sm_fraction": "comm_sm_fraction"}
 GEMM_KEYS = ("gemm", "gemm_bf16", "gemm_fp8", "gemm_fp4")
 
 
@@ -174,6 +180,7 @@ class Rates:
     inter: Link | None
     domain: int  # ranks per scale-up domain the job fills
     native: tuple[bool, bool, bool] = (True, True, True)  # bf16, fp8, fp4 units exist (else GEMMs fall back)
+    comm_sm_fraction: float = 20 / 132  # PerfConstants.comm_sm_fraction
 
     def gemm_rate(self, code):
         """Large-GEMM FLOP/s for precision codes (the grid's: 0 bf16, 1 fp8, 2 fp4; array in, array out)."""
@@ -217,4 +224,4 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
     return Rates(peak=peak, gemm_eff=eff, attention_flops=fused,
                  flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
                  hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster),
-                 native=tuple(p in acc.peak_flops for p in PRECISIONS))
+                 native=tuple(p in acc.peak_flops for p in PRECISIONS), comm_sm_fraction=constants.comm_sm_fraction)

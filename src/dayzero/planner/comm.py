@@ -54,7 +54,7 @@ from dayzero.planner.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, d
 from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import BF16 as BF16_CODE
-from dayzero.specs.grid import FULL, MODULE_BIT, SELECTIVE, recompute_modules
+from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL, MODULE_BIT, SELECTIVE, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 
 GRAD_NORM_BYTES = 4  # the squared norm, one FP32 scalar
@@ -64,7 +64,11 @@ COUNT_BYTES = 8  # one int64 token count per expert (torch.bincount/histc result
 @dataclass(frozen=True)
 class CommOptions:
     tp_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
-    ep_overlap: bool = False  # EP all-to-all overlapped with another micro-batch (DualPipe, 1F1B a2a overlap)
+    # EP all-to-all overlapped with another micro-batch's compute: None (the default) wherever the
+    # layout's schedule runs it (ep_overlapped: DualPipe/DualPipeV always, Megatron-Core's
+    # --overlap-moe-expert-parallel-comm where its conditions hold), True pinned on everywhere,
+    # False pinned off (DualPipe/DualPipeV overlap by construction all the same)
+    ep_overlap: bool | None = None
     moe_imbalance: float = 1.0  # busiest device's routed tokens / average (NVIDIA benchmarks force-balance)
     moe_measured: MeasuredImbalance | None = None  # measured per EP size (--expert-loads); replaces the constant
     # bytes per gradient element on the wire: FP32, as Megatron-LM reduces BF16 runs unless
@@ -353,18 +357,56 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
     # (NVIDIA/Megatron-LM issue #5854: "there is no single layer that contains both a compute part and
     # a communication part"; the support, PR #4798, is unmerged): its all-to-all stays exposed
     # (Megatron-Bridge's Nemotron 3 recipe, src/megatron/bridge/recipes/nemotronh/nemotron_3_nano.py,
-    # sets overlap_moe_expert_parallel_comm = False)
-    overlap = opt.ep_overlap & (L.mixers > 0)
-    exposed = np.where(overlap, np.maximum(0.0, total - layer_fb), total)
+    # sets overlap_moe_expert_parallel_comm = False). DualPipe/DualPipeV overlap whole chunks of two
+    # micro-batches, whatever a layer holds.
+    overlap = np.where(L.mixers > 0, kn(ep_overlapped(g, opt)), kn(1.0 * dual_schedule(g)))
+    exposed = np.where(overlap > 0, overlapped_exposed(total, layer_fb, rates.comm_sm_fraction), total)
     share = exposed / np.maximum(total, 1e-30)
+    hidden = "other micro-batch" if np.any((overlap > 0) & (np.asarray(kinds) > 0)) else ""
     for name, kind, nb, o, t in ep_items:
-        items.append(LayerComm(name, kind, "ep", kn(nb), o, kn(t), o * t * share,
-                               "other micro-batch" if np.any(overlap & L.kinds) else ""))
+        items.append(LayerComm(name, kind, "ep", kn(nb), o, kn(t), o * t * share, hidden))
     # expert tensor parallelism: gather the routed rows over etp before the experts
     t = coll("all_gather", tok * g["etp"], groups, "etp", rates)
     ops = kn(kinds * etp_gt1 * 2 * (2 + full))
     items.append(LayerComm("etp gather/scatter", "all_gather", "etp", kn(tok * g["etp"]), ops, kn(t), ops * t, ""))
     return items
+
+
+def dual_schedule(grid: dict) -> np.ndarray:
+    """(N,) True where the layout runs DualPipe or DualPipeV."""
+    shape = np.shape(grid["tp"])
+    sched = np.asarray(grid["schedule"]) if "schedule" in grid else np.zeros(shape, dtype=np.int64)
+    return np.broadcast_to((sched == DUALPIPE) | (sched == DUALPIPEV), shape)
+
+
+def ep_overlapped(grid: dict, opt: CommOptions) -> np.ndarray:
+    """(N,) 1.0 where the EP all-to-all overlaps another micro-batch's compute.
+
+    Under DualPipe and DualPipeV always (the schedules pair one micro-batch's forward with
+    another's backward to hide it, DeepSeek-V3 sec. 3.2.1). Elsewhere, with ``opt.ep_overlap``
+    None, where Megatron-Core's ``--overlap-moe-expert-parallel-comm`` runs
+    (megatron/core/transformer/transformer_config.py __post_init__ asserts: expert parallelism
+    (ep > 1), no full recompute, and a virtual pipeline when pp > 1), since an overlap never
+    costs time in this model (:func:`overlapped_exposed` <= the all-to-all); True pins it on
+    everywhere, False off."""
+    shape = np.shape(grid["tp"])
+    dual = dual_schedule(grid)
+    if opt.ep_overlap is not None:
+        return 1.0 * (dual | bool(opt.ep_overlap))
+    g = {k: np.asarray(grid[k]) for k in ("ep", "pp", "vpp", "recompute") if k in grid}
+    megatron = ((g["ep"] > 1) & (g.get("recompute", 0) != FULL)
+                & ((g.get("pp", 1) == 1) | (g.get("vpp", 1) > 1)))
+    return 1.0 * np.broadcast_to(dual | megatron, shape)
+
+
+def overlapped_exposed(comm, compute, sm_fraction):
+    """What an all-to-all of ``comm`` seconds adds to ``compute`` seconds it overlaps, while its
+    kernels hold ``sm_fraction`` of the device's SMs (DeepSeek-V3 sec. 3.2.2: 20 of the H800's
+    132 SMs run the dispatch/combine kernels). The compute runs at (1 - f) while the
+    communication is in flight and at full rate after: it ends at C + f c when the communication
+    ends first (C >= (1 - f) c), else the pair ends with the communication. The pair takes
+    max(c, C + f c), so it adds max(c - C, f c): the part nothing hides, or the slowdown."""
+    return np.maximum(comm - compute, sm_fraction * comm)
 
 
 def _zero3(L: _Layer) -> list[LayerComm]:

@@ -424,6 +424,15 @@ def _edges(spec: ModelSpec, x: _Shard, rates: Rates, c: PerfConstants):
     last = 3 * head_fwd + loss_bytes * c.memory_scale / rates.hbm_bw
     emb_params = V * H + (spec.max_positions * H if spec.position == "learned" else 0)
     head_params = (0 if spec.tie_embeddings else V * H) + norm_params(spec)
+    if spec.mtp_layers:
+        # each MTP module (DeepSeek-V3 sec. 2.2) on the last stage: eh_proj of [norm(h); norm(emb)]
+        # (2H x H, kept in BF16: DeepSeek-V3's checkpoint has no FP8 scales for it), its two norms
+        # and the final norm, and another pass through the shared head and loss; its decoder layer
+        # is a layer of the last stage (perf.stage_work)
+        proj = _gemm(T * 2 * 2 * H * H / tp, (T, 2 * H, H / tp), x.rate_bf16, x.d0)
+        norms = x.T_el * H * 3 * 2 * BF16  # three norms, read + write
+        last = last * (1 + spec.mtp_layers) + spec.mtp_layers * (3 * proj + 3 * norms * c.memory_scale / rates.hbm_bw)
+        head_params = head_params + spec.mtp_layers * (2 * H * H + 3 * norm_params(spec))
     return first, last, emb_params, head_params
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.specs.grid import GPIPE, MODULE_BIT, ONE_F_ONE_B, SELECTIVE, code, columns
+from dayzero.specs.grid import DUALPIPE, DUALPIPEV, GPIPE, MODULE_BIT, ONE_F_ONE_B, SELECTIVE, code, columns
 from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig
 
 BF16 = code("precision", "bf16")
@@ -61,8 +61,10 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
           "ZeRO-2/3 is Megatron FSDP, which composes with TP, EP and CP but not with pipeline parallelism "
           "(ZeRO-1 is --use-distributed-optimizer)",
           "Megatron-Core developer guide, Megatron FSDP: 'Compatible with TP, EP and CP configurations'"),
-    Limit(("schedule",), lambda c: c["schedule"] != GPIPE,
-          "Megatron-Core schedules are 1F1B and interleaved 1F1B, not GPipe",
+    Limit(("schedule",), lambda c: (c["schedule"] != GPIPE) & (c["schedule"] != DUALPIPE)
+          & (c["schedule"] != DUALPIPEV),
+          "Megatron-Core schedules are 1F1B and interleaved 1F1B (its EP overlap is "
+          "--overlap-moe-expert-parallel-comm), not GPipe, DualPipe or DualPipeV",
           "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func"),
     Limit(("rank_order",), lambda c: (c["rank_order"] == DENSE) | (c["rank_order"] == TP_PP_DP),
           "Megatron numbers ranks tp-cp-(ep)-dp-pp, or tp-cp-pp-dp with --use-tp-pp-dp-mapping",
@@ -92,6 +94,9 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
           "torchtitan's device mesh is [pp, dp_replicate, dp_shard, cp, tp] (tp fastest)",
           "torchtitan distributed/parallel_dims.py build_mesh"),
     _modules_limit("torchtitan", "torchtitan activation_checkpoint.mode full | selective (layer or op policy)"),
+    Limit(("schedule",), lambda c: c["schedule"] != DUALPIPE,
+          "torchtitan runs torch.distributed.pipelining's schedules: DualPipeV (ScheduleDualPipeV), not the "
+          "bidirectional DualPipe", "torch/distributed/pipelining/schedules.py ScheduleDualPipeV"),
 ))
 
 DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
@@ -127,6 +132,8 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
           "instead)", "dayzero runtime"),
     Limit(("precision",), lambda c: c["precision"] == BF16,
           "the runtime computes in bf16 or fp32; use --precision bf16 (or --compute-dtype fp32)", "dayzero runtime"),
+    Limit(("schedule",), lambda c: (c["schedule"] != DUALPIPE) & (c["schedule"] != DUALPIPEV),
+          "the runtime's pipeline runs 1F1B, interleaved 1F1B and GPipe", "dayzero/runtime/parallel/pipeline.py"),
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
           f"the runtime's device mesh numbers ranks {DENSE_ORDER}", "dayzero runtime"),
     _modules_limit("the runtime", "dayzero runtime models/recompute.py"),

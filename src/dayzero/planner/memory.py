@@ -16,7 +16,7 @@ embedding, half the layers, and min(pp, m) = 2 micro-batches of activations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -31,10 +31,10 @@ from dayzero.planner.memory_terms import (
     rank_features,
     stage_terms,
 )
-from dayzero.planner.schedule import effective_schedule
+from dayzero.planner.schedule import PLACEMENTS, effective_schedule, placement_code
 from dayzero.specs.grid import encode, recompute_modules
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split, zero_sharded
+from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
 
 __all__ = ["MemoryOptions", "StageMemory", "MemoryReport", "estimate_memory", "peak_memory_batch",
            "model_states", "zero_comparison", "CATEGORIES"]
@@ -117,15 +117,52 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
     return cols
 
 
+def placed_features(kinds: list[list[str]], full: list[list[str]] | None,
+                    placed: tuple[tuple[int, ...], ...], spec: ModelSpec | None = None) -> RankFeatures:
+    """Rank features with the embedding on the ranks holding the first stage and the head on those
+    holding the last (``placed``: :func:`dayzero.specs.parallel.stage_ranks`; DualPipeV puts both
+    on rank 0, DualPipe on ranks 0 and pp - 1). ``spec``'s multi-token-prediction modules
+    (DeepSeek-V3 sec. 2.2) sit on the ranks holding the last stage, as Megatron-LM builds them: a
+    decoder layer of ``spec.mtp_kind`` each (its weights, gradients, optimizer states and
+    activations as any layer's) and a copy of the shared embedding (their input lookup)."""
+    kinds = [list(k) for k in kinds]
+    full = [list(k) for k in full] if full is not None else None
+    mtp = spec.mtp_layers if spec is not None else 0
+    for r in placed[-1] if mtp else ():
+        kinds[r] += [spec.mtp_kind] * mtp
+        if full is not None:
+            full[r] += [spec.mtp_kind] * mtp
+    f = rank_features(kinds, full)
+    pp = len(kinds)
+    first = np.array([[float(r in placed[0] or (mtp > 0 and r in placed[-1])) for r in range(pp)]])
+    last = np.array([[float(r in placed[-1]) for r in range(pp)]])
+    return replace(f, first=first, last=last)
+
+
+def _stage_terms(spec: ModelSpec, options: MemoryOptions, c: dict, f: RankFeatures,
+                 capacity: float) -> dict[str, np.ndarray]:
+    """:func:`stage_terms`, with each MTP module's second pass through the head on the last stage:
+    its saved head inputs and its logits, as many again as the main head's (Megatron-LM's MTP
+    block computes each depth's logits and loss in the same forward)."""
+    t = stage_terms(spec, options, c, f, capacity)
+    if spec.mtp_layers:
+        for k in ("activations:head", "temporary:logits"):
+            if k in t:
+                t[k] = t[k] * (1 + spec.mtp_layers)
+    return t
+
+
 def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[list[int]]]:
     ranks = p.rank_layers(spec)
     types = spec.layer_types
     kinds = [[types[i] for i in r] for r in ranks]
     full = [[] for _ in range(p.pp)]
+    placed = stage_ranks(p.schedule, p.pp, p.vpp)
     for v, chunk in enumerate(p.stage_layers(spec)):  # full recompute: first N layers of each chunk
         n = len(chunk) if p.recompute_layers is None else min(p.recompute_layers, len(chunk))
-        full[v % p.pp].extend(types[i] for i in list(chunk)[:n])
-    return rank_features(kinds, full), ranks
+        for r in placed[v]:
+            full[r].extend(types[i] for i in list(chunk)[:n])
+    return placed_features(kinds, full, placed, spec), ranks
 
 
 def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int,
@@ -133,7 +170,7 @@ def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: i
     """Bytes per device on every pipeline stage. Raises LayoutError for an impossible layout."""
     parallel.validate(spec)
     feats, ranks = _features(spec, parallel)
-    terms = stage_terms(spec, options, candidate(parallel), feats, float(capacity_bytes))
+    terms = _stage_terms(spec, options, candidate(parallel), feats, float(capacity_bytes))
     cats = category_totals(terms)
     stages = []
     for r in range(parallel.pp):
@@ -165,9 +202,11 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     # One batch per rank-feature width (a few) rather than one per (pp, vpp, schedule) group
     # (hundreds in a search): each row gets its own group's rank features, the schedule is a column.
     vpp_span = int(cols["vpp"].max()) + 1
-    keys, group = np.unique(cols["pp"] * vpp_span + cols["vpp"], return_inverse=True)
+    place = placement_code(cols["schedule"])
+    keys, group = np.unique((cols["pp"] * vpp_span + cols["vpp"]) * 3 + place, return_inverse=True)
     group = group.ravel()
-    feats = [_even_features(spec, int(k // vpp_span), int(k % vpp_span)) for k in keys]
+    feats = [_even_features(spec, int(k // 3 // vpp_span), int(k // 3 % vpp_span), PLACEMENTS[int(k % 3)])
+             for k in keys]
     width = np.array([f.rank.shape[1] for f in feats])
     for w in np.unique(width):
         ids = np.flatnonzero(width == w)
@@ -179,7 +218,7 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
         else:
             c = {k: v[rows][:, None] for k, v in cols.items()}
         f = _stacked([feats[i] for i in ids], local[group[rows]])
-        totals = sum(category_totals(stage_terms(spec, options, c, f, float(capacity_bytes))).values())
+        totals = sum(category_totals(_stage_terms(spec, options, c, f, float(capacity_bytes))).values())
         out[rows] = np.broadcast_to(totals, (len(rows), int(w))).max(axis=1)
     return out
 
@@ -201,7 +240,7 @@ def _stacked(groups: list[RankFeatures], group: np.ndarray) -> RankFeatures:
 
 
 @lru_cache(maxsize=512)
-def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
+def _even_features(spec: ModelSpec, pp: int, vpp: int, schedule: str = "1f1b") -> RankFeatures:
     """Features of the ranks that can be the busiest under an even split: the first and last rank,
     and, among the middle ranks, the lowest-index one of each layer composition. A middle rank's
     total depends on its index only through the in-flight micro-batches, which never grow with the
@@ -209,11 +248,13 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
 
     A pure function of its arguments, memoised (a search asks for the same (pp, vpp) in every
     memory pass); its arrays are read-only, so no caller can change the cached value."""
-    split = even_split(spec.layers, pp * vpp)
+    split = model_split(spec.layers, pp * vpp, spec.mtp_layers)
     kinds: list[list[str]] = [[] for _ in range(pp)]
+    placed = stage_ranks(schedule, pp, vpp)
     start = 0
     for v, count in enumerate(split):
-        kinds[v % pp].extend(spec.layer_types[start:start + count])
+        for r in placed[v]:
+            kinds[r].extend(spec.layer_types[start:start + count])
         start += count
     keep, seen = [0, pp - 1] if pp > 1 else [0], set()
     for r in range(1, pp - 1):
@@ -221,7 +262,7 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int) -> RankFeatures:
         if comp not in seen:
             seen.add(comp)
             keep.append(r)
-    f = rank_features(kinds)
+    f = placed_features(kinds, None, placed, spec)
     cols = np.array(sorted(keep))
 
     def frozen(a: np.ndarray) -> np.ndarray:

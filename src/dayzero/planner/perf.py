@@ -3,7 +3,8 @@
     t_mb     = max over pipeline ranks of  sum over its layers (forward + backward + exposed
                per-layer communication)  + embedding (first rank) + head and loss (last rank)
     step_s   = m * t_mb  +  bubble  +  exposed per-step communication  +  optimizer
-    bubble   = (pp - 1) / vpp * t_mb        (1F1B and GPipe: vpp = 1; interleaved 1F1B: vpp)
+    bubble   = (pp - 1) / vpp * t_mb        (1F1B and GPipe: vpp = 1; interleaved 1F1B: vpp;
+               DualPipe / DualPipeV: planner.schedule.bubble_microbatches)
 
 ``m`` = gbs / (mbs * dp) micro-batches. The bubble fraction (p-1)/(v m) is Narayanan et al.,
 "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (SC'21), eq. 1
@@ -24,13 +25,22 @@ from functools import lru_cache
 import numpy as np
 
 from dayzero.planner.calibration import PerfConstants, constants_for, rates
-from dayzero.planner.comm import CommOptions, Groups, layer_comm, place_groups, place_groups_in, step_comm
+from dayzero.planner.comm import (
+    CommOptions,
+    Groups,
+    ep_overlapped,
+    layer_comm,
+    place_groups,
+    place_groups_in,
+    step_comm,
+)
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
+from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
-from dayzero.specs.counting import flops_per_token
+from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import PRECISIONS, even_split, zero_sharded
+from dayzero.specs.parallel import PRECISIONS, model_split, stage_ranks, zero_sharded
 
 
 @dataclass(frozen=True)
@@ -43,11 +53,12 @@ class PerfOptions:
     attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 | unfused
 
     @classmethod
-    def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool = False, moe_imbalance: float = 1.0,
+    def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool | None = None, moe_imbalance: float = 1.0,
                 calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
-        file's overrides, then a ``calibration`` file's), the overlap switches, the MoE imbalance
+        file's overrides, then a ``calibration`` file's), the overlap switches (``ep_overlap``
+        None: wherever the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
         (busiest device's routed tokens over the average, >= 1, or derived per EP size from a
         per-expert load CV ``moe_expert_cv``), the EP dispatcher (``dedup`` | ``all_to_all``), FP8
         dispatch, and the attention kernel."""
@@ -99,17 +110,41 @@ class PerfOptions:
 
 
 @lru_cache(maxsize=4096)
-def stage_counts(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
-                 split: tuple[int, ...] | None = None) -> np.ndarray:
-    """(pp, K): layers of each class on each pipeline rank (virtual stage s on rank s % pp)."""
-    split = split or even_split(len(class_index), pp * vpp)
+def stage_work(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
+               split: tuple[int, ...] | None = None, schedule: str = "1f1b",
+               mtp: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What one micro-batch costs each pipeline rank on average: (pp, K) layers of each class it
+    runs, and (pp,) the shares of the embedding and of the head it runs. A stage on several ranks
+    (DualPipe's mirrored copies, :func:`dayzero.specs.parallel.stage_ranks`) is run by each for
+    its share of the micro-batches (DualPipe: half enter at each end). ``mtp``: (class, count) of
+    the multi-token-prediction modules' decoder layers, which run on the last stage with their
+    own embedding lookup (Megatron-LM builds the MTP block on the last pipeline stage;
+    Megatron-Bridge's layouts end "...tmL", the MTP as one more layer of the last stage)."""
+    split = split or model_split(len(class_index), pp * vpp, mtp[1])
+    placed = stage_ranks(schedule, pp, vpp)
     counts = np.zeros((pp, n_classes))
     start = 0
     for s, n in enumerate(split):
-        for layer in range(start, start + n):
-            counts[s % pp, class_index[layer]] += 1
+        for r in placed[s]:
+            for layer in range(start, start + n):
+                counts[r, class_index[layer]] += 1 / len(placed[s])
         start += n
-    return counts
+    first, last = np.zeros(pp), np.zeros(pp)
+    for share, stage in ((first, placed[0]), (last, placed[-1])):
+        for r in stage:
+            share[r] += 1 / len(stage)
+    for r in placed[-1]:
+        counts[r, mtp[0]] += mtp[1] / len(placed[-1])
+        first[r] += mtp[1] / len(placed[-1])
+    for a in (counts, first, last):
+        a.setflags(write=False)
+    return counts, first, last
+
+
+def stage_counts(class_index: tuple[int, ...], n_classes: int, pp: int, vpp: int,
+                 split: tuple[int, ...] | None = None, schedule: str = "1f1b") -> np.ndarray:
+    """(pp, K): layers of each class one micro-batch passes on each pipeline rank (:func:`stage_work`)."""
+    return stage_work(class_index, n_classes, pp, vpp, split, schedule)[0]
 
 
 @dataclass(frozen=True)
@@ -130,6 +165,8 @@ class Evaluation:
     microbatch_s: np.ndarray  # one micro-batch on the slowest rank, with its exposed per-layer communication
     groups: dict = field(repr=False)  # dim -> (size, per_domain, domains) arrays
     inventory: list = field(repr=False)  # [(item, ops, bytes, busy seconds, exposed seconds) per step, (N,) each]
+    # (N,) 1.0 where the EP all-to-all overlaps another micro-batch (planner.comm.ep_overlapped; 0 without MoE)
+    ep_overlap: np.ndarray | None = field(default=None, repr=False)
 
     def inventory_of(self, i: int) -> list[dict]:
         """The communication inventory of candidate ``i``: one row per collective kind."""
@@ -160,8 +197,8 @@ class SlowestRank:
 
     classes: tuple[int, ...]  # layer -> class index (compute.layer_class_index)
     counts: np.ndarray  # (K, N) layers of each class on the slowest rank
-    first: np.ndarray  # (N,) 1.0 where the slowest rank is the first
-    last: np.ndarray  # (N,) 1.0 where it is the last
+    first: np.ndarray  # (N,) the share of the embedding the slowest rank runs per micro-batch (1: the first rank)
+    last: np.ndarray  # (N,) its share of the head and loss (1: the last rank)
 
     def sum(self, x):
         """(K, N) per-layer values -> (N,) summed over the slowest rank's layers."""
@@ -177,6 +214,16 @@ class SlowestRank:
         return self.sum(costs.dense_params) + self.first * costs.first_params + self.last * costs.last_params
 
 
+def mtp_class(spec: ModelSpec) -> tuple[int, int]:
+    """(layer class, count) of the MTP modules' decoder layers: the class of the first layer of
+    ``spec.mtp_kind`` (ModelSpec: the last layer's kind by default); (0, 0) without MTP."""
+    if not spec.mtp_layers:
+        return 0, 0
+    classes = layer_classes(spec)
+    index = next((i for i, (k, _) in enumerate(classes) if k == spec.mtp_kind), len(classes) - 1)
+    return index, spec.mtp_layers
+
+
 def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tuple[int, ...] | None) -> SlowestRank:
     """The pipeline rank with the longest micro-batch (its layers' forward, backward and exposed
     per-layer communication, plus the embedding or head), per candidate; candidates sharing
@@ -187,19 +234,19 @@ def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tu
     per_layer = costs.fwd + costs.bwd + layer_exposed  # (K, N)
     counts_of = np.zeros((K, n))  # layer counts of each candidate's slowest rank
     first_of, last_of = np.zeros(n), np.zeros(n)
-    key = g["pp"] * 4096 + g["vpp"]
+    place = placement_code(g["schedule"]) if "schedule" in g else np.zeros(n, dtype=np.int64)
+    key = (g["pp"] * 4096 + g["vpp"]) * 3 + place
     order = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     for idx in np.split(order, bounds):
         pp, vpp = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]])
-        C = stage_counts(cls, K, pp, vpp, layer_split)  # (pp, K)
+        C, first, last = stage_work(cls, K, pp, vpp, layer_split, PLACEMENTS[int(place[idx[0]])], mtp_class(spec))
         t = C @ per_layer[:, idx]  # (pp, n_idx)
-        t[0] += costs.first_extra[idx]
-        t[-1] += costs.last_extra[idx]
+        t += first[:, None] * costs.first_extra[idx] + last[:, None] * costs.last_extra[idx]
         slow = np.argmax(t, axis=0)
         counts_of[:, idx] = C[slow].T
-        first_of[idx] = slow == 0
-        last_of[idx] = slow == pp - 1
+        first_of[idx] = first[slow]
+        last_of[idx] = last[slow]
     return SlowestRank(cls, counts_of, first_of, last_of)
 
 
@@ -268,7 +315,9 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer",
                                                                                            zero, edp)
     optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
-    bubble_s = (g["pp"] - 1) / g["vpp"] * t_mb
+    comm_share = comm_mb / 2  # the exposed per-layer communication, half with each of F and B
+    bubble_s = bubble_microbatches(effective_schedule(g["schedule"], g["vpp"]), g["pp"], g["vpp"], fwd_mb + comm_share,
+                                   bwd_mb + comm_share, slow.sum(costs.gemm_fwd))
     step_exposed = sum(i.exposed for i in sitems)
     step_s = m * t_mb + bubble_s + step_exposed + optimizer_s
     compute_s = m * (fwd_mb + bwd_mb)
@@ -277,11 +326,13 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     devices = g["tp"] * g["pp"] * g["dp"] * g["cp"]
     tokens_per_s = g["gbs"] * seq / step_s
     per_dev = tokens_per_s / devices
-    model_flops = flops_per_token(spec, seq, causal=True).train
+    # model FLOPs as Megatron-LM counts them: the MTP modules' included (counting.mtp_flops_per_token)
+    model_flops = flops_per_token(spec, seq, causal=True).train + mtp_flops_per_token(spec, seq, causal=True)
     tflops = per_dev * model_flops
     peak = np.array([r.peak[p] for p in PRECISIONS])[g["precision"]]
     inventory = _inventory(litems, sitems, slow, m) if inventory else []
     return Evaluation(step_s=step_s, compute_s=compute_s, comm_exposed_s=comm_exposed_s, bubble_s=bubble_s,
                       optimizer_s=optimizer_s, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
-                      microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory)
+                      microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory,
+                      ep_overlap=ep_overlapped(g, options.comm) * (spec.moe is not None and spec.is_moe))

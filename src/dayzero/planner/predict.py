@@ -11,10 +11,10 @@ from dayzero.planner.perf import Evaluation, PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET, Targets
 from dayzero.planner.topology import process_groups
 from dayzero.specs.cluster import Cluster
-from dayzero.specs.counting import flops_per_token
+from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
 from dayzero.specs.grid import encode
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split, even_split_fills
+from dayzero.specs.parallel import ParallelConfig, even_split_fills, model_split
 
 __all__ = ["MEMORY_TARGET", "Targets", "checks", "predict", "prediction", "with_even_split"]
 
@@ -35,7 +35,7 @@ def with_even_split(spec: ModelSpec, p: ParallelConfig) -> ParallelConfig:
     as given, which validation then refuses (no prediction with empty stages)."""
     stages = p.pp * p.vpp
     if stages >= 1 and p.layer_split is None and spec.layers % stages and even_split_fills(spec.layers, stages):
-        return p.with_(layer_split=even_split(spec.layers, p.pp * p.vpp))
+        return p.with_(layer_split=model_split(spec.layers, p.pp * p.vpp, spec.mtp_layers))
     return p
 
 
@@ -54,7 +54,8 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
                  "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s")},
         "throughput": {"tokens_per_s": f("tokens_per_s"), "tokens_per_s_per_device": f("tokens_per_s_per_device"),
                        "model_tflops_per_device": f("model_tflops_per_device"), "mfu": mfu,
-                       "model_flops_per_token": flops_per_token(spec, parallel.seq, causal=True).train},
+                       "model_flops_per_token": flops_per_token(spec, parallel.seq, causal=True).train
+                       + mtp_flops_per_token(spec, parallel.seq, causal=True)},
         "comm_ratio": ratio,
         "checks": checks(mfu, memory["utilization"], ratio),
         "communication": ev.inventory_of(i),
@@ -63,7 +64,9 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
         **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts),
             # how tokens reach their experts: dedup (once per rank and remote node) or all_to_all (every copy)
-            "moe_dispatch": {"dispatcher": options.comm.ep_dispatcher, "fp8": options.comm.fp8_dispatch}}
+            "moe_dispatch": {"dispatcher": options.comm.ep_dispatcher, "fp8": options.comm.fp8_dispatch,
+                             # the EP all-to-all overlapped with another micro-batch (planner.comm.ep_overlapped)
+                             "ep_overlap": bool(ev.ep_overlap[i]) if ev.ep_overlap is not None else False}}
            if spec.is_moe else {}),
     }
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dayzero.errors import ConfigError, DayzeroError
@@ -60,7 +60,7 @@ from dayzero.specs.cluster import Cluster, build_cluster
 from dayzero.specs.counting import flops_per_token
 from dayzero.specs.hardware import Accelerator, resolve_accelerator
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split, even_split_fills
+from dayzero.specs.parallel import ParallelConfig, even_split_fills, model_split
 from dayzero.specs.presets import reference_data
 
 REQUIRED_COLUMNS = ("id", "model", "accelerator", "num_accelerators", "tp", "pp", "mbs", "gbs", "seq_len", "precision")
@@ -308,6 +308,19 @@ def _arch(row: dict):
         raise Unpredictable("unsupported layer type", str(e)) from None
 
 
+_WITH_MTP = re.compile(r"\bw/ ?MTP\b|\bwith MTP\b", re.IGNORECASE)
+
+
+def train_mtp(spec: ModelSpec, notes: str) -> ModelSpec:
+    """The model a row trained: its multi-token-prediction modules only where the row says so
+    (Megatron-Bridge tags its DeepSeek-V3 rows 'w/ MTP' or 'w/o MTP'); a benchmark row without
+    the tag is taken as the main model, as the backtest predicted it before the planner modelled
+    MTP."""
+    if spec.mtp_layers and not _WITH_MTP.search(notes or ""):
+        return replace(spec, mtp_layers=0)
+    return spec
+
+
 def case_of(row: dict) -> Case:
     """Resolve one row; raises DayzeroError (an :class:`Unpredictable` with its kind for the reasons
     of :data:`SKIP_KINDS`) with the reason it cannot be predicted."""
@@ -321,7 +334,7 @@ def case_of(row: dict) -> Case:
     if acc is None:
         raise Unpredictable("unknown accelerator", f"accelerator {row['accelerator']!r} is not in the catalog")
     arch = _arch(row)
-    spec = arch.spec
+    spec = train_mtp(arch.spec, text(row, "notes"))
     assumed.extend(Assumption("model", n) for n in arch.notes)
     framework = text(row, "framework").lower()
     feats = read_features(text(row, "framework"), annotations(text(row, "model")), text(row, "notes"))
@@ -359,7 +372,7 @@ def case_of(row: dict) -> Case:
     # (account_for_embedding/loss_in_pipeline_split): 126 layers fill pp*vp = 128 stages.
     if not even_split_fills(spec.layers, pp * vpp):
         raise Unpredictable("inconsistent layout", f"{spec.layers} layers cannot fill pp*vp = {pp * vpp} stages")
-    split = None if spec.layers % (pp * vpp) == 0 else even_split(spec.layers, pp * vpp)
+    split = None if spec.layers % (pp * vpp) == 0 else model_split(spec.layers, pp * vpp, spec.mtp_layers)
     sp_text = text(row, "sequence_parallel").lower()
     sp = tp > 1 and not re.fullmatch(r"no|false|off|0|n", sp_text)
     recompute = _recompute(row, feats)

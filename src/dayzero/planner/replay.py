@@ -143,6 +143,12 @@ class _StepReplay:
     def __init__(self, spec: ModelSpec, p: ParallelConfig, o: MemoryOptions, rank: int, tr: _Tracker):
         self.spec, self.p, self.o, self.tr = spec, p, o, tr
         self.chunks = [list(r) for v, r in enumerate(p.stage_layers(spec)) if v % p.pp == rank]
+        # the multi-token-prediction modules: layers L, L+1, ... of spec.mtp_kind after the last
+        # chunk of the last rank, with their embedding lookup and a second head pass (memory.placed_features)
+        self.mtp = spec.mtp_layers if rank == p.pp - 1 else 0
+        self.kind_of = list(spec.layer_types) + [spec.mtp_kind] * spec.mtp_layers
+        if self.mtp:
+            self.chunks[-1] += list(range(spec.layers, spec.layers + self.mtp))
         self.zd, self.edp = p.dp * p.cp, p.edp
         self.d = d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel,
                           fp8=p.precision != "bf16")
@@ -150,7 +156,7 @@ class _StepReplay:
         self.fp8_cache = o.fp8_weight_cache_bytes if p.precision != "bf16" else 0
         # -- per-layer sizes from the activation model
         self.terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_types)}
-        self.unit = {i: sum(e for _, e, _ in _param_tensors(spec, spec.layer_types[i], p))
+        self.unit = {i: sum(e for _, e, _ in _param_tensors(spec, self.kind_of[i], p))
                      for c in self.chunks for i in c}
         self.full_n = [len(c) if p.recompute_layers is None else min(p.recompute_layers, len(c)) for c in self.chunks]
         self.bucket = o.grad_bucket_params or max(40e6, 1e6 * self.zd)
@@ -167,9 +173,9 @@ class _StepReplay:
         spec, p, o, tr, shard = self.spec, self.p, self.o, self.tr, self.shard
         tensors: list[tuple[tuple, float, bool]] = []
         for layer in (i for ch in self.chunks for i in ch):
-            tensors += [(("w", layer, n), e, x) for n, e, x in _param_tensors(spec, spec.layer_types[layer], p)]
+            tensors += [(("w", layer, n), e, x) for n, e, x in _param_tensors(spec, self.kind_of[layer], p)]
         edge = edge_params(spec)
-        if self.first:
+        if self.first or self.mtp:
             tensors.append((("w", "embed"), float(embed_local(edge, p.tp)), False))
         if self.last:
             tensors.append((("w", "head"), float(head_local(edge, p.tp, p.pp)), False))
@@ -216,7 +222,7 @@ class _StepReplay:
 
     def transients(self, layer: int) -> None:  # buffers that live only while a layer runs
         spec, p, o, d, tr, ab, h = self.spec, self.p, self.o, self.d, self.tr, self.ab, self.h
-        kind = spec.layer_types[layer]
+        kind = self.kind_of[layer]
         if p.sequence_parallel and p.tp > 1:
             tr.new(("sp",), ab * float(d.tok) * h, "temporary")
             tr.drop(("sp",))
@@ -243,7 +249,7 @@ class _StepReplay:
             self.gather(layer)
             if j + 1 < len(layers):
                 self.gather(layers[j + 1])
-            kind = spec.layer_types[layer]
+            kind = self.kind_of[layer]
             for n, v in self.terms[kind].items():
                 tr.new(("act", mb, c, layer, n), v, "activations")
             self.transients(layer)
@@ -256,8 +262,11 @@ class _StepReplay:
                     tr.drop(("act", mb, c, layer, n))
         if edge_out:
             for n, v in last_stage_terms(spec, o, d).items():
-                tr.new(("act", mb, c, "edge", n), float(v), "activations")
-            tr.new(("logits", mb), float(logits_bytes(spec, o, d)), "temporary")
+                tr.new(("act", mb, c, "edge", n), float(v) * (1 + self.mtp), "activations")
+            if self.mtp:  # the MTP modules' embedding lookup
+                for n, v in first_stage_terms(spec, o, d).items():
+                    tr.new(("act", mb, c, "edge", "mtp", n), float(v), "activations")
+            tr.new(("logits", mb), float(logits_bytes(spec, o, d)) * (1 + self.mtp), "temporary")
         else:
             tr.new(("send", mb, c), p2p, "temporary")
             tr.drop(("send", mb, c))
@@ -271,7 +280,7 @@ class _StepReplay:
         return [ts for ts in (module_terms(self.spec, m, names) for m in self.p.recompute_modules) if ts]
 
     def backward(self, mb: int, c: int) -> None:
-        spec, p, tr = self.spec, self.p, self.tr
+        p, tr = self.p, self.tr
         layers = self.chunks[c]
         edge_in = self.first and c == 0
         edge_out = self.last and c == len(self.chunks) - 1
@@ -285,7 +294,7 @@ class _StepReplay:
             self.gather(layer)
             if j + 1 < len(back):
                 self.gather(back[j + 1])
-            kind = spec.layer_types[layer]
+            kind = self.kind_of[layer]
             t = self.terms[kind]
             if p.recompute == "full" and layers.index(layer) < self.full_n[c]:
                 for n, v in t.items():

@@ -8,17 +8,36 @@ activations a rank holds at its peak.
   2 (pp - r - 1) + (vpp - 1) pp chunk-forwards, so it holds up to that + 1 chunks of L/(pp vpp)
   layers. For rank 0 that is pp (1 + (pp - 1)/(pp vpp)) micro-batches' worth of its layers:
   Korthikanti et al. 2022's interleaving factor 1 + (p - 1)/(p v).
+- DualPipe (DeepSeek-V3, arXiv 2412.19437 sec. 3.2.1): rank r holds stage r and its mirror
+  pp - 1 - r; half the micro-batches enter at each end, each direction a 1F1B over pp stages, so
+  rank r holds pp - r micro-batches of its first chunk and r + 1 of its second: pp + 1 chunks on
+  every rank (the DualPipe README's "Activation PP+1"), half a rank's layers each.
+- DualPipeV (deepseek-ai/DualPipe dualpipev.py): 2 pp stages in a V, rank r holds stage r
+  (2 pp - r micro-batches in flight, as 1F1B over 2 pp stages) and stage 2 pp - 1 - r (r + 1):
+  2 pp + 1 chunks of half a rank's layers.
 
 ``inflight_*`` are numpy-compatible (arrays of candidates x ranks broadcast); schedules are the
-grid's codes (:mod:`dayzero.specs.grid`: 0 1f1b, 1 interleaved, 2 gpipe).
+grid's codes (:mod:`dayzero.specs.grid`: 0 1f1b, 1 interleaved, 2 gpipe, 3 dualpipe, 4 dualpipev).
+
+:func:`bubble_microbatches` is each schedule's pipeline bubble in micro-batch times.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from dayzero.specs.grid import GPIPE, INTERLEAVED, ONE_F_ONE_B
+from dayzero.errors import LayoutError
+from dayzero.specs.grid import DUALPIPE, DUALPIPEV, GPIPE, INTERLEAVED, ONE_F_ONE_B
 from dayzero.specs.grid import code as code_of
+
+# the schedules whose stages sit on the ranks differently (parallel.stage_ranks): the others, DualPipe, DualPipeV
+PLACEMENTS = ("1f1b", "dualpipe", "dualpipev")
+
+
+def placement_code(schedule):
+    """Index in :data:`PLACEMENTS` of each schedule code's stage placement."""
+    schedule = np.asarray(schedule)
+    return np.where(schedule == DUALPIPE, 1, np.where(schedule == DUALPIPEV, 2, 0))
 
 
 def effective_schedule(code, vpp):
@@ -43,9 +62,45 @@ def inflight_chunks(code, pp, vpp, m, rank):
     return np.minimum(warmup_chunks(code, pp, vpp, m, rank) + 1, total)
 
 
+def dual_inflight_chunks(code, pp, m, rank):
+    """DualPipe / DualPipeV: chunks held at the peak, the sum over the rank's two chunks of a
+    1F1B over the schedule's stages (pp for DualPipe, 2 pp for DualPipeV), each capped by the
+    micro-batches that pass it (DualPipe: half of them enter from each end)."""
+    pp, m, rank = np.asarray(pp), np.asarray(m), np.asarray(rank)
+    dual = np.asarray(code) == DUALPIPE
+    stages = np.where(dual, pp, 2 * pp)
+    per_chunk = np.where(dual, m // 2, m)
+    return np.minimum(stages - rank, per_chunk) + np.minimum(rank + 1, per_chunk)
+
+
 def inflight_microbatches(code, pp, vpp, m, rank):
-    """Micro-batches' worth of this rank's layers held at its peak (chunks / vpp; may be fractional)."""
-    return inflight_chunks(code, pp, vpp, m, rank) / np.asarray(vpp)
+    """Micro-batches' worth of this rank's layers held at its peak (chunks / chunks per rank; may
+    be fractional). DualPipe / DualPipeV ranks hold two chunks each."""
+    code = np.asarray(code)
+    dual = (code == DUALPIPE) | (code == DUALPIPEV)
+    plain = inflight_chunks(np.where(dual, ONE_F_ONE_B, code), pp, vpp, m, rank) / np.asarray(vpp)
+    return np.where(dual, dual_inflight_chunks(code, pp, m, rank) / 2, plain)
+
+
+def bubble_microbatches(code, pp, vpp, fwd, bwd, wgrad):
+    """The pipeline bubble of one step, in seconds, from one micro-batch's forward ``fwd``,
+    backward ``bwd`` and weight-gradient share ``wgrad`` of the backward on the slowest rank
+    (all the rank's layers a micro-batch passes; any exposed per-layer communication counted in
+    ``fwd`` + ``bwd``).
+
+    - 1F1B and GPipe: (pp - 1)(F + B); interleaved 1F1B: (pp - 1)(F + B) / vpp (Narayanan et
+      al. 2021, eq. 1 and 2).
+    - DualPipe: (pp/2 - 1)(F&B + B - 3W) with F, B, W one chunk's (the deepseek-ai/DualPipe
+      README's table, as DeepSeek-V3 Table 2; ZB1P's is (pp - 1)(F + B - 2W)); a micro-batch passes one
+      chunk per rank, so a chunk is the rank's micro-batch, and F&B, the overlapped forward and
+      backward of two micro-batches, takes F + B (the overlap hides communication, not compute).
+    - DualPipeV: the same on its 2 pp stages, (pp - 1)(F&B + B - 3W) with half a rank's layers
+      per chunk (the schedule is DualPipe on 2 pp ranks cut in half, dualpipev.py)."""
+    code = np.asarray(code)
+    plain = (np.asarray(pp) - 1) / np.asarray(vpp) * (fwd + bwd)
+    dual_chunk = fwd + 2 * bwd - 3 * wgrad
+    return np.where(code == DUALPIPE, (np.asarray(pp) / 2 - 1) * dual_chunk,
+                    np.where(code == DUALPIPEV, (np.asarray(pp) - 1) * dual_chunk / 2, plain))
 
 
 def head_inflight(code, m):
@@ -57,6 +112,8 @@ def head_inflight(code, m):
 def step_order(schedule: str, pp: int, vpp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
     """The passes of one training step on ``rank``: ("F" | "B", micro-batch, model chunk)."""
     sched = int(effective_schedule(code_of("schedule", schedule), vpp))
+    if sched in (DUALPIPE, DUALPIPEV):
+        raise LayoutError(f"the {schedule} schedule's pass order is not replayed; replay a 1f1b or interleaved layout")
     total = m * vpp
     if sched == GPIPE:
         return [("F", i, c) for c in range(vpp) for i in range(m)] + \

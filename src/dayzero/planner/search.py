@@ -23,13 +23,14 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from dayzero.errors import FitError, LayoutError
-from dayzero.planner.engines import engine_mask
+from dayzero.planner.engines import ENGINES, engine_mask
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.grid import (
+    DUALPIPEV,
     FIELDS,
     INTERLEAVED,
     MODULE_BIT,
@@ -289,6 +290,18 @@ def _cross(g: dict, name: str, values) -> dict:
     return out
 
 
+def searched_schedules(g: dict) -> dict:
+    """The rows the search adds beside each vpp's default schedule: DualPipeV for every two-chunk
+    pipeline (vpp 2, pp > 1) whose tp, pp, cp, ep and etp passed, which torchtitan runs (torch.distributed.pipelining
+    ScheduleDualPipeV); the rows no engine runs at their ZeRO stage are dropped later
+    (:func:`_fitting_variants`). DualPipe, which no engine of planner.engines runs, is tried only
+    when ``--schedule`` pins it."""
+    rows = (g["vpp"] == 2) & (g["pp"] > 1)
+    out = _take(g, rows)
+    out["schedule"] = np.full(int(rows.sum()), DUALPIPEV, dtype=np.int64)
+    return out
+
+
 def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: SearchSpace,
                       domain: int = 8, precision: str = "bf16") -> tuple[dict, int, int, int]:
     """All valid *bases* (every dim but zero and recompute), as a grid.
@@ -330,6 +343,10 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
             g["dp"] = devices // (g["tp"] * g["pp"] * g["cp"])  # the device-count rule rejects a remainder
         if "vpp" in stage and space.schedule is None:
             g["schedule"] = default_schedule(g["vpp"])
+            # DualPipeV beside every two-chunk row whose earlier dims passed (its own rules follow)
+            extra = searched_schedules(g)
+            considered += len(extra["tp"]) * later(i)
+            g = {k: np.concatenate([g[k], extra[k]]) for k in g}
         rules = tuple(r for r in rules_reading(g, spec, devices) if r not in applied)
         applied.update(rules)
         pins = pin_checks(g, space, devices)
@@ -348,7 +365,8 @@ def _with(g: dict, **cols) -> dict:
     return {**g, **{k: np.full(n, v, dtype=np.int64) if np.ndim(v) == 0 else v for k, v in cols.items()}}
 
 
-def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None) -> tuple[list, int, int]:
+def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None,
+                      searched_dual: bool = False) -> tuple[list, int, int]:
     """For each base and ZeRO stage, the least recompute that fits. Memory falls as recompute
     grows (but not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost
     more than they save), so each ZeRO stage is checked under the most recompute first (a base that
@@ -356,7 +374,8 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     SearchSpace.levels, least first) from no recompute and stop at the first level that fits; the
     levels above it fit but only add time. Returns ([(base indices,
     zero, level index per base, peak per base)], number of fitting (base, zero, level) layouts,
-    number ruled out by ``engine``)."""
+    number ruled out by ``engine``; without one, with ``searched_dual``, the searched DualPipeV rows
+    no engine runs)."""
     n = len(bases["tp"])
     recomputes = np.arange(len(levels))
     out, n_fit, n_engine = [], 0, 0
@@ -368,6 +387,15 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
             runs = engine_mask(engine, _with(bases, zero=z))
             n_engine += int((~runs).sum()) * len(recomputes)
             alive = alive[runs]
+        elif searched_dual:  # a searched DualPipeV row only where some engine runs it at this ZeRO stage
+            dual = np.flatnonzero(bases["schedule"] == DUALPIPEV)
+            if len(dual):
+                zb = _with({k: v[dual] for k, v in bases.items()}, zero=z)
+                runs = np.logical_or.reduce([engine_mask(e, zb) for e in ENGINES])
+                keep = np.ones(n, dtype=bool)
+                keep[dual[~runs]] = False
+                n_engine += int((~runs).sum()) * len(recomputes)
+                alive = alive[keep]
         # the most recompute first: a base that does not fit under it fits nowhere; the survivors
         # then climb from the least recompute and stop at the first level that fits
         top = len(levels) - 1
@@ -429,7 +457,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     n_fit = n_timed = 0
     for start in range(0, n, CHUNK):
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
-        found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, levels, memory, limit, space.engine)
+        found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, levels, memory, limit, space.engine,
+                                                         searched_dual=space.schedule is None)
         n_fit += fit_here
         engine_zero += engine_here
         by_zero = {z: (idx, r, pk) for idx, z, r, pk in found}
@@ -471,6 +500,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                 "worse": n_fit - len(order)}
     if space.engine:
         rejected["engine"] = engine_bases + engine_zero
+    elif engine_zero:  # searched DualPipeV rows at ZeRO stages no engine runs them with
+        rejected["no engine"] = engine_zero
     return SearchResult(candidates=top, evaluation=ev, peak_bytes=peaks[order], considered=considered,
                         rejected=rejected, timed=n_timed)
 

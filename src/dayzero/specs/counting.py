@@ -364,6 +364,23 @@ def flops_per_token(spec: ModelSpec, seq: int | None = None, causal: bool = Fals
                          recurrent_forward=rec, traced_forward=traced)
 
 
+def mtp_flops_per_token(spec: ModelSpec, seq: int | None = None, causal: bool = False) -> float:
+    """Training FLOPs per token of the multi-token-prediction modules (0 without them): per module
+    its decoder layer (the last layer's kind and attention), the eh_proj of [norm(h); norm(emb)]
+    (2H x H) and a second pass through the shared output head, forward x 3. Megatron-LM counts
+    them in its model FLOPs (megatron/training/training.py num_floating_point_operations: "MTP
+    norms and proj" 2 H^2 and the logits x (mtp_num_layers + 1)); DeepSeek-V3 sec. 2.2 for the
+    module."""
+    if not spec.mtp_layers:
+        return 0.0
+    seq = seq or min(spec.max_positions, 4096)
+    h = spec.hidden
+    layer = 2.0 * layer_matmul_params(spec, spec.mtp_kind)
+    if split_layer_type(spec.mtp_kind)[0] == "attention":
+        layer += attention_flops_per_token(spec, seq, spec.layers - 1, causal)
+    return 3.0 * spec.mtp_layers * (layer + 2.0 * 2 * h * h + 2.0 * spec.vocab * h)
+
+
 @dataclass(frozen=True)
 class Summary:
     params_total: int

@@ -6,7 +6,7 @@ their index in ParallelConfig's tables:
 
     recompute          RECOMPUTES   0 none, 1 selective, 2 full
     precision          PRECISIONS   0 bf16, 1 fp8, 2 fp4
-    schedule           SCHEDULES    0 1f1b, 1 interleaved, 2 gpipe
+    schedule           SCHEDULES    0 1f1b, 1 interleaved, 2 gpipe, 3 dualpipe, 4 dualpipev
     rank_order         RANK_ORDERS  0 tp-cp-dp-pp, then the other 23 orders of the dense dims
     sequence_parallel  0 / 1
     recompute_modules  a bitmask over RECOMPUTE_MODULES (bit i: module i; core_attn = 1), the
@@ -55,7 +55,8 @@ MASKS: dict[str, tuple[str, ...]] = {"recompute_modules": RECOMPUTE_MODULES}  # 
 # codes the models test against
 SELECTIVE, FULL = RECOMPUTES.index("selective"), RECOMPUTES.index("full")
 MODULE_BIT = {m: 1 << i for i, m in enumerate(RECOMPUTE_MODULES)}
-ONE_F_ONE_B, INTERLEAVED, GPIPE = (SCHEDULES.index(s) for s in ("1f1b", "interleaved", "gpipe"))
+ONE_F_ONE_B, INTERLEAVED, GPIPE, DUALPIPE, DUALPIPEV = (SCHEDULES.index(s) for s in ("1f1b", "interleaved", "gpipe",
+                                                                                      "dualpipe", "dualpipev"))
 BF16 = PRECISIONS.index("bf16")
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dayzero.specs.grid import FIELDS, INTERLEAVED, RANK_ORDERS, SELECTIVE, TABLES, columns, pick
+from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FIELDS, INTERLEAVED, RANK_ORDERS, SELECTIVE, TABLES, columns, pick
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTE_MODULES, ParallelConfig, microbatches
 
@@ -121,6 +121,23 @@ RULES: tuple[Rule, ...] = (
          lambda c, w: ((c["schedule"] != INTERLEAVED) | (c["vpp"] == 1)
                        | (microbatches(c["gbs"], c["mbs"], c["dp"]) % c["pp"] == 0)),
          lambda p, w: f"interleaved schedule needs micro-batches ({p.microbatches}) divisible by pp ({p.pp})"),
+    # DualPipe: dualpipe.py DualPipe.step asserts num_ranks % 2 == 0 and num_chunks % 2 == 0 and
+    # num_chunks >= num_ranks * 2; DualPipeV: dualpipev.py asserts num_chunks >= num_ranks * 2
+    # (torch.distributed.pipelining ScheduleDualPipeV: n_microbatches >= the 2 pp stages, exactly 2
+    # stages per rank)
+    Rule(("schedule", "vpp", "pp"),
+         lambda c, w: ((c["schedule"] != DUALPIPE) | ((c["vpp"] == 1) & (c["pp"] % 2 == 0)))
+         & ((c["schedule"] != DUALPIPEV) | ((c["vpp"] == 2) & (c["pp"] > 1))),
+         lambda p, w: f"{p.schedule} needs " + ("an even pp > 1 and vpp 1 (each rank holds its stage and the "
+                                                "mirror one)" if p.schedule == "dualpipe" else
+                                                "pp > 1 and vpp 2 (the V's two chunks per rank)")
+         + f", got pp {p.pp} vpp {p.vpp}"),
+    Rule(("schedule", "pp", "gbs", "mbs", "dp"),
+         lambda c, w: (((c["schedule"] != DUALPIPE) & (c["schedule"] != DUALPIPEV))
+                       | ((microbatches(c["gbs"], c["mbs"], c["dp"]) >= 2 * c["pp"])
+                          & ((c["schedule"] != DUALPIPE) | (microbatches(c["gbs"], c["mbs"], c["dp"]) % 2 == 0)))),
+         lambda p, w: f"{p.schedule} needs at least 2 pp = {2 * p.pp} micro-batches"
+                      + (", an even number" if p.schedule == "dualpipe" else "") + f", got {p.microbatches}"),
     Rule(("cp", "seq"), lambda c, w: (c["cp"] == 1) | (c["seq"] % (2 * c["cp"]) == 0),
          lambda p, w: f"seq {p.seq} must be divisible by 2*cp = {2 * p.cp} (load-balanced causal CP)"),
     Rule(("sequence_parallel", "tp", "cp", "seq"),

@@ -25,7 +25,8 @@ from dayzero.errors import LayoutError
 from dayzero.specs.model import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "gpipe"]
+# new schedules are appended, so that the grid codes of the others never move (specs.grid)
+Schedule = Literal["1f1b", "interleaved", "gpipe", "dualpipe", "dualpipev"]
 Precision = Literal["bf16", "fp8", "fp4"]  # GEMM precision; fp4 (NVFP4/MXFP4) keeps fp8's memory
 RECOMPUTES: tuple[str, ...] = get_args(Recompute)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -91,6 +92,8 @@ class ParallelConfig:
             object.__setattr__(self, "layer_split", tuple(int(x) for x in self.layer_split))
         if self.vpp > 1 and self.schedule == "1f1b":
             object.__setattr__(self, "schedule", "interleaved")
+        if self.vpp == 1 and self.schedule == "dualpipev":  # DualPipeV's V: two chunks per rank
+            object.__setattr__(self, "vpp", 2)
         dims = order_dims(self.rank_order)
         if dims is not None:  # canonical spelling; a malformed order is kept for problems() to name
             object.__setattr__(self, "rank_order", "-".join(dims))
@@ -123,6 +126,8 @@ class ParallelConfig:
         s += f" zero{self.zero} mbs{self.mbs} gbs{self.gbs} {recompute_words(self.recompute, self.recompute_modules)}"
         if self.sequence_parallel:
             s += " sp"
+        if self.schedule in ("dualpipe", "dualpipev"):  # the others follow from vpp (gpipe is never searched)
+            s += f" {self.schedule}"
         return s
 
     def to_dict(self) -> dict:
@@ -164,11 +169,10 @@ class ParallelConfig:
 
     # -- layer assignment ------------------------------------------------------------------
     def stage_layers(self, spec: ModelSpec) -> list[range]:
-        """Decoder layers of each virtual stage, in model order (virtual stage v*pp + r runs on
-        pipeline rank r, as in Megatron's interleaved schedule). Embedding sits on the first
-        stage, final norm + head + loss on the last."""
+        """Decoder layers of each virtual stage, in model order (the ranks holding each:
+        :func:`stage_ranks`). Embedding sits on the first stage, final norm + head + loss on the last."""
         stages = self.pp * self.vpp
-        split = self.layer_split or even_split(spec.layers, stages)
+        split = self.layer_split or model_split(spec.layers, stages, spec.mtp_layers)
         out, start = [], 0
         for n in split:
             out.append(range(start, start + n))
@@ -178,8 +182,10 @@ class ParallelConfig:
     def rank_layers(self, spec: ModelSpec) -> list[list[int]]:
         """Decoder layers held by each pipeline rank (all its virtual stages)."""
         per_rank: list[list[int]] = [[] for _ in range(self.pp)]
+        placed = stage_ranks(self.schedule, self.pp, self.vpp)
         for v, rng in enumerate(self.stage_layers(spec)):
-            per_rank[v % self.pp].extend(rng)
+            for r in placed[v]:
+                per_rank[r].extend(rng)
         return per_rank
 
 
@@ -201,6 +207,22 @@ def recompute_words(recompute: str, modules: tuple[str, ...]) -> str:
     if recompute != "selective" or tuple(modules) in ((), DEFAULT_MODULES):
         return str(recompute)
     return f"selective({'+'.join(modules)})"
+def stage_ranks(schedule: str, pp: int, vpp: int) -> tuple[tuple[int, ...], ...]:
+    """The pipeline ranks holding each of the pp x vpp (virtual) stages, first to last.
+
+    - 1F1B, GPipe, interleaved 1F1B: virtual stage s on rank s % pp (Megatron's interleaving).
+    - DualPipe (DeepSeek-V3, arXiv 2412.19437 sec. 3.2.1; deepseek-ai/DualPipe dualpipe.py): pp
+      stages, rank r holds stage r and stage pp - 1 - r, feeding micro-batches from both ends, so
+      every stage's parameters are held twice ("Parameter 2x", the README's table).
+    - DualPipeV (deepseek-ai/DualPipe dualpipev.py; torch.distributed.pipelining
+      ScheduleDualPipeV, stage-to-rank style "v"): 2 pp stages, rank r holds stage r and stage
+      2 pp - 1 - r (a V: rank 0 holds the first and the last stage), each once."""
+    stages = pp * vpp
+    if schedule == "dualpipe":
+        return tuple((s, pp - 1 - s) if pp - 1 - s != s else (s,) for s in range(stages))
+    if schedule == "dualpipev":
+        return tuple((s if s < pp else 2 * pp - 1 - s,) for s in range(stages))
+    return tuple((s % pp,) for s in range(stages))
 
 
 def even_split_fills(layers, stages):
@@ -209,6 +231,24 @@ def even_split_fills(layers, stages):
     one layer each when splitting (account_for_embedding/loss_in_pipeline_split), so 126 layers
     fill 128 stages. Ints or arrays."""
     return layers >= stages - 2
+
+
+def model_split(layers: int, stages: int, mtp: int = 0) -> tuple[int, ...]:
+    """Decoder layers per stage when the last stage also runs ``mtp`` multi-token-prediction
+    modules: the near-even split of layers + mtp with the MTP modules' share taken off the last
+    stage(s), so that each counts as one layer of the last stage (Megatron-Bridge's DeepSeek
+    layouts end "...tmL": the last stage's decoder layer, the MTP layer and the loss, e.g.
+    "Et*4|(t*4|)*14tmL"). Without MTP, :func:`even_split`."""
+    if not mtp or stages <= 1:
+        return even_split(layers, stages)
+    split = list(even_split(layers + mtp, stages))
+    need, i = mtp, stages - 1
+    while need and i >= 0:
+        d = min(split[i], need)
+        split[i] -= d
+        need -= d
+        i -= 1
+    return tuple(split)
 
 
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
