@@ -220,7 +220,7 @@ def mtp_class(spec: ModelSpec) -> tuple[int, int]:
     if not spec.mtp_layers:
         return 0, 0
     classes = layer_classes(spec)
-    index = next((i for i, (k, _) in enumerate(classes) if k == spec.mtp_kind), len(classes) - 1)
+    index = next((i for i, (k, *_) in enumerate(classes) if k == spec.mtp_kind), len(classes) - 1)
     return index, spec.mtp_layers
 
 
