@@ -157,7 +157,7 @@ def test_the_search_tries_dualpipev_where_an_engine_runs_it():
     assert scheds == [(1, ONE_F_ONE_B), (2, INTERLEAVED), (2, DUALPIPEV)]
     rows = {k: v[[int(np.flatnonzero(g["schedule"] == ONE_F_ONE_B)[0]),
                   int(np.flatnonzero(g["schedule"] == DUALPIPEV)[0])]] for k, v in g.items()}
-    found, _, dropped = _fitting_variants(MOE, rows, (1, 3), (0,), lambda grid: np.zeros(len(grid["tp"])), 1.0,
+    found, _, dropped = _fitting_variants(MOE, rows, (1, 3), [(0, 0)], lambda grid: np.zeros(len(grid["tp"])), 1.0,
                                           searched_dual=True)
     kept = {z: idx.tolist() for idx, z, _, _ in found}
     assert kept == {1: [0], 3: [0, 1]} and dropped == 1

@@ -151,7 +151,8 @@ def test_ep_overlap_does_not_hide_a_hybrid_moe_layers_all_to_all():
     another's attention and experts (TransformerLayer); a hybrid stack's MoE layer has no token
     mixer of its own, and HybridModel cannot be scheduled so (NVIDIA/Megatron-LM issue #5854, PR
     #4798 unmerged): with ep_overlap on, its EP all-to-all is still exposed in full (exposed = ops x
-    time of each item), while a transformer MoE layer's hides behind the layer's compute."""
+    time of each item), while a transformer MoE layer's hides behind the layer's compute but for the
+    slowdown of the SMs the all-to-all holds (DeepSeek-V3 sec. 3.2.2: exposed max(c - C, f c), f = 20/132)."""
     cons = PerfConstants()
     r = rates(CLUSTER, cons)
     g = encode([ParallelConfig(tp=1, dp=8, ep=8, mbs=1, gbs=8, seq=4096)])
@@ -166,7 +167,8 @@ def test_ep_overlap_does_not_hide_a_hybrid_moe_layers_all_to_all():
         assert busy > 0 and exposed == pytest.approx(busy) and hidden_by == ""
     transformer = replace(hybrid("EEEE"), recurrent=None, layer_mixers=(), layer_kinds=("moe",) * 4)
     items = ep_items(transformer)
-    assert all(exposed == 0.0 for _, exposed, _ in items) and items[0][2] == "other micro-batch"
+    assert all(exposed == pytest.approx(busy * r.comm_sm_fraction) for busy, exposed, _ in items)
+    assert items[0][2] == "other micro-batch"
 
 
 def test_mamba2_memory_passes_kernel_by_kernel():

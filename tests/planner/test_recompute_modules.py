@@ -88,7 +88,7 @@ def replay_s(module: str) -> float:
     cl = build_cluster("h100", 8)
     c = constants()
     r = rates(cl, c)
-    index = layer_classes(SPEC).index(("moe", None))
+    index = [(t, w) for t, w, _ in layer_classes(SPEC)].index(("moe", None))
     base = ParallelConfig(mbs=B, seq=S, recompute="selective")
     g = encode([base, base.with_(recompute_modules=("core_attn", module))])
     bwd = compute_costs(SPEC, g, r, c).bwd[index]

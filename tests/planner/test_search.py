@@ -11,7 +11,7 @@ from dayzero.planner.memory import MemoryOptions, peak_memory_batch
 from dayzero.planner.perf import evaluate
 from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
 from dayzero.specs.cluster import build_cluster
-from dayzero.specs.grid import DUALPIPEV, code
+from dayzero.specs.grid import DUALPIPEV
 from dayzero.specs.registry import load_model
 
 MIXTRAL = load_model("mixtral-8x7b")

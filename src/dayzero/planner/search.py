@@ -374,44 +374,52 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     SearchSpace.levels, least first) from no recompute and stop at the first level that fits; the
     levels above it fit but only add time. Returns ([(base indices,
     zero, level index per base, peak per base)], number of fitting (base, zero, level) layouts,
-    number ruled out by ``engine``; without one, with ``searched_dual``, the searched DualPipeV rows
-    no engine runs)."""
+    number ruled out by ``engine``; without one, with ``searched_dual``, the (searched DualPipeV row,
+    ZeRO stage, recompute level) layouts no engine runs, which are left out)."""
     n = len(bases["tp"])
-    recomputes = np.arange(len(levels))
+    everything = tuple(range(len(levels)))
     out, n_fit, n_engine = [], 0, 0
     for z in sorted(zeros):
-        level = np.full(n, -1, dtype=np.int64)  # least fitting recompute index so far
+        level = np.full(n, -1, dtype=np.int64)  # least fitting recompute index
         peak_at = np.zeros(n)
-        alive = np.arange(n)
+        groups = [(np.arange(n), everything)]  # (rows, the level indices they may take)
         if engine:
             runs = engine_mask(engine, _with(bases, zero=z))
-            n_engine += int((~runs).sum()) * len(recomputes)
-            alive = alive[runs]
-        elif searched_dual:  # a searched DualPipeV row only where some engine runs it at this ZeRO stage
+            n_engine += int((~runs).sum()) * len(levels)
+            groups = [(np.flatnonzero(runs), everything)]
+        elif searched_dual:  # a searched DualPipeV row only at the ZeRO stages and levels some engine runs
             dual = np.flatnonzero(bases["schedule"] == DUALPIPEV)
             if len(dual):
-                zb = _with({k: v[dual] for k, v in bases.items()}, zero=z)
-                runs = np.logical_or.reduce([engine_mask(e, zb) for e in ENGINES])
-                keep = np.ones(n, dtype=bool)
-                keep[dual[~runs]] = False
-                n_engine += int((~runs).sum()) * len(recomputes)
-                alive = alive[keep]
-        # the most recompute first: a base that does not fit under it fits nowhere; the survivors
-        # then climb from the least recompute and stop at the first level that fits
-        top = len(levels) - 1
-        for step, ri in enumerate([top] + list(range(top))):
-            if not len(alive):
-                break
-            rc, modules = levels[ri]
-            peak = memory(_with({k: v[alive] for k, v in bases.items()}, zero=z, recompute=rc,
-                                recompute_modules=modules))
-            ok = peak <= limit
-            level[alive[ok]] = ri
-            peak_at[alive[ok]] = peak[ok]
-            alive = alive[ok] if step == 0 else alive[~ok]
+                zb = {k: v[dual] for k, v in bases.items()}
+                runs = np.stack([np.logical_or.reduce([engine_mask(e, _with(zb, zero=z, recompute=rc,
+                                                                            recompute_modules=m)) for e in ENGINES])
+                                 for rc, m in levels], axis=1)  # (dual rows, levels)
+                n_engine += int((~runs).sum())
+                groups = [(np.flatnonzero(bases["schedule"] != DUALPIPEV), everything)]
+                for allowed in {tuple(np.flatnonzero(r)) for r in runs}:
+                    rows = dual[[tuple(np.flatnonzero(r)) == allowed for r in runs]]
+                    if allowed:
+                        groups.append((rows, allowed))
+        for rows, allowed in groups:
+            # the most recompute first: a base that does not fit under it fits nowhere; the survivors
+            # then climb from the least recompute and stop at the first level that fits
+            alive = rows
+            top = len(allowed) - 1
+            for step, j in enumerate([top] + list(range(top))):
+                if not len(alive):
+                    break
+                rc, modules = levels[allowed[j]]
+                peak = memory(_with({k: v[alive] for k, v in bases.items()}, zero=z, recompute=rc,
+                                    recompute_modules=modules))
+                ok = peak <= limit
+                level[alive[ok]] = allowed[j]
+                peak_at[alive[ok]] = peak[ok]
+                alive = alive[ok] if step == 0 else alive[~ok]
+            fit = rows[level[rows] >= 0]
+            # the levels at and above the least fitting one (those this row may take)
+            n_fit += int((len(allowed) - np.searchsorted(np.asarray(allowed), level[fit])).sum())
         idx = np.nonzero(level >= 0)[0]
-        n_fit += int((len(recomputes) - level[idx]).sum())
-        out.append((idx, z, recomputes[level[idx]], peak_at[idx]))
+        out.append((idx, z, level[idx], peak_at[idx]))
     return out, n_fit, n_engine
 
 
