@@ -396,10 +396,10 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                                  for rc, m in levels], axis=1)  # (dual rows, levels)
                 n_engine += int((~runs).sum())
                 groups = [(np.flatnonzero(bases["schedule"] != DUALPIPEV), everything)]
-                for allowed in {tuple(np.flatnonzero(r)) for r in runs}:
-                    rows = dual[[tuple(np.flatnonzero(r)) == allowed for r in runs]]
-                    if allowed:
-                        groups.append((rows, allowed))
+                pattern = runs @ (1 << np.arange(len(levels), dtype=np.int64))  # the levels a row may take
+                for p in np.unique(pattern[pattern > 0]):
+                    allowed = tuple(i for i in everything if int(p) >> i & 1)
+                    groups.append((dual[pattern == p], allowed))
         for rows, allowed in groups:
             # the most recompute first: a base that does not fit under it fits nowhere; the survivors
             # then climb from the least recompute and stop at the first level that fits
