@@ -149,3 +149,42 @@ def test_fp8_halves_saved_linear_inputs():
         assert float(fp8[k]) * 2 == float(bf16[k])
     for k in ("ln1_in", "q", "mlp_act_in"):
         assert float(fp8[k]) == float(bf16[k])
+
+
+def test_full_recompute_transient_is_the_largest_phase_by_hand():
+    """Mixtral-8x7B's MoE layer under full recompute (mbs 4, seq 4096, tp = etp = 1, fused kernels,
+    flash attention): the backward's transient is the largest of its phases, not the largest
+    gradient set plus the whole rebuilt layer. Non-reentrant checkpointing hands each recomputed
+    tensor to the op that saved it and drops its own reference (torch.utils.checkpoint,
+    ``use_reentrant=False``: the unpack hook), so the tensors the combine and the down-projection
+    saved are freed before the experts' activation backward; measured by ``memory --exact``
+    (benchmarks/RESULTS.md, "memory --exact vs the analytic model"). Hand count in MiB: one
+    hidden-wide bf16 tensor of the 16,384 tokens is 128, a K or V 32, the log-sum-exp 2; the 32,768
+    routed rows are 256 hidden-wide and 896 MLP-wide (14,336)."""
+    spec = load_model("mixtral-8x7b")
+    d = Dims(seq=4096, mbs=4, tp=1, cp=1)
+    mib = 2**20
+    attn = {"ln1_in": 128, "attn_in": 128, "q": 128, "k": 32, "v": 32, "attn_lse": 2, "attn_out": 128}
+    moe = {"ln2_in": 128, "moe_in": 128, "router_probs": 0.5, "router_topk": 0.375, "expert_in": 256,
+           "expert_act_in": 2 * 896, "expert_down_in": 896, "expert_out": 256, "dispatch_map": 0.25}
+    terms = layer_terms(spec, "moe", MemoryOptions(), d)
+    assert {k: float(v) / mib for k, v in terms.items()} == {**attn, **moe}
+    rebuilt = sum(attn.values()) + sum(moe.values()) - 128  # all but the kept layer input: 3,907.125
+    phases = [rebuilt + 128,  # 1. the first op: the whole layer rebuilt, the output's gradient
+              # 2. the experts' activation backward: the combine's and down-projection's inputs freed;
+              #    3 MLP-wide gradients, 2 of the routed rows, 2 of the residual stream
+              rebuilt - (896 + 256 + 0.25) + 3 * 896 + 2 * 256 + 2 * 128,
+              # 3. the attention core's backward: its inputs; gradients of q, k, v and the output
+              (128 + 128 + 32 + 32 + 2) + (128 + 32 + 32 + 128) + 2 * 128]
+    assert phases == [4035.125, 6210.875, 898.0]
+    got = layer_activation(spec, "moe", MemoryOptions(), d).recomputing
+    assert float(got) / mib == pytest.approx(6210.875)
+
+
+def test_full_recompute_sets_the_layer_transient():
+    """The planner's layer transient under full recompute is the phase maximum above."""
+    spec = load_model("mixtral-8x7b")
+    p = ParallelConfig(ep=8, dp=16, mbs=4, gbs=64, seq=4096, recompute="full")
+    terms = estimate_memory(spec, p, 10**15).stages[0].terms
+    want = layer_activation(spec, "moe", MemoryOptions(), Dims(seq=4096, mbs=4, tp=1, cp=1)).recomputing
+    assert float(terms["temporary:layer_transient"]) == pytest.approx(float(want))

@@ -292,6 +292,7 @@ class LayerActivation:
     full: object  # the layer input only
     core: object  # what selective recompute of core_attn rebuilds during backward
     largest: object  # the largest single tensor (its gradient is the biggest backward temporary)
+    recomputing: object = 0.0  # live at the peak of its backward under full recompute (full_recompute_transient)
     # selective recompute by module: the saved bytes grouped by the modules that drop them,
     # ((bitmask of those modules, bytes), ...) with bit i = RECOMPUTE_MODULES[i] (specs.grid.MODULE_BIT)
     dropped: tuple = ()
@@ -339,7 +340,100 @@ def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -
         if bits:
             groups[bits] = groups.get(bits, 0.0) + terms[n]
     return LayerActivation(none=total, selective=total - core, full=terms[LAYER_INPUT], core=core, largest=largest,
+                           recomputing=full_recompute_transient(spec, kind, opts, d, terms),
                            dropped=tuple(groups.items()), rebuilt=tuple(rebuilt))
+
+
+# Saved tensors a block's backward has freed by the time its gradients peak (at the core
+# attention's or the scan's backward; at the MLP's activation backward): those saved by the ops
+# that run after that point in forward, whose backward has already run. The output projection's
+# input (attention, recurrent mixer), the down-projection's input, and a MoE block's combine
+# tensors (each expert row's output, the permutation, the gathered weights).
+_FREED_BEFORE_MIXER_PEAK = ("attn_out", "attn_drop_mask", "rec_out_in", "rec_drop_mask")
+_FREED_BEFORE_FFN_PEAK = ("mlp_down_in", "expert_down_in", "shared_down_in", "expert_out", "dispatch_map",
+                          "combine_eager", "mlp_drop_mask")
+
+
+def block_gradients(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> tuple[object, object]:
+    """(mixer, FFN) gradients alive at once at each block's backward peak. Mixer: the gradients of
+    q, k, v and of the attention output (a recurrent mixer's conv output, z and y,
+    :func:`mixer_gradients`). FFN: at the gated product's backward (``act(gate) * up``),
+    the gradient of its output (the down-projection input) and of its two inputs, 3 tensors of the
+    MLP width (2 without a gate: output and input of the activation); autograd's mul backward
+    computes both input gradients while its output gradient is held (torch/csrc/autograd/
+    FunctionsManual.cpp, ``mul_tensor_backward``). A MoE block adds its rows' gradients of the
+    dispatched width (the combine's, 2 of them, as :func:`eager_backward_transient`); its shared
+    experts' backward runs apart from the routed experts' (the larger counts)."""
+    ab = opts.act_bytes
+    mixer, ffn_kind = split_layer_type(kind)
+    mix = mixer_gradients(spec, mixer, opts, d)
+
+    def mlp(rows, inter, t, gated):
+        return ab * rows * inter / t * (3 if gated else 2)
+
+    if ffn_kind == "none":
+        ffn = 0.0
+    elif ffn_kind == "moe":
+        moe = spec.moe
+        routed = routed_tokens(spec, opts, d)
+        h_e, inter_e = expert_widths(spec)
+        ffn = mlp(routed, inter_e, d.etp, moe.expert.gated)
+        if moe.shared_experts:
+            ffn = np.maximum(ffn, mlp(d.tok, moe.shared_intermediate, d.tp, moe.expert.gated))
+        ffn = ffn + 2 * ab * routed * h_e
+    else:
+        ffn = mlp(d.tok, spec.mlp.intermediate, d.tp, spec.mlp.gated)
+    return mix, ffn
+
+
+def full_recompute_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims, terms: dict):
+    """Bytes live at the peak of a fully recomputed layer's backward (beyond its kept input): the
+    largest over the backward's phases of what is live then, not the sum of each part's maximum.
+
+    Non-reentrant activation checkpointing (torch.utils.checkpoint, ``use_reentrant=False``;
+    Megatron-Core's ``CheckpointWithoutOutput`` likewise) rebuilds the whole layer at the first
+    unpack of its backward, then hands each recomputed tensor to the op that saved it once (the
+    unpack hook drops the checkpoint's reference), so autograd frees it when that op's backward
+    has run. Phases, with the residual stream's gradient (1 hidden-wide tensor, 2 while a block's
+    branch adds into it):
+
+    1. the backward's first op: every recomputed tensor and the layer output's gradient;
+    2. the FFN's peak (its activation's backward): the recomputed tensors but those the FFN's
+       later ops saved (:data:`_FREED_BEFORE_FFN_PEAK`), with its gradients
+       (:func:`block_gradients`);
+    3. the mixer's peak: the mixer's recomputed tensors but its output projection's input, with
+       its gradients (the FFN's tensors are freed by then).
+
+    Measured by ``dayzero memory --exact`` (benchmarks/RESULTS.md, "memory --exact vs the analytic
+    model"): on Mixtral's MoE layer the exact maximum is phase 1, and at the experts' activation
+    backward the live set is phase 2's."""
+    ab, h, rep = opts.act_bytes, spec.hidden, d.tok_rep
+    mixer, ffn_kind = split_layer_type(kind)
+    rebuilt = {n: v for n, v in terms.items() if n != LAYER_INPUT}
+    ffn_names = set(mlp_terms(spec, ffn_kind, opts, d)) if ffn_kind != "none" else set()
+    mix_grads, ffn_grads = block_gradients(spec, kind, opts, d)
+    phases = [sum(rebuilt.values(), 0.0) + ab * rep * h]
+    if ffn_kind != "none":
+        live = sum((v for n, v in rebuilt.items() if n not in _FREED_BEFORE_FFN_PEAK), 0.0)
+        phases.append(live + ffn_grads + 2 * ab * rep * h)
+    if mixer != "none":
+        live = sum((v for n, v in rebuilt.items() if n not in ffn_names and n not in _FREED_BEFORE_MIXER_PEAK), 0.0)
+        if mixer == "recurrent" and spec.recurrent.kind == "mamba2":  # its backward's recomputed conv output
+            live = live + np.maximum(ab * d.tok * spec.recurrent.conv_channels / d.tp, scan_states_bytes(spec, d))
+        phases.append(live + mix_grads + 2 * ab * rep * h)
+    return np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*phases)])
+
+
+def mixer_gradients(spec: ModelSpec, mixer: str, opts: MemoryOptions, d: Dims):
+    """Gradients alive together at a mixer's backward: in attention those of q, k, v and of the
+    attention output; in a recurrent mixer those of the conv output, z and y."""
+    if mixer == "attention":
+        att = attention_terms(spec, opts, d)
+        return sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
+    if mixer == "recurrent":
+        r = spec.recurrent
+        return opts.act_bytes * d.tok * (r.conv_channels + 2 * r.inner) / d.tp
+    return 0.0
 
 
 def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims):
@@ -351,13 +445,7 @@ def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
     rows; its shared experts and the combine's row gradients come on top."""
     ab, h, rep, tok = opts.act_bytes, spec.hidden, d.tok_rep, d.tok
     mixer, kind = split_layer_type(kind)
-    attn = 0.0
-    if mixer == "attention":
-        att = attention_terms(spec, opts, d)
-        attn = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
-    elif mixer == "recurrent":  # gradients of the conv output, z and y, alive together
-        r = spec.recurrent
-        attn = opts.act_bytes * tok * (r.conv_channels + 2 * r.inner) / d.tp
+    attn = mixer_gradients(spec, mixer, opts, d)
 
     def mlp(rows, inter, t, gated):
         return ab * rows * inter / t * (4 if gated else 2)

@@ -151,8 +151,9 @@ def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: R
         a, n = acts[k], f.layers[k]
         nfull = np.where(rc == FULL, f.full[k], 0)
         per_mb = per_mb + (n - nfull) * np.where(rc == SELECTIVE, a.saved(x.modules), a.none) + nfull * a.full
-        tr = (a.largest + np.where(rc == SELECTIVE, a.rebuilding(x.modules), 0)
-              + np.where((rc == FULL) & (nfull > 0), a.none - a.full, 0))
+        # full recompute: the largest over the backward's phases (activations.full_recompute_transient)
+        tr = np.where((rc == FULL) & (nfull > 0), np.maximum(a.largest, a.recomputing),
+                      a.largest + np.where(rc == SELECTIVE, a.rebuilding(x.modules), 0))
         transient = np.maximum(transient, np.where(n > 0, tr, 0))
     t["activations:layers"] = per_mb * inflight
     t["activations:embedding"] = f.first * sum(first_stage_terms(spec, opts, d).values()) * inflight

@@ -50,6 +50,23 @@ def category_tracker(module, optimizer, categorize, transient_refs=frozenset(), 
             self.temporary_at: dict = {}
             self._listed = 0  # temporary bytes when the live tensors were last listed
 
+        # FSDPMemTracker files the tensors an activation-checkpoint recomputation creates in
+        # backward as activations while an FSDP unit's forward runs inside it (``_in_ac``, set by
+        # that unit's pre-forward in backward: fsdp2_mem_tracker._fsdp_state_pre_forward, torch
+        # 2.13), and as temporaries elsewhere. A checkpointed block that is itself an FSDP unit is
+        # recomputed without its pre-forward (the checkpoint re-runs the forward function, not the
+        # module call), but a nested unit (a MoE layer's experts under expert data parallelism) is
+        # called as a module, so its recomputed tensors became "activations" that no forward-end
+        # snapshot counts and no temporary maximum sees. The planner counts every recomputed tensor
+        # as a backward transient: so does this tracker (the flag is kept False).
+        @property
+        def _in_ac(self) -> bool:
+            return False
+
+        @_in_ac.setter
+        def _in_ac(self, value) -> None:
+            pass
+
         def _fsdp_param_group_post_backward(self, fsdp_mod, orig):
             # A backward without gradient sync upcasts the unsharded gradient to the reduce dtype
             # (FSDPParam.to_accumulated_grad_if_needed) inside the post-backward hook, i.e. in the
