@@ -133,3 +133,16 @@ def test_the_peak_is_explained_term_by_term_or_left_off():
     assert "temporary -4,588" in unexplained["explanation"]
     close = peak_row(0, an, ex, {}, 14500 * m, 0.10)  # within tolerance of the moment: nothing to explain
     assert close["within"] and close["explanation"] == ""
+
+
+def test_the_analytic_side_drops_the_mtp_modules_the_runtime_does_not_build():
+    """DeepSeek-V3 has an MTP module (ModelSpec.mtp_layers 1), which the planner places on the last
+    stage and the runtime does not build: memory --exact's analytic side plans the runtime's model
+    (validate.predicted.runtime_spec). Measured (benchmarks/RESULTS_exact_memory.md, 4 of 61
+    layers, tp1 dp16 ep16 zero2 mbs4): weights 8,668 MiB; the planner 8,662 without MTP, 10,451
+    with it."""
+    spec = load_model("deepseek-v3").shrink(layers=4)
+    assert spec.mtp_layers == 1
+    p = P(dp=16, ep=16, mbs=4, gbs=64, seq=4096, zero=2, cp=1)
+    weights = analytic_for_runtime(spec, p).stages[0].weights
+    assert weights / MIB == pytest.approx(8668, rel=0.002)

@@ -355,11 +355,11 @@ def exact_memory(spec, parallel, compute_dtype: str = "bf16", stages: list[int] 
 
 def analytic_for_runtime(spec, parallel, compute_dtype: str = "bf16", capacity_bytes: int = 10**15, cluster=None):
     """The planner's report for what the runtime actually runs (validate.predicted: FSDP2
-    semantics, eager kernels, the runtime's dtypes); capacity only sets utilization."""
+    semantics, eager kernels, the runtime's dtypes, no MTP modules); capacity only sets utilization."""
     from dayzero.planner.memory import estimate_memory
-    from dayzero.validate.predicted import memory_options, runtime_layout
+    from dayzero.validate.predicted import memory_options, runtime_layout, runtime_spec
 
-    eff = runtime_layout(parallel)
+    eff, spec = runtime_layout(parallel), runtime_spec(spec)
     return estimate_memory(spec, eff, capacity_bytes, memory_options(cluster, compute_dtype, spec, eff, "cpu"))
 
 

@@ -85,6 +85,15 @@ def runtime_layout(parallel: ParallelConfig) -> ParallelConfig:
     return parallel
 
 
+def runtime_spec(spec: ModelSpec) -> ModelSpec:
+    """The model the runtime builds: no multi-token-prediction modules (runtime.models.model
+    trains the decoder stack and one head), so the planner's MTP layer, embedding copy and second
+    head (ModelSpec.mtp_layers) are dropped before comparing with it."""
+    from dataclasses import replace
+
+    return replace(spec, mtp_layers=0) if spec.mtp_layers else spec
+
+
 def largest_unit(spec: ModelSpec, parallel: ParallelConfig) -> float:
     """Parameters of the largest FSDP2 unit (a decoder block) on one rank: what one
     reduce-scatter of gradients carries."""
