@@ -474,7 +474,8 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
     cross-entropy), ``attention backward`` (buffers of one micro-batch's s x s scores, in an
     attention module; planner: its eager score term), ``parameter gathers`` (all-gather outputs and
     gathered parameters; planner: zero3_gather), ``gradient buffers`` (reduce-scatter inputs,
-    unsharded gradients, and inside a decoder layer gradients of the embedding's or head's size,
+    unsharded gradients, the parameters' gradients produced in this backward, which the tracker
+    lists as unsharded gradients (validate.torch_tools.category_tracker), and inside a decoder layer gradients of the embedding's or head's size,
     which FSDP2 reduces only at the end of backward; planner: grad_reduce) and ``layer backward``
     (the rest: a layer's recomputed tensors and gradients in flight, which the tracker files as
     temporaries, and buffers under 1 MiB; planner: layer_transient's rest and the communication
@@ -526,8 +527,9 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
            "parameter gathers": "FSDP2 keeps the root unit (embedding, head) gathered through the backward, with "
                                 "the current and the prefetched layer; the planner counts 2 of the largest unit",
            "gradient buffers": "FSDP2's reduce-scatter input (a copy of one unit's unsharded gradients at the "
-                               "syncing micro-batch) and the root unit's (embedding, head) unsharded gradients, "
-                               "reduced only at the end of backward" + ("" if t("grad_reduce") else
+                               "syncing micro-batch), the parameter gradients this unit's backward has produced "
+                               "so far (kept until its reduce-scatter), and the root unit's (embedding, head) "
+                               "unsharded gradients, reduced only at the end of backward" + ("" if t("grad_reduce") else
                                                                       "; the planner counts them only under "
                                                                       "ZeRO-2/3"),
            "layer backward": "one layer's backward temporaries (its recomputed tensors, gradients in flight), buffers "

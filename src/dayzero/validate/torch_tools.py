@@ -84,8 +84,32 @@ def category_tracker(module, optimizer, categorize, transient_refs=frozenset(), 
 
             return wrapped
 
+        def _param_grads(self) -> set:
+            """ids of the storages of the parameter gradients autograd has produced in this
+            backward (FSDP2's unsharded parameters' ``.grad``, before the unit's post-backward
+            reduce-scatter), which the tracker files as temporaries."""
+            from torch.distributed.fsdp import FSDPModule
+
+            from dayzero.validate.exact_memory import _local
+
+            ids = set()
+            for mod in self._root_mod.modules():
+                group = mod._get_fsdp_state()._fsdp_param_group if isinstance(mod, FSDPModule) else None
+                for fp in (group.fsdp_params if group else ()):
+                    param = getattr(fp, "_unsharded_param", None)
+                    grad = getattr(param, "grad", None) if param is not None else None
+                    if grad is not None:
+                        ids.add(id(_local(grad).untyped_storage()))
+            return ids
+
         def _live(self) -> list[tuple[str, int]]:
-            live = [(str(getattr(w.reftype, "value", w.reftype)), int(w.mem_consumed)) for w, _ in self._WINFO.values()
+            """Live buffers of the transient kinds, largest first; a temporary that is a parameter's
+            gradient is listed as an unsharded gradient (what it is until FSDP2 reduces it)."""
+            grads = self._param_grads()
+            temp = ref_types().TEMP
+            live = [("Unsharded Grad" if w.reftype == temp and id(st) in grads else
+                     str(getattr(w.reftype, "value", w.reftype)), int(w.mem_consumed))
+                    for st, (w, _) in self._WINFO.items()
                     if w.reftype in transient_refs and w.mem_consumed >= min_bytes]
             return sorted(live, key=lambda x: -x[1])
 
