@@ -21,6 +21,7 @@ from dayzero.planner.activations import (
     LAYER_INPUT,
     Dims,
     expert_widths,
+    layer_activation,
     first_stage_terms,
     last_stage_terms,
     layer_terms,
@@ -156,6 +157,7 @@ class _StepReplay:
         self.fp8_cache = o.fp8_weight_cache_bytes if p.precision != "bf16" else 0
         # -- per-layer sizes from the activation model
         self.terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_types)}
+        self.recomputing = {k: float(layer_activation(spec, k, o, d).recomputing) for k in set(self.kind_of)}
         self.unit = {i: sum(e for _, e, _ in _param_tensors(spec, self.kind_of[i], p))
                      for c in self.chunks for i in c}
         self.full_n = [len(c) if p.recompute_layers is None else min(p.recompute_layers, len(c)) for c in self.chunks]
@@ -297,13 +299,19 @@ class _StepReplay:
             kind = self.kind_of[layer]
             t = self.terms[kind]
             if p.recompute == "full" and layers.index(layer) < self.full_n[c]:
+                rebuilt = 0.0
                 for n, v in t.items():
                     if n != LAYER_INPUT:
                         tr.new(("re", n), v, "temporary")
-            elif self.modules(kind):  # the module rebuilding most, as planner.activations.LayerActivation.rebuilding
-                for n in max(self.modules(kind), key=lambda names: sum(t[x] for x in names)):
-                    tr.new(("re", n), t[n], "temporary")
-            tr.new(("dgrad",), max(t.values()), "temporary")
+                        rebuilt += v
+                # the gradients on top reach the backward's largest phase (activations.full_recompute_transient)
+                dgrad = max(0.0, self.recomputing[kind] - rebuilt)
+            else:
+                if self.modules(kind):  # the module rebuilding most, as planner.activations.LayerActivation.rebuilding
+                    for n in max(self.modules(kind), key=lambda names: sum(t[x] for x in names)):
+                        tr.new(("re", n), t[n], "temporary")
+                dgrad = max(t.values())
+            tr.new(("dgrad",), dgrad, "temporary")
             self.transients(layer)
             tr.drop(("dgrad",))
             tr.drop_prefix(("re",))
