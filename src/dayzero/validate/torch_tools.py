@@ -122,7 +122,7 @@ def category_tracker(module, optimizer, categorize, transient_refs=frozenset(), 
                             parents = sorted(self._mod_tracker.parents, key=len)
                             self.temporary_at.update(op=str(func), bytes=int(v), module=parents[-1] if parents else "",
                                                      phase="backward" if self._mod_tracker.is_bw else "forward")
-                            if v > 1.01 * self._listed:  # listing walks every live tensor: only when it grew
+                            if v > self._listed:  # the live set at every new maximum (the last one is the maximum)
                                 self._listed = v
                                 self.temporary_at["live"] = self._live()
 
