@@ -30,7 +30,8 @@ from dayzero.validate.predicted import runtime_spec
 PRESETS = [
     ("GQA dense, ZeRO-2", "llama-3.1-8b", "-a h100 -n 8 --gbs 8 --seq 4096 --engine dayzero", {}),
     # gpt3-175b (MHA) ties embedding and head, which the runtime trains only at tp 1 and pp 1
-    ("dense, ZeRO-3", "llama-3.1-70b", "-a h100 -n 64 --gbs 64 --seq 4096 --zero 3 --vpp 1 --engine dayzero", {"layers": 4}),
+    ("dense, ZeRO-3", "llama-3.1-70b", "-a h100 -n 64 --gbs 64 --seq 4096 --zero 3 --vpp 1 --engine dayzero",
+     {"layers": 4}),
     ("MoE with EP", "mixtral-8x7b", "-a h100 -n 16 --gbs 64 --seq 4096 --vpp 1 --engine dayzero", {"layers": 4}),
     # the full model's plan (pp 32, 128 micro-batches) traces for minutes per stage: planned and
     # measured with 4 of its 61 layers (3 dense MLA, 1 MoE), full width, 256 experts

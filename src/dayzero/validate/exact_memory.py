@@ -475,8 +475,9 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
     attention module; planner: its eager score term), ``parameter gathers`` (all-gather outputs and
     gathered parameters; planner: zero3_gather), ``gradient buffers`` (reduce-scatter inputs,
     unsharded gradients, the parameters' gradients produced in this backward, which the tracker
-    lists as unsharded gradients (validate.torch_tools.category_tracker), and inside a decoder layer gradients of the embedding's or head's size,
-    which FSDP2 reduces only at the end of backward; planner: grad_reduce) and ``layer backward``
+    lists as unsharded gradients (validate.torch_tools.category_tracker), and inside a decoder
+    layer gradients of the embedding's or head's size, which FSDP2 reduces only at the end of
+    backward; planner: grad_reduce) and ``layer backward``
     (the rest: a layer's recomputed tensors and gradients in flight, which the tracker files as
     temporaries, and buffers under 1 MiB; planner: layer_transient's rest and the communication
     buffers)."""
