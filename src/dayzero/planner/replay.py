@@ -62,8 +62,8 @@ class StepSimulation:
 class _Tracker:
     """Allocates named tensors, records bytes per category after every event."""
 
-    def __init__(self, capacity: int | None, record: bool):
-        self.alloc = CachingAllocator(capacity)
+    def __init__(self, capacity: int | None, record: bool, expandable: bool = False):
+        self.alloc = CachingAllocator(capacity, expandable)
         self.live: dict = {}
         self._by_prefix: dict[tuple, dict] = {}  # every proper prefix of a live key -> its keys, in insertion order
         self.by_cat = dict.fromkeys(TRACKED, 0)
@@ -325,7 +325,7 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
     st = report.stages[rank]
     m_all = p.microbatches
     m = m_all if p.schedule == "gpipe" else min(m_all, 2 * p.pp)
-    tr = _Tracker(capacity_bytes, record_timeline)
+    tr = _Tracker(capacity_bytes, record_timeline, options.allocator == "expandable")
     replay = _StepReplay(spec, p, options, rank, tr)
     replay.model_states()
     for op, mb, c in step_order(p.schedule, p.pp, p.vpp, m, rank):
