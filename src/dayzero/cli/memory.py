@@ -257,7 +257,9 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
         console.print(f"Allocator replay of stage {sim.rank} ({sim.microbatches} micro-batches, {sim.events:,} "
                       "events): "
                       f"peak allocated {gb(sim.peak_allocated)} GB, peak reserved {gb(sim.peak_reserved)} GB, "
-                      f"fragmentation {sim.fragmentation:.1%} (budgeted {opts.fragmentation_budget:.1%} of activations and temporaries){oom}")
+                      f"fragmentation {sim.fragmentation:.1%} (budgeted {opts.fragmentation_budget:.1%} of "
+                      "activations and temporaries)"
+                      f"{oom}")
         if timeline:
             console.print(f"timeline written to {timeline}")
     verdict = "[green]fits[/green]" if report.fits else "[red]does not fit[/red]"
