@@ -176,13 +176,16 @@ def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: Ra
     for k in x.kinds:
         lp = layer_params(spec, k)
         unit = np.maximum(unit, np.where(f.layers[k] > 0, lp.local_dense(tp, kv) + lp.local_expert(ep, etp), 0))
+    layer_unit = unit
     unit = np.maximum(np.maximum(unit, x.emb), x.head)
     t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"),
                                            opts.zero3_prefetch_units * unit * (opts.param_bytes + x.fp8_w), 0)
     bucket = opts.grad_bucket_params if opts.grad_bucket_params is not None else np.maximum(40e6, 1e6 * x.zd)
     local = x.dense + x.experts + x.emb + x.head
     layers = sum(f.layers[k] for k in x.kinds) + 0.0
-    chunk = unit * np.ceil(layers / vpp)  # the rank's largest model chunk, its layers split evenly over vpp chunks
+    # the rank's largest model chunk: its layers split evenly over the vpp chunks, with the edge
+    # (embedding / head) the rank holds in it (an upper bound for the chunks without one)
+    chunk = layer_unit * np.ceil(layers / vpp) + x.emb + x.head
     held = np.where(chunk_windows, np.maximum(opts.grad_buckets_in_flight * bucket, chunk),
                     opts.grad_buckets_in_flight * bucket)
     t["temporary:grad_reduce"] = opts.grad_bytes * np.where(
