@@ -20,7 +20,9 @@
    per trillion tokens): target 1e12 / (180e3 x 3600) = 1,543 tokens/s per GPU, within 15 %.
    Rows: the published layout under 1F1B and under DualPipe (no recompute), DualPipe with the
    report's memory recipe (sec. 3.3.3 / 3.3.2: recompute of RMSNorm, the MLA up-projections and the
-   SwiGLU output, BF16 AdamW moments, SwiGLU inputs cached in FP8), and the search with
+   SwiGLU output, BF16 AdamW moments, SwiGLU inputs cached in FP8) with the routing weights applied
+   in the combine (the planner's default, which keeps every expert output) and folded into the
+   SwiGLU (Megatron-Core's grouped experts, ``MemoryOptions(moe_probs="activation")``), and the search with
    the published degrees pinned (tp 1, pp 16, ep 64) choosing the schedule, the EP overlap, ZeRO
    and recompute: memory not enforced, then within 85 % of device memory (any schedule; DualPipe
    or DualPipeV pinned).
@@ -84,10 +86,13 @@ def main() -> int:
                         DSV3_TOKENS, "tokens", 0.15))
     recipe = ParallelConfig(schedule="dualpipe", recompute="selective",
                             recompute_modules=("layernorm", "mla_up_proj", "moe_act"), **base)
-    recipe_memory = MemoryOptions.for_run(h800.accelerator, optim_bytes=MOMENT_BYTES["bf16"], act_func_fp8_input=True)
-    rows.append(row("DeepSeek-V3, 2,048 H800, dualpipe with the report's memory recipe",
-                    predict(dsv3, recipe, h800, PerfOptions.for_run(h800), memory_options=recipe_memory),
-                    DSV3_TOKENS, "tokens", 0.15))
+    for probs in ("combine", "activation"):
+        recipe_memory = MemoryOptions.for_run(h800.accelerator, optim_bytes=MOMENT_BYTES["bf16"],
+                                              act_func_fp8_input=True, moe_probs=probs)
+        rows.append(row(f"DeepSeek-V3, 2,048 H800, dualpipe with the report's memory recipe, routing weights in the "
+                        f"{'combine' if probs == 'combine' else 'SwiGLU (as Megatron-Core)'}",
+                        predict(dsv3, recipe, h800, PerfOptions.for_run(h800), memory_options=recipe_memory),
+                        DSV3_TOKENS, "tokens", 0.15))
     space = SearchSpace(tp=(1,), pp=(16,), ep=(64,), cp=(1,), etp=(1,), mbs=(1,))
     searched = plan(dsv3, h800, 15360, 4096, "fp8", PerfOptions.for_run(h800), top_k=1, max_memory=10.0, space=space)
     rows.append(row("DeepSeek-V3, 2,048 H800, searched (tp1 pp16 ep64 pinned, memory not enforced)",

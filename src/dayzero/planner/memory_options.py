@@ -79,6 +79,19 @@ class MemoryOptions:
     sharded_params_are_master: bool = False
     dropout: bool = False  # Korthikanti's GPT keeps dropout masks (1 B/elem); modern LLMs train without
     moe_capacity_factor: float = 1.0  # routed tokens per expert / balanced share (1.0: dropless, balanced)
+    # Where the routing weights multiply the routed tokens. "activation": Megatron-Core's grouped
+    # experts fold them into the SwiGLU (megatron/core/transformer/moe/experts.py TEGroupedMLP
+    # bias_act_func -> weighted_bias_swiglu_impl(intermediate, bias, permuted_probs), fusions/
+    # fused_bias_swiglu.py), whose backward needs only the SwiGLU input (kept anyway) and the
+    # weights, and the combine is an unweighted sum that keeps nothing. "combine": the weights
+    # scale each expert's output in the combine (GShard-style; torchtitan with
+    # score_before_experts=False; dayzero's runtime, kernels="eager"), whose backward needs every
+    # expert output: 2 B x routed rows x hidden per MoE layer (activations.mlp_terms expert_out).
+    # The default stays "combine" (the model before this option): "activation" moves 35 published
+    # MoE rows with blank recompute from full to no recompute, in-sample MAPE 9.26 -> 9.03 %, MoE
+    # leave-one-group-out 12.9 -> 11.9 %, but the overall leave-one-group-out 9.72 -> 9.76 %
+    # (benchmarks/RESULTS.md, 2026-12-03)
+    moe_probs: Literal["activation", "combine"] = "combine"
     logits_bytes: int = 4  # FP32 logits for the loss (Megatron upcasts before vocab-parallel CE)
 
     # -- transient buffers -----------------------------------------------------------------------
@@ -105,6 +118,8 @@ class MemoryOptions:
                 raise ConfigError("memory options", name, f"must be >= 0, got {getattr(self, name)}")
         if self.kernels not in ("fused", "eager"):
             raise ConfigError("memory options", "kernels", f"must be fused|eager, got {self.kernels!r}")
+        if self.moe_probs not in ("activation", "combine"):
+            raise ConfigError("memory options", "moe_probs", f"must be activation|combine, got {self.moe_probs!r}")
         if self.allocator not in ("caching", "expandable"):
             raise ConfigError("memory options", "allocator", f"must be caching|expandable, got {self.allocator!r}")
         if self.attention not in ("flash", "eager"):
