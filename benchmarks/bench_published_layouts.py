@@ -2,15 +2,27 @@
 
 1. Llama 3.1 405B on 16,384 H100 (Llama Team 2024, "The Llama 3 Herd of Models", Table 4: TP 8,
    CP 1, PP 16, DP 128, 8,192-token sequences, 16 sequences per DP rank = 2,048 per batch, BF16,
-   400 TFLOP/s per GPU, 38 % MFU; sec. 3.3.2: interleaved pipeline with virtual stages, no
-   activation checkpointing) on dgx-h100-16384, vpp 8 as the issue states, ZeRO-1 (Megatron's
-   distributed optimizer; Meta's FSDP variant does not reshard after the forward). Targets:
-   fits in 80 GB; model TFLOP/s per GPU within 10 % of 400.
+   400 TFLOP/s per GPU, 38 % MFU; sec. 3.3.2: interleaved pipeline with virtual stages, one
+   transformer layer fewer on the first and the last stage, no activation checkpointing) on
+   dgx-h100-16384, vpp 8 (126 layers over 128 virtual stages: the first chunk holds only the
+   embedding, the last only the head). ZeRO-2: sec. 3.3.2's FSDP "shards the model, optimizer, and
+   gradients" and does not reshard parameters after the forward (weights unsharded through the
+   step, gradients and optimizer states sharded), gradients accumulated and reduce-scattered in
+   FP32; with 16 micro-batches = pp the interleaved schedule runs each chunk's backward passes
+   back to back, so each chunk's gradient is reduce-scattered once per step
+   (``schedule.gradient_windows``). Allocator: PyTorch's expandable segments, as torchtitan
+   launches (run_train.sh ``PYTORCH_ALLOC_CONF="expandable_segments:True"``); Meta does not publish
+   its allocator settings, so the caching allocator's row is printed too. Targets: fits in 80 GB;
+   model TFLOP/s per GPU within 10 % of 400.
 2. DeepSeek-V3 on 2,048 H800 (DeepSeek-V3 technical report, arXiv 2412.19437, sec. 3.1-3.3: PP 16,
    EP 64 over 8 nodes, ZeRO-1 data parallelism, DualPipe, FP8 GEMMs; sec. 4.2: 4,096-token
    sequences, batch 15,360 sequences at the end of the schedule; Table 1: 180K H800 GPU hours
    per trillion tokens): target 1e12 / (180e3 x 3600) = 1,543 tokens/s per GPU, within 15 %.
-   Rows: the published layout under 1F1B and under DualPipe (no recompute), and the search with
+   Rows: the published layout under 1F1B and under DualPipe (no recompute), DualPipe with the
+   report's memory recipe (sec. 3.3.3 / 3.3.2: recompute of RMSNorm, the MLA up-projections and the
+   SwiGLU output, BF16 AdamW moments, SwiGLU inputs cached in FP8) with the routing weights applied
+   in the combine (the planner's default, which keeps every expert output) and folded into the
+   SwiGLU (Megatron-Core's grouped experts, ``MemoryOptions(moe_probs="activation")``), and the search with
    the published degrees pinned (tp 1, pp 16, ep 64) choosing the schedule, the EP overlap, ZeRO
    and recompute: memory not enforced, then within 85 % of device memory (any schedule; DualPipe
    or DualPipeV pinned).
@@ -25,6 +37,7 @@ import json
 import platform
 import time
 
+from dayzero.planner.memory_options import MOMENT_BYTES, MemoryOptions
 from dayzero.planner.perf import PerfOptions
 from dayzero.planner.predict import predict
 from dayzero.planner.search import SearchSpace, plan
@@ -56,16 +69,29 @@ def main() -> int:
     t0 = time.perf_counter()
     rows = []
     llama = load_model("llama-3.1-405b")
-    p = ParallelConfig(tp=8, pp=16, dp=128, vpp=8, mbs=1, gbs=2048, seq=8192, zero=1, recompute="none",
+    h100 = get_cluster("dgx-h100-16384")
+    p = ParallelConfig(tp=8, pp=16, dp=128, vpp=8, mbs=1, gbs=2048, seq=8192, zero=2, recompute="none",
                        sequence_parallel=True, precision="bf16")
-    rows.append(row("Llama 3.1 405B, 16,384 H100", predict(llama, p, get_cluster("dgx-h100-16384")),
-                    LLAMA_TFLOPS, "tflops", 0.10))
+    for allocator in ("expandable", "caching"):
+        rows.append(row(f"Llama 3.1 405B, 16,384 H100, {allocator} allocator",
+                        predict(llama, p, h100, memory_options=MemoryOptions.for_run(h100.accelerator,
+                                                                                     allocator=allocator)),
+                        LLAMA_TFLOPS, "tflops", 0.10))
     dsv3 = load_model("deepseek-v3")
     h800 = build_cluster("h800", 2048)
     base = dict(tp=1, pp=16, dp=128, ep=64, mbs=1, gbs=15360, seq=4096, zero=1, precision="fp8")
     for schedule in ("1f1b", "dualpipe"):
         rows.append(row(f"DeepSeek-V3, 2,048 H800, {schedule}",
                         predict(dsv3, ParallelConfig(schedule=schedule, **base), h800, PerfOptions.for_run(h800)),
+                        DSV3_TOKENS, "tokens", 0.15))
+    recipe = ParallelConfig(schedule="dualpipe", recompute="selective",
+                            recompute_modules=("layernorm", "mla_up_proj", "moe_act"), **base)
+    for probs in ("combine", "activation"):
+        recipe_memory = MemoryOptions.for_run(h800.accelerator, optim_bytes=MOMENT_BYTES["bf16"],
+                                              act_func_fp8_input=True, moe_probs=probs)
+        rows.append(row(f"DeepSeek-V3, 2,048 H800, dualpipe with the report's memory recipe, routing weights in the "
+                        f"{'combine' if probs == 'combine' else 'SwiGLU (as Megatron-Core)'}",
+                        predict(dsv3, recipe, h800, PerfOptions.for_run(h800), memory_options=recipe_memory),
                         DSV3_TOKENS, "tokens", 0.15))
     space = SearchSpace(tp=(1,), pp=(16,), ep=(64,), cp=(1,), etp=(1,), mbs=(1,))
     searched = plan(dsv3, h800, 15360, 4096, "fp8", PerfOptions.for_run(h800), top_k=1, max_memory=10.0, space=space)

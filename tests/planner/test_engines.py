@@ -21,6 +21,10 @@ from dayzero.specs.parallel import ParallelConfig as P
     (P(tp=2, dp=4, zero=0, sequence_parallel=True), "torchtitan", "DDP (ZeRO-0) does not combine"),
     (P(dp=4, cp=2), "deepspeed", "Ulysses"),
     (P(dp=2, cp=2), "dayzero", "context parallelism is not in the runtime"),
+    # torch.distributed.pipelining keeps FSDP gradients unsharded until the step's last backward
+    # (PipelineStage.backward_maybe_with_nosync), so ZeRO-2 under pp > 1 is not what it runs
+    (P(tp=8, pp=16, dp=128, vpp=8, zero=2, sequence_parallel=True, gbs=2048), "torchtitan", "defers FSDP"),
+    (P(pp=2, dp=4, zero=2, gbs=8), "dayzero", "defers FSDP"),
 ])
 def test_each_limit_names_the_degrees_and_the_reason(layout, engine, says):
     problems = engine_problems(engine, layout)
@@ -31,6 +35,7 @@ def test_each_limit_names_the_degrees_and_the_reason(layout, engine, says):
 def test_a_plain_data_parallel_layout_runs_everywhere():
     assert engines_for(P(dp=64, zero=3)) == list(ENGINES)
     assert engines_for(P(tp=8, pp=16, dp=128, vpp=8, zero=1, sequence_parallel=True)) == ["megatron", "dayzero"]
+    assert "torchtitan" in engines_for(P(dp=8, zero=2)) and "dayzero" in engines_for(P(dp=8, zero=2))  # pp 1
 
 
 def test_the_mask_agrees_with_the_problems_on_random_layouts():

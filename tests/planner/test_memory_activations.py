@@ -139,6 +139,25 @@ def test_mla_and_moe_layer_by_hand():
     # capacity factor scales only the routed terms
     more = float(layer_activation(spec, "moe", MemoryOptions(moe_capacity_factor=1.5), Dims(s, b, 1, 1)).none)
     assert more - got == pytest.approx(0.5 * routed * (2 * h + 2 * 2 * 128 + 2 * 128 + 2 * h + 8))
+    # routing weights folded into the SwiGLU (Megatron-Core): no expert output kept
+    folded = float(layer_activation(spec, "moe", MemoryOptions(moe_probs="activation"), Dims(s, b, 1, 1)).none)
+    assert got - folded == 2 * routed * h
+
+
+def test_routing_weights_folded_into_the_swiglu_keep_no_expert_output():
+    """Megatron-Core's grouped experts multiply the routing weights into the SwiGLU
+    (experts.py: weighted_bias_swiglu_impl(intermediate, bias, permuted_probs)), so the combine is
+    an unweighted sum that saves nothing. Weighting the outputs in the combine instead keeps every
+    expert output for the weights' gradient: DeepSeek-V3 at seq 4096, mbs 1, tp 1, top-8, hidden
+    7168: 2 B x 4096 x 8 x 7168 = 469,762,048 B per MoE layer and micro-batch (dayzero's runtime,
+    kernels "eager", weights the outputs: it keeps them)."""
+    spec, d = load_model("deepseek-v3"), Dims(4096, 1, 1, 1)
+    folded = layer_terms(spec, "moe", MemoryOptions(moe_probs="activation"), d)
+    combine = layer_terms(spec, "moe", MemoryOptions(), d)  # the default
+    assert "expert_out" not in folded and combine["expert_out"] == 2 * 4096 * 8 * 7168 == 469_762_048
+    assert "expert_out" in layer_terms(spec, "moe", MemoryOptions(moe_probs="activation", kernels="eager"), d)
+    with pytest.raises(Exception, match="moe_probs"):
+        MemoryOptions(moe_probs="router")
 
 
 def test_fp8_halves_saved_linear_inputs():

@@ -126,3 +126,42 @@ def test_replay_dispatch_buffer_is_as_wide_as_the_memory_model_says_for_latent_m
     moe_layer = spec.layer_types.index("moe")
     replay._StepReplay(spec, p, MemoryOptions(), 0, tr).transients(moe_layer)
     assert sizes["a2a"] == want
+
+
+def test_expandable_segments_grow_in_place_where_the_caching_allocator_needs_a_new_segment():
+    """The hole case above under expandable segments (pytorch/pytorch#96995: the last block of a
+    segment expands; large-pool pages of 20 MiB): 100 + 100 MiB map 200 MiB (10 pages); the first
+    100 MiB is freed; 150 MiB does not fit that hole and the tail is allocated, so 8 pages (160 MiB)
+    are mapped after it: 360 MiB reserved against the caching allocator's 350 MiB here, but then
+    freeing the second block merges both into one free 200 MiB run that a 180 MiB request reuses
+    with no new page, where the caching allocator's 100 MiB segments could not hold it."""
+    a = CachingAllocator(expandable=True)
+    first, second = a.malloc(100 * MiB), a.malloc(100 * MiB)
+    assert a.reserved == 200 * MiB and a.segments_created == 1
+    a.free(first)
+    third = a.malloc(150 * MiB)
+    assert a.reserved == 360 * MiB and third.offset == 200 * MiB and a.segments_created == 1
+    a.free(second)
+    a.malloc(180 * MiB)
+    assert a.reserved == 360 * MiB
+    b = CachingAllocator()
+    f, s = b.malloc(100 * MiB), b.malloc(100 * MiB)
+    b.free(f)
+    b.malloc(150 * MiB)
+    b.free(s)
+    b.malloc(180 * MiB)
+    assert b.reserved == 530 * MiB  # 100 + 100 + 150 + a fourth segment of 180 MiB
+
+
+def test_expandable_segments_extend_a_free_tail_and_unmap_it_on_empty_cache():
+    """A free tail block grows by the shortfall only: 30 MiB then freed, 50 MiB maps 20 MiB more
+    (one 20 MiB page over the 40 MiB already mapped for the first request: 30 rounds up to 40)."""
+    a = CachingAllocator(expandable=True)
+    x = a.malloc(30 * MiB)
+    assert a.reserved == 40 * MiB
+    a.free(x)
+    y = a.malloc(50 * MiB)
+    assert a.reserved == 60 * MiB and y.offset == 0
+    a.free(y)
+    assert a.empty_cache() == 60 * MiB and a.reserved == 0
+    assert a.malloc(MiB + 512).allocated and a.reserved == 20 * MiB

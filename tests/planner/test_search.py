@@ -11,7 +11,7 @@ from dayzero.planner.memory import MemoryOptions, peak_memory_batch
 from dayzero.planner.perf import evaluate
 from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
 from dayzero.specs.cluster import build_cluster
-from dayzero.specs.grid import DUALPIPEV
+from dayzero.specs.grid import DUALPIPE
 from dayzero.specs.registry import load_model
 
 MIXTRAL = load_model("mixtral-8x7b")
@@ -27,8 +27,9 @@ def brute_force(spec, cluster, gbs, seq, space, limit):
     full["zero"] = np.tile([z for z, _, _ in zr], n)
     full["recompute"] = np.tile([r for _, r, _ in zr], n)
     full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
-    # a searched DualPipeV row counts only at the ZeRO stages some engine runs it with
-    runs = np.logical_or.reduce([engine_mask(e, full) for e in ENGINES]) | (full["schedule"] != DUALPIPEV)
+    # an unpinned search keeps a layout only at the ZeRO stages and recompute levels some engine runs
+    # it with (DualPipe, which none runs, is not enumerated unpinned)
+    runs = np.logical_or.reduce([engine_mask(e, full) for e in ENGINES]) | (full["schedule"] == DUALPIPE)
     no_engine = int((~runs).sum())
     full = {k: v[runs] for k, v in full.items()}
     peak = peak_memory_batch(spec, full, cluster.memory_bytes, MemoryOptions.for_accelerator(cluster.accelerator))

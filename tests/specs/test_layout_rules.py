@@ -216,8 +216,9 @@ def test_the_search_times_each_rank_order_with_its_own_groups():
     from dayzero.planner.predict import predict
 
     cluster = build_cluster("h100", 16)
-    space = SearchSpace(tp=(8,), pp=(2,), cp=(1,), vpp=(1,), mbs=(1,), zero=(1,), rank_order=("tp-cp-dp-pp",
-                                                                                              "pp-dp-cp-tp"))
+    # the schedule pinned: an unpinned search keeps only what an engine runs, and none numbers ranks pp-dp-cp-tp
+    space = SearchSpace(tp=(8,), pp=(2,), cp=(1,), vpp=(1,), mbs=(1,), zero=(1,), schedule=("1f1b",),
+                        rank_order=("tp-cp-dp-pp", "pp-dp-cp-tp"))
     result = search(LLAMA, cluster, 64, 4096, space=space, top_k=2)
     layouts = decode(result.candidates)
     # tp 8 inside a node beats tp 8 spread over two nodes; each row is timed with its own groups,

@@ -74,8 +74,14 @@ def memory_cmd(
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced "
                                                                              "share.")] = 1.0,
-    fragmentation: Annotated[float, typer.Option("--fragmentation", help="Allocator slack budget, fraction of "
-                                                                         "allocated bytes.")] = 0.10,
+    fragmentation: Annotated[float | None, typer.Option("--fragmentation", help="Allocator slack budget, fraction "
+                                                                                "of the activation and temporary "
+                                                                                "bytes (default: the allocator's, "
+                                                                                "10 % caching, 1.6 % expandable).")
+                             ] = None,
+    allocator: Annotated[str, typer.Option("--allocator", help="PyTorch allocator mode: caching | expandable "
+                                                               "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)."
+                                           )] = "caching",
     simulate: Annotated[bool, typer.Option("--simulate/--no-simulate", help="Replay one step of the busiest stage "
                                                                             "through a caching allocator.")] = True,
     timeline: Annotated[Optional[str], typer.Option("--timeline", help="Write memory over the step by category to "
@@ -114,6 +120,7 @@ def memory_cmd(
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
+                                 allocator=allocator,
                                  **memory_recipe(moments, act_fp8))
     par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
     if exact:
@@ -140,16 +147,17 @@ def memory_cmd(
         return
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
-    extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation)
+    extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation, allocator)
     _next(spec, cl, par, report, opts, where, extra)
 
 
 def _option_flags(grad_dtype: str, attention_kernel: str, dropout: bool, capacity_factor: float,
-                  fragmentation: float) -> list[str]:
+                  fragmentation: float | None, allocator: str = "caching") -> list[str]:
     """The memory-model options that differ from their defaults, to carry into suggested commands."""
     out = []
     for flag, v, default in (("--grad-dtype", grad_dtype, "fp32"), ("--attention-kernel", attention_kernel, "fused"),
-                             ("--capacity-factor", capacity_factor, 1.0), ("--fragmentation", fragmentation, 0.10)):
+                             ("--capacity-factor", capacity_factor, 1.0), ("--fragmentation", fragmentation, None),
+                             ("--allocator", allocator, "caching")):
         if v != default:
             out += [flag, f"{v:g}" if isinstance(v, float) else v]
     return out + (["--dropout"] if dropout else [])
@@ -249,7 +257,9 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
         console.print(f"Allocator replay of stage {sim.rank} ({sim.microbatches} micro-batches, {sim.events:,} "
                       "events): "
                       f"peak allocated {gb(sim.peak_allocated)} GB, peak reserved {gb(sim.peak_reserved)} GB, "
-                      f"fragmentation {sim.fragmentation:.1%} (budgeted {opts.fragmentation:.0%} of allocated){oom}")
+                      f"fragmentation {sim.fragmentation:.1%} (budgeted {opts.fragmentation_budget:.1%} of "
+                      "activations and temporaries)"
+                      f"{oom}")
         if timeline:
             console.print(f"timeline written to {timeline}")
     verdict = "[green]fits[/green]" if report.fits else "[red]does not fit[/red]"

@@ -169,7 +169,8 @@ def mlp_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[
         h_e, inter_e = expert_widths(spec)
         out["expert_in"] = lin * routed * h_e
         out.update(_mlp("expert", moe.expert.gated, inter_e, routed, d.etp, opts, lin, _act_in(opts, d)))
-        out["expert_out"] = ab * routed * h_e  # the combine's backward needs each expert's output
+        if opts.moe_probs == "combine" or opts.kernels == "eager":  # dayzero's runtime weights y in the combine
+            out["expert_out"] = ab * routed * h_e  # the combine's backward needs each expert's output
         out["dispatch_map"] = 8 * routed  # int64 permutation rows to un-permute
         if opts.kernels == "eager":  # the combine's gathered weights (fp32) and their int64 order;
             # the router's fp32 upcast of its input when computing in a narrower dtype

@@ -10,6 +10,15 @@
 - when a new segment would exceed the device capacity, fully free segments are released first
   (``empty_cache``), then the request fails (an OOM).
 
+With ``expandable=True`` it follows ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+(pytorch/pytorch#96995, "Expandable blocks in allocator": on the cuMemMap virtual-memory API "it
+adds the ability to expand the last block in a segment when more memory is needed"): each pool
+is one segment in a large virtual range that grows at its end in pages of 2 MiB (small pool) or
+20 MiB (large pool), the segment sizes above (CUDACachingAllocator.cpp, ExpandableSegment's
+``segment_size``). A request that no free block holds extends a free tail block, or maps new
+pages after an allocated one; ``empty_cache`` unmaps the free tail. What is left is the holes
+between live blocks, which the next request of their size reuses.
+
 Reserved minus allocated is what fragmentation and caching cost; this module measures it for an
 allocation sequence, it does not guess it.
 """
@@ -87,8 +96,11 @@ class _Pool:
 class CachingAllocator:
     """Replays malloc/free; tracks allocated (block bytes in use), requested and reserved bytes."""
 
-    def __init__(self, capacity: int | None = None):
+    def __init__(self, capacity: int | None = None, expandable: bool = False):
         self.capacity = capacity
+        self.expandable = expandable
+        self._grown: dict[bool, int] = {}  # expandable: pool (small?) -> its one segment id
+        self._last: dict[int, Block] = {}  # expandable: segment id -> the block at its end
         self.small, self.large = _Pool(), _Pool()
         self.segments: dict[int, int] = {}  # segment id -> size
         self._next_segment = 0
@@ -106,7 +118,7 @@ class CachingAllocator:
         pool = self._pool(small)
         block = pool.best_fit(size)
         if block is None:
-            block = self._new_segment(size, small)
+            block = self._grow(size, small) if self.expandable else self._new_segment(size, small)
         remaining = block.size - size
         if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
             rest = Block(block.segment, block.offset + size, remaining, small, prev=block, next=block.next)
@@ -114,6 +126,8 @@ class CachingAllocator:
                 block.next.prev = rest
             block.next, block.size = rest, size
             pool.add(rest)
+            if self._last.get(block.segment) is block:
+                self._last[block.segment] = rest
         block.allocated, block.requested = True, nbytes
         self.allocated += block.size
         self.requested += nbytes
@@ -138,28 +152,82 @@ class CachingAllocator:
                     block.next = neighbour.next
                     if neighbour.next is not None:
                         neighbour.next.prev = block
+                    if self._last.get(block.segment) is neighbour:
+                        self._last[block.segment] = block
                 block.size += neighbour.size
         pool.add(block)
 
+    def _reserve(self, nbytes: int, request: int) -> None:
+        """Count ``nbytes`` more reserved for a request of ``request`` bytes (releasing cached
+        memory first, and failing, at capacity)."""
+        if self.capacity is not None and self.reserved + nbytes > self.capacity:
+            self.empty_cache()
+            if self.reserved + nbytes > self.capacity:
+                raise AllocatorOOM(nbytes, self.reserved, self.capacity)
+        self.reserved += nbytes
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+            self.allocated_at_peak_reserved = self.allocated + request
+
+    def _grow(self, size: int, small: bool) -> Block:
+        """Expandable segments: map pages at the end of the pool's one segment for ``size`` bytes,
+        extending its tail block when that is free."""
+        page = SMALL_BUFFER if small else LARGE_BUFFER
+
+        def plan():
+            sid = self._grown.get(small)
+            tail = self._last.get(sid) if sid is not None else None
+            free_tail = tail is not None and not tail.allocated
+            return sid, tail, free_tail, page * -(-(size - (tail.size if free_tail else 0)) // page)
+
+        sid, tail, free_tail, grow = plan()
+        if self.capacity is not None and self.reserved + grow > self.capacity:
+            self.empty_cache()  # may unmap the free tail: plan again from what is left
+            sid, tail, free_tail, grow = plan()
+        self._reserve(grow, size)
+        if sid is None:
+            sid = self._grown[small] = self._next_segment
+            self._next_segment += 1
+            self.segments[sid] = 0
+            self.segments_created += 1
+        if free_tail:
+            self._pool(small).remove(tail)
+            tail.size += grow
+            block = tail
+        else:
+            block = Block(sid, self.segments[sid], grow, small, prev=tail)
+            if tail is not None:
+                tail.next = block
+            self._last[sid] = block
+        self.segments[sid] += grow
+        return block
+
     def _new_segment(self, size: int, small: bool) -> Block:
         seg = segment_size(size)
-        if self.capacity is not None and self.reserved + seg > self.capacity:
-            self.empty_cache()
-            if self.reserved + seg > self.capacity:
-                raise AllocatorOOM(seg, self.reserved, self.capacity)
+        self._reserve(seg, size)
         sid = self._next_segment
         self._next_segment += 1
         self.segments[sid] = seg
-        self.reserved += seg
         self.segments_created += 1
-        if self.reserved > self.peak_reserved:
-            self.peak_reserved = self.reserved
-            self.allocated_at_peak_reserved = self.allocated + size
         return Block(sid, 0, seg, small)
 
     def empty_cache(self) -> int:
-        """Release every fully free segment; returns the bytes released."""
+        """Release every fully free segment (expandable: unmap each segment's free tail); returns
+        the bytes released."""
         released = 0
+        for small, sid in list(self._grown.items()):
+            tail = self._last.get(sid)
+            if tail is None or tail.allocated:
+                continue
+            self._pool(small).remove(tail)
+            released += tail.size
+            self.segments[sid] -= tail.size
+            if tail.prev is None:  # the whole segment was free
+                del self._grown[small], self._last[sid], self.segments[sid]
+                self.segments_released += 1
+            else:
+                tail.prev.next = None
+                self._last[sid] = tail.prev
         for pool in (self.small, self.large):
             for key in [k for k, b in pool.blocks.items() if b.prev is None and b.next is None]:
                 b = pool.blocks[key]

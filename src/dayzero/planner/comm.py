@@ -52,6 +52,7 @@ from dayzero.planner.collectives import dedup_all_to_all, group_collective
 from dayzero.planner.compute import BF16, ComputeCosts, layer_classes, single_seq
 from dayzero.planner.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, dedup_rows, device_imbalance
 from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
+from dayzero.planner.schedule import gradient_windows
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL, MODULE_BIT, SELECTIVE, recompute_modules
@@ -456,6 +457,7 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
     items: list[StepComm] = []
     dp_cp = groups["dp_cp"][0]
     bucket_elems = np.maximum(40e6, 1e6 * dp_cp)
+    windows = gradient_windows(g["schedule"], g["pp"], g["vpp"], m)
     for dim, params in (("dp_cp", dense_params), ("edp", expert_params)):
         on = (np.asarray(groups[dim][0]) > 1) & (params > 0) & (zero < 3)
         gbytes = params * opt.grad_reduce_bytes
@@ -465,7 +467,9 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
         b_ar, b_rs = coll("all_reduce", bucket, groups, dim, rates), coll("reduce_scatter", bucket, groups, dim, rates)
         t = np.where(kind == 0, t_ar, t_rs)
         tb = np.where(kind == 0, b_ar, b_rs)
-        per_step_ops = np.where(zero == 2, m, 1) * on
+        # ZeRO-2: one reduce-scatter of the gradients per contiguous backward window of a chunk
+        # (schedule.gradient_windows: m under 1F1B, m / pp under interleaving)
+        per_step_ops = np.where(zero == 2, windows, 1) * on
         exposed = np.maximum(tb, t - bwd_mb) * per_step_ops
         name = f"dp grad reduce ({dim})"
         items.append(StepComm(name, "reduce_scatter", dim, gbytes, per_step_ops, t, exposed, "last backward"))

@@ -73,7 +73,23 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
     # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep')
     ep_dispatcher="dedup")
 
+# torch.distributed.pipelining (torchtitan's and dayzero's pipelines) defers FSDP's gradient
+# reduce-scatter to the step's last backward (PipelineStage.backward_maybe_with_nosync:
+# set_requires_gradient_sync(False) until last_backward), so under pp > 1 gradients stay unsharded
+# between micro-batches: ZeRO-2 as laid out (sharded between micro-batches, reduce-scattered per
+# backward window, schedule.gradient_windows) is not what they run
+_PIPELINED_FSDP = ("torch.distributed.pipelining defers FSDP's gradient reduce-scatter to the last backward of the "
+                   "step, so ZeRO-2's gradients stay unsharded between micro-batches under pp > 1 (plan it as zero 1 "
+                   "for its memory)",
+                   "torch/distributed/pipelining/stage.py PipelineStage.backward_maybe_with_nosync")
+
+
+def _pipelined_fsdp_limit() -> Limit:
+    return Limit(("zero", "pp"), lambda c: (c["zero"] != 2) | (c["pp"] == 1), *_PIPELINED_FSDP)
+
+
 TORCHTITAN = Engine("torchtitan", "torchtitan", (
+    _pipelined_fsdp_limit(),
     Limit(("zero",), lambda c: c["zero"] != 1,
           "torchtitan shards with FSDP2 (ZeRO-3; ZeRO-2 with fsdp_reshard_after_forward=never) or replicates "
           "with DDP; it has no optimizer-only sharding (ZeRO-1)",
@@ -124,6 +140,7 @@ DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
 ))
 
 DAYZERO = Engine("dayzero", "dayzero runtime", (
+    _pipelined_fsdp_limit(),
     Limit(("cp",), lambda c: c["cp"] == 1,
           "context parallelism is not in the runtime yet (PyTorch's ring attention has no CPU sharding rule for "
           "SDPA); use --cp 1", "dayzero runtime"),

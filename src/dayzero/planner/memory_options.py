@@ -26,6 +26,16 @@ MOMENT_BYTES = {"fp32": 8, "bf16": 4}
 # log-sum-exp per row; unfused attention (plain matmul + softmax) the s x s probabilities
 # (Korthikanti et al. 2022, sec. 4.1: the 5as^2/t term disappears only with a fused kernel).
 KERNEL_MEMORY = {"fused": "flash", "flash2": "flash", "unfused": "eager"}
+# Fragmentation budget by allocator mode, as a fraction of the activation and temporary bytes:
+# the mean slack (reserved - allocated when the reservation peaks, over those bytes) of the
+# one-step allocator replay (planner/replay.py) of the busiest stage of every shipped published
+# run it replays (447 layouts: benchmarks/bench_fragmentation.py, benchmarks/RESULTS_memory.md).
+# Caching allocator: 9.9 % (1.3 % median without recompute or ZeRO-3, 12 % with), the order of
+# GMLake's measurement of PyTorch's caching allocator on eight LLMs under recompute / ZeRO /
+# offload (Guo et al., ASPLOS 2024, arXiv 2401.08156: 15 % on average, up to 33 %, removed by
+# virtual-memory stitching). Expandable segments (pytorch/pytorch#96995, the same CUDA VMM
+# mechanism): 1.6 % (at most 3.3 % without recompute or ZeRO-3).
+FRAGMENTATION = {"caching": 0.10, "expandable": 0.016}
 # Device memory the NVIDIA driver never exposes: nvidia-smi shows 81559 MiB total on an
 # "H100 80GB HBM3" (80 GiB = 81920 MiB), 361 MiB less (specs.hardware.HBM_GB).
 NVIDIA_DRIVER_RESERVED = 1 - 81559 / 81920
@@ -69,6 +79,19 @@ class MemoryOptions:
     sharded_params_are_master: bool = False
     dropout: bool = False  # Korthikanti's GPT keeps dropout masks (1 B/elem); modern LLMs train without
     moe_capacity_factor: float = 1.0  # routed tokens per expert / balanced share (1.0: dropless, balanced)
+    # Where the routing weights multiply the routed tokens. "activation": Megatron-Core's grouped
+    # experts fold them into the SwiGLU (megatron/core/transformer/moe/experts.py TEGroupedMLP
+    # bias_act_func -> weighted_bias_swiglu_impl(intermediate, bias, permuted_probs), fusions/
+    # fused_bias_swiglu.py), whose backward needs only the SwiGLU input (kept anyway) and the
+    # weights, and the combine is an unweighted sum that keeps nothing. "combine": the weights
+    # scale each expert's output in the combine (GShard-style; torchtitan with
+    # score_before_experts=False; dayzero's runtime, kernels="eager"), whose backward needs every
+    # expert output: 2 B x routed rows x hidden per MoE layer (activations.mlp_terms expert_out).
+    # The default stays "combine" (the model before this option): "activation" moves 35 published
+    # MoE rows with blank recompute from full to no recompute, in-sample MAPE 9.26 -> 9.03 %, MoE
+    # leave-one-group-out 12.9 -> 11.9 %, but the overall leave-one-group-out 9.72 -> 9.76 %
+    # (benchmarks/RESULTS.md, 2026-12-03)
+    moe_probs: Literal["activation", "combine"] = "combine"
     logits_bytes: int = 4  # FP32 logits for the loss (Megatron upcasts before vocab-parallel CE)
 
     # -- transient buffers -----------------------------------------------------------------------
@@ -79,13 +102,13 @@ class MemoryOptions:
     # -- overhead --------------------------------------------------------------------------------
     runtime_context_bytes: int = 723 * MiB  # CUDA/CANN context + kernel images, before any tensor
     comm_buffer_bytes: int = 688 * MiB  # per communicator this rank uses (NCCL, A100 measurement)
-    # Allocator slack, as a fraction of the churning (activation and temporary) bytes. The order of
-    # magnitude, not a fit: GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract / sec. 6)
-    # removes 15 % fragmentation on average (up to 33 %) of PyTorch's caching allocator over eight LLMs
-    # on A100-80GB under recompute / ZeRO / offload, by virtual-memory stitching (the mechanism of
-    # PyTorch's expandable_segments, on the CUDA VMM API). The one-step replay
-    # (planner/replay.py) measures 2.9 % on Llama 3.1 405B's published layout: benchmarks/RESULTS.md.
-    fragmentation: float = 0.10
+    # Allocator slack, as a fraction of the churning (activation and temporary) bytes; None: the
+    # allocator mode's budget (:data:`FRAGMENTATION`)
+    fragmentation: float | None = None
+    # PyTorch's allocator mode: "caching" (the default) or "expandable"
+    # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as torchtitan's run_train.sh launches;
+    # planner.allocator replays both)
+    allocator: Literal["caching", "expandable"] = "caching"
     reserved_fraction: float = 0.0  # device memory the driver keeps back, fraction of capacity
 
     def __post_init__(self):
@@ -95,14 +118,25 @@ class MemoryOptions:
                 raise ConfigError("memory options", name, f"must be >= 0, got {getattr(self, name)}")
         if self.kernels not in ("fused", "eager"):
             raise ConfigError("memory options", "kernels", f"must be fused|eager, got {self.kernels!r}")
+        if self.moe_probs not in ("activation", "combine"):
+            raise ConfigError("memory options", "moe_probs", f"must be activation|combine, got {self.moe_probs!r}")
+        if self.allocator not in ("caching", "expandable"):
+            raise ConfigError("memory options", "allocator", f"must be caching|expandable, got {self.allocator!r}")
         if self.attention not in ("flash", "eager"):
             raise ConfigError("memory options", "attention", f"must be flash|eager, got {self.attention!r}")
-        if not 0 <= self.fragmentation < 1 or not 0 <= self.reserved_fraction < 1:
+        if not 0 <= self.fragmentation_budget < 1 or not 0 <= self.reserved_fraction < 1:
             raise ConfigError("memory options", "fragmentation", "fragmentation and reserved_fraction must be in [0, "
                                                                  "1), "
                               f"got {self.fragmentation} and {self.reserved_fraction}")
         if self.moe_capacity_factor <= 0:
             raise ConfigError("memory options", "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")
+
+    @property
+    def fragmentation_budget(self) -> float:
+        """The fragmentation budget in force: the explicit one, else the allocator mode's."""
+        if self.fragmentation is not None:
+            return self.fragmentation
+        return FRAGMENTATION.get(self.allocator, FRAGMENTATION["caching"])
 
     @property
     def bytes_per_param(self) -> int:

@@ -25,7 +25,7 @@ from dayzero.planner.activations import (
 )
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
-from dayzero.planner.schedule import head_inflight, inflight_microbatches
+from dayzero.planner.schedule import gradient_windows, head_inflight, inflight_microbatches
 from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
@@ -113,7 +113,8 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
     inflight = inflight_microbatches(c["schedule"], x.pp, c["vpp"], m, f.rank)
     head_mb = head_inflight(c["schedule"], m)
     transient = _activation_terms(spec, opts, x, f, inflight, head_mb, t)
-    _temporary_terms(spec, opts, x, f, transient, head_mb, t)
+    windows = gradient_windows(c["schedule"], x.pp, c["vpp"], m)
+    _temporary_terms(spec, opts, x, f, transient, head_mb, np.asarray(c["vpp"]), windows < m, t)
     _overhead_terms(opts, x, f, capacity_bytes, t)
     return t
 
@@ -162,9 +163,12 @@ def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: R
 
 
 def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: RankFeatures, transient, head_mb,
-                     t: dict) -> None:
+                     vpp, chunk_windows, t: dict) -> None:
     """Buffers that live within a step: the layer transient, logits, ZeRO-3 gathers, gradient
-    buckets and the TP/SP, EP, CP and PP communication buffers."""
+    buckets and the TP/SP, EP, CP and PP communication buffers. ``chunk_windows``: ZeRO-2
+    reduce-scatters a whole model chunk's gradient once its contiguous backward passes end
+    (:func:`dayzero.planner.schedule.gradient_windows` fewer than one per micro-batch), so that
+    chunk's gradient is held unsharded meanwhile, not just the DP buckets."""
     tp, cp, ep, etp, pp, zero, d = x.tp, x.cp, x.ep, x.etp, x.pp, x.zero, x.d
     kv = spec.attention.kv_heads
     t["temporary:layer_transient"] = transient
@@ -173,14 +177,20 @@ def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: Ra
     for k in x.kinds:
         lp = layer_params(spec, k)
         unit = np.maximum(unit, np.where(f.layers[k] > 0, lp.local_dense(tp, kv) + lp.local_expert(ep, etp), 0))
+    layer_unit = unit
     unit = np.maximum(np.maximum(unit, x.emb), x.head)
     t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"),
                                            opts.zero3_prefetch_units * unit * (opts.param_bytes + x.fp8_w), 0)
     bucket = opts.grad_bucket_params if opts.grad_bucket_params is not None else np.maximum(40e6, 1e6 * x.zd)
     local = x.dense + x.experts + x.emb + x.head
+    layers = sum(f.layers[k] for k in x.kinds) + 0.0
+    # the rank's largest model chunk: its layers split evenly over the vpp chunks, with the edge
+    # (embedding / head) the rank holds in it (an upper bound for the chunks without one)
+    chunk = layer_unit * np.ceil(layers / vpp) + x.emb + x.head
+    held = np.where(chunk_windows, np.maximum(opts.grad_buckets_in_flight * bucket, chunk),
+                    opts.grad_buckets_in_flight * bucket)
     t["temporary:grad_reduce"] = opts.grad_bytes * np.where(
-        zero == 2, np.minimum(opts.grad_buckets_in_flight * bucket, local), np.where(zero_shards(zero, "weights"), unit,
-                                                                                     0))
+        zero == 2, np.minimum(held, local), np.where(zero_shards(zero, "weights"), unit, 0))
     ab, h = opts.act_bytes, spec.hidden
     t["temporary:sp_gather"] = np.where(d.sp & (tp > 1), ab * d.tok * h, 0)
     moe_layers = _moe_layers(f)
@@ -205,7 +215,7 @@ def _overhead_terms(opts: MemoryOptions, x: _Candidates, f: RankFeatures, capaci
     # contiguous parameter and gradient buffers, the optimizer states): the caching allocator gives
     # each a segment rounded up to 2 MiB (planner.allocator.segment_size), so they leave no holes.
     dynamic = sum(v for k, v in t.items() if k.startswith(("activations:", "temporary:")))
-    t["overhead:fragmentation"] = opts.fragmentation * dynamic
+    t["overhead:fragmentation"] = opts.fragmentation_budget * dynamic
 
 
 def _moe_layers(f: RankFeatures):

@@ -32,7 +32,8 @@ from dayzero.planner.activations import (
 from dayzero.planner.allocator import AllocatorOOM, CachingAllocator
 from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
-from dayzero.planner.schedule import step_order
+from dayzero.planner.schedule import gradient_windows, step_order
+from dayzero.specs.grid import code as code_of
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import ParallelConfig, zero_sharded, zero_shards
 
@@ -63,8 +64,8 @@ class StepSimulation:
 class _Tracker:
     """Allocates named tensors, records bytes per category after every event."""
 
-    def __init__(self, capacity: int | None, record: bool):
-        self.alloc = CachingAllocator(capacity)
+    def __init__(self, capacity: int | None, record: bool, expandable: bool = False):
+        self.alloc = CachingAllocator(capacity, expandable)
         self.live: dict = {}
         self._by_prefix: dict[tuple, dict] = {}  # every proper prefix of a live key -> its keys, in insertion order
         self.by_cat = dict.fromkeys(TRACKED, 0)
@@ -165,6 +166,10 @@ class _StepReplay:
         self.ab, self.h = o.act_bytes, spec.hidden
         self.gathered: deque = deque()
         self.grad_fill = {"bytes": 0.0, "live": deque(), "n": 0}
+        # ZeRO-2 reduce-scatters a chunk's gradient once per window of contiguous backward passes
+        # (schedule.gradient_windows); with fewer windows than micro-batches the chunk's unsharded
+        # gradient lives through its window: micro-batches per window (0: per-layer buckets)
+        self.window, self.last_mb = 0, -1
         self.p2p = self.ab * float(d.tok_rep) * self.h  # one pipeline send or receive buffer
 
     # -- persistent model states -------------------------------------------------------------
@@ -281,11 +286,23 @@ class _StepReplay:
         names = self.terms[kind]
         return [ts for ts in (module_terms(self.spec, m, names) for m in self.p.recompute_modules) if ts]
 
+    def chunk_grads(self, c: int, edge_in: bool, edge_out: bool) -> None:
+        """ZeRO-2 with backward windows: the chunk's unsharded gradient, for its window."""
+        if ("cgrad", c) in self.tr.live:
+            return
+        edge = edge_params(self.spec)
+        elems = sum(self.unit[i] for i in self.chunks[c])
+        elems += float(embed_local(edge, self.p.tp)) * edge_in
+        elems += float(head_local(edge, self.p.tp, self.p.pp)) * edge_out
+        self.tr.new(("cgrad", c), self.o.grad_bytes * elems, "temporary")
+
     def backward(self, mb: int, c: int) -> None:
         p, tr = self.p, self.tr
         layers = self.chunks[c]
         edge_in = self.first and c == 0
         edge_out = self.last and c == len(self.chunks) - 1
+        if self.window:
+            self.chunk_grads(c, edge_in, edge_out)
         if edge_out:
             tr.drop(("logits", mb))
             tr.drop_prefix(("act", mb, c, "edge"))
@@ -318,9 +335,12 @@ class _StepReplay:
             tr.drop_prefix(("act", mb, c, layer))
             if j == 0 and not edge_out:
                 tr.drop(("grad_recv", mb, c))
-            self.layer_grads(layer)
+            if not self.window:
+                self.layer_grads(layer)
         if edge_in:
             tr.drop_prefix(("act", mb, c, "edge"))
+        if self.window and (mb % self.window == self.window - 1 or mb == self.last_mb):
+            tr.drop(("cgrad", c))  # reduce-scattered into its shard
 
 
 def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int | None = None,
@@ -333,8 +353,11 @@ def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int
     st = report.stages[rank]
     m_all = p.microbatches
     m = m_all if p.schedule == "gpipe" else min(m_all, 2 * p.pp)
-    tr = _Tracker(capacity_bytes, record_timeline)
+    tr = _Tracker(capacity_bytes, record_timeline, options.allocator == "expandable")
     replay = _StepReplay(spec, p, options, rank, tr)
+    windows = int(gradient_windows(code_of("schedule", p.schedule), p.pp, p.vpp, m_all))
+    if p.zero == 2 and windows < m_all:
+        replay.window, replay.last_mb = m_all // windows, m - 1
     replay.model_states()
     for op, mb, c in step_order(p.schedule, p.pp, p.vpp, m, rank):
         if op == "F":

@@ -19,7 +19,9 @@ activations a rank holds at its peak.
 ``inflight_*`` are numpy-compatible (arrays of candidates x ranks broadcast); schedules are the
 grid's codes (:mod:`dayzero.specs.grid`: 0 1f1b, 1 interleaved, 2 gpipe, 3 dualpipe, 4 dualpipev).
 
-:func:`bubble_microbatches` is each schedule's pipeline bubble in micro-batch times.
+:func:`bubble_microbatches` is each schedule's pipeline bubble in micro-batch times;
+:func:`gradient_windows` how often per step a model chunk's gradient must be reduce-scattered
+when it is kept sharded (ZeRO-2).
 """
 
 from __future__ import annotations
@@ -101,6 +103,34 @@ def bubble_microbatches(code, pp, vpp, fwd, bwd, wgrad):
     dual_chunk = fwd + 2 * bwd - 3 * wgrad
     return np.where(code == DUALPIPE, (np.asarray(pp) / 2 - 1) * dual_chunk,
                     np.where(code == DUALPIPEV, (np.asarray(pp) - 1) * dual_chunk / 2, plain))
+
+
+def gradient_windows(code, pp, vpp, m):
+    """Reduce-scatters of each model chunk's gradient per step when gradients stay sharded
+    between micro-batches (ZeRO-2, FSDP with ``reshard_after_forward=False``): a chunk's gradient
+    is unsharded only while its backward passes run back to back, and is reduce-scattered (FP32,
+    accumulated into its shard) when they stop. Returns the number of such windows per step.
+
+    - vpp 1 (1F1B, GPipe, DualPipe): one chunk holds all the rank's layers and each micro-batch's
+      backward passes through all of them, so a layer's gradient is complete once per micro-batch:
+      m reduce-scatters (FSDP's default with gradient sync on every backward).
+    - Interleaved 1F1B: micro-batches run in groups of ``pp`` per model chunk (Megatron-Core
+      ``microbatch_group_size_per_vp_stage``, "Default ... to pipeline_parallel_size",
+      model_parallel_config.py; Llama 3's schedule makes it a tunable N >= pp, arXiv 2407.21783
+      sec. 3.3.2, Fig. 6), and a chunk's backward passes of one group run contiguously:
+      m / min(m, pp) windows (one when m <= pp, as Llama 3.1 405B's 16 micro-batches on pp 16).
+    - GPipe with vpp > 1: all m backward passes of a chunk run together: one window.
+    - DualPipeV: its two chunks alternate micro-batch by micro-batch: m windows.
+
+    Under these windows the gradient held unsharded is one chunk's (memory_terms, temporary
+    ``grad_reduce``). torch.distributed.pipelining instead defers FSDP's gradient sync to the
+    last backward of the step (``PipelineStage.backward_maybe_with_nosync``: ``set_requires_
+    gradient_sync(False)`` until ``last_backward``), holding every unsharded gradient: ZeRO-1's
+    memory, which ``zero=1`` describes."""
+    code, m, pp, vpp = np.asarray(code), np.asarray(m), np.asarray(pp), np.asarray(vpp)
+    eff = effective_schedule(code, vpp)
+    groups = -(-m // np.maximum(np.minimum(m, pp), 1))
+    return np.where((eff == INTERLEAVED) & (vpp > 1), groups, np.where((eff == GPIPE) & (vpp > 1), 1, m))
 
 
 def head_inflight(code, m):

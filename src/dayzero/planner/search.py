@@ -30,6 +30,7 @@ from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.grid import (
+    DUALPIPE,
     DUALPIPEV,
     FIELDS,
     INTERLEAVED,
@@ -374,8 +375,9 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     SearchSpace.levels, least first) from no recompute and stop at the first level that fits; the
     levels above it fit but only add time. Returns ([(base indices,
     zero, level index per base, peak per base)], number of fitting (base, zero, level) layouts,
-    number ruled out by ``engine``; without one, with ``searched_dual``, the (searched DualPipeV row,
-    ZeRO stage, recompute level) layouts no engine runs, which are left out)."""
+    number ruled out by ``engine``; without one, with ``searched_dual`` (an unpinned schedule), the
+    (row, ZeRO stage, recompute level) layouts no engine runs, which are left out: DualPipe rows,
+    tried only when pinned, excepted)."""
     n = len(bases["tp"])
     everything = tuple(range(len(levels)))
     out, n_fit, n_engine = [], 0, 0
@@ -387,15 +389,17 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
             runs = engine_mask(engine, _with(bases, zero=z))
             n_engine += int((~runs).sum()) * len(levels)
             groups = [(np.flatnonzero(runs), everything)]
-        elif searched_dual:  # a searched DualPipeV row only at the ZeRO stages and levels some engine runs
-            dual = np.flatnonzero(bases["schedule"] == DUALPIPEV)
+        elif searched_dual:  # an unpinned search: each row only at the ZeRO stages and levels some engine
+            # runs it with (a plan is a layout an engine can run); DualPipe, which none runs, is only
+            # tried when pinned, so it is not filtered
+            dual = np.flatnonzero(bases["schedule"] != DUALPIPE)
             if len(dual):
                 zb = {k: v[dual] for k, v in bases.items()}
                 runs = np.stack([np.logical_or.reduce([engine_mask(e, _with(zb, zero=z, recompute=rc,
                                                                             recompute_modules=m)) for e in ENGINES])
-                                 for rc, m in levels], axis=1)  # (dual rows, levels)
+                                 for rc, m in levels], axis=1)  # (rows, levels)
                 n_engine += int((~runs).sum())
-                groups = [(np.flatnonzero(bases["schedule"] != DUALPIPEV), everything)]
+                groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
                 pattern = runs @ (1 << np.arange(len(levels), dtype=np.int64))  # the levels a row may take
                 for p in np.unique(pattern[pattern > 0]):
                     allowed = tuple(i for i in everything if int(p) >> i & 1)
