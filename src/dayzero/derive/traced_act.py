@@ -22,14 +22,25 @@ dim=-1, dtype=torch.float32).to(query.dtype)``: +4 B per score), and multiplies 
 are an implementation's choice the planner's kernels do not make, so they are not in the difference;
 for a llama-like layer the difference is then 0 (tests/derive/test_traced_act.py).
 
-A mixer the planner does not recognise is modelled as attention (its stand-in); that stand-in's
+Only the approximated side of a layer is compared: a feed-forward block read from its shapes (an
+MLP, routed experts) keeps the planner's terms (transformers' MoE code saves a little less than the
+runtimes the terms follow, -252 B per token in a small Qwen3-MoE layer, a property of the code, not
+of the model), unless the block has no MLP shape; the mixer's side (with the norms) always is.
+
+A mixer the planner does not recognise is modelled as attention (its stand-in). That stand-in's
 score matrix is not in the code, so its core is taken at the fused kernel's figure (the log-sum-exp
-per query and head), what a plan counts by default: with a fused attention kernel (the default,
-``--attention-kernel fused``) the layer then counts what its code saves; with ``unfused`` the
-stand-in's score matrix is counted on top, as before.
+per query and head); and what the reference code keeps is its reference algorithm's (a sequential
+or chunked scan in PyTorch keeps its states: 2.2 MB per token per layer in Jamba's Mamba layers,
+where mamba_ssm's fused kernel recomputes them in backward). Its difference therefore goes into
+``ModelSpec.layer_act_reference``, counted under eager kernels (``MemoryOptions.kernels="eager"``,
+the reference as it runs) only; a plan with fused kernels keeps the stand-in's terms, as before.
+The differences of recognised mixers (an indexer, an output gate: tensors any implementation keeps)
+go into ``layer_act_extra``, counted always.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from dayzero.derive.describe import ModelDescription
 from dayzero.derive.to_spec import ranges
@@ -83,8 +94,9 @@ def reference_bytes(spec: ModelSpec, index: int, seq: int, stand_in: bool = Fals
     return (total - ffn) / seq, ffn / seq
 
 
-def act_extra(desc: ModelDescription, spec: ModelSpec, layers: list[int], traced: list, seqs) -> tuple:
-    """ModelSpec.layer_act_extra with the traced layers' differences, fitted as the FLOPs are.
+def act_extra(desc: ModelDescription, spec: ModelSpec, layers: list[int], traced: list, seqs) -> ModelSpec:
+    """``spec`` with the traced layers' differences, fitted as the FLOPs are, in
+    ModelSpec.layer_act_extra, or layer_act_reference for a stand-in mixer (module docstring).
     ``traced[i]``: layer i's (mixer side, feed-forward side) bytes per token at each of the two
     lengths, or None. A feed-forward block read from its shapes (an MLP, routed experts) keeps the
     planner's terms: the difference is the mixer side's alone (what the reference's MoE code saves
@@ -93,7 +105,7 @@ def act_extra(desc: ModelDescription, spec: ModelSpec, layers: list[int], traced
     from dayzero.derive.traced_flops import fit_extra  # traced_flops imports this module
 
     standin, unread = stand_ins(desc), unread_ffns(desc)
-    extra = list(spec.layer_act_extra)
+    extra, reference = list(spec.layer_act_extra), list(spec.layer_act_reference)
     for i in layers:
         if traced[i] is None:
             continue
@@ -102,15 +114,16 @@ def act_extra(desc: ModelDescription, spec: ModelSpec, layers: list[int], traced
         if i in unread:
             fl, fq = fit_extra(tuple(t[1] for t in traced[i]), tuple(r[1] for r in ref), seqs)
             lin, quad = lin + fl, quad + fq
-        extra[i] = (lin, quad)
-    return tuple(extra)
+        (reference if i in standin else extra)[i] = (lin, quad)
+    return replace(spec, layer_act_extra=tuple(extra), layer_act_reference=tuple(reference))
 
 def act_notes(desc: ModelDescription, spec: ModelSpec, layers: list[int], seqs: tuple[int, int]) -> list[str]:
-    """One line per group of traced layers with the same difference: the bytes per token per layer
-    at the planning length against the planner's terms (fused kernels, as a plan counts them)."""
-    groups: dict[tuple[float, float], list[int]] = {}
+    """One line per group of traced layers with the same difference: bytes per token per layer at the
+    planning length beyond the planner's terms (fused kernels, as a plan counts them)."""
+    standin = stand_ins(desc)
+    groups: dict[tuple, list[int]] = {}
     for i in layers:
-        groups.setdefault(spec.layer_act_extra[i], []).append(i)
+        groups.setdefault((spec.layer_act_reference if i in standin else spec.layer_act_extra)[i], []).append(i)
     seq = min(spec.max_positions, 4096)
     d = Dims(seq=seq, mbs=1, tp=1, cp=1)
     notes = []
@@ -119,9 +132,11 @@ def act_notes(desc: ModelDescription, spec: ModelSpec, layers: list[int], seqs: 
             continue
         terms = layer_terms(spec, spec.layer_types[idx[0]], MemoryOptions(), d)
         shapes = sum(float(v) for n, v in terms.items() if n != "traced_extra") / seq
+        where = ("under eager kernels only (an unread mixer's reference algorithm: a fused kernel recomputes "
+                 "what it keeps)" if idx[0] in standin else "under every kernel choice")
         notes.append(f"layers {ranges(tuple(idx))}: saved activations measured by tracing the model's own code at "
                      f"{seqs[0]} and {seqs[1]} tokens: {(lin + quad * seq) / 1e3:+,.1f} kB per token per layer "
-                     f"beyond the shapes' {shapes / 1e3:,.1f} kB at {seq} tokens ({lin:+,.0f} B {quad:+,.2f} x seq; "
-                     "the eager reference compared with the planner's eager terms); counted in memory (mean per "
-                     "layer type, whole on every TP rank)")
+                     f"beyond the planner's {shapes / 1e3:,.1f} kB at {seq} tokens ({lin:+,.0f} B {quad:+,.2f} x seq, "
+                     f"against its eager terms); counted in memory {where}, as the mean per layer type, held whole "
+                     "on every TP rank")
     return notes

@@ -121,7 +121,7 @@ def with_traced_flops(model: str, desc: ModelDescription, spec: ModelSpec, trust
             continue
         modelled = tuple(layer_forward_flops(ref, i, s, causal=False) for s in seqs)
         extra[i] = fit_extra(traced[i], modelled, seqs)
-    out = replace(spec, layer_flops_extra=tuple(extra), layer_act_extra=act_extra(desc, spec, layers, traced_act, seqs))
+    out = act_extra(desc, replace(spec, layer_flops_extra=tuple(extra)), layers, traced_act, seqs)
     return out, _notes(out, layers, seqs) + act_notes(desc, out, layers, seqs)
 
 

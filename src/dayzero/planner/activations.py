@@ -273,23 +273,27 @@ def layer_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dic
         if mixer == "none":
             mlp[LAYER_INPUT] = mlp.pop("ln2_in")
         out.update(mlp)
-    traced = traced_act_bytes(spec, kind, d)
+    traced = traced_act_bytes(spec, kind, d, spec.layer_act_extra)
+    if opts.kernels == "eager":  # an unread mixer's reference algorithm, as the eager code runs it
+        ref = traced_act_bytes(spec, kind, d, spec.layer_act_reference)
+        traced = ref if traced is None else traced if ref is None else traced + ref
     if traced is not None:
         out["traced_extra"] = traced
     return out
 
 
-def traced_act_bytes(spec: ModelSpec, kind: str, d: Dims):
+def traced_act_bytes(spec: ModelSpec, kind: str, d: Dims, per_layer):
     """Saved bytes a derived layer's own code keeps beyond (negative: short of) the terms above
-    (ModelSpec.layer_act_extra, measured by dayzero.derive.traced_act): the mean over the layers of
-    type ``kind`` (as planner.params does for layer_extra) of ``linear + quadratic x seq`` per token,
-    times this rank's tokens; None where nothing was measured.
+    (``per_layer``: ModelSpec.layer_act_extra or layer_act_reference, measured by
+    dayzero.derive.traced_act): the mean over the layers of type ``kind`` (as planner.params does for
+    layer_extra) of ``linear + quadratic x seq`` per token, times this rank's tokens; None where
+    nothing was measured.
 
     Which of those tensors tensor parallelism splits is not known, so the bound is taken each way:
     bytes beyond the terms are held whole on every TP rank (as if replicated, even under SP), bytes
     short of them are taken out of the TP-split share only (divided by tp): every term above is at
     least its unsplit value / tp, so a layer never counts less than its measured bytes / tp."""
-    extras = [x for k, x in zip(spec.layer_types, spec.layer_act_extra) if k == kind]
+    extras = [x for k, x in zip(spec.layer_types, per_layer) if k == kind]
     if not extras or not any(a or b for a, b in extras):
         return None
     lin = sum(a for a, _ in extras) / len(extras)
