@@ -33,9 +33,10 @@ per query and head); and what the reference code keeps is its reference algorith
 or chunked scan in PyTorch keeps its states: 2.2 MB per token per layer in Jamba's Mamba layers,
 where mamba_ssm's fused kernel recomputes them in backward). Its difference therefore goes into
 ``ModelSpec.layer_act_reference``, counted under eager kernels (``MemoryOptions.kernels="eager"``,
-the reference as it runs) only; a plan with fused kernels keeps the stand-in's terms, as before.
-The differences of recognised mixers (an indexer, an output gate: tensors any implementation keeps)
-go into ``layer_act_extra``, counted always.
+the reference as it runs) only; a plan with fused kernels keeps the stand-in's terms, as before. So
+does a layer mostly unread (weights beyond the shapes above the weights the shapes give it: a mixer
+the description did not find). The differences of recognised layers (an indexer, an output gate:
+tensors any implementation keeps) go into ``layer_act_extra``, counted always.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from dayzero.derive.describe import ModelDescription
 from dayzero.derive.to_spec import ranges
 from dayzero.planner.activations import LAYER_INPUT, Dims, layer_terms, mlp_terms
 from dayzero.planner.memory_options import MemoryOptions
+from dayzero.specs.counting import layer_matmul_params
 from dayzero.specs.model import ModelSpec, split_layer_type
 
 SOFTMAX_FP32 = 4  # bytes per score of the FP32 softmax output transformers' eager attention saves
@@ -58,6 +60,14 @@ def stand_ins(desc: ModelDescription) -> set[int]:
     """Layers whose mixer the planner models as attention without reading it (an unread recurrent mixer)."""
     return {i for i, k in enumerate(desc.kind_of())
             if k.mixer is not None and k.mixer.kind == "recurrent" and k.mixer.recurrent is None}
+
+
+def reference_only(desc: ModelDescription, spec: ModelSpec) -> set[int]:
+    """Layers whose traced difference is their reference algorithm's (ModelSpec.layer_act_reference):
+    a stand-in mixer's, or a layer mostly unread, its weights beyond the shapes more than the weights
+    a token multiplies through in the shapes (a mixer the description did not find, say)."""
+    return stand_ins(desc) | {i for i, t in enumerate(spec.layer_types)
+                              if abs(spec.layer_extra[i]) > layer_matmul_params(spec, t)}
 
 
 def unread_ffns(desc: ModelDescription) -> set[int]:
@@ -104,7 +114,7 @@ def act_extra(desc: ModelDescription, spec: ModelSpec, layers: list[int], traced
     MLP shape."""
     from dayzero.derive.traced_flops import fit_extra  # traced_flops imports this module
 
-    standin, unread = stand_ins(desc), unread_ffns(desc)
+    standin, unread, ref_only = stand_ins(desc), unread_ffns(desc), reference_only(desc, spec)
     extra, reference = list(spec.layer_act_extra), list(spec.layer_act_reference)
     for i in layers:
         if traced[i] is None:
@@ -114,16 +124,16 @@ def act_extra(desc: ModelDescription, spec: ModelSpec, layers: list[int], traced
         if i in unread:
             fl, fq = fit_extra(tuple(t[1] for t in traced[i]), tuple(r[1] for r in ref), seqs)
             lin, quad = lin + fl, quad + fq
-        (reference if i in standin else extra)[i] = (lin, quad)
+        (reference if i in ref_only else extra)[i] = (lin, quad)
     return replace(spec, layer_act_extra=tuple(extra), layer_act_reference=tuple(reference))
 
 def act_notes(desc: ModelDescription, spec: ModelSpec, layers: list[int], seqs: tuple[int, int]) -> list[str]:
     """One line per group of traced layers with the same difference: bytes per token per layer at the
     planning length beyond the planner's terms (fused kernels, as a plan counts them)."""
-    standin = stand_ins(desc)
+    ref_only = reference_only(desc, spec)
     groups: dict[tuple, list[int]] = {}
     for i in layers:
-        groups.setdefault((spec.layer_act_reference if i in standin else spec.layer_act_extra)[i], []).append(i)
+        groups.setdefault((spec.layer_act_reference if i in ref_only else spec.layer_act_extra)[i], []).append(i)
     seq = min(spec.max_positions, 4096)
     d = Dims(seq=seq, mbs=1, tp=1, cp=1)
     notes = []
@@ -132,8 +142,8 @@ def act_notes(desc: ModelDescription, spec: ModelSpec, layers: list[int], seqs: 
             continue
         terms = layer_terms(spec, spec.layer_types[idx[0]], MemoryOptions(), d)
         shapes = sum(float(v) for n, v in terms.items() if n != "traced_extra") / seq
-        where = ("under eager kernels only (an unread mixer's reference algorithm: a fused kernel recomputes "
-                 "what it keeps)" if idx[0] in standin else "under every kernel choice")
+        where = ("under eager kernels only (the reference algorithm of code the planner does not read: a fused "
+                 "kernel may recompute what it keeps)" if idx[0] in ref_only else "under every kernel choice")
         notes.append(f"layers {ranges(tuple(idx))}: saved activations measured by tracing the model's own code at "
                      f"{seqs[0]} and {seqs[1]} tokens: {(lin + quad * seq) / 1e3:+,.1f} kB per token per layer "
                      f"beyond the planner's {shapes / 1e3:,.1f} kB at {seq} tokens ({lin:+,.0f} B {quad:+,.2f} x seq, "
