@@ -17,7 +17,7 @@ from dayzero.derive.traced_act import reference_bytes, stand_ins, traced_sides  
 from dayzero.derive.traced_flops import approximated_layers, trace_lengths, with_traced_flops  # noqa: E402
 from dayzero.ops.hf_model import build_meta_model  # noqa: E402
 from dayzero.ops.trace import _run  # noqa: E402
-from dayzero.planner.activations import Dims, layer_terms  # noqa: E402
+from dayzero.planner.activations import Dims, layer_activation, layer_terms  # noqa: E402
 from dayzero.planner.memory_options import MemoryOptions  # noqa: E402
 from dayzero.specs.registry import load_model  # noqa: E402
 
@@ -136,6 +136,12 @@ def test_the_planner_term_is_the_mean_per_layer_type_whole_on_every_tp_rank():
     both = replace(spec, layer_act_reference=((-3000.0, 0.0),) * 32)
     assert float(layer_terms(both, "dense", MemoryOptions(kernels="eager"), d)["traced_extra"]) == \
         12_484_608 - 6_144_000
+    # a sum of tensors, not one: the largest single tensor (the biggest backward temporary) is unchanged
+    huge = replace(base, layer_act_extra=((1e9, 0.0),) * 32)
+    assert layer_activation(huge, "dense", MemoryOptions(), d).largest == \
+        layer_activation(base, "dense", MemoryOptions(), d).largest
+    assert layer_activation(huge, "dense", MemoryOptions(), d).none == pytest.approx(
+        layer_activation(base, "dense", MemoryOptions(), d).none + 1e9 * 8192)
     # vectorised over candidates, as the search evaluates it
     dv = Dims(seq=np.array([4096, 4096]), mbs=np.array([2, 2]), tp=np.array([1, 4]), cp=np.array([1, 1]))
     got = layer_terms(short, "dense", MemoryOptions(), dv)["traced_extra"]

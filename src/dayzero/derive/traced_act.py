@@ -45,7 +45,7 @@ from dataclasses import replace
 
 from dayzero.derive.describe import ModelDescription
 from dayzero.derive.to_spec import ranges
-from dayzero.planner.activations import LAYER_INPUT, Dims, layer_terms, mlp_terms
+from dayzero.planner.activations import LAYER_INPUT, TRACED, Dims, layer_terms, mlp_terms
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.specs.counting import layer_matmul_params
 from dayzero.specs.model import ModelSpec, split_layer_type
@@ -91,7 +91,7 @@ def reference_bytes(spec: ModelSpec, index: int, seq: int, stand_in: bool = Fals
     opts = MemoryOptions(kernels="eager", attention="flash" if stand_in else "eager")
     d = Dims(seq=seq, mbs=1, tp=1, cp=1)
     terms = layer_terms(spec, kind, opts, d)
-    total = sum(float(v) for n, v in terms.items() if n != "traced_extra")
+    total = sum(float(v) for n, v in terms.items() if n != TRACED)
     mixer, ffn_kind = split_layer_type(kind)
     ffn = 0.0
     if ffn_kind != "none":
@@ -141,7 +141,7 @@ def act_notes(desc: ModelDescription, spec: ModelSpec, layers: list[int], seqs: 
         if not (lin or quad):
             continue
         terms = layer_terms(spec, spec.layer_types[idx[0]], MemoryOptions(), d)
-        shapes = sum(float(v) for n, v in terms.items() if n != "traced_extra") / seq
+        shapes = sum(float(v) for n, v in terms.items() if n != TRACED) / seq
         where = ("under eager kernels only (the reference algorithm of code the planner does not read: a fused "
                  "kernel may recompute what it keeps)" if idx[0] in ref_only else "under every kernel choice")
         notes.append(f"layers {ranges(tuple(idx))}: saved activations measured by tracing the model's own code at "

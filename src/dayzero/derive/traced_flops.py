@@ -28,8 +28,8 @@ import time
 from dataclasses import replace
 
 from dayzero.derive.describe import ModelDescription
-from dayzero.derive.traced_act import act_extra, act_notes, traced_sides
 from dayzero.derive.to_spec import ranges
+from dayzero.derive.traced_act import act_extra, act_notes, traced_sides
 from dayzero.errors import DayzeroError
 from dayzero.specs.counting import layer_forward_flops, layer_matmul_params
 from dayzero.specs.model import ModelSpec

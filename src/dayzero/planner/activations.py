@@ -29,6 +29,7 @@ from dayzero.specs.model import ModelSpec, split_layer_type
 # FlashAttention's log-sum-exp are recomputed in backward from the saved Q, K, V).
 CORE_TERMS = ("attn_scores", "attn_dropout", "attn_lse")
 LAYER_INPUT = "ln1_in"  # the residual-stream input of the layer: all full recompute keeps
+TRACED = "traced_extra"  # a derived layer's measured bytes beyond the terms (traced_act_bytes)
 _EXPERT_INSIDE = ("expert_act_in", "expert_down_in", "expert_act_out")
 _SHARED_INSIDE = ("shared_act_in", "shared_down_in", "shared_act_out")
 # The saved tensors each module of selective recompute drops (Megatron-LM --recompute-modules,
@@ -278,7 +279,7 @@ def layer_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dic
         ref = traced_act_bytes(spec, kind, d, spec.layer_act_reference)
         traced = ref if traced is None else traced if ref is None else traced + ref
     if traced is not None:
-        out["traced_extra"] = traced
+        out[TRACED] = traced
     return out
 
 
@@ -346,7 +347,9 @@ def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -
     terms = layer_terms(spec, kind, opts, d)
     total = sum(terms.values())
     core = sum((terms[k] for k in CORE_TERMS if k in terms), 0.0)
-    largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*terms.values())])
+    # the traced term is a sum of tensors of unknown sizes, not one tensor: no candidate for the largest
+    single = [v for n, v in terms.items() if n != TRACED]
+    largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*single)])
     if split_layer_type(kind)[0] == "recurrent" and spec.recurrent.kind == "mamba2":
         # the backward's recomputed conv output and FP32 chunk states (mamba2_saved), one at a time
         largest = np.maximum(largest, np.maximum(opts.act_bytes * d.tok * spec.recurrent.conv_channels / d.tp,
