@@ -17,6 +17,9 @@ masks afterwards, so a recognised softmax layer is compared with full attention,
 window (the planner keeps pricing the window; a sparse layer's indexer stays in the difference).
 The quadratic term is halved under causal masking, as attention is (``counting.traced_extra_flops``).
 
+The same forwards count the bytes autograd saves for backward in each traced layer
+(:mod:`dayzero.derive.traced_act`: ``ModelSpec.layer_act_extra`` / ``layer_act_reference``).
+
 The traces are forward-only (training counts 3x forward, as everywhere in dayzero) and bounded by
 ``BUDGET_S`` seconds together: modeling code that loops per token on CPU (a reference selective
 scan without its CUDA kernel) is abandoned with a note and the shapes' figure kept.
