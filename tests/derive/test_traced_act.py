@@ -154,3 +154,13 @@ def test_a_trace_past_its_budget_measures_no_bytes_either(tmp_path):
     plain = replace(spec, layer_flops_extra=(), layer_act_extra=(), layer_act_reference=())
     out, _ = with_traced_flops(path, spec.extra["description"], plain, budget_s=0.0)
     assert out.layer_act_extra == out.layer_act_reference == ((0.0, 0.0),) * spec.layers
+
+
+def test_a_proxy_keeps_the_measured_bytes_of_the_layers_it_keeps_and_drops_them_at_another_width():
+    base = load_model("llama-3.1-8b")
+    extra = tuple((float(i), 0.0) for i in range(32))
+    spec = replace(base, layer_act_extra=extra, layer_act_reference=extra)
+    deeper = spec.shrink(layers=3)
+    assert deeper.layer_act_extra == deeper.layer_act_reference == ((0.0, 0.0), (1.0, 0.0), (2.0, 0.0))
+    narrower = spec.shrink(hidden=1024)  # the bytes were measured at the full width
+    assert narrower.layer_act_extra == narrower.layer_act_reference == ((0.0, 0.0),) * 32
