@@ -17,6 +17,9 @@ masks afterwards, so a recognised softmax layer is compared with full attention,
 window (the planner keeps pricing the window; a sparse layer's indexer stays in the difference).
 The quadratic term is halved under causal masking, as attention is (``counting.traced_extra_flops``).
 
+The same forwards count the bytes autograd saves for backward in each traced layer
+(:mod:`dayzero.derive.traced_act`: ``ModelSpec.layer_act_extra`` / ``layer_act_reference``).
+
 The traces are forward-only (training counts 3x forward, as everywhere in dayzero) and bounded by
 ``BUDGET_S`` seconds together: modeling code that loops per token on CPU (a reference selective
 scan without its CUDA kernel) is abandoned with a note and the shapes' figure kept.
@@ -29,6 +32,7 @@ from dataclasses import replace
 
 from dayzero.derive.describe import ModelDescription
 from dayzero.derive.to_spec import ranges
+from dayzero.derive.traced_act import act_extra, act_notes, traced_sides
 from dayzero.errors import DayzeroError
 from dayzero.specs.counting import layer_forward_flops, layer_matmul_params
 from dayzero.specs.model import ModelSpec
@@ -92,24 +96,27 @@ def with_traced_flops(model: str, desc: ModelDescription, spec: ModelSpec, trust
     seqs = trace_lengths(spec.max_positions)
     try:
         meta = build_meta_model(model, trust_remote_code=trust_remote_code)
-        per_kind = []
+        per_kind, saved = [], []
         for s in seqs:
             with _quiet_transformers():  # its notes on reference kernels concern running, not counting
-                tr = _run(meta, s, 1, "bfloat16", deadline=deadline, backward=False)
+                tr = _run(meta, s, 1, "bfloat16", deadline=deadline, backward=False, saved=True)
             f = [0.0] * len(meta.kinds)
             for c in tr.calls:
                 if c.layer is not None and c.phase == "forward":
                     f[c.layer] += c.flops / tr.tokens
             per_kind.append(f)
+            ffn = [desc.kind_of()[kind.layers[0]].ffn.module for kind in meta.kinds]
+            saved.append([traced_sides(tr.saved_bytes, k, ffn[k], tr.tokens) for k in range(len(meta.kinds))])
     except TraceTimeout:
         return spec, [f"{where}: FLOPs from the shapes only: tracing the model's code at {seqs[0]} and {seqs[1]} "
                       f"tokens took over {budget_s:.0f} s (it loops per token on this machine)"]
     except DayzeroError as e:
         return spec, [f"{where}: FLOPs from the shapes only: {e}"]
-    traced = [None] * spec.layers
+    traced, traced_act = [None] * spec.layers, [None] * spec.layers
     for k, kind in enumerate(meta.kinds):
         for i in kind.layers:
             traced[i] = (per_kind[0][k], per_kind[1][k])
+            traced_act[i] = (saved[0][k], saved[1][k])
     ref = reference_spec(desc, spec)
     extra = list(spec.layer_flops_extra)
     for i in layers:
@@ -117,8 +124,8 @@ def with_traced_flops(model: str, desc: ModelDescription, spec: ModelSpec, trust
             continue
         modelled = tuple(layer_forward_flops(ref, i, s, causal=False) for s in seqs)
         extra[i] = fit_extra(traced[i], modelled, seqs)
-    out = replace(spec, layer_flops_extra=tuple(extra))
-    return out, _notes(out, layers, seqs)
+    out = act_extra(desc, replace(spec, layer_flops_extra=tuple(extra)), layers, traced_act, seqs)
+    return out, _notes(out, layers, seqs) + act_notes(desc, out, layers, seqs)
 
 
 def _notes(spec: ModelSpec, layers: list[int], seqs: tuple[int, int]) -> list[str]:

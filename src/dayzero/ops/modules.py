@@ -50,6 +50,17 @@ class ModuleMap:
             hit = self._cache[name] = (self._layer(name), self._category(name))
         return hit
 
+    def layer_child(self, name: str) -> str:
+        """Class name of the decoder layer's direct child that holds module ``name`` (its mixer, its
+        feed-forward block, a norm); "" for the layer's own code or outside the layers."""
+        if not name.startswith(self._layers_prefix):
+            return ""
+        parts = name[len(self._layers_prefix):].split(".")
+        if len(parts) < 2:
+            return ""
+        mod = self._mods.get(self._layers_prefix + ".".join(parts[:2]))
+        return type(mod).__name__ if mod is not None else ""
+
     def _layer(self, name: str) -> int | None:
         if not name.startswith(self._layers_prefix):
             return None

@@ -87,6 +87,9 @@ class Trace:
     layer_list: str = ""  # qualified name of the decoder-layer ModuleList, e.g. "model.layers"
     notes: list[str] = field(default_factory=list)
     spec: ModelSpec | None = None  # when dayzero parses the model_type (not for unknown remote code)
+    # (layer of the reduced model, class of the layer's child module that saves: its mixer, its feed-forward
+    # block, a norm; "" for the layer's own code) -> bytes its forward saves for backward (saved=True only)
+    saved_bytes: dict[tuple[int, str], int] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -165,6 +168,9 @@ class OpRecorder(TorchDispatchMode):
         self.tensor_bytes: dict[int, int] = {}
         self._formulas = flop_formulas()
         self._head_done = {"forward": False, "backward": False}
+        # storage key -> (layer of its first writer in the forward, the storage, held so that no
+        # later storage reuses its address while the trace runs); filled only for SavedTensors
+        self.origins: dict[int, tuple[int | None, object]] | None = None
 
     def _tid(self, t: torch.Tensor) -> int:
         tid = self._ids.get(t)
@@ -246,6 +252,11 @@ class OpRecorder(TorchDispatchMode):
         outputs = tuple(self._tid(t) for t in flat_out)
         for o in outputs:
             self._writer[o] = index
+        if self.origins is not None and phase == "forward":
+            for t in flat_out:
+                st = _storage(t)
+                if st is not None:
+                    self.origins.setdefault(st._cdata, (layer, st))
         self.calls.append(OpCall(op=name, phase=phase, layer=layer, category=category, module=deepest,
                                  dtypes=dts, shapes=tuple(tuple(t.shape) for t in flat_in),
                                  flops=flops, bytes=nbytes, kernel=kernel, inputs=inputs, outputs=outputs,
@@ -270,20 +281,76 @@ def trace_model(model: str, seq: int | None = None, batch: int = 1, dtype: str =
     return _run(meta, seq, batch, dtype)
 
 
+def _storage(t: torch.Tensor):
+    """``t``'s untyped storage (views share it), or None for a tensor without one."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class SavedTensors:
+    """Bytes autograd saves for backward in each decoder layer of the reduced model, counted by
+    ``torch.autograd.graph.saved_tensors_hooks`` during the forward.
+
+    A saved tensor is charged to the decoder layer, and the class of that layer's child module
+    (:meth:`ModuleMap.layer_child`), of the module that saves it (the module tracker's innermost
+    module), once per storage: views and repeated saves of one tensor (the input of q,
+    k and v projections) share a storage and count once, at its full size, which is what stays
+    allocated. Storage identity is the storage's address (``_cdata``; meta tensors have no data
+    pointer), kept unique by holding every storage the trace writes (:attr:`OpRecorder.origins`).
+    Not counted: parameters and buffers (and their views: a transposed weight), and tensors that
+    need no gradient written outside the decoder layers, which every layer shares (rotary tables,
+    masks, position ids). A tensor saved by two layers counts in the first."""
+
+    def __init__(self, net: torch.nn.Module, modules: ModuleMap, tracker: ModuleTracker, rec: OpRecorder):
+        self.modules, self.tracker, self.rec = modules, tracker, rec
+        rec.origins = {}
+        self._exclude = {st._cdata for t in (*net.parameters(), *net.buffers()) if (st := _storage(t)) is not None}
+        self._seen: set[int] = set()
+        self.bytes: dict[tuple[int, str], int] = {}  # (layer of the reduced model, child class) -> saved bytes
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        deepest = max(self.tracker.parents, key=lambda p: p.count("."))
+        layer = self.modules.locate(deepest)[0]
+        st = _storage(t)
+        if layer is None or st is None or st._cdata in self._exclude or st._cdata in self._seen:
+            return t
+        origin = self.rec.origins.get(st._cdata)
+        if (origin is None or origin[0] is None) and not t.requires_grad:
+            return t
+        self._seen.add(st._cdata)
+        key = (layer, self.modules.layer_child(deepest))
+        self.bytes[key] = self.bytes.get(key, 0) + st.nbytes()
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
 class TraceTimeout(DayzeroError):
     """A trace that ran past the caller's time budget (its model code loops per token, say)."""
 
 
 def _run(meta: MetaModel, seq: int, batch: int, dtype: str, deadline: float | None = None,
-         backward: bool = True) -> Trace:
+         backward: bool = True, saved: bool = False) -> Trace:
+    """Trace ``meta`` at ``seq`` x ``batch`` tokens; ``saved``: also count the bytes each decoder
+    layer saves for backward (:class:`SavedTensors`, ``Trace.saved_bytes``)."""
     net = meta.model
     modules = ModuleMap(net, meta.layer_list)
     shadows = ShadowValues()
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     shadows.attach(ids, torch.zeros(batch, seq, dtype=torch.long))
+    counter = None
     with ModuleTracker() as tracker, OpRecorder(modules, tracker, shadows, deadline) as rec:
         try:
-            out = net(input_ids=ids, labels=ids, use_cache=False)
+            if saved:
+                counter = SavedTensors(net, modules, tracker, rec)
+                with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+                    out = net(input_ids=ids, labels=ids, use_cache=False)
+            else:
+                out = net(input_ids=ids, labels=ids, use_cache=False)
             if backward:
                 loss = _loss_of(out, ids)
                 rec.tag_autograd_nodes(loss)
@@ -298,7 +365,8 @@ def _run(meta: MetaModel, seq: int, batch: int, dtype: str, deadline: float | No
     return Trace(model=meta.name, model_type=meta.model_type, seq=seq, batch=batch, dtype=dtype, experts=meta.experts,
                  kinds=meta.kinds, num_layers=meta.num_layers, calls=rec.calls, examples=examples,
                  tensor_bytes=rec.tensor_bytes, layer_list=meta.layer_list,
-                 notes=list(meta.notes) + _routing_note(shadows), spec=meta.spec)
+                 notes=list(meta.notes) + _routing_note(shadows), spec=meta.spec,
+                 saved_bytes=dict(counter.bytes) if counter is not None else {})
 
 
 def _routing_note(shadows: ShadowValues) -> list[str]:

@@ -29,6 +29,7 @@ from dayzero.specs.model import ModelSpec, split_layer_type
 # FlashAttention's log-sum-exp are recomputed in backward from the saved Q, K, V).
 CORE_TERMS = ("attn_scores", "attn_dropout", "attn_lse")
 LAYER_INPUT = "ln1_in"  # the residual-stream input of the layer: all full recompute keeps
+TRACED = "traced_extra"  # a derived layer's measured bytes beyond the terms (traced_act_bytes)
 _EXPERT_INSIDE = ("expert_act_in", "expert_down_in", "expert_act_out")
 _SHARED_INSIDE = ("shared_act_in", "shared_down_in", "shared_act_out")
 # The saved tensors each module of selective recompute drops (Megatron-LM --recompute-modules,
@@ -274,7 +275,33 @@ def layer_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dic
         if mixer == "none":
             mlp[LAYER_INPUT] = mlp.pop("ln2_in")
         out.update(mlp)
+    traced = traced_act_bytes(spec, kind, d, spec.layer_act_extra)
+    if opts.kernels == "eager":  # an unread mixer's reference algorithm, as the eager code runs it
+        ref = traced_act_bytes(spec, kind, d, spec.layer_act_reference)
+        traced = ref if traced is None else traced if ref is None else traced + ref
+    if traced is not None:
+        out[TRACED] = traced
     return out
+
+
+def traced_act_bytes(spec: ModelSpec, kind: str, d: Dims, per_layer):
+    """Saved bytes a derived layer's own code keeps beyond (negative: short of) the terms above
+    (``per_layer``: ModelSpec.layer_act_extra or layer_act_reference, measured by
+    dayzero.derive.traced_act): the mean over the layers of type ``kind`` (as planner.params does for
+    layer_extra) of ``linear + quadratic x seq`` per token, times this rank's tokens; None where
+    nothing was measured.
+
+    Which of those tensors tensor parallelism splits is not known, so the bound is taken each way:
+    bytes beyond the terms are held whole on every TP rank (as if replicated, even under SP), bytes
+    short of them are taken out of the TP-split share only (divided by tp): every term above is at
+    least its unsplit value / tp, so a layer never counts less than its measured bytes / tp."""
+    extras = [x for k, x in zip(spec.layer_types, per_layer) if k == kind]
+    if not extras or not any(a or b for a, b in extras):
+        return None
+    lin = sum(a for a, _ in extras) / len(extras)
+    quad = sum(b for _, b in extras) / len(extras)
+    per_token = lin + quad * np.asarray(d.seq, dtype=float)
+    return d.tok * np.where(per_token > 0, per_token, per_token / np.asarray(d.tp))
 
 
 def module_terms(spec: ModelSpec, module: str, names) -> tuple[str, ...]:
@@ -321,7 +348,9 @@ def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -
     terms = layer_terms(spec, kind, opts, d)
     total = sum(terms.values())
     core = sum((terms[k] for k in CORE_TERMS if k in terms), 0.0)
-    largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*terms.values())])
+    # the traced term is a sum of tensors of unknown sizes, not one tensor: no candidate for the largest
+    single = [v for n, v in terms.items() if n != TRACED]
+    largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*single)])
     if split_layer_type(kind)[0] == "recurrent" and spec.recurrent.kind == "mamba2":
         # the backward's recomputed conv output and FP32 chunk states (mamba2_saved), one at a time
         largest = np.maximum(largest, np.maximum(opts.act_bytes * d.tok * spec.recurrent.conv_channels / d.tp,

@@ -207,6 +207,15 @@ class ModelSpec:
     # lengths where the shapes only approximate a layer (dayzero.derive.traced_flops); empty / zeros
     # for the hand-parsed families
     layer_flops_extra: tuple[tuple[float, float], ...] = ()
+    # saved-activation bytes per token of each decoder layer beyond (negative: short of) what the
+    # planner's activation terms give, as (linear, quadratic) coefficients: extra(seq) = linear +
+    # quadratic * seq. Measured in the same traces where the shapes only approximate a layer
+    # (dayzero.derive.traced_act); empty / zeros for the hand-parsed families. ``layer_act_extra``
+    # counts under every kernel choice (a recognised mixer's or FFN's own tensors: gates, an indexer);
+    # ``layer_act_reference`` under eager kernels only (an unread mixer: what its reference algorithm
+    # keeps, e.g. a sequential scan's states, which a fused kernel recomputes)
+    layer_act_extra: tuple[tuple[float, float], ...] = ()
+    layer_act_reference: tuple[tuple[float, float], ...] = ()
     # hybrid models: the recurrent mixer's shapes and each layer's token mixer ("attention" |
     # "recurrent" | "none"); empty means softmax attention in every layer
     recurrent: RecurrentSpec | None = None
@@ -227,6 +236,9 @@ class ModelSpec:
             object.__setattr__(self, "layer_extra", (0,) * self.layers)
         if not self.layer_flops_extra:
             object.__setattr__(self, "layer_flops_extra", ((0.0, 0.0),) * self.layers)
+        for name in ("layer_act_extra", "layer_act_reference"):
+            if not getattr(self, name):
+                object.__setattr__(self, name, ((0.0, 0.0),) * self.layers)
         if len(self.layer_mixers) != self.layers:
             raise ValueError(f"{self.name}: layer_mixers needs one entry per layer ({self.layers})")
         if "recurrent" in self.layer_mixers and self.recurrent is None:
@@ -268,6 +280,9 @@ class ModelSpec:
             d.pop("layer_mixers")
         if not any(a or b for a, b in d["layer_flops_extra"]):  # traced FLOPs: listed only where measured
             d.pop("layer_flops_extra")
+        for name in ("layer_act_extra", "layer_act_reference"):  # traced saved bytes: likewise
+            if not any(a or b for a, b in d[name]):
+                d.pop(name)
         # the clamped-SwiGLU constants are listed only where set, so the digest of every other spec
         # (checkpoint manifests) is what it was before they existed
         if d["moe"] is not None and not d["moe"]["latent_size"]:
@@ -327,7 +342,9 @@ def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
                        layer_mixers=tuple(spec.layer_mixers[i] for i in pick),
                        layer_windows=tuple(spec.layer_windows[i] for i in pick),
                        layer_extra=tuple(spec.layer_extra[i] for i in pick),
-                       layer_flops_extra=tuple(spec.layer_flops_extra[i] for i in pick))
+                       layer_flops_extra=tuple(spec.layer_flops_extra[i] for i in pick),
+                       layer_act_extra=tuple(spec.layer_act_extra[i] for i in pick),
+                       layer_act_reference=tuple(spec.layer_act_reference[i] for i in pick))
     kinds = list(spec.layer_kinds)
     dense_prefix = next((i for i, k in enumerate(kinds) if k == "moe"), len(kinds))
     dense_prefix = min(dense_prefix, max(layers - 1, 0)) if spec.is_moe else min(dense_prefix, layers)
@@ -335,11 +352,14 @@ def _take_layers(spec: ModelSpec, layers: int) -> ModelSpec:
     new_kinds = kinds[:dense_prefix] + [tail[i % len(tail)] for i in range(layers - dense_prefix)]
     windows = list(spec.layer_windows)
     new_windows = [windows[i % len(windows)] for i in range(layers)]
-    extras, fextras = list(spec.layer_extra), list(spec.layer_flops_extra)
+    extras, fextras, aextras = list(spec.layer_extra), list(spec.layer_flops_extra), list(spec.layer_act_extra)
     new_extra = [extras[i % len(extras)] for i in range(layers)]
     new_fextra = [fextras[i % len(fextras)] for i in range(layers)]
+    new_aextra = [aextras[i % len(aextras)] for i in range(layers)]
+    new_aref = [spec.layer_act_reference[i % len(aextras)] for i in range(layers)]
     return replace(spec, layers=layers, layer_kinds=tuple(new_kinds), layer_windows=tuple(new_windows),
-                   layer_extra=tuple(new_extra), layer_flops_extra=tuple(new_fextra), layer_mixers=())
+                   layer_extra=tuple(new_extra), layer_flops_extra=tuple(new_fextra),
+                   layer_act_extra=tuple(new_aextra), layer_act_reference=tuple(new_aref), layer_mixers=())
 
 
 def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
@@ -376,4 +396,5 @@ def _scale_width(spec: ModelSpec, hidden: int) -> ModelSpec:
         rec = replace(rec, heads=heads, n_groups=groups, key_heads=key_heads)
     # extras of a derived spec belong to the full width; a proxy keeps only what its shapes give
     return replace(spec, hidden=hidden, attention=att, mlp=mlp, moe=moe, recurrent=rec,
-                   layer_extra=(0,) * spec.layers, outside_extra=0, layer_flops_extra=())
+                   layer_extra=(0,) * spec.layers, outside_extra=0, layer_flops_extra=(), layer_act_extra=(),
+                   layer_act_reference=())
