@@ -7,7 +7,15 @@ import math
 import pytest
 
 from dayzero.errors import ConfigError
-from dayzero.planner.training_cost import CostOptions, goodput, optimal_interval, training_cost
+from dayzero.planner.training_cost import (
+    BatchPhase,
+    CostOptions,
+    batch_ramp,
+    goodput,
+    optimal_interval,
+    schedule_wall_clock,
+    training_cost,
+)
 
 
 def test_dense_plan_by_hand():
@@ -70,3 +78,41 @@ def test_no_failures_no_loss_but_the_checkpoints():
 def test_bad_options(kw):
     with pytest.raises(ConfigError):
         CostOptions(**kw)
+
+
+def test_batch_ramp_by_hand():
+    """DeepSeek-V3's schedule (arXiv 2412.19437 sec. 4.2: 3,072 -> 15,360 sequences over the first
+    469B of 14.8T tokens), linear, 4 phases in units of dp 128: mid-points at 1/8, 3/8, 5/8, 7/8 of
+    the ramp, 3072 + 12288 x f = 4608, 7680, 10752, 13824 sequences (all multiples of 128), 117.25B
+    tokens each, then 14.331T tokens at 15,360."""
+    phases = batch_ramp(3072, 15360, 469e9, 14.8e12, multiple=128, phases=4)
+    assert [p.gbs for p in phases] == [4608, 7680, 10752, 13824, 15360]
+    assert [p.tokens for p in phases[:4]] == [pytest.approx(117.25e9)] * 4
+    assert phases[4].tokens == pytest.approx(14.331e12)
+    # rounding to the layout's unit: 3,000 -> 4,000 in 1 phase: mid 3,500 -> 3,456 (27.34 x 128 rounds to 27)
+    assert batch_ramp(3000, 4000, 1e9, 1e9, multiple=128, phases=1) == (BatchPhase(1e9, 3456),)
+    with pytest.raises(ConfigError):
+        batch_ramp(3072, 15360, 2e12, 1e12)
+
+
+def test_schedule_wall_clock_by_hand():
+    """Two phases, seq 1,000, 8 devices, step_time(gbs) = 1 + gbs / 100 s: 1e6 tokens at 100
+    sequences (10 steps of 2 s = 20 s) and 3e6 tokens at 300 (10 steps of 4 s = 40 s): 60 s ideal,
+    mean step 3 s. No interruptions and no checkpoint cost: goodput 1, 4e6 / 60 / 8 = 8,333.3
+    tokens/s per device. With 1 interruption per device-day (8 a day: MTBF 10,800 s), a 30 s
+    checkpoint and a 60 s restart: Young's interval sqrt(2 x 30 x 10800) = 804.98 s; lost
+    30 / 804.98 + (402.49 + 60) / 10800 = 0.037268 + 0.042823 = 0.080091 -> goodput 0.919909,
+    wall 65.2239 s, 7,665.9 tokens/s per device."""
+    phases = (BatchPhase(1e6, 100), BatchPhase(3e6, 300))
+    free = CostOptions(interruptions_per_device_day=0.0)
+    w = schedule_wall_clock(phases, lambda gbs: 1 + gbs / 100, seq=1000, devices=8, state_bytes_per_device=0.0,
+                            options=free)
+    assert [r["seconds"] for r in w["phases"]] == [pytest.approx(20.0), pytest.approx(40.0)]
+    assert w["goodput"] == 1.0 and w["ideal_s"] == pytest.approx(60.0)
+    assert w["tokens_per_s_per_device"] == pytest.approx(4e6 / 60 / 8)
+    lossy = CostOptions(interruptions_per_device_day=1.0, restart_s=60.0, storage_bytes_per_s_per_device=1e9)
+    w = schedule_wall_clock(phases, lambda gbs: 1 + gbs / 100, seq=1000, devices=8, state_bytes_per_device=30e9,
+                            options=lossy)
+    assert w["failures"]["checkpoint_interval_s"] == pytest.approx(math.sqrt(2 * 30 * 10800))
+    assert w["goodput"] == pytest.approx(0.919909, rel=1e-5)
+    assert w["tokens_per_s_per_device"] == pytest.approx(4e6 / (60 / 0.919909) / 8, rel=1e-5)

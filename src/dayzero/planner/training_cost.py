@@ -23,6 +23,11 @@ cluster. Every default below is a published figure or a stated convention; each 
 * **Goodput** (first order, Young 1974; Daly 2006): with checkpoint cost ``d``, interval ``t``,
   restart ``R`` and mean time between interruptions ``M``, the lost fraction is
   ``d / t + (t / 2 + R) / M``; it is smallest at ``t* = sqrt(2 d M)``.
+* **Batch schedules** (:func:`batch_ramp`, :func:`schedule_wall_clock`): a published training
+  throughput ("H800 GPU-hours per trillion tokens", DeepSeek-V3 Table 1) is wall-clock over the
+  whole run, a batch-size ramp (fewer micro-batches, a larger bubble share) and the interruptions
+  included; the schedule's time is each phase's steps at the step time of its batch, over the
+  goodput above.
 """
 
 from __future__ import annotations
@@ -84,6 +89,24 @@ def optimal_interval(checkpoint_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * checkpoint_s * mtbf_s)
 
 
+def failure_model(*, step_s: float, ideal_s: float, devices: int, state_bytes_per_device: float,
+                  options: CostOptions = CostOptions()) -> dict:
+    """Interruption rate (per second), mean time between interruptions, blocking checkpoint cost,
+    Young's checkpoint interval (at least one step; the whole run without interruptions) and the
+    goodput of a run of ``ideal_s`` seconds of training in steps of ``step_s`` on ``devices``."""
+    o = options
+    rate = o.interruptions_per_device_day * devices / SECONDS_PER_DAY
+    mtbf_s = 1.0 / rate if rate > 0 else math.inf
+    ckpt_s = state_bytes_per_device / o.storage_bytes_per_s_per_device * o.async_blocking
+    interval = optimal_interval(ckpt_s, mtbf_s) if mtbf_s < math.inf else ideal_s
+    interval = max(interval, step_s)  # a checkpoint at most every step
+    g = goodput(ckpt_s, interval, o.restart_s, mtbf_s)
+    if g <= 0:
+        raise ConfigError("training cost", None, f"interruptions every {mtbf_s / 60:.1f} min with {o.restart_s:.0f} s "
+                          "restarts leave no time to train; lower --restart-s or the interruption rate")
+    return {"rate": rate, "mtbf_s": mtbf_s, "checkpoint_s": ckpt_s, "interval_s": interval, "goodput": g}
+
+
 def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_tflops_per_device: float,
                   state_bytes_per_device: float, tdp_w: float | None, options: CostOptions = CostOptions()) -> dict:
     """Wall days, device-hours, energy, cost and expected failure losses of training
@@ -94,15 +117,9 @@ def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_
     o = options
     steps = math.ceil(o.tokens / tokens_per_step)
     ideal_s = steps * step_s
-    rate = o.interruptions_per_device_day * devices / SECONDS_PER_DAY
-    mtbf_s = 1.0 / rate if rate > 0 else math.inf
-    ckpt_s = state_bytes_per_device / o.storage_bytes_per_s_per_device * o.async_blocking
-    interval = optimal_interval(ckpt_s, mtbf_s) if mtbf_s < math.inf else ideal_s
-    interval = max(interval, step_s)  # a checkpoint at most every step
-    g = goodput(ckpt_s, interval, o.restart_s, mtbf_s)
-    if g <= 0:
-        raise ConfigError("training cost", None, f"interruptions every {mtbf_s / 60:.1f} min with {o.restart_s:.0f} s "
-                          "restarts leave no time to train; lower --restart-s or the interruption rate")
+    f = failure_model(step_s=step_s, ideal_s=ideal_s, devices=devices, state_bytes_per_device=state_bytes_per_device,
+                      options=o)
+    rate, mtbf_s, ckpt_s, interval, g = f["rate"], f["mtbf_s"], f["checkpoint_s"], f["interval_s"], f["goodput"]
     wall_s = ideal_s / g
     device_hours = wall_s * devices / 3600
     out = {
@@ -156,3 +173,71 @@ def with_training(obj: dict, accelerator, options: CostOptions = CostOptions()) 
     if "plans" in obj:
         return {**obj, "plans": [with_training(p, accelerator, options) for p in obj["plans"]]}
     return {**obj, "training": cost_of_prediction(obj, accelerator, options)}
+
+
+@dataclass(frozen=True)
+class BatchPhase:
+    """``tokens`` trained at ``gbs`` sequences per step."""
+
+    tokens: float
+    gbs: int
+
+
+def batch_ramp(start_gbs: int, end_gbs: int, ramp_tokens: float, total_tokens: float, multiple: int = 1,
+               phases: int = 8) -> tuple[BatchPhase, ...]:
+    """A batch-size schedule: ``start_gbs`` -> ``end_gbs`` sequences over the first ``ramp_tokens``
+    tokens, then ``end_gbs`` to ``total_tokens``. The ramp is taken linear in tokens (DeepSeek-V3,
+    arXiv 2412.19437 sec. 4.2, says only "gradually increased") and cut into ``phases`` phases of
+    equal tokens, each at its mid-point batch rounded to the nearest ``multiple`` (a layout's
+    sequences per step come in units of dp x mbs), at least one ``multiple``."""
+    if not (0 <= ramp_tokens <= total_tokens and total_tokens > 0 and start_gbs >= 1 and end_gbs >= 1
+            and multiple >= 1 and phases >= 1):
+        raise ConfigError("batch ramp", None, f"needs 0 <= ramp tokens {ramp_tokens:g} <= total {total_tokens:g}, "
+                          f"batches >= 1 (got {start_gbs}, {end_gbs}), multiple {multiple} and phases {phases} >= 1")
+    out = []
+    if ramp_tokens > 0:
+        for i in range(phases):
+            mid = start_gbs + (end_gbs - start_gbs) * (i + 0.5) / phases
+            out.append(BatchPhase(ramp_tokens / phases, max(multiple, round(mid / multiple) * multiple)))
+    if total_tokens > ramp_tokens:
+        out.append(BatchPhase(total_tokens - ramp_tokens, end_gbs))
+    return tuple(out)
+
+
+def schedule_wall_clock(phases: tuple[BatchPhase, ...], step_time, *, seq: int, devices: int,
+                        state_bytes_per_device: float, options: CostOptions = CostOptions()) -> dict:
+    """Wall-clock time and tokens/s per device of training through a batch schedule, the figure a
+    published "GPU-hours per trillion tokens" is: each phase's steps (``tokens / (gbs x seq)``,
+    fractional) at ``step_time(gbs)`` seconds, then the interruption and checkpoint losses of
+    :func:`failure_model` at the schedule's mean step time (``options.tokens`` is ignored: the
+    phases give the tokens). Every assumption is listed under ``assumptions``."""
+    if not phases or seq < 1 or devices < 1:
+        raise ConfigError("training schedule", None, f"needs phases, seq >= 1 and devices >= 1, got {len(phases)} "
+                          f"phases, seq {seq}, {devices} devices")
+    rows, times = [], {}
+    for ph in phases:
+        if ph.gbs not in times:
+            times[ph.gbs] = float(step_time(ph.gbs))
+        steps = ph.tokens / (ph.gbs * seq)
+        rows.append({"tokens": ph.tokens, "gbs": ph.gbs, "steps": steps, "step_s": times[ph.gbs],
+                     "seconds": steps * times[ph.gbs]})
+    tokens = sum(r["tokens"] for r in rows)
+    ideal_s = sum(r["seconds"] for r in rows)
+    mean_step = ideal_s / sum(r["steps"] for r in rows)
+    f = failure_model(step_s=mean_step, ideal_s=ideal_s, devices=devices, state_bytes_per_device=state_bytes_per_device,
+                      options=options)
+    wall_s = ideal_s / f["goodput"]
+    return {"tokens": tokens, "phases": rows, "ideal_s": ideal_s, "wall_s": wall_s, "goodput": f["goodput"],
+            "device_hours": wall_s * devices / 3600,
+            "ideal_tokens_per_s_per_device": tokens / ideal_s / devices,
+            "tokens_per_s_per_device": tokens / wall_s / devices,
+            "failures": {"interruptions_per_day": f["rate"] * SECONDS_PER_DAY, "mtbf_hours": f["mtbf_s"] / 3600,
+                         "checkpoint_s": f["checkpoint_s"], "checkpoint_interval_s": f["interval_s"],
+                         "restart_s": options.restart_s},
+            "assumptions": [
+                f"{len(phases)} batch phases, {rows[0]['gbs']} -> {rows[-1]['gbs']} sequences per step",
+                f"{options.interruptions_per_device_day * 16_384:.2f} interruptions/day per 16,384 devices (Llama 3, "
+                "419 in 54 days)",
+                f"restart {options.restart_s:.0f} s after each interruption",
+                f"checkpoint write {options.storage_bytes_per_s_per_device / 1e6:.0f} MB/s per device, every "
+                f"{f['interval_s'] / 60:.0f} min (Young's interval)"]}
