@@ -181,6 +181,7 @@ class Rates:
     domain: int  # ranks per scale-up domain the job fills
     native: tuple[bool, bool, bool] = (True, True, True)  # bf16, fp8, fp4 units exist (else GEMMs fall back)
     comm_sm_fraction: float = 20 / 132  # PerfConstants.comm_sm_fraction
+    fp8_scaling: str = "tensor"  # the FP8 recipe's scaling (planner.fp8_scaling): tensor | block
 
     def gemm_rate(self, code):
         """Large-GEMM FLOP/s for precision codes (the grid's: 0 bf16, 1 fp8, 2 fp4; array in, array out)."""

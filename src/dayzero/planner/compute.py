@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dayzero.planner.calibration import PerfConstants, Rates
+from dayzero.planner.fp8_scaling import BLOCK_DENSE_RATIO, BLOCK_GROUPED_RATIO
 from dayzero.specs.counting import (
     attention_flops_per_token,
     attention_params,
@@ -47,6 +48,7 @@ from dayzero.specs.counting import (
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import FULL, MODULE_BIT, SELECTIVE, recompute_modules
 from dayzero.specs.model import MLPSpec, ModelSpec, split_layer_type
+from dayzero.specs.parallel import PRECISIONS
 
 BF16 = 2  # bytes per activation element
 
@@ -119,6 +121,7 @@ class _Shard:
     ep: np.ndarray
     etp: np.ndarray
     rate_lo: np.ndarray  # the layout's GEMM precision (FP8/FP4 where it runs so)
+    rate_expert: np.ndarray  # the same for grouped (routed-expert) GEMMs, before moe_gemm_scale
     rate_bf16: np.ndarray
     d0: float  # PerfConstants.gemm_half_dim
     mbs: np.ndarray | float = 1.0  # sequences per micro-batch (layout copies of (seq, batch) tensors)
@@ -134,12 +137,17 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     T_el = np.where(sp, T / tp, T)  # tokens seen by hidden-size elementwise kernels
     prec = g["precision"]  # GEMM precision code (dayzero.specs.grid: 0 bf16, 1 fp8, 2 fp4)
     rate_lo = rates.gemm_rate(prec)  # FP8/FP4 GEMMs
+    # block-scaled FP8 (1 x 128 / 128 x 128 scales, CUDA-core promotion): DeepGEMM's measured
+    # price over per-tensor FP8, dense and grouped GEMMs apart (planner.fp8_scaling)
+    block = (prec == PRECISIONS.index("fp8")) & (rates.fp8_scaling == "block")
+    rate_expert = np.where(block, rate_lo * BLOCK_GROUPED_RATIO, rate_lo)
+    rate_lo = np.where(block, rate_lo * BLOCK_DENSE_RATIO, rate_lo)
     rate_bf16 = rates.gemm_rate(np.full_like(prec, BF16_CODE))
     # FP8/FP4 inputs are cast before each low-precision GEMM: read 2 B + write 1 B per element (in
     # BF16-element units); a card without those units runs the GEMM in BF16 and casts nothing
     low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]
     cast = np.where(low, 1.5, 0.0)
-    x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_bf16, c.gemm_half_dim, g["mbs"].astype(float))
+    x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_expert, rate_bf16, c.gemm_half_dim, g["mbs"].astype(float))
     recompute = g["recompute"]
     modules = recompute_modules(g)
     H = spec.hidden
@@ -378,7 +386,7 @@ def _moe_ffn(spec: ModelSpec, x: _Shard, c: PerfConstants, moe_imbalance: float,
     m1 = 2 if moe.expert.gated else 1
     routed_tok = T * k_top / tp * moe_imbalance  # token-expert rows per device (busiest)
     m_e = T * k_top * etp * ep / (tp * moe.experts)  # rows per local expert GEMM
-    t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), x.rate_lo * c.moe_gemm_scale, d0)
+    t_g = t_g + _gemm(routed_tok * 2 * H * (m1 + 1) * fe, (m_e, H, fe / etp), x.rate_expert * c.moe_gemm_scale, d0)
     t_g = t_g + _gemm(T / tp * 2 * H * moe.experts, (T / tp, H, moe.experts), x.rate_bf16, d0)  # router
     act_el = routed_tok * activation_elements(moe.expert) * fe
     mem_el = mem_el + act_el + routed_tok * 4 * H + T / tp * 4 * moe.experts

@@ -19,7 +19,7 @@ precision the GEMMs run in, and the communication ratio comm_exposed_s / step_s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -51,17 +51,28 @@ class PerfOptions:
     comm: CommOptions = field(default_factory=CommOptions)
     constants: PerfConstants | None = None  # None: defaults + the cluster file's efficiency overrides
     attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 | unfused
+    fp8_scaling: str = "tensor"  # FP8 recipe's scaling: tensor | block (DeepSeek-V3's; planner.fp8_scaling)
+
+    def __post_init__(self):
+        from dayzero.planner.fp8_scaling import FP8_SCALINGS
+
+        if self.fp8_scaling not in FP8_SCALINGS:
+            from dayzero.errors import ConfigError
+
+            raise ConfigError("--fp8-scaling", None, f"expected one of {', '.join(FP8_SCALINGS)}, got "
+                                                     f"{self.fp8_scaling!r}")
 
     @classmethod
     def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool | None = None, moe_imbalance: float = 1.0,
                 calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
-                ep_dispatcher: str = "dedup", fp8_dispatch: bool = False) -> "PerfOptions":
+                ep_dispatcher: str = "dedup", fp8_dispatch: bool = False,
+                fp8_scaling: str = "tensor") -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
         file's overrides, then a ``calibration`` file's), the overlap switches (``ep_overlap``
         None: wherever the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
         (busiest device's routed tokens over the average, >= 1, or derived per EP size from a
         per-expert load CV ``moe_expert_cv``), the EP dispatcher (``dedup`` | ``all_to_all``), FP8
-        dispatch, and the attention kernel."""
+        dispatch, the attention kernel and the FP8 recipe's scaling (``tensor`` | ``block``)."""
         from dayzero.errors import ConfigError
         from dayzero.planner.calibration import constants_for, load_calibration
         from dayzero.planner.memory_options import check_attention_kernel
@@ -80,7 +91,7 @@ class PerfOptions:
             constants = load_calibration(calibration, constants)
         comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance,
                            moe_expert_cv=moe_expert_cv, ep_dispatcher=ep_dispatcher, fp8_dispatch=fp8_dispatch)
-        return cls(comm=comm, constants=constants, attention_kernel=attention_kernel)
+        return cls(comm=comm, constants=constants, attention_kernel=attention_kernel, fp8_scaling=fp8_scaling)
 
     def with_expert_loads(self, spec: ModelSpec, expert_loads: str | None = None,
                           placement: str | None = None) -> "PerfOptions":
@@ -285,7 +296,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     only the times)."""
     options = options or PerfOptions()
     consts = options.constants or constants_for(cluster)
-    r = rates(cluster, consts)
+    r = replace(rates(cluster, consts), fp8_scaling=options.fp8_scaling)
     g = {k: np.asarray(v) for k, v in grid.items()}
     n = len(g["tp"])
     experts = spec.moe.experts if spec.moe is not None else 0
