@@ -109,6 +109,25 @@ def test_sm_sharing_slowdown_of_overlapped_compute():
     assert overlapped_exposed(10.0, 100.0, 0.0) == 0.0
 
 
+def test_reserved_sms_slow_the_whole_overlapped_window():
+    """DeepSeek-V3 sec. 3.5.1: 20 of the H800's 132 SMs are given to communication, "which will
+    limit the computational throughput": with the compute launched on the other 112 for the whole
+    window, C = 100 ms under c = 10 ms takes 100 x 132/112 = 117.857 ms, adding 17.857 ms (not
+    1.515 ms); c = 150 ms over C = 100 ms adds max(50, 17.857) = 50 ms; a layer with no
+    communication to overlap adds nothing."""
+    from dayzero.planner.comm import overlapped_exposed
+
+    f = PerfConstants().comm_sm_fraction
+    assert float(overlapped_exposed(10.0, 100.0, f, reserved=True)) == pytest.approx(17.857, rel=1e-4)
+    assert float(overlapped_exposed(150.0, 100.0, f, reserved=True)) == pytest.approx(50.0)
+    assert float(overlapped_exposed(0.0, 100.0, f, reserved=True)) == 0.0
+    cl = build_cluster("h100", 64)
+    p = ParallelConfig(pp=4, dp=16, ep=16, gbs=256, mbs=1, seq=4096, schedule="dualpipe")
+    shared = evaluate(MOE, encode([p]), cl, PerfOptions())
+    held = evaluate(MOE, encode([p]), cl, PerfOptions(comm=CommOptions(sm_reserved=True)))
+    assert held.step_s[0] > shared.step_s[0]
+
+
 def test_ep_overlap_is_on_where_the_schedule_runs_it_and_the_flag_pins_it():
     """Megatron-Core's --overlap-moe-expert-parallel-comm (transformer_config.py __post_init__)
     needs ep > 1, no full recompute and a virtual pipeline when pp > 1; DualPipe/DualPipeV overlap

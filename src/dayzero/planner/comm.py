@@ -88,6 +88,11 @@ class CommOptions:
     # the dispatch direction in FP8 (+ 1 x 128 FP32 scales) under FP8/FP4 recipes, the combine in
     # BF16 (DeepSeek-V3 sec. 3.3); off: Megatron-Core's dispatchers send BF16 activations
     fp8_dispatch: bool = False
+    # the overlapped compute launched on the SMs the communication kernels leave for the whole
+    # overlapped window, as DeepSeek-V3 ran DualPipe (sec. 3.5.1: "20 out of the 132 SMs ... for
+    # this purpose, which will limit the computational throughput"); off: the kernels share the
+    # SMs only while the communication is in flight (overlapped_exposed)
+    sm_reserved: bool = False
 
     def __post_init__(self):
         check_dispatcher(self.ep_dispatcher)
@@ -361,7 +366,8 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
     # sets overlap_moe_expert_parallel_comm = False). DualPipe/DualPipeV overlap whole chunks of two
     # micro-batches, whatever a layer holds.
     overlap = np.where(L.mixers > 0, kn(ep_overlapped(g, opt)), kn(1.0 * dual_schedule(g)))
-    exposed = np.where(overlap > 0, overlapped_exposed(total, layer_fb, rates.comm_sm_fraction), total)
+    exposed = np.where(overlap > 0, overlapped_exposed(total, layer_fb, rates.comm_sm_fraction, opt.sm_reserved),
+                       total)
     share = exposed / np.maximum(total, 1e-30)
     hidden = "other micro-batch" if np.any((overlap > 0) & (np.asarray(kinds) > 0)) else ""
     for name, kind, nb, o, t in ep_items:
@@ -400,14 +406,20 @@ def ep_overlapped(grid: dict, opt: CommOptions) -> np.ndarray:
     return 1.0 * np.broadcast_to(dual | megatron, shape)
 
 
-def overlapped_exposed(comm, compute, sm_fraction):
+def overlapped_exposed(comm, compute, sm_fraction, reserved: bool = False):
     """What an all-to-all of ``comm`` seconds adds to ``compute`` seconds it overlaps, while its
     kernels hold ``sm_fraction`` of the device's SMs (DeepSeek-V3 sec. 3.2.2: 20 of the H800's
     132 SMs run the dispatch/combine kernels). The compute runs at (1 - f) while the
     communication is in flight and at full rate after: it ends at C + f c when the communication
     ends first (C >= (1 - f) c), else the pair ends with the communication. The pair takes
-    max(c, C + f c), so it adds max(c - C, f c): the part nothing hides, or the slowdown."""
-    return np.maximum(comm - compute, sm_fraction * comm)
+    max(c, C + f c), so it adds max(c - C, f c): the part nothing hides, or the slowdown.
+
+    ``reserved``: the compute is launched on the 1 - f of the SMs left to it for the whole window
+    (CommOptions.sm_reserved): it takes C / (1 - f), and the pair adds max(c - C, C f / (1 - f));
+    nothing where there is no communication to overlap."""
+    if not reserved:
+        return np.maximum(comm - compute, sm_fraction * comm)
+    return np.where(np.asarray(comm) > 0, np.maximum(comm - compute, compute * sm_fraction / (1 - sm_fraction)), 0.0)
 
 
 def _zero3(L: _Layer) -> list[LayerComm]:
