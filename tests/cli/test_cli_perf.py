@@ -125,3 +125,18 @@ def test_the_ep_dispatcher_is_a_flag_and_follows_the_engine(capsys):
     assert main([*base, "--ep-dispatcher", "carrier-pigeon"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--ep-dispatcher" in err[0]
+
+
+def test_deepseek_fp8_recipe_flags_slow_the_llama_fp8_layout(capsys):
+    """--fp8-scaling block divides the dense FP8 GEMM rate by 1 / 0.688 (planner.fp8_scaling), so
+    the FP8 Llama layout gets slower; a layout without MoE has no all-to-all, so --fp8-dispatch and
+    --comm-sm-reserved leave it as it was (reserved SMs cost only where there is communication to
+    overlap). An unknown scaling is a one-line error."""
+    base = run_json(LLAMA_ARGS, capsys)["time"]["step_s"]
+    block = run_json(LLAMA_ARGS + ["--fp8-scaling", "block"], capsys)["time"]["step_s"]
+    both = run_json(LLAMA_ARGS + ["--fp8-scaling", "block", "--fp8-dispatch", "--comm-sm-reserved"],
+                    capsys)["time"]["step_s"]
+    assert block > base * 1.1
+    assert both == pytest.approx(block)
+    assert main(LLAMA_ARGS + ["--fp8-scaling", "mx"]) == 2
+    assert "--fp8-scaling" in capsys.readouterr().err

@@ -38,10 +38,13 @@ from dayzero.cli.predict import (
     EpDispatcherOpt,
     EpOverlapOpt,
     ExpertLoadsOpt,
+    Fp8DispatchOpt,
+    Fp8RecipeOpt,
     ImbalanceOpt,
     OrderOpt,
     PlacementOpt,
     PrecisionOpt,
+    SmReservedOpt,
     TpOverlapOpt,
     check_precision,
     describe,
@@ -145,6 +148,7 @@ def plan_cmd(
     moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
+    fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0,
     expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
@@ -175,7 +179,8 @@ def plan_cmd(
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
-                               ep_dispatcher=dispatcher_option(ep_dispatcher, engine))
+                               ep_dispatcher=dispatcher_option(ep_dispatcher, engine), fp8_dispatch=fp8_dispatch,
+                               fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),

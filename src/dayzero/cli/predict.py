@@ -51,6 +51,14 @@ EpDispatcherOpt = Annotated[Optional[str], typer.Option("--ep-dispatcher", help=
                                                       "dispatcher) | all-to-all (every routed copy: Megatron's "
                                                       "alltoall, torchtitan, DeepSpeed, dayzero's runtime). Default: "
                                                       "the --engine's, else dedup.")]
+Fp8RecipeOpt = Annotated[str, typer.Option("--fp8-scaling", help="FP8 GEMM scaling: tensor (per-tensor, Transformer "
+                                                                  "Engine) | block (DeepSeek-V3's 1x128 / 128x128 "
+                                                                  "scales, priced from DeepGEMM on H800).")]
+Fp8DispatchOpt = Annotated[bool, typer.Option("--fp8-dispatch", help="Send the MoE dispatch in FP8 (combine in BF16), "
+                                                                   "as DeepSeek-V3 under FP8 recipes.")]
+SmReservedOpt = Annotated[bool, typer.Option("--comm-sm-reserved", help="Overlapped compute runs on the SMs the "
+                                                                      "communication kernels leave for the whole "
+                                                                      "window (DeepSeek-V3's DualPipe: 112 of 132).")]
 ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="Busiest device's routed tokens over the average "
                                                                      "(1.0: balanced).")]
 ExpertLoadsOpt = Annotated[Optional[str], typer.Option("--expert-loads", help="Measured expert loads (a run's "
@@ -85,6 +93,7 @@ def predict_cmd(
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False,
                 ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
+    fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",
@@ -110,7 +119,8 @@ def predict_cmd(
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
-                               ep_dispatcher=dispatcher_option(ep_dispatcher))
+                               ep_dispatcher=dispatcher_option(ep_dispatcher), fp8_dispatch=fp8_dispatch,
+                               fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
     recipe = memory_recipe(moments, act_fp8)
