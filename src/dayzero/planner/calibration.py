@@ -39,21 +39,22 @@ DEFAULT_INTER_EFF = 0.9  # Calculon systems/h100_80g_nvl8.json: IB tier efficien
 class PerfConstants:
     """Fitted efficiency constants. Defaults: fit on the even-id half of published_runs_dev.csv
     (benchmarks/fit_backtest.py, inside the physical bounds of CONSTANT_BOUNDS; rows predicted with
-    the recompute their memory needs, 447 rows with the hybrid Mamba-2 / MoE rows: fit-half MAPE
-    9.5%, held-out half 8.7%; 300 Nelder-Mead steps from the previous constants, 2026-12-02).
-    ``memory_scale`` 1.40: elementwise kernels move their bytes at about 70 % of the HBM peak."""
+    the fastest recompute their memory allows, Megatron's recompute modules included
+    (planner.row_memory), 447 rows: fit-half MAPE 8.2%, held-out half 7.7%; 300 Nelder-Mead steps
+    from the previous constants, 2026-12-03). ``memory_scale`` 1.87: elementwise kernels move
+    their bytes at about 53 % of the HBM peak."""
 
-    gemm_scale_bf16: float = 0.8524  # training GEMM rate / best measured GEMM rate (MAMF), BF16
-    gemm_scale_fp8: float = 0.9998  # same for FP8 GEMMs (Transformer Engine, MXFP8)
-    gemm_scale_fp4: float = 0.7283  # same for NVFP4 GEMMs, relative to the measured-ratio FP4 peak
-    moe_gemm_scale: float = 0.8054  # routed-expert (grouped) GEMM rate / dense GEMM rate
-    gemm_half_dim: float = 28.91  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
-    attention_eff: float = 0.3344  # fused attention forward+backward, fraction of the BF16 peak
-    memory_scale: float = 1.3962  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
-    layer_overhead_s: float = 0.002212  # per layer per micro-batch, forward+backward (kernel launches)
-    moe_expert_overhead_s: float = 0.0001952  # per local expert per MoE layer per micro-batch: per-expert
+    gemm_scale_bf16: float = 0.8849  # training GEMM rate / best measured GEMM rate (MAMF), BF16
+    gemm_scale_fp8: float = 1.0  # same for FP8 GEMMs (Transformer Engine, MXFP8)
+    gemm_scale_fp4: float = 0.6755  # same for NVFP4 GEMMs, relative to the measured-ratio FP4 peak
+    moe_gemm_scale: float = 0.7482  # routed-expert (grouped) GEMM rate / dense GEMM rate
+    gemm_half_dim: float = 31.59  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
+    attention_eff: float = 0.3363  # fused attention forward+backward, fraction of the BF16 peak
+    memory_scale: float = 1.873  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
+    layer_overhead_s: float = 0.001601  # per layer per micro-batch, forward+backward (kernel launches)
+    moe_expert_overhead_s: float = 0.0002251  # per local expert per MoE layer per micro-batch: per-expert
     #                                      kernels (weight casts, GEMM setup, gradient buffers)
-    flash2_max_tflops: float = 167.7  # FlashAttention-2 kernels (pre-Hopper MMA) saturate near this;
+    flash2_max_tflops: float = 171.7  # FlashAttention-2 kernels (pre-Hopper MMA) saturate near this;
     #                                   the FA3 paper (Shah et al. 2024) measures FA2 at 35-40 % of an H100
     intra_eff: float | None = None  # scale-up collective efficiency (None: catalog busbw / nominal)
     inter_eff: float = DEFAULT_INTER_EFF  # scale-out collective efficiency
