@@ -77,3 +77,34 @@ def test_clamped_swiglu_runs_eagerly_and_moves_six_times_the_bytes_of_a_fused_sw
     extra = 65_536 * 15 * 2_880 * 2 * c.memory_scale / r.hbm_bw
     assert eager.fwd[0, 0] - plain.fwd[0, 0] == pytest.approx(extra, rel=1e-9)
     assert eager.bwd[0, 0] - plain.bwd[0, 0] == pytest.approx(2 * extra, rel=1e-9)
+
+
+def test_each_moe_layer_forward_waits_once_on_the_dispatch_host_sync():
+    """Megatron-Core's dropless all-to-all dispatcher copies the split sizes to the host and
+    synchronises the stream before the EP all-to-all (MoEAlltoAllTokenDispatcher.preprocess,
+    cuda_sync_point "before_ep_alltoall", megatron/core/transformer/moe/token_dispatcher.py): one
+    stall of ``moe_sync_s`` per MoE layer forward, none on a dense layer, and one more in the
+    backward only where recompute replays the MoE module (full, or selective with ``moe``; not
+    ``moe_act``, which replays the activation alone). By hand with moe_sync_s = 1 ms: MoE forward
+    +1 ms, dense +0; backward +0 / +1 / +1 / +0 ms for none / full / selective(moe) /
+    selective(moe_act); the first three layers of DeepSeek-V3 are dense."""
+    from dayzero.specs.cluster import build_cluster
+    from dayzero.specs.hardware import get_accelerator
+    from dayzero.specs.parallel import ParallelConfig
+    from dayzero.specs.registry import load_model
+
+    spec = load_model("deepseek-v3")
+    cluster = build_cluster(get_accelerator("nvidia_h100_sxm"), 256)
+    base = ParallelConfig(tp=1, pp=16, dp=16, ep=8, mbs=1, gbs=256, seq=4096)
+    layouts = [base, base.with_(recompute="full"), base.with_(recompute="selective", recompute_modules=("moe",)),
+               base.with_(recompute="selective", recompute_modules=("moe_act",))]
+    grid = {k: np.asarray(v) for k, v in encode(layouts).items()}
+    on, off = PerfConstants(moe_sync_s=1e-3), PerfConstants(moe_sync_s=0.0)
+    a = compute_costs(spec, grid, rates(cluster, on), on)
+    b = compute_costs(spec, grid, rates(cluster, off), off)
+    kinds = [k for k, *_ in layer_classes(spec)]
+    moe, dense = kinds.index("moe"), kinds.index("dense")
+    np.testing.assert_allclose(a.fwd[moe] - b.fwd[moe], 1e-3, rtol=1e-9)
+    np.testing.assert_allclose(a.fwd[dense] - b.fwd[dense], 0.0, atol=1e-15)
+    np.testing.assert_allclose(a.bwd[moe] - b.bwd[moe], [0.0, 1e-3, 1e-3, 0.0], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(a.bwd[dense] - b.bwd[dense], 0.0, atol=1e-15)
