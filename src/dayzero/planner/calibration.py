@@ -41,28 +41,29 @@ class PerfConstants:
     (benchmarks/fit_backtest.py, inside the physical bounds of CONSTANT_BOUNDS; rows predicted with
     the fastest recompute their memory allows, Megatron's recompute modules included
     (planner.row_memory), and the MoE dispatch's host sync (``moe_sync_s``), 447 rows: fit-half
-    MAPE 8.2%, held-out half 7.7%; 300 Nelder-Mead steps, 2026-12-03). ``memory_scale`` 1.87:
-    elementwise kernels move their bytes at about 53 % of the HBM peak."""
+    MAPE 8.2%, held-out half 7.7%; 300 Nelder-Mead steps, 2026-12-03). ``memory_scale`` 1.85:
+    elementwise kernels move their bytes at about 54 % of the HBM peak."""
 
-    gemm_scale_bf16: float = 0.8775  # training GEMM rate / best measured GEMM rate (MAMF), BF16
-    gemm_scale_fp8: float = 0.9988  # same for FP8 GEMMs (Transformer Engine, MXFP8)
-    gemm_scale_fp4: float = 0.6489  # same for NVFP4 GEMMs, relative to the measured-ratio FP4 peak
-    moe_gemm_scale: float = 0.7786  # routed-expert (grouped) GEMM rate / dense GEMM rate
-    gemm_half_dim: float = 37  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
-    attention_eff: float = 0.336  # fused attention forward+backward, fraction of the BF16 peak
-    memory_scale: float = 1.866  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
-    layer_overhead_s: float = 0.001389  # per layer per micro-batch, forward+backward (kernel launches)
-    moe_expert_overhead_s: float = 0.0002152  # per local expert per MoE layer per micro-batch: per-expert
+    gemm_scale_bf16: float = 0.8787  # training GEMM rate / best measured GEMM rate (MAMF), BF16
+    gemm_scale_fp8: float = 0.9989  # same for FP8 GEMMs (Transformer Engine, MXFP8)
+    gemm_scale_fp4: float = 0.6517  # same for NVFP4 GEMMs, relative to the measured-ratio FP4 peak
+    moe_gemm_scale: float = 0.7801  # routed-expert (grouped) GEMM rate / dense GEMM rate
+    gemm_half_dim: float = 36.26  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
+    attention_eff: float = 0.3359  # fused attention forward+backward, fraction of the BF16 peak
+    memory_scale: float = 1.85  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
+    layer_overhead_s: float = 0.001429  # per layer per micro-batch, forward+backward (kernel launches)
+    moe_expert_overhead_s: float = 0.0002286  # per local expert per MoE layer per micro-batch: per-expert
     #                                      kernels (weight casts, GEMM setup, gradient buffers)
-    # per MoE layer per forward (and per recomputed forward of the MoE module): the GPU idles on a
-    # host sync. A dropless dispatcher needs the per-rank row counts on the host before the EP
-    # all-to-all and the grouped GEMM (split sizes, tokens_per_expert as a host list): Megatron-Core
-    # MoEAlltoAllTokenDispatcher.preprocess copies them device-to-host and synchronises the stream at
-    # its cuda_sync_point ("before_ep_alltoall" when dropless with ep > 1,
-    # megatron/core/transformer/moe/token_dispatcher.py), which drains the CPU's launch queue; the
-    # kernels after it start only as fast as the host launches them
-    moe_sync_s: float = 0.0005195
-    flash2_max_tflops: float = 169.4  # FlashAttention-2 kernels (pre-Hopper MMA) saturate near this;
+    # per MoE layer per forward (and per recomputed forward of the MoE module), with the EP split-size
+    # exchange (planner.comm): the host round trip before the dispatch. A dropless dispatcher needs
+    # the per-rank row counts on the host before the EP all-to-all and the grouped GEMM (split sizes,
+    # tokens_per_expert as a host list): Megatron-Core MoEAlltoAllTokenDispatcher.preprocess copies
+    # them device-to-host and synchronises at its cuda_sync_point ("before_ep_alltoall" when
+    # dropless with ep > 1, megatron/core/transformer/moe/token_dispatcher.py), which drains the
+    # CPU's launch queue: the kernels after it start only as fast as the host launches them, unless
+    # another micro-batch's work is queued (EP overlap), which then hides it as it hides the all-to-all
+    moe_sync_s: float = 0.0006195
+    flash2_max_tflops: float = 170.3  # FlashAttention-2 kernels (pre-Hopper MMA) saturate near this;
     #                                   the FA3 paper (Shah et al. 2024) measures FA2 at 35-40 % of an H100
     intra_eff: float | None = None  # scale-up collective efficiency (None: catalog busbw / nominal)
     inter_eff: float = DEFAULT_INTER_EFF  # scale-out collective efficiency
@@ -191,6 +192,7 @@ class Rates:
     domain: int  # ranks per scale-up domain the job fills
     native: tuple[bool, bool, bool] = (True, True, True)  # bf16, fp8, fp4 units exist (else GEMMs fall back)
     comm_sm_fraction: float = 20 / 132  # PerfConstants.comm_sm_fraction
+    moe_sync_s: float = 0.0  # PerfConstants.moe_sync_s
 
     def gemm_rate(self, code):
         """Large-GEMM FLOP/s for precision codes (the grid's: 0 bf16, 1 fp8, 2 fp4; array in, array out)."""
@@ -234,4 +236,5 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
     return Rates(peak=peak, gemm_eff=eff, attention_flops=fused,
                  flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
                  hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster),
-                 native=tuple(p in acc.peak_flops for p in PRECISIONS), comm_sm_fraction=constants.comm_sm_fraction)
+                 native=tuple(p in acc.peak_flops for p in PRECISIONS), comm_sm_fraction=constants.comm_sm_fraction,
+                 moe_sync_s=constants.moe_sync_s)

@@ -14,9 +14,9 @@ For one micro-batch on one device, each decoder layer is split into
 * **Memory-bound kernels** (norms, residual adds, activation functions, rotary, layout copies,
   MoE permutation, FP8/FP4 casts): counted bytes x a fitted ratio / HBM bandwidth; backward =
   2 x forward bytes.
-* A fixed **overhead** per layer and micro-batch (kernel launches, synchronisation), per local
-  expert of a MoE layer, and per MoE layer forward the host sync before the token dispatch
-  (``PerfConstants.moe_sync_s``; again in the backward where recompute replays the MoE module).
+* A fixed **overhead** per layer and micro-batch (kernel launches, synchronisation), and per local
+  expert of a MoE layer (the host sync before a MoE layer's token dispatch is part of its EP
+  split-size exchange: :mod:`dayzero.planner.comm`).
 
 Recompute adds the forward again (full), or under selective recompute the forward of each module
 it checkpoints (:func:`module_replay`; core_attn alone: the attention core). MoE expert
@@ -199,10 +199,8 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
                   "shared_experts": inside.get("shared_g", 0.0) + mem_s(inside.get("shared_el", 0.0))}
         re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, module_replay(replay, modules), 0.0))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
-        sync = c.moe_sync_s if kind == "moe" else 0.0
-        again = np.where(recompute == FULL, 1.0, np.where(recompute == SELECTIVE, _replays_moe(modules), 0.0))
-        fwd.append(f + ovh / 3 + sync)
-        bwd.append(2 * t_g + attn_bwd + t_mem_bwd + 2 * t_x + re + 2 * ovh / 3 + sync * again)
+        fwd.append(f + ovh / 3)
+        bwd.append(2 * t_g + attn_bwd + t_mem_bwd + 2 * t_x + re + 2 * ovh / 3)
         gemm_f.append(t_g)
         attn_f.append(attn)
 
@@ -213,11 +211,6 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
                         first_extra=first, last_extra=last, dense_params=_rows(dense_p, n),
                         expert_params=_rows(expert_p, n), first_params=np.broadcast_to(emb_params / tp, n),
                         last_params=np.broadcast_to(head_params / tp, n))
-
-
-def _replays_moe(modules):
-    """1.0 where selective recompute replays the whole MoE module (its dispatch, and the sync before it)."""
-    return 1.0 * ((np.asarray(modules) & MODULE_BIT["moe"]) > 0)
 
 
 def module_replay(replay: dict, modules):
