@@ -213,8 +213,8 @@ def constrained_fields(cases: list[Case]) -> tuple[str, ...]:
     moe = any(c.spec.is_moe for c in cases)
     flash2 = any(c.options.attention_kernel == "flash2" for c in cases)
     need = {"gemm_scale_bf16": "bf16" in precisions, "gemm_scale_fp8": "fp8" in precisions,
-            "gemm_scale_fp4": "fp4" in precisions, "moe_gemm_scale": moe, "moe_expert_overhead_s": moe, "moe_sync_s": moe,
-            "flash2_max_tflops": flash2}
+            "gemm_scale_fp4": "fp4" in precisions, "moe_gemm_scale": moe, "moe_expert_overhead_s": moe,
+            "moe_sync_s": moe, "flash2_max_tflops": flash2}
     return tuple(f for f in FIT_FIELDS if need.get(f, True))
 
 

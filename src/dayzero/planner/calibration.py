@@ -132,7 +132,8 @@ def check_bound(v, bound: tuple[float, float, bool], source: str, key: str) -> f
 # peak a calibration measured on this cluster, replacing catalog measurement x fitted scale.
 CLUSTER_KEYS = {"moe_gemm": "moe_gemm_scale", "attention": "attention_eff", "memory_scale": "memory_scale",
                 "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
-                "moe_expert_overhead_s": "moe_expert_overhead_s", "moe_sync_s": "moe_sync_s", "gemm_half_dim": "gemm_half_dim",
+                "moe_expert_overhead_s": "moe_expert_overhead_s", "moe_sync_s": "moe_sync_s",
+                "gemm_half_dim": "gemm_half_dim",
                 "optimizer_bytes_per_param": "optimizer_bytes_per_param", "comm_sm_fraction": "comm_sm_fraction"}
 GEMM_KEYS = ("gemm", "gemm_bf16", "gemm_fp8", "gemm_fp4")
 

@@ -120,7 +120,8 @@ def _grads(engine: Engine) -> list[int | None]:
     return [None, BF16_GRAD_BYTES] if engine.megatron else [None]
 
 
-def _fitting(spec, p: ParallelConfig, cluster: Cluster, engine: Engine, recompute_stated: bool) -> Settled | None:
+def _fitting(spec: ModelSpec, p: ParallelConfig, cluster: Cluster, engine: Engine,
+             recompute_stated: bool) -> Settled | None:
     """``p`` with the first gradient buffer of the engine's that fits, or None."""
     for grads in _grads(engine):
         opts = engine_memory(cluster, engine, p.zero, grads)
