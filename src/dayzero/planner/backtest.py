@@ -29,7 +29,7 @@ from dayzero.specs.grid import encode
 
 GROUP_BY = ("source", "model", "accelerator", "precision")  # precision groups on the recipe: bf16 fp8 mxfp8 fp4
 FIT_FIELDS = ("gemm_scale_bf16", "gemm_scale_fp8", "gemm_scale_fp4", "moe_gemm_scale", "gemm_half_dim", "attention_eff",
-              "memory_scale", "layer_overhead_s", "moe_expert_overhead_s", "flash2_max_tflops")
+              "memory_scale", "layer_overhead_s", "moe_expert_overhead_s", "moe_sync_s", "flash2_max_tflops")
 
 
 def half_of(row_id: str) -> str:
@@ -214,7 +214,7 @@ def constrained_fields(cases: list[Case]) -> tuple[str, ...]:
     flash2 = any(c.options.attention_kernel == "flash2" for c in cases)
     need = {"gemm_scale_bf16": "bf16" in precisions, "gemm_scale_fp8": "fp8" in precisions,
             "gemm_scale_fp4": "fp4" in precisions, "moe_gemm_scale": moe, "moe_expert_overhead_s": moe,
-            "flash2_max_tflops": flash2}
+            "moe_sync_s": moe, "flash2_max_tflops": flash2}
     return tuple(f for f in FIT_FIELDS if need.get(f, True))
 
 

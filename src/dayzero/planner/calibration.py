@@ -39,21 +39,31 @@ DEFAULT_INTER_EFF = 0.9  # Calculon systems/h100_80g_nvl8.json: IB tier efficien
 class PerfConstants:
     """Fitted efficiency constants. Defaults: fit on the even-id half of published_runs_dev.csv
     (benchmarks/fit_backtest.py, inside the physical bounds of CONSTANT_BOUNDS; rows predicted with
-    the recompute their memory needs, 447 rows with the hybrid Mamba-2 / MoE rows: fit-half MAPE
-    9.5%, held-out half 8.7%; 300 Nelder-Mead steps from the previous constants, 2026-12-02).
-    ``memory_scale`` 1.40: elementwise kernels move their bytes at about 70 % of the HBM peak."""
+    the fastest recompute their memory allows, Megatron's recompute modules included
+    (planner.row_memory), and the MoE dispatch's host sync (``moe_sync_s``), 447 rows: fit-half
+    MAPE 8.2%, held-out half 7.7%; 300 Nelder-Mead steps, 2026-12-03). ``memory_scale`` 1.85:
+    elementwise kernels move their bytes at about 54 % of the HBM peak."""
 
-    gemm_scale_bf16: float = 0.8524  # training GEMM rate / best measured GEMM rate (MAMF), BF16
-    gemm_scale_fp8: float = 0.9998  # same for FP8 GEMMs (Transformer Engine, MXFP8)
-    gemm_scale_fp4: float = 0.7283  # same for NVFP4 GEMMs, relative to the measured-ratio FP4 peak
-    moe_gemm_scale: float = 0.8054  # routed-expert (grouped) GEMM rate / dense GEMM rate
-    gemm_half_dim: float = 28.91  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
-    attention_eff: float = 0.3344  # fused attention forward+backward, fraction of the BF16 peak
-    memory_scale: float = 1.3962  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
-    layer_overhead_s: float = 0.002212  # per layer per micro-batch, forward+backward (kernel launches)
-    moe_expert_overhead_s: float = 0.0001952  # per local expert per MoE layer per micro-batch: per-expert
+    gemm_scale_bf16: float = 0.8787  # training GEMM rate / best measured GEMM rate (MAMF), BF16
+    gemm_scale_fp8: float = 0.9989  # same for FP8 GEMMs (Transformer Engine, MXFP8)
+    gemm_scale_fp4: float = 0.6517  # same for NVFP4 GEMMs, relative to the measured-ratio FP4 peak
+    moe_gemm_scale: float = 0.7801  # routed-expert (grouped) GEMM rate / dense GEMM rate
+    gemm_half_dim: float = 36.26  # GEMM efficiency = d / (d + half_dim), d its smallest dimension
+    attention_eff: float = 0.3359  # fused attention forward+backward, fraction of the BF16 peak
+    memory_scale: float = 1.85  # real / counted bytes of memory-bound kernels (norms, casts, permutes)
+    layer_overhead_s: float = 0.001429  # per layer per micro-batch, forward+backward (kernel launches)
+    moe_expert_overhead_s: float = 0.0002286  # per local expert per MoE layer per micro-batch: per-expert
     #                                      kernels (weight casts, GEMM setup, gradient buffers)
-    flash2_max_tflops: float = 167.7  # FlashAttention-2 kernels (pre-Hopper MMA) saturate near this;
+    # per MoE layer per forward (and per recomputed forward of the MoE module), with the EP split-size
+    # exchange (planner.comm): the host round trip before the dispatch. A dropless dispatcher needs
+    # the per-rank row counts on the host before the EP all-to-all and the grouped GEMM (split sizes,
+    # tokens_per_expert as a host list): Megatron-Core MoEAlltoAllTokenDispatcher.preprocess copies
+    # them device-to-host and synchronises at its cuda_sync_point ("before_ep_alltoall" when
+    # dropless with ep > 1, megatron/core/transformer/moe/token_dispatcher.py), which drains the
+    # CPU's launch queue: the kernels after it start only as fast as the host launches them, unless
+    # another micro-batch's work is queued (EP overlap), which then hides it as it hides the all-to-all
+    moe_sync_s: float = 0.0006195
+    flash2_max_tflops: float = 170.3  # FlashAttention-2 kernels (pre-Hopper MMA) saturate near this;
     #                                   the FA3 paper (Shah et al. 2024) measures FA2 at 35-40 % of an H100
     intra_eff: float | None = None  # scale-up collective efficiency (None: catalog busbw / nominal)
     inter_eff: float = DEFAULT_INTER_EFF  # scale-out collective efficiency
@@ -99,6 +109,7 @@ CONSTANT_BOUNDS = {
     "attention_eff": FRACTION, "intra_eff": FRACTION, "inter_eff": FRACTION,
     "gemm_half_dim": (0.0, 1e5, False), "memory_scale": (0.0, 20.0, True),
     "layer_overhead_s": (0.0, 1.0, False), "moe_expert_overhead_s": (0.0, 1.0, False),
+    "moe_sync_s": (0.0, 1.0, False),
     "flash2_max_tflops": (0.0, 1e5, True), "optimizer_bytes_per_param": (0.0, 1000.0, True),
     "gemm_eff_scale": (0.0, MEASURED_FRACTION_MAX, True), "comm_sm_fraction": (0.0, 1.0, False),
 }
@@ -121,7 +132,8 @@ def check_bound(v, bound: tuple[float, float, bool], source: str, key: str) -> f
 # peak a calibration measured on this cluster, replacing catalog measurement x fitted scale.
 CLUSTER_KEYS = {"moe_gemm": "moe_gemm_scale", "attention": "attention_eff", "memory_scale": "memory_scale",
                 "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
-                "moe_expert_overhead_s": "moe_expert_overhead_s", "gemm_half_dim": "gemm_half_dim",
+                "moe_expert_overhead_s": "moe_expert_overhead_s", "moe_sync_s": "moe_sync_s",
+                "gemm_half_dim": "gemm_half_dim",
                 "optimizer_bytes_per_param": "optimizer_bytes_per_param", "comm_sm_fraction": "comm_sm_fraction"}
 GEMM_KEYS = ("gemm", "gemm_bf16", "gemm_fp8", "gemm_fp4")
 
@@ -181,6 +193,7 @@ class Rates:
     domain: int  # ranks per scale-up domain the job fills
     native: tuple[bool, bool, bool] = (True, True, True)  # bf16, fp8, fp4 units exist (else GEMMs fall back)
     comm_sm_fraction: float = 20 / 132  # PerfConstants.comm_sm_fraction
+    moe_sync_s: float = 0.0  # PerfConstants.moe_sync_s
     fp8_scaling: str = "tensor"  # the FP8 recipe's scaling (planner.fp8_scaling): tensor | block
 
     def gemm_rate(self, code):
@@ -225,4 +238,5 @@ def rates(cluster: Cluster, constants: PerfConstants) -> Rates:
     return Rates(peak=peak, gemm_eff=eff, attention_flops=fused,
                  flash2_flops=min(fused, constants.flash2_max_tflops * 1e12),
                  hbm_bw=acc.hbm_bw, intra=intra, inter=inter, domain=scaleup_domain(cluster),
-                 native=tuple(p in acc.peak_flops for p in PRECISIONS), comm_sm_fraction=constants.comm_sm_fraction)
+                 native=tuple(p in acc.peak_flops for p in PRECISIONS), comm_sm_fraction=constants.comm_sm_fraction,
+                 moe_sync_s=constants.moe_sync_s)

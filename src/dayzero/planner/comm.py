@@ -23,7 +23,7 @@ Per layer and micro-batch (time added to the stage that runs the layer):
   Exposed unless overlapped with another micro-batch's compute (DualPipe-style), then exposed beyond
   the layer's compute; a hybrid stack's MoE layer (no token mixer in the layer) is never overlapped
   (Megatron-LM issue #5854). Before each dispatch the per-expert token counts are all-gathered over
-  the ep group (the split sizes).
+  the ep group (the split sizes) and the host waits for them (``PerfConstants.moe_sync_s``).
 * **ZeRO-3**: parameter all-gather before forward and backward, gradient reduce-scatter after
   backward, over dp x cp (experts: edp); prefetched one layer ahead, so exposed beyond the
   layer's own compute (plus the first layer's gather, once per micro-batch and model chunk).
@@ -345,7 +345,9 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
     # once per forward (and recomputed forward), the backward reuses the splits
     counts = np.asarray(g["ep"], float) * moe.experts * COUNT_BYTES
     count_ops = kn(kinds * (np.asarray(g["ep"]) > 1) * (1 + full))
-    t_counts = coll("all_gather", counts, groups, "ep", rates)
+    # then the host waits for them (the split sizes on the CPU before the all-to-all is launched):
+    # PerfConstants.moe_sync_s per exchange, hidden like the all-to-all where another micro-batch overlaps
+    t_counts = coll("all_gather", counts, groups, "ep", rates) + rates.moe_sync_s
     ep_items = [("ep token counts", "all_gather", counts, count_ops, t_counts)]
     for direction in ("dispatch", "combine"):
         if opt.ep_dispatcher == "dedup":

@@ -14,7 +14,9 @@ For one micro-batch on one device, each decoder layer is split into
 * **Memory-bound kernels** (norms, residual adds, activation functions, rotary, layout copies,
   MoE permutation, FP8/FP4 casts): counted bytes x a fitted ratio / HBM bandwidth; backward =
   2 x forward bytes.
-* A fixed **overhead** per layer and micro-batch (kernel launches, synchronisation).
+* A fixed **overhead** per layer and micro-batch (kernel launches, synchronisation), and per local
+  expert of a MoE layer (the host sync before a MoE layer's token dispatch is part of its EP
+  split-size exchange: :mod:`dayzero.planner.comm`).
 
 Recompute adds the forward again (full), or under selective recompute the forward of each module
 it checkpoints (:func:`module_replay`; core_attn alone: the attention core). MoE expert

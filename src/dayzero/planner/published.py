@@ -385,7 +385,7 @@ def case_of(row: dict) -> Case:
     options = _options(row, recipe, feats)
     engine = Engine(megatron=megatron_family(row), attention_kernel=options.attention_kernel,
                     fused_loss=fused_loss(row))
-    settled = settle(spec, parallel, cluster, engine, recompute_stated=recompute is not None)
+    settled = settle(spec, parallel, cluster, engine, recompute_stated=recompute is not None, options=options)
     parallel = settled.parallel
     assumed.extend(Assumption("memory", a) for a in settled.assumed)
     published = published or tokens_from_tflops(row, spec, seq, parallel.recompute, assumed)

@@ -11,7 +11,17 @@ fits, cheapest meaning least step time:
    ``recipe.trainer.plugins.grad_reduce_in_fp32 = False``; NVIDIA-NeMo/Megatron-Bridge
    ``scripts/performance/configs/deepseek/deepseek_llm_pretrain.py``: ``cfg.ddp.grad_reduce_in_fp32
    = False``); it costs no time;
-3. selective recompute (core attention), then full recompute (Korthikanti et al. 2022: +1 forward).
+3. recompute: of the recompute settings the engine runs that fit, the one with the least predicted
+   step time (:func:`recompute_levels`, timed by :func:`dayzero.planner.perf.evaluate` with the
+   shipped constants): selective recompute of the attention core, full recompute (Korthikanti et
+   al. 2022: +1 forward), and in the Megatron family selective recompute of any set of Megatron-Core's
+   recompute modules (``recompute_modules``: moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts,
+   core_attn). Megatron-Bridge's MoE performance presets recompute modules, not whole layers
+   (NVIDIA-NeMo/Megatron-Bridge ``scripts/performance/configs/deepseek/deepseek_workload_base_configs.py``:
+   ``recompute_modules=["mla_up_proj"]`` on GB200, ``["mlp", "moe_act"]`` on GB300 FP8-CS;
+   ``kimi/kimi_workload_base_configs.py``: ``["mla_up_proj"]``; ``scripts/moe_model_zoo/examples/qwen3/
+   launch_qwen235b.sh``: ``recompute_modules="moe_act layernorm"``), so a run that does not fit
+   without recompute pays for the modules it drops, not for a whole forward.
 
 A stated setting is never changed. When no allowed setting fits, the row keeps the stated (or
 default) settings and is reported as not fitting: the memory model, not the run, is then wrong.
@@ -20,12 +30,15 @@ default) settings and is reported as not fitting: the memory model, not the run,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
 
 from dayzero.planner.memory import estimate_memory
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import RECOMPUTES, ParallelConfig, zero_shards
+from dayzero.specs.parallel import RECOMPUTE_MODULES, ParallelConfig, zero_shards
 
 FUSED_LOSS_LOGITS_BYTES = 2  # BF16 logits, gradient in place (Engine.fused_loss)
 BF16_GRAD_BYTES = 2  # the engine default is MemoryOptions.grad_bytes: FP32 (Megatron-LM: bf16 implies fp32 grad reduce)
@@ -71,30 +84,88 @@ def engine_memory(cluster: Cluster, engine: Engine, zero: int, grad_bytes: int |
     return MemoryOptions.for_run(cluster.accelerator, engine.attention_kernel, **kw)
 
 
-def _ladder(parallel: ParallelConfig, engine: Engine, recompute_stated: bool) -> list[tuple[str, int | None]]:
-    modes = [parallel.recompute] if recompute_stated else list(RECOMPUTES)
-    grads = [None, BF16_GRAD_BYTES] if engine.megatron else [None]
-    return [(rc, g) for rc in modes for g in grads]
+def recompute_modules_sets(spec: ModelSpec) -> list[tuple[str, ...]]:
+    """Every set of Megatron-Core recompute modules that drops a different set of ``spec``'s saved
+    tensors (:data:`dayzero.planner.activations.MODULE_TERMS`): modules that drop nothing on this
+    model are left out, and of sets that drop the same tensors only the smallest is kept (``moe``
+    already drops what ``moe_act`` and ``shared_experts`` drop)."""
+    from dayzero.planner.activations import Dims, layer_terms, module_terms
+
+    names = set()
+    for k in set(spec.layer_types):
+        names |= set(layer_terms(spec, k, MemoryOptions(), Dims(seq=1, mbs=1, tp=1, cp=1)))
+    useful = [m for m in RECOMPUTE_MODULES if module_terms(spec, m, names)]
+    out, seen = [], set()
+    for n in range(1, len(useful) + 1):
+        for ms in combinations(useful, n):
+            dropped = frozenset(t for m in ms for t in module_terms(spec, m, names))
+            if dropped not in seen:
+                seen.add(dropped)
+                out.append(ms)
+    return out
+
+
+def recompute_levels(spec: ModelSpec, parallel: ParallelConfig, engine: Engine) -> list[ParallelConfig]:
+    """The recompute settings of ``parallel`` the engine runs, beyond none: selective recompute of
+    the attention core, of every :func:`recompute_modules_sets` set (Megatron family only:
+    ``recompute_modules`` is Megatron-Core's), and full recompute."""
+    sets = recompute_modules_sets(spec) if engine.megatron else []
+    if ("core_attn",) not in sets:
+        sets = [("core_attn",), *sets]
+    return [parallel.with_(recompute="selective", recompute_modules=ms) for ms in sets] + \
+        [parallel.with_(recompute="full", recompute_modules=())]
+
+
+def _grads(engine: Engine) -> list[int | None]:
+    return [None, BF16_GRAD_BYTES] if engine.megatron else [None]
+
+
+def _fitting(spec: ModelSpec, p: ParallelConfig, cluster: Cluster, engine: Engine,
+             recompute_stated: bool) -> Settled | None:
+    """``p`` with the first gradient buffer of the engine's that fits, or None."""
+    for grads in _grads(engine):
+        opts = engine_memory(cluster, engine, p.zero, grads)
+        frac = estimate_memory(spec, p, cluster.memory_bytes, opts).utilization
+        if frac <= 1.0:
+            return Settled(p, opts, frac, _notes(p, grads, recompute_stated))
+    return None
+
+
+def _notes(p: ParallelConfig, grads: int | None, recompute_stated: bool) -> tuple[str, ...]:
+    notes = []
+    if not recompute_stated:
+        words = p.recompute if p.recompute != "selective" else "selective (" + ", ".join(p.recompute_modules) + ")"
+        notes.append(f"recompute blank: {words}")
+    if grads is not None:
+        notes.append("gradient buffer in bf16 (grad_reduce_in_fp32 off, the performance recipes' setting)")
+    return tuple(notes)
+
+
+def _fastest_first(spec: ModelSpec, layouts: list[ParallelConfig], cluster: Cluster, options) -> list[ParallelConfig]:
+    """``layouts`` (one layout under several recompute settings) by predicted step time, fastest
+    first (shipped constants; a tie keeps the given order)."""
+    from dayzero.planner.perf import PerfOptions, evaluate
+    from dayzero.specs.grid import encode
+
+    ev = evaluate(spec, encode(layouts), cluster, options or PerfOptions(), layer_split=layouts[0].layer_split,
+                  inventory=False)
+    return [layouts[i] for i in np.argsort(ev.step_s, kind="stable")]
 
 
 def settle(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, engine: Engine,
-           recompute_stated: bool) -> Settled:
-    """The row's layout with its blank memory settings chosen (module docstring) and its peak fraction."""
-    first: Settled | None = None
-    for rc, grads in _ladder(parallel, engine, recompute_stated):
-        p = parallel.with_(recompute=rc)
-        opts = engine_memory(cluster, engine, p.zero, grads)
-        frac = estimate_memory(spec, p, cluster.memory_bytes, opts).utilization
-        notes = []
-        if not recompute_stated:
-            notes.append(f"recompute blank: {rc}")
-        if grads is not None:
-            notes.append("gradient buffer in bf16 (grad_reduce_in_fp32 off, the performance recipes' setting)")
-        s = Settled(p, opts, frac, tuple(notes))
-        if first is None:
-            first = s
-        if s.fits:
-            return s
-    assert first is not None
-    return Settled(first.parallel, first.memory, first.fraction,
-                   first.assumed + ("no setting the recipe allows fits the predicted peak",))
+           recompute_stated: bool, options=None) -> Settled:
+    """The row's layout with its blank memory settings chosen (module docstring) and its peak
+    fraction; ``options``: the row's PerfOptions, which time the recompute settings."""
+    first = parallel if recompute_stated else parallel.with_(recompute="none", recompute_modules=())
+    found = _fitting(spec, first, cluster, engine, recompute_stated)
+    if found is None and not recompute_stated:
+        for p in _fastest_first(spec, recompute_levels(spec, parallel, engine), cluster, options):
+            found = _fitting(spec, p, cluster, engine, recompute_stated)
+            if found is not None:
+                break
+    if found is not None:
+        return found
+    opts = engine_memory(cluster, engine, first.zero)
+    frac = estimate_memory(spec, first, cluster.memory_bytes, opts).utilization
+    return Settled(first, opts, frac,
+                   _notes(first, None, recompute_stated) + ("no setting the recipe allows fits the predicted peak",))
