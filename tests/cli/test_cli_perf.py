@@ -128,7 +128,7 @@ def test_the_ep_dispatcher_is_a_flag_and_follows_the_engine(capsys):
 
 
 def test_deepseek_fp8_recipe_flags_slow_the_llama_fp8_layout(capsys):
-    """--fp8-scaling block divides the dense FP8 GEMM rate by 1 / 0.688 (planner.fp8_scaling), so
+    """--fp8-scaling block multiplies the dense FP8 GEMM rate by 0.691 (planner.fp8_scaling), so
     the FP8 Llama layout gets slower; a layout without MoE has no all-to-all, so --fp8-dispatch and
     --comm-sm-reserved leave it as it was (reserved SMs cost only where there is communication to
     overlap). An unknown scaling is a one-line error."""
