@@ -43,13 +43,12 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import replace
 
 from dayzero.planner.memory_options import MOMENT_BYTES, MemoryOptions
 from dayzero.planner.perf import PerfOptions
 from dayzero.planner.predict import predict
 from dayzero.planner.search import SearchSpace, plan
-from dayzero.planner.training_cost import batch_ramp, schedule_wall_clock
+from dayzero.planner.training_cost import batch_ramp, layout_wall_clock
 from dayzero.specs.cluster import build_cluster, get_cluster
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
@@ -79,19 +78,10 @@ def wall_clock_row(spec, layout: ParallelConfig, cluster, options: PerfOptions, 
     linear in tokens, 8 phases, each a multiple of dp = 128), then 15,360; and the failure model of
     planner.training_cost (Llama 3's interruption rate, 10 min restarts, synchronous checkpoints of
     the busiest rank's weights and optimizer states at Llama 3's 122 MB/s per GPU: DeepSeek
-    publishes none of these). DualPipe needs >= 2 pp micro-batches per rank (dualpipe.py): batches
-    below 2 x 16 x 128 = 4,096 are timed at 4,096's tokens/s (0.3 % of the tokens)."""
-    smallest = 2 * layout.pp * layout.dp * layout.mbs
-
-    def step_s(gbs: int) -> float:
-        g = max(gbs, smallest)
-        pred = predict(spec, replace(layout, gbs=g), cluster, options, memory_options=memory)
-        return pred["time"]["step_s"] * gbs / g
-
-    busiest = max(final["memory"]["stages"], key=lambda s: s["total"])
+    publishes none of these). DualPipe needs >= 2 pp micro-batches per rank (dualpipe.py): the
+    3,840 phase is timed at 4,096's tokens/s (training_cost.layout_wall_clock)."""
     phases = batch_ramp(3072, 15360, 469e9, 14.8e12, multiple=layout.dp * layout.mbs)
-    w = schedule_wall_clock(phases, step_s, seq=layout.seq, devices=final["devices"],
-                            state_bytes_per_device=busiest["weights"] + busiest["optimizer"])
+    w = layout_wall_clock(spec, layout, cluster, phases, options, memory)
     r = row("DeepSeek-V3, 2,048 H800, the same, wall-clock over the published schedule (batch ramp, interruptions, "
             "checkpoints)", final, DSV3_TOKENS, "tokens", 0.15)
     got = w["tokens_per_s_per_device"]

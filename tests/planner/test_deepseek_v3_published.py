@@ -5,14 +5,12 @@ over the published schedule (sec. 4.2's batch ramp 3,072 -> 15,360 sequences ove
 tokens; Llama 3's interruption rate) is within 15 % of Table 1's 180K H800-hours per trillion
 tokens: 1e12 / (180e3 x 3600) = 1,543.2."""
 
-from dataclasses import replace
-
 import pytest
 
 from dayzero.planner.memory_options import MOMENT_BYTES, MemoryOptions
 from dayzero.planner.perf import PerfOptions
 from dayzero.planner.predict import predict
-from dayzero.planner.training_cost import batch_ramp, schedule_wall_clock
+from dayzero.planner.training_cost import batch_ramp, layout_wall_clock
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
@@ -28,17 +26,22 @@ def test_published_layout_fits_and_its_wall_clock_is_within_15_percent():
     recipe = PerfOptions.for_run(h800, fp8_dispatch=True, fp8_scaling="block", comm_sm_reserved=True)
     final = predict(spec, layout, h800, recipe, memory_options=memory)
     assert final["memory"]["fits"]
-    smallest = 2 * layout.pp * layout.dp  # DualPipe: >= 2 pp micro-batches per rank
-
-    def step_s(gbs):
-        g = max(gbs, smallest)
-        return predict(spec, replace(layout, gbs=g), h800, recipe, memory_options=memory)["time"]["step_s"] * gbs / g
-
-    busiest = max(final["memory"]["stages"], key=lambda s: s["total"])
-    w = schedule_wall_clock(batch_ramp(3072, 15360, 469e9, 14.8e12, multiple=128), step_s, seq=4096, devices=2048,
-                            state_bytes_per_device=busiest["weights"] + busiest["optimizer"])
+    w = layout_wall_clock(spec, layout, h800, batch_ramp(3072, 15360, 469e9, 14.8e12, multiple=128), recipe, memory)
     target = 1e12 / (180e3 * 3600)
     assert w["tokens_per_s_per_device"] == pytest.approx(target, rel=0.15)
     # the wall-clock figure is below one step's at the final batch: the ramp and the goodput cost time
     assert w["tokens_per_s_per_device"] < final["throughput"]["tokens_per_s_per_device"]
     assert 0.9 < w["goodput"] < 1.0
+
+
+def test_a_batch_the_schedule_cannot_run_is_timed_at_the_next_runnable_one():
+    """DualPipe on pp 16, dp 128 needs >= 32 micro-batches (dualpipe.py): 3,840 sequences (30)
+    rounds up to 4,096; 1F1B runs 3,840 as it is; interleaved pp 4 needs micro-batches in
+    multiples of 4: dp 8 x 5 = 40 -> 64. The DeepSeek-V3 ramp's first phase (3,840) is such a batch."""
+    from dayzero.planner.training_cost import runnable_gbs
+
+    dual = ParallelConfig(tp=1, pp=16, dp=128, ep=64, gbs=15360, schedule="dualpipe")
+    assert runnable_gbs(dual, 3840, 2048) == 4096
+    assert runnable_gbs(dual, 4096, 2048) == 4096
+    assert runnable_gbs(ParallelConfig(tp=1, pp=16, dp=128, ep=64, gbs=15360), 3840, 2048) == 3840
+    assert runnable_gbs(ParallelConfig(pp=4, vpp=2, dp=8, gbs=64), 40, 32) == 64

@@ -241,3 +241,51 @@ def schedule_wall_clock(phases: tuple[BatchPhase, ...], step_time, *, seq: int, 
                 f"restart {options.restart_s:.0f} s after each interruption",
                 f"checkpoint write {options.storage_bytes_per_s_per_device / 1e6:.0f} MB/s per device, every "
                 f"{f['interval_s'] / 60:.0f} min (Young's interval)"]}
+
+
+def runnable_gbs(parallel, gbs: int, devices: int | None = None) -> int:
+    """The smallest batch >= ``gbs``, in units of dp x mbs, that ``parallel`` can run (its
+    schedule's micro-batch rules: DualPipe >= 2 pp and even, interleaved a multiple of pp; the
+    model is not asked: the planner splits layers unevenly where pp does not divide them)."""
+    from dataclasses import replace
+
+    unit = parallel.dp * parallel.mbs
+    g = max(unit, -(-gbs // unit) * unit)
+    for _ in range(100_000):
+        if not replace(parallel, gbs=g).problems(None, devices):
+            return g
+        g += unit
+    raise ConfigError("training schedule", None, f"no batch >= {gbs} runs on {parallel.describe()}")
+
+
+def layout_wall_clock(spec, parallel, cluster, phases: tuple[BatchPhase, ...], options=None, memory_options=None,
+                      cost: CostOptions = CostOptions()) -> dict:
+    """:func:`schedule_wall_clock` of one layout through a batch schedule, each phase's step
+    predicted (``planner.predict``) at its batch; a batch the layout cannot run is timed at the
+    tokens/s of :func:`runnable_gbs` (its step time x gbs / that batch: a bubble share no larger
+    than the runnable batch's, so optimistic, and said in ``assumptions``). The checkpointed state
+    is the busiest rank's weights and optimizer states at the last phase's batch."""
+    from dataclasses import replace
+
+    from dayzero.planner.predict import predict
+
+    preds: dict[int, dict] = {}
+
+    def pred(g: int) -> dict:
+        if g not in preds:
+            preds[g] = predict(spec, replace(parallel, gbs=g), cluster, options, memory_options=memory_options)
+        return preds[g]
+
+    def step_s(gbs: int) -> float:
+        g = runnable_gbs(parallel, gbs, cluster.devices)
+        return pred(g)["time"]["step_s"] * gbs / g
+
+    last = pred(runnable_gbs(parallel, phases[-1].gbs, cluster.devices))
+    busiest = max(last["memory"]["stages"], key=lambda s: s["total"])
+    out = schedule_wall_clock(phases, step_s, seq=parallel.seq, devices=last["devices"],
+                              state_bytes_per_device=busiest["weights"] + busiest["optimizer"], options=cost)
+    short = sorted({p.gbs for p in phases if runnable_gbs(parallel, p.gbs, cluster.devices) != p.gbs})
+    if short:
+        out["assumptions"].append(f"batches {', '.join(map(str, short))} cannot run on this layout: timed at the "
+                                  "tokens/s of the smallest batch above each that can")
+    return out
