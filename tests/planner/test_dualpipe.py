@@ -195,10 +195,15 @@ def test_the_megatron_export_turns_on_the_overlap_the_planner_priced():
 
 
 def test_deepseek_v3_published_degrees_search_chooses_the_ep_overlap():
-    """Issue #16: DeepSeek-V3 on 2,048 H800 with its published degrees (tp 1, pp 16, ep 64, FP8,
-    gbs 15,360 x 4,096; arXiv 2412.19437 sec. 3.1-3.3, 4.2) is predicted to fit with the EP
-    overlap chosen by the search (no --ep-overlap), within 15 % of the 1e12 / (180e3 x 3600) =
-    1,543 tokens/s per GPU of its 180K H800 GPU hours per trillion tokens (Table 1)."""
+    """Issue #16: DeepSeek-V3 on 2,048 H800 with its published degrees pinned (tp 1, pp 16, ep 64,
+    FP8, gbs 15,360 x 4,096; arXiv 2412.19437 sec. 3.1-3.3, 4.2) and nothing else: the search picks
+    the EP overlap itself (no --ep-overlap), a DualPipe-family schedule an open engine runs, and a
+    layout that fits within the search's 85 % memory limit. Its speed lies between the published
+    degrees under 1F1B (the schedule DualPipe was built to beat: sec. 3.2.1) and the published
+    layout with its memory recipe, one step, per-tensor FP8 (it holds 98 % of HBM, above the search's
+    limit; its wall-clock check against Table 1 is tests/planner/test_deepseek_v3_published.py)."""
+    from dayzero.planner.memory_options import MOMENT_BYTES, MemoryOptions
+    from dayzero.planner.predict import predict
     from dayzero.planner.search import SearchSpace, plan
 
     dsv3 = load_model("deepseek-v3")
@@ -207,4 +212,12 @@ def test_deepseek_v3_published_degrees_search_chooses_the_ep_overlap():
     best = plan(dsv3, h800, 15360, 4096, "fp8", PerfOptions.for_run(h800), top_k=1, space=space)["plans"][0]
     assert best["fits"] and best["moe_dispatch"]["ep_overlap"]
     assert best["parallel"]["schedule"] in ("dualpipe", "dualpipev") and best["engines"]
-    assert best["throughput"]["tokens_per_s_per_device"] == pytest.approx(1e12 / (180e3 * 3600), rel=0.15)
+    base = dict(tp=1, pp=16, dp=128, ep=64, mbs=1, gbs=15360, seq=4096, zero=1, precision="fp8")
+    one_f = predict(dsv3, ParallelConfig(**base), h800, PerfOptions.for_run(h800))
+    recipe = predict(dsv3, ParallelConfig(**base, schedule="dualpipe", recompute="selective",
+                                          recompute_modules=("layernorm", "mla_up_proj", "moe_act")),
+                     h800, PerfOptions.for_run(h800),
+                     memory_options=MemoryOptions.for_run(h800.accelerator, optim_bytes=MOMENT_BYTES["bf16"],
+                                                          act_func_fp8_input=True, moe_probs="activation"))
+    tok = best["throughput"]["tokens_per_s_per_device"]
+    assert one_f["throughput"]["tokens_per_s_per_device"] < tok < recipe["throughput"]["tokens_per_s_per_device"]
