@@ -394,26 +394,33 @@ def block_gradients(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) ->
     FunctionsManual.cpp, ``mul_tensor_backward``). A MoE block adds its rows' gradients of the
     dispatched width (the combine's, 2 of them, as :func:`eager_backward_transient`); its shared
     experts' backward runs apart from the routed experts' (the larger counts)."""
-    ab = opts.act_bytes
     mixer, ffn_kind = split_layer_type(kind)
-    mix = mixer_gradients(spec, mixer, opts, d)
+    return mixer_gradients(spec, mixer, opts, d), ffn_gradients(spec, ffn_kind, opts, d, 3, shared_apart=True)
+
+
+def ffn_gradients(spec: ModelSpec, ffn_kind: str, opts: MemoryOptions, d: Dims, gated_tensors: int,
+                  shared_apart: bool):
+    """Gradients of an FFN's backward alive at once: ``gated_tensors`` tensors of the MLP width in
+    a gated MLP (2 without a gate); a MoE block's experts over their routed rows plus the combine's
+    2 row gradients of the dispatched width, its shared experts' either apart (``shared_apart``:
+    the larger of the two counts) or on top."""
+    ab = opts.act_bytes
 
     def mlp(rows, inter, t, gated):
-        return ab * rows * inter / t * (3 if gated else 2)
+        return ab * rows * inter / t * (gated_tensors if gated else 2)
 
     if ffn_kind == "none":
-        ffn = 0.0
-    elif ffn_kind == "moe":
-        moe = spec.moe
-        routed = routed_tokens(spec, opts, d)
-        h_e, inter_e = expert_widths(spec)
-        ffn = mlp(routed, inter_e, d.etp, moe.expert.gated)
-        if moe.shared_experts:
-            ffn = np.maximum(ffn, mlp(d.tok, moe.shared_intermediate, d.tp, moe.expert.gated))
-        ffn = ffn + 2 * ab * routed * h_e
-    else:
-        ffn = mlp(d.tok, spec.mlp.intermediate, d.tp, spec.mlp.gated)
-    return mix, ffn
+        return 0.0
+    if ffn_kind != "moe":
+        return mlp(d.tok, spec.mlp.intermediate, d.tp, spec.mlp.gated)
+    moe = spec.moe
+    routed = routed_tokens(spec, opts, d)
+    h_e, inter_e = expert_widths(spec)
+    ffn = mlp(routed, inter_e, d.etp, moe.expert.gated)
+    if moe.shared_experts:
+        shared = mlp(d.tok, moe.shared_intermediate, d.tp, moe.expert.gated)
+        ffn = np.maximum(ffn, shared) if shared_apart else ffn + shared
+    return ffn + 2 * ab * routed * h_e
 
 
 def full_recompute_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims, terms: dict):
@@ -473,25 +480,10 @@ def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
     input's gradient accumulating from both branches (2 of the hidden width); in attention the
     gradients of q, k, v and of the attention output. A MoE layer's experts count their routed
     rows; its shared experts and the combine's row gradients come on top."""
-    ab, h, rep, tok = opts.act_bytes, spec.hidden, d.tok_rep, d.tok
-    mixer, kind = split_layer_type(kind)
+    mixer, ffn_kind = split_layer_type(kind)
     attn = mixer_gradients(spec, mixer, opts, d)
-
-    def mlp(rows, inter, t, gated):
-        return ab * rows * inter / t * (4 if gated else 2)
-
-    if kind == "none":
-        ffn = 0.0
-    elif kind == "moe":
-        moe = spec.moe
-        routed = routed_tokens(spec, opts, d)
-        h_e, inter_e = expert_widths(spec)
-        ffn = mlp(routed, inter_e, d.etp, moe.expert.gated) + 2 * ab * routed * h_e
-        if moe.shared_experts:
-            ffn = ffn + mlp(tok, moe.shared_intermediate, d.tp, moe.expert.gated)
-    else:
-        ffn = mlp(tok, spec.mlp.intermediate, d.tp, spec.mlp.gated)
-    return np.maximum(attn, ffn) + 2 * ab * rep * h
+    ffn = ffn_gradients(spec, ffn_kind, opts, d, 4, shared_apart=False)
+    return np.maximum(attn, ffn) + 2 * opts.act_bytes * d.tok_rep * spec.hidden
 
 
 def first_stage_terms(spec: ModelSpec, opts: MemoryOptions, d: Dims) -> dict[str, object]:
