@@ -22,10 +22,7 @@ Columns, per group of traced layers with one difference (bytes per token per lay
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-import time
-from pathlib import Path
 
 TYPES = ("qwen3_next", "minimax", "deepseek_v32", "jamba", "granitemoehybrid", "recurrent_gemma", "olmo2")
 
@@ -35,8 +32,6 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--types", default=",".join(TYPES))
     args = ap.parse_args()
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     from dayzero.derive.to_spec import ranges
     from dayzero.derive.traced_act import reference_bytes, reference_only, stand_ins, traced_sides, unread_ffns
     from dayzero.derive.traced_flops import approximated_layers
@@ -44,20 +39,14 @@ def main() -> None:
     from dayzero.ops.trace import _run
     from dayzero.planner.activations import Dims, layer_terms
     from dayzero.planner.memory_options import MemoryOptions
-    from dayzero.specs.registry import load_model
+    from hf_defaults import default_config_models
 
     s = args.seq
     print(f"| model_type | layers | mixer, ffn | load s | eager before | traced (seq {s}) | eager after | "
           "mixer side after vs traced | fused before | fused after |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
-        for mt in args.types.split(","):
-            d = Path(tmp) / mt
-            d.mkdir()
-            (d / "config.json").write_text(json.dumps(CONFIG_MAPPING[mt]().to_dict()))
-            t = time.perf_counter()
-            spec = load_model(str(d))
-            load = time.perf_counter() - t
+        for mt, d, spec, load in default_config_models(args.types.split(","), tmp):
             desc = spec.extra["description"]
             layers = approximated_layers(desc, spec)
             if not layers:

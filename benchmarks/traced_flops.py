@@ -9,11 +9,8 @@ compared as the reference computes them, i.e. non-causal and without windows).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-import time
 from dataclasses import replace
-from pathlib import Path
 
 TYPES = ("minimax", "deepseek_v32", "granitemoehybrid", "recurrent_gemma", "qwen3_next", "olmo2", "jamba")
 
@@ -23,25 +20,17 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--types", default=",".join(TYPES))
     args = ap.parse_args()
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     from dayzero.derive.traced_flops import reference_spec
     from dayzero.ops.hf_model import build_meta_model
     from dayzero.ops.trace import _run
     from dayzero.specs.counting import flops_per_token
-    from dayzero.specs.registry import load_model
+    from hf_defaults import default_config_models
 
     s = args.seq
     print(f"| model_type | load s | traced forward FLOPs/token (seq {s}) | shapes only | with traced layers |")
     print("| --- | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
-        for mt in args.types.split(","):
-            d = Path(tmp) / mt
-            d.mkdir()
-            (d / "config.json").write_text(json.dumps(CONFIG_MAPPING[mt]().to_dict()))
-            t = time.perf_counter()
-            spec = load_model(str(d))
-            load = time.perf_counter() - t
+        for mt, d, spec, load in default_config_models(args.types.split(","), tmp):
             tr = _run(build_meta_model(str(d)), s, 1, "bfloat16", backward=False)
             got = sum(c.flops * tr.multiplier(c) for c in tr.calls if c.phase == "forward") / tr.tokens
             ref = reference_spec(spec.extra["description"], spec)
