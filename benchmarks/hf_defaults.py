@@ -4,10 +4,23 @@ never-seen config would be, with the load's wall time."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+# the never-seen model types the derivation benchmarks trace (approximated layers of each kind, and
+# olmo2 as the exact control)
+TYPES = ("minimax", "deepseek_v32", "granitemoehybrid", "recurrent_gemma", "qwen3_next", "jamba", "olmo2")
+
+
+def parse_args() -> argparse.Namespace:
+    """--seq (the length the trace is checked at, not a fitted one) and --types (comma-separated)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--types", default=",".join(TYPES))
+    return ap.parse_args()
 
 
 def default_config_models(types: list[str], tmp: str) -> Iterator[tuple[str, Path, object, float]]:

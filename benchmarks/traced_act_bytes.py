@@ -21,17 +21,13 @@ Columns, per group of traced layers with one difference (bytes per token per lay
 
 from __future__ import annotations
 
-import argparse
 import tempfile
-
-TYPES = ("qwen3_next", "minimax", "deepseek_v32", "jamba", "granitemoehybrid", "recurrent_gemma", "olmo2")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--types", default=",".join(TYPES))
-    args = ap.parse_args()
+    from hf_defaults import default_config_models, parse_args
+
+    args = parse_args()
     from dayzero.derive.to_spec import ranges
     from dayzero.derive.traced_act import reference_bytes, reference_only, stand_ins, traced_sides, unread_ffns
     from dayzero.derive.traced_flops import approximated_layers
@@ -39,7 +35,6 @@ def main() -> None:
     from dayzero.ops.trace import _run
     from dayzero.planner.activations import Dims, layer_terms
     from dayzero.planner.memory_options import MemoryOptions
-    from hf_defaults import default_config_models
 
     s = args.seq
     print(f"| model_type | layers | mixer, ffn | load s | eager before | traced (seq {s}) | eager after | "

@@ -8,23 +8,18 @@ compared as the reference computes them, i.e. non-causal and without windows).
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from dataclasses import replace
 
-TYPES = ("minimax", "deepseek_v32", "granitemoehybrid", "recurrent_gemma", "qwen3_next", "olmo2", "jamba")
-
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--types", default=",".join(TYPES))
-    args = ap.parse_args()
+    from hf_defaults import default_config_models, parse_args
+
+    args = parse_args()
     from dayzero.derive.traced_flops import reference_spec
     from dayzero.ops.hf_model import build_meta_model
     from dayzero.ops.trace import _run
     from dayzero.specs.counting import flops_per_token
-    from hf_defaults import default_config_models
 
     s = args.seq
     print(f"| model_type | load s | traced forward FLOPs/token (seq {s}) | shapes only | with traced layers |")
