@@ -204,7 +204,8 @@ def test_the_search_finds_a_module_set_off_the_old_ladder():
 
     def timed(ms):
         g = encode([p.with_(recompute_modules=ms)])
-        return float(peak_memory_batch(SPEC, g, cl.memory_bytes)[0]), float(evaluate(SPEC, g, cl, PerfOptions()).step_s[0])
+        peak = float(peak_memory_batch(SPEC, g, cl.memory_bytes)[0])
+        return peak, float(evaluate(SPEC, g, cl, PerfOptions()).step_s[0])
 
     step = float(res.evaluation.step_s[0])
     assert timed(("core_attn",))[0] > limit
