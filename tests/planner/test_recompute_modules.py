@@ -128,14 +128,97 @@ def test_module_sets_encode_validate_and_parse():
 
 
 def test_search_levels_are_the_module_sets_that_apply():
-    """none, core_attn, core_attn+moe_act+layernorm, + mla_up_proj (MLA), full; on a dense GQA
-    model moe_act and mla_up_proj drop nothing, so one selective set beyond core_attn."""
-    m = module_mask
-    assert SearchSpace().levels(SPEC) == [(0, 0), (1, 1), (1, m(("core_attn", "moe_act", "layernorm"))),
-                                          (1, m(("core_attn", "moe_act", "layernorm", "mla_up_proj"))), (2, 0)]
-    assert SearchSpace().levels(load_model("llama-3.1-8b")) == [(0, 0), (1, 1), (1, m(("core_attn", "layernorm"))),
-                                                                (2, 0)]
+    """none, every distinct set of the modules that drop something (fewest dropped tensors first,
+    planner.row_memory.recompute_modules_sets), full. On llama-3.1-8b (dense GQA) core_attn drops the
+    log-sum-exp, layernorm the two norm outputs (attn_in, mlp_in), mlp FC1's input and the SwiGLU
+    tensors (mlp_in, mlp_act_in, mlp_down_in, mlp_act_out): all 7 non-empty sets drop different
+    tensors, mla_up_proj and the MoE modules nothing. On tiny-moe ``moe + moe_act`` drops what
+    ``moe`` drops, so only ``moe`` is tried; non-nested sets such as moe_act alone are."""
+    from dayzero.planner.search import level_order
+    from dayzero.specs.grid import module_names
+
+    llama = [(r, module_names(mk)) for r, mk in SearchSpace().levels(load_model("llama-3.1-8b"))]
+    assert llama == [(0, ()), (1, ("core_attn",)), (1, ("layernorm",)), (1, ("mlp",)), (1, ("core_attn", "layernorm")),
+                     (1, ("core_attn", "mlp")), (1, ("layernorm", "mlp")), (1, ("core_attn", "layernorm", "mlp")),
+                     (2, ())]
+    levels = SearchSpace().levels(SPEC)
+    masks = [mk for _, mk in levels]
+    assert levels[0] == (0, 0) and levels[-1] == (2, 0) and len(set(levels)) == len(levels)
+    assert module_mask(("moe_act",)) in masks and module_mask(("mla_up_proj",)) in masks
+    assert module_mask(("moe", "moe_act")) not in masks and module_mask(("moe",)) in masks
+    below = level_order(SPEC, levels)
+    # a level never comes before one it recomputes less than
+    assert not any(below[j, i] and not below[i, j] for i in range(len(levels)) for j in range(i + 1, len(levels)))
     assert SearchSpace(recompute=("none", "full")).levels(SPEC) == [(0, 0), (2, 0)]
+
+
+def test_a_level_above_another_keeps_no_more_memory_and_takes_no_less_time():
+    """The search's pruning (search.level_order): where level j recomputes everything level i does,
+    j's peak is no higher and its step no shorter, checked on every pair of tiny-moe's 81 levels for
+    one layout (tp 2, sp, ep 2, mbs 2, 8 H100)."""
+    from dayzero.planner.memory import peak_memory_batch
+    from dayzero.planner.perf import PerfOptions, evaluate
+    from dayzero.planner.search import level_order
+
+    cl = build_cluster("h100", 8)
+    levels = SearchSpace().levels(SPEC)
+    base = ParallelConfig(tp=2, dp=4, ep=2, mbs=B, gbs=16, seq=S, sequence_parallel=True, zero=1)
+    g = encode([base] * len(levels))
+    g["recompute"] = np.array([rc for rc, _ in levels])
+    g["recompute_modules"] = np.array([mk for _, mk in levels])
+    peak = np.asarray(peak_memory_batch(SPEC, g, cl.memory_bytes))
+    step = evaluate(SPEC, g, cl, PerfOptions()).step_s
+    below = level_order(SPEC, levels)
+    i, j = np.nonzero(below)
+    assert len(i) > len(levels)  # some levels lie above others
+    assert (peak[j] <= peak[i] * (1 + 1e-12)).all() and (step[j] >= step[i] * (1 - 1e-12)).all()
+
+
+def test_the_search_finds_a_module_set_off_the_old_ladder():
+    """tiny-moe, one layout (tp pp cp ep 1, dp 8, mbs 2, seq 256, ZeRO-1, 8 H100) with the memory
+    limit at its peak under selective recompute of moe_act alone. Per MoE layer (3 of them, one
+    micro-batch in flight) the modules drop (test_each_module_drops_its_saved_tensors_by_hand):
+    core_attn 4 x 512 x 8 = 16,384 B, moe_act 2 x 1,024 x 128 = 262,144 B, shared_experts
+    2 x 512 x 384 = 393,216 B, layernorm 2 x 2 x 512 x 256 = 524,288 B, mla_up_proj
+    2 x 512 x 8 x 128 = 1,048,576 B; so core_attn alone does not fit and every other single module
+    does. Replayed forward: moe_act 1,024 x 3 x 128 = 393,216 elements at HBM speed, layernorm
+    512 x 2 x 256 x 2 = 524,288 elements (test_recompute_flops_by_module_by_hand), shared_experts
+    the shared expert's 512-token GEMMs (2 x 512 x 256 x 3 x 128 = 0.1 GFLOP, about 0.1 us at
+    H100 rate, beside its 512 x 3 x 128 = 196,608-element copies: less than moe_act's pass), and
+    mla_up_proj its GEMMs on top of 851,968 elements. So shared_experts alone, a set the old nested
+    ladder (core_attn; + moe_act + layernorm; + mla_up_proj) never tried, is the fastest that fits
+    (the brute force over all 81 levels agrees); the ladder's first fitting set, core_attn +
+    moe_act + layernorm, is slower."""
+    from dayzero.planner.memory import peak_memory_batch
+    from dayzero.planner.perf import PerfOptions, evaluate
+    from dayzero.planner.search import search
+
+    cl = build_cluster("h100", 8)
+    p = ParallelConfig(dp=8, mbs=B, gbs=16, seq=S, zero=1, recompute="selective", recompute_modules=("moe_act",))
+    limit = float(peak_memory_batch(SPEC, encode([p]), cl.memory_bytes)[0]) * (1 + 1e-9)
+    space = SearchSpace(tp=(1,), pp=(1,), cp=(1,), ep=(1,), etp=(1,), vpp=(1,), mbs=(B,), zero=(1,))
+    res = search(SPEC, cl, 16, S, options=PerfOptions(), top_k=1, max_memory=limit / cl.memory_bytes, space=space,
+                 memory_fn=peak_memory_batch)
+    best = decode(res.candidates)[0]
+    assert (best.recompute, best.recompute_modules) == ("selective", ("shared_experts",))
+
+    def timed(ms):
+        g = encode([p.with_(recompute_modules=ms)])
+        peak = float(peak_memory_batch(SPEC, g, cl.memory_bytes)[0])
+        return peak, float(evaluate(SPEC, g, cl, PerfOptions()).step_s[0])
+
+    step = float(res.evaluation.step_s[0])
+    assert timed(("core_attn",))[0] > limit
+    for ms in (("moe_act",), ("layernorm",), ("mla_up_proj",), ("core_attn", "moe_act", "layernorm")):
+        peak, t = timed(ms)
+        assert peak <= limit and t > step, ms
+    # the brute force: every level of the space at this layout, the fastest that fits
+    g = encode([p] * len(levels := space.levels(SPEC)))
+    g["recompute"] = np.array([rc for rc, _ in levels])
+    g["recompute_modules"] = np.array([mk for _, mk in levels])
+    peaks = np.asarray(peak_memory_batch(SPEC, g, cl.memory_bytes))
+    steps = np.where(peaks <= limit, evaluate(SPEC, g, cl, PerfOptions()).step_s, np.inf)
+    assert float(steps.min()) == pytest.approx(step, rel=1e-12)
 
 
 def test_bf16_moments_halve_the_moment_bytes():
@@ -195,4 +278,11 @@ def test_memory_remedies_offer_the_module_sets():
     hi = estimate_memory(SPEC, p, 2**40).peak_bytes
     assert lo < hi
     found = single_changes(SPEC, p, 1, (lo + hi) // 2, MemoryOptions(), 1.0)
-    assert ("--recompute-modules", ",".join(wide)) in [r.change for r in found]
+    sets = [set(r.parallel.recompute_modules) for r in found if r.change[0] == "--recompute-modules"]
+    assert sets and all(s > {"core_attn"} for s in sets)
+    # only the least sets that fit: none is a superset of another offered one (it replays more)
+    assert not any(a < b for a in sets for b in sets)
+    big = single_changes(SPEC, p, 1, 2**40, MemoryOptions(), 1.0)  # everything fits: the smallest sets only
+    assert sorted(r.change[1] for r in big if r.change[0] == "--recompute-modules") == \
+        ["core_attn,layernorm", "core_attn,mla_up_proj", "core_attn,mlp", "core_attn,moe_act",
+         "core_attn,shared_experts"]

@@ -82,3 +82,55 @@ def test_default_scenario_space_is_large():
     assert np.all(8192 % (bases["tp"] * bases["pp"] * bases["cp"]) == 0)
     assert np.all(4096 % (bases["mbs"] * bases["dp"]) == 0)
     assert np.all(spec.attention.heads % bases["tp"] == 0)
+
+
+def test_every_base_gets_its_fastest_fitting_module_set():
+    """tiny-moe (MLA, routed and shared experts, one dense layer: 81 recompute levels, most of them
+    not nested) on 8 H100 at seq 4,096, with memory limits where some bases fit without recompute,
+    some only under full recompute and many only under some module sets: for every (base, ZeRO stage)
+    the search times a layout exactly as fast as the fastest fitting level of the brute force over
+    all levels, and its fitting count is the brute force's (the gates, the one-module-short probes
+    and the layered climb skip only levels that cannot fit or cannot be faster)."""
+    spec = load_model("tiny-moe")
+    cl = build_cluster("h100", 8)
+    space = SearchSpace(mbs=(1, 4), cp=(1,), pp=(1, 2), vpp=(1,))
+    opts = MemoryOptions.for_accelerator(cl.accelerator)
+    bases, *_ = enumerate_layouts(spec, cl.devices, 64, 4096, space, 8)
+    levels = space.levels(spec)
+    assert len(levels) == 81
+    zr = [(z, r, m) for z in space.zero for r, m in levels]
+    n = len(bases["tp"])
+    full = {k: np.repeat(v, len(zr)) for k, v in bases.items()}
+    full["zero"] = np.tile([z for z, _, _ in zr], n)
+    full["recompute"] = np.tile([r for _, r, _ in zr], n)
+    full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
+    runs = np.logical_or.reduce([engine_mask(e, full) for e in ENGINES])
+    peak = peak_memory_batch(spec, full, cl.memory_bytes, opts)
+    step = evaluate(spec, full, cl).step_s
+    base_of = np.repeat(np.arange(n), len(zr))
+    none_peak, full_peak = peak[full["recompute"] == 0], peak[full["recompute"] == 2]
+    for q in (0.3, 0.6):
+        limit = float(np.quantile(full_peak, q) + (np.quantile(none_peak, q) - np.quantile(full_peak, q)) * 0.5)
+        ok = runs & (peak <= limit)
+        needs = ok & (full["recompute"] == 1)
+        assert needs.any() and (ok & (full["recompute"] == 0)).any()
+        result = search(spec, cl, 64, 4096, space=space, max_memory=limit / cl.memory_bytes, top_k=10**6,
+                        memory_options=opts)
+        assert result.rejected["does not fit"] == int((runs & ~ok).sum())
+        want = {}
+        for b, z, t in zip(base_of[ok], full["zero"][ok], step[ok]):
+            want[b, z] = min(want.get((b, z), np.inf), t)
+        key = {tuple(int(bases[c][i]) for c in bases): i for i in range(n)}
+        got = {}
+        cand = result.candidates
+        for i, t in enumerate(result.evaluation.step_s):
+            b = key[tuple(int(cand[c][i]) for c in bases)]
+            z = int(cand["zero"][i])
+            got[b, z] = min(got.get((b, z), np.inf), float(t))
+        # ZeRO-2 is timed only where ZeRO-1 does not fit at its level: compare the best of ZeRO 1 and 2
+        for b, z in want:
+            if z == 2:
+                continue
+            w = min(want[b, z], want.get((b, 2), np.inf)) if z == 1 else want[b, z]
+            g = min(got.get((b, z), np.inf), got.get((b, 2), np.inf)) if z == 1 else got[b, z]
+            assert g == pytest.approx(w, rel=1e-12), (b, z)

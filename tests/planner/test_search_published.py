@@ -9,7 +9,7 @@ import pytest
 from dayzero.planner.memory import MemoryOptions, peak_memory_batch
 from dayzero.planner.perf import evaluate
 from dayzero.planner.published import load_cases
-from dayzero.planner.search import MODULE_LADDER, SearchSpace, search
+from dayzero.planner.search import search
 from dayzero.specs.grid import encode
 from helpers.paths import data_file
 
@@ -41,12 +41,8 @@ def test_search_is_at_least_as_fast_as_the_published_layout(case):
     opts = MemoryOptions.for_run(case.cluster.accelerator, case.options.attention_kernel)
     peak = float(peak_memory_batch(case.spec, grid, case.cluster.memory_bytes, opts)[0])
     limit = peak / case.cluster.memory_bytes * (1 + 1e-9)
-    # a blank recompute setting is read as the fastest that fits (planner.row_memory), which may be a
-    # module set off the search's ladder: the search is offered that set too, first among the selective ones
-    space = None
-    if p.recompute == "selective" and p.recompute_modules not in MODULE_LADDER:
-        space = SearchSpace(recompute_modules=(p.recompute_modules, *MODULE_LADDER))
-    result = search(case.spec, case.cluster, p.gbs, p.seq, p.precision, case.options, top_k=1, max_memory=limit,
-                    space=space)
+    # a blank recompute setting is read as the fastest that fits among every distinct module set
+    # (planner.row_memory.recompute_modules_sets), the sets the search tries by default
+    result = search(case.spec, case.cluster, p.gbs, p.seq, p.precision, case.options, top_k=1, max_memory=limit)
     assert result.evaluation.step_s[0] <= published * (1 + 1e-9), (case.id, p.describe())
     assert np.isfinite(result.evaluation.step_s[0])

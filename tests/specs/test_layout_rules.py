@@ -45,10 +45,12 @@ def test_etp_must_divide_tp_in_problems_and_in_the_search():
     assert not mask(encode([p]))[0]
     assert mask(encode([p.with_(etp=2)]))[0] and mask(encode([p.with_(etp=1)]))[0]
     # the search never builds it: with tp 4 and etp 3 every layout is indivisible, and the error says
-    # so for all 32 (ep 2 options x zero 4 x recompute levels 4: none, selective with core_attn and
-    # with core_attn+moe_act+layernorm on this MoE model, full)
+    # so for all 104 (ep 2 options x zero 4 x recompute levels 13: none, selective with each of the 11
+    # distinct sets of core_attn, moe_act, layernorm, moe on this MoE model (moe + moe_act drops what
+    # moe drops), full)
     space = SearchSpace(tp=(4,), etp=(3,), ep=(1, 2), pp=(1,), cp=(1,), vpp=(1,), mbs=(1,))
-    with pytest.raises(LayoutError, match=r"32 rejected: etp 3 must divide tp 4 \(each"):
+    assert len(space.levels(MIXTRAL)) == 13
+    with pytest.raises(LayoutError, match=r"104 rejected: etp 3 must divide tp 4 \(each"):
         enumerate_layouts(MIXTRAL, 12, 24, 4096, space)
 
 

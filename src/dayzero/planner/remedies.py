@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dayzero.planner.memory import MemoryOptions, estimate_memory
-from dayzero.specs.grid import module_names
+from dayzero.specs.grid import module_mask, module_names
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -64,4 +64,15 @@ def single_changes(spec: ModelSpec, parallel: ParallelConfig, devices: int, capa
         rep = estimate_memory(spec, q, capacity_bytes, options)
         if rep.utilization <= target:
             found.append(Remedy(change, q, rep.peak_bytes, rep.utilization))
-    return found
+    return _least_module_sets(spec, found)
+
+
+def _least_module_sets(spec: ModelSpec, found: list[Remedy]) -> list[Remedy]:
+    """``found`` without the --recompute-modules changes whose set drops every tensor another found
+    set drops (search.level_order): they fit too but replay more, so are never the cheaper fix."""
+    from dayzero.planner.search import dropped_terms
+
+    sets = [(i, dropped_terms(spec, module_mask(r.parallel.recompute_modules))) for i, r in enumerate(found)
+            if r.change[0] == "--recompute-modules"]
+    worse = {i for i, a in sets for j, b in sets if j != i and b <= a and (b < a or j < i)}
+    return [r for i, r in enumerate(found) if i not in worse]

@@ -53,13 +53,40 @@ STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), 
           ("mbs",))
 VARIANTS = ("zero", "recompute")  # the recompute variants are its levels: SearchSpace.levels
 VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules")
-# Selective recompute module sets the search tries, least first, where each applies to the model
-# (a module with nothing to drop on it is left out of a set; sets left equal are tried once):
-# Megatron's default core_attn; + moe_act + layernorm (the norm outputs and the experts' SwiGLU
-# output, cheap elementwise replays); + mla_up_proj on MLA models (DeepSeek-V3, arXiv 2412.19437,
-# sec. 3.2.3: "We recompute all RMSNorm operations and MLA up-projections during back-propagation").
-MODULE_LADDER: tuple[tuple[str, ...], ...] = (("core_attn",), ("core_attn", "moe_act", "layernorm"),
-                                              ("core_attn", "moe_act", "layernorm", "mla_up_proj"))
+# The selective recompute module sets the search tries by default: every set of Megatron-Core's
+# recompute modules (megatron/core/transformer/transformer_config.py ``recompute_modules``) that
+# drops a different set of the model's saved tensors (planner.row_memory.recompute_modules_sets, the
+# rule the backtest settles blank recompute with), not a nested ladder: Megatron-Bridge's presets
+# recompute mla_up_proj alone on DeepSeek-V3 and Kimi-K2, mlp + moe_act on GB300
+# (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py), which no ladder holds.
+
+
+def dropped_terms(spec: ModelSpec, mask: int) -> frozenset:
+    """The saved tensors of ``spec``'s layers that selective recompute of the module set ``mask``
+    drops (:func:`dayzero.planner.activations.module_terms`)."""
+    from dayzero.planner.activations import Dims, layer_terms, module_terms
+    from dayzero.planner.memory_options import MemoryOptions
+
+    names = set()
+    for k in set(spec.layer_types):
+        names |= set(layer_terms(spec, k, MemoryOptions(), Dims(seq=1, mbs=1, tp=1, cp=1)))
+    return frozenset(t for m in module_names(mask) for t in module_terms(spec, m, names))
+
+
+def level_order(spec: ModelSpec, levels) -> np.ndarray:
+    """``below[i, j]``: recompute level ``j`` recomputes everything level ``i`` does (i == j
+    included): no recompute is below every level, full recompute above every level, and selective
+    ``i`` below selective ``j`` when ``j`` drops every saved tensor ``i`` drops. Where ``i`` is below
+    ``j``, ``j`` keeps no more memory and takes no less time (it replays a superset of the forward
+    work), so once ``i`` fits, ``j`` fits but is never the faster choice."""
+    n = len(levels)
+    drops = [frozenset() if RECOMPUTES[rc] == "none" else None if RECOMPUTES[rc] == "full" else dropped_terms(spec, m)
+             for rc, m in levels]
+    below = np.zeros((n, n), dtype=bool)
+    for i, a in enumerate(drops):
+        for j, b in enumerate(drops):
+            below[i, j] = b is None or (a is not None and a <= b)
+    return below
 
 
 def _divisors(n: int) -> list[int]:
@@ -80,7 +107,7 @@ class SearchSpace:
     mbs: tuple[int, ...] = (1, 2, 4, 8)
     zero: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = RECOMPUTES
-    # module sets selective recompute is tried with (None: MODULE_LADDER, those that apply)
+    # module sets selective recompute is tried with (None: every distinct set that applies)
     recompute_modules: tuple[tuple[str, ...], ...] | None = None
     # with tp > 1 (it only removes work and memory); a tp = 1 layout is one layout, without it
     sequence_parallel: tuple[bool, ...] = (True,)
@@ -106,32 +133,30 @@ class SearchSpace:
         return " ".join(out)
 
     def levels(self, spec: ModelSpec) -> list[tuple[int, int]]:
-        """The recompute variants, least recompute first, as (recompute code, module bitmask): none,
-        selective with each module set (:data:`MODULE_LADDER` by default, reduced to the modules
-        that drop something on ``spec``), full; only the recompute modes in ``self.recompute``."""
-        from dayzero.planner.activations import Dims, layer_terms, module_terms
-        from dayzero.planner.memory_options import MemoryOptions
+        """The recompute variants as (recompute code, module bitmask), in an order where a level
+        comes after every level it recomputes less than (:func:`level_order`): none, selective with
+        each module set (``self.recompute_modules``, by default every distinct set that drops
+        something on ``spec``: :func:`dayzero.planner.row_memory.recompute_modules_sets`), fewest
+        dropped tensors first, full; only the recompute modes in ``self.recompute``."""
+        from dayzero.planner.row_memory import recompute_modules_sets
 
         out = []
         for rc in sorted(code("recompute", r) for r in self.recompute):
             if RECOMPUTES[rc] != "selective":
                 out.append((rc, 0))
                 continue
-            names = set()
-            for k in set(spec.layer_types):
-                names |= set(layer_terms(spec, k, MemoryOptions(), Dims(seq=1, mbs=1, tp=1, cp=1)))
-            sets = self.recompute_modules if self.recompute_modules is not None else MODULE_LADDER
+            sets = recompute_modules_sets(spec) if self.recompute_modules is None else self.recompute_modules
             masks = []
             for ms in sets:
                 bad = [m for m in ms if m not in MODULE_BIT]
                 if bad or not ms:
                     raise LayoutError(f"search space: recompute modules {'+'.join(ms) or '(none)'}: must be a "
                                       f"non-empty set of {', '.join(MODULE_BIT)}")
-                used = [m for m in ms if module_terms(spec, m, names)] if self.recompute_modules is None else ms
-                mask = module_mask(used or ms)
+                mask = module_mask(ms)
                 if mask not in masks:
                     masks.append(mask)
-            out += [(rc, m) for m in masks]
+            # fewest dropped tensors first: a set comes after every set that drops less (level_order)
+            out += [(rc, m) for m in sorted(masks, key=lambda m: len(dropped_terms(spec, m)))]
         if self.engine:  # an engine without Megatron's recompute modules: those layouts are not in the space
             from dayzero.planner.engines import engine_mask
 
@@ -366,24 +391,79 @@ def _with(g: dict, **cols) -> dict:
     return {**g, **{k: np.full(n, v, dtype=np.int64) if np.ndim(v) == 0 else v for k, v in cols.items()}}
 
 
+def _layers(below: np.ndarray) -> list[list[int]]:
+    """The level indices in layers: each level after every level strictly below it (the length of
+    the longest chain under it), so no two levels of a layer are ordered."""
+    n = len(below)
+    depth = [0] * n
+    for j in range(n):  # levels come in an order where those below come first (SearchSpace.levels)
+        under = [i for i in range(j) if below[i, j] and not below[j, i]]
+        depth[j] = 1 + max((depth[i] for i in under), default=-1)
+    return [[j for j in range(n) if depth[j] == d] for d in range(max(depth, default=-1) + 1)]
+
+
+def _needs(levels, allowed, union: int, where: np.ndarray, check, drops) -> np.ndarray:
+    """Which of the ``allowed`` levels each base may fit at, from the module sets one module short
+    of level ``union`` (the gate above every selective level): where such a short set does not fit,
+    no level dropping only tensors it drops fits either (memory falls only with the tensors
+    dropped), so the base is not checked there. Probes the bases in ``where`` (flags) with ``check``
+    (_fitting_variants' memory probe); ``drops(mask)``: the tensors a module set drops
+    (:func:`dropped_terms`). Returns (bases, allowed levels) flags."""
+    rc = levels[allowed[union]][0]
+    may = np.ones((len(where), len(allowed)), dtype=bool)
+    selective = [i for i, a in enumerate(allowed) if RECOMPUTES[levels[a][0]] == "selective"]
+    whole = int(np.bitwise_or.reduce([levels[allowed[i]][1] for i in selective])) if selective else 0
+    # the short sets that drop less than the union (only those can fail where the union fits)
+    shorts = [whole & ~b for b in MODULE_BIT.values() if whole & b and whole & ~b]
+    shorts = [m for m in shorts if drops(m) < drops(whole)]
+    if RECOMPUTES[rc] != "selective" or not where.any() or not shorts:
+        return may
+    for short, (picked, _, ok) in zip(shorts, check([((rc, m), where) for m in shorts])):
+        inside = [i for i in selective if drops(levels[allowed[i]][1]) <= drops(short)]
+        may[np.ix_(picked[~ok], inside)] = False
+    return may
+
+
+def _row_patterns(flags: np.ndarray) -> np.ndarray:
+    """A number per row of a boolean matrix, equal for equal rows (bit-packed 64 columns at a time)."""
+    bits = np.packbits(flags, axis=1, bitorder="little")
+    bits = np.pad(bits, ((0, 0), (0, -bits.shape[1] % 8))).view(np.uint64)
+    key = np.zeros(len(flags), dtype=np.int64)
+    for w in bits.T:
+        _, part = np.unique(w, return_inverse=True)
+        _, key = np.unique(key * (int(part.max(initial=0)) + 1) + part, return_inverse=True)
+    return key.ravel()
+
+
 def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None,
-                      searched_dual: bool = False) -> tuple[list, int, int]:
-    """For each base and ZeRO stage, the least recompute that fits. Memory falls as recompute
-    grows (but not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost
-    more than they save), so each ZeRO stage is checked under the most recompute first (a base that
-    does not fit there fits nowhere), and the rest climb the selective module sets (``levels``:
-    SearchSpace.levels, least first) from no recompute and stop at the first level that fits; the
-    levels above it fit but only add time. Returns ([(base indices,
-    zero, level index per base, peak per base)], number of fitting (base, zero, level) layouts,
-    number ruled out by ``engine``; without one, with ``searched_dual`` (an unpinned schedule), the
-    (row, ZeRO stage, recompute level) layouts no engine runs, which are left out: DualPipe rows,
-    tried only when pinned, excepted)."""
+                      searched_dual: bool = False, below: np.ndarray | None = None) -> tuple[list, int, int]:
+    """For each base and ZeRO stage, the recompute levels (``levels``: SearchSpace.levels) that fit
+    with no fitting level below them (``below``: :func:`level_order`, default a chain in the given
+    order): a level above a fitting one keeps less memory but only adds time, so it is never the
+    fastest; the search times the rest and keeps the fastest. Memory falls as recompute grows (but
+    not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost more than they
+    save), so each ZeRO stage is checked under a level above all the others first (full recompute;
+    a base that does not fit there fits nowhere), and the rest go up the levels in order, each
+    checked only on the bases that no level below it fits. ZeRO-2 is kept only at levels where
+    ZeRO-1 does not fit (it adds a reduce-scatter per micro-batch and nothing else). Returns
+    ([(base indices, zero, level index, peak)], number of fitting (base, zero, level) layouts, number
+    ruled out by ``engine``; without one, with ``searched_dual`` (an unpinned schedule), the (row,
+    ZeRO stage, recompute level) layouts no engine runs, which are left out: DualPipe rows, tried
+    only when pinned, excepted)."""
     n = len(bases["tp"])
+    if below is None:
+        below = np.triu(np.ones((len(levels), len(levels)), dtype=bool))
     everything = tuple(range(len(levels)))
     out, n_fit, n_engine = [], 0, 0
+    fits_at = {}  # ZeRO stage -> (bases, levels) fitting, a level above a fitting one included
+    known: dict[int, frozenset] = {}
+
+    def drops(mask: int) -> frozenset:
+        if mask not in known:
+            known[mask] = dropped_terms(spec, mask)
+        return known[mask]
     for z in sorted(zeros):
-        level = np.full(n, -1, dtype=np.int64)  # least fitting recompute index
-        peak_at = np.zeros(n)
+        fitting = np.zeros((n, len(levels)), dtype=bool)
         groups = [(np.arange(n), everything)]  # (rows, the level indices they may take)
         if engine:
             runs = engine_mask(engine, _with(bases, zero=z))
@@ -400,30 +480,94 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                                  for rc, m in levels], axis=1)  # (rows, levels)
                 n_engine += int((~runs).sum())
                 groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
-                pattern = runs @ (1 << np.arange(len(levels), dtype=np.int64))  # the levels a row may take
-                for p in np.unique(pattern[pattern > 0]):
-                    allowed = tuple(i for i in everything if int(p) >> i & 1)
-                    groups.append((dual[pattern == p], allowed))
+                which = _row_patterns(runs)  # rows with the same levels allowed share a number
+                for k in np.unique(which):
+                    allowed = np.flatnonzero(runs[np.argmax(which == k)])
+                    if len(allowed):
+                        groups.append((dual[which == k], tuple(allowed.tolist())))
+        found = []
         for rows, allowed in groups:
-            # the most recompute first: a base that does not fit under it fits nowhere; the survivors
-            # then climb from the least recompute and stop at the first level that fits
-            alive = rows
-            top = len(allowed) - 1
-            for step, j in enumerate([top] + list(range(top))):
-                if not len(alive):
+            if not len(rows):
+                continue
+            allowed = np.asarray(allowed)
+            sub = below[np.ix_(allowed, allowed)]
+            fit = np.zeros((len(rows), len(allowed)), dtype=bool)  # fits, or a level below it does
+            alive = np.ones(len(rows), dtype=bool)
+
+            def check(asked):
+                """[((recompute code, module mask), bases)] -> [(the bases' indices, peak, fits)], in
+                one memory call."""
+                if not asked:
+                    return []
+                picks = [np.flatnonzero(where) for _, where in asked]
+                at = np.concatenate(picks)
+                if not len(at):
+                    return [(p, np.zeros(0), np.zeros(0, dtype=bool)) for p in picks]
+                grid = _with({k: v[rows[at]] for k, v in bases.items()}, zero=z,
+                             recompute=np.concatenate([np.full(len(p), lv[0]) for (lv, _), p
+                                                       in zip(asked, picks)]).astype(np.int64),
+                             recompute_modules=np.concatenate([np.full(len(p), lv[1]) for (lv, _), p
+                                                               in zip(asked, picks)]).astype(np.int64))
+                peak = memory(grid)
+                cuts = np.cumsum([len(p) for p in picks])[:-1]
+                return [(p, pk, pk <= limit) for p, pk in zip(picks, np.split(peak, cuts))]
+
+            def record(j, picked, peak):
+                fit[np.ix_(picked, np.flatnonzero(sub[j]))] = True  # j and every level above it fit
+                found.append((rows[picked], allowed[j], peak))
+
+            # gates: a level above all others (full recompute), then one above all but it (every
+            # selective module at once); a base that does not fit under a gate fits at none of the
+            # levels below it, so it takes the gate above (or nothing) without the climb
+            gates, rest = [], list(range(len(allowed)))
+            for _ in range(2):
+                top = [j for j in rest if sub[np.ix_(rest, [j])].all()]
+                if not top or len(rest) < 3:
                     break
-                rc, modules = levels[allowed[j]]
-                peak = memory(_with({k: v[alive] for k, v in bases.items()}, zero=z, recompute=rc,
-                                    recompute_modules=modules))
-                ok = peak <= limit
-                level[alive[ok]] = allowed[j]
-                peak_at[alive[ok]] = peak[ok]
-                alive = alive[ok] if step == 0 else alive[~ok]
-            fit = rows[level[rows] >= 0]
-            # the levels at and above the least fitting one (those this row may take)
-            n_fit += int((len(allowed) - np.searchsorted(np.asarray(allowed), level[fit])).sum())
-        idx = np.nonzero(level >= 0)[0]
-        out.append((idx, z, level[idx], peak_at[idx]))
+                gates.append(top[0])
+                rest.remove(top[0])
+            layers = [[j for j in layer if j not in gates] for layer in _layers(sub)]
+            gate_rows = gate_peak = None  # the bases under the latest gate that fit there, their peaks
+
+            may = np.ones_like(fit)  # the levels a base may still fit at (needs: below)
+
+            def climb(layer):
+                todo = [(j, alive & ~fit[:, j] & may[:, j]) for j in layer]  # the bases no level below j fits
+                todo = [(j, where) for j, where in todo if where.any()]
+                for j, (picked, peak, ok) in zip([j for j, _ in todo],
+                                                 check([(levels[allowed[j]], where) for j, where in todo])):
+                    record(j, picked[ok], peak[ok])
+
+            def settle_gate(j):
+                """The bases that fit under gate ``j`` and at no level below it found so far take it."""
+                left = gate_rows[alive[gate_rows] & ~fit[gate_rows, j]]
+                record(j, left, gate_peak[np.searchsorted(gate_rows, left)])
+                alive[left] = False
+
+            if gates:
+                (picked, peak, ok), = check([(levels[allowed[gates[0]]], alive)])
+                alive[picked[~ok]] = False
+                gate_rows, gate_peak = picked[ok], peak[ok]
+            climb(layers[0])  # no recompute (the least), before the second gate
+            if len(gates) == 2:
+                (picked, peak, ok), = check([(levels[allowed[gates[1]]], alive & ~fit[:, gates[1]])])
+                alive[picked[ok]] = False  # held back from settle_gate: they fit under the second gate
+                settle_gate(gates[0])  # fit under full recompute only
+                alive[picked[ok]] = True
+                gate_rows, gate_peak = picked[ok], peak[ok]
+                may &= _needs(levels, allowed, gates[1], np.isin(np.arange(len(rows)), picked[ok]), check, drops)
+            for layer in layers[1:]:
+                climb(layer)
+            if gates:
+                settle_gate(gates[-1])
+            fitting[np.ix_(rows, allowed)] = fit
+        n_fit += int(fitting.sum())
+        fits_at[z] = fitting
+        for idx, j, peak in found:
+            if z == 2 and 1 in fits_at:  # ZeRO-2 only where ZeRO-1 does not fit at that level
+                keep = ~fits_at[1][idx, j]
+                idx, peak = idx[keep], peak[keep]
+            out.append((idx, z, np.full(len(idx), j, dtype=np.int64), peak))
     return out, n_fit, n_engine
 
 
@@ -434,9 +578,10 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     ``max_memory`` x device capacity, with GEMMs in ``precision`` (bf16 | fp8 | fp4). Raises
     FitError when none fits.
 
-    Pruning is exact under the models: for each ZeRO stage only the least recompute that fits is
-    timed (more recompute only adds time), and ZeRO-2 only where ZeRO-1 needs more recompute to
-    fit (ZeRO-2 adds a reduce-scatter per micro-batch and nothing else)."""
+    Pruning is exact under the models: for each ZeRO stage only the recompute levels that fit with
+    no fitting level below them are timed (:func:`level_order`: a level above recomputes more and
+    only adds time), the fastest of them ranked, and ZeRO-2 only at levels where ZeRO-1 does not fit
+    (ZeRO-2 adds a reduce-scatter per micro-batch and nothing else)."""
     if memory_fn is None:
         from dayzero.planner.memory import MemoryOptions
         from dayzero.planner.memory import peak_memory_batch as memory_fn  # noqa: N813
@@ -463,6 +608,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         return np.asarray(memory_fn(spec, grid, capacity, memory_options), dtype=float)
 
     zeros, levels = codes["zero"], space.levels(spec)
+    below = level_order(spec, levels)
     level_rc = np.array([rc for rc, _ in levels], dtype=np.int64)
     level_modules = np.array([m for _, m in levels], dtype=np.int64)
     best_rows, best_step, best_peak = [], [], []
@@ -470,20 +616,11 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     for start in range(0, n, CHUNK):
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
         found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, levels, memory, limit, space.engine,
-                                                         searched_dual=space.schedule is None)
+                                                         searched_dual=space.schedule is None, below=below)
         n_fit += fit_here
         engine_zero += engine_here
-        by_zero = {z: (idx, r, pk) for idx, z, r, pk in found}
-        parts = []
-        for idx, z, r, pk in found:
-            if z == 2 and 1 in by_zero:  # ZeRO-2 only where ZeRO-1 needs more recompute (or does not fit)
-                i1, r1, _ = by_zero[1]
-                r1_of = np.full(len(chunk["tp"]), 99)
-                r1_of[i1] = r1
-                keep = r < r1_of[idx]
-                idx, r, pk = idx[keep], r[keep], pk[keep]
-            parts.append((idx, np.full(len(idx), z), r, pk))
-        idx = np.concatenate([p[0] for p in parts])
+        parts = [(idx, np.full(len(idx), z), r, pk) for idx, z, r, pk in found]
+        idx = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
         if not len(idx):
             continue
         cand = {k: v[idx] for k, v in chunk.items()}
