@@ -239,9 +239,10 @@ def describe_module(net, config, name: str, model_type: str, notes: list[str] | 
     final_norm = _final_norm(net, layers, embed, head)
     outside = parameters + buffers - vision - layers_total - embed_n - head_n - final_norm
     groups = st.group_layers(layers)
-    kinds = [_kind(layers[g[0]], g, config, hidden, net) for g in groups]
+    family = st.family_prefix(type(net).__name__, type(layers[0]).__name__)
+    kinds = [_kind(layers[g[0]], g, config, hidden, family) for g in groups]
     kinds = _named(kinds)
-    first_norms = [m for q, m in layers[0].named_children() if st.category(q, m) == "norm"]
+    first_norms = [m for q, m in layers[0].named_children() if st.category(q, m, family) == "norm"]
     norm_cls = type(first_norms[0]).__name__.lower() if first_norms else "rmsnorm"
     norm_bias = any(getattr(m, "bias", None) is not None for m in first_norms)
     return ModelDescription(
@@ -326,9 +327,9 @@ def _layer_type(config, index: int, mixer_mod) -> str:
     return ""
 
 
-def _kind(layer, indices: list[int], config, hidden: int, net) -> LayerKind:
+def _kind(layer, indices: list[int], config, hidden: int, family: str = "") -> LayerKind:
     children = [(q, m) for q, m in layer.named_children() if st.numel(m, True)]
-    cats = {q: st.category(q, m) for q, m in children}
+    cats = {q: st.category(q, m, family) for q, m in children}
     mixer_mods = [(q, m) for q, m in children if cats[q] in ("mixer", "other")]
     ffn_mods = [(q, m) for q, m in children if cats[q] == "ffn"]
     if not mixer_mods and len(ffn_mods) > 1:  # nothing named like a mixer: the first block mixes
@@ -336,7 +337,7 @@ def _kind(layer, indices: list[int], config, hidden: int, net) -> LayerKind:
     mixer_q, mixer_mod = mixer_mods[0] if mixer_mods else ("", None)
     ltype = _layer_type(config, indices[0], mixer_mod)
     mixer = _mixer(mixer_mod, config, hidden, ltype) if mixer_mod is not None else None
-    ffn = _ffn(ffn_mods[0][1] if ffn_mods else None, config, hidden)
+    ffn = _ffn([m for _, m in ffn_mods], config, hidden)
     norms = sum(st.numel(m, True) for q, m in children if cats[q] == "norm")
     total = st.numel(layer, True)
     other = total - (mixer.params if mixer else 0) - ffn.params - norms
@@ -385,15 +386,34 @@ def _mixer(mod, config, hidden: int, ltype: str) -> Mixer:
                  qkv_bias=in_bias, o_bias=out_bias)
 
 
-def _ffn(mod, config, hidden: int) -> FeedForward:
+def _ffn(mods: list, config, hidden: int) -> FeedForward:
+    """The feed-forward block of a layer from its feed-forward children. One with routed experts is
+    the MoE block; dense MLPs beside it are its shared experts (every token runs them: Granite 4.0's
+    ``shared_mlp`` next to ``block_sparse_moe``, the sum of both the layer's output), the same as a
+    shared expert held inside the block."""
+    from dataclasses import replace
+
+    if not mods:
+        return FeedForward(kind="none", module="", params=0)
+    routed = [m for m in mods if st.routed_experts(m, hidden) is not None]
+    if not routed:
+        mod = mods[0]
+        return FeedForward(kind="dense", module=type(mod).__name__, params=st.numel(mod, True),
+                           dense=st.mlp_shape(mod, hidden))
+    moe = _moe(routed[0], config, hidden)
+    beside = [st.mlp_shape(m, hidden) for m in mods if m is not routed[0]]
+    if not beside or any(s is None for s in beside):
+        return moe
+    shared = ([moe.shared] if moe.shared else []) + beside
+    sh = st.MLPShape(sum(s.intermediate for s in shared), shared[0].gated, shared[0].bias, sum(s.params for s in shared))
+    return replace(moe, params=moe.params + sum(st.numel(m, True) for m in mods if m is not routed[0]), shared=sh)
+
+
+def _moe(mod, config, hidden: int) -> FeedForward:
     from torch import nn
 
-    if mod is None:
-        return FeedForward(kind="none", module="", params=0)
     params = st.numel(mod, True)
     experts = st.routed_experts(mod, hidden)
-    if experts is None:
-        return FeedForward(kind="dense", module=type(mod).__name__, params=params, dense=st.mlp_shape(mod, hidden))
     e = experts.experts
     expert_ids = {id(p) for p in st.expert_tensors(mod)}
     holder = st.expert_list(mod)
