@@ -69,6 +69,12 @@ class FeedForward:
     router_params: int = 0
     router_bias: bool = False
     score_correction_bias: bool = False
+    beside: tuple[str, ...] = ()  # classes of the layer's dense MLPs read as this block's shared experts
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """Classes of the layer's children that make up the block (empty for ``none``)."""
+        return tuple(m for m in (self.module, *self.beside) if m)
 
 
 @dataclass(frozen=True)
@@ -406,7 +412,9 @@ def _ffn(mods: list, config, hidden: int) -> FeedForward:
         return moe
     shared = ([moe.shared] if moe.shared else []) + beside
     sh = st.MLPShape(sum(s.intermediate for s in shared), shared[0].gated, shared[0].bias, sum(s.params for s in shared))
-    return replace(moe, params=moe.params + sum(st.numel(m, True) for m in mods if m is not routed[0]), shared=sh)
+    others = [m for m in mods if m is not routed[0]]
+    return replace(moe, params=moe.params + sum(st.numel(m, True) for m in others), shared=sh,
+                   beside=tuple(type(m).__name__ for m in others))
 
 
 def _moe(mod, config, hidden: int) -> FeedForward:
