@@ -144,3 +144,75 @@ def test_a_recurrent_mixer_whose_value_width_equals_hidden(tmp_path):
     assert spec.layer_mixers == ("recurrent",) * 3 + ("attention",)
     assert (spec.recurrent.kind, spec.recurrent.heads, spec.recurrent.head_dim) == ("gated_deltanet", 4, 16)
     assert params_total(spec) == meta_count("qwen3_next", cfg)
+
+
+def test_the_mixer_is_the_largest_child_that_reads_as_one_and_mlps_beside_experts_are_shared():
+    """A toy layer (made up, as new architectures are): a small helper named like attention declared
+    before the real attention, a short convolution after it, routed experts [E, a, b] and a list of
+    two dense MLPs beside them. Hand count, hidden 16: attention q/k/v/o 4 x 16 x 16 = 1,024; the
+    helper 16; the conv 16 x 3 = 48; experts 4 x (16 x 64 + 32 x 16) = 6,144 plus a router 4 x 16 =
+    64; each dense MLP 16 x 48 (gate, up of 24) + 24 x 16 = 1,152; two norms of 16."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from dayzero.derive.describe import describe_module
+
+    class ToyAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(16, 16, bias=False) for _ in range(4))
+            self.num_heads, self.head_dim = 2, 8
+
+    class ToyExperts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.zeros(4, 16, 64))
+            self.down_proj = nn.Parameter(torch.zeros(4, 32, 16))
+
+    class ToyMoE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(16, 4, bias=False)
+            self.experts = ToyExperts()
+            self.top_k = 2
+
+    class ToyMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up = nn.Linear(16, 48, bias=False)
+            self.down = nn.Linear(24, 16, bias=False)
+
+    class ToyLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention_input = nn.Module()
+            self.attention_input.weight = nn.Parameter(torch.zeros(16))  # a mixing weight, not the mixer
+            self.self_attn = ToyAttention()
+            self.short_conv = nn.Conv1d(16, 16, 3, groups=16, bias=False)
+            self.input_layernorm, self.post_attention_layernorm = nn.RMSNorm(16), nn.RMSNorm(16)
+            self.moe = ToyMoE()
+            self.mlps = nn.ModuleList([ToyMLP(), ToyMLP()])
+
+    class ToyForCausalLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(32, 16)
+            self.layers = nn.ModuleList([ToyLayer(), ToyLayer()])
+            self.norm = nn.RMSNorm(16)
+            self.lm_head = nn.Linear(16, 32, bias=False)
+
+        def get_input_embeddings(self):
+            return self.embed
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    d = describe_module(ToyForCausalLM(), SimpleNamespace(num_attention_heads=2), "toy", "toy")
+    (k,) = d.kinds
+    assert (k.mixer.kind, k.mixer.module, k.mixer.params) == ("softmax", "ToyAttention", 1024)
+    f = k.ffn
+    assert (f.kind, f.experts.experts, f.top_k, f.experts.expert.intermediate) == ("moe", 4, 2, 32)
+    assert (f.shared.intermediate, f.shared.gated, f.params) == (48, True, 6144 + 64 + 2 * 1152)
+    assert f.modules == ("ToyMoE", "ModuleList")
+    assert (k.norms, k.other) == (32, 16 + 48)  # the helper and the conv stay outside the shapes

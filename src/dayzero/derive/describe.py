@@ -340,6 +340,11 @@ def _kind(layer, indices: list[int], config, hidden: int, family: str = "") -> L
     ffn_mods = [(q, m) for q, m in children if cats[q] == "ffn"]
     if not mixer_mods and len(ffn_mods) > 1:  # nothing named like a mixer: the first block mixes
         mixer_mods, ffn_mods = ffn_mods[:1], ffn_mods[1:]
+    # the token mixer: the largest child that reads as one (small helpers named like attention, a
+    # short convolution after it, come second), else the first child of no known role
+    named = [(q, m) for q, m in mixer_mods if cats[q] == "mixer"]
+    if named:
+        mixer_mods = sorted(named, key=lambda qm: -st.numel(qm[1], True))
     mixer_q, mixer_mod = mixer_mods[0] if mixer_mods else ("", None)
     ltype = _layer_type(config, indices[0], mixer_mod)
     mixer = _mixer(mixer_mod, config, hidden, ltype) if mixer_mod is not None else None
@@ -399,6 +404,8 @@ def _ffn(mods: list, config, hidden: int) -> FeedForward:
     shared expert held inside the block."""
     from dataclasses import replace
 
+    from torch import nn
+
     if not mods:
         return FeedForward(kind="none", module="", params=0)
     routed = [m for m in mods if st.routed_experts(m, hidden) is not None]
@@ -407,14 +414,14 @@ def _ffn(mods: list, config, hidden: int) -> FeedForward:
         return FeedForward(kind="dense", module=type(mod).__name__, params=st.numel(mod, True),
                            dense=st.mlp_shape(mod, hidden))
     moe = _moe(routed[0], config, hidden)
-    beside = [st.mlp_shape(m, hidden) for m in mods if m is not routed[0]]
+    others = [e for m in mods if m is not routed[0] for e in (m if isinstance(m, nn.ModuleList) else [m])]
+    beside = [st.mlp_shape(m, hidden) for m in others]  # a list of MLPs (LongCat-Flash's mlps): each one
     if not beside or any(s is None for s in beside):
         return moe
     shared = ([moe.shared] if moe.shared else []) + beside
     sh = st.MLPShape(sum(s.intermediate for s in shared), shared[0].gated, shared[0].bias, sum(s.params for s in shared))
-    others = [m for m in mods if m is not routed[0]]
     return replace(moe, params=moe.params + sum(st.numel(m, True) for m in others), shared=sh,
-                   beside=tuple(type(m).__name__ for m in others))
+                   beside=tuple(type(m).__name__ for m in mods if m is not routed[0]))  # the layer's children
 
 
 def _moe(mod, config, hidden: int) -> FeedForward:
