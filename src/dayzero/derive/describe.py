@@ -242,13 +242,14 @@ def describe_module(net, config, name: str, model_type: str, notes: list[str] | 
     embed_n = st.numel(embed)
     head_n = 0 if (tied or head is None) else st.numel(head)
     layers_total = st.numel(layers, True)
-    final_norm = _final_norm(net, layers, embed, head)
+    family = st.family_prefix(type(net).__name__, type(layers[0]).__name__)
+    final_norm = _final_norm(net, layers, embed, head, family)
     outside = parameters + buffers - vision - layers_total - embed_n - head_n - final_norm
     groups = st.group_layers(layers)
-    family = st.family_prefix(type(net).__name__, type(layers[0]).__name__)
     kinds = [_kind(layers[g[0]], g, config, hidden, family) for g in groups]
     kinds = _named(kinds)
-    first_norms = [m for q, m in layers[0].named_children() if st.category(q, m, family) == "norm"]
+    first_norms = [m for q, m in layers[0].named_children() if st.is_norm(q, m, family)] or [
+        m for q, m in layers[0].named_modules() if q and st.is_norm(q.rsplit(".", 1)[-1], m, family)]  # nested
     norm_cls = type(first_norms[0]).__name__.lower() if first_norms else "rmsnorm"
     norm_bias = any(getattr(m, "bias", None) is not None for m in first_norms)
     return ModelDescription(
@@ -276,7 +277,7 @@ def _vision(net) -> int:
     return total
 
 
-def _final_norm(net, layers, embed, head) -> int:
+def _final_norm(net, layers, embed, head, family: str = "") -> int:
     """The norm applied after the last decoder layer: a norm module outside the layer list and the
     embeddings, directly under the model's body."""
     inside = {id(m) for m in layers.modules()} | {id(embed)} | ({id(head)} if head is not None else set())
@@ -285,10 +286,10 @@ def _final_norm(net, layers, embed, head) -> int:
         if id(m) in inside or not q or _is_vision(q):
             continue
         leaf = q.rsplit(".", 1)[-1]
-        if st.category(leaf, m) == "norm" and not any(id(c) in inside for c in m.modules()):
+        if st.is_norm(leaf, m, family) and not any(id(c) in inside for c in m.modules()):
             parent = q.rpartition(".")[0]
             pmod = net.get_submodule(parent) if parent else net
-            if st.category(parent.rsplit(".", 1)[-1], pmod) != "norm":
+            if not st.is_norm(parent.rsplit(".", 1)[-1], pmod, family):
                 total += st.numel(m, True)
     return total
 

@@ -117,12 +117,18 @@ def role_class(mod, family: str = "") -> str:
     return cls.lower()
 
 
+def is_norm(name: str, mod, family: str = "") -> bool:
+    """A normalisation module, by attribute name or class name without the family's name."""
+    leaf, cls = name.lower(), role_class(mod, family)
+    return "norm" in cls or "norm" in leaf or leaf.startswith("ln_")
+
+
 def category(name: str, mod, family: str = "") -> str:
     """norm | ffn | mixer | other of a decoder layer's child: by structure where it is decisive
     (routed experts: ffn; a convolution or recurrent state, i.e. a module that mixes tokens without
     attention: mixer), else by attribute name and class name without the family's name."""
     leaf, cls = name.lower(), role_class(mod, family)
-    if "norm" in cls or "norm" in leaf or leaf.startswith("ln_"):
+    if is_norm(name, mod, family):
         return "norm"
     if expert_tensors(mod) or expert_list(mod):
         return "ffn"
