@@ -216,3 +216,38 @@ def test_the_mixer_is_the_largest_child_that_reads_as_one_and_mlps_beside_expert
     assert (f.shared.intermediate, f.shared.gated, f.params) == (48, True, 6144 + 64 + 2 * 1152)
     assert f.modules == ("ToyMoE", "ModuleList")
     assert (k.norms, k.other) == (32, 16 + 48)  # the helper and the conv stay outside the shapes
+
+
+HYBRIDS = {  # tiny configs; layer pattern from each config class's own keys
+    "jamba": (dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=96, vocab_size=128, max_position_embeddings=256, num_experts=4,
+                   num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1, attn_layer_period=4,
+                   attn_layer_offset=2, mamba_d_state=16, use_mamba_kernels=False),
+              ["JambaMambaMixer:dense", "JambaMambaMixer:moe", "JambaAttention:dense", "JambaMambaMixer:moe"]),
+    "bamba": (dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=96, vocab_size=128, max_position_embeddings=256, attn_layer_indices=[1],
+                   mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=64),
+              ["BambaMixer:dense", "BambaAttention:dense", "BambaMixer:dense", "BambaMixer:dense"]),
+    "lfm2": (dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=96, vocab_size=128, max_position_embeddings=256,
+                  layer_types=["conv", "full_attention", "conv", "conv"], block_auto_adjust_ff_dim=False),
+             ["Lfm2ShortConv:dense", "Lfm2Attention:dense", "Lfm2ShortConv:dense", "Lfm2ShortConv:dense"]),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRIDS))
+def test_hybrid_layers_have_their_mixers_and_ffns(model_type, tmp_path):
+    """Every layer's mixer is the module its config puts there (Mamba / short conv / attention by the
+    config's layer pattern), its feed-forward block dense or MoE as configured, nothing unread."""
+    from dayzero.derive.describe import describe
+
+    if model_type not in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
+    cfg, want = HYBRIDS[model_type]
+    d = tmp_path / model_type
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": model_type, **cfg}))
+    desc = describe(str(d))
+    assert [f"{k.mixer.module}:{k.ffn.kind}" for k in desc.kind_of()] == want
+    assert all(k.other == 0 for k in desc.kinds)
+    assert desc.total == meta_count(model_type, cfg)
