@@ -60,7 +60,7 @@ def main() -> None:
                 i = idx[0]
                 kd = kinds[i]
                 ref = reference_bytes(spec, i, s, i in standin)
-                sides = traced_sides(tr.saved_bytes, k, kd.ffn.module, s)
+                sides = traced_sides(tr.saved_bytes, k, kd.ffn.modules, s)
                 before, traced, x = sum(ref), sum(sides), lin + quad * s
                 after = before + x
                 side = (after, traced) if i in unread else (ref[0] + x, sides[0])

@@ -83,7 +83,7 @@ def test_an_indexer_is_measured_counted_always_and_extrapolates(tmp_path):
     rep = {i: k for k, kind in enumerate(meta.kinds) for i in kind.layers}
     for i in approximated_layers(desc, spec):
         lin, quad = spec.layer_act_extra[i]
-        mixer = traced_sides(saved, rep[i], desc.kind_of()[i].ffn.module, 192)[0]
+        mixer = traced_sides(saved, rep[i], desc.kind_of()[i].ffn.modules, 192)[0]
         assert reference_bytes(spec, i, 192)[0] + lin + quad * 192 == pytest.approx(mixer, rel=1e-9)
     d = Dims(seq=192, mbs=1, tp=1, cp=1)
     assert "traced_extra" in layer_terms(spec, spec.layer_types[1], MemoryOptions(), d)
@@ -105,7 +105,7 @@ def test_an_unread_mixer_counts_its_reference_bytes_under_eager_kernels_only(tmp
         rep = {i: k for k, kind in enumerate(meta.kinds) for i in kind.layers}
         for i in lightning:
             lin, quad = spec.layer_act_reference[i]
-            mixer = traced_sides(saved, rep[i], desc.kind_of()[i].ffn.module, seq)[0]
+            mixer = traced_sides(saved, rep[i], desc.kind_of()[i].ffn.modules, seq)[0]
             assert reference_bytes(spec, i, seq, stand_in=True)[0] + lin + quad * seq == pytest.approx(mixer, rel=1e-9)
     d = Dims(seq=256, mbs=1, tp=1, cp=1)
     kind = spec.layer_types[lightning[0]]

@@ -69,6 +69,12 @@ class FeedForward:
     router_params: int = 0
     router_bias: bool = False
     score_correction_bias: bool = False
+    beside: tuple[str, ...] = ()  # classes of the layer's dense MLPs read as this block's shared experts
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """Classes of the layer's children that make up the block (empty for ``none``)."""
+        return tuple(m for m in (self.module, *self.beside) if m)
 
 
 @dataclass(frozen=True)
@@ -236,12 +242,14 @@ def describe_module(net, config, name: str, model_type: str, notes: list[str] | 
     embed_n = st.numel(embed)
     head_n = 0 if (tied or head is None) else st.numel(head)
     layers_total = st.numel(layers, True)
-    final_norm = _final_norm(net, layers, embed, head)
+    family = st.family_prefix(type(net).__name__, type(layers[0]).__name__)
+    final_norm = _final_norm(net, layers, embed, head, family)
     outside = parameters + buffers - vision - layers_total - embed_n - head_n - final_norm
     groups = st.group_layers(layers)
-    kinds = [_kind(layers[g[0]], g, config, hidden, net) for g in groups]
+    kinds = [_kind(layers[g[0]], g, config, hidden, family) for g in groups]
     kinds = _named(kinds)
-    first_norms = [m for q, m in layers[0].named_children() if st.category(q, m) == "norm"]
+    first_norms = [m for q, m in layers[0].named_children() if st.is_norm(q, m, family)] or [
+        m for q, m in layers[0].named_modules() if q and st.is_norm(q.rsplit(".", 1)[-1], m, family)]  # nested
     norm_cls = type(first_norms[0]).__name__.lower() if first_norms else "rmsnorm"
     norm_bias = any(getattr(m, "bias", None) is not None for m in first_norms)
     return ModelDescription(
@@ -269,7 +277,7 @@ def _vision(net) -> int:
     return total
 
 
-def _final_norm(net, layers, embed, head) -> int:
+def _final_norm(net, layers, embed, head, family: str = "") -> int:
     """The norm applied after the last decoder layer: a norm module outside the layer list and the
     embeddings, directly under the model's body."""
     inside = {id(m) for m in layers.modules()} | {id(embed)} | ({id(head)} if head is not None else set())
@@ -278,10 +286,10 @@ def _final_norm(net, layers, embed, head) -> int:
         if id(m) in inside or not q or _is_vision(q):
             continue
         leaf = q.rsplit(".", 1)[-1]
-        if st.category(leaf, m) == "norm" and not any(id(c) in inside for c in m.modules()):
+        if st.is_norm(leaf, m, family) and not any(id(c) in inside for c in m.modules()):
             parent = q.rpartition(".")[0]
             pmod = net.get_submodule(parent) if parent else net
-            if st.category(parent.rsplit(".", 1)[-1], pmod) != "norm":
+            if not st.is_norm(parent.rsplit(".", 1)[-1], pmod, family):
                 total += st.numel(m, True)
     return total
 
@@ -326,17 +334,22 @@ def _layer_type(config, index: int, mixer_mod) -> str:
     return ""
 
 
-def _kind(layer, indices: list[int], config, hidden: int, net) -> LayerKind:
+def _kind(layer, indices: list[int], config, hidden: int, family: str = "") -> LayerKind:
     children = [(q, m) for q, m in layer.named_children() if st.numel(m, True)]
-    cats = {q: st.category(q, m) for q, m in children}
+    cats = {q: st.category(q, m, family) for q, m in children}
     mixer_mods = [(q, m) for q, m in children if cats[q] in ("mixer", "other")]
     ffn_mods = [(q, m) for q, m in children if cats[q] == "ffn"]
     if not mixer_mods and len(ffn_mods) > 1:  # nothing named like a mixer: the first block mixes
         mixer_mods, ffn_mods = ffn_mods[:1], ffn_mods[1:]
+    # the token mixer: the largest child that reads as one (small helpers named like attention, a
+    # short convolution after it, come second), else the first child of no known role
+    named = [(q, m) for q, m in mixer_mods if cats[q] == "mixer"]
+    if named:
+        mixer_mods = sorted(named, key=lambda qm: -st.numel(qm[1], True))
     mixer_q, mixer_mod = mixer_mods[0] if mixer_mods else ("", None)
     ltype = _layer_type(config, indices[0], mixer_mod)
     mixer = _mixer(mixer_mod, config, hidden, ltype) if mixer_mod is not None else None
-    ffn = _ffn(ffn_mods[0][1] if ffn_mods else None, config, hidden)
+    ffn = _ffn([m for _, m in ffn_mods], config, hidden)
     norms = sum(st.numel(m, True) for q, m in children if cats[q] == "norm")
     total = st.numel(layer, True)
     other = total - (mixer.params if mixer else 0) - ffn.params - norms
@@ -385,15 +398,38 @@ def _mixer(mod, config, hidden: int, ltype: str) -> Mixer:
                  qkv_bias=in_bias, o_bias=out_bias)
 
 
-def _ffn(mod, config, hidden: int) -> FeedForward:
+def _ffn(mods: list, config, hidden: int) -> FeedForward:
+    """The feed-forward block of a layer from its feed-forward children. One with routed experts is
+    the MoE block; dense MLPs beside it are its shared experts (every token runs them: Granite 4.0's
+    ``shared_mlp`` next to ``block_sparse_moe``, the sum of both the layer's output), the same as a
+    shared expert held inside the block."""
+    from dataclasses import replace
+
     from torch import nn
 
-    if mod is None:
+    if not mods:
         return FeedForward(kind="none", module="", params=0)
+    routed = [m for m in mods if st.routed_experts(m, hidden) is not None]
+    if not routed:
+        mod = mods[0]
+        return FeedForward(kind="dense", module=type(mod).__name__, params=st.numel(mod, True),
+                           dense=st.mlp_shape(mod, hidden))
+    moe = _moe(routed[0], config, hidden)
+    others = [e for m in mods if m is not routed[0] for e in (m if isinstance(m, nn.ModuleList) else [m])]
+    beside = [st.mlp_shape(m, hidden) for m in others]  # a list of MLPs (LongCat-Flash's mlps): each one
+    if not beside or any(s is None for s in beside):
+        return moe
+    shared = ([moe.shared] if moe.shared else []) + beside
+    sh = st.MLPShape(sum(s.intermediate for s in shared), shared[0].gated, shared[0].bias, sum(s.params for s in shared))
+    return replace(moe, params=moe.params + sum(st.numel(m, True) for m in others), shared=sh,
+                   beside=tuple(type(m).__name__ for m in mods if m is not routed[0]))  # the layer's children
+
+
+def _moe(mod, config, hidden: int) -> FeedForward:
+    from torch import nn
+
     params = st.numel(mod, True)
     experts = st.routed_experts(mod, hidden)
-    if experts is None:
-        return FeedForward(kind="dense", module=type(mod).__name__, params=params, dense=st.mlp_shape(mod, hidden))
     e = experts.experts
     expert_ids = {id(p) for p in st.expert_tensors(mod)}
     holder = st.expert_list(mod)

@@ -6,8 +6,12 @@ parameter shapes and scalar attributes:
 - the decoder-layer list is the ``nn.ModuleList`` of repeated blocks holding the most parameters
   (not the one whose length equals ``num_hidden_layers``: hybrid models keep other lists);
 - a layer's children are sorted into the mixer (attention, linear attention, SSM), the feed-forward
-  block and norms, by the names Hugging Face code (and most remote code) uses, via
-  :class:`dayzero.ops.modules`'s categories;
+  block and norms: routed experts make a feed-forward block and a convolution or recurrent state
+  (below) a token mixer whatever they are called (a per-token MLP has neither); otherwise the
+  names Hugging Face code (and most remote code) uses decide, read from the attribute name and
+  the class name *without the model family's name* (the CamelCase words the class shares with the
+  model's and the decoder layer's classes: ``GraniteMoeHybridMambaLayer`` is a ``MambaLayer``, not
+  an MoE, ``Qwen2MoeAttention`` an ``Attention``);
 - routed experts are 3-D weights ``[E, a, b]`` outside convolutions, or a ``ModuleList`` of
   identical MLPs; a 3-D convolution kernel ``[C, 1, k]`` is a convolution, never experts;
 - a linear-attention / SSM mixer is one with a convolution or recurrent parameters (``A_log``,
@@ -88,12 +92,49 @@ def persistent_buffer_numel(mod) -> int:
                if b is not None and k not in m._non_persistent_buffers_set)
 
 
-def category(name: str, mod) -> str:
-    """norm | ffn | mixer | other, from the module's class and attribute name."""
-    leaf, cls = name.lower(), type(mod).__name__.lower()
-    if "norm" in cls or "norm" in leaf or leaf.startswith("ln_"):
+_CAMEL_WORD = re.compile(r"[A-Z]+[a-z0-9]*|[a-z0-9]+")
+
+
+def family_prefix(*class_names: str) -> str:
+    """The CamelCase words all ``class_names`` begin with: the model family's name in its classes
+    (``GraniteMoeHybrid`` of ``GraniteMoeHybridForCausalLM`` and ``GraniteMoeHybridDecoderLayer``),
+    which says nothing about a module's role; "" when they share none."""
+    words = [_CAMEL_WORD.findall(n) for n in class_names]
+    common = []
+    for ws in zip(*words):
+        if len(set(ws)) != 1:
+            break
+        common.append(ws[0])
+    prefix = "".join(common)
+    return prefix if all(n.startswith(prefix) for n in class_names) else ""
+
+
+def role_class(mod, family: str = "") -> str:
+    """The module's class name, lower case, without the family's name (what is left names its role)."""
+    cls = type(mod).__name__
+    if family and cls.startswith(family) and len(cls) > len(family):
+        cls = cls[len(family):]
+    return cls.lower()
+
+
+def is_norm(name: str, mod, family: str = "") -> bool:
+    """A normalisation module, by attribute name or class name without the family's name."""
+    leaf, cls = name.lower(), role_class(mod, family)
+    return "norm" in cls or "norm" in leaf or leaf.startswith("ln_")
+
+
+def category(name: str, mod, family: str = "") -> str:
+    """norm | ffn | mixer | other of a decoder layer's child: by structure where it is decisive
+    (routed experts: ffn; a convolution or recurrent state, i.e. a module that mixes tokens without
+    attention: mixer), else by attribute name and class name without the family's name."""
+    leaf, cls = name.lower(), role_class(mod, family)
+    if is_norm(name, mod, family):
         return "norm"
-    if any(w in leaf or w in cls for w in _MLP_WORDS) or expert_tensors(mod) or expert_list(mod):
+    if expert_tensors(mod) or expert_list(mod):
+        return "ffn"
+    if is_recurrent_mixer(mod):
+        return "mixer"
+    if any(w in leaf or w in cls for w in _MLP_WORDS):
         return "ffn"
     if any(w in leaf or w in cls for w in ("attn", "attention", "mixer", "mamba", "ssm", "conv", "rwkv", "delta")):
         return "mixer"
@@ -236,11 +277,15 @@ def recurrent_shapes(mod, hidden: int):
     norms = [m.weight.numel() for m in mod.modules() if not isinstance(m, (nn.Linear, nn.Conv1d))
              and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 1]
     per_head = vec.get("A_log", vec.get("dt_bias"))
-    outs = [m for m in linears if m.out_features == hidden and m.in_features != hidden]
-    ins = [m for m in linears if m.in_features == hidden and m.out_features != hidden]
-    if len(convs) != 1 or per_head is None or len(outs) != 1 or not ins:
+    # the output projection maps into ``hidden``; a square one only where it is the sole such map
+    # (a value width equal to hidden: Mamba-2 with expand 1, Gated DeltaNet with heads x dv == hidden)
+    into = [i for i, m in enumerate(linears) if m.out_features == hidden]
+    if len(into) > 1:
+        into = [i for i in into if linears[i].in_features != hidden]
+    ins = [m for i, m in enumerate(linears) if m.in_features == hidden and i not in into]
+    if len(convs) != 1 or per_head is None or len(into) != 1 or not ins:
         return None
-    conv, out = convs[0], outs[0]
+    conv, out = convs[0], linears[into[0]]
     heads, inner = per_head.numel(), out.in_features
     if inner % heads:
         return None

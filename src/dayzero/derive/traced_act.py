@@ -75,10 +75,14 @@ def unread_ffns(desc: ModelDescription) -> set[int]:
     return {i for i, k in enumerate(desc.kind_of()) if k.ffn.kind == "dense" and k.ffn.dense is None}
 
 
-def traced_sides(saved: dict[tuple[int, str], int], layer: int, ffn_module: str, tokens: int) -> tuple[float, float]:
+def traced_sides(saved: dict[tuple[int, str], int], layer: int, ffn_module: str | tuple[str, ...],
+                 tokens: int) -> tuple[float, float]:
     """(mixer side, feed-forward side) bytes per token a traced layer saved (Trace.saved_bytes): the
-    feed-forward side is what the layer's child of class ``ffn_module`` (FeedForward.module) saves."""
-    ffn = sum(b for (i, c), b in saved.items() if i == layer and c == ffn_module and ffn_module)
+    feed-forward side is what the layer's children of class ``ffn_module`` (FeedForward.modules: the
+    block and any shared-expert MLP beside it) save."""
+    ffn_modules = {ffn_module} if isinstance(ffn_module, str) else set(ffn_module)
+    ffn_modules.discard("")
+    ffn = sum(b for (i, c), b in saved.items() if i == layer and c in ffn_modules)
     every = sum(b for (i, _), b in saved.items() if i == layer)
     return (every - ffn) / tokens, ffn / tokens
 

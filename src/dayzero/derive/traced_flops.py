@@ -105,7 +105,7 @@ def with_traced_flops(model: str, desc: ModelDescription, spec: ModelSpec, trust
                 if c.layer is not None and c.phase == "forward":
                     f[c.layer] += c.flops / tr.tokens
             per_kind.append(f)
-            ffn = [desc.kind_of()[kind.layers[0]].ffn.module for kind in meta.kinds]
+            ffn = [desc.kind_of()[kind.layers[0]].ffn.modules for kind in meta.kinds]
             saved.append([traced_sides(tr.saved_bytes, k, ffn[k], tr.tokens) for k in range(len(meta.kinds))])
     except TraceTimeout:
         return spec, [f"{where}: FLOPs from the shapes only: tracing the model's code at {seqs[0]} and {seqs[1]} "
