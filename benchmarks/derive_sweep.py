@@ -5,31 +5,65 @@ diff the files to see which types a change to dayzero.derive reads differently (
 
     PYTHONPATH=src python benchmarks/derive_sweep.py OUT.txt
 """
-import sys, time, signal, warnings, logging
-warnings.filterwarnings("ignore")
-import torch, transformers
-transformers.logging.set_verbosity_error()
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from dayzero.derive.describe import describe_module
-from dayzero.ops.hf_model import _quiet_transformers
-def h(*a): raise TimeoutError
-signal.signal(signal.SIGALRM, h)
-out = open(sys.argv[1], "w")
-for mt in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
-    if mt not in CONFIG_MAPPING: continue
-    signal.alarm(20)
-    try:
-        cfg = CONFIG_MAPPING[mt]()
-        with _quiet_transformers(), torch.device("meta"):
-            net = transformers.AutoModelForCausalLM.from_config(cfg)
-        d = describe_module(net, cfg, mt, mt)
-        line = f"{mt}: total={d.total} fn={d.final_norm} out={d.outside} norm={d.norm}{d.norm_bias} " + " | ".join(
-            f"{k.name} L{len(k.layers)} mix={k.mixer.kind + ':' + k.mixer.module + (':' + k.mixer.recurrent.kind if k.mixer.recurrent else '') if k.mixer else None} "
-            f"ffn={k.ffn.kind}:{k.ffn.module} E={k.ffn.experts.experts if k.ffn.experts else 0} sh={k.ffn.shared.intermediate if k.ffn.shared else 0} other={k.other}"
-            for k in d.kinds)
-    except BaseException as e:
-        line = f"{mt}: ERROR {type(e).__name__} {str(e)[:80]}"
-    finally:
-        signal.alarm(0)
-    print(line, file=out, flush=True)
+
+from __future__ import annotations
+
+import signal
+import sys
+import warnings
+
+
+def _timeout(*_):
+    raise TimeoutError
+
+
+def _kind_line(k) -> str:
+    mix = None
+    if k.mixer:
+        mix = f"{k.mixer.kind}:{k.mixer.module}" + (f":{k.mixer.recurrent.kind}" if k.mixer.recurrent else "")
+    experts = k.ffn.experts.experts if k.ffn.experts else 0
+    shared = k.ffn.shared.intermediate if k.ffn.shared else 0
+    return (f"{k.name} L{len(k.layers)} mix={mix} ffn={k.ffn.kind}:{k.ffn.module} E={experts} sh={shared} "
+            f"other={k.other}")
+
+
+def describe_type(mt: str, config_mapping) -> str:
+    """One line for a model type: its description on the meta device, or the error building it."""
+    import torch
+    import transformers
+
+    from dayzero.derive.describe import describe_module
+    from dayzero.ops.hf_model import _quiet_transformers
+
+    cfg = config_mapping[mt]()
+    with _quiet_transformers(), torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(cfg)
+    d = describe_module(net, cfg, mt, mt)
+    head = f"{mt}: total={d.total} fn={d.final_norm} out={d.outside} norm={d.norm}{d.norm_bias} "
+    return head + " | ".join(_kind_line(k) for k in d.kinds)
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    transformers.logging.set_verbosity_error()
+    signal.signal(signal.SIGALRM, _timeout)
+    with open(sys.argv[1], "w") as out:
+        for mt in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+            if mt not in CONFIG_MAPPING:
+                continue
+            signal.alarm(20)
+            try:
+                line = describe_type(mt, CONFIG_MAPPING)
+            except BaseException as e:  # one type's failure is a line of the sweep, not its end
+                line = f"{mt}: ERROR {type(e).__name__} {str(e)[:80]}"
+            finally:
+                signal.alarm(0)
+            print(line, file=out, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -420,7 +420,8 @@ def _ffn(mods: list, config, hidden: int) -> FeedForward:
     if not beside or any(s is None for s in beside):
         return moe
     shared = ([moe.shared] if moe.shared else []) + beside
-    sh = st.MLPShape(sum(s.intermediate for s in shared), shared[0].gated, shared[0].bias, sum(s.params for s in shared))
+    sh = st.MLPShape(sum(s.intermediate for s in shared), shared[0].gated, shared[0].bias,
+                     sum(s.params for s in shared))
     return replace(moe, params=moe.params + sum(st.numel(m, True) for m in others), shared=sh,
                    beside=tuple(type(m).__name__ for m in mods if m is not routed[0]))  # the layer's children
 

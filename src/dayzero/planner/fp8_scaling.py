@@ -25,8 +25,9 @@ constants of 2026-12-03):
 
 so the block recipe slows the dense GEMMs to 0.691 of per-tensor FP8 and leaves the routed
 experts' GEMMs as they are. Later DeepGEMM releases (2025-04: "up to 1,550 TFLOPS on H800") close
-much of the gap; DeepSeek-V3 was trained before either. On accelerators with block-scaled MMA in hardware (Blackwell MXFP8, 1 x 32 blocks)
-there is no software promotion: use ``tensor`` there (the backtest's MXFP8 rows are fitted so).
+much of the gap; DeepSeek-V3 was trained before either. On accelerators with block-scaled MMA in
+hardware (Blackwell MXFP8, 1 x 32 blocks) there is no software promotion: use ``tensor`` there
+(the backtest's MXFP8 rows are fitted so).
 """
 
 from __future__ import annotations
