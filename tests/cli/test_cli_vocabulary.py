@@ -175,8 +175,9 @@ def test_a_pin_no_layout_satisfies_is_one_line_naming_why(capsys):
     from dayzero.cli.app import main
 
     base = ["plan", "llama-3.1-8b", "-a", "h100", "-n", "64", "--gbs", "128"]
-    # 4 recompute levels on a dense GQA model: none, core_attn, core_attn+layernorm, full
-    for extra, needle in ((["--schedule", "interleaved", "--vpp", "1"], "4,608 rejected: the interleaved schedule "
+    # 9 recompute levels on a dense GQA model: none, full and the 7 distinct module sets of core_attn,
+    # layernorm and mlp (search.SearchSpace.levels): 1,152 layouts x 9
+    for extra, needle in ((["--schedule", "interleaved", "--vpp", "1"], "10,368 rejected: the interleaved schedule "
                                                                          "needs vpp > 1, got vpp 1"),
                           (["--dp", "7"], "--dp 7: dp must divide the 64 devices"),
                           (["--tp", "3"], "attention heads (32) must be divisible by tp (3)"),
