@@ -22,6 +22,8 @@ MiB = 2**20
 # moments in the AdamW optimizer"; master weights and gradients stay FP32) and Megatron-LM's
 # --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16
 MOMENT_BYTES = {"fp32": 8, "bf16": 4}
+# Bytes per element of an FP8 tensor (E4M3 / E5M2), as FP8 parameter storage keeps the GEMM weights
+FP8_BYTES = 1
 # What an attention kernel keeps for its backward: fused kernels (cuDNN, FlashAttention 2/3) the
 # log-sum-exp per row; unfused attention (plain matmul + softmax) the s x s probabilities
 # (Korthikanti et al. 2022, sec. 4.1: the 5as^2/t term disappears only with a fused kernel).
@@ -58,6 +60,17 @@ class MemoryOptions:
     # AdamW exp_avg + exp_avg_sq in FP32; 4 in BF16 (MOMENT_BYTES["bf16"]), as DeepSeek-V3 trains
     optim_bytes: int = 8
     fp8_weight_cache_bytes: int = 2  # FP8 weight + transpose cached across micro-batches (TE)
+    # FP8 parameter storage under an FP8 recipe (Megatron-LM --fp8-param-gather, arguments.py: "Keep
+    # the compute param in fp8 (do not use any other intermediate dtype) and perform the param
+    # all-gather in fp8"; Transformer Engine fp8_model_init: modules "hold only FP8 copies of its
+    # parameters, as opposed to the default behavior where both higher precision and FP8 copies are
+    # present ... useful for ... training using optimizer with master weights"). The decoder layers'
+    # weights take FP8_BYTES instead of param_bytes and the FP8 weight cache keeps only what is not
+    # the weight itself: the transpose (fp8_weight_cache_bytes - FP8_BYTES; TE's Float8Tensor caches
+    # it because Hopper's FP8 GEMMs take only the TN layout, MXFP8 keeps columnwise data alike).
+    # The embedding and head (not FP8 GEMMs in TE recipes) and the FP32 master stay as they were.
+    # Approximation: the decoder layers' norm and router vectors count as FP8 too (O(h) of O(h^2)).
+    fp8_params: bool = False
 
     # -- activations -----------------------------------------------------------------------------
     act_bytes: int = 2  # BF16 saved activations

@@ -66,7 +66,8 @@ class PerfOptions:
     def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool | None = None, moe_imbalance: float = 1.0,
                 calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False,
-                fp8_scaling: str = "tensor", comm_sm_reserved: bool = False) -> "PerfOptions":
+                fp8_scaling: str = "tensor", comm_sm_reserved: bool = False,
+                fp8_param_gather: bool = False) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
         file's overrides, then a ``calibration`` file's), the overlap switches (``ep_overlap``
         None: wherever the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
@@ -74,7 +75,8 @@ class PerfOptions:
         per-expert load CV ``moe_expert_cv``), the EP dispatcher (``dedup`` | ``all_to_all``), FP8
         dispatch, the attention kernel, the FP8 recipe's scaling (``tensor`` | ``block``) and whether
         overlapped compute runs on the SMs the communication kernels leave for the whole window
-        (``comm_sm_reserved``, CommOptions.sm_reserved)."""
+        (``comm_sm_reserved``, CommOptions.sm_reserved), and FP8 parameter all-gathers
+        (``fp8_param_gather``, CommOptions.fp8_param_gather)."""
         from dayzero.errors import ConfigError
         from dayzero.planner.calibration import constants_for, load_calibration
         from dayzero.planner.memory_options import check_attention_kernel
@@ -93,7 +95,7 @@ class PerfOptions:
             constants = load_calibration(calibration, constants)
         comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance,
                            moe_expert_cv=moe_expert_cv, ep_dispatcher=ep_dispatcher, fp8_dispatch=fp8_dispatch,
-                           sm_reserved=comm_sm_reserved)
+                           sm_reserved=comm_sm_reserved, fp8_param_gather=fp8_param_gather)
         return cls(comm=comm, constants=constants, attention_kernel=attention_kernel, fp8_scaling=fp8_scaling)
 
     def with_expert_loads(self, spec: ModelSpec, expert_loads: str | None = None,
@@ -322,7 +324,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     first_ag = _first_layer_gather(litems, slow.classes[0], n)
     sitems = step_comm(g, r, groups, options.comm, dense_params=dense_params, expert_params=expert_params,
                        fwd_mb=fwd_mb, bwd_mb=bwd_mb, first_layer_ag=first_ag, microbatches=m, act_bytes=act,
-                       tied_params=tied_embedding_params(spec, g))
+                       tied_params=tied_embedding_params(spec, g),
+                       edge_params=slow.first * costs.first_params + slow.last * costs.last_params)
 
     zero = g["zero"]
     edp = groups["edp"][0]
