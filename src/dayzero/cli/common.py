@@ -156,10 +156,17 @@ Fp8ParamOpt = Annotated[bool, typer.Option("--fp8-param-gather/--no-fp8-param-ga
                                                 "(1 B/param, no separate FP8 copy; FP32 master as before) and "
                                                 "all-gather them in FP8 (Megatron's flag, TE fp8_model_init).")]
 
+OptimizerOffloadOpt = Annotated[bool, typer.Option("--optimizer-offload/--no-optimizer-offload",
+                                                   help="FP32 master weights and AdamW moments in host memory, "
+                                                        "Adam on the CPU (Megatron --optimizer-cpu-offload, "
+                                                        "ZeRO-Offload); the step pays the host Adam and PCIe.")]
 
-def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool = False) -> dict:
-    """MemoryOptions keywords of ``--moments``, ``--activation-func-fp8-input-store`` and
-    ``--fp8-param-gather`` (the defaults give none, so each verb's own defaults stay)."""
+
+def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool = False,
+                  optimizer_offload: bool = False) -> dict:
+    """MemoryOptions keywords of ``--moments``, ``--activation-func-fp8-input-store``,
+    ``--fp8-param-gather`` and ``--optimizer-offload`` (the defaults give none, so each verb's own
+    defaults stay)."""
     from dayzero.errors import ConfigError
     from dayzero.planner.memory_options import MOMENT_BYTES
 
@@ -172,6 +179,8 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
         out["act_func_fp8_input"] = True
     if fp8_params:
         out["fp8_params"] = True
+    if optimizer_offload:
+        out["optimizer_offload"] = True
     return out
 
 

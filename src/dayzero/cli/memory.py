@@ -14,9 +14,11 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    Fp8ParamOpt,
     InterNodeOpt,
     JsonOpt,
-    MomentsOpt, Fp8ParamOpt,
+    MomentsOpt,
+    OptimizerOffloadOpt,
     PrecisionOpt,
     TrustRemoteCodeOpt,
     cluster_from_options,
@@ -71,7 +73,7 @@ def memory_cmd(
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
                                                                  "(ZeRO paper).")] = "fp32",
     attention_kernel: AttentionKernelOpt = "fused", moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
-    fp8_params: Fp8ParamOpt = False,
+    fp8_params: Fp8ParamOpt = False, optimizer_offload: OptimizerOffloadOpt = False,
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced "
                                                                              "share.")] = 1.0,
@@ -122,7 +124,7 @@ def memory_cmd(
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
                                  allocator=allocator,
-                                 **memory_recipe(moments, act_fp8, fp8_params))
+                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload))
     par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
     if exact:
         from dayzero.cli.memory_exact import run_exact

@@ -71,6 +71,10 @@ class MemoryOptions:
     # The embedding and head (not FP8 GEMMs in TE recipes) and the FP32 master stay as they were.
     # Approximation: the decoder layers' norm and router vectors count as FP8 too (O(h) of O(h^2)).
     fp8_params: bool = False
+    # Optimizer CPU offload (Megatron-Core --optimizer-cpu-offload, --optimizer-offload-fraction 1.0;
+    # ZeRO-Offload, arXiv 2101.06840): the FP32 master weights and the moments live in host memory,
+    # none on the device (planner.offload times the host step); gradients and weights stay
+    optimizer_offload: bool = False
 
     # -- activations -----------------------------------------------------------------------------
     act_bytes: int = 2  # BF16 saved activations

@@ -139,6 +139,7 @@ def _model_state_terms(opts: MemoryOptions, x: _Candidates, t: dict) -> None:
         t[f"{cat}:head"] = nbytes * zero_sharded(x.head, cat, zero, zd)
     states = zero_sharded(x.dense + x.emb + x.head, "optimizer", zero, zd) + zero_sharded(x.experts, "optimizer",
                                                                                           zero, edp)
+    states = states * (not opts.optimizer_offload)  # MemoryOptions.optimizer_offload: in host memory
     t["optimizer:master"] = opts.master_bytes * states
     t["optimizer:moments"] = opts.optim_bytes * states
     # FP8 training caches an FP8 copy (+ transpose) of each local weight across micro-batches;

@@ -1,0 +1,52 @@
+"""Optimizer CPU offload (Megatron-Core ``--optimizer-cpu-offload``; ZeRO-Offload, arXiv 2101.06840).
+
+Hand count, Llama 3.1 8B (8,030,261,248 parameters: tests/planner/test_fp8_params.py), ZeRO-1 over
+dp 8: a shard of 1,003,782,656 parameters per device. Host Adam: 28 B/param (read master, grad, m, v;
+write master, m, v; Kingma & Ba 2015, Alg. 1) over 76.8 GB/s (a DGX H100's 2 x 8 DDR5-4800
+channels, 2 x 307.2 GB/s, shared by 8 GPUs) = 0.36596 s; PCIe Gen5 x16 per direction 32 GT/s x 16 x
+128/130 / 8 = 63.015 GB/s carries the FP32 gradient down and the BF16 parameter up, 6 B/param =
+0.09558 s; 0.46154 s in all, in place of the on-device 30 B/param over HBM.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.planner.memory import estimate_memory
+from dayzero.planner.memory_options import MemoryOptions
+from dayzero.planner.offload import HOST_MEMORY_BW_PER_DEVICE, PCIE_GEN5_X16_BW, offloaded_optimizer_s
+from dayzero.planner.perf import PerfOptions, evaluate
+from dayzero.specs.cluster import build_cluster
+from dayzero.specs.grid import encode
+from dayzero.specs.parallel import ParallelConfig
+from dayzero.specs.registry import load_model
+
+SPEC = load_model("llama-3.1-8b")
+H100 = build_cluster("h100", 8)
+P = ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq=4096, zero=1)
+SHARD = 8_030_261_248 / 8
+
+
+def test_constants_are_the_sourced_figures():
+    assert PCIE_GEN5_X16_BW == pytest.approx(63.015e9, rel=1e-4)
+    assert HOST_MEMORY_BW_PER_DEVICE == pytest.approx(76.8e9)
+
+
+def test_offloaded_step_is_host_adam_plus_pcie_both_ways():
+    want = SHARD * 28 / 76.8e9 + SHARD * 6 / 63.0154e9
+    assert want == pytest.approx(0.46154, rel=1e-4)
+    assert float(offloaded_optimizer_s(SHARD, 4)) == pytest.approx(want, rel=1e-5)
+    on = evaluate(SPEC, encode([P]), H100, PerfOptions(optimizer_offload=True))
+    off = evaluate(SPEC, encode([P]), H100, PerfOptions())
+    assert float(on.optimizer_s[0]) == pytest.approx(want, rel=1e-5)
+    assert float(on.step_s[0] - off.step_s[0]) == pytest.approx(want - float(off.optimizer_s[0]), rel=1e-6)
+
+
+def test_offloaded_states_leave_device_memory():
+    """The FP32 master (4 B) and moments (8 B) of the shard leave: 12 B x 1,003,782,656 = 12.05 GB."""
+    off = estimate_memory(SPEC, P, H100.memory_bytes, MemoryOptions())
+    on = estimate_memory(SPEC, P, H100.memory_bytes, MemoryOptions(optimizer_offload=True))
+    assert off.stages[0].terms["optimizer:master"] == pytest.approx(4 * SHARD, abs=4)
+    assert on.stages[0].terms["optimizer:master"] == on.stages[0].terms["optimizer:moments"] == 0
+    assert on.stages[0].terms["weights:layers"] == off.stages[0].terms["weights:layers"]
+    assert off.peak_bytes - on.peak_bytes == pytest.approx(12 * SHARD, abs=16)
