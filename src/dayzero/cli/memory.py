@@ -151,6 +151,7 @@ def memory_cmd(
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
     extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation, allocator)
+    extra += [f for f, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload)) if on]
     _next(spec, cl, par, report, opts, where, extra)
 
 
@@ -180,9 +181,11 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
         shown = "; ".join(f"{' '.join(f.change)} ({f.utilization:.0%})" for f in fixes[:4])
         console.print(f"Under the {TARGET:.0%} target with one change: {shown}.", highlight=False)
     else:
-        console.print(f"No single change of tp, pp, cp, ZeRO, recompute, sequence parallelism or micro-batch "
+        console.print(f"No single change of tp, pp, cp, ZeRO, recompute, sequence parallelism, micro-batch or "
+                      f"optimizer offload "
                       f"brings the peak under {TARGET:.0%}; search every layout:", highlight=False)
     steps = [Step.of("dayzero", "memory", *where, *layout_flags(fixes[0].parallel.to_dict()), *extra,
+                     *(fixes[0].change if fixes[0].option else ()),
                      why=f"with {' '.join(fixes[0].change)}")] if fixes else []
     steps.append(Step.of("dayzero", "plan", *where, "--gbs", par.gbs, "--seq", par.seq,
                          *(["--precision", par.precision] if par.precision != "bf16" else []),
