@@ -69,3 +69,14 @@ def test_memory_remedies_list_the_options_fp8_storage_first_offload_last():
     assert everything[0].change == ("--fp8-param-gather",) and everything[-1].change == ("--optimizer-offload",)
     assert ("--fp8-param-gather",) not in {f.change for f in single_changes(SPEC, p, 8, H100.memory_bytes, opts,
                                                                             10.0)}
+
+
+def test_megatron_export_writes_the_offload_flags_and_reads_them_back():
+    from dayzero.export.megatron import export, parallel_from_args
+
+    out = export(SPEC, P, optimizer_offload=True)
+    i = out.command.index("--optimizer-cpu-offload")
+    assert out.command[i + 1:i + 4] == ["--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
+    assert "--optimizer-cpu-offload" not in export(SPEC, P).command
+    back, rest = parallel_from_args(out.command[out.command.index("pretrain_gpt.py") + 1:], 8)
+    assert back == P and not {"--optimizer-cpu-offload", "--use-precision-aware-optimizer"} & set(rest)
