@@ -96,3 +96,18 @@ def test_megatron_export_writes_the_flag_under_fp8_only():
     assert "--fp8-param-gather" not in bf16.command and any("fp8-param-gather" in m for m in bf16.unexpressed)
     back, rest = parallel_from_args(out.command[out.command.index("pretrain_gpt.py") + 1:], 8)
     assert back.precision == "fp8" and "--fp8-param-gather" not in rest
+
+
+def test_allocator_replay_follows_both_options():
+    """The one-step allocator replay (planner.replay) reads the same rules: with FP8 parameter
+    storage the decoder weights and FP8 cache shrink by 2 x 6,979,584,000 B, with the optimizer
+    offloaded the 12 B/param shard (12 x 8,030,261,248 / 8 B) is never allocated, so its requested
+    peak falls by those amounts (both held all step), as the analytic model's does."""
+    from dayzero.planner.replay import simulate_step
+
+    p = ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq=4096, zero=1, precision="fp8")
+    peaks = {kw: simulate_step(SPEC, p, H100.memory_bytes, MemoryOptions(**dict(kw))).peak_requested
+             for kw in ((), (("fp8_params", True),), (("optimizer_offload", True),))}
+    assert peaks[()] - peaks[(("fp8_params", True),)] == pytest.approx(2 * LAYERS, abs=1024)
+    assert peaks[()] - peaks[(("optimizer_offload", True),)] == pytest.approx(12 * (LAYERS + EMB + HEAD) / 8,
+                                                                              abs=1024)

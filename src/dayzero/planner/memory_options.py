@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+import numpy as np
+
 from dayzero.errors import ConfigError
 
 MiB = 2**20
@@ -159,6 +161,17 @@ class MemoryOptions:
     def bytes_per_param(self) -> int:
         """Model-state bytes per parameter before any sharding (18 by default, 16 for the ZeRO paper)."""
         return self.param_bytes + self.grad_bytes + self.master_bytes + self.optim_bytes
+
+    def layer_param_bytes(self, fp8):
+        """Bytes per decoder-layer working weight: FP8_BYTES under FP8 parameter storage and an FP8
+        recipe (``fp8``: bool or array per candidate), else ``param_bytes``."""
+        return np.where(np.asarray(fp8) & self.fp8_params, FP8_BYTES, self.param_bytes)
+
+    def fp8_cache_bytes(self, fp8):
+        """Bytes per decoder-layer parameter of the FP8 weight cache: 0 without an FP8 recipe, the
+        transpose only under FP8 parameter storage (the weight is its own FP8 copy)."""
+        fp8 = np.asarray(fp8)
+        return np.where(fp8, self.fp8_weight_cache_bytes - np.where(fp8 & self.fp8_params, FP8_BYTES, 0), 0)
 
     def with_(self, **kw) -> "MemoryOptions":
         return replace(self, **kw)

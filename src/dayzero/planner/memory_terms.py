@@ -23,7 +23,7 @@ from dayzero.planner.activations import (
     logits_bytes,
     routed_tokens,
 )
-from dayzero.planner.memory_options import FP8_BYTES, MemoryOptions
+from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import gradient_windows, head_inflight, inflight_microbatches
 from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE, recompute_modules
@@ -96,13 +96,11 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
     emb, head = f.first * embed_local(edge, tp), f.last * head_local(edge, tp, pp)
     dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
     experts = sum(f.layers[k] * layer_params(spec, k).local_expert(ep, etp) for k in kinds) + 0.0
-    fp8_params = d.fp8 & opts.fp8_params  # MemoryOptions.fp8_params: the weight is its own FP8 copy
     return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], rc=c["recompute"],
                        modules=recompute_modules(c), d=d, zd=dp * cp,
                        edp=expert_data_parallel(tp, cp, dp, ep, etp), kinds=kinds, dense=dense, experts=experts,
                        emb=emb, head=head,
-                       fp8_w=np.where(d.fp8, opts.fp8_weight_cache_bytes - np.where(fp8_params, FP8_BYTES, 0), 0),
-                       layer_pb=np.where(fp8_params, FP8_BYTES, opts.param_bytes))
+                       fp8_w=opts.fp8_cache_bytes(d.fp8), layer_pb=opts.layer_param_bytes(d.fp8))
 
 
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
