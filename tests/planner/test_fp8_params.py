@@ -94,6 +94,8 @@ def test_megatron_export_writes_the_flag_under_fp8_only():
     assert "--fp8-param-gather" not in export(SPEC, p).command
     bf16 = export(SPEC, p.with_(precision="bf16"), fp8_param_gather=True)
     assert "--fp8-param-gather" not in bf16.command and any("fp8-param-gather" in m for m in bf16.unexpressed)
+    z0 = export(SPEC, p.with_(zero=0), fp8_param_gather=True)  # Megatron: distributed optimizer or FSDP only
+    assert "--fp8-param-gather" not in z0.command and any("fp8-param-gather" in m for m in z0.unexpressed)
     back, rest = parallel_from_args(out.command[out.command.index("pretrain_gpt.py") + 1:], 8)
     assert back.precision == "fp8" and "--fp8-param-gather" not in rest
 

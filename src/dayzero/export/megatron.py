@@ -78,7 +78,7 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     if p.precision == "fp8":
         a += ["--fp8-format", "hybrid"]
-        if fp8_param_gather:
+        if fp8_param_gather and p.zero >= 1:  # Megatron allows it only with a sharded optimizer / FSDP
             a.append("--fp8-param-gather")
     elif p.precision == "fp4":
         a += ["--fp4-format", "e2m1"]
@@ -153,8 +153,9 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
     require_engine("megatron", parallel)
     margs, missing = model_args(spec, parallel)
     args = margs + layout_args(parallel, fp8_param_gather, optimizer_offload)
-    if fp8_param_gather and parallel.precision != "fp8":
-        missing.append(f"--fp8-param-gather under {parallel.precision} (written only with --fp8-format)")
+    if fp8_param_gather and (parallel.precision != "fp8" or parallel.zero < 1):
+        missing.append(f"--fp8-param-gather under {parallel.precision}, ZeRO-{parallel.zero} (Megatron takes it "
+                       "with --fp8-format and --use-distributed-optimizer or FSDP only)")
     nnodes = nodes or max(1, parallel.world // devices_per_node)
     per_node = parallel.world // nnodes
     command = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
