@@ -151,11 +151,22 @@ MomentsOpt = Annotated[str, typer.Option("--moments", help="Dtype of AdamW's two
 ActFp8Opt = Annotated[bool, typer.Option("--activation-func-fp8-input-store/--no-activation-func-fp8-input-store",
                                          help="Under --precision fp8, cache the SwiGLU inputs in FP8 too (Megatron's "
                                               "flag; DeepSeek-V3 sec. 3.3.3).")]
+Fp8ParamOpt = Annotated[bool, typer.Option("--fp8-param-gather/--no-fp8-param-gather",
+                                           help="Under --precision fp8/fp4, keep the decoder layers' weights in FP8 "
+                                                "(1 B/param, no separate FP8 copy; FP32 master as before) and "
+                                                "all-gather them in FP8 (Megatron's flag, TE fp8_model_init).")]
+
+OptimizerOffloadOpt = Annotated[bool, typer.Option("--optimizer-offload/--no-optimizer-offload",
+                                                   help="FP32 master weights and AdamW moments in host memory, "
+                                                        "Adam on the CPU (Megatron --optimizer-cpu-offload, "
+                                                        "ZeRO-Offload); the step pays the host Adam and PCIe.")]
 
 
-def memory_recipe(moments: str = "fp32", act_fp8: bool = False) -> dict:
-    """MemoryOptions keywords of ``--moments`` and ``--activation-func-fp8-input-store`` (the
-    defaults give none, so each verb's own defaults stay)."""
+def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool = False,
+                  optimizer_offload: bool = False) -> dict:
+    """MemoryOptions keywords of ``--moments``, ``--activation-func-fp8-input-store``,
+    ``--fp8-param-gather`` and ``--optimizer-offload`` (the defaults give none, so each verb's own
+    defaults stay)."""
     from dayzero.errors import ConfigError
     from dayzero.planner.memory_options import MOMENT_BYTES
 
@@ -166,6 +177,10 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False) -> dict:
         out["optim_bytes"] = MOMENT_BYTES[moments]
     if act_fp8:
         out["act_func_fp8_input"] = True
+    if fp8_params:
+        out["fp8_params"] = True
+    if optimizer_offload:
+        out["optimizer_offload"] = True
     return out
 
 

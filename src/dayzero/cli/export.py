@@ -86,6 +86,12 @@ def export_cmd(
     volume_claim: Annotated[Optional[str], typer.Option("--volume-claim", help="Kubernetes: the ReadWriteMany "
                                                         "PersistentVolumeClaim holding --run-dir (default "
                                                         "JOB-NAME-run).")] = None,
+    fp8_params: Annotated[bool, typer.Option("--fp8-param-gather", help="Megatron: FP8 parameter storage and "
+                                             "all-gathers under --precision fp8 (as planned with the same "
+                                             "flag).")] = False,
+    optimizer_offload: Annotated[bool, typer.Option("--optimizer-offload", help="Megatron: the optimizer on the "
+                                                    "host (--optimizer-cpu-offload, as planned with the same "
+                                                    "flag).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments, torchtitan's config overrides, a
@@ -125,6 +131,9 @@ def export_cmd(
              "--exclude-from": exclude_from, "--exclude": exclude, "--cpus-per-node": cpus_per_node,
              "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim,
              "--rank-table": rank_table}
+    for flag, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload)):
+        if on and to != "megatron":
+            raise ConfigError(flag, None, f"only --to megatron writes it, not {to}")
     writer = _writer(to)
     if to in SCHEDULERS:
         from dayzero.export.job import JobOptions, hosts_to_exclude
@@ -141,7 +150,9 @@ def export_cmd(
         unused = [k for k, v in given.items() if v is not None]
         if unused:
             raise ConfigError(unused[0], None, f"is a scheduler option (--to {' | '.join(SCHEDULERS)}), not {to}'s")
-        result = writer.export(spec, parallel, devices_per_node=devices_per_node or 8)
+        extra = {k: True for k, on in (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
+                 if on}
+        result = writer.export(spec, parallel, devices_per_node=devices_per_node or 8, **extra)
     paths = result.write(out) if out else []
     if json_out:
         emit_json({**result.to_dict(), "parallel": parallel.to_dict(), "written": [str(p) for p in paths]})

@@ -14,9 +14,11 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    Fp8ParamOpt,
     InterNodeOpt,
     JsonOpt,
     MomentsOpt,
+    OptimizerOffloadOpt,
     PrecisionOpt,
     TrustRemoteCodeOpt,
     cluster_from_options,
@@ -71,6 +73,7 @@ def memory_cmd(
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
                                                                  "(ZeRO paper).")] = "fp32",
     attention_kernel: AttentionKernelOpt = "fused", moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
+    fp8_params: Fp8ParamOpt = False, optimizer_offload: OptimizerOffloadOpt = False,
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced "
                                                                              "share.")] = 1.0,
@@ -121,7 +124,7 @@ def memory_cmd(
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
                                  allocator=allocator,
-                                 **memory_recipe(moments, act_fp8))
+                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload))
     par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
     if exact:
         from dayzero.cli.memory_exact import run_exact
@@ -148,6 +151,7 @@ def memory_cmd(
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
     extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation, allocator)
+    extra += [f for f, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload)) if on]
     _next(spec, cl, par, report, opts, where, extra)
 
 
@@ -177,9 +181,11 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
         shown = "; ".join(f"{' '.join(f.change)} ({f.utilization:.0%})" for f in fixes[:4])
         console.print(f"Under the {TARGET:.0%} target with one change: {shown}.", highlight=False)
     else:
-        console.print(f"No single change of tp, pp, cp, ZeRO, recompute, sequence parallelism or micro-batch "
+        console.print(f"No single change of tp, pp, cp, ZeRO, recompute, sequence parallelism, micro-batch or "
+                      f"optimizer offload "
                       f"brings the peak under {TARGET:.0%}; search every layout:", highlight=False)
     steps = [Step.of("dayzero", "memory", *where, *layout_flags(fixes[0].parallel.to_dict()), *extra,
+                     *(fixes[0].change if fixes[0].option else ()),
                      why=f"with {' '.join(fixes[0].change)}")] if fixes else []
     steps.append(Step.of("dayzero", "plan", *where, "--gbs", par.gbs, "--seq", par.seq,
                          *(["--precision", par.precision] if par.precision != "bf16" else []),

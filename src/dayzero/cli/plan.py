@@ -15,10 +15,12 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    Fp8ParamOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
     MomentsOpt,
+    OptimizerOffloadOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -145,7 +147,8 @@ def plan_cmd(
         "one (e.g. core_attn,core_attn+moe_act+layernorm); modules: core_attn, moe_act, layernorm, mla_up_proj, "
         "mlp, moe, shared_experts. Default: core_attn; core_attn+moe_act+layernorm; + mla_up_proj, those that "
         "apply to the model.")] = None,
-    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
+    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
+    optimizer_offload: OptimizerOffloadOpt = False,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
@@ -180,7 +183,9 @@ def plan_cmd(
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
                                ep_dispatcher=dispatcher_option(ep_dispatcher, engine), fp8_dispatch=fp8_dispatch,
-                               fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved)
+                               fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
+                               fp8_param_gather=fp8_params,
+                               optimizer_offload=optimizer_offload)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
@@ -201,7 +206,7 @@ def plan_cmd(
         from dayzero.planner.engines import get_engine
 
         engine = get_engine(engine).name
-    recipe = memory_recipe(moments, act_fp8)
+    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload)
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions

@@ -15,10 +15,12 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    Fp8ParamOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
     MomentsOpt,
+    OptimizerOffloadOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -97,7 +99,8 @@ def predict_cmd(
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",
-    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
+    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
+    optimizer_offload: OptimizerOffloadOpt = False,
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
     json_out: JsonOpt = False,
@@ -120,10 +123,12 @@ def predict_cmd(
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
                                ep_dispatcher=dispatcher_option(ep_dispatcher), fp8_dispatch=fp8_dispatch,
-                               fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved)
+                               fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
+                               fp8_param_gather=fp8_params,
+                               optimizer_offload=optimizer_offload)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
-    recipe = memory_recipe(moments, act_fp8)
+    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload)
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions

@@ -51,8 +51,13 @@ def dispatcher_args(p: ParallelConfig) -> list[str]:
     return [x for k, v in dispatcher_config(p).items() for x in (f"--{k.replace('_', '-')}", v)]
 
 
-def layout_args(p: ParallelConfig) -> list[str]:
-    """The flags that state the layout, batch and precision."""
+def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_offload: bool = False) -> list[str]:
+    """The flags that state the layout, batch and precision; ``fp8_param_gather``: FP8 parameter
+    storage and all-gathers (MemoryOptions.fp8_params), Megatron's ``--fp8-param-gather``, written
+    under an FP8 recipe only (the flag works with ``--fp8-format``); ``optimizer_offload``: the
+    whole optimizer on the host (MemoryOptions.optimizer_offload), ``--optimizer-cpu-offload
+    --optimizer-offload-fraction 1.0`` with the ``--use-precision-aware-optimizer`` it runs under
+    (Megatron-Core docs/user-guide/features/optimizer_cpu_offload.md, HybridDeviceOptimizer)."""
     a = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
          "--context-parallel-size", p.cp, "--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp,
          "--micro-batch-size", p.mbs, "--global-batch-size", p.gbs, "--seq-length", p.seq, "--bf16"]
@@ -73,8 +78,12 @@ def layout_args(p: ParallelConfig) -> list[str]:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     if p.precision == "fp8":
         a += ["--fp8-format", "hybrid"]
+        if fp8_param_gather and p.zero >= 1:  # Megatron allows it only with a sharded optimizer / FSDP
+            a.append("--fp8-param-gather")
     elif p.precision == "fp4":
         a += ["--fp4-format", "e2m1"]
+    if optimizer_offload:
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
     return [str(x) for x in a]
 
 
@@ -139,10 +148,14 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
     return [str(x) for x in a], missing
 
 
-def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8) -> Export:
+def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,
+           fp8_param_gather: bool = False, optimizer_offload: bool = False) -> Export:
     require_engine("megatron", parallel)
     margs, missing = model_args(spec, parallel)
-    args = margs + layout_args(parallel)
+    args = margs + layout_args(parallel, fp8_param_gather, optimizer_offload)
+    if fp8_param_gather and (parallel.precision != "fp8" or parallel.zero < 1):
+        missing.append(f"--fp8-param-gather under {parallel.precision}, ZeRO-{parallel.zero} (Megatron takes it "
+                       "with --fp8-format and --use-distributed-optimizer or FSDP only)")
     nnodes = nodes or max(1, parallel.world // devices_per_node)
     per_node = parallel.world // nnodes
     command = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
@@ -179,12 +192,14 @@ def _parser() -> argparse.ArgumentParser:
                           ("--global-batch-size", None), ("--seq-length", 4096),
                           ("--num-virtual-stages-per-pipeline-rank", None), ("--recompute-num-layers", None)):
         ap.add_argument(flag, type=functools.partial(integer_setting, "megatron arguments", flag), default=default)
-    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16"):
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16",
+                 "--fp8-param-gather", "--optimizer-cpu-offload", "--use-precision-aware-optimizer"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")
     ap.add_argument("--recompute-granularity", default=None)
     ap.add_argument("--recompute-method", default=None)
     ap.add_argument("--recompute-modules", nargs="*", default=None)
+    ap.add_argument("--optimizer-offload-fraction", default=None)
     ap.add_argument("--fp8-format", default=None)
     ap.add_argument("--fp4-format", default=None)
     return ap

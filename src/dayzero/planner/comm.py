@@ -58,6 +58,7 @@ from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL, MODULE_BIT, SELECTIVE, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 
+FP8_PARAM_BYTES = 1  # one FP8 (E4M3) weight element, as --fp8-param-gather all-gathers it
 GRAD_NORM_BYTES = 4  # the squared norm, one FP32 scalar
 COUNT_BYTES = 8  # one int64 token count per expert (torch.bincount/histc results are int64 in the dispatchers)
 
@@ -93,9 +94,20 @@ class CommOptions:
     # this purpose, which will limit the computational throughput"); off: the kernels share the
     # SMs only while the communication is in flight (overlapped_exposed)
     sm_reserved: bool = False
+    # FP8 parameter storage (Megatron-LM --fp8-param-gather: "perform the param all-gather in fp8";
+    # MemoryOptions.fp8_params): under an FP8/FP4 recipe the ZeRO parameter all-gathers send the
+    # decoder layers' weights in FP8, 1 B instead of 2; the embedding and head stay BF16
+    fp8_param_gather: bool = False
 
     def __post_init__(self):
         check_dispatcher(self.ep_dispatcher)
+
+    def param_gather_bytes(self, precision) -> np.ndarray:
+        """Bytes per decoder-layer parameter in the ZeRO all-gathers, per candidate
+        (``precision``: grid precision codes): FP8_PARAM_BYTES under --fp8-param-gather and an FP8
+        recipe, else BF16."""
+        fp8 = self.fp8_param_gather & (np.asarray(precision) != BF16_CODE)
+        return np.where(fp8, FP8_PARAM_BYTES, BF16)
 
     def imbalance(self, ep, experts: int = 0):
         """The routing imbalance per candidate (``ep``: EP sizes, (N,)): measured, else derived
@@ -430,7 +442,7 @@ def _zero3(L: _Layer) -> list[LayerComm]:
     items: list[LayerComm] = []
     z3 = np.asarray(g["zero"]) == 3
     for dim, params in (("dp_cp", costs.dense_params), ("edp", costs.expert_params)):
-        pbytes = params * BF16
+        pbytes = params * opt.param_gather_bytes(g["precision"])
         gbytes = params * opt.grad_reduce_bytes
         t_ag = coll("all_gather", pbytes, groups, dim, rates)
         t_rs = coll("reduce_scatter", gbytes, groups, dim, rates)
@@ -459,7 +471,8 @@ class StepComm:
 
 
 def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, dense_params, expert_params,
-              fwd_mb, bwd_mb, first_layer_ag, microbatches, act_bytes, tied_params=0.0) -> list[StepComm]:
+              fwd_mb, bwd_mb, first_layer_ag, microbatches, act_bytes, tied_params=0.0,
+              edge_params=0.0) -> list[StepComm]:
     """Per-step collectives of the busiest stage: ``dense_params``/``expert_params`` are its
     parameters per device, ``fwd_mb``/``bwd_mb`` one micro-batch's forward/backward time,
     ``first_layer_ag`` (bytes, seconds) the ZeRO-3 gather of its first layer, ``act_bytes`` one
@@ -487,9 +500,11 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
         exposed = np.maximum(tb, t - bwd_mb) * per_step_ops
         name = f"dp grad reduce ({dim})"
         items.append(StepComm(name, "reduce_scatter", dim, gbytes, per_step_ops, t, exposed, "last backward"))
-        pbytes = params * BF16
+        edge = edge_params if dim == "dp_cp" else 0.0
+        pb = opt.param_gather_bytes(g["precision"])
+        pbytes = params * pb + edge * (BF16 - pb)
         t_ag = coll("all_gather", pbytes, groups, dim, rates)
-        b_ag = coll("all_gather", np.minimum(pbytes, bucket_elems * BF16), groups, dim, rates)
+        b_ag = coll("all_gather", np.minimum(pbytes, bucket_elems * pb), groups, dim, rates)
         ag_on = on & (zero >= 1)
         items.append(StepComm(f"dp param gather ({dim})", "all_gather", dim, pbytes, 1.0 * ag_on, t_ag,
                               np.maximum(b_ag, t_ag - fwd_mb) * ag_on, "next forward"))

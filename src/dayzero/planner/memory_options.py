@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+import numpy as np
+
 from dayzero.errors import ConfigError
 
 MiB = 2**20
@@ -22,6 +24,8 @@ MiB = 2**20
 # moments in the AdamW optimizer"; master weights and gradients stay FP32) and Megatron-LM's
 # --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16
 MOMENT_BYTES = {"fp32": 8, "bf16": 4}
+# Bytes per element of an FP8 tensor (E4M3 / E5M2), as FP8 parameter storage keeps the GEMM weights
+FP8_BYTES = 1
 # What an attention kernel keeps for its backward: fused kernels (cuDNN, FlashAttention 2/3) the
 # log-sum-exp per row; unfused attention (plain matmul + softmax) the s x s probabilities
 # (Korthikanti et al. 2022, sec. 4.1: the 5as^2/t term disappears only with a fused kernel).
@@ -58,6 +62,21 @@ class MemoryOptions:
     # AdamW exp_avg + exp_avg_sq in FP32; 4 in BF16 (MOMENT_BYTES["bf16"]), as DeepSeek-V3 trains
     optim_bytes: int = 8
     fp8_weight_cache_bytes: int = 2  # FP8 weight + transpose cached across micro-batches (TE)
+    # FP8 parameter storage under an FP8 recipe (Megatron-LM --fp8-param-gather, arguments.py: "Keep
+    # the compute param in fp8 (do not use any other intermediate dtype) and perform the param
+    # all-gather in fp8"; Transformer Engine fp8_model_init: modules "hold only FP8 copies of its
+    # parameters, as opposed to the default behavior where both higher precision and FP8 copies are
+    # present ... useful for ... training using optimizer with master weights"). The decoder layers'
+    # weights take FP8_BYTES instead of param_bytes and the FP8 weight cache keeps only what is not
+    # the weight itself: the transpose (fp8_weight_cache_bytes - FP8_BYTES; TE's Float8Tensor caches
+    # it because Hopper's FP8 GEMMs take only the TN layout, MXFP8 keeps columnwise data alike).
+    # The embedding and head (not FP8 GEMMs in TE recipes) and the FP32 master stay as they were.
+    # Approximation: the decoder layers' norm and router vectors count as FP8 too (O(h) of O(h^2)).
+    fp8_params: bool = False
+    # Optimizer CPU offload (Megatron-Core --optimizer-cpu-offload, --optimizer-offload-fraction 1.0;
+    # ZeRO-Offload, arXiv 2101.06840): the FP32 master weights and the moments live in host memory,
+    # none on the device (planner.offload times the host step); gradients and weights stay
+    optimizer_offload: bool = False
 
     # -- activations -----------------------------------------------------------------------------
     act_bytes: int = 2  # BF16 saved activations
@@ -142,6 +161,17 @@ class MemoryOptions:
     def bytes_per_param(self) -> int:
         """Model-state bytes per parameter before any sharding (18 by default, 16 for the ZeRO paper)."""
         return self.param_bytes + self.grad_bytes + self.master_bytes + self.optim_bytes
+
+    def layer_param_bytes(self, fp8):
+        """Bytes per decoder-layer working weight: FP8_BYTES under FP8 parameter storage and an FP8
+        recipe (``fp8``: bool or array per candidate), else ``param_bytes``."""
+        return np.where(np.asarray(fp8) & self.fp8_params, FP8_BYTES, self.param_bytes)
+
+    def fp8_cache_bytes(self, fp8):
+        """Bytes per decoder-layer parameter of the FP8 weight cache: 0 without an FP8 recipe, the
+        transpose only under FP8 parameter storage (the weight is its own FP8 copy)."""
+        fp8 = np.asarray(fp8)
+        return np.where(fp8, self.fp8_weight_cache_bytes - np.where(fp8 & self.fp8_params, FP8_BYTES, 0), 0)
 
     def with_(self, **kw) -> "MemoryOptions":
         return replace(self, **kw)

@@ -83,6 +83,7 @@ class _Candidates:
     emb: np.ndarray  # embedding parameters on the rank (first rank only)
     head: np.ndarray  # head (+ final norm) parameters on the rank (last rank only)
     fp8_w: np.ndarray  # bytes per parameter of the FP8 weight cache (0 for BF16 GEMMs)
+    layer_pb: np.ndarray  # bytes per decoder-layer working weight (FP8_BYTES under FP8 parameter storage)
 
 
 def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) -> _Candidates:
@@ -98,7 +99,8 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
     return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], rc=c["recompute"],
                        modules=recompute_modules(c), d=d, zd=dp * cp,
                        edp=expert_data_parallel(tp, cp, dp, ep, etp), kinds=kinds, dense=dense, experts=experts,
-                       emb=emb, head=head, fp8_w=np.where(d.fp8, opts.fp8_weight_cache_bytes, 0))
+                       emb=emb, head=head,
+                       fp8_w=opts.fp8_cache_bytes(d.fp8), layer_pb=opts.layer_param_bytes(d.fp8))
 
 
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
@@ -123,16 +125,19 @@ def _model_state_terms(opts: MemoryOptions, x: _Candidates, t: dict) -> None:
     """Weights, gradients and optimizer states, each sharded as ZeRO shards it (dense over dp*cp,
     routed experts over edp)."""
     zero, zd, edp = x.zero, x.zd, x.edp
-    for cat, nbytes in (("weights", opts.param_bytes), ("gradients", opts.grad_bytes)):
+    for cat, nbytes, layer_bytes in (("weights", opts.param_bytes, x.layer_pb),
+                                     ("gradients", opts.grad_bytes, opts.grad_bytes)):
         if cat == "weights" and opts.sharded_params_are_master:
             nbytes = np.where(zero_shards(zero, "weights"), 0,
                               nbytes)  # FSDP2: the sharded copy is the fp32 master itself
-        t[f"{cat}:layers"] = nbytes * zero_sharded(x.dense, cat, zero, zd)
-        t[f"{cat}:experts"] = nbytes * zero_sharded(x.experts, cat, zero, edp)
+            layer_bytes = np.where(zero_shards(zero, "weights"), 0, layer_bytes)
+        t[f"{cat}:layers"] = layer_bytes * zero_sharded(x.dense, cat, zero, zd)
+        t[f"{cat}:experts"] = layer_bytes * zero_sharded(x.experts, cat, zero, edp)
         t[f"{cat}:embedding"] = nbytes * zero_sharded(x.emb, cat, zero, zd)
         t[f"{cat}:head"] = nbytes * zero_sharded(x.head, cat, zero, zd)
     states = zero_sharded(x.dense + x.emb + x.head, "optimizer", zero, zd) + zero_sharded(x.experts, "optimizer",
                                                                                           zero, edp)
+    states = states * (not opts.optimizer_offload)  # MemoryOptions.optimizer_offload: in host memory
     t["optimizer:master"] = opts.master_bytes * states
     t["optimizer:moments"] = opts.optim_bytes * states
     # FP8 training caches an FP8 copy (+ transpose) of each local weight across micro-batches;
@@ -179,8 +184,10 @@ def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: Ra
         unit = np.maximum(unit, np.where(f.layers[k] > 0, lp.local_dense(tp, kv) + lp.local_expert(ep, etp), 0))
     layer_unit = unit
     unit = np.maximum(np.maximum(unit, x.emb), x.head)
-    t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"),
-                                           opts.zero3_prefetch_units * unit * (opts.param_bytes + x.fp8_w), 0)
+    # the largest gathered unit's bytes: a decoder layer in its storage dtype (+ FP8 cache) or an edge in BF16
+    unit_bytes = np.maximum(layer_unit * (x.layer_pb + x.fp8_w), np.maximum(x.emb, x.head) * opts.param_bytes)
+    unit_bytes = np.where(x.layer_pb == opts.param_bytes, unit * (opts.param_bytes + x.fp8_w), unit_bytes)
+    t["temporary:zero3_gather"] = np.where(zero_shards(zero, "weights"), opts.zero3_prefetch_units * unit_bytes, 0)
     bucket = opts.grad_bucket_params if opts.grad_bucket_params is not None else np.maximum(40e6, 1e6 * x.zd)
     local = x.dense + x.experts + x.emb + x.head
     layers = sum(f.layers[k] for k in x.kinds) + 0.0

@@ -35,6 +35,7 @@ from dayzero.planner.comm import (
     step_comm,
 )
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
+from dayzero.planner.offload import offloaded_optimizer_s
 from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
@@ -52,6 +53,10 @@ class PerfOptions:
     constants: PerfConstants | None = None  # None: defaults + the cluster file's efficiency overrides
     attention_kernel: str = "fused"  # fused (cuDNN / FlashAttention-3 class) | flash2 | unfused
     fp8_scaling: str = "tensor"  # FP8 recipe's scaling: tensor | block (DeepSeek-V3's; planner.fp8_scaling)
+    # optimizer states and FP32 master in host memory, Adam on the CPU (Megatron-Core
+    # --optimizer-cpu-offload; planner.offload): the step's optimizer term becomes the host Adam
+    # plus the PCIe transfers (MemoryOptions.optimizer_offload drops the states from the device)
+    optimizer_offload: bool = False
 
     def __post_init__(self):
         from dayzero.planner.fp8_scaling import FP8_SCALINGS
@@ -66,7 +71,8 @@ class PerfOptions:
     def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool | None = None, moe_imbalance: float = 1.0,
                 calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False,
-                fp8_scaling: str = "tensor", comm_sm_reserved: bool = False) -> "PerfOptions":
+                fp8_scaling: str = "tensor", comm_sm_reserved: bool = False,
+                fp8_param_gather: bool = False, optimizer_offload: bool = False) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
         file's overrides, then a ``calibration`` file's), the overlap switches (``ep_overlap``
         None: wherever the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
@@ -74,7 +80,9 @@ class PerfOptions:
         per-expert load CV ``moe_expert_cv``), the EP dispatcher (``dedup`` | ``all_to_all``), FP8
         dispatch, the attention kernel, the FP8 recipe's scaling (``tensor`` | ``block``) and whether
         overlapped compute runs on the SMs the communication kernels leave for the whole window
-        (``comm_sm_reserved``, CommOptions.sm_reserved)."""
+        (``comm_sm_reserved``, CommOptions.sm_reserved), and FP8 parameter all-gathers
+        (``fp8_param_gather``, CommOptions.fp8_param_gather), and the optimizer offloaded to the
+        host (``optimizer_offload``)."""
         from dayzero.errors import ConfigError
         from dayzero.planner.calibration import constants_for, load_calibration
         from dayzero.planner.memory_options import check_attention_kernel
@@ -93,8 +101,9 @@ class PerfOptions:
             constants = load_calibration(calibration, constants)
         comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance,
                            moe_expert_cv=moe_expert_cv, ep_dispatcher=ep_dispatcher, fp8_dispatch=fp8_dispatch,
-                           sm_reserved=comm_sm_reserved)
-        return cls(comm=comm, constants=constants, attention_kernel=attention_kernel, fp8_scaling=fp8_scaling)
+                           sm_reserved=comm_sm_reserved, fp8_param_gather=fp8_param_gather)
+        return cls(comm=comm, constants=constants, attention_kernel=attention_kernel, fp8_scaling=fp8_scaling,
+                   optimizer_offload=optimizer_offload)
 
     def with_expert_loads(self, spec: ModelSpec, expert_loads: str | None = None,
                           placement: str | None = None) -> "PerfOptions":
@@ -322,13 +331,16 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     first_ag = _first_layer_gather(litems, slow.classes[0], n)
     sitems = step_comm(g, r, groups, options.comm, dense_params=dense_params, expert_params=expert_params,
                        fwd_mb=fwd_mb, bwd_mb=bwd_mb, first_layer_ag=first_ag, microbatches=m, act_bytes=act,
-                       tied_params=tied_embedding_params(spec, g))
+                       tied_params=tied_embedding_params(spec, g),
+                       edge_params=slow.first * costs.first_params + slow.last * costs.last_params)
 
     zero = g["zero"]
     edp = groups["edp"][0]
     upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer",
                                                                                            zero, edp)
     optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
+    if options.optimizer_offload:
+        optimizer_s = offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes)
     comm_share = comm_mb / 2  # the exposed per-layer communication, half with each of F and B
     bubble_s = bubble_microbatches(effective_schedule(g["schedule"], g["vpp"]), g["pp"], g["vpp"], fwd_mb + comm_share,
                                    bwd_mb + comm_share, slow.sum(costs.gemm_fwd))

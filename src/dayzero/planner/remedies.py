@@ -5,6 +5,9 @@ under, each estimated with the same memory model, so the advice is a measurement
 rule of thumb. Changes, in the order they cost step time (cheapest first, roughly): shard more
 with ZeRO, recompute activations, sequence parallelism, smaller micro-batches, then more tensor,
 pipeline or context parallelism at the same device count (data parallelism shrinks in step).
+Two memory options come with them: FP8 parameter storage under an FP8/FP4 recipe first (it costs
+no step time: MemoryOptions.fp8_params), the optimizer offloaded to the host last (it adds the host
+Adam and PCIe to every step: MemoryOptions.optimizer_offload).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class Remedy:
     parallel: ParallelConfig
     peak_bytes: int
     utilization: float
+    option: bool = False  # a memory option (its flag added to the command), not a layout change
 
 
 def _candidates(p: ParallelConfig, spec: ModelSpec | None = None) -> list[tuple[tuple[str, ...], ParallelConfig]]:
@@ -58,12 +62,17 @@ def single_changes(spec: ModelSpec, parallel: ParallelConfig, devices: int, capa
     """The valid one-flag changes of ``parallel`` whose peak is at most ``target`` of capacity,
     cheapest first."""
     found = []
-    for change, q in _candidates(parallel, spec):
+    tried = [(change, q, options, False) for change, q in _candidates(parallel, spec)]
+    if parallel.precision != "bf16" and not options.fp8_params:
+        tried.insert(0, (("--fp8-param-gather",), parallel, options.with_(fp8_params=True), True))
+    if not options.optimizer_offload:
+        tried.append((("--optimizer-offload",), parallel, options.with_(optimizer_offload=True), True))
+    for change, q, opts, option in tried:
         if q.problems(spec, devices):
             continue
-        rep = estimate_memory(spec, q, capacity_bytes, options)
+        rep = estimate_memory(spec, q, capacity_bytes, opts)
         if rep.utilization <= target:
-            found.append(Remedy(change, q, rep.peak_bytes, rep.utilization))
+            found.append(Remedy(change, q, rep.peak_bytes, rep.utilization, option))
     return _least_module_sets(spec, found)
 
 

@@ -155,7 +155,8 @@ class _StepReplay:
         self.d = d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel,
                           fp8=p.precision != "bf16")
         self.first, self.last = rank == 0, rank == p.pp - 1
-        self.fp8_cache = o.fp8_weight_cache_bytes if p.precision != "bf16" else 0
+        self.fp8_cache = float(o.fp8_cache_bytes(p.precision != "bf16"))
+        self.layer_pb = float(o.layer_param_bytes(p.precision != "bf16"))  # MemoryOptions.fp8_params
         # -- per-layer sizes from the activation model
         self.terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_types)}
         self.recomputing = {k: float(layer_activation(spec, k, o, d).recomputing) for k in set(self.kind_of)}
@@ -188,7 +189,8 @@ class _StepReplay:
             tensors.append((("w", "head"), float(head_local(edge, p.tp, p.pp)), False))
         fp8_cache = self.fp8_cache
         for key, elems, expert in tensors:
-            tr.new(key, o.param_bytes * shard(elems, expert, "weights"), "weights")
+            nbytes = o.param_bytes if key[1] in ("embed", "head") else self.layer_pb
+            tr.new(key, nbytes * shard(elems, expert, "weights"), "weights")
             if fp8_cache and not zero_shards(p.zero, "weights") and key[1] not in ("embed", "head"):
                 tr.new(("fp8",) + key[1:], fp8_cache * elems, "weights")
         # one contiguous gradient buffer (Megatron's grad buffer; buckets are views into it)
@@ -197,7 +199,7 @@ class _StepReplay:
         else:
             for key, elems, expert in tensors:
                 tr.new(("g",) + key[1:], o.grad_bytes * shard(elems, expert, "gradients"), "gradients")
-        for key, elems, expert in tensors:
+        for key, elems, expert in tensors * (not o.optimizer_offload):  # offloaded: in host memory
             for name, nbytes in (("master", o.master_bytes), ("exp_avg", o.optim_bytes / 2), ("exp_avg_sq",
                                                                                               o.optim_bytes / 2)):
                 tr.new((name,) + key[1:], nbytes * shard(elems, expert, "optimizer"), "optimizer")
@@ -207,7 +209,7 @@ class _StepReplay:
         p, o, tr, gathered = self.p, self.o, self.tr, self.gathered
         if not zero_shards(p.zero, "weights") or ("gather", layer) in tr.live:
             return
-        tr.new(("gather", layer), self.unit[layer] * (o.param_bytes + self.fp8_cache), "temporary")
+        tr.new(("gather", layer), self.unit[layer] * (self.layer_pb + self.fp8_cache), "temporary")
         gathered.append(layer)
         while len(gathered) > o.zero3_prefetch_units:
             tr.drop(("gather", gathered.popleft()))

@@ -1,0 +1,41 @@
+"""Optimizer CPU offload (Megatron-Core ``--optimizer-cpu-offload`` with
+``--optimizer-offload-fraction 1.0``; DeepSpeed ZeRO-Offload, Ren et al. 2021, arXiv 2101.06840):
+the FP32 master weights and AdamW moments live in host memory, the device sends its gradient shard
+down over PCIe, the host runs Adam over that shard, and the updated parameters come back up.
+
+The step pays, per parameter of the rank's optimizer shard (serially: the overlap of
+Megatron's ``--overlap-cpu-optimizer-d2h-h2d`` is not modelled, an upper bound on the time):
+
+* the host Adam, memory-bandwidth bound: Adam's update (Kingma & Ba 2015, Algorithm 1) reads the
+  FP32 master, gradient and two moments (16 B) and writes the master and moments back (12 B):
+  :data:`HOST_ADAM_BYTES` = 28 B over the device's share of host memory bandwidth;
+* the gradient down (``grad_bytes``, FP32 as it is reduced) and the BF16 parameter up (2 B) over
+  the host link (ZeRO-Offload sec. 4.1: gradients offloaded to CPU memory, the updated parameters
+  copied back to the GPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Adam per parameter in host memory: read master, grad, exp_avg, exp_avg_sq (4 x 4 B), write
+# master, exp_avg, exp_avg_sq (3 x 4 B) (Kingma & Ba 2015, Algorithm 1; FP32 states as Megatron's
+# HybridDeviceOptimizer keeps them on the CPU)
+HOST_ADAM_BYTES = 28
+# Per direction, PCIe Gen5 x16: 32 GT/s x 16 lanes, 128b/130b encoding = 63 GB/s (PCI-SIG, PCI
+# Express Base Specification 5.0); NVIDIA's H100 datasheet lists "PCIe Gen5: 128GB/s" (both
+# directions). The accelerator catalog states no host link, so this is the figure for every device.
+PCIE_GEN5_X16_BW = 32e9 * 16 * 128 / 130 / 8
+# One device's share of host memory bandwidth on a DGX H100 (DGX H100 user guide: 2 x Intel Xeon
+# Platinum 8480C, 8 GPUs; Intel: 8 DDR5-4800 channels per socket, 8 x 4800 MT/s x 8 B = 307.2 GB/s):
+# 2 x 307.2 / 8 = 76.8 GB/s, the theoretical peak (CPU Adam reaches a fraction of it).
+HOST_MEMORY_BW_PER_DEVICE = 2 * 8 * 4800e6 * 8 / 8
+PARAM_UP_BYTES = 2  # the updated BF16 working parameter copied back to the device
+
+
+def offloaded_optimizer_s(shard_params, grad_bytes: float, host_link_bw: float = PCIE_GEN5_X16_BW,
+                          host_memory_bw: float = HOST_MEMORY_BW_PER_DEVICE) -> np.ndarray:
+    """Seconds per step of an offloaded optimizer step over ``shard_params`` parameters per device:
+    the host Adam plus the gradient down and the parameter up, one after the other."""
+    shard = np.asarray(shard_params, dtype=float)
+    return shard * HOST_ADAM_BYTES / host_memory_bw + shard * (grad_bytes + PARAM_UP_BYTES) / host_link_bw
