@@ -39,3 +39,15 @@ def test_step_waits_for_the_slowest_of_the_world():
     want = 0.01 * math.sqrt(2 * math.log(64))  # 0.028840
     assert float(jit.straggler_s[0] / base.step_s[0]) == pytest.approx(want, rel=1e-9)
     assert float(jit.step_s[0]) == pytest.approx(float(base.step_s[0]) * (1 + want), rel=1e-12)
+
+
+def test_a_cluster_file_sets_the_jitter_and_its_range_is_checked():
+    """``efficiency.step_jitter`` in a cluster file reaches the constants; a negative std is refused."""
+    from dayzero.errors import ConfigError
+    from dayzero.planner.calibration import constants_for
+    from dayzero.specs.cluster import cluster_from_dict
+
+    cl = cluster_from_dict({"accelerator": "h100", "nodes": 2, "efficiency": {"step_jitter": 0.02}}, "jit")
+    assert constants_for(cl).step_jitter == 0.02
+    with pytest.raises(ConfigError):
+        PerfConstants().with_overrides({"step_jitter": -0.01}, "test")
