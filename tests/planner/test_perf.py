@@ -23,7 +23,8 @@ H100 = build_cluster("h100", 64)
 def one(spec, p, cluster=H100, options=None):
     ev = evaluate(spec, encode([p]), cluster, options, layer_split=p.layer_split)
     return {k: float(getattr(ev, k)[0]) for k in ("step_s", "compute_s", "comm_exposed_s", "bubble_s", "optimizer_s",
-                                                  "straggler_s", "tokens_per_s_per_device", "mfu", "microbatch_s", "comm_ratio")}, ev
+                                                  "straggler_s", "tokens_per_s_per_device", "mfu", "microbatch_s",
+                                                  "comm_ratio")}, ev
 
 
 LAYOUTS = [

@@ -38,8 +38,8 @@ from dayzero.planner.comm import (
     step_comm,
 )
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
-from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
 from dayzero.planner.scale_effects import straggler_factor
+from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
@@ -353,7 +353,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     peak = np.array([r.peak[p] for p in PRECISIONS])[g["precision"]]
     inventory = _inventory(litems, sitems, slow, m) if inventory else []
     return Evaluation(step_s=step_s, compute_s=compute_s, comm_exposed_s=comm_exposed_s, bubble_s=bubble_s,
-                      optimizer_s=optimizer_s, straggler_s=straggler_s, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_dev,
+                      optimizer_s=optimizer_s, straggler_s=straggler_s, tokens_per_s=tokens_per_s,
+                      tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
                       microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory,
                       ep_overlap=ep_overlapped(g, options.comm) * (spec.moe is not None and spec.is_moe))
