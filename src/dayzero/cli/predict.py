@@ -167,7 +167,9 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
     s.add_column("term")
     s.add_column("seconds", num=True)
     s.add_column("share", num=True)
-    for k in ("compute_s", "comm_exposed_s", "bubble_s", "optimizer_s"):
+    for k in ("compute_s", "comm_exposed_s", "bubble_s", "optimizer_s", "straggler_s"):
+        if k == "straggler_s" and not t.get(k):
+            continue
         s.add_row(k[:-2].replace("_", " "), f"{t[k]:.3f}", f"{t[k] / t['step_s']:.1%}")
     s.add_row("[bold]step[/bold]", f"[bold]{t['step_s']:.3f}[/bold]", "")
     console.print(s)

@@ -77,6 +77,10 @@ class PerfConstants:
     # (deepseek-ai/DeepEP deep_ep/buffer.py Buffer.num_sms = 20; Megatron-Core moe_deepep_num_sms = 20).
     # A cluster file sets its own as efficiency.comm_sm_fraction (its SMs over the device's).
     comm_sm_fraction: float = 20 / 132
+    # relative std of one rank's step time, independent across ranks: the step waits for the slowest
+    # rank at the gradient sync (planner.scale_effects.straggler_factor); calibrated on the backtest
+    # (benchmarks/bench_straggler.py, docs/performance.md "Effects of scale")
+    step_jitter: float = 0.0
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -112,6 +116,7 @@ CONSTANT_BOUNDS = {
     "moe_sync_s": (0.0, 1.0, False),
     "flash2_max_tflops": (0.0, 1e5, True), "optimizer_bytes_per_param": (0.0, 1000.0, True),
     "gemm_eff_scale": (0.0, MEASURED_FRACTION_MAX, True), "comm_sm_fraction": (0.0, 1.0, False),
+    "step_jitter": (0.0, 1.0, False),
 }
 
 
@@ -134,7 +139,8 @@ CLUSTER_KEYS = {"moe_gemm": "moe_gemm_scale", "attention": "attention_eff", "mem
                 "intra": "intra_eff", "inter": "inter_eff", "layer_overhead_s": "layer_overhead_s",
                 "moe_expert_overhead_s": "moe_expert_overhead_s", "moe_sync_s": "moe_sync_s",
                 "gemm_half_dim": "gemm_half_dim",
-                "optimizer_bytes_per_param": "optimizer_bytes_per_param", "comm_sm_fraction": "comm_sm_fraction"}
+                "optimizer_bytes_per_param": "optimizer_bytes_per_param", "comm_sm_fraction": "comm_sm_fraction",
+                "step_jitter": "step_jitter"}
 GEMM_KEYS = ("gemm", "gemm_bf16", "gemm_fp8", "gemm_fp4")
 
 

@@ -27,7 +27,7 @@ def binding(prediction: dict, max_memory: float) -> dict:
         return {"constraint": "memory", "share": util,
                 "detail": f"peak memory {util:.0%} of the device against a {max_memory:.0%} limit"}
     losses = {"exposed communication": t["comm_exposed_s"], "pipeline bubble": t["bubble_s"],
-              "optimizer step": t["optimizer_s"]}
+              "optimizer step": t["optimizer_s"], "wait for the slowest rank": t.get("straggler_s", 0.0)}
     name, seconds = max(losses.items(), key=lambda kv: kv[1])
     share = seconds / t["step_s"] if t["step_s"] > 0 else 0.0
     if share < 0.01:

@@ -2,7 +2,9 @@
 
     t_mb     = max over pipeline ranks of  sum over its layers (forward + backward + exposed
                per-layer communication)  + embedding (first rank) + head and loss (last rank)
-    step_s   = m * t_mb  +  bubble  +  exposed per-step communication  +  optimizer
+    step_s   = (m * t_mb  +  bubble  +  exposed per-step communication  +  optimizer) * straggler
+    straggler = 1 + sigma * sqrt(2 ln N)   (the wait for the slowest of the N ranks at the gradient
+               sync, sigma = PerfConstants.step_jitter; planner.scale_effects)
     bubble   = (pp - 1) / vpp * t_mb        (1F1B and GPipe: vpp = 1; interleaved 1F1B: vpp;
                DualPipe / DualPipeV: planner.schedule.bubble_microbatches)
 
@@ -12,7 +14,8 @@ and 2. The optimizer step is memory-bound: bytes per parameter / HBM bandwidth o
 parameters this rank updates (sharded over dp x cp with ZeRO >= 1).
 
 Outputs per candidate: ``step_s``, ``compute_s`` (m x the slowest rank's compute),
-``comm_exposed_s`` (communication nothing hides), ``bubble_s``, ``optimizer_s``; tokens/s,
+``comm_exposed_s`` (communication nothing hides), ``bubble_s``, ``optimizer_s``, ``straggler_s``
+(the wait for the slowest rank); tokens/s,
 model TFLOP/s per device (causal attention FLOPs, no recompute), MFU against the peak of the
 precision the GEMMs run in, and the communication ratio comm_exposed_s / step_s.
 """
@@ -36,6 +39,7 @@ from dayzero.planner.comm import (
 )
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
 from dayzero.planner.offload import offloaded_optimizer_s
+from dayzero.planner.scale_effects import straggler_factor
 from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
@@ -179,6 +183,7 @@ class Evaluation:
     comm_exposed_s: np.ndarray
     bubble_s: np.ndarray
     optimizer_s: np.ndarray
+    straggler_s: np.ndarray  # the wait for the slowest rank at the step's gradient sync (planner.scale_effects)
     tokens_per_s: np.ndarray
     tokens_per_s_per_device: np.ndarray
     model_tflops_per_device: np.ndarray
@@ -350,6 +355,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     comm_exposed_s = m * comm_mb + step_exposed
 
     devices = g["tp"] * g["pp"] * g["dp"] * g["cp"]
+    straggler_s = step_s * (straggler_factor(devices, consts.step_jitter) - 1.0)
+    step_s = step_s + straggler_s
     tokens_per_s = g["gbs"] * seq / step_s
     per_dev = tokens_per_s / devices
     # model FLOPs as Megatron-LM counts them: the MTP modules' included (counting.mtp_flops_per_token)
@@ -358,7 +365,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     peak = np.array([r.peak[p] for p in PRECISIONS])[g["precision"]]
     inventory = _inventory(litems, sitems, slow, m) if inventory else []
     return Evaluation(step_s=step_s, compute_s=compute_s, comm_exposed_s=comm_exposed_s, bubble_s=bubble_s,
-                      optimizer_s=optimizer_s, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_dev,
+                      optimizer_s=optimizer_s, straggler_s=straggler_s, tokens_per_s=tokens_per_s,
+                      tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
                       microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory,
                       ep_overlap=ep_overlapped(g, options.comm) * (spec.moe is not None and spec.is_moe))

@@ -51,7 +51,8 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "fits": bool(memory["fits"]),
         "memory": memory,
         "time": {"step_s": f("step_s"), "compute_s": f("compute_s"), "comm_exposed_s": f("comm_exposed_s"),
-                 "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s")},
+                 "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s"),
+                 "straggler_s": f("straggler_s")},
         "throughput": {"tokens_per_s": f("tokens_per_s"), "tokens_per_s_per_device": f("tokens_per_s_per_device"),
                        "model_tflops_per_device": f("model_tflops_per_device"), "mfu": mfu,
                        "model_flops_per_token": flops_per_token(spec, parallel.seq, causal=True).train
