@@ -18,7 +18,8 @@ from dayzero.report.validation import TARGET_COLUMNS, target_rows
 
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 STEP_TERMS = (("compute", "compute_s"), ("exposed comm", "comm_exposed_s"), ("bubble", "bubble_s"),
-              ("optimizer", "optimizer_s"))
+              ("optimizer", "optimizer_s"), ("stragglers", "straggler_s"))
+OPTIONAL_TERMS = ("straggler_s",)  # listed only when nonzero (planner.scale_effects, sigma 0 by default)
 COMPONENTS = ("attention", "recurrent", "dense_mlp", "routed_experts", "shared_experts", "router", "norms")
 
 
@@ -53,6 +54,14 @@ def parameter_breakdown(model: dict) -> dict[str, int]:
     if model["params_head"]:
         out["output head"] = model["params_head"]
     return out
+
+
+def step_rows(t: dict) -> tuple[tuple[str, str, str], ...]:
+    """The step's terms (seconds, share of the step), then the step: the terms listed add up to it
+    (an optional term is left out only when it is zero)."""
+    rows = tuple((name, f"{t[k]:.3f}", _pct(t[k] / t["step_s"])) for name, k in STEP_TERMS
+                 if k not in OPTIONAL_TERMS or t.get(k, 0.0))
+    return rows + (("step", f"{t['step_s']:.3f}", ""),)
 
 
 def headline(r: dict) -> list[tuple[str, str]]:
@@ -122,9 +131,7 @@ def tables(r: dict) -> list[Table]:
     out.append(Table("Memory per stage of the best plan (GB)", ("stage", *MEMORY_CATEGORIES, "total"), tuple(
         (str(s["stage"]), *(_gb(s[c]) for c in MEMORY_CATEGORIES), _gb(s["total"])) for s in best["memory"]["stages"])))
     t = best["time"]
-    out.append(Table("Step time of the best plan", ("term", "seconds", "share"), tuple(
-        (name, f"{t[k]:.3f}", _pct(t[k] / t["step_s"])) for name, k in STEP_TERMS) + (("step", f"{t['step_s']:.3f}",
-                                                                                       ""),)))
+    out.append(Table("Step time of the best plan", ("term", "seconds", "share"), step_rows(t)))
     out.append(Table("Communication per step (busiest stage)",
                      ("collective", "group", "tier", "MB/op", "ops", "busy s", "exposed s", "hidden by"), tuple(
         (c["name"], str(c["group_size"]), c["tier"], f"{c['bytes'] / 1e6:,.0f}", f"{c['count']:,.0f}",
