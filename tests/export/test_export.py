@@ -120,3 +120,18 @@ def test_megatron_dispatches_tokens_the_way_the_planner_priced_them():
     assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend deepep" in text
     text = megatron.export(spec, P(tp=2, dp=8, gbs=32)).files[megatron.ARGS_FILE]
     assert "--moe-token-dispatcher-type alltoall" in text and "deepep" not in text
+
+
+def test_megatron_writes_and_reads_full_recompute_of_n_layers_as_the_block_method():
+    """recompute_layers N: Megatron-LM's --recompute-method block --recompute-num-layers N (the first
+    N layers of each chunk, transformer_block.py _checkpointed_forward); the import reads it back,
+    and plain full recompute stays uniform over 1-layer groups (every layer)."""
+    p = P(tp=2, pp=4, dp=2, vpp=2, gbs=32, recompute="full", recompute_layers=2)
+    args = [str(a) for a in megatron.layout_args(p)]
+    i = args.index("--recompute-method")
+    assert args[i:i + 3] == ["--recompute-method", "block", "--recompute-num-layers"] and args[i + 3] == "2"
+    back, _ = megatron.parallel_from_args(args, world=16)
+    assert back.recompute == "full" and back.recompute_layers == 2
+    plain = [str(a) for a in megatron.layout_args(p.with_(recompute_layers=None))]
+    assert plain[plain.index("--recompute-method") + 1] == "uniform"
+    assert megatron.parallel_from_args(plain, world=16)[0].recompute_layers is None

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dayzero.errors import ConfigError, LayoutError
+from dayzero.planner.activations import Dims, layer_activation
 from dayzero.planner.memory import (
     CATEGORIES,
     MemoryOptions,
@@ -208,3 +209,33 @@ def test_vendor_defaults_for_communicator_buffers():
     one = estimate_memory(spec, ParallelConfig(), GB).stages[0].terms["overhead:comm_buffers"]
     four = estimate_memory(spec, ParallelConfig(tp=2, pp=2, dp=2, gbs=8), GB).stages[0].terms["overhead:comm_buffers"]
     assert one == 0 and four == 4 * MemoryOptions().comm_buffer_bytes  # tp, dp (x cp), pp send + receive
+
+
+def test_batch_reads_recompute_layers_as_estimate_memory_does():
+    """The grid's recompute_layers column (0: every layer) prices full recompute of the first N
+    layers of each chunk, as estimate_memory (memory._features) does: DeepSeek-V3's first 3 dense
+    layers, vpp chunks, the MTP layer on the last stage, and N beyond a chunk's length."""
+    spec = load_model("deepseek-v3")
+    layouts = [ParallelConfig(pp=pp, vpp=vpp, dp=8, ep=8, gbs=8 * pp * 2, zero=1, recompute="full",
+                              recompute_layers=n, layer_split=model_split(61, pp * vpp, 1))
+               for pp, vpp in ((8, 1), (4, 2), (16, 1)) for n in (None, 1, 2, 5, 100)]
+    layouts.append(ParallelConfig(pp=4, dp=8, ep=8, gbs=64, recompute="selective", recompute_layers=2,
+                                  layer_split=model_split(61, 4, 1)))  # ignored without full recompute
+    want = [estimate_memory(spec, p, 80 * GB).peak_bytes for p in layouts]
+    got = peak_memory_batch(spec, encode(layouts), 80 * GB)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=8)
+
+
+def test_recompute_layers_memory_is_linear_in_n():
+    """Each layer taken out of full recompute keeps its whole activation (memory_terms: n - nfull
+    layers at a.none, nfull at a.full) instead of its input: on a model of identical layers
+    (tiny-llama, 4 dense layers, one stage: 1 micro-batch in flight) the peak falls by the same
+    bytes, none - full of one layer, per layer recomputed from N = 1 on; N = 4 equals every layer."""
+    spec = load_model("tiny-llama")
+    base = dict(pp=1, dp=1, gbs=1, recompute="full")
+    layouts = [ParallelConfig(**base, recompute_layers=n) for n in range(1, 5)] + [ParallelConfig(**base)]
+    no_frag = MemoryOptions(fragmentation=0.0)  # the allocator's budget scales activations too
+    peaks = peak_memory_batch(spec, encode(layouts), 80 * GB, no_frag)
+    a = layer_activation(spec, "dense", no_frag, Dims(seq=4096, mbs=1, tp=1, cp=1))
+    np.testing.assert_allclose(np.diff(peaks[:4]), -(a.none - a.full), rtol=1e-9)
+    assert peaks[3] == peaks[4]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from dayzero.planner.calibration import PerfConstants
@@ -11,7 +12,7 @@ from dayzero.planner.comm import CommOptions
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.specs.cluster import build_cluster, cluster_from_dict
 from dayzero.specs.counting import flops_per_token
-from dayzero.specs.grid import encode
+from dayzero.specs.grid import UNREPLAYED, encode
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 
@@ -143,3 +144,34 @@ def test_cluster_calibration_overrides_catalog_rates():
     bad = cluster_from_dict({"accelerator": "h100", "nodes": 2, "efficiency": {"gemmm": 0.5}}, "bad")
     with pytest.raises(ConfigError, match="unknown efficiency key"):
         constants_for(bad)
+
+
+def test_recompute_layers_predict_equals_the_grid_row_and_is_linear_in_n():
+    """Full recompute of the first N layers of each chunk (the grid's recompute_layers) replays N
+    layers' forward and collectives per chunk: tiny-llama on pp 2 (2 layers a stage) with N = 1
+    costs the mean of no replay and full replay of both layers (ep 1: no EP overlap, which full
+    granularity switches off, so only the replay differs). predict (one layout) equals the batch row."""
+    from dayzero.planner.predict import predict
+
+    spec = load_model("tiny-llama")
+    base = dict(tp=1, pp=2, dp=32, gbs=64, recompute="full")
+    layouts = [ParallelConfig(**base, recompute_layers=1), ParallelConfig(**base),
+               ParallelConfig(**base, recompute_layers=2)]
+    ev = evaluate(spec, encode(layouts), H100)
+    # the "no replay" reference: the same full-granularity layout with its replay taken out
+    plain = evaluate(spec, {**encode(layouts[1:2]), UNREPLAYED: np.array([True])}, H100)
+    assert plain.step_s[0] < ev.step_s[1]
+    assert ev.step_s[0] == pytest.approx((ev.step_s[1] + plain.step_s[0]) / 2, rel=1e-12)
+    assert ev.step_s[2] == ev.step_s[1]  # N = the chunk's layers: every layer
+    assert predict(spec, layouts[0], H100)["time"]["step_s"] == pytest.approx(ev.step_s[0], rel=1e-12)
+
+
+def test_recompute_layers_time_is_linear_in_n_on_a_moe_model():
+    """DeepSeek-V3 on pp 8 (8 layers a stage, the first 3 dense): each layer more in the replayed
+    block of every chunk adds the same seconds (the slowest rank's layers are alike)."""
+    spec = load_model("deepseek-v3")
+    base = dict(pp=8, dp=8, ep=8, gbs=128, recompute="full")
+    ev = evaluate(spec, encode([ParallelConfig(**base, recompute_layers=n) for n in (1, 2, 3, 4)]), H100)
+    steps = np.diff(ev.step_s)
+    assert steps[0] > 0
+    np.testing.assert_allclose(steps, steps[0], rtol=1e-9)

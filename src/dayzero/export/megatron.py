@@ -74,6 +74,11 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
         a += ["--recompute-granularity", "selective"]
         if tuple(p.recompute_modules) not in ((), ("core_attn",)):
             a += ["--recompute-modules", *p.recompute_modules]
+    elif p.recompute == "full" and p.recompute_layers is not None:
+        # the first N layers of each model chunk (Megatron-LM transformer_block.py _checkpointed_forward,
+        # recompute_method "block": each virtual chunk is its own TransformerBlock)
+        a += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+              p.recompute_layers]
     elif p.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     if p.precision == "fp8":
@@ -229,6 +234,8 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
                        etp=ns.expert_tensor_parallel_size or 1,
                        vpp=vpp, mbs=ns.micro_batch_size, gbs=ns.global_batch_size or 0, seq=ns.seq_length, zero=zero,
                        recompute=recompute, recompute_modules=tuple(ns.recompute_modules or ()),
+                       recompute_layers=(ns.recompute_num_layers
+                                         if recompute == "full" and ns.recompute_method == "block" else None),
                        sequence_parallel=ns.sequence_parallel, precision=precision)
     return p, [w for w in rest if w.startswith("--") and w not in MODEL_FLAGS]
 
@@ -264,6 +271,8 @@ def core_configs(spec: ModelSpec, parallel: ParallelConfig) -> dict:
               gated_linear_unit=spec.mlp.gated, normalization="RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm")
     if p.recompute == "selective":
         kw.update(recompute_granularity="selective")
+    elif p.recompute == "full" and p.recompute_layers is not None:
+        kw.update(recompute_granularity="full", recompute_method="block", recompute_num_layers=p.recompute_layers)
     elif p.recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     notes = []

@@ -55,7 +55,7 @@ from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance,
 from dayzero.planner.schedule import gradient_windows
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import BF16 as BF16_CODE
-from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL, MODULE_BIT, SELECTIVE, recompute_modules
+from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL, MODULE_BIT, SELECTIVE, recompute_modules, replays_layer
 from dayzero.specs.model import ModelSpec, split_layer_type
 
 FP8_PARAM_BYTES = 1  # one FP8 (E4M3) weight element, as --fp8-param-gather all-gathers it
@@ -253,7 +253,7 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     types = [split_layer_type(t) for t, *_ in layer_classes(spec)]  # (mixer, ffn) per class
     L = _Layer(spec=spec, g=g, rates=rates, costs=costs, groups=groups, opt=opt, tp=tp,
                T=g["mbs"] * single_seq(g) / cp, H=spec.hidden, sp=(g["sequence_parallel"] > 0) & (g["tp"] > 1),
-               full=g["recompute"] == FULL, kinds=np.array([f == "moe" for _, f in types])[:, None],
+               full=replays_layer(g), kinds=np.array([f == "moe" for _, f in types])[:, None],
                shape=costs.fwd.shape, mixers=np.array([m != "none" for m, _ in types], float)[:, None],
                dense_ffn=np.array([k == "dense" for _, k in types], float)[:, None],
                modules=np.where(np.asarray(g["recompute"]) == SELECTIVE, recompute_modules(g), 0))

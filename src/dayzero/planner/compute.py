@@ -48,7 +48,7 @@ from dayzero.specs.counting import (
     traced_extra_flops,
 )
 from dayzero.specs.grid import BF16 as BF16_CODE
-from dayzero.specs.grid import FULL, MODULE_BIT, SELECTIVE, recompute_modules
+from dayzero.specs.grid import MODULE_BIT, SELECTIVE, recompute_modules, replays_layer
 from dayzero.specs.model import MLPSpec, ModelSpec, split_layer_type
 from dayzero.specs.parallel import PRECISIONS
 
@@ -205,7 +205,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
                   "moe_act": mem_s(inside.get("act_el", 0.0)),
                   "mlp": ffn_f if kind == "dense" else 0.0, "moe": ffn_f if kind == "moe" else 0.0,
                   "shared_experts": inside.get("shared_g", 0.0) + mem_s(inside.get("shared_el", 0.0))}
-        re = np.where(recompute == FULL, f, np.where(recompute == SELECTIVE, module_replay(replay, modules), 0.0))
+        re = np.where(replays_layer(g), f, np.where(recompute == SELECTIVE, module_replay(replay, modules), 0.0))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
         bwd.append(2 * t_g + attn_bwd + t_mem_bwd + 2 * t_x + re + 2 * ovh / 3)

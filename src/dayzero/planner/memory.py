@@ -32,7 +32,7 @@ from dayzero.planner.memory_terms import (
     stage_terms,
 )
 from dayzero.planner.schedule import PLACEMENTS, effective_schedule, placement_code
-from dayzero.specs.grid import encode, recompute_modules
+from dayzero.specs.grid import FULL, encode, recompute_layers, recompute_modules
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
 
@@ -108,6 +108,8 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
     really runs (:func:`dayzero.planner.schedule.effective_schedule`)."""
     if "recompute_modules" not in grid and "recompute" in grid:  # a grid built by hand: Megatron's default
         grid = {**grid, "recompute_modules": recompute_modules(grid)}
+    if "recompute_layers" not in grid and "tp" in grid:  # a grid built by hand: full on every layer
+        grid = {**grid, "recompute_layers": recompute_layers(grid)}
     missing = [k for k in CANDIDATE_KEYS if k not in grid]
     if missing:
         raise LayoutError(f"memory planner: grid lacks {', '.join(missing)}; give equal-length arrays for "
@@ -203,10 +205,14 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     # (hundreds in a search): each row gets its own group's rank features, the schedule is a column.
     vpp_span = int(cols["vpp"].max()) + 1
     place = placement_code(cols["schedule"])
-    keys, group = np.unique((cols["pp"] * vpp_span + cols["vpp"]) * 3 + place, return_inverse=True)
+    # full recompute of the first N layers of each chunk (0: every layer; only read under full)
+    nfull = np.where(cols["recompute"] == FULL, np.maximum(cols["recompute_layers"], 0), 0)
+    n_span = int(nfull.max()) + 1
+    keys, group = np.unique(((cols["pp"] * vpp_span + cols["vpp"]) * n_span + nfull) * 3 + place,
+                            return_inverse=True)
     group = group.ravel()
-    feats = [_even_features(spec, int(k // 3 // vpp_span), int(k // 3 % vpp_span), PLACEMENTS[int(k % 3)])
-             for k in keys]
+    feats = [_even_features(spec, int(k // 3 // n_span // vpp_span), int(k // 3 // n_span % vpp_span),
+                            PLACEMENTS[int(k % 3)], int(k // 3 % n_span)) for k in keys]
     width = np.array([f.rank.shape[1] for f in feats])
     for w in np.unique(width):
         ids = np.flatnonzero(width == w)
@@ -240,9 +246,12 @@ def _stacked(groups: list[RankFeatures], group: np.ndarray) -> RankFeatures:
 
 
 @lru_cache(maxsize=512)
-def _even_features(spec: ModelSpec, pp: int, vpp: int, schedule: str = "1f1b") -> RankFeatures:
+def _even_features(spec: ModelSpec, pp: int, vpp: int, schedule: str = "1f1b",
+                   recompute_layers: int = 0) -> RankFeatures:
     """Features of the ranks that can be the busiest under an even split: the first and last rank,
-    and, among the middle ranks, the lowest-index one of each layer composition. A middle rank's
+    and, among the middle ranks, the lowest-index one of each layer composition (and composition of
+    its fully recomputed layers: the first ``recompute_layers`` of each chunk, as
+    :func:`_features` counts them; 0 for every layer). A middle rank's
     total depends on its index only through the in-flight micro-batches, which never grow with the
     index, so the others cannot exceed it. This keeps the batch at a few columns per candidate.
 
@@ -250,19 +259,22 @@ def _even_features(spec: ModelSpec, pp: int, vpp: int, schedule: str = "1f1b") -
     memory pass); its arrays are read-only, so no caller can change the cached value."""
     split = model_split(spec.layers, pp * vpp, spec.mtp_layers)
     kinds: list[list[str]] = [[] for _ in range(pp)]
+    full: list[list[str]] = [[] for _ in range(pp)]
     placed = stage_ranks(schedule, pp, vpp)
     start = 0
     for v, count in enumerate(split):
+        n = count if recompute_layers <= 0 else min(recompute_layers, count)
         for r in placed[v]:
             kinds[r].extend(spec.layer_types[start:start + count])
+            full[r].extend(spec.layer_types[start:start + n])
         start += count
     keep, seen = [0, pp - 1] if pp > 1 else [0], set()
     for r in range(1, pp - 1):
-        comp = tuple(sorted(kinds[r]))
+        comp = (tuple(sorted(kinds[r])), tuple(sorted(full[r])))
         if comp not in seen:
             seen.add(comp)
             keep.append(r)
-    f = placed_features(kinds, None, placed, spec)
+    f = placed_features(kinds, full, placed, spec)
     cols = np.array(sorted(keep))
 
     def frozen(a: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ precision the GEMMs run in, and the communication ratio comm_exposed_s / step_s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -44,6 +44,7 @@ from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
+from dayzero.specs.grid import FULL, UNREPLAYED, recompute_layers
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import PRECISIONS, model_split, stage_ranks, zero_sharded
 
@@ -252,23 +253,44 @@ def mtp_class(spec: ModelSpec) -> tuple[int, int]:
     return index, spec.mtp_layers
 
 
-def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tuple[int, ...] | None) -> SlowestRank:
+def replayed_classes(cls: tuple[int, ...], n_classes: int, split: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """Layer -> class when full recompute replays only the first ``n`` layers of each model chunk
+    (Megatron's --recompute-method block --recompute-num-layers n; memory._features counts the
+    same layers): a replayed layer keeps its class k, the others are class ``n_classes + k``, the
+    same layer priced without recompute (:func:`partial_recompute`). ``n`` 0: every layer."""
+    out, start = [], 0
+    for count in split:
+        out += [c if n <= 0 or j < n else n_classes + c for j, c in enumerate(cls[start:start + count])]
+        start += count
+    return tuple(out)
+
+
+def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tuple[int, ...] | None,
+                 n_classes: int | None = None) -> SlowestRank:
     """The pipeline rank with the longest micro-batch (its layers' forward, backward and exposed
     per-layer communication, plus the embedding or head), per candidate; candidates sharing
-    (pp, vpp) share one stage-count matrix."""
+    (pp, vpp) share one stage-count matrix. ``costs`` may hold each class twice (``n_classes``
+    doubled by :func:`partial_recompute`): the grid's ``recompute_layers`` then sends the layers
+    past the first N of each chunk to the second, unreplayed copy."""
     cls = tuple(int(x) for x in layer_class_index(spec))
     K = len(layer_classes(spec))
+    K2 = n_classes or K
     n = len(g["tp"])
-    per_layer = costs.fwd + costs.bwd + layer_exposed  # (K, N)
-    counts_of = np.zeros((K, n))  # layer counts of each candidate's slowest rank
+    per_layer = costs.fwd + costs.bwd + layer_exposed  # (K2, N)
+    counts_of = np.zeros((K2, n))  # layer counts of each candidate's slowest rank
     first_of, last_of = np.zeros(n), np.zeros(n)
     place = placement_code(g["schedule"]) if "schedule" in g else np.zeros(n, dtype=np.int64)
-    key = (g["pp"] * 4096 + g["vpp"]) * 3 + place
+    nfull = np.zeros(n, dtype=np.int64) if K2 == K else _partial_layers(g)
+    key = ((g["pp"] * 4096 + g["vpp"]) * 4096 + nfull) * 3 + place
     order = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     for idx in np.split(order, bounds):
-        pp, vpp = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]])
-        C, first, last = stage_work(cls, K, pp, vpp, layer_split, PLACEMENTS[int(place[idx[0]])], mtp_class(spec))
+        pp, vpp, nf = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]]), int(nfull[idx[0]])
+        mtp = mtp_class(spec)
+        row_cls = cls
+        if nf:
+            row_cls = replayed_classes(cls, K, layer_split or model_split(len(cls), pp * vpp, mtp[1]), nf)
+        C, first, last = stage_work(row_cls, K2, pp, vpp, layer_split, PLACEMENTS[int(place[idx[0]])], mtp)
         t = C @ per_layer[:, idx]  # (pp, n_idx)
         t += first[:, None] * costs.first_extra[idx] + last[:, None] * costs.last_extra[idx]
         slow = np.argmax(t, axis=0)
@@ -276,6 +298,32 @@ def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tu
         first_of[idx] = first[slow]
         last_of[idx] = last[slow]
     return SlowestRank(cls, counts_of, first_of, last_of)
+
+
+def _partial_layers(g: dict) -> np.ndarray:
+    """(N,) the grid's recompute_layers where it replays fewer than every layer (full recompute
+    with N > 0), else 0."""
+    return np.where(np.asarray(g["recompute"]) == FULL, np.maximum(recompute_layers(g), 0), 0)
+
+
+def partial_recompute(g: dict, costs, litems, evaluate_costs):
+    """Costs and per-layer collectives with every layer class twice: as the grid prices it (under
+    full recompute: replayed), then the same layer without recompute, for the layers past the first
+    ``recompute_layers`` of a chunk (:func:`replayed_classes`). ``evaluate_costs(grid)`` gives
+    (costs, layer items) of a grid. Returns (costs, litems, classes); unchanged without such rows."""
+    K = costs.fwd.shape[0]
+    if not _partial_layers(g).any():
+        return costs, litems, K
+    plain = {**g, UNREPLAYED: _partial_layers(g) > 0}
+    costs0, litems0 = evaluate_costs(plain)
+    stack = {f.name: np.concatenate([getattr(costs, f.name), getattr(costs0, f.name)])
+             for f in fields(costs) if np.ndim(getattr(costs, f.name)) == 2}
+    both = replace(costs, **stack)
+    items = [replace(a, **{k: np.concatenate([np.broadcast_to(getattr(a, k), costs.fwd.shape),
+                                              np.broadcast_to(getattr(b, k), costs.fwd.shape)])
+                          for k in ("nbytes", "ops", "time", "exposed")})
+             for a, b in zip(litems, litems0, strict=True)]
+    return both, items, 2 * K
 
 
 def _first_layer_gather(litems, first_class: int, n: int):
@@ -317,12 +365,16 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     g = {k: np.asarray(v) for k, v in grid.items()}
     n = len(g["tp"])
     experts = spec.moe.experts if spec.moe is not None else 0
-    costs = compute_costs(spec, g, r, consts, options.comm.imbalance(g["ep"], experts), options.attention_kernel)
     groups = placed if placed is not None else place_groups(g, r)
-    litems = layer_comm(spec, g, r, costs, groups, options.comm)
+
+    def costs_of(grid):
+        c = compute_costs(spec, grid, r, consts, options.comm.imbalance(grid["ep"], experts), options.attention_kernel)
+        return c, layer_comm(spec, grid, r, c, groups, options.comm)
+
+    costs, litems, n_classes = partial_recompute(g, *costs_of(g), costs_of)
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
 
-    slow = slowest_rank(spec, g, costs, layer_exposed, layer_split)
+    slow = slowest_rank(spec, g, costs, layer_exposed, layer_split, n_classes)
     on_slow = slow.sum
     fwd_mb, bwd_mb = slow.forward(costs), slow.backward(costs)
     comm_mb = on_slow(layer_exposed)

@@ -33,6 +33,7 @@ from dayzero.specs.grid import (
     DUALPIPE,
     DUALPIPEV,
     FIELDS,
+    FULL,
     INTERLEAVED,
     MODULE_BIT,
     ONE_F_ONE_B,
@@ -45,14 +46,14 @@ from dayzero.specs.grid import (
 )
 from dayzero.specs.layout_rules import DEGREES, Where, field_problems, mask, rules_reading
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills
+from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills, model_split
 
 CHUNK = 100_000  # bases per vectorised batch (bounds memory)
 # the order dims are expanded in (a base is every dim but zero and recompute)
 STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), ("etp",), ("vpp", "schedule"),
           ("mbs",))
 VARIANTS = ("zero", "recompute")  # the recompute variants are its levels: SearchSpace.levels
-VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules")
+VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules", "recompute_layers")  # set per base by the search
 # The selective recompute module sets the search tries by default: every set of Megatron-Core's
 # recompute modules (megatron/core/transformer/transformer_config.py ``recompute_modules``) that
 # drops a different set of the model's saved tensors (planner.row_memory.recompute_modules_sets, the
@@ -225,6 +226,7 @@ def _layout_at(g: dict, i: int) -> ParallelConfig:
             kw[f] = TABLES[f][v] if f in TABLES and 0 <= v < len(TABLES[f]) else v
     kw["sequence_parallel"] = bool(kw.get("sequence_parallel", 0))
     kw["recompute_modules"] = module_names(max(kw.get("recompute_modules", 0), 0))
+    kw["recompute_layers"] = kw.get("recompute_layers") or None
     return ParallelConfig(**kw)
 
 
@@ -571,6 +573,48 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     return out, n_fit, n_engine
 
 
+def chunk_layers(spec: ModelSpec, pp: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+    """(N,) decoder layers of the longest model chunk under the even split (MTP modules excluded:
+    memory counts them replayed whatever N is)."""
+    stages = np.asarray(pp) * np.asarray(vpp)
+    out = np.zeros(len(stages), dtype=np.int64)
+    for s in np.unique(stages):
+        out[stages == s] = max(model_split(spec.layers, int(s), spec.mtp_layers))
+    return out
+
+
+def fewest_recomputed_layers(spec: ModelSpec, cand: dict, peaks: np.ndarray, memory, limit: float):
+    """The least N such that full recompute of the first N layers of each chunk
+    (``recompute_layers``, Megatron's --recompute-method block) still fits, for the rows of
+    ``cand`` under full recompute (the search takes full only where no lower level fits). Memory
+    falls as N grows (each replayed layer keeps its input instead of its activations), so a
+    bisection over 1..the longest chunk's layers finds it; time only grows with N (each replayed
+    layer adds its forward and collectives again), so the least N is the fastest. Returns (the
+    recompute_layers column, 0 where every layer is replayed; the rows' peaks)."""
+    col = np.zeros(len(peaks), dtype=np.int64)
+    rows = np.flatnonzero(np.asarray(cand["recompute"]) == FULL)
+    if not len(rows):
+        return col, peaks
+    sub = {k: np.asarray(v)[rows] for k, v in cand.items()}
+    hi = chunk_layers(spec, sub["pp"], sub["vpp"])  # fits: every layer (the level's own peak)
+    lo = np.zeros_like(hi)  # does not fit (no lower recompute level did)
+    peak = np.asarray(peaks, dtype=float)[rows].copy()
+    while True:
+        open_ = np.flatnonzero(hi - lo > 1)
+        if not len(open_):
+            break
+        mid = (lo[open_] + hi[open_]) // 2
+        pk = memory({**{k: v[open_] for k, v in sub.items()}, "recompute_layers": mid})
+        ok = pk <= limit
+        hi[open_[ok]], peak[open_[ok]] = mid[ok], pk[ok]
+        lo[open_[~ok]] = mid[~ok]
+    every = chunk_layers(spec, sub["pp"], sub["vpp"])
+    col[rows] = np.where(hi < every, hi, 0)
+    out = np.asarray(peaks, dtype=float).copy()
+    out[rows] = peak
+    return col, out
+
+
 def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
            options: PerfOptions | None = None, top_k: int = 5, max_memory: float = MEMORY_TARGET,
            space: SearchSpace | None = None, memory_fn=None, memory_options=None) -> SearchResult:
@@ -628,6 +672,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         level = np.concatenate([p[2] for p in parts]).astype(np.int64)
         cand["recompute"], cand["recompute_modules"] = level_rc[level], level_modules[level]
         peaks = np.concatenate([p[3] for p in parts])
+        cand["recompute_layers"], peaks = fewest_recomputed_layers(spec, cand, peaks, memory, limit)
         n_timed += len(idx)
         ev = evaluate(spec, cand, cluster, options)
         order = np.argsort(ev.step_s, kind="stable")[:top_k]

@@ -11,11 +11,13 @@ their index in ParallelConfig's tables:
     sequence_parallel  0 / 1
     recompute_modules  a bitmask over RECOMPUTE_MODULES (bit i: module i; core_attn = 1), the
                        modules selective recompute checkpoints (0 without selective recompute)
+    recompute_layers   with full recompute, the first N layers of each model chunk replayed
+                       (Megatron's --recompute-method block --recompute-num-layers N); 0 for
+                       ParallelConfig's None, every layer
 
-``layer_split`` and ``recompute_layers`` are not columns: a grid row stands for the near-even
-split (:func:`dayzero.specs.parallel.even_split`) with full recompute on every layer of a stage,
-which is what the vectorised memory and time models evaluate. :func:`columns` is the one-layout
-form (ints, with -1 for a name outside its table, so that the rules can report it);
+``layer_split`` is not a column: a grid row stands for the near-even split
+(:func:`dayzero.specs.parallel.even_split`), which is what the vectorised models evaluate.
+:func:`columns` is the one-layout form (ints, with -1 for a name outside its table, so that the rules can report it);
 :func:`encode` and :func:`decode` go from ParallelConfigs to a grid and back::
 
     g = encode([ParallelConfig(tp=8, pp=2, dp=4, recompute="full")])
@@ -47,7 +49,7 @@ RANK_ORDERS: tuple[str, ...] = (DENSE_ORDER,) + tuple(
     o for o in ("-".join(p) for p in permutations(DENSE_DIMS)) if o != DENSE_ORDER)
 TABLES: dict[str, tuple[str, ...]] = {"recompute": RECOMPUTES, "precision": PRECISIONS, "schedule": SCHEDULES,
                                       "rank_order": RANK_ORDERS}
-NOT_COLUMNS = ("layer_split", "recompute_layers")
+NOT_COLUMNS = ("layer_split",)
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelConfig) if f.name not in NOT_COLUMNS)
 
 MASKS: dict[str, tuple[str, ...]] = {"recompute_modules": RECOMPUTE_MODULES}  # tuple fields coded as bitmasks
@@ -89,6 +91,25 @@ def recompute_modules(g: dict):
     return np.where(np.asarray(g["recompute"]) == SELECTIVE, MODULE_BIT["core_attn"], 0)
 
 
+def recompute_layers(g: dict):
+    """The ``recompute_layers`` column of a grid (0: every layer); a grid without it reads as 0."""
+    if "recompute_layers" in g:
+        return np.asarray(g["recompute_layers"])
+    return np.zeros_like(np.asarray(g["tp"]))
+
+
+# a grid key (not a field): rows whose full recompute replays none of the layers a per-layer model
+# prices, the copy planner.perf.partial_recompute prices the layers past the first N of a chunk by
+UNREPLAYED = "unreplayed"
+
+
+def replays_layer(g: dict):
+    """(N,) True where full recompute replays the layer a per-layer model prices: the full rows,
+    except those marked :data:`UNREPLAYED`."""
+    full = np.asarray(g["recompute"]) == FULL
+    return full & ~np.asarray(g[UNREPLAYED], dtype=bool) if UNREPLAYED in g else full
+
+
 def columns(p: ParallelConfig) -> dict[str, int]:
     """One layout as the grid's integers (names outside their tables code as -1)."""
     out = {}
@@ -98,6 +119,8 @@ def columns(p: ParallelConfig) -> dict[str, int]:
         if f in MASKS:
             out[f] = module_mask(v)
             continue
+        if f == "recompute_layers":
+            v = 0 if v is None else v
         out[f] = code(f, v) if f in TABLES else (int(v) if -2**62 < int(v) < 2**62 else -1)
     return out
 
@@ -119,12 +142,14 @@ def decode(grid: dict, index=None) -> list[ParallelConfig]:
     n = len(grid["tp"])
     rows = range(n) if index is None else np.asarray(index).ravel()
     out = []
+    grid = {**grid, "recompute_layers": recompute_layers(grid)}  # a grid built without it: every layer
     for i in rows:
         kw = {f: int(grid[f][i]) for f in FIELDS}
         for f, table in TABLES.items():
             kw[f] = table[kw[f]]
         kw["sequence_parallel"] = bool(kw["sequence_parallel"])
         kw["recompute_modules"] = module_names(kw["recompute_modules"]) if kw["recompute"] == "selective" else ()
+        kw["recompute_layers"] = kw["recompute_layers"] or None
         out.append(ParallelConfig(**kw))
     return out
 

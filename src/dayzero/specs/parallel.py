@@ -123,7 +123,8 @@ class ParallelConfig:
             s += f" etp{self.etp}"
         if self.vpp > 1:
             s += f" vpp{self.vpp}"
-        s += f" zero{self.zero} mbs{self.mbs} gbs{self.gbs} {recompute_words(self.recompute, self.recompute_modules)}"
+        words = recompute_words(self.recompute, self.recompute_modules, self.recompute_layers)
+        s += f" zero{self.zero} mbs{self.mbs} gbs{self.gbs} {words}"
         if self.sequence_parallel:
             s += " sp"
         if self.schedule in ("dualpipe", "dualpipev"):  # the others follow from vpp (gpipe is never searched)
@@ -202,8 +203,11 @@ def canonical_modules(recompute: str, modules) -> tuple[str, ...]:
     return known + tuple(dict.fromkeys(m for m in names if m not in RECOMPUTE_MODULES))
 
 
-def recompute_words(recompute: str, modules: tuple[str, ...]) -> str:
-    """``full``, ``none``, ``selective`` (core_attn alone) or ``selective(core_attn+moe_act)``."""
+def recompute_words(recompute: str, modules: tuple[str, ...], layers: int | None = None) -> str:
+    """``full``, ``full(2)`` (the first 2 layers of each chunk: ``recompute_layers``), ``none``,
+    ``selective`` (core_attn alone) or ``selective(core_attn+moe_act)``."""
+    if recompute == "full" and layers is not None:
+        return f"full({layers})"
     if recompute != "selective" or tuple(modules) in ((), DEFAULT_MODULES):
         return str(recompute)
     return f"selective({'+'.join(modules)})"
