@@ -65,7 +65,8 @@ def any_layout(draw):
                        seq=draw(st.sampled_from([0, 1024, 4095, 4096, 8192])), zero=draw(st.integers(-1, 4)),
                        recompute=draw(st.sampled_from(RECOMPUTES)), schedule=draw(st.sampled_from(SCHEDULES)),
                        precision=draw(st.sampled_from(PRECISIONS)), sequence_parallel=draw(st.booleans()),
-                       rank_order=draw(st.sampled_from(RANK_ORDERS)))
+                       rank_order=draw(st.sampled_from(RANK_ORDERS)),
+                       recompute_layers=draw(st.one_of(st.none(), st.integers(1, 8))))  # None codes as 0
     return p
 
 
