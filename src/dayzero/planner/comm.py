@@ -55,7 +55,7 @@ from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance,
 from dayzero.planner.schedule import gradient_windows
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import BF16 as BF16_CODE
-from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL, MODULE_BIT, SELECTIVE, recompute_modules, replays_layer
+from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL, MODULE_BIT, SELECTIVE, flag, recompute_modules, replays_layer
 from dayzero.specs.model import ModelSpec, split_layer_type
 
 FP8_PARAM_BYTES = 1  # one FP8 (E4M3) weight element, as --fp8-param-gather all-gathers it
@@ -102,11 +102,12 @@ class CommOptions:
     def __post_init__(self):
         check_dispatcher(self.ep_dispatcher)
 
-    def param_gather_bytes(self, precision) -> np.ndarray:
+    def param_gather_bytes(self, precision, stored=False) -> np.ndarray:
         """Bytes per decoder-layer parameter in the ZeRO all-gathers, per candidate
-        (``precision``: grid precision codes): FP8_PARAM_BYTES under --fp8-param-gather and an FP8
-        recipe, else BF16."""
-        fp8 = self.fp8_param_gather & (np.asarray(precision) != BF16_CODE)
+        (``precision``: grid precision codes): FP8_PARAM_BYTES under --fp8-param-gather (these
+        options', or the layout's ``stored``: the grid's fp8_param_gather column) and an FP8 recipe,
+        else BF16."""
+        fp8 = (self.fp8_param_gather | np.asarray(stored, dtype=bool)) & (np.asarray(precision) != BF16_CODE)
         return np.where(fp8, FP8_PARAM_BYTES, BF16)
 
     def imbalance(self, ep, experts: int = 0):
@@ -442,7 +443,7 @@ def _zero3(L: _Layer) -> list[LayerComm]:
     items: list[LayerComm] = []
     z3 = np.asarray(g["zero"]) == 3
     for dim, params in (("dp_cp", costs.dense_params), ("edp", costs.expert_params)):
-        pbytes = params * opt.param_gather_bytes(g["precision"])
+        pbytes = params * opt.param_gather_bytes(g["precision"], flag(g, "fp8_param_gather"))
         gbytes = params * opt.grad_reduce_bytes
         t_ag = coll("all_gather", pbytes, groups, dim, rates)
         t_rs = coll("reduce_scatter", gbytes, groups, dim, rates)
@@ -501,7 +502,7 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
         name = f"dp grad reduce ({dim})"
         items.append(StepComm(name, "reduce_scatter", dim, gbytes, per_step_ops, t, exposed, "last backward"))
         edge = edge_params if dim == "dp_cp" else 0.0
-        pb = opt.param_gather_bytes(g["precision"])
+        pb = opt.param_gather_bytes(g["precision"], flag(g, "fp8_param_gather"))
         pbytes = params * pb + edge * (BF16 - pb)
         t_ag = coll("all_gather", pbytes, groups, dim, rates)
         b_ag = coll("all_gather", np.minimum(pbytes, bucket_elems * pb), groups, dim, rates)

@@ -38,6 +38,12 @@ def _modules_limit(engine: str, source: str) -> Limit:
                  source)
 
 
+def _no_switch(name: str, engine: str, says: str, source: str) -> Limit:
+    """``engine`` has no equivalent of the memory switch ``name`` (a ParallelConfig flag,
+    planner.switches) as the planner models it."""
+    return Limit((name,), lambda c: c[name] == 0, f"{engine} {says}", source)
+
+
 @dataclass(frozen=True)
 class Limit:
     reads: tuple[str, ...]
@@ -69,6 +75,13 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
     Limit(("rank_order",), lambda c: (c["rank_order"] == DENSE) | (c["rank_order"] == TP_PP_DP),
           "Megatron numbers ranks tp-cp-(ep)-dp-pp, or tp-cp-pp-dp with --use-tp-pp-dp-mapping",
           "megatron/core/parallel_state.py RankGenerator (order 'tp-cp-ep-dp-pp')"),
+    Limit(("fp8_param_gather", "zero"), lambda c: (c["fp8_param_gather"] == 0) | (c["zero"] >= 1),
+          "--fp8-param-gather runs with the distributed optimizer (ZeRO-1) or Megatron FSDP only",
+          "Megatron-LM megatron/training/arguments.py: fp8_param_gather asserts use_distributed_optimizer or FSDP"),
+    Limit(("optimizer_offload", "zero"), lambda c: (c["optimizer_offload"] == 0) | (c["zero"] >= 1),
+          "--optimizer-cpu-offload is the distributed optimizer's HybridDeviceOptimizer (ZeRO-1 or more)",
+          "megatron/core/optimizer/distrib_optimizer.py (HybridDeviceOptimizer); "
+          "megatron/core/optimizer/cpu_offloading/README.md"),
 ),  # dayzero export --to megatron writes the flex dispatcher on DeepEP (transformer_config.py
     # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep')
     ep_dispatcher="dedup")
@@ -113,6 +126,15 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
     Limit(("schedule",), lambda c: c["schedule"] != DUALPIPE,
           "torchtitan runs torch.distributed.pipelining's schedules: DualPipeV (ScheduleDualPipeV), not the "
           "bidirectional DualPipe", "torch/distributed/pipelining/schedules.py ScheduleDualPipeV"),
+    # its float8 FSDP all-gather casts the high-precision sharded weight to float8 for the gather only:
+    # FP8 gathers without FP8 parameter storage, which is not what the switch models (memory and comm)
+    _no_switch("fp8_param_gather", "torchtitan", "keeps its weights in high precision; "
+               "quantize.linear.float8.enable_fsdp_float8_all_gather only sends the FSDP all-gather in float8",
+               "torchtitan docs/float8.md (enable_fsdp_float8_all_gather: 'cast Float8Linear.weight from high "
+               "precision to float8 before FSDP all-gather')"),
+    _no_switch("optimizer_offload", "torchtitan", "offloads parameters, gradients and optimizer states together "
+               "(FSDP2 CPUOffloadPolicy, training.enable_cpu_offload), not the optimizer alone",
+               "torchtitan parallelize apply_fsdp: CPUOffloadPolicy when cpu_offload"),
 ))
 
 DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
@@ -137,6 +159,12 @@ DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE, "DeepSpeed's topology numbers ranks data-fastest "
           "within a pipe stage", "deepspeed/runtime/pipe/topology.py PipeModelDataParallelTopology"),
     _modules_limit("DeepSpeed", "DeepSpeed activation checkpointing (whole layers)"),
+    _no_switch("fp8_param_gather", "DeepSpeed", "has no FP8 parameter storage (it trains bf16/fp16)",
+               "DeepSpeed config reference: bf16 / fp16 sections"),
+    # ZeRO-Offload (Ren et al. 2021, arXiv 2101.06840): zero_optimization.offload_optimizer, stages 1-3
+    Limit(("optimizer_offload", "zero"), lambda c: (c["optimizer_offload"] == 0) | (c["zero"] >= 1),
+          "DeepSpeed offloads the optimizer (ZeRO-Offload, zero_optimization.offload_optimizer) under ZeRO-1/2/3",
+          "DeepSpeed config reference: zero_optimization.offload_optimizer (valid for ZeRO stage 1, 2, 3)"),
 ))
 
 DAYZERO = Engine("dayzero", "dayzero runtime", (
@@ -154,6 +182,8 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
           f"the runtime's device mesh numbers ranks {DENSE_ORDER}", "dayzero runtime"),
     _modules_limit("the runtime", "dayzero runtime models/recompute.py"),
+    _no_switch("fp8_param_gather", "the runtime", "has no FP8 parameter storage", "dayzero runtime"),
+    _no_switch("optimizer_offload", "the runtime", "keeps the optimizer on the device", "dayzero runtime"),
 ))
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}

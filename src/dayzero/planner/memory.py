@@ -32,7 +32,7 @@ from dayzero.planner.memory_terms import (
     stage_terms,
 )
 from dayzero.planner.schedule import PLACEMENTS, effective_schedule, placement_code
-from dayzero.specs.grid import FULL, encode, recompute_layers, recompute_modules
+from dayzero.specs.grid import FULL, SWITCHES, encode, flag, recompute_layers, recompute_modules
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
 
@@ -110,6 +110,8 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
         grid = {**grid, "recompute_modules": recompute_modules(grid)}
     if "recompute_layers" not in grid and "tp" in grid:  # a grid built by hand: full on every layer
         grid = {**grid, "recompute_layers": recompute_layers(grid)}
+    if "tp" in grid and any(s not in grid for s in SWITCHES):  # a grid built by hand: the switches off
+        grid = {**grid, **{s: flag(grid, s).astype(np.int64) for s in SWITCHES}}
     missing = [k for k in CANDIDATE_KEYS if k not in grid]
     if missing:
         raise LayoutError(f"memory planner: grid lacks {', '.join(missing)}; give equal-length arrays for "

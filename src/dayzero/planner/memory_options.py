@@ -162,16 +162,21 @@ class MemoryOptions:
         """Model-state bytes per parameter before any sharding (18 by default, 16 for the ZeRO paper)."""
         return self.param_bytes + self.grad_bytes + self.master_bytes + self.optim_bytes
 
-    def layer_param_bytes(self, fp8):
-        """Bytes per decoder-layer working weight: FP8_BYTES under FP8 parameter storage and an FP8
-        recipe (``fp8``: bool or array per candidate), else ``param_bytes``."""
-        return np.where(np.asarray(fp8) & self.fp8_params, FP8_BYTES, self.param_bytes)
+    def layer_param_bytes(self, fp8, stored=False):
+        """Bytes per decoder-layer working weight: FP8_BYTES under FP8 parameter storage (these
+        options' ``fp8_params``, or the layout's ``stored``: ParallelConfig.fp8_param_gather, bool or
+        array per candidate) and an FP8 recipe (``fp8``: bool or array per candidate), else
+        ``param_bytes``."""
+        return np.where(np.asarray(fp8) & (self.fp8_params | np.asarray(stored, dtype=bool)), FP8_BYTES,
+                        self.param_bytes)
 
-    def fp8_cache_bytes(self, fp8):
+    def fp8_cache_bytes(self, fp8, stored=False):
         """Bytes per decoder-layer parameter of the FP8 weight cache: 0 without an FP8 recipe, the
-        transpose only under FP8 parameter storage (the weight is its own FP8 copy)."""
+        transpose only under FP8 parameter storage (``stored`` as in :meth:`layer_param_bytes`: the
+        weight is its own FP8 copy)."""
         fp8 = np.asarray(fp8)
-        return np.where(fp8, self.fp8_weight_cache_bytes - np.where(fp8 & self.fp8_params, FP8_BYTES, 0), 0)
+        on = fp8 & (self.fp8_params | np.asarray(stored, dtype=bool))
+        return np.where(fp8, self.fp8_weight_cache_bytes - np.where(on, FP8_BYTES, 0), 0)
 
     def with_(self, **kw) -> "MemoryOptions":
         return replace(self, **kw)

@@ -26,7 +26,7 @@ from dayzero.planner.activations import (
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import gradient_windows, head_inflight, inflight_microbatches
-from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE, recompute_modules
+from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE, flag, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
@@ -84,6 +84,7 @@ class _Candidates:
     head: np.ndarray  # head (+ final norm) parameters on the rank (last rank only)
     fp8_w: np.ndarray  # bytes per parameter of the FP8 weight cache (0 for BF16 GEMMs)
     layer_pb: np.ndarray  # bytes per decoder-layer working weight (FP8_BYTES under FP8 parameter storage)
+    offload: np.ndarray  # the optimizer states and FP32 master in host memory (optimizer offload)
 
 
 def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) -> _Candidates:
@@ -100,7 +101,9 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
                        modules=recompute_modules(c), d=d, zd=dp * cp,
                        edp=expert_data_parallel(tp, cp, dp, ep, etp), kinds=kinds, dense=dense, experts=experts,
                        emb=emb, head=head,
-                       fp8_w=opts.fp8_cache_bytes(d.fp8), layer_pb=opts.layer_param_bytes(d.fp8))
+                       fp8_w=opts.fp8_cache_bytes(d.fp8, flag(c, "fp8_param_gather")),
+                       layer_pb=opts.layer_param_bytes(d.fp8, flag(c, "fp8_param_gather")),
+                       offload=opts.optimizer_offload | flag(c, "optimizer_offload"))
 
 
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
@@ -137,7 +140,7 @@ def _model_state_terms(opts: MemoryOptions, x: _Candidates, t: dict) -> None:
         t[f"{cat}:head"] = nbytes * zero_sharded(x.head, cat, zero, zd)
     states = zero_sharded(x.dense + x.emb + x.head, "optimizer", zero, zd) + zero_sharded(x.experts, "optimizer",
                                                                                           zero, edp)
-    states = states * (not opts.optimizer_offload)  # MemoryOptions.optimizer_offload: in host memory
+    states = states * ~x.offload  # MemoryOptions.optimizer_offload or the layout's: in host memory
     t["optimizer:master"] = opts.master_bytes * states
     t["optimizer:moments"] = opts.optim_bytes * states
     # FP8 training caches an FP8 copy (+ transpose) of each local weight across micro-batches;

@@ -44,7 +44,7 @@ from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
-from dayzero.specs.grid import FULL, UNREPLAYED, recompute_layers
+from dayzero.specs.grid import FULL, UNREPLAYED, flag, recompute_layers
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import PRECISIONS, model_split, stage_ranks, zero_sharded
 
@@ -396,8 +396,9 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer",
                                                                                            zero, edp)
     optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
-    if options.optimizer_offload:
-        optimizer_s = offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes)
+    offload = options.optimizer_offload | flag(g, "optimizer_offload")  # the options' or the layout's
+    if offload.any():
+        optimizer_s = np.where(offload, offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes), optimizer_s)
     comm_share = comm_mb / 2  # the exposed per-layer communication, half with each of F and B
     bubble_s = bubble_microbatches(effective_schedule(g["schedule"], g["vpp"]), g["pp"], g["vpp"], fwd_mb + comm_share,
                                    bwd_mb + comm_share, slow.sum(costs.gemm_fwd))

@@ -155,8 +155,9 @@ class _StepReplay:
         self.d = d = Dims(seq=p.seq, mbs=p.mbs, tp=p.tp, cp=p.cp, etp=p.etp, sp=p.sequence_parallel,
                           fp8=p.precision != "bf16")
         self.first, self.last = rank == 0, rank == p.pp - 1
-        self.fp8_cache = float(o.fp8_cache_bytes(p.precision != "bf16"))
-        self.layer_pb = float(o.layer_param_bytes(p.precision != "bf16"))  # MemoryOptions.fp8_params
+        # FP8 parameter storage: MemoryOptions.fp8_params or the layout's ParallelConfig.fp8_param_gather
+        self.fp8_cache = float(o.fp8_cache_bytes(p.precision != "bf16", p.fp8_param_gather))
+        self.layer_pb = float(o.layer_param_bytes(p.precision != "bf16", p.fp8_param_gather))
         # -- per-layer sizes from the activation model
         self.terms = {k: {n: float(v) for n, v in layer_terms(spec, k, o, d).items()} for k in set(spec.layer_types)}
         self.recomputing = {k: float(layer_activation(spec, k, o, d).recomputing) for k in set(self.kind_of)}
@@ -199,7 +200,8 @@ class _StepReplay:
         else:
             for key, elems, expert in tensors:
                 tr.new(("g",) + key[1:], o.grad_bytes * shard(elems, expert, "gradients"), "gradients")
-        for key, elems, expert in tensors * (not o.optimizer_offload):  # offloaded: in host memory
+        offloaded = o.optimizer_offload or p.optimizer_offload  # in host memory
+        for key, elems, expert in tensors * (not offloaded):
             for name, nbytes in (("master", o.master_bytes), ("exp_avg", o.optim_bytes / 2), ("exp_avg_sq",
                                                                                               o.optim_bytes / 2)):
                 tr.new((name,) + key[1:], nbytes * shard(elems, expert, "optimizer"), "optimizer")

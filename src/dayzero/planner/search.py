@@ -30,6 +30,7 @@ from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.grid import (
+    BOOLS,
     DUALPIPE,
     DUALPIPEV,
     FIELDS,
@@ -224,7 +225,7 @@ def _layout_at(g: dict, i: int) -> ParallelConfig:
         if f in g:
             v = int(g[f][i])
             kw[f] = TABLES[f][v] if f in TABLES and 0 <= v < len(TABLES[f]) else v
-    kw["sequence_parallel"] = bool(kw.get("sequence_parallel", 0))
+    kw.update({b: bool(kw.get(b, 0)) for b in BOOLS})
     kw["recompute_modules"] = module_names(max(kw.get("recompute_modules", 0), 0))
     kw["recompute_layers"] = kw.get("recompute_layers") or None
     return ParallelConfig(**kw)

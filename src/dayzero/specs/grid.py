@@ -14,6 +14,9 @@ their index in ParallelConfig's tables:
     recompute_layers   with full recompute, the first N layers of each model chunk replayed
                        (Megatron's --recompute-method block --recompute-num-layers N); 0 for
                        ParallelConfig's None, every layer
+    fp8_param_gather   0 / 1: FP8 parameter storage and FP8 ZeRO all-gathers (a memory switch,
+    optimizer_offload  0 / 1: the optimizer on the host; both chosen per row by the search:
+                       dayzero.planner.switches); a grid without them reads as 0
 
 ``layer_split`` is not a column: a grid row stands for the near-even split
 (:func:`dayzero.specs.parallel.even_split`), which is what the vectorised models evaluate.
@@ -53,6 +56,8 @@ NOT_COLUMNS = ("layer_split",)
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelConfig) if f.name not in NOT_COLUMNS)
 
 MASKS: dict[str, tuple[str, ...]] = {"recompute_modules": RECOMPUTE_MODULES}  # tuple fields coded as bitmasks
+SWITCHES: tuple[str, ...] = ("fp8_param_gather", "optimizer_offload")  # the memory switches (planner.switches)
+BOOLS: tuple[str, ...] = ("sequence_parallel", *SWITCHES)  # 0 / 1 columns
 
 # codes the models test against
 SELECTIVE, FULL = RECOMPUTES.index("selective"), RECOMPUTES.index("full")
@@ -89,6 +94,13 @@ def recompute_modules(g: dict):
     if "recompute_modules" in g:
         return np.asarray(g["recompute_modules"])
     return np.where(np.asarray(g["recompute"]) == SELECTIVE, MODULE_BIT["core_attn"], 0)
+
+
+def flag(g: dict, name: str):
+    """A 0 / 1 column of :data:`BOOLS` as bools; a grid without it (built by hand) reads as off."""
+    if name in g:
+        return np.asarray(g[name]) > 0
+    return np.zeros(np.shape(np.asarray(g["tp"])), dtype=bool)
 
 
 def recompute_layers(g: dict):
@@ -143,11 +155,12 @@ def decode(grid: dict, index=None) -> list[ParallelConfig]:
     rows = range(n) if index is None else np.asarray(index).ravel()
     out = []
     grid = {**grid, "recompute_layers": recompute_layers(grid)}  # a grid built without it: every layer
+    grid.update({b: flag(grid, b).astype(np.int64) for b in BOOLS})  # without a switch column: off
     for i in rows:
         kw = {f: int(grid[f][i]) for f in FIELDS}
         for f, table in TABLES.items():
             kw[f] = table[kw[f]]
-        kw["sequence_parallel"] = bool(kw["sequence_parallel"])
+        kw.update({b: bool(kw[b]) for b in BOOLS})
         kw["recompute_modules"] = module_names(kw["recompute_modules"]) if kw["recompute"] == "selective" else ()
         kw["recompute_layers"] = kw["recompute_layers"] or None
         out.append(ParallelConfig(**kw))

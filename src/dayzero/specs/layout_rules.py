@@ -21,7 +21,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FIELDS, INTERLEAVED, RANK_ORDERS, SELECTIVE, TABLES, columns, pick
+from dayzero.specs.grid import (
+    BF16,
+    DUALPIPE,
+    DUALPIPEV,
+    FIELDS,
+    INTERLEAVED,
+    RANK_ORDERS,
+    SELECTIVE,
+    TABLES,
+    columns,
+    pick,
+)
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTE_MODULES, ParallelConfig, microbatches
 
@@ -103,6 +114,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("recompute", "recompute_modules"), lambda c, w: (c["recompute"] == SELECTIVE) | (c["recompute_modules"] == 0),
          lambda p, w: f"recompute modules ({','.join(p.recompute_modules)}) need recompute selective, got "
                       f"{p.recompute}"),
+    # FP8 parameter storage keeps the GEMM weights as FP8 copies: without an FP8 (or FP4) recipe there
+    # are none (Megatron-LM arguments.py: --fp8-param-gather "Keep the compute param in fp8")
+    Rule(("fp8_param_gather", "precision"), lambda c, w: (c["fp8_param_gather"] == 0) | (c["precision"] != BF16),
+         lambda p, w: "fp8 parameter gather needs an FP8 recipe (--precision fp8 or fp4), got bf16"),
     Rule(("rank_order",), lambda c, w: (c["rank_order"] >= 0) & (c["rank_order"] < len(RANK_ORDERS)),
          lambda p, w: f"rank order {p.rank_order!r} must name each of tp, cp, dp, pp exactly once, fastest first "
                       f"(e.g. {DENSE_ORDER})"),

@@ -84,6 +84,12 @@ class ParallelConfig:
     schedule: Schedule = "1f1b"
     layer_split: tuple[int, ...] | None = None  # layers per (virtual) stage, first to last
     rank_order: str = DENSE_ORDER  # dense dims, fastest-varying first (the expert order is etp-ep-edp)
+    # The memory switches (planner.switches: which the search tries, where): FP8 parameter storage
+    # and FP8 ZeRO parameter all-gathers under an FP8 recipe (Megatron-LM --fp8-param-gather;
+    # planner.memory_options.MemoryOptions.fp8_params), and the optimizer states + FP32 master on
+    # the host with Adam on the CPU (Megatron-Core --optimizer-cpu-offload; planner.offload)
+    fp8_param_gather: bool = False
+    optimizer_offload: bool = False
 
     def __post_init__(self):
         if not self.gbs:
@@ -129,6 +135,10 @@ class ParallelConfig:
             s += " sp"
         if self.schedule in ("dualpipe", "dualpipev"):  # the others follow from vpp (gpipe is never searched)
             s += f" {self.schedule}"
+        if self.fp8_param_gather:
+            s += " fp8-gather"
+        if self.optimizer_offload:
+            s += " opt-offload"
         return s
 
     def to_dict(self) -> dict:
