@@ -187,7 +187,7 @@ def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: i
 # -- the vectorised path -------------------------------------------------------------------------
 
 def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_bytes: int,
-                      options: MemoryOptions = MemoryOptions()) -> np.ndarray:
+                      options: MemoryOptions = MemoryOptions(), without: tuple[tuple[str, ...], ...] = ()):
     """Peak bytes (busiest stage, even layer split) for each candidate of ``grid``.
 
     ``grid`` is the planner's grid (:mod:`dayzero.specs.grid`: equal-length integer arrays keyed by
@@ -195,14 +195,20 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     array equal (to rounding) to ``estimate_memory(...).peak_bytes`` of each candidate. Layout
     validity is not checked here: filter candidates with :func:`dayzero.specs.layout_rules.mask`
     (ParallelConfig.problems) first.
+
+    With ``without`` (term-name sets, e.g. the optimizer states a switch moves to the host:
+    planner.switches.Switch.drops) it returns (peaks, [the peaks with each set's terms left out on
+    every stage]) from the same terms: the search prices a switch that only removes terms without a
+    second call.
     """
     n = len(np.ravel(grid["tp"])) if "tp" in grid else 0
     if any(len(np.ravel(grid[k])) != n for k in CANDIDATE_KEYS if k in grid):
         raise LayoutError("peak_memory_batch: grid arrays must all have the same length")
     cols = memory_columns(grid, (n,))
     out = np.empty(n, dtype=np.float64)
+    less = [np.empty(n, dtype=np.float64) for _ in without]
     if n == 0:
-        return out
+        return (out, less) if without else out
     # One batch per rank-feature width (a few) rather than one per (pp, vpp, schedule) group
     # (hundreds in a search): each row gets its own group's rank features, the schedule is a column.
     vpp_span = int(cols["vpp"].max()) + 1
@@ -226,9 +232,13 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
         else:
             c = {k: v[rows][:, None] for k, v in cols.items()}
         f = _stacked([feats[i] for i in ids], local[group[rows]])
-        totals = sum(category_totals(_stage_terms(spec, options, c, f, float(capacity_bytes))).values())
+        terms = _stage_terms(spec, options, c, f, float(capacity_bytes))
+        totals = sum(category_totals(terms).values())
         out[rows] = np.broadcast_to(totals, (len(rows), int(w))).max(axis=1)
-    return out
+        for dropped, to in zip(without, less):
+            rest = totals - sum((terms[k] for k in dropped if k in terms), 0.0)
+            to[rows] = np.broadcast_to(rest, (len(rows), int(w))).max(axis=1)
+    return (out, less) if without else out
 
 
 def _stacked(groups: list[RankFeatures], group: np.ndarray) -> RankFeatures:

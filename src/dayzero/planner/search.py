@@ -29,6 +29,7 @@ from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
+from dayzero.specs.grid import SWITCHES as SWITCH_COLUMNS
 from dayzero.specs.grid import (
     BOOLS,
     DUALPIPE,
@@ -54,7 +55,8 @@ CHUNK = 100_000  # bases per vectorised batch (bounds memory)
 STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), ("etp",), ("vpp", "schedule"),
           ("mbs",))
 VARIANTS = ("zero", "recompute")  # the recompute variants are its levels: SearchSpace.levels
-VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules", "recompute_layers")  # set per base by the search
+VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules", "recompute_layers",
+                   *SWITCH_COLUMNS)  # set per base by the search
 # The selective recompute module sets the search tries by default: every set of Megatron-Core's
 # recompute modules (megatron/core/transformer/transformer_config.py ``recompute_modules``) that
 # drops a different set of the model's saved tensors (planner.row_memory.recompute_modules_sets, the
@@ -117,6 +119,8 @@ class SearchSpace:
     engine: str | None = None  # only layouts this engine runs as laid out (planner.engines)
     # pinned data-parallel degrees: only layouts whose dp = devices / (tp pp cp) is one of them
     dp: tuple[int, ...] | None = None
+    # memory switches the search keeps off (planner.switches: --no-fp8-param-gather, --no-optimizer-offload)
+    no_switches: tuple[str, ...] = ()
     # pinned pipeline schedules (None: interleaved 1F1B with vpp > 1, else 1F1B); 1f1b keeps vpp 1,
     # interleaved vpp > 1 (with one chunk per rank it runs as 1F1B), gpipe any vpp
     schedule: tuple[str, ...] | None = None
@@ -128,6 +132,9 @@ class SearchSpace:
         for f in fields(self):
             value = getattr(self, f.name)
             if value == f.default:
+                continue
+            if f.name == "no_switches":  # --no-fp8-param-gather ...
+                out += [f"--no-{name.replace('_', '-')}" for name in value]
                 continue
             if isinstance(value, tuple):
                 value = ",".join(("on" if v else "off") if isinstance(v, (bool, np.bool_)) else str(v) for v in value)
@@ -438,8 +445,79 @@ def _row_patterns(flags: np.ndarray) -> np.ndarray:
     return key.ravel()
 
 
+def _engine_runs(engine, grid: dict) -> np.ndarray:
+    """The rows of ``grid`` the pinned ``engine`` runs, or (None) some engine of planner.engines."""
+    if engine:
+        return engine_mask(engine, grid)
+    return np.logical_or.reduce([engine_mask(e, grid) for e in ENGINES])
+
+
+LEVEL_COLUMNS = ("recompute", "recompute_modules")
+
+
+def _runs_at_levels(g: dict, levels) -> np.ndarray:
+    """(rows, levels): some engine of planner.engines runs row i of ``g`` at recompute level j
+    (``engine_mask`` of every row at every level, with each engine's limits split into those that
+    read only the rows' columns, only the level's, or both: the first two are evaluated once)."""
+    n, width = len(g["tp"]), len(levels)
+    lv = {"recompute": np.array([rc for rc, _ in levels], dtype=np.int64),
+          "recompute_modules": np.array([m for _, m in levels], dtype=np.int64)}
+    out = np.zeros((n, width), dtype=bool)
+    for e in ENGINES.values():
+        row_ok, level_ok, both = np.ones(n, dtype=bool), np.ones(width, dtype=bool), []
+        for lim in e.limits:
+            reads = set(lim.reads)
+            if not reads & set(LEVEL_COLUMNS):
+                if reads <= set(g):
+                    row_ok &= np.broadcast_to(np.asarray(lim.ok(g), dtype=bool), (n,))
+            elif reads <= set(LEVEL_COLUMNS):
+                level_ok &= np.broadcast_to(np.asarray(lim.ok(lv), dtype=bool), (width,))
+            elif reads <= set(g) | set(LEVEL_COLUMNS):
+                both.append(lim)
+        runs = row_ok[:, None] & level_ok[None, :]
+        for lim in both:
+            for j, (rc, m) in enumerate(levels):
+                runs[:, j] &= np.broadcast_to(np.asarray(lim.ok(_with(g, recompute=rc, recompute_modules=m)),
+                                                         dtype=bool), (n,))
+        out |= runs
+    return out
+
+
+@dataclass(frozen=True)
+class SwitchPlan:
+    """How the search sets the memory switches (:mod:`dayzero.planner.switches`): ``saves`` on
+    wherever an engine runs them, ``ladder`` (the last-resort ones) tried only where nothing fits
+    without them, one more per pass, ``forced`` on wherever the layout rules allow (the user's
+    flags); the others off. ``rule_ok``: grid -> rows the layout rules reading a switch allow."""
+
+    saves: tuple[str, ...] = ()
+    ladder: tuple[str, ...] = ()
+    forced: tuple[str, ...] = ()
+    rule_ok: object = None
+    # per pass, the memory terms its ladder switches remove and nothing else (Switch.drops), or None
+    # where one of them changes more: a pass's peaks are then read off the earlier passes' memory calls
+    drops: tuple = ()
+
+    def held(self, bases: dict, z: int, engine) -> dict[str, np.ndarray]:
+        """The switch columns every pass of ZeRO stage ``z`` shares (the ladder's start off)."""
+        n = len(bases["tp"])
+        cols = {s: np.zeros(n, dtype=np.int64) for s in SWITCH_COLUMNS}
+        zb = _with(bases, zero=z)
+        for name in self.forced:
+            cols[name] = self.rule_ok({**zb, **cols, name: np.ones(n, dtype=np.int64)}).astype(np.int64)
+        for name in self.saves:
+            trial = {**zb, **cols, name: np.ones(n, dtype=np.int64)}
+            cols[name] = (self.rule_ok(trial) & _engine_runs(engine, trial)).astype(np.int64)
+        return cols
+
+    def passes(self) -> list[dict[str, int]]:
+        """The ladder's passes: none of it, then one more last-resort switch on each."""
+        return [{name: 1 for name in self.ladder[:k]} for k in range(len(self.ladder) + 1)]
+
+
 def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None,
-                      searched_dual: bool = False, below: np.ndarray | None = None) -> tuple[list, int, int]:
+                      searched_dual: bool = False, below: np.ndarray | None = None,
+                      switches: SwitchPlan | None = None, memory_less=None) -> tuple[list, int, int]:
     """For each base and ZeRO stage, the recompute levels (``levels``: SearchSpace.levels) that fit
     with no fitting level below them (``below``: :func:`level_order`, default a chain in the given
     order): a level above a fitting one keeps less memory but only adds time, so it is never the
@@ -448,17 +526,26 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     save), so each ZeRO stage is checked under a level above all the others first (full recompute;
     a base that does not fit there fits nowhere), and the rest go up the levels in order, each
     checked only on the bases that no level below it fits. ZeRO-2 is kept only at levels where
-    ZeRO-1 does not fit (it adds a reduce-scatter per micro-batch and nothing else). Returns
-    ([(base indices, zero, level index, peak)], number of fitting (base, zero, level) layouts, number
-    ruled out by ``engine``; without one, with ``searched_dual`` (an unpinned schedule), the (row,
-    ZeRO stage, recompute level) layouts no engine runs, which are left out: DualPipe rows, tried
-    only when pinned, excepted)."""
+    ZeRO-1 does not fit (it adds a reduce-scatter per micro-batch and nothing else).
+
+    The memory switches (``switches``: :class:`SwitchPlan`): the ``saves`` ones are set per base
+    before anything is checked; then each pass of the last-resort ladder climbs again with one more
+    of them on, only at the (base, level)s where no level at or below fits with fewer (those fit
+    with less time: the switch only adds time), and only on the bases an engine runs with it.
+
+    Returns ([(base indices, zero, level index, peak, switch columns, pass)], number of fitting (base,
+    zero, level) layouts, number ruled out by ``engine``; without one, with ``searched_dual`` (an
+    unpinned schedule), the (row, ZeRO stage, recompute level) layouts no engine runs, which are left
+    out: DualPipe rows, tried only when pinned, excepted)."""
     n = len(bases["tp"])
+    switches = switches or SwitchPlan()
     if below is None:
         below = np.triu(np.ones((len(levels), len(levels)), dtype=bool))
     everything = tuple(range(len(levels)))
+    level_index = {lv: j for j, lv in enumerate(levels)}
     out, n_fit, n_engine = [], 0, 0
-    fits_at = {}  # ZeRO stage -> (bases, levels) fitting, a level above a fitting one included
+    fits_at = {}  # (ZeRO stage, pass) -> (bases, levels) fitting by that pass, a level above a fitting one included
+    held_at = {}  # ZeRO stage -> the switch columns held
     known: dict[int, frozenset] = {}
 
     def drops(mask: int) -> frozenset:
@@ -466,111 +553,137 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
             known[mask] = dropped_terms(spec, mask)
         return known[mask]
     for z in sorted(zeros):
-        fitting = np.zeros((n, len(levels)), dtype=bool)
-        groups = [(np.arange(n), everything)]  # (rows, the level indices they may take)
-        if engine:
-            runs = engine_mask(engine, _with(bases, zero=z))
-            n_engine += int((~runs).sum()) * len(levels)
-            groups = [(np.flatnonzero(runs), everything)]
-        elif searched_dual:  # an unpinned search: each row only at the ZeRO stages and levels some engine
-            # runs it with (a plan is a layout an engine can run); DualPipe, which none runs, is only
-            # tried when pinned, so it is not filtered
-            dual = np.flatnonzero(bases["schedule"] != DUALPIPE)
-            if len(dual):
-                zb = {k: v[dual] for k, v in bases.items()}
-                runs = np.stack([np.logical_or.reduce([engine_mask(e, _with(zb, zero=z, recompute=rc,
-                                                                            recompute_modules=m)) for e in ENGINES])
-                                 for rc, m in levels], axis=1)  # (rows, levels)
-                n_engine += int((~runs).sum())
-                groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
-                which = _row_patterns(runs)  # rows with the same levels allowed share a number
-                for k in np.unique(which):
-                    allowed = np.flatnonzero(runs[np.argmax(which == k)])
-                    if len(allowed):
-                        groups.append((dual[which == k], tuple(allowed.tolist())))
+        held_at[z] = held = switches.held(bases, z, engine)
+        fitting = np.zeros((n, len(levels)), dtype=bool)  # fits (or a level below does), by some pass so far
         found = []
-        for rows, allowed in groups:
-            if not len(rows):
-                continue
-            allowed = np.asarray(allowed)
-            sub = below[np.ix_(allowed, allowed)]
-            fit = np.zeros((len(rows), len(allowed)), dtype=bool)  # fits, or a level below it does
-            alive = np.ones(len(rows), dtype=bool)
+        ahead: dict[int, np.ndarray] = {}  # pass -> (bases, levels) peaks an earlier pass's calls gave (nan: none)
+        passes = switches.passes()
+        for pi, on in enumerate(passes):
+            zb = _with(bases, zero=z, **{**held, **on})
+            groups = [(np.arange(n), everything)]  # (rows, the level indices they may take)
+            if engine:
+                runs = engine_mask(engine, zb)
+                n_engine += int((~runs).sum()) * len(levels) * (pi == 0)
+                groups = [(np.flatnonzero(runs), everything)]
+            elif searched_dual:  # an unpinned search: each row only at the ZeRO stages and levels some engine
+                # runs it with (a plan is a layout an engine can run); DualPipe, which none runs, is only
+                # tried when pinned, so it is not filtered
+                dual = np.flatnonzero(bases["schedule"] != DUALPIPE)
+                if len(dual):
+                    runs = _runs_at_levels({k: v[dual] for k, v in zb.items()}, levels)  # (rows, levels)
+                    n_engine += int((~runs).sum()) * (pi == 0)
+                    groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
+                    which = _row_patterns(runs)  # rows with the same levels allowed share a number
+                    for k in np.unique(which):
+                        allowed = np.flatnonzero(runs[np.argmax(which == k)])
+                        if len(allowed):
+                            groups.append((dual[which == k], tuple(allowed.tolist())))
+            if pi:  # a last-resort switch only where an engine runs it
+                ok_rows = _engine_runs(engine, zb)
+                groups = [(rows[ok_rows[rows]], allowed) for rows, allowed in groups]
+            for rows, allowed in groups:
+                if not len(rows):
+                    continue
+                allowed = np.asarray(allowed)
+                sub = below[np.ix_(allowed, allowed)]
+                # fits, or a level below it does (by an earlier pass: with fewer switches, so faster)
+                fit = fitting[np.ix_(rows, allowed)]
+                alive = ~fit.all(axis=1)
 
-            def check(asked):
-                """[((recompute code, module mask), bases)] -> [(the bases' indices, peak, fits)], in
-                one memory call."""
-                if not asked:
-                    return []
-                picks = [np.flatnonzero(where) for _, where in asked]
-                at = np.concatenate(picks)
-                if not len(at):
-                    return [(p, np.zeros(0), np.zeros(0, dtype=bool)) for p in picks]
-                grid = _with({k: v[rows[at]] for k, v in bases.items()}, zero=z,
-                             recompute=np.concatenate([np.full(len(p), lv[0]) for (lv, _), p
-                                                       in zip(asked, picks)]).astype(np.int64),
-                             recompute_modules=np.concatenate([np.full(len(p), lv[1]) for (lv, _), p
-                                                               in zip(asked, picks)]).astype(np.int64))
-                peak = memory(grid)
-                cuts = np.cumsum([len(p) for p in picks])[:-1]
-                return [(p, pk, pk <= limit) for p, pk in zip(picks, np.split(peak, cuts))]
+                def check(asked):
+                    """[((recompute code, module mask), bases)] -> [(the bases' indices, peak, fits)], in
+                    one memory call (the peaks an earlier pass read off for this one not asked again)."""
+                    if not asked:
+                        return []
+                    picks = [np.flatnonzero(where) for _, where in asked]
+                    at = np.concatenate(picks)
+                    if not len(at):
+                        return [(p, np.zeros(0), np.zeros(0, dtype=bool)) for p in picks]
+                    rc = np.concatenate([np.full(len(p), lv[0]) for (lv, _), p in zip(asked, picks)]).astype(np.int64)
+                    mods = np.concatenate([np.full(len(p), lv[1]) for (lv, _), p in zip(asked, picks)]).astype(np.int64)
+                    # the level's index (-1: a module set that is not a level, _needs' probes)
+                    lv = np.concatenate([np.full(len(p), level_index.get(lv, -1)) for (lv, _), p in zip(asked, picks)])
+                    peak = np.full(len(at), np.nan)
+                    if pi in ahead:
+                        peak = np.where(lv >= 0, ahead[pi][rows[at], np.maximum(lv, 0)], np.nan)
+                    todo = np.flatnonzero(np.isnan(peak))
+                    if len(todo):
+                        grid = _with({k: v[rows[at[todo]]] for k, v in zb.items()}, recompute=rc[todo],
+                                     recompute_modules=mods[todo])
+                        later = [k for k in range(pi + 1, len(passes)) if switches.drops[k] is not None]
+                        if later and memory_less is not None:
+                            peak[todo], less = memory_less(grid, tuple(switches.drops[k] for k in later))
+                            keep = todo[lv[todo] >= 0]
+                            for k, pk in zip(later, less):
+                                if k not in ahead:
+                                    ahead[k] = np.full((n, len(levels)), np.nan)
+                                ahead[k][rows[at[keep]], lv[keep]] = pk[lv[todo] >= 0]
+                        else:
+                            peak[todo] = memory(grid)
+                    cuts = np.cumsum([len(p) for p in picks])[:-1]
+                    return [(p, pk, pk <= limit) for p, pk in zip(picks, np.split(peak, cuts))]
 
-            def record(j, picked, peak):
-                fit[np.ix_(picked, np.flatnonzero(sub[j]))] = True  # j and every level above it fit
-                found.append((rows[picked], allowed[j], peak))
+                def record(j, picked, peak):
+                    fit[np.ix_(picked, np.flatnonzero(sub[j]))] = True  # j and every level above it fit
+                    found.append((rows[picked], allowed[j], peak, pi))
 
-            # gates: a level above all others (full recompute), then one above all but it (every
-            # selective module at once); a base that does not fit under a gate fits at none of the
-            # levels below it, so it takes the gate above (or nothing) without the climb
-            gates, rest = [], list(range(len(allowed)))
-            for _ in range(2):
-                top = [j for j in rest if sub[np.ix_(rest, [j])].all()]
-                if not top or len(rest) < 3:
-                    break
-                gates.append(top[0])
-                rest.remove(top[0])
-            layers = [[j for j in layer if j not in gates] for layer in _layers(sub)]
-            gate_rows = gate_peak = None  # the bases under the latest gate that fit there, their peaks
+                # gates: a level above all others (full recompute), then one above all but it (every
+                # selective module at once); a base that does not fit under a gate fits at none of the
+                # levels below it, so it takes the gate above (or nothing) without the climb
+                gates, rest = [], list(range(len(allowed)))
+                for _ in range(2):
+                    top = [j for j in rest if sub[np.ix_(rest, [j])].all()]
+                    if not top or len(rest) < 3:
+                        break
+                    gates.append(top[0])
+                    rest.remove(top[0])
+                layers = [[j for j in layer if j not in gates] for layer in _layers(sub)]
+                gate_rows = gate_peak = None  # the bases under the latest gate that fit there, their peaks
 
-            may = np.ones_like(fit)  # the levels a base may still fit at (needs: below)
+                may = np.ones_like(fit)  # the levels a base may still fit at (needs: below)
 
-            def climb(layer):
-                todo = [(j, alive & ~fit[:, j] & may[:, j]) for j in layer]  # the bases no level below j fits
-                todo = [(j, where) for j, where in todo if where.any()]
-                for j, (picked, peak, ok) in zip([j for j, _ in todo],
-                                                 check([(levels[allowed[j]], where) for j, where in todo])):
-                    record(j, picked[ok], peak[ok])
+                def climb(layer):
+                    todo = [(j, alive & ~fit[:, j] & may[:, j]) for j in layer]  # the bases no level below j fits
+                    todo = [(j, where) for j, where in todo if where.any()]
+                    for j, (picked, peak, ok) in zip([j for j, _ in todo],
+                                                     check([(levels[allowed[j]], where) for j, where in todo])):
+                        record(j, picked[ok], peak[ok])
 
-            def settle_gate(j):
-                """The bases that fit under gate ``j`` and at no level below it found so far take it."""
-                left = gate_rows[alive[gate_rows] & ~fit[gate_rows, j]]
-                record(j, left, gate_peak[np.searchsorted(gate_rows, left)])
-                alive[left] = False
+                def settle_gate(j):
+                    """The bases that fit under gate ``j`` and at no level below it found so far take it."""
+                    left = gate_rows[alive[gate_rows] & ~fit[gate_rows, j]]
+                    record(j, left, gate_peak[np.searchsorted(gate_rows, left)])
+                    alive[left] = False
 
-            if gates:
-                (picked, peak, ok), = check([(levels[allowed[gates[0]]], alive)])
-                alive[picked[~ok]] = False
-                gate_rows, gate_peak = picked[ok], peak[ok]
-            climb(layers[0])  # no recompute (the least), before the second gate
-            if len(gates) == 2:
-                (picked, peak, ok), = check([(levels[allowed[gates[1]]], alive & ~fit[:, gates[1]])])
-                alive[picked[ok]] = False  # held back from settle_gate: they fit under the second gate
-                settle_gate(gates[0])  # fit under full recompute only
-                alive[picked[ok]] = True
-                gate_rows, gate_peak = picked[ok], peak[ok]
-                may &= _needs(levels, allowed, gates[1], np.isin(np.arange(len(rows)), picked[ok]), check, drops)
-            for layer in layers[1:]:
-                climb(layer)
-            if gates:
-                settle_gate(gates[-1])
-            fitting[np.ix_(rows, allowed)] = fit
+                if gates:  # a base an earlier pass fits under the gate fits there now (memory only fell)
+                    (picked, peak, ok), = check([(levels[allowed[gates[0]]], alive & ~fit[:, gates[0]])])
+                    alive[picked[~ok]] = False
+                    gate_rows, gate_peak = picked[ok], peak[ok]
+                climb(layers[0])  # no recompute (the least), before the second gate
+                if len(gates) == 2:
+                    (picked, peak, ok), = check([(levels[allowed[gates[1]]], alive & ~fit[:, gates[1]])])
+                    alive[picked[ok]] = False  # held back from settle_gate: they fit under the second gate
+                    settle_gate(gates[0])  # fit under full recompute only
+                    alive[picked[ok]] = True
+                    gate_rows, gate_peak = picked[ok], peak[ok]
+                    may &= _needs(levels, allowed, gates[1], np.isin(np.arange(len(rows)), picked[ok]), check, drops)
+                for layer in layers[1:]:
+                    climb(layer)
+                if gates:
+                    settle_gate(gates[-1])
+                fitting[np.ix_(rows, allowed)] = fit
+            fits_at[z, pi] = fitting.copy()
         n_fit += int(fitting.sum())
-        fits_at[z] = fitting
-        for idx, j, peak in found:
-            if z == 2 and 1 in fits_at:  # ZeRO-2 only where ZeRO-1 does not fit at that level
-                keep = ~fits_at[1][idx, j]
+        for idx, j, peak, pi in found:
+            if z == 2 and (1, pi) in fits_at:  # ZeRO-2 only where ZeRO-1 (with no more switches) does not fit
+                # there: ZeRO-1 then takes no more time (ZeRO-2 adds a reduce-scatter per micro-batch)
+                same = np.logical_and.reduce([held_at[1][s][idx] >= held[s][idx] for s in SWITCH_COLUMNS])
+                keep = ~(fits_at[1, pi][idx, j] & same)
                 idx, peak = idx[keep], peak[keep]
-            out.append((idx, z, np.full(len(idx), j, dtype=np.int64), peak))
+            cols = {s: np.full(len(idx), 0, dtype=np.int64) + held[s][idx] for s in SWITCH_COLUMNS}
+            for s, v in switches.passes()[pi].items():
+                cols[s] = np.full(len(idx), v, dtype=np.int64)
+            out.append((idx, z, np.full(len(idx), j, dtype=np.int64), peak, cols, pi))
     return out, n_fit, n_engine
 
 
@@ -616,6 +729,64 @@ def fewest_recomputed_layers(spec: ModelSpec, cand: dict, peaks: np.ndarray, mem
     return col, out
 
 
+def fewer_layers_up_the_ladder(spec: ModelSpec, cand: dict, peaks: np.ndarray, rung: np.ndarray,
+                               switches: SwitchPlan, memory, limit: float, engine=None) -> tuple[dict, np.ndarray]:
+    """``cand`` with, for each row under full recompute of some layers (:func:`fewest_recomputed_layers`)
+    at a rung of the last-resort ladder (``rung``: its pass), the row one rung up where that
+    replays strictly fewer layers per chunk and an engine runs it: the switch adds time and the
+    fewer replayed layers take some off, so neither is faster by the models and both are timed
+    (at the same layer count the row without the switch is; :class:`SwitchPlan`)."""
+    passes = switches.passes()
+    rows_all, peaks_all = [cand], [peaks]
+    at, at_peaks, at_rung = cand, peaks, rung
+    for k in range(1, len(passes)):
+        every = chunk_layers(spec, at["pp"], at["vpp"]) if len(at_peaks) else np.zeros(0, dtype=np.int64)
+        now = np.where(at["recompute_layers"] > 0, at["recompute_layers"], every)
+        pick = np.flatnonzero((at_rung == k - 1) & (at["recompute"] == FULL) & (now > 1))
+        if not len(pick):
+            break
+        up = {c: v[pick] for c, v in at.items()}
+        up.update({s: np.full(len(pick), v, dtype=np.int64) for s, v in passes[k].items()})
+        runs = _engine_runs(engine, up)
+        up, pick = {c: v[runs] for c, v in up.items()}, pick[runs]
+        if not len(pick):
+            break
+        before = now[pick]
+        probe = {**up, "recompute_layers": np.zeros(len(pick), dtype=np.int64)}  # every layer: fits (fewer
+        col, pk = fewest_recomputed_layers(spec, probe, np.full(len(pick), -np.inf), memory, limit)  # switches did)
+        n_new = np.where(col > 0, col, chunk_layers(spec, up["pp"], up["vpp"]))
+        keep = n_new < before
+        up = {c: v[keep] for c, v in up.items()}
+        up["recompute_layers"] = col[keep]
+        rows_all.append(up)
+        peaks_all.append(pk[keep])
+        at, at_peaks, at_rung = up, pk[keep], np.full(int(keep.sum()), k, dtype=np.int64)
+    if len(rows_all) == 1:
+        return cand, peaks
+    return {c: np.concatenate([r[c] for r in rows_all]) for c in cand}, np.concatenate(peaks_all)
+
+
+def switch_plan(spec: ModelSpec, cluster: Cluster, options: PerfOptions, memory_options,
+                space: SearchSpace) -> SwitchPlan:
+    """How this search sets each memory switch (:mod:`dayzero.planner.switches`): forced on by the
+    user's flag, kept off by ``space.no_switches``, else by its kind on this cluster."""
+    from dayzero.planner import switches as sw
+
+    bad = [n for n in space.no_switches if n not in sw.BY_NAME]
+    if bad:
+        raise LayoutError(f"search space: no switch {', '.join(bad)}; the switches are {', '.join(sw.BY_NAME)}")
+    kinds = sw.kinds(cluster, options)
+    forced = tuple(s.name for s in sw.SWITCHES if s.forced(memory_options, options))
+    free = [s.name for s in sw.SWITCHES if s.name not in forced and s.name not in space.no_switches]
+    ladder = tuple(n for n in free if kinds[n] == "last_resort")
+    drops = [()]
+    for k in range(1, len(ladder) + 1):
+        terms = [sw.BY_NAME[n].drops for n in ladder[:k]]
+        drops.append(tuple(t for ts in terms for t in ts) if all(terms) else None)
+    return SwitchPlan(saves=tuple(n for n in free if kinds[n] == "saves"), ladder=ladder, forced=forced,
+                      rule_ok=sw.rule_mask(spec, cluster.devices), drops=tuple(drops))
+
+
 def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
            options: PerfOptions | None = None, top_k: int = 5, max_memory: float = MEMORY_TARGET,
            space: SearchSpace | None = None, memory_fn=None, memory_options=None) -> SearchResult:
@@ -627,6 +798,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     no fitting level below them are timed (:func:`level_order`: a level above recomputes more and
     only adds time), the fastest of them ranked, and ZeRO-2 only at levels where ZeRO-1 does not fit
     (ZeRO-2 adds a reduce-scatter per micro-batch and nothing else)."""
+    default_memory = memory_fn is None
     if memory_fn is None:
         from dayzero.planner.memory import MemoryOptions
         from dayzero.planner.memory import peak_memory_batch as memory_fn  # noqa: N813
@@ -652,7 +824,13 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
             return np.asarray(memory_fn(spec, grid, capacity), dtype=float)
         return np.asarray(memory_fn(spec, grid, capacity, memory_options), dtype=float)
 
+    memory_less = None
+    if default_memory:  # peak_memory_batch prices the term-dropping switches in the same call
+        def memory_less(grid: dict, without):
+            return memory_fn(spec, grid, capacity, memory_options, without=without)
+
     zeros, levels = codes["zero"], space.levels(spec)
+    switches = switch_plan(spec, cluster, options, memory_options, space)
     below = level_order(spec, levels)
     level_rc = np.array([rc for rc, _ in levels], dtype=np.int64)
     level_modules = np.array([m for _, m in levels], dtype=np.int64)
@@ -661,20 +839,24 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     for start in range(0, n, CHUNK):
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
         found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, levels, memory, limit, space.engine,
-                                                         searched_dual=space.schedule is None, below=below)
+                                                         searched_dual=space.schedule is None, below=below,
+                                                         switches=switches, memory_less=memory_less)
         n_fit += fit_here
         engine_zero += engine_here
-        parts = [(idx, np.full(len(idx), z), r, pk) for idx, z, r, pk in found]
-        idx = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+        idx = np.concatenate([p[0] for p in found]) if found else np.zeros(0, dtype=np.int64)
         if not len(idx):
             continue
         cand = {k: v[idx] for k, v in chunk.items()}
-        cand["zero"] = np.concatenate([p[1] for p in parts]).astype(np.int64)
-        level = np.concatenate([p[2] for p in parts]).astype(np.int64)
+        cand["zero"] = np.concatenate([np.full(len(p[0]), p[1]) for p in found]).astype(np.int64)
+        level = np.concatenate([p[2] for p in found]).astype(np.int64)
         cand["recompute"], cand["recompute_modules"] = level_rc[level], level_modules[level]
-        peaks = np.concatenate([p[3] for p in parts])
+        peaks = np.concatenate([p[3] for p in found])
+        for s in SWITCH_COLUMNS:
+            cand[s] = np.concatenate([p[4][s] for p in found]).astype(np.int64)
+        rung = np.concatenate([np.full(len(p[0]), p[5]) for p in found]).astype(np.int64)
         cand["recompute_layers"], peaks = fewest_recomputed_layers(spec, cand, peaks, memory, limit)
-        n_timed += len(idx)
+        cand, peaks = fewer_layers_up_the_ladder(spec, cand, peaks, rung, switches, memory, limit, space.engine)
+        n_timed += len(peaks)
         ev = evaluate(spec, cand, cluster, options)
         order = np.argsort(ev.step_s, kind="stable")[:top_k]
         best_rows.append({k: v[order] for k, v in cand.items()})

@@ -1,0 +1,119 @@
+"""The memory switches the search tries per layout, one :class:`Switch` entry each.
+
+A switch is a 0 / 1 ParallelConfig field (a grid column, :data:`dayzero.specs.grid.SWITCHES`)
+that the memory and step-time models read per row. The search never enumerates both states: an
+expert's rule says which state can be the fastest, and the pruning stays exact under the models.
+
+* ``saves``: the switch keeps no more memory and takes no more time wherever an engine runs it,
+  so it is on in every row where the layout rules allow it and an engine runs it (the pinned
+  ``--engine``, else some engine), off elsewhere. FP8 parameter storage (Megatron-LM
+  ``--fp8-param-gather``): the decoder layers' weights as FP8 copies, the FP8 weight cache keeps
+  only the transpose, and the ZeRO parameter all-gathers send 1 B per element instead of 2
+  (planner.memory_options.MemoryOptions.fp8_params, planner.comm.CommOptions.param_gather_bytes);
+  the models add no term it makes larger.
+* ``last_resort``: the switch lowers memory but only adds time, so it is tried only where the
+  layout does not fit without it: a (base, ZeRO stage, recompute level) takes it only where no
+  level at or below that one fits without it, as ZeRO-2 is tried only where ZeRO-1 does not fit.
+  Optimizer CPU offload (Megatron-Core ``--optimizer-cpu-offload``; DeepSpeed ZeRO-Offload): the
+  optimizer states and FP32 master leave the device (MemoryOptions.optimizer_offload) and the step
+  pays the host Adam and the PCIe transfers instead of the device update (planner.offload), which
+  :func:`adds_time` checks on the cluster's own rates. The last-resort switches form a ladder in
+  the order of :data:`SWITCHES`: pass k of the search turns on the first k of them.
+
+A user flag (``--fp8-param-gather``, ``--optimizer-offload``) forces its switch on in every row the
+layout rules allow (:attr:`Switch.forced`); ``--no-fp8-param-gather`` / ``--no-optimizer-offload``
+(SearchSpace.no_switches) keep it off. A third switch plugs in as one more entry: its field, its
+kind and how a user forces it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import numpy as np
+
+Kind = Literal["saves", "last_resort"]
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str  # the ParallelConfig field and grid column
+    flag: str  # the plan/predict/memory flag that forces it on
+    kind: Kind
+    # (MemoryOptions, PerfOptions) -> whether the user forced it on for every row
+    forced: Callable[[object, object], bool]
+    words: str  # what it is, for the plan's "why" line
+    # memory terms (planner.memory_terms names) the switch removes and nothing else it changes in
+    # memory: the search reads its peak from the same memory call (peak_memory_batch ``without``)
+    drops: tuple[str, ...] = ()
+
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch("fp8_param_gather", "--fp8-param-gather", "saves",
+           lambda mo, po: bool(getattr(mo, "fp8_params", False) or po.comm.fp8_param_gather),
+           "FP8 parameter storage and FP8 ZeRO all-gathers"),
+    Switch("optimizer_offload", "--optimizer-offload", "last_resort",
+           lambda mo, po: bool(getattr(mo, "optimizer_offload", False) or po.optimizer_offload),
+           "the optimizer states and FP32 master in host memory, Adam on the CPU",
+           drops=("optimizer:master", "optimizer:moments")),  # memory_terms._model_state_terms
+)
+BY_NAME = {s.name: s for s in SWITCHES}
+
+
+def adds_time(cluster, options) -> bool:
+    """Whether optimizer offload takes longer per optimizer-shard parameter than the device update
+    on ``cluster``: host Adam + PCIe (:func:`dayzero.planner.offload.offloaded_optimizer_s`) against
+    the device's bytes per parameter over its HBM bandwidth (planner.perf's ``optimizer_s``). Both
+    are linear in the shard, so one parameter decides for every row; where it is not slower (never
+    with the shipped rates: 0.45 ns host against 0.005 ns on an H100) offload would save time too
+    and the search treats it as a ``saves`` switch."""
+    from dayzero.planner.calibration import constants_for, rates
+    from dayzero.planner.offload import offloaded_optimizer_s
+
+    consts = options.constants or constants_for(cluster)
+    device = consts.optimizer_bytes_per_param / rates(cluster, consts).hbm_bw
+    return float(offloaded_optimizer_s(1.0, options.comm.grad_reduce_bytes)) >= device
+
+
+def kinds(cluster, options) -> dict[str, Kind]:
+    """Each switch's kind on ``cluster`` under ``options`` (:func:`adds_time` for the offload)."""
+    out = {}
+    for s in SWITCHES:
+        out[s.name] = s.kind if s.name != "optimizer_offload" or adds_time(cluster, options) else "saves"
+    return out
+
+
+def held(g: dict, z: int, names, engine, engines, rule_ok) -> dict[str, np.ndarray]:
+    """The columns of the ``saves`` switches ``names`` for the rows of ``g`` at ZeRO stage ``z``:
+    on where the layout rules allow it (``rule_ok(grid) -> rows``) and ``engine`` (else one of
+    ``engines``) runs the row with it on (``engine_mask``-style callables by name)."""
+    n = len(g["tp"])
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        trial = {**g, "zero": np.full(n, z, dtype=np.int64), **out, name: np.ones(n, dtype=np.int64)}
+        on = rule_ok(trial)
+        on &= engine(trial) if engine is not None else np.logical_or.reduce([e(trial) for e in engines])
+        out[name] = on.astype(np.int64)
+    return out
+
+
+def why_words(p) -> list[str]:
+    """The switches a layout has on, as words for the plan's output (empty when none)."""
+    return [s.words for s in SWITCHES if getattr(p, s.name, False)]
+
+
+def summary(names) -> str:
+    return ", ".join(BY_NAME[n].flag.lstrip("-") for n in names)
+
+
+def rule_mask(spec, devices):
+    """``grid -> rows`` the layout rules that read a switch column allow (:mod:`dayzero.specs.layout_rules`)."""
+    from dayzero.specs.grid import SWITCHES as COLUMNS
+    from dayzero.specs.layout_rules import RULES, mask
+
+    rules = tuple(r for r in RULES if any(c in r.reads for c in COLUMNS))
+
+    def ok(grid: dict) -> np.ndarray:
+        return mask(grid, spec, devices, rules)
+    return ok
