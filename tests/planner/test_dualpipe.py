@@ -178,7 +178,7 @@ def test_the_search_tries_dualpipev_where_an_engine_runs_it():
                   int(np.flatnonzero(g["schedule"] == DUALPIPEV)[0])]] for k, v in g.items()}
     found, _, dropped = _fitting_variants(MOE, rows, (1, 3), [(0, 0)], lambda grid: np.zeros(len(grid["tp"])), 1.0,
                                           searched_dual=True)
-    kept = {z: idx.tolist() for idx, z, _, _ in found}
+    kept = {z: idx.tolist() for idx, z, *_ in found}
     assert kept == {1: [0], 3: [0, 1]} and dropped == 1
 
 

@@ -18,8 +18,16 @@ MIXTRAL = load_model("mixtral-8x7b")
 CLUSTER = build_cluster("h100", 32)
 
 
-def brute_force(spec, cluster, gbs, seq, space, limit):
-    bases, considered, indivisible, variants = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8)
+def brute_force(spec, cluster, gbs, seq, space, limit, options=None, precision="bf16"):
+    """Every layout (base x ZeRO stage x recompute level) at every state of the memory switches
+    (FP8 parameter gather, optimizer offload) the layout rules allow and some engine runs: the
+    fastest of all, how many layouts fit in some state, and the counts the search reports."""
+    from itertools import product
+
+    from dayzero.specs.grid import SWITCHES
+    from dayzero.specs.layout_rules import mask
+
+    bases, considered, indivisible, variants = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8, precision)
     n = len(bases["tp"])
     # every ZeRO stage x recompute level (none, selective with each module set, full)
     zr = [(z, r, m) for z in space.zero for r, m in space.levels(spec)]
@@ -27,16 +35,23 @@ def brute_force(spec, cluster, gbs, seq, space, limit):
     full["zero"] = np.tile([z for z, _, _ in zr], n)
     full["recompute"] = np.tile([r for _, r, _ in zr], n)
     full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
-    # an unpinned search keeps a layout only at the ZeRO stages and recompute levels some engine runs
-    # it with (DualPipe, which none runs, is not enumerated unpinned)
-    runs = np.logical_or.reduce([engine_mask(e, full) for e in ENGINES]) | (full["schedule"] == DUALPIPE)
-    no_engine = int((~runs).sum())
-    full = {k: v[runs] for k, v in full.items()}
-    peak = peak_memory_batch(spec, full, cluster.memory_bytes, MemoryOptions.for_accelerator(cluster.accelerator))
-    ok = peak <= limit
-    fit = {k: v[ok] for k, v in full.items()}
-    ev = evaluate(spec, fit, cluster)
-    return float(ev.step_s.min()), int(ok.sum()), considered, indivisible, n * variants - no_engine
+    opts = MemoryOptions.for_accelerator(cluster.accelerator)
+    fits, best = np.zeros(len(full["tp"]), dtype=bool), np.inf
+    runs_any = np.zeros(len(full["tp"]), dtype=bool)
+    for state in product((0, 1), repeat=len(SWITCHES)):
+        g = {**full, **{s: np.full(len(full["tp"]), v, dtype=np.int64) for s, v in zip(SWITCHES, state)}}
+        # an unpinned search keeps a layout only where some engine runs it (DualPipe, which none runs,
+        # is not enumerated unpinned)
+        runs = np.logical_or.reduce([engine_mask(e, g) for e in ENGINES]) | (g["schedule"] == DUALPIPE)
+        runs &= mask(g, spec, cluster.devices)
+        if not any(state):
+            runs_any = runs
+        ok = runs & (peak_memory_batch(spec, g, cluster.memory_bytes, opts) <= limit)
+        fits |= ok
+        if ok.any():
+            best = min(best, float(evaluate(spec, {k: v[ok] for k, v in g.items()}, cluster, options).step_s.min()))
+    no_engine = int((~runs_any).sum())
+    return best, int(fits.sum()), considered, indivisible, n * variants - no_engine
 
 
 def test_search_finds_the_brute_force_optimum_and_counts_every_layout():
@@ -93,7 +108,8 @@ def test_every_base_gets_its_fastest_fitting_module_set():
     and the layered climb skip only levels that cannot fit or cannot be faster)."""
     spec = load_model("tiny-moe")
     cl = build_cluster("h100", 8)
-    space = SearchSpace(mbs=(1, 4), cp=(1,), pp=(1, 2), vpp=(1,))
+    # the module sets alone: optimizer offload (the brute force over switches: test_switch_search.py) kept off
+    space = SearchSpace(mbs=(1, 4), cp=(1,), pp=(1, 2), vpp=(1,), no_switches=("optimizer_offload",))
     opts = MemoryOptions.for_accelerator(cl.accelerator)
     bases, *_ = enumerate_layouts(spec, cl.devices, 64, 4096, space, 8)
     levels = space.levels(spec)
