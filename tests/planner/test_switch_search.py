@@ -1,0 +1,192 @@
+"""The search tries the memory switches (issue #16; planner.switches): FP8 parameter gather where an
+engine runs it, optimizer offload only where nothing fits without it; pruning exact by brute force."""
+
+from __future__ import annotations
+
+from itertools import product
+
+import numpy as np
+import pytest
+
+from dayzero.errors import LayoutError
+from dayzero.planner.engines import ENGINES, engine_mask, engines_for
+from dayzero.planner.memory import MemoryOptions, estimate_memory, peak_memory_batch
+from dayzero.planner.perf import evaluate
+from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
+from dayzero.specs.cluster import build_cluster
+from dayzero.specs.counting import params_total
+from dayzero.specs.grid import DUALPIPE, SWITCHES, decode, encode
+from dayzero.specs.layout_rules import mask
+from dayzero.specs.parallel import ParallelConfig
+from dayzero.specs.registry import load_model
+
+TINY = load_model("tiny-llama")
+ONE = build_cluster("h100", 1)
+# one layout (tp1 pp1 dp1, ZeRO-1, mbs 1), no recompute or full recompute
+SPACE = SearchSpace(mbs=(1,), zero=(1,), recompute=("none", "full"))
+
+
+def _peak(**kw) -> int:
+    p = ParallelConfig(tp=1, pp=1, dp=1, zero=1, mbs=1, gbs=8, seq=4096, **kw)
+    return estimate_memory(TINY, p, ONE.memory_bytes, MemoryOptions.for_accelerator(ONE.accelerator)).peak_bytes
+
+
+def test_offload_moves_exactly_the_optimizer_states_off_the_device():
+    """tiny-llama (3,213,568 parameters, specs.counting) on one H100, ZeRO-1 over dp 1: the offload
+    takes the FP32 master (4 B) and the two FP32 AdamW moments (8 B) off the device, 12 B per
+    parameter (MemoryOptions defaults, Megatron-LM distributed-optimizer docs: "12/dp"), whatever
+    the recompute."""
+    assert params_total(TINY) == 3_213_568
+    for rc in ("none", "full"):
+        assert _peak(recompute=rc) - _peak(recompute=rc, optimizer_offload=True) == 12 * 3_213_568
+
+
+def test_the_search_offloads_the_optimizer_only_where_nothing_fits_without_it():
+    """With the limit between the full-recompute peaks with and without the offload
+    (hand-checked above), the only fitting layout is full recompute with the optimizer on the host,
+    and the search returns it at that peak; with the limit above the no-recompute peak, nothing
+    takes the offload (the same layout without it fits and is faster); in between (no recompute
+    fits only offloaded, full recompute fits without), both are timed and no row without recompute
+    is there without the offload."""
+    full_off, full_on = _peak(recompute="full"), _peak(recompute="full", optimizer_offload=True)
+    none_off, none_on = _peak(recompute="none"), _peak(recompute="none", optimizer_offload=True)
+    assert full_on < full_off < none_on < none_off
+    run = lambda limit: search(TINY, ONE, 8, 4096, space=SPACE, max_memory=limit / ONE.memory_bytes,  # noqa: E731
+                               top_k=100)
+    tight = run((full_on + full_off) / 2)
+    best = decode(tight.candidates)[0]
+    assert best.optimizer_offload and best.recompute == "full" and best.recompute_layers is None
+    assert tight.peak_bytes[0] == pytest.approx(full_on, abs=1)  # estimate_memory rounds each term
+    assert tight.candidates["optimizer_offload"].all()
+    roomy = run(none_off * 1.01)
+    assert not roomy.candidates["optimizer_offload"].any()
+    assert decode(roomy.candidates)[0].recompute == "none"
+    between = run((none_on + none_off) / 2)
+    got = {(p.recompute, p.optimizer_offload) for p in decode(between.candidates)}
+    assert ("none", True) in got and ("full", False) in got and ("none", False) not in got
+    # full recompute offloaded appears only replaying fewer layers than without (fewer_layers_up_the_ladder)
+    for p in decode(between.candidates):
+        if p.recompute == "full" and p.optimizer_offload:
+            assert p.recompute_layers is not None
+
+
+def test_forbidding_or_forcing_the_offload():
+    """``no_switches`` keeps the offload off (nothing fits then: FitError); the user's flag
+    (MemoryOptions.optimizer_offload) puts it on every row, fitting or not without it."""
+    from dayzero.errors import FitError
+
+    limit = (_peak(recompute="full", optimizer_offload=True) + _peak(recompute="full")) / 2 / ONE.memory_bytes
+    with pytest.raises(FitError, match="--no-optimizer-offload"):
+        search(TINY, ONE, 8, 4096, space=SearchSpace(mbs=(1,), zero=(1,), recompute=("none", "full"),
+                                                       no_switches=("optimizer_offload",)), max_memory=limit)
+    forced = search(TINY, ONE, 8, 4096, space=SPACE, top_k=100,
+                    memory_options=MemoryOptions.for_accelerator(ONE.accelerator, optimizer_offload=True))
+    assert forced.candidates["optimizer_offload"].all()
+    with pytest.raises(LayoutError, match="no switch"):
+        search(TINY, ONE, 8, 4096, space=SearchSpace(no_switches=("offload",)))
+
+
+@pytest.mark.parametrize("precision,engine,on", [("fp8", "megatron", True), ("bf16", "megatron", False),
+                                                 ("fp8", "torchtitan", False), ("fp8", None, True)])
+def test_fp8_param_gather_is_on_where_the_engine_runs_it(precision, engine, on):
+    """FP8 parameter gather keeps no more memory and takes no more time, so the search turns it on
+    in every row an engine runs it in: under FP8 with Megatron (ZeRO >= 1, its distributed-optimizer
+    assert), never under bf16 (no FP8 weights: the layout rule) nor with torchtitan (whose float8
+    all-gather keeps high-precision weights: engines.py); unpinned, in the rows Megatron runs."""
+    cl = build_cluster("h100", 8)
+    result = search(TINY, cl, 64, 4096, precision, space=SearchSpace(mbs=(1,), engine=engine), top_k=10**6)
+    layouts = decode(result.candidates)
+    for p in layouts:
+        megatron_runs = "megatron" in engines_for(p.with_(fp8_param_gather=True))
+        want = on and p.zero >= 1 and megatron_runs
+        assert p.fp8_param_gather == want, p.describe()
+    if on:
+        assert any(p.fp8_param_gather for p in layouts)
+        assert all(engines_for(p) for p in layouts)  # a row with it on is one an engine runs
+
+
+def test_fp8_param_gather_saves_what_the_memory_model_says():
+    """tp1 pp1 dp8 ZeRO-1 under FP8: FP8 parameter storage keeps each decoder-layer weight in 1 B
+    instead of 2 and the FP8 weight cache only its 1 B transpose instead of the 2 B copy
+    (MemoryOptions.fp8_params docstring): 2 B per decoder-layer parameter off the peak, the same as
+    the global flag gives."""
+    from dayzero.specs.counting import layer_count
+
+    cl = build_cluster("h100", 8)
+    p = ParallelConfig(tp=1, pp=1, dp=8, zero=1, gbs=64, seq=4096, precision="fp8")
+    opts = MemoryOptions.for_accelerator(cl.accelerator)
+    off = estimate_memory(TINY, p, cl.memory_bytes, opts).peak_bytes
+    on = estimate_memory(TINY, p.with_(fp8_param_gather=True), cl.memory_bytes, opts).peak_bytes
+    flag = estimate_memory(TINY, p, cl.memory_bytes, opts.with_(fp8_params=True)).peak_bytes
+    layers = sum(layer_count(TINY, i).total for i in range(TINY.layers))  # the decoder layers' parameters
+    assert off - on == 2 * layers and on == flag
+
+
+def _every_state(spec, cluster, gbs, seq, space, limit, precision):
+    """Brute force: every (base, ZeRO stage, recompute level) at every switch state the layout rules
+    allow and some engine runs; per base the fastest fitting step time, and the layouts (base, ZeRO
+    stage, level) that fit in some state."""
+    bases, *_ = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8, precision)
+    n = len(bases["tp"])
+    zr = [(z, r, m) for z in space.zero for r, m in space.levels(spec)]
+    full = {k: np.repeat(v, len(zr)) for k, v in bases.items()}
+    full["zero"] = np.tile([z for z, _, _ in zr], n)
+    full["recompute"] = np.tile([r for _, r, _ in zr], n)
+    full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
+    base_of = np.repeat(np.arange(n), len(zr))
+    opts = MemoryOptions.for_accelerator(cluster.accelerator)
+    fits, best = np.zeros(len(base_of), dtype=bool), np.full(n, np.inf)
+    for state in product((0, 1), repeat=len(SWITCHES)):
+        g = {**full, **{s: np.full(len(base_of), v, dtype=np.int64) for s, v in zip(SWITCHES, state)}}
+        runs = np.logical_or.reduce([engine_mask(e, g) for e in ENGINES]) | (g["schedule"] == DUALPIPE)
+        ok = runs & mask(g, spec, cluster.devices) & (peak_memory_batch(spec, g, cluster.memory_bytes, opts) <= limit)
+        fits |= ok
+        if ok.any():
+            step = evaluate(spec, {k: v[ok] for k, v in g.items()}, cluster).step_s
+            np.minimum.at(best, base_of[ok], step)
+    return bases, best, int(fits.sum())
+
+
+def test_switch_pruning_is_exact_against_the_brute_force():
+    """Mixtral 8x7B on 32 H100 under FP8 with 35 % of the memory (where many layouts fit only with
+    the optimizer offloaded): for every base the search's fastest layout is the brute force's over
+    every switch state, ZeRO stage and recompute level (a base whose full recompute it cut to fewer
+    layers, which the brute force does not enumerate, may only be faster), and the fitting count is
+    the brute force's; the best plan itself takes both switches."""
+    spec, cl = load_model("mixtral-8x7b"), build_cluster("h100", 32)
+    space, limit = SearchSpace(mbs=(1, 2), cp=(1,)), 0.35 * cl.memory_bytes
+    result = search(spec, cl, 256, 4096, "fp8", space=space, max_memory=0.35, top_k=10**6)
+    bases, want, n_fit = _every_state(spec, cl, 256, 4096, space, limit, "fp8")
+    total = result.considered - result.rejected["indivisible"] - result.rejected["no engine"]
+    assert result.rejected["does not fit"] == total - n_fit
+    key = {tuple(int(bases[c][i]) for c in bases): i for i in range(len(bases["tp"]))}
+    got, fewer = np.full(len(want), np.inf), set()
+    cand = result.candidates
+    for i, t in enumerate(result.evaluation.step_s):
+        b = key[tuple(int(cand[c][i]) for c in bases)]
+        got[b] = min(got[b], float(t))
+        if cand["recompute_layers"][i] > 0:
+            fewer.add(b)
+    assert np.isfinite(want).sum() == np.isfinite(got).sum() > 50
+    for b in np.flatnonzero(np.isfinite(want)):
+        if b in fewer:
+            assert got[b] <= want[b] * (1 + 1e-12), b
+        else:
+            assert got[b] == pytest.approx(want[b], rel=1e-12), b
+    best = decode(cand)[0]
+    assert best.optimizer_offload and best.fp8_param_gather
+    assert cand["optimizer_offload"].any() and not cand["optimizer_offload"].all()
+
+
+def test_the_plan_names_the_switches_and_the_engines_that_run_them():
+    """The plan object's layout carries the switches (``parallel``), its layout words name them, and
+    its engines are those that run them (Megatron-Core and DeepSpeed offload the optimizer; only
+    Megatron keeps FP8 parameters)."""
+    limit = (_peak(recompute="full", optimizer_offload=True) + _peak(recompute="full")) / 2 / ONE.memory_bytes
+    obj = plan(TINY, ONE, 8, 4096, space=SPACE, max_memory=limit, top_k=1)
+    best = obj["plans"][0]
+    assert best["parallel"]["optimizer_offload"] is True
+    assert ParallelConfig.from_dict(best["parallel"]).describe().endswith("opt-offload")
+    assert set(best["engines"]) == {"megatron", "deepspeed"}
+    assert "dayzero" not in engines_for(ParallelConfig(optimizer_offload=True))
+    assert encode([ParallelConfig(fp8_param_gather=True, precision="fp8")])["fp8_param_gather"].tolist() == [1]
