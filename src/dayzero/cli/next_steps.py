@@ -15,6 +15,10 @@ from typing import Any, Mapping, Sequence
 from rich.console import Console
 from rich.text import Text
 
+# The memory switches (ParallelConfig fields the search sets, planner.switches) as the flags of
+# memory, predict and plan; dayzero train has none (its runtime keeps the optimizer on the device
+# and trains bf16), so :func:`train_layout` leaves them out
+SWITCH_FLAGS = (("fp8_param_gather", "--fp8-param-gather"), ("optimizer_offload", "--optimizer-offload"))
 # Layout flags every verb that takes a layout understands; the value is the flag's default,
 # None for the degrees always written out (their defaults differ between verbs).
 _ALWAYS = ("tp", "pp", "dp", "mbs", "gbs", "seq", "zero")
@@ -49,6 +53,9 @@ def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
         out += ["--recompute-layers", str(p["recompute_layers"])]
     if p.get("sequence_parallel"):
         out.append("--sequence-parallel")
+    for switch, flag in SWITCH_FLAGS:  # the memory switches a plan chose (planner.switches)
+        if p.get(switch):
+            out.append(flag)
     if precision and p.get("precision", "bf16") != "bf16":
         out += ["--precision", p["precision"]]
     derived = "interleaved" if p.get("vpp", 1) > 1 else "1f1b"
@@ -73,11 +80,18 @@ def cluster_flags(cluster: str | None, accelerator: str | None, devices: int | N
     return out
 
 
+def train_layout(p: Mapping[str, Any]) -> dict:
+    """A plan's layout as ``dayzero train`` takes it: without ``recompute_layers`` (train recomputes
+    every layer under full) and the memory switches (:data:`SWITCH_FLAGS`), which its flags do not
+    carry (export.job.unexpressed names them)."""
+    return {**p, "recompute_layers": None, **{s: False for s, _ in SWITCH_FLAGS}}
+
+
 def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node: int, why: str) -> Step:
     """``dayzero train`` of a layout: ``--nproc`` on one host, torchrun on every node beyond.
     ``recompute_layers`` is not a train flag (dayzero train recomputes every layer under full, as
     export.job notes), so a plan's ``full(N)`` trains as full."""
-    flags = layout_flags({**p, "recompute_layers": None})
+    flags = layout_flags(train_layout(p))
     if devices <= devices_per_node:
         return Step.of("dayzero", "train", model, *flags, "--nproc", devices, why=why)
     nodes = math.ceil(devices / devices_per_node)

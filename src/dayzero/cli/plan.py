@@ -15,12 +15,10 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
-    Fp8ParamOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
     MomentsOpt,
-    OptimizerOffloadOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -67,6 +65,19 @@ DEFAULT_GBS = 4096
 ScenarioGbsOpt = Annotated[int, typer.Option("--gbs", "--global-batch-size", min=1,
                                              help="Global batch size, sequences.")]
 ScenarioSeqOpt = Annotated[int, typer.Option("--seq", "--seq-length", min=1, help="Sequence length, tokens.")]
+
+# The memory switches the search tries (planner.switches): unset, the search decides per layout;
+# --X forces it on, --no-X keeps it off
+SearchedFp8ParamOpt = Annotated[Optional[bool], typer.Option(
+    "--fp8-param-gather/--no-fp8-param-gather",
+    help="FP8 parameter storage and FP8 ZeRO all-gathers (Megatron --fp8-param-gather), under --precision fp8/fp4. "
+         "Default: searched, on wherever the engine runs it (it only saves memory and time); --no- keeps it off.")]
+SearchedOffloadOpt = Annotated[Optional[bool], typer.Option(
+    "--optimizer-offload/--no-optimizer-offload",
+    help="FP32 master weights and AdamW moments in host memory, Adam on the CPU (Megatron --optimizer-cpu-offload, "
+         "ZeRO-Offload). Default: searched, only where a layout fits no other way (it adds the host Adam and PCIe "
+         "to the step); --optimizer-offload forces it on, --no- keeps it off.")]
+
 
 def ListOpt(name: str, what: str, *aliases: str):  # noqa: N802 (used as a type, like the other *Opt)
     """A pin: the candidate list of one layout dim, under the flag (and Megatron-style aliases) the
@@ -147,8 +158,8 @@ def plan_cmd(
         "one (e.g. core_attn,core_attn+moe_act+layernorm); modules: core_attn, moe_act, layernorm, mla_up_proj, "
         "mlp, moe, shared_experts. Default: core_attn; core_attn+moe_act+layernorm; + mla_up_proj, those that "
         "apply to the model.")] = None,
-    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
-    optimizer_offload: OptimizerOffloadOpt = False,
+    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: SearchedFp8ParamOpt = None,
+    optimizer_offload: SearchedOffloadOpt = None,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
@@ -184,9 +195,11 @@ def plan_cmd(
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
                                ep_dispatcher=dispatcher_option(ep_dispatcher, engine), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
-                               fp8_param_gather=fp8_params,
-                               optimizer_offload=optimizer_offload)
+                               fp8_param_gather=bool(fp8_params),
+                               optimizer_offload=bool(optimizer_offload))
     opts = opts.with_expert_loads(spec, expert_loads, placement)
+    no_switches = tuple(name for name, on in (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
+                        if on is False)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
                             ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("dp", _ints(dp, "--dp")),
@@ -206,14 +219,15 @@ def plan_cmd(
         from dayzero.planner.engines import get_engine
 
         engine = get_engine(engine).name
-    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload)
+    recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload))
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions
 
         mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
-               SearchSpace(rank_order=(rank_order,), engine=engine, **kw), memory_options=mopts, uncertainty=True)
+               SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw), memory_options=mopts,
+               uncertainty=True)
     obj = with_training(obj, cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
@@ -245,6 +259,10 @@ def plan_cmd(
     print_prediction(obj["plans"][0], title="[bold]Best plan[/bold]")
     if "binding" in obj["plans"][0]:
         console.print(f"what binds it: {obj['plans'][0]['binding']['detail']}", highlight=False)
+    from dayzero.planner.switches import why_words
+
+    for line in why_words(obj["plans"][0]["parallel"]):
+        console.print(f"memory switch: {line}", highlight=False)
     print_uncertainty(console, obj)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps, DEFAULT_CLUSTER)]
     print_next(console, next_for_layout(obj["plans"][0], model, where, cl))

@@ -39,6 +39,8 @@ def config(parallel: ParallelConfig, grad_clip: float = 1.0) -> dict:
                            "activation_checkpoint_interval": 1 if p.recompute == "full" else 0}
     elif p.recompute == "full":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+    if p.optimizer_offload:  # ZeRO-Offload (planner.offload): the optimizer states and Adam on the CPU
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return cfg
 
 
@@ -82,8 +84,10 @@ def parallel_from_config(cfg: dict, world: int, seq: int = 4096, ep: int = 1) ->
     mbs = num("train_micro_batch_size_per_gpu", None, 1)
     gbs = num("train_batch_size", None, None) or mbs * dp * num("gradient_accumulation_steps", None, 1)
     full = ("activation_checkpointing" in cfg) or num("activation_checkpoint_interval", "pipeline", 0) > 0
+    offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer") or {}
     return ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, mbs=mbs, gbs=gbs, seq=seq,
-                          zero=num("stage", "zero_optimization", 0), recompute="full" if full else "none")
+                          zero=num("stage", "zero_optimization", 0), recompute="full" if full else "none",
+                          optimizer_offload=isinstance(offload, dict) and offload.get("device") == "cpu")
 
 
 def import_file(path: str | Path, world: int) -> tuple[ParallelConfig, list[str]]:

@@ -204,9 +204,9 @@ def expand_hosts(hosts: tuple[str, ...]) -> list[str]:
 def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_dir: str, metrics: str) -> list[str]:
     """``dayzero train`` of the plan, as every rank runs it (after ``-m``): resumes from the newest
     good checkpoint in ``ckpt_dir`` (``--resume auto``) and appends to ``metrics``."""
-    from dayzero.cli.next_steps import layout_flags
+    from dayzero.cli.next_steps import layout_flags, train_layout
 
-    layout = layout_flags({**parallel.to_dict(), "recompute_layers": None})  # not a train flag: see unexpressed
+    layout = layout_flags(train_layout(parallel.to_dict()))  # what train's flags cannot carry: see unexpressed
     out = ["dayzero", "train", spec.name, *layout, "--steps", str(job.steps),
            "--ckpt-dir", ckpt_dir, "--ckpt-every", str(job.ckpt_every), "--resume", "auto", "--metrics", metrics,
            "--quiet"]
@@ -223,6 +223,10 @@ def unexpressed(parallel: ParallelConfig) -> list[str]:
     if parallel.recompute_layers is not None:
         out.append(f"recompute of {parallel.recompute_layers} layer(s) per stage (dayzero train recomputes every layer "
                    "with --recompute full)")
+    for switch, words in (("fp8_param_gather", "FP8 parameter storage and gathers (the runtime trains bf16)"),
+                          ("optimizer_offload", "the optimizer on the host (the runtime keeps it on the device)")):
+        if getattr(parallel, switch):
+            out.append(words)
     if parallel.rank_order != DENSE_ORDER:
         out.append(f"rank order {parallel.rank_order} (dayzero train numbers ranks {DENSE_ORDER})")
     return out

@@ -58,6 +58,9 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
     whole optimizer on the host (MemoryOptions.optimizer_offload), ``--optimizer-cpu-offload
     --optimizer-offload-fraction 1.0`` with the ``--use-precision-aware-optimizer`` it runs under
     (Megatron-Core docs/user-guide/features/optimizer_cpu_offload.md, HybridDeviceOptimizer)."""
+    # the memory switches the plan chose (ParallelConfig fields, planner.switches) or the export's flags
+    fp8_param_gather = fp8_param_gather or p.fp8_param_gather
+    optimizer_offload = optimizer_offload or p.optimizer_offload
     a = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
          "--context-parallel-size", p.cp, "--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp,
          "--micro-batch-size", p.mbs, "--global-batch-size", p.gbs, "--seq-length", p.seq, "--bf16"]
@@ -158,7 +161,7 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
     require_engine("megatron", parallel)
     margs, missing = model_args(spec, parallel)
     args = margs + layout_args(parallel, fp8_param_gather, optimizer_offload)
-    if fp8_param_gather and (parallel.precision != "fp8" or parallel.zero < 1):
+    if (fp8_param_gather or parallel.fp8_param_gather) and (parallel.precision != "fp8" or parallel.zero < 1):
         missing.append(f"--fp8-param-gather under {parallel.precision}, ZeRO-{parallel.zero} (Megatron takes it "
                        "with --fp8-format and --use-distributed-optimizer or FSDP only)")
     nnodes = nodes or max(1, parallel.world // devices_per_node)
@@ -236,7 +239,11 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
                        recompute=recompute, recompute_modules=tuple(ns.recompute_modules or ()),
                        recompute_layers=(ns.recompute_num_layers
                                          if recompute == "full" and ns.recompute_method == "block" else None),
-                       sequence_parallel=ns.sequence_parallel, precision=precision)
+                       sequence_parallel=ns.sequence_parallel, precision=precision,
+                       # the memory switches (planner.switches); a partial offload fraction is not the
+                       # whole-optimizer offload the planner models, so it reads as off
+                       fp8_param_gather=ns.fp8_param_gather and precision != "bf16",
+                       optimizer_offload=ns.optimizer_cpu_offload and float(ns.optimizer_offload_fraction or 1) >= 1)
     return p, [w for w in rest if w.startswith("--") and w not in MODEL_FLAGS]
 
 

@@ -99,12 +99,12 @@ def held(g: dict, z: int, names, engine, engines, rule_ok) -> dict[str, np.ndarr
 
 
 def why_words(p) -> list[str]:
-    """The switches a layout has on, as words for the plan's output (empty when none)."""
-    return [s.words for s in SWITCHES if getattr(p, s.name, False)]
-
-
-def summary(names) -> str:
-    return ", ".join(BY_NAME[n].flag.lstrip("-") for n in names)
+    """Why each switch a layout (a ParallelConfig or its ``to_dict()``) has on is on, for the plan's
+    output (empty when none is)."""
+    why = {"saves": "on wherever the engine runs it: it only saves memory and time",
+           "last_resort": "on because the layout fits no other way: it adds time to every step"}
+    get = p.get if isinstance(p, dict) else lambda k, d=None: getattr(p, k, d)
+    return [f"{s.words} ({s.flag}; {why[s.kind]})" for s in SWITCHES if get(s.name, False)]
 
 
 def rule_mask(spec, devices):
