@@ -79,4 +79,8 @@ def test_megatron_export_writes_the_offload_flags_and_reads_them_back():
     assert out.command[i + 1:i + 4] == ["--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
     assert "--optimizer-cpu-offload" not in export(SPEC, P).command
     back, rest = parallel_from_args(out.command[out.command.index("pretrain_gpt.py") + 1:], 8)
-    assert back == P and not {"--optimizer-cpu-offload", "--use-precision-aware-optimizer"} & set(rest)
+    # the offload reads back as the layout's switch (ParallelConfig.optimizer_offload, planner.switches)
+    assert back == P.with_(optimizer_offload=True)
+    assert not {"--optimizer-cpu-offload", "--use-precision-aware-optimizer"} & set(rest)
+    # a plan whose layout chose it writes it without the flag
+    assert "--optimizer-cpu-offload" in export(SPEC, P.with_(optimizer_offload=True)).command
