@@ -198,8 +198,8 @@ def plan_cmd(
                                fp8_param_gather=bool(fp8_params),
                                optimizer_offload=bool(optimizer_offload))
     opts = opts.with_expert_loads(spec, expert_loads, placement)
-    no_switches = tuple(name for name, on in (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
-                        if on is False)
+    asked = (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
+    no_switches = tuple(name for name, on in asked if on is False)  # --no-X: kept off
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
                             ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("dp", _ints(dp, "--dp")),
@@ -226,8 +226,8 @@ def plan_cmd(
 
         mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
-               SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw), memory_options=mopts,
-               uncertainty=True)
+               SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw),
+               memory_options=mopts, uncertainty=True)
     obj = with_training(obj, cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:

@@ -29,7 +29,6 @@ from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
-from dayzero.specs.grid import SWITCHES as SWITCH_COLUMNS
 from dayzero.specs.grid import (
     BOOLS,
     DUALPIPE,
@@ -46,6 +45,7 @@ from dayzero.specs.grid import (
     module_mask,
     module_names,
 )
+from dayzero.specs.grid import SWITCHES as SWITCH_COLUMNS
 from dayzero.specs.layout_rules import DEGREES, Where, field_problems, mask, rules_reading
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills, model_split
