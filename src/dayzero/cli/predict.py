@@ -129,7 +129,8 @@ def predict_cmd(
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
     # the memory switches as the layout's own (planner.switches), so its engines are those that run them
-    par = par.with_(fp8_param_gather=bool(fp8_params) and precision != "bf16", optimizer_offload=bool(optimizer_offload))
+    par = par.with_(fp8_param_gather=bool(fp8_params) and precision != "bf16",
+                    optimizer_offload=bool(optimizer_offload))
     recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload)
     mopts = None
     if recipe:
