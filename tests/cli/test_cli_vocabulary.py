@@ -17,6 +17,8 @@ DEFAULTS_DIFFER = {
     "--seq": "planner verbs default to 4096; the runtime's proxies to short sequences",
     "--seq-length": "the Megatron spelling of --seq, same defaults",
     "--top": "how many rows each verb lists",
+    "--fp8-param-gather": "plan searches it when unset (None; --no- keeps it off); memory/predict/export: off unless given",
+    "--optimizer-offload": "plan searches it when unset (None; --no- keeps it off); memory/predict/export: off unless given",
     "--cluster": "plan and day0 default to the seed scenario; other verbs require one",
     "--compute-dtype": "train/validate resolve 'auto' to the device; memory --exact and ops take an explicit dtype",
     "--out": "each verb writes its own kind of output",
