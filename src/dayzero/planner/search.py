@@ -542,7 +542,6 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     if below is None:
         below = np.triu(np.ones((len(levels), len(levels)), dtype=bool))
     everything = tuple(range(len(levels)))
-    level_index = {lv: j for j, lv in enumerate(levels)}
     out, n_fit, n_engine = [], 0, 0
     fits_at = {}  # (ZeRO stage, pass) -> (bases, levels) fitting by that pass, a level above a fitting one included
     held_at = {}  # ZeRO stage -> the switch columns held
@@ -556,7 +555,8 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
         held_at[z] = held = switches.held(bases, z, engine)
         fitting = np.zeros((n, len(levels)), dtype=bool)  # fits (or a level below does), by some pass so far
         found = []
-        ahead: dict[int, np.ndarray] = {}  # pass -> (bases, levels) peaks an earlier pass's calls gave (nan: none)
+        # pass -> {(recompute code, module mask): (bases,) peaks an earlier pass's memory calls gave (nan: none)}
+        ahead: dict[int, dict] = {}
         passes = switches.passes()
         for pi, on in enumerate(passes):
             zb = _with(bases, zero=z, **{**held, **on})
@@ -601,11 +601,9 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                         return [(p, np.zeros(0), np.zeros(0, dtype=bool)) for p in picks]
                     rc = np.concatenate([np.full(len(p), lv[0]) for (lv, _), p in zip(asked, picks)]).astype(np.int64)
                     mods = np.concatenate([np.full(len(p), lv[1]) for (lv, _), p in zip(asked, picks)]).astype(np.int64)
-                    # the level's index (-1: a module set that is not a level, _needs' probes)
-                    lv = np.concatenate([np.full(len(p), level_index.get(lv, -1)) for (lv, _), p in zip(asked, picks)])
-                    peak = np.full(len(at), np.nan)
-                    if pi in ahead:
-                        peak = np.where(lv >= 0, ahead[pi][rows[at], np.maximum(lv, 0)], np.nan)
+                    known = ahead.get(pi, {})
+                    peak = np.concatenate([known[lv][rows[p]] if lv in known else np.full(len(p), np.nan)
+                                           for (lv, _), p in zip(asked, picks)])
                     todo = np.flatnonzero(np.isnan(peak))
                     if len(todo):
                         grid = _with({k: v[rows[at[todo]]] for k, v in zb.items()}, recompute=rc[todo],
@@ -613,11 +611,11 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                         later = [k for k in range(pi + 1, len(passes)) if switches.drops[k] is not None]
                         if later and memory_less is not None:
                             peak[todo], less = memory_less(grid, tuple(switches.drops[k] for k in later))
-                            keep = todo[lv[todo] >= 0]
-                            for k, pk in zip(later, less):
-                                if k not in ahead:
-                                    ahead[k] = np.full((n, len(levels)), np.nan)
-                                ahead[k][rows[at[keep]], lv[keep]] = pk[lv[todo] >= 0]
+                            for k, pk in zip(later, less):  # the peaks of the later passes, for when they ask
+                                for lv in set(zip(rc[todo].tolist(), mods[todo].tolist())):
+                                    here = (rc[todo] == lv[0]) & (mods[todo] == lv[1])
+                                    col = ahead.setdefault(k, {}).setdefault(lv, np.full(n, np.nan))
+                                    col[rows[at[todo[here]]]] = pk[here]
                         else:
                             peak[todo] = memory(grid)
                     cuts = np.cumsum([len(p) for p in picks])[:-1]
@@ -666,7 +664,9 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                     settle_gate(gates[0])  # fit under full recompute only
                     alive[picked[ok]] = True
                     gate_rows, gate_peak = picked[ok], peak[ok]
-                    may &= _needs(levels, allowed, gates[1], np.isin(np.arange(len(rows)), picked[ok]), check, drops)
+                    # the bases under the second gate: those that fit there now, and (a later pass) before
+                    under = np.isin(np.arange(len(rows)), picked[ok]) | (alive & fit[:, gates[1]])
+                    may &= _needs(levels, allowed, gates[1], under, check, drops)
                 for layer in layers[1:]:
                     climb(layer)
                 if gates:
