@@ -931,8 +931,11 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     chosen = best_of_families(layouts, top_k)
     plans = [predict(spec, layouts[i], cluster, options, memory_options) for i in chosen]
     best = plans[0]["time"]["step_s"]
+    from dayzero.planner.switches import why_words
+
     for p, i in zip(plans, chosen):
         p["family"] = family(layouts[i])
+        p["switches"] = why_words(layouts[i])  # the memory switches on, and why (planner.switches)
         p["vs_best"] = p["time"]["step_s"] / best - 1.0
     plans[0]["binding"] = binding(plans[0], max_memory)
     rejected = dict(result.rejected)
