@@ -797,7 +797,11 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     Pruning is exact under the models: for each ZeRO stage only the recompute levels that fit with
     no fitting level below them are timed (:func:`level_order`: a level above recomputes more and
     only adds time), the fastest of them ranked, and ZeRO-2 only at levels where ZeRO-1 does not fit
-    (ZeRO-2 adds a reduce-scatter per micro-batch and nothing else)."""
+    (ZeRO-2 adds a reduce-scatter per micro-batch and nothing else). The memory switches
+    (:mod:`dayzero.planner.switches`) are set per row: FP8 parameter gather wherever an engine runs
+    it (it only saves), optimizer offload only at the (base, ZeRO, level)s where nothing at or below
+    that level fits without it (it only adds time), and, for a row under full recompute of N
+    layers, offloaded with fewer replayed layers (:func:`fewer_layers_up_the_ladder`)."""
     default_memory = memory_fn is None
     if memory_fn is None:
         from dayzero.planner.memory import MemoryOptions

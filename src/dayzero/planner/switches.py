@@ -23,7 +23,11 @@ expert's rule says which state can be the fastest, and the pruning stays exact u
 A user flag (``--fp8-param-gather``, ``--optimizer-offload``) forces its switch on in every row the
 layout rules allow (:attr:`Switch.forced`); ``--no-fp8-param-gather`` / ``--no-optimizer-offload``
 (SearchSpace.no_switches) keep it off. A third switch plugs in as one more entry: its field, its
-kind and how a user forces it.
+kind, how a user forces it and the memory terms it only removes (``drops``: its peaks then come
+from the earlier pass's memory calls). The ladder sets a switch to 1; a count-valued one (say,
+the activations of N layers offloaded) would take its largest value in its pass and the least N
+that fits afterwards, by the bisection :func:`dayzero.planner.search.fewest_recomputed_layers`
+runs for full recompute (not built: no such switch is a field yet).
 """
 
 from __future__ import annotations
