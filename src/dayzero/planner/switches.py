@@ -51,6 +51,9 @@ class Switch:
     # memory terms (planner.memory_terms names) the switch removes and nothing else it changes in
     # memory: the search reads its peak from the same memory call (peak_memory_batch ``without``)
     drops: tuple[str, ...] = ()
+    # for a last-resort switch, (cluster, PerfOptions) -> whether it really adds time there; where it
+    # does not, it is a ``saves`` switch on that cluster
+    slower: Callable[[object, object], bool] | None = None
 
 
 SWITCHES: tuple[Switch, ...] = (
@@ -60,7 +63,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("optimizer_offload", "--optimizer-offload", "last_resort",
            lambda mo, po: bool(getattr(mo, "optimizer_offload", False) or po.optimizer_offload),
            "the optimizer states and FP32 master in host memory, Adam on the CPU",
-           drops=("optimizer:master", "optimizer:moments")),  # memory_terms._model_state_terms
+           drops=("optimizer:master", "optimizer:moments"),  # memory_terms._model_state_terms
+           slower=lambda cluster, options: adds_time(cluster, options)),
 )
 BY_NAME = {s.name: s for s in SWITCHES}
 
@@ -70,8 +74,8 @@ def adds_time(cluster, options) -> bool:
     on ``cluster``: host Adam + PCIe (:func:`dayzero.planner.offload.offloaded_optimizer_s`) against
     the device's bytes per parameter over its HBM bandwidth (planner.perf's ``optimizer_s``). Both
     are linear in the shard, so one parameter decides for every row; where it is not slower (never
-    with the shipped rates: 0.45 ns host against 0.005 ns on an H100) offload would save time too
-    and the search treats it as a ``saves`` switch."""
+    with the shipped rates: 0.46 ns per parameter on the host against 0.009 ns on an H100, 0.019 ns
+    on a 910B) offload would save time too and the search treats it as a ``saves`` switch."""
     from dayzero.planner.calibration import constants_for, rates
     from dayzero.planner.offload import offloaded_optimizer_s
 
@@ -81,32 +85,17 @@ def adds_time(cluster, options) -> bool:
 
 
 def kinds(cluster, options) -> dict[str, Kind]:
-    """Each switch's kind on ``cluster`` under ``options`` (:func:`adds_time` for the offload)."""
-    out = {}
-    for s in SWITCHES:
-        out[s.name] = s.kind if s.name != "optimizer_offload" or adds_time(cluster, options) else "saves"
-    return out
-
-
-def held(g: dict, z: int, names, engine, engines, rule_ok) -> dict[str, np.ndarray]:
-    """The columns of the ``saves`` switches ``names`` for the rows of ``g`` at ZeRO stage ``z``:
-    on where the layout rules allow it (``rule_ok(grid) -> rows``) and ``engine`` (else one of
-    ``engines``) runs the row with it on (``engine_mask``-style callables by name)."""
-    n = len(g["tp"])
-    out: dict[str, np.ndarray] = {}
-    for name in names:
-        trial = {**g, "zero": np.full(n, z, dtype=np.int64), **out, name: np.ones(n, dtype=np.int64)}
-        on = rule_ok(trial)
-        on &= engine(trial) if engine is not None else np.logical_or.reduce([e(trial) for e in engines])
-        out[name] = on.astype(np.int64)
-    return out
+    """Each switch's kind on ``cluster`` under ``options`` (a last-resort one that is not
+    :attr:`Switch.slower` there saves)."""
+    return {s.name: s.kind if s.slower is None or s.slower(cluster, options) else "saves" for s in SWITCHES}
 
 
 def why_words(p) -> list[str]:
     """Why each switch a layout (a ParallelConfig or its ``to_dict()``) has on is on, for the plan's
     output (empty when none is)."""
     why = {"saves": "on wherever the engine runs it: it only saves memory and time",
-           "last_resort": "on because the layout fits no other way: it adds time to every step"}
+           "last_resort": "on because nothing fits without it at this recompute or less: it adds time to every "
+                          "step"}
     get = p.get if isinstance(p, dict) else lambda k, d=None: getattr(p, k, d)
     return [f"{s.words} ({s.flag}; {why[s.kind]})" for s in SWITCHES if get(s.name, False)]
 
