@@ -238,6 +238,10 @@ def test_offload_is_a_last_resort_because_the_host_step_is_slower():
 
     cl = build_cluster("h100", 8)
     assert float(offloaded_optimizer_s(1.0, 4)) == pytest.approx(28 / 76.8e9 + 6 / (32e9 * 16 * 128 / 130 / 8))
+    from dayzero.planner.calibration import constants_for, rates
+
+    consts = constants_for(cl)
+    assert consts.optimizer_bytes_per_param / rates(cl, consts).hbm_bw == pytest.approx(30 / 3.35e12)
     assert switches.adds_time(cl, PerfOptions())
     assert switches.kinds(cl, PerfOptions())["optimizer_offload"] == "last_resort"
     never = replace(switches.BY_NAME["optimizer_offload"], slower=lambda cluster, options: False)
