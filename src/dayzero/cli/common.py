@@ -162,11 +162,19 @@ OptimizerOffloadOpt = Annotated[bool, typer.Option("--optimizer-offload/--no-opt
                                                         "ZeRO-Offload); the step pays the host Adam and PCIe.")]
 
 
+ActivationOffloadOpt = Annotated[int, typer.Option("--activation-offload", metavar="N",
+                                                   help="Keep the saved activations of the first N layers of each "
+                                                        "model chunk in host memory between forward and backward "
+                                                        "(Megatron --cpu-offloading --cpu-offloading-num-layers N); "
+                                                        "each micro-batch pays the PCIe copies compute does not "
+                                                        "hide. 0: off.")]
+
+
 def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool = False,
-                  optimizer_offload: bool = False) -> dict:
+                  optimizer_offload: bool = False, activation_offload: int = 0) -> dict:
     """MemoryOptions keywords of ``--moments``, ``--activation-func-fp8-input-store``,
-    ``--fp8-param-gather`` and ``--optimizer-offload`` (the defaults give none, so each verb's own
-    defaults stay)."""
+    ``--fp8-param-gather``, ``--optimizer-offload`` and ``--activation-offload`` (the defaults give
+    none, so each verb's own defaults stay)."""
     from dayzero.errors import ConfigError
     from dayzero.planner.memory_options import MOMENT_BYTES
 
@@ -181,6 +189,11 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
         out["fp8_params"] = True
     if optimizer_offload:
         out["optimizer_offload"] = True
+    if activation_offload:
+        from dayzero.planner.activation_offload import check_activation_offload
+
+        check_activation_offload(activation_offload)
+        out["activation_offload_layers"] = activation_offload
     return out
 
 

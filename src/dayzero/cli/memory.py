@@ -10,6 +10,7 @@ from dayzero.cli.app import app
 from dayzero.cli.common import (
     AcceleratorOpt,
     ActFp8Opt,
+    ActivationOffloadOpt,
     AttentionKernelOpt,
     ClusterOpt,
     DevicesOpt,
@@ -74,6 +75,7 @@ def memory_cmd(
                                                                  "(ZeRO paper).")] = "fp32",
     attention_kernel: AttentionKernelOpt = "fused", moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
     fp8_params: Fp8ParamOpt = False, optimizer_offload: OptimizerOffloadOpt = False,
+    activation_offload: ActivationOffloadOpt = 0,
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced "
                                                                              "share.")] = 1.0,
@@ -112,6 +114,7 @@ def memory_cmd(
     from dayzero.errors import ConfigError
     from dayzero.planner.memory import MemoryOptions
     from dayzero.planner.memory_breakdown import memory_breakdown, memory_layout
+    from dayzero.planner.predict import check_offload_layout
     from dayzero.specs.registry import load_model
 
     spec = load_model(model, trust_remote_code)
@@ -124,8 +127,9 @@ def memory_cmd(
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
                                  allocator=allocator,
-                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload))
+                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload))
     par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
+    check_offload_layout(spec, par, activation_offload)
     if exact:
         from dayzero.cli.memory_exact import run_exact
 
@@ -152,6 +156,7 @@ def memory_cmd(
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
     extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation, allocator)
     extra += [f for f, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload)) if on]
+    extra += ["--activation-offload", str(activation_offload)] if activation_offload else []
     _next(spec, cl, par, report, opts, where, extra)
 
 
@@ -171,7 +176,11 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
     """Fits: its step time next. Above the target: the one-flag changes that bring it under
     (estimated here), then a search over every layout."""
     if report.utilization <= TARGET:
-        print_next(console, [Step.of("dayzero", "predict", *where, *layout_flags(par.to_dict()),
+        # the memory options predict prices too (its time terms read them)
+        carry = [f for f, on in (("--fp8-param-gather", opts.fp8_params), ("--optimizer-offload",
+                                                                          opts.optimizer_offload)) if on]
+        carry += ["--activation-offload", str(opts.activation_offload_layers)] if opts.activation_offload_layers else []
+        print_next(console, [Step.of("dayzero", "predict", *where, *layout_flags(par.to_dict()), *carry,
                                      why="step time, MFU and communication of this layout")])
         return
     from dayzero.planner.remedies import single_changes
@@ -182,7 +191,7 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
         console.print(f"Under the {TARGET:.0%} target with one change: {shown}.", highlight=False)
     else:
         console.print(f"No single change of tp, pp, cp, ZeRO, recompute, sequence parallelism, micro-batch or "
-                      f"optimizer offload "
+                      f"activation or optimizer offload "
                       f"brings the peak under {TARGET:.0%}; search every layout:", highlight=False)
     steps = [Step.of("dayzero", "memory", *where, *layout_flags(fixes[0].parallel.to_dict()), *extra,
                      *(fixes[0].change if fixes[0].option else ()),

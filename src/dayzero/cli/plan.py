@@ -12,6 +12,7 @@ from dayzero.cli.common import (
     DEFAULT_TOKENS,
     AcceleratorOpt,
     ActFp8Opt,
+    ActivationOffloadOpt,
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
@@ -148,7 +149,7 @@ def plan_cmd(
         "mlp, moe, shared_experts. Default: core_attn; core_attn+moe_act+layernorm; + mla_up_proj, those that "
         "apply to the model.")] = None,
     moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
-    optimizer_offload: OptimizerOffloadOpt = False,
+    optimizer_offload: OptimizerOffloadOpt = False, activation_offload: ActivationOffloadOpt = 0,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
@@ -185,7 +186,7 @@ def plan_cmd(
                                ep_dispatcher=dispatcher_option(ep_dispatcher, engine), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
                                fp8_param_gather=fp8_params,
-                               optimizer_offload=optimizer_offload)
+                               optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
@@ -206,7 +207,7 @@ def plan_cmd(
         from dayzero.planner.engines import get_engine
 
         engine = get_engine(engine).name
-    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload)
+    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload)
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions

@@ -6,8 +6,10 @@ of a whole search space) and the reason it gives when the layout breaks it, with
 limit comes from. ``dayzero plan`` labels every plan with the engines that run it
 (:func:`engines_for`) and ``--engine NAME`` restricts the search to them (:func:`engine_mask`).
 
-A limit reads layout columns only; what an engine cannot do for a *model* (an attention variant,
-a layer type) is the model's verdict (``dayzero ops``), not the layout's.
+A limit reads layout columns, and the run's switches where they are given as columns too
+(:data:`SWITCHES`: ``activation_offload_layers``, PerfOptions.switches); a limit reading a column
+that is not given is not applied. What an engine cannot do for a *model* (an attention variant, a
+layer type) is the model's verdict (``dayzero ops``), not the layout's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ DENSE = code("rank_order", DENSE_ORDER)
 # Megatron's --use-tp-pp-dp-mapping numbers ranks tp, cp, pp, dp (fastest first)
 TP_PP_DP = code("rank_order", "tp-cp-pp-dp")
 CORE_ATTN = MODULE_BIT["core_attn"]
+NO_RECOMPUTE = code("recompute", "none")
+# run switches that are not layout fields, read by limits as extra columns (0: off)
+SWITCHES = ("activation_offload_layers",)
+OFFLOAD = "activation_offload_layers"
+
+
+def _no_activation_offload(engine: str, how: str, source: str) -> Limit:
+    return Limit((OFFLOAD,), lambda c: c[OFFLOAD] == 0, f"{engine} {how}", source)
 
 
 def _modules_limit(engine: str, source: str) -> Limit:
@@ -69,6 +79,16 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
     Limit(("rank_order",), lambda c: (c["rank_order"] == DENSE) | (c["rank_order"] == TP_PP_DP),
           "Megatron numbers ranks tp-cp-(ep)-dp-pp, or tp-cp-pp-dp with --use-tp-pp-dp-mapping",
           "megatron/core/parallel_state.py RankGenerator (order 'tp-cp-ep-dp-pp')"),
+    # --cpu-offloading --cpu-offloading-num-layers N (TransformerConfig.__post_init__ also asks
+    # N < num_layers: the one-layout check, planner.activation_offload.check_activation_offload)
+    Limit((OFFLOAD, "pp"), lambda c: (c[OFFLOAD] == 0) | (c["pp"] == 1),
+          "Megatron-Core's activation offload (--cpu-offloading) runs without pipeline parallelism",
+          "megatron/core/transformer/transformer_config.py __post_init__: 'Currently there is no support for "
+          "Pipeline parallelism with CPU offloading'"),
+    Limit((OFFLOAD, "recompute"), lambda c: (c[OFFLOAD] == 0) | (c["recompute"] == NO_RECOMPUTE),
+          "Megatron-Core's activation offload (--cpu-offloading) does not combine with activation recompute",
+          "megatron/core/transformer/transformer_config.py __post_init__: 'CPU offloading does not work when "
+          "activation recomputation is enabled'"),
 ),  # dayzero export --to megatron writes the flex dispatcher on DeepEP (transformer_config.py
     # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep')
     ep_dispatcher="dedup")
@@ -137,6 +157,9 @@ DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE, "DeepSpeed's topology numbers ranks data-fastest "
           "within a pipe stage", "deepspeed/runtime/pipe/topology.py PipeModelDataParallelTopology"),
     _modules_limit("DeepSpeed", "DeepSpeed activation checkpointing (whole layers)"),
+    _no_activation_offload("DeepSpeed", "offloads the activation checkpoints of every layer (activation_checkpointing."
+                           "cpu_checkpointing, with partition_activations), not N layers' saved activations",
+                           "DeepSpeed config JSON reference, activation_checkpointing.cpu_checkpointing"),
 ))
 
 DAYZERO = Engine("dayzero", "dayzero runtime", (
@@ -154,6 +177,8 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
           f"the runtime's device mesh numbers ranks {DENSE_ORDER}", "dayzero runtime"),
     _modules_limit("the runtime", "dayzero runtime models/recompute.py"),
+    _no_activation_offload("the runtime", "keeps saved activations on the device (no activation offload)",
+                           "dayzero runtime"),
 ))
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}
@@ -167,24 +192,31 @@ def get_engine(name: str) -> Engine:
     raise ConfigError("--engine", None, f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
 
 
-def engine_problems(engine: Engine | str, parallel: ParallelConfig) -> list[str]:
-    """Why ``engine`` cannot run ``parallel`` as laid out (empty: it can)."""
+def engine_problems(engine: Engine | str, parallel: ParallelConfig, switches: dict | None = None) -> list[str]:
+    """Why ``engine`` cannot run ``parallel`` as laid out with the run's ``switches`` (:data:`SWITCHES`
+    -> value; the limits on a switch not given are not applied); empty: it can."""
     e = get_engine(engine) if isinstance(engine, str) else engine
-    c = columns(parallel)
-    return [f"{', '.join(f'{k.replace(chr(95), chr(32))} {getattr(parallel, k)}' for k in lim.reads)}: {lim.says}"
-            for lim in e.limits if not bool(lim.ok(c))]
+    c = {**columns(parallel), **(switches or {})}
+
+    def value(k):
+        return getattr(parallel, k) if hasattr(parallel, k) else c[k]
+
+    return [f"{', '.join(f'{k.replace(chr(95), chr(32))} {value(k)}' for k in lim.reads)}: {lim.says}"
+            for lim in e.limits if all(k in c for k in lim.reads) and not bool(lim.ok(c))]
 
 
-def engines_for(parallel: ParallelConfig) -> list[str]:
-    """The engines that run ``parallel`` as laid out."""
-    return [name for name, e in ENGINES.items() if not engine_problems(e, parallel)]
+def engines_for(parallel: ParallelConfig, switches: dict | None = None) -> list[str]:
+    """The engines that run ``parallel`` as laid out (with the run's ``switches``)."""
+    return [name for name, e in ENGINES.items() if not engine_problems(e, parallel, switches)]
 
 
-def engine_mask(engine: Engine | str, grid: dict) -> np.ndarray:
+def engine_mask(engine: Engine | str, grid: dict, switches: dict | None = None) -> np.ndarray:
     """The rows of ``grid`` ``engine`` can run, judged on the columns present (a limit reading a
-    column not yet expanded is applied later, when it is)."""
+    column not yet expanded is applied later, when it is); ``switches``: run-wide values of
+    :data:`SWITCHES` columns the grid does not carry."""
     e = get_engine(engine) if isinstance(engine, str) else engine
     n = len(next(iter(grid.values())))
+    grid = {**{k: np.full(n, v) for k, v in (switches or {}).items()}, **grid}
     ok = np.ones(n, dtype=bool)
     for lim in e.limits:
         if all(k in grid for k in lim.reads):

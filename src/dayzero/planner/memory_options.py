@@ -77,6 +77,11 @@ class MemoryOptions:
     # ZeRO-Offload, arXiv 2101.06840): the FP32 master weights and the moments live in host memory,
     # none on the device (planner.offload times the host step); gradients and weights stay
     optimizer_offload: bool = False
+    # Activation CPU offload (Megatron-Core --cpu-offloading --cpu-offloading-num-layers N, TE
+    # get_cpu_offload_context): the saved activations of the first N layers of each model chunk
+    # live in host memory between their forward and backward (planner.activation_offload; the
+    # time side is PerfOptions.activation_offload_layers); 0: off
+    activation_offload_layers: int = 0
 
     # -- activations -----------------------------------------------------------------------------
     act_bytes: int = 2  # BF16 saved activations
@@ -147,6 +152,9 @@ class MemoryOptions:
             raise ConfigError("memory options", "fragmentation", "fragmentation and reserved_fraction must be in [0, "
                                                                  "1), "
                               f"got {self.fragmentation} and {self.reserved_fraction}")
+        if self.activation_offload_layers < 0:
+            raise ConfigError("--activation-offload", None,
+                              f"must be >= 0 layers per model chunk (0: off), got {self.activation_offload_layers}")
         if self.moe_capacity_factor <= 0:
             raise ConfigError("memory options", "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")
 

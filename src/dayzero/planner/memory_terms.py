@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dayzero.planner.activation_offload import offload_fraction
 from dayzero.planner.activations import (
     Dims,
     attention_terms,
@@ -26,7 +27,7 @@ from dayzero.planner.activations import (
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import gradient_windows, head_inflight, inflight_microbatches
-from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE, recompute_modules
+from dayzero.specs.grid import BF16, DUALPIPE, FIELDS, FULL, SELECTIVE, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
@@ -72,6 +73,8 @@ class _Candidates:
     ep: np.ndarray
     etp: np.ndarray
     zero: np.ndarray
+    vpp: np.ndarray
+    schedule: np.ndarray  # schedule code, as it runs (memory.memory_columns)
     rc: np.ndarray  # recompute code
     modules: np.ndarray  # recompute-module bitmask (specs.grid.MODULE_BIT), read under selective recompute
     d: Dims
@@ -96,7 +99,8 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
     emb, head = f.first * embed_local(edge, tp), f.last * head_local(edge, tp, pp)
     dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
     experts = sum(f.layers[k] * layer_params(spec, k).local_expert(ep, etp) for k in kinds) + 0.0
-    return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], rc=c["recompute"],
+    return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], vpp=c["vpp"], schedule=c["schedule"],
+                       rc=c["recompute"],
                        modules=recompute_modules(c), d=d, zd=dp * cp,
                        edp=expert_data_parallel(tp, cp, dp, ep, etp), kinds=kinds, dense=dense, experts=experts,
                        emb=emb, head=head,
@@ -161,6 +165,12 @@ def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: R
         tr = np.where((rc == FULL) & (nfull > 0), np.maximum(a.largest, a.recomputing),
                       a.largest + np.where(rc == SELECTIVE, a.rebuilding(x.modules), 0))
         transient = np.maximum(transient, np.where(n > 0, tr, 0))
+    # activation CPU offload: the offloaded layers' share of the saved bytes is in host memory
+    # (planner.activation_offload; DualPipe ranks hold two chunks, the others vpp)
+    if opts.activation_offload_layers:
+        layers = sum(f.layers[k] for k in x.kinds) + 0.0
+        chunks = np.where(x.schedule == DUALPIPE, 2, x.vpp)
+        per_mb = per_mb * (1 - offload_fraction(opts.activation_offload_layers, layers, chunks))
     t["activations:layers"] = per_mb * inflight
     t["activations:embedding"] = f.first * sum(first_stage_terms(spec, opts, d).values()) * inflight
     t["activations:head"] = f.last * sum(last_stage_terms(spec, opts, d).values()) * head_mb

@@ -62,22 +62,36 @@ class PerfOptions:
     # --optimizer-cpu-offload; planner.offload): the step's optimizer term becomes the host Adam
     # plus the PCIe transfers (MemoryOptions.optimizer_offload drops the states from the device)
     optimizer_offload: bool = False
+    # activation CPU offload of the first N layers of each model chunk (Megatron-Core --cpu-offloading
+    # --cpu-offloading-num-layers N; planner.activation_offload): each micro-batch pays the D2H and
+    # H2D copies the layers' compute does not hide (MemoryOptions.activation_offload_layers drops
+    # the bytes from the device); 0: off
+    activation_offload_layers: int = 0
 
     def __post_init__(self):
         from dayzero.planner.fp8_scaling import FP8_SCALINGS
 
+        if self.activation_offload_layers < 0:
+            from dayzero.planner.activation_offload import check_activation_offload
+
+            check_activation_offload(self.activation_offload_layers)
         if self.fp8_scaling not in FP8_SCALINGS:
             from dayzero.errors import ConfigError
 
             raise ConfigError("--fp8-scaling", None, f"expected one of {', '.join(FP8_SCALINGS)}, got "
                                                      f"{self.fp8_scaling!r}")
 
+    def switches(self) -> dict:
+        """The run-wide switches engine limits read as columns (planner.engines.SWITCHES)."""
+        return {"activation_offload_layers": self.activation_offload_layers}
+
     @classmethod
     def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool | None = None, moe_imbalance: float = 1.0,
                 calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False,
                 fp8_scaling: str = "tensor", comm_sm_reserved: bool = False,
-                fp8_param_gather: bool = False, optimizer_offload: bool = False) -> "PerfOptions":
+                fp8_param_gather: bool = False, optimizer_offload: bool = False,
+                activation_offload_layers: int = 0) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
         file's overrides, then a ``calibration`` file's), the overlap switches (``ep_overlap``
         None: wherever the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
@@ -86,8 +100,9 @@ class PerfOptions:
         dispatch, the attention kernel, the FP8 recipe's scaling (``tensor`` | ``block``) and whether
         overlapped compute runs on the SMs the communication kernels leave for the whole window
         (``comm_sm_reserved``, CommOptions.sm_reserved), and FP8 parameter all-gathers
-        (``fp8_param_gather``, CommOptions.fp8_param_gather), and the optimizer offloaded to the
-        host (``optimizer_offload``)."""
+        (``fp8_param_gather``, CommOptions.fp8_param_gather), the optimizer offloaded to the
+        host (``optimizer_offload``) and the saved activations of the first
+        ``activation_offload_layers`` layers of each model chunk (planner.activation_offload)."""
         from dayzero.errors import ConfigError
         from dayzero.planner.calibration import constants_for, load_calibration
         from dayzero.planner.memory_options import check_attention_kernel
@@ -108,7 +123,7 @@ class PerfOptions:
                            moe_expert_cv=moe_expert_cv, ep_dispatcher=ep_dispatcher, fp8_dispatch=fp8_dispatch,
                            sm_reserved=comm_sm_reserved, fp8_param_gather=fp8_param_gather)
         return cls(comm=comm, constants=constants, attention_kernel=attention_kernel, fp8_scaling=fp8_scaling,
-                   optimizer_offload=optimizer_offload)
+                   optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload_layers)
 
     def with_expert_loads(self, spec: ModelSpec, expert_loads: str | None = None,
                           placement: str | None = None) -> "PerfOptions":
@@ -196,6 +211,8 @@ class Evaluation:
     inventory: list = field(repr=False)  # [(item, ops, bytes, busy seconds, exposed seconds) per step, (N,) each]
     # (N,) 1.0 where the EP all-to-all overlaps another micro-batch (planner.comm.ep_overlapped; 0 without MoE)
     ep_overlap: np.ndarray | None = field(default=None, repr=False)
+    # (N,) seconds per step of activation-offload copies no compute hides (in microbatch_s; planner.activation_offload)
+    offload_s: np.ndarray | None = field(default=None, repr=False)
 
     def inventory_of(self, i: int) -> list[dict]:
         """The communication inventory of candidate ``i``: one row per collective kind."""
@@ -341,6 +358,27 @@ def _inventory(litems, sitems, slow: SlowestRank, m) -> list[tuple]:
             + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
 
 
+def activation_offload_s(spec: ModelSpec, g: dict, costs, slow: SlowestRank, options: PerfOptions) -> np.ndarray:
+    """(N,) exposed seconds per micro-batch of the slowest rank's activation-offload copies
+    (:func:`dayzero.planner.activation_offload.offload_exposed_mb`; zeros when off). The saved
+    bytes are the memory model's, under the attention kernel the step runs (MemoryOptions' other
+    defaults); a class :func:`partial_recompute` doubled is priced as saved without recompute."""
+    n = options.activation_offload_layers
+    if not n:
+        return np.zeros(len(g["tp"]))
+    from dayzero.planner.activation_offload import layer_saved_bytes, offload_exposed_mb
+    from dayzero.planner.memory_options import KERNEL_MEMORY, MemoryOptions
+    from dayzero.specs.grid import DUALPIPE
+
+    kinds = [k for k, *_ in layer_classes(spec)]
+    K2 = costs.fwd.shape[0]
+    reps = K2 // len(kinds)
+    mem = MemoryOptions(attention=KERNEL_MEMORY[options.attention_kernel])
+    saved = layer_saved_bytes(spec, kinds * reps, mem, g, [True] * len(kinds) + [False] * (K2 - len(kinds)))
+    chunks = np.where(np.asarray(g["schedule"]) == DUALPIPE, 2, g["vpp"])
+    return offload_exposed_mb(n, slow.counts, saved, costs.fwd, costs.bwd, chunks)
+
+
 def tied_embedding_params(spec: ModelSpec, grid: dict) -> np.ndarray:
     """Word-embedding parameters per device that the first and last pipeline stages both hold and
     must sum the gradients of: a tied embedding (vocab-parallel over tp) when pp > 1, else 0."""
@@ -378,7 +416,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     on_slow = slow.sum
     fwd_mb, bwd_mb = slow.forward(costs), slow.backward(costs)
     comm_mb = on_slow(layer_exposed)
-    t_mb = fwd_mb + bwd_mb + comm_mb
+    offload_mb = activation_offload_s(spec, g, costs, slow, options)
+    t_mb = fwd_mb + bwd_mb + comm_mb + offload_mb
     m = g["gbs"] // (g["mbs"] * g["dp"])
     dense_params, expert_params = slow.dense_params(costs), on_slow(costs.expert_params)
 
@@ -398,7 +437,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
     if options.optimizer_offload:
         optimizer_s = offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes)
-    comm_share = comm_mb / 2  # the exposed per-layer communication, half with each of F and B
+    # the exposed per-layer communication and offload copies, half with each of F and B
+    comm_share = (comm_mb + offload_mb) / 2
     bubble_s = bubble_microbatches(effective_schedule(g["schedule"], g["vpp"]), g["pp"], g["vpp"], fwd_mb + comm_share,
                                    bwd_mb + comm_share, slow.sum(costs.gemm_fwd))
     step_exposed = sum(i.exposed for i in sitems)
@@ -421,4 +461,5 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
                       tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
                       microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory,
+                      offload_s=m * offload_mb,
                       ep_overlap=ep_overlapped(g, options.comm) * (spec.moe is not None and spec.is_moe))

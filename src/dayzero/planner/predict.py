@@ -52,7 +52,9 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "memory": memory,
         "time": {"step_s": f("step_s"), "compute_s": f("compute_s"), "comm_exposed_s": f("comm_exposed_s"),
                  "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s"),
-                 "straggler_s": f("straggler_s")},
+                 "straggler_s": f("straggler_s"),
+                 # activation-offload copies no compute hides (in compute's micro-batches; planner.activation_offload)
+                 **({"activation_offload_s": float(ev.offload_s[i])} if options.activation_offload_layers else {})},
         "throughput": {"tokens_per_s": f("tokens_per_s"), "tokens_per_s_per_device": f("tokens_per_s_per_device"),
                        "model_tflops_per_device": f("model_tflops_per_device"), "mfu": mfu,
                        "model_flops_per_token": flops_per_token(spec, parallel.seq, causal=True).train
@@ -61,7 +63,10 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "checks": checks(mfu, memory["utilization"], ratio),
         "communication": ev.inventory_of(i),
         "groups": {k: g.to_dict() for k, g in groups.items() if g.size > 1},
-        "engines": engines_for(parallel),  # the engines that run this layout as laid out (planner.engines)
+        # the engines that run this layout as laid out, with the run's switches (planner.engines)
+        "engines": engines_for(parallel, options.switches()),
+        # the run's switches the engine labels read, where one is on (planner.engines.SWITCHES)
+        **({"switches": options.switches()} if any(options.switches().values()) else {}),
         # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
         **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts),
             # how tokens reach their experts: dedup (once per rank and remote node) or all_to_all (every copy)
@@ -72,6 +77,16 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
     }
 
 
+def check_offload_layout(spec: ModelSpec, parallel: ParallelConfig, layers: int) -> None:
+    """``--activation-offload layers`` fits the layout: fewer than the smallest model chunk's layers
+    (planner.activation_offload.check_activation_offload)."""
+    from dayzero.planner.activation_offload import check_activation_offload
+
+    if layers:
+        split = parallel.layer_split or model_split(spec.layers, parallel.pp * parallel.vpp, spec.mtp_layers)
+        check_activation_offload(layers, min(x for x in split if x > 0))
+
+
 def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options: PerfOptions | None = None,
             memory_options=None) -> dict:
     """Predict one layout (raises LayoutError when it is impossible)."""
@@ -79,6 +94,7 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
 
     options = options or PerfOptions()
     parallel = with_even_split(spec, parallel).validate(spec, cluster.devices)
+    check_offload_layout(spec, parallel, options.activation_offload_layers)
     memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)

@@ -638,7 +638,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
     engine_bases = engine_zero = 0  # full layouts the engine cannot run: by their base, by their ZeRO stage
     if space.engine:  # the engine's limits on every column but zero (applied per ZeRO stage below)
-        runs = engine_mask(space.engine, bases)
+        runs = engine_mask(space.engine, bases, options.switches())  # with the run's switches (engines.SWITCHES)
         engine_bases = int((~runs).sum()) * variants
         bases = _take(bases, runs)
     n = len(bases["tp"])
