@@ -122,6 +122,7 @@ def test_engine_limits():
 
     on = {"activation_offload_layers": 4}
     assert engines_for(P1, on) == ["megatron"]
+    assert engines_for(P1.with_(zero=3), on) == ["megatron"] and "torchtitan" in engines_for(P1.with_(zero=3))
     assert "megatron" in engines_for(P1) and len(engines_for(P1)) > 1
     assert engines_for(P1.with_(pp=2, dp=4), on) == []
     assert engines_for(P1.with_(recompute="selective"), on) == []
@@ -136,10 +137,10 @@ def test_bad_offload_counts_are_one_line_errors():
         check_activation_offload(32, 32)
     with pytest.raises(ConfigError):
         MemoryOptions(activation_offload_layers=-2)
-    from dayzero.planner.predict import predict
+    from dayzero.planner.predict import check_offload_layout
 
     with pytest.raises(ConfigError, match="smallest chunk has 16"):
-        predict(SPEC, P1.with_(pp=2, dp=4), H100, PerfOptions(activation_offload_layers=16))
+        check_offload_layout(SPEC, P1.with_(pp=2, dp=4), 16)
 
 
 def test_replay_keeps_the_offloaded_layers_on_the_host():
@@ -201,3 +202,34 @@ def test_cli_flag_round_trip(capsys):
     assert main(["memory", *where, "--activation-offload", "32", "--no-simulate"]) != 0
     err = capsys.readouterr().err
     assert "--activation-offload" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_batch_path_equals_one_layout_at_a_time():
+    """peak_memory_batch reads the option as estimate_memory does, across pp, vpp and schedules."""
+    import numpy as np
+
+    from dayzero.planner.memory import peak_memory_batch
+
+    layouts = [P1, P1.with_(pp=2, dp=4, gbs=32), P1.with_(pp=4, dp=2, vpp=2, gbs=32),
+               P1.with_(pp=2, dp=4, gbs=32, schedule="dualpipe"), P1.with_(pp=2, dp=4, gbs=32, recompute="full")]
+    opts = MemoryOptions(activation_offload_layers=3)
+    batch = peak_memory_batch(SPEC, encode(layouts), H100.memory_bytes, opts)
+    one = np.array([estimate_memory(SPEC, p, H100.memory_bytes, opts).peak_bytes for p in layouts])
+    assert np.allclose(batch, one, rtol=0, atol=2)
+    assert (batch < peak_memory_batch(SPEC, encode(layouts), H100.memory_bytes, MemoryOptions())).all()
+
+
+def test_plan_with_offload_keeps_to_layouts_an_engine_runs():
+    """With the switch on, the search keeps the layouts some engine runs with it (Megatron: pp 1,
+    no recompute), and the plan is labelled and timed with it."""
+    from dayzero.planner.search import SearchSpace, plan
+
+    opts = PerfOptions(activation_offload_layers=4)
+    mem = MemoryOptions.for_run(H100.accelerator, activation_offload_layers=4)
+    obj = plan(SPEC, H100, 64, 8192, "bf16", opts, 3, 0.85, SearchSpace(), memory_options=mem)
+    for p in obj["plans"]:
+        assert p["parallel"]["pp"] == 1 and p["parallel"]["recompute"] == "none", p["parallel"]
+        assert p["engines"] == ["megatron"] and p["time"]["activation_offload_s"] > 0
+    with pytest.raises(ConfigError, match="widen --recompute"):
+        plan(SPEC, H100, 64, 8192, "bf16", opts, 3, 0.85, SearchSpace(engine="megatron", recompute=("full",)),
+             memory_options=mem)

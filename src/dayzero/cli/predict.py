@@ -135,6 +135,9 @@ def predict_cmd(
         from dayzero.planner.memory_options import MemoryOptions
 
         mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
+    from dayzero.planner.predict import check_offload_layout, with_even_split
+
+    check_offload_layout(spec, with_even_split(spec, par), activation_offload)
     obj = with_training(predict(spec, par, cl, opts, mopts), cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:

@@ -133,6 +133,9 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
     Limit(("schedule",), lambda c: c["schedule"] != DUALPIPE,
           "torchtitan runs torch.distributed.pipelining's schedules: DualPipeV (ScheduleDualPipeV), not the "
           "bidirectional DualPipe", "torch/distributed/pipelining/schedules.py ScheduleDualPipeV"),
+    _no_activation_offload("torchtitan", "offloads FSDP parameters, gradients and optimizer states to the CPU "
+                           "(training.enable_cpu_offload), not saved activations",
+                           "torchtitan/config/job_config.py Training.enable_cpu_offload"),
 ))
 
 DEEPSPEED = Engine("deepspeed", "DeepSpeed", (

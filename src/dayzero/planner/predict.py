@@ -94,7 +94,6 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
 
     options = options or PerfOptions()
     parallel = with_even_split(spec, parallel).validate(spec, cluster.devices)
-    check_offload_layout(spec, parallel, options.activation_offload_layers)
     memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)

@@ -133,7 +133,7 @@ class SearchSpace:
             out.append(f"--{f.name.replace('_', '-')} {value}")
         return " ".join(out)
 
-    def levels(self, spec: ModelSpec) -> list[tuple[int, int]]:
+    def levels(self, spec: ModelSpec, switches: dict | None = None) -> list[tuple[int, int]]:
         """The recompute variants as (recompute code, module bitmask), in an order where a level
         comes after every level it recomputes less than (:func:`level_order`): none, selective with
         each module set (``self.recompute_modules``, by default every distinct set that drops
@@ -162,7 +162,7 @@ class SearchSpace:
             from dayzero.planner.engines import engine_mask
 
             ok = engine_mask(self.engine, {"recompute": np.array([rc for rc, _ in out]),
-                                           "recompute_modules": np.array([m for _, m in out])})
+                                           "recompute_modules": np.array([m for _, m in out])}, switches)
             out = [lv for lv, keep in zip(out, ok) if keep]
         return out
 
@@ -438,7 +438,8 @@ def _row_patterns(flags: np.ndarray) -> np.ndarray:
 
 
 def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None,
-                      searched_dual: bool = False, below: np.ndarray | None = None) -> tuple[list, int, int]:
+                      searched_dual: bool = False, below: np.ndarray | None = None,
+                      switches: dict | None = None) -> tuple[list, int, int]:
     """For each base and ZeRO stage, the recompute levels (``levels``: SearchSpace.levels) that fit
     with no fitting level below them (``below``: :func:`level_order`, default a chain in the given
     order): a level above a fitting one keeps less memory but only adds time, so it is never the
@@ -451,7 +452,8 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     ([(base indices, zero, level index, peak)], number of fitting (base, zero, level) layouts, number
     ruled out by ``engine``; without one, with ``searched_dual`` (an unpinned schedule), the (row,
     ZeRO stage, recompute level) layouts no engine runs, which are left out: DualPipe rows, tried
-    only when pinned, excepted)."""
+    only when pinned, excepted). ``switches``: the run's switches the engine limits read
+    (planner.engines.SWITCHES, PerfOptions.switches)."""
     n = len(bases["tp"])
     if below is None:
         below = np.triu(np.ones((len(levels), len(levels)), dtype=bool))
@@ -468,7 +470,7 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
         fitting = np.zeros((n, len(levels)), dtype=bool)
         groups = [(np.arange(n), everything)]  # (rows, the level indices they may take)
         if engine:
-            runs = engine_mask(engine, _with(bases, zero=z))
+            runs = engine_mask(engine, _with(bases, zero=z), switches)
             n_engine += int((~runs).sum()) * len(levels)
             groups = [(np.flatnonzero(runs), everything)]
         elif searched_dual:  # an unpinned search: each row only at the ZeRO stages and levels some engine
@@ -478,7 +480,8 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
             if len(dual):
                 zb = {k: v[dual] for k, v in bases.items()}
                 runs = np.stack([np.logical_or.reduce([engine_mask(e, _with(zb, zero=z, recompute=rc,
-                                                                            recompute_modules=m)) for e in ENGINES])
+                                                                            recompute_modules=m), switches)
+                                                       for e in ENGINES])
                                  for rc, m in levels], axis=1)  # (rows, levels)
                 n_engine += int((~runs).sum())
                 groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
@@ -651,7 +654,13 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
             return np.asarray(memory_fn(spec, grid, capacity), dtype=float)
         return np.asarray(memory_fn(spec, grid, capacity, memory_options), dtype=float)
 
-    zeros, levels = codes["zero"], space.levels(spec)
+    zeros, levels = codes["zero"], space.levels(spec, options.switches())
+    if not levels:  # the engine runs none of the recompute modes asked for with the run's switches
+        from dayzero.errors import ConfigError
+
+        raise ConfigError("--engine", None, f"{space.engine} runs none of the recompute modes "
+                          f"{', '.join(space.recompute)} with "
+                          f"{', '.join(f'{k} {v}' for k, v in options.switches().items() if v)}; widen --recompute")
     below = level_order(spec, levels)
     level_rc = np.array([rc for rc, _ in levels], dtype=np.int64)
     level_modules = np.array([m for _, m in levels], dtype=np.int64)
@@ -660,7 +669,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     for start in range(0, n, CHUNK):
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
         found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, levels, memory, limit, space.engine,
-                                                         searched_dual=space.schedule is None, below=below)
+                                                         searched_dual=space.schedule is None, below=below,
+                                                         switches=options.switches())
         n_fit += fit_here
         engine_zero += engine_here
         parts = [(idx, np.full(len(idx), z), r, pk) for idx, z, r, pk in found]
