@@ -208,6 +208,10 @@ def plan_cmd(
 
         engine = get_engine(engine).name
     recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload)
+    if activation_offload:  # per layout the search caps it at each chunk's layers - 1 (planner.activation_offload)
+        from dayzero.planner.activation_offload import check_activation_offload
+
+        check_activation_offload(activation_offload, spec.layers)
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions
