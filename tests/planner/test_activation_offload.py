@@ -233,3 +233,25 @@ def test_plan_with_offload_keeps_to_layouts_an_engine_runs():
     with pytest.raises(ConfigError, match="widen --recompute"):
         plan(SPEC, H100, 64, 8192, "bf16", opts, 3, 0.85, SearchSpace(engine="megatron", recompute=("full",)),
              memory_options=mem)
+
+
+def test_a_grid_column_makes_it_a_per_row_choice():
+    """The grid's ``activation_offload_layers`` column (what a search sets, planner.activation_offload.COLUMN)
+    prices each row as the option would: rows 0 and 4 of the same layout against two evaluations."""
+    import numpy as np
+
+    from dayzero.planner.activation_offload import COLUMN
+    from dayzero.planner.engines import engine_mask
+    from dayzero.planner.memory import peak_memory_batch
+
+    g = encode([P1, P1])
+    g[COLUMN] = np.array([0, 4])
+    mem = peak_memory_batch(SPEC, g, H100.memory_bytes, MemoryOptions())
+    want = [estimate_memory(SPEC, P1, H100.memory_bytes, MemoryOptions(activation_offload_layers=k)).peak_bytes
+            for k in (0, 4)]
+    assert np.allclose(mem, want, rtol=0, atol=2)
+    ev = evaluate(SPEC, g, H100, PerfOptions())
+    assert float(ev.offload_s[0]) == 0.0
+    assert float(ev.offload_s[1]) == pytest.approx(float(evaluate(SPEC, encode([P1]), H100, PerfOptions(
+        activation_offload_layers=4)).offload_s[0]), rel=1e-12)
+    assert engine_mask("torchtitan", {**g, "zero": np.array([3, 3])}).tolist() == [True, False]

@@ -39,31 +39,39 @@ from dayzero.errors import ConfigError
 from dayzero.planner.offload import PCIE_GEN5_X16_BW
 
 FLAG = "--activation-offload"
+# the grid column a search sets to make it a per-row choice (planner.engines.SWITCHES reads the
+# same name); without it every row takes MemoryOptions / PerfOptions.activation_offload_layers
+COLUMN = "activation_offload_layers"
 
 
-def offloaded_layers(n: int, layers, chunks):
+def offload_layers_of(grid: dict, default: int):
+    """The rows' offloaded layers per chunk: the grid's :data:`COLUMN` where it has one, else ``default``."""
+    return np.asarray(grid[COLUMN]) if COLUMN in grid else default
+
+
+def offloaded_layers(n, layers, chunks):
     """Layers whose saved activations live on the host, per rank: ``n`` of each of the rank's
     ``chunks`` model chunks (``layers`` on the rank in all), at most ``L - 1`` of a chunk of ``L``
-    layers (TE keeps one set resident). Arrays broadcast."""
+    layers (TE keeps one set resident). Arrays broadcast (``n`` too: a per-row grid column)."""
     layers = np.asarray(layers, dtype=float)
     chunks = np.maximum(np.asarray(chunks, dtype=float), 1)
     per_chunk = np.floor(layers / chunks)
-    return np.clip(np.minimum(float(n), per_chunk - 1), 0, None) * chunks
+    return np.clip(np.minimum(np.asarray(n, dtype=float), per_chunk - 1), 0, None) * chunks
 
 
-def offload_fraction(n: int, layers, chunks):
+def offload_fraction(n, layers, chunks):
     """The share of the rank's saved layer activations offloaded (0 where it holds no layer)."""
     layers = np.asarray(layers, dtype=float)
     off = offloaded_layers(n, layers, chunks)
     return np.where(layers > 0, off / np.where(layers > 0, layers, 1), 0.0)
 
 
-def resident_sets(n: int, layers, chunks):
+def resident_sets(n, layers, chunks):
     """Sets of layer activations a chunk keeps on the device while offloading: ``L - N``."""
     layers = np.asarray(layers, dtype=float)
     chunks = np.maximum(np.asarray(chunks, dtype=float), 1)
     per_chunk = np.floor(layers / chunks)
-    return per_chunk - np.minimum(float(n), np.maximum(per_chunk - 1, 0))
+    return per_chunk - np.clip(np.asarray(n, dtype=float), 0, np.maximum(per_chunk - 1, 0))
 
 
 def exposed_transfer_s(saved_bytes, fwd_s, bwd_s, resident, host_link_bw: float = PCIE_GEN5_X16_BW):
@@ -75,11 +83,11 @@ def exposed_transfer_s(saved_bytes, fwd_s, bwd_s, resident, host_link_bw: float 
     return np.where(np.asarray(resident) >= 2, hidden, 2 * x)
 
 
-def offload_exposed_mb(n: int, counts, saved_bytes, fwd_s, bwd_s, chunks,
+def offload_exposed_mb(n, counts, saved_bytes, fwd_s, bwd_s, chunks,
                        host_link_bw: float = PCIE_GEN5_X16_BW):
     """(N,) exposed seconds per micro-batch on a rank with ``counts`` (K, N) layers of each class
-    (``saved_bytes``, ``fwd_s``, ``bwd_s``: (K, N) per layer of each class): the rank's
-    :func:`offloaded_layers` priced as its average layer."""
+    (``saved_bytes``, ``fwd_s``, ``bwd_s``: (K, N) per layer of each class; ``n``: an int or (N,)
+    per row): the rank's :func:`offloaded_layers` priced as its average layer."""
     counts = np.asarray(counts, dtype=float)
     layers = counts.sum(axis=0)
     off = offloaded_layers(n, layers, chunks)

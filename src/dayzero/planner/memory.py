@@ -22,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from dayzero.errors import LayoutError
+from dayzero.planner.activation_offload import COLUMN as OFFLOAD_COLUMN
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.memory_terms import (
     CANDIDATE_KEYS,
@@ -115,6 +116,8 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
         raise LayoutError(f"memory planner: grid lacks {', '.join(missing)}; give equal-length arrays for "
                           f"{', '.join(CANDIDATE_KEYS)} (dayzero.specs.grid.encode builds them)")
     cols = {k: np.asarray(grid[k], dtype=np.int64).reshape(shape) for k in CANDIDATE_KEYS}
+    if OFFLOAD_COLUMN in grid:  # a per-row activation offload (planner.activation_offload)
+        cols[OFFLOAD_COLUMN] = np.asarray(grid[OFFLOAD_COLUMN], dtype=np.int64).reshape(shape)
     cols["schedule"] = effective_schedule(cols["schedule"], cols["vpp"])
     return cols
 

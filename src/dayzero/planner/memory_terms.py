@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dayzero.planner.activation_offload import offload_fraction
+from dayzero.planner.activation_offload import offload_fraction, offload_layers_of
 from dayzero.planner.activations import (
     Dims,
     attention_terms,
@@ -75,6 +75,7 @@ class _Candidates:
     zero: np.ndarray
     vpp: np.ndarray
     schedule: np.ndarray  # schedule code, as it runs (memory.memory_columns)
+    offload: object  # layers per chunk whose saved activations are on the host (planner.activation_offload)
     rc: np.ndarray  # recompute code
     modules: np.ndarray  # recompute-module bitmask (specs.grid.MODULE_BIT), read under selective recompute
     d: Dims
@@ -100,6 +101,7 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
     dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
     experts = sum(f.layers[k] * layer_params(spec, k).local_expert(ep, etp) for k in kinds) + 0.0
     return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], vpp=c["vpp"], schedule=c["schedule"],
+                       offload=offload_layers_of(c, opts.activation_offload_layers),
                        rc=c["recompute"],
                        modules=recompute_modules(c), d=d, zd=dp * cp,
                        edp=expert_data_parallel(tp, cp, dp, ep, etp), kinds=kinds, dense=dense, experts=experts,
@@ -167,10 +169,10 @@ def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: R
         transient = np.maximum(transient, np.where(n > 0, tr, 0))
     # activation CPU offload: the offloaded layers' share of the saved bytes is in host memory
     # (planner.activation_offload; DualPipe ranks hold two chunks, the others vpp)
-    if opts.activation_offload_layers:
+    if np.any(x.offload):
         layers = sum(f.layers[k] for k in x.kinds) + 0.0
         chunks = np.where(x.schedule == DUALPIPE, 2, x.vpp)
-        per_mb = per_mb * (1 - offload_fraction(opts.activation_offload_layers, layers, chunks))
+        per_mb = per_mb * (1 - offload_fraction(x.offload, layers, chunks))
     t["activations:layers"] = per_mb * inflight
     t["activations:embedding"] = f.first * sum(first_stage_terms(spec, opts, d).values()) * inflight
     t["activations:head"] = f.last * sum(last_stage_terms(spec, opts, d).values()) * head_mb

@@ -360,13 +360,15 @@ def _inventory(litems, sitems, slow: SlowestRank, m) -> list[tuple]:
 
 def activation_offload_s(spec: ModelSpec, g: dict, costs, slow: SlowestRank, options: PerfOptions) -> np.ndarray:
     """(N,) exposed seconds per micro-batch of the slowest rank's activation-offload copies
-    (:func:`dayzero.planner.activation_offload.offload_exposed_mb`; zeros when off). The saved
+    (:func:`dayzero.planner.activation_offload.offload_exposed_mb`; zeros when off; the grid's
+    ``activation_offload_layers`` column, where it has one, over the option). The saved
     bytes are the memory model's, under the attention kernel the step runs (MemoryOptions' other
     defaults); a class :func:`partial_recompute` doubled is priced as saved without recompute."""
-    n = options.activation_offload_layers
-    if not n:
+    from dayzero.planner.activation_offload import layer_saved_bytes, offload_exposed_mb, offload_layers_of
+
+    n = offload_layers_of(g, options.activation_offload_layers)
+    if not np.any(n):
         return np.zeros(len(g["tp"]))
-    from dayzero.planner.activation_offload import layer_saved_bytes, offload_exposed_mb
     from dayzero.planner.memory_options import KERNEL_MEMORY, MemoryOptions
     from dayzero.specs.grid import DUALPIPE
 
