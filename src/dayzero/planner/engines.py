@@ -219,7 +219,9 @@ def engine_mask(engine: Engine | str, grid: dict, switches: dict | None = None) 
     :data:`SWITCHES` columns the grid does not carry."""
     e = get_engine(engine) if isinstance(engine, str) else engine
     n = len(next(iter(grid.values())))
-    grid = {**{k: np.full(n, v) for k, v in (switches or {}).items()}, **grid}
+    # a switch that is off reads as absent: no limit forbids a switch being off, and the search
+    # asks this for every level of every chunk of rows
+    grid = {**{k: np.full(n, v) for k, v in (switches or {}).items() if v}, **grid}
     ok = np.ones(n, dtype=bool)
     for lim in e.limits:
         if all(k in grid for k in lim.reads):
