@@ -255,3 +255,22 @@ def test_a_grid_column_makes_it_a_per_row_choice():
     assert float(ev.offload_s[1]) == pytest.approx(float(evaluate(SPEC, encode([P1]), H100, PerfOptions(
         activation_offload_layers=4)).offload_s[0]), rel=1e-12)
     assert engine_mask("torchtitan", {**g, "zero": np.array([3, 3])}).tolist() == [True, False]
+
+
+def test_vectorised_fewest_layers_agrees_with_the_one_layout_bisection():
+    """The search-side bisection (all rows at once) gives each row the N the one-layout remedy
+    finds: seq 8192 and 12288 need some offload on an H100 (125 % and 152 % without), seq 32768
+    does not fit even at 31 layers (0)."""
+    import numpy as np
+
+    from dayzero.planner.activation_offload import fewest_offloaded_layers as batch_fewest
+    from dayzero.planner.memory import peak_memory_batch
+    from dayzero.planner.remedies import fewest_offloaded_layers
+
+    opts = MemoryOptions.for_run(H100.accelerator)
+    layouts = [P1.with_(seq=s, gbs=8) for s in (8192, 12288, 32768)]
+    limit = 0.85 * H100.memory_bytes
+    got = batch_fewest(lambda g: peak_memory_batch(SPEC, g, H100.memory_bytes, opts), encode(layouts), limit,
+                       np.full(3, 32))
+    want = [fewest_offloaded_layers(SPEC, p, H100.memory_bytes, opts, 0.85) for p in layouts]
+    assert got.tolist() == want and want[0] > 0 and want[1] > want[0] and want[2] == 0

@@ -126,3 +126,29 @@ def layer_saved_bytes(spec, kinds, opts, g: dict, replayed=None):
         plain = np.where(rc == SELECTIVE, a.saved(modules), a.none)
         rows.append(np.broadcast_to(np.where((rc == FULL) & rep, a.full, plain), rc.shape).astype(float))
     return np.stack(rows)
+
+
+def fewest_offloaded_layers(memory, grid: dict, limit: float, chunk_layers) -> np.ndarray:
+    """(N,) per row of ``grid``: the fewest layers per model chunk whose offload brings the row's
+    peak to at most ``limit`` bytes, 0 where even ``chunk_layers - 1`` does not (or the chunk has
+    one layer); meant for rows that do not fit without it (one that does gets 1). ``memory``:
+    grid -> (N,) peak bytes (a search's memory function, e.g.
+    :func:`dayzero.planner.memory.peak_memory_batch` bound to a spec and options);
+    ``chunk_layers``: (N,) the smallest chunk's layers of each row. The peak never grows with N
+    (each rank's term falls linearly and the peak is their maximum), so a bisection over all rows
+    at once needs about log2(layers) memory calls, with the grid's :data:`COLUMN` set to the
+    layers tried."""
+    n = len(np.ravel(grid["tp"]))
+    top = np.maximum(np.asarray(chunk_layers, dtype=np.int64) - 1, 0)
+    out = np.zeros(n, dtype=np.int64)
+    open_ = np.flatnonzero(top > 0)
+    if len(open_):
+        at_top = memory({**{k: np.asarray(v)[open_] for k, v in grid.items()}, COLUMN: top[open_]})
+        open_ = open_[at_top <= limit]
+    lo, hi = np.ones(len(open_), dtype=np.int64), top[open_]
+    while len(open_) and (lo < hi).any():
+        mid = (lo + hi) // 2
+        fits = memory({**{k: np.asarray(v)[open_] for k, v in grid.items()}, COLUMN: mid}) <= limit
+        lo, hi = np.where(fits, lo, mid + 1), np.where(fits, mid, hi)
+    out[open_] = hi
+    return out

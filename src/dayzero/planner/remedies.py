@@ -87,25 +87,28 @@ def fewest_offloaded_layers(spec: ModelSpec, parallel: ParallelConfig, capacity_
     """The fewest layers per model chunk whose saved activations, offloaded to the host, bring
     ``parallel``'s peak to at most ``target`` of capacity (more than ``options`` offloads already);
     0 when none does, or when no engine runs the layout with activation offload (planner.engines).
-    The peak falls as N grows (planner.activation_offload), so a bisection finds it."""
+    The bisection is :func:`dayzero.planner.activation_offload.fewest_offloaded_layers`, on this
+    one layout as laid out (its own layer split)."""
+    import numpy as np
+
+    from dayzero.planner.activation_offload import COLUMN
+    from dayzero.planner.activation_offload import fewest_offloaded_layers as bisect
     from dayzero.planner.engines import engines_for
     from dayzero.specs.parallel import model_split
 
     if parallel.problems(spec) or not engines_for(parallel, {"activation_offload_layers": 1}):
         return 0
     split = parallel.layer_split or model_split(spec.layers, parallel.pp * parallel.vpp, spec.mtp_layers)
-    lo, hi = options.activation_offload_layers + 1, min(x for x in split if x > 0) - 1
+    floor = options.activation_offload_layers
 
-    def fits(k: int) -> bool:
-        rep = estimate_memory(spec, parallel, capacity_bytes, options.with_(activation_offload_layers=k))
-        return rep.utilization <= target
+    def memory(g: dict) -> np.ndarray:
+        return np.array([estimate_memory(spec, parallel, capacity_bytes,
+                                         options.with_(activation_offload_layers=max(int(k), floor))).peak_bytes
+                         for k in g[COLUMN]], dtype=float)
 
-    if lo > hi or not fits(hi):
-        return 0
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
-    return lo
+    n = int(bisect(memory, {"tp": np.array([parallel.tp])}, target * capacity_bytes,
+                   np.array([min(x for x in split if x > 0)]))[0])
+    return max(n, floor + 1) if n else 0
 
 
 def _least_module_sets(spec: ModelSpec, found: list[Remedy]) -> list[Remedy]:
