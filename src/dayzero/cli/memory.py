@@ -65,9 +65,6 @@ def memory_cmd(
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
-    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: only "
-                                                                                       "the first N layers of each "
-                                                                                       "stage.")] = None,
     balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp "
                                                             "1).")] = False,
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
@@ -117,8 +114,6 @@ def memory_cmd(
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     par = layout.parallel(cl.devices, precision)
-    if recompute_layers is not None:
-        par = par.with_(recompute_layers=recompute_layers)
     if grad_dtype not in ("fp32", "bf16"):
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,

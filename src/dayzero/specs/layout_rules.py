@@ -21,7 +21,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FIELDS, INTERLEAVED, RANK_ORDERS, SELECTIVE, TABLES, columns, pick
+from dayzero.specs.grid import (
+    DUALPIPE,
+    DUALPIPEV,
+    FIELDS,
+    FULL,
+    INTERLEAVED,
+    RANK_ORDERS,
+    SELECTIVE,
+    TABLES,
+    columns,
+    pick,
+)
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTE_MODULES, ParallelConfig, microbatches
 
@@ -103,6 +114,17 @@ RULES: tuple[Rule, ...] = (
     Rule(("recompute", "recompute_modules"), lambda c, w: (c["recompute"] == SELECTIVE) | (c["recompute_modules"] == 0),
          lambda p, w: f"recompute modules ({','.join(p.recompute_modules)}) need recompute selective, got "
                       f"{p.recompute}"),
+    # Megatron reads --recompute-num-layers under --recompute-granularity full (with --recompute-method)
+    Rule(("recompute_layers",), lambda c, w: c["recompute_layers"] >= 0,
+         lambda p, w: f"recompute layers must be at least 1, got {p.recompute_layers}"),
+    Rule(("recompute", "recompute_layers"), lambda c, w: (c["recompute"] == FULL) | (c["recompute_layers"] == 0),
+         lambda p, w: f"recompute layers ({p.recompute_layers}) need recompute full, got {p.recompute}"),
+    # the first N layers of each model chunk: N beyond the largest chunk is every layer, said as plain full
+    Rule(("recompute_layers", "pp", "vpp"),
+         lambda c, w: c["recompute_layers"] <= -(-w.spec.layers // (c["pp"] * c["vpp"])),
+         lambda p, w: f"recompute layers ({p.recompute_layers}) exceed the {-(-w.spec.layers // (p.pp * p.vpp))} "
+                      f"layers of a model chunk (pp {p.pp} x vpp {p.vpp} chunks of {w.spec.layers}); give fewer, "
+                      "or full recompute without a count", needs="spec"),
     Rule(("rank_order",), lambda c, w: (c["rank_order"] >= 0) & (c["rank_order"] < len(RANK_ORDERS)),
          lambda p, w: f"rank order {p.rank_order!r} must name each of tp, cp, dp, pp exactly once, fastest first "
                       f"(e.g. {DENSE_ORDER})"),
