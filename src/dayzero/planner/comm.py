@@ -142,6 +142,12 @@ class Groups:
     def __getitem__(self, name):
         return self.g[name]
 
+    def rows(self, index) -> "Groups":
+        """The placement of the candidates ``index`` only (a fresh memo: its arrays are shorter)."""
+        n = max(len(np.ravel(a)) for v in self.g.values() for a in v)
+        return Groups({k: tuple(np.broadcast_to(np.asarray(a), (n,))[index] if np.ndim(a) else a for a in v)
+                       for k, v in self.g.items()})
+
 
 def place_groups(grid: dict, rates: Rates) -> Groups:
     """Every group of every candidate on the cluster's scale-up domains (each row's rank order)."""

@@ -42,6 +42,19 @@ def placement_code(schedule):
     return np.where(schedule == DUALPIPE, 1, np.where(schedule == DUALPIPEV, 2, 0))
 
 
+def pipeline_groups(pp, vpp, nfull, place) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that share which layers each pipeline rank holds and replays: the same (pp, vpp, full(N)
+    count ``nfull``, stage placement ``place``: :func:`placement_code`). Returns (one row of each
+    group, the group of each row), groups in increasing (pp, vpp, nfull, place) order."""
+    pp, vpp, nfull, place = (np.asarray(a, dtype=np.int64).ravel() for a in (pp, vpp, nfull, place))
+    if not len(pp):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    vspan, nspan = int(vpp.max()) + 1, int(nfull.max()) + 1
+    key = ((pp * vspan + vpp) * nspan + nfull) * len(PLACEMENTS) + place
+    _, first, group = np.unique(key, return_index=True, return_inverse=True)
+    return first, group.ravel()
+
+
 def effective_schedule(code, vpp):
     """The schedule that really runs: interleaved 1F1B with one model chunk per rank is 1F1B."""
     code = np.asarray(code)

@@ -87,6 +87,13 @@ def _kv_heads_ok(c, w):
     return (a.kind != "gqa") | (a.kv_heads % c["tp"] == 0) | (c["tp"] % a.kv_heads == 0)
 
 
+def _largest_chunk(c, w):
+    """Layers of the largest model chunk: of the layer split when one is given, else of the near-even
+    split (ceil(layers / (pp x vpp)))."""
+    split = c.get("layer_split")
+    return max(split) if split else -(-w.spec.layers // (c["pp"] * c["vpp"]))
+
+
 def _split_problem(split: tuple[int, ...] | None, pp: int, vpp: int, spec: ModelSpec) -> str | None:
     """What is wrong with one layout's layer split (None: nothing)."""
     stages = pp * vpp
@@ -120,11 +127,11 @@ RULES: tuple[Rule, ...] = (
     Rule(("recompute", "recompute_layers"), lambda c, w: (c["recompute"] == FULL) | (c["recompute_layers"] == 0),
          lambda p, w: f"recompute layers ({p.recompute_layers}) need recompute full, got {p.recompute}"),
     # the first N layers of each model chunk: N beyond the largest chunk is every layer, said as plain full
-    Rule(("recompute_layers", "pp", "vpp"),
-         lambda c, w: c["recompute_layers"] <= -(-w.spec.layers // (c["pp"] * c["vpp"])),
-         lambda p, w: f"recompute layers ({p.recompute_layers}) exceed the {-(-w.spec.layers // (p.pp * p.vpp))} "
-                      f"layers of a model chunk (pp {p.pp} x vpp {p.vpp} chunks of {w.spec.layers}); give fewer, "
-                      "or full recompute without a count", needs="spec"),
+    Rule(("recompute_layers", "pp", "vpp"), lambda c, w: c["recompute_layers"] <= _largest_chunk(c, w),
+         lambda p, w: f"recompute layers ({p.recompute_layers}) exceed the "
+                      f"{_largest_chunk({'pp': p.pp, 'vpp': p.vpp, 'layer_split': p.layer_split}, w)} layers of a "
+                      f"model chunk (pp {p.pp} x vpp {p.vpp} chunks of {w.spec.layers}); give fewer, or full "
+                      "recompute without a count", needs="spec"),
     Rule(("rank_order",), lambda c, w: (c["rank_order"] >= 0) & (c["rank_order"] < len(RANK_ORDERS)),
          lambda p, w: f"rank order {p.rank_order!r} must name each of tp, cp, dp, pp exactly once, fastest first "
                       f"(e.g. {DENSE_ORDER})"),
