@@ -282,7 +282,10 @@ def _tensor_parallel(L: _Layer) -> list[LayerComm]:
     # only the attention pair, plus the shared experts' own pair (Megatron-Core's SharedExpertMLP is a
     # tp-parallel MLP on the layer input, gathered and scattered apart from the dispatcher's tokens)
     # A recurrent mixer is one pair as attention (Megatron-Core's MambaMixer: in_proj column-, out_proj
-    # row-parallel); a hybrid layer without a mixer or without an FFN lacks that block's pair
+    # row-parallel); a hybrid layer without a mixer or without an FFN lacks that block's pair. Mixers
+    # side by side (attention&recurrent) are one pair too: both read the one gathered layer input, and
+    # their row-parallel partial outputs are added before the one reduce (the sum of the reduced
+    # outputs is the reduce of the summed partials; FalconH1DecoderLayer adds them anyway)
     shared_pair = 2 if spec.moe is not None and spec.moe.shared_experts else 0
     per_fwd = kn(2 * L.mixers + np.where(kinds, np.where(etp_gt1, 2, 0) + shared_pair, 2 * L.dense_ffn))
     # selective recompute of a whole FFN module (mlp; moe, or its shared_experts alone) replays its pair

@@ -34,7 +34,7 @@ from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import gradient_windows, step_order
 from dayzero.specs.grid import code as code_of
-from dayzero.specs.model import ModelSpec, split_layer_type
+from dayzero.specs.model import ModelSpec, mixer_parts, split_layer_type
 from dayzero.specs.parallel import ParallelConfig, zero_sharded, zero_shards
 
 TRACKED = ("weights", "gradients", "optimizer", "activations", "temporary")
@@ -127,7 +127,8 @@ def _param_tensors(spec: ModelSpec, kind: str, p: ParallelConfig) -> list[tuple[
     """(name, local elements, is_expert) of one layer's parameters on this rank, before ZeRO."""
     lp = layer_params(spec, kind)
     # a recurrent mixer's tp-split weights are listed with the layer's other tp-split ones
-    a_tp, a_kv, a_rep = attention_split(spec) if split_layer_type(kind)[0] == "attention" else (0, 0, 0)
+    a_tp, a_kv, a_rep = attention_split(spec) if "attention" in mixer_parts(split_layer_type(kind)[0]) \
+        else (0, 0, 0)
     kv = spec.attention.kv_heads
     out = [("attn", a_tp / p.tp + a_kv / min(p.tp, kv), False), ("mlp", (lp.tp - a_tp) / p.tp, False),
            ("small", lp.rep, False)]

@@ -187,7 +187,7 @@ RULES: tuple[Rule, ...] = (
                       f"({w.spec.recurrent.qk_heads}) must be divisible by tp ({p.tp})", needs="spec"),
     # Megatron-Core splits a Mamba mixer's sequence over cp by an all-to-all to heads
     # (megatron/core/ssm/mamba_context_parallel.py); dayzero models ring attention only
-    Rule(("cp",), lambda c, w: (c["cp"] == 1) | ("recurrent" not in w.spec.layer_mixers),
+    Rule(("cp",), lambda c, w: (c["cp"] == 1) | (not w.spec.has_recurrent),
          lambda p, w: f"cp {p.cp} > 1: {w.spec.name} has recurrent (state-space / linear-attention) layers, whose "
                       "context parallelism (Megatron-Core's all-to-all of heads) dayzero does not model; use cp 1",
          needs="spec"),
