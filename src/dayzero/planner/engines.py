@@ -54,6 +54,10 @@ class Engine:
     # how its MoE layers send tokens to the experts (planner.comm.CommOptions.ep_dispatcher): "dedup" sends a
     # token once per rank (and once per remote node) it reaches, "all_to_all" every routed copy
     ep_dispatcher: str = "all_to_all"
+    # FSDP under torch.distributed.pipelining: with pp > 1 a ZeRO-2/3 stage keeps its parameters
+    # gathered and its gradients unsharded until the step's end (MemoryOptions.pipelined_fsdp,
+    # planner.schedule.held_zero), so its memory is priced that way (:func:`pipelined_fsdp`)
+    pipelined_fsdp: bool = False
 
 
 MEGATRON = Engine("megatron", "Megatron-Core", (
@@ -113,7 +117,9 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
     Limit(("schedule",), lambda c: c["schedule"] != DUALPIPE,
           "torchtitan runs torch.distributed.pipelining's schedules: DualPipeV (ScheduleDualPipeV), not the "
           "bidirectional DualPipe", "torch/distributed/pipelining/schedules.py ScheduleDualPipeV"),
-))
+),  # FSDP2 under torch.distributed.pipelining, which it keeps gathered after forward too (models/llama3/
+    # infra/parallelize.py apply_fsdp: reshard_after_forward_policy "default" is False when pp_enabled)
+    pipelined_fsdp=True)
 
 DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
     Limit(("zero", "pp"), lambda c: (c["pp"] == 1) | (c["zero"] <= 1),
@@ -154,7 +160,9 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
     Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
           f"the runtime's device mesh numbers ranks {DENSE_ORDER}", "dayzero runtime"),
     _modules_limit("the runtime", "dayzero runtime models/recompute.py"),
-))
+),  # FSDP2 (runtime/parallel/data_parallel.py apply_fsdp) under torch.distributed.pipelining
+    # (runtime/parallel/pipeline.py)
+    pipelined_fsdp=True)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}
 
@@ -190,3 +198,16 @@ def engine_mask(engine: Engine | str, grid: dict) -> np.ndarray:
         if all(k in grid for k in lim.reads):
             ok &= np.broadcast_to(np.asarray(lim.ok(grid), dtype=bool), (n,))
     return ok
+
+
+def pipelined_fsdp(engine: Engine | str | None = None) -> bool:
+    """Whether memory is priced as FSDP under torch.distributed.pipelining holds it
+    (MemoryOptions.pipelined_fsdp): ``engine``'s own flag; without one (an unpinned search, a
+    ``memory`` or ``predict`` of a bare layout) whether every engine that runs ZeRO-2 or ZeRO-3
+    with pp > 1 at all is such an engine, as it prices the only layouts the flag changes as the
+    engines that run them do (False when none runs them, or one runs them sharded as laid out)."""
+    if engine:
+        return (get_engine(engine) if isinstance(engine, str) else engine).pipelined_fsdp
+    probe = {"zero": np.array([2, 3]), "pp": np.array([2, 2])}
+    runs = [e for e in ENGINES.values() if engine_mask(e, probe).any()]
+    return bool(runs) and all(e.pipelined_fsdp for e in runs)

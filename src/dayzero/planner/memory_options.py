@@ -96,6 +96,12 @@ class MemoryOptions:
     # the master weights, and gathers compute-dtype copies only for use: under ZeRO-3 there is no
     # separate sharded working copy (Megatron's distributed optimizer keeps one)
     sharded_params_are_master: bool = False
+    # FSDP under torch.distributed.pipelining (torchtitan, dayzero's runtime: planner.engines
+    # Engine.pipelined_fsdp): with pp > 1 a ZeRO-2/3 stage keeps its parameters gathered and its
+    # gradients unsharded in reduce_dtype from its first backward to the step's end, where one
+    # reduce-scatter runs (planner.schedule.held_zero has the sources): ZeRO-1's weights and
+    # gradients, the optimizer states sharded as laid out. False: the sharding as laid out
+    pipelined_fsdp: bool = False
     dropout: bool = False  # Korthikanti's GPT keeps dropout masks (1 B/elem); modern LLMs train without
     moe_capacity_factor: float = 1.0  # routed tokens per expert / balanced share (1.0: dropless, balanced)
     # Where the routing weights multiply the routed tokens. "activation": Megatron-Core's grouped
@@ -177,11 +183,15 @@ class MemoryOptions:
         return replace(self, **kw)
 
     @classmethod
-    def for_run(cls, accelerator, attention_kernel: str = "fused", **kw) -> "MemoryOptions":
-        """Defaults for an accelerator and the attention kernel the step runs
-        (:data:`KERNEL_MEMORY`: what compute assumes, memory assumes too)."""
+    def for_run(cls, accelerator, attention_kernel: str = "fused", engine=None, **kw) -> "MemoryOptions":
+        """Defaults for an accelerator, the attention kernel the step runs (:data:`KERNEL_MEMORY`:
+        what compute assumes, memory assumes too) and the engine (``engine``: a name of
+        planner.engines, or None for any: :func:`dayzero.planner.engines.pipelined_fsdp`)."""
+        from dayzero.planner.engines import pipelined_fsdp
+
         check_attention_kernel(attention_kernel)
         kw.setdefault("attention", KERNEL_MEMORY[attention_kernel])
+        kw.setdefault("pipelined_fsdp", pipelined_fsdp(engine))
         return cls.for_accelerator(accelerator, **kw)
 
     @classmethod
