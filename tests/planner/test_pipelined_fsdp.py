@@ -25,9 +25,9 @@ def test_held_zero_is_zero_1_only_for_sharded_stages_under_pp():
     shard as laid out keep their stage."""
     zero = np.array([0, 1, 2, 3, 3, 3])
     pp = np.array([2, 2, 4, 2, 1, 2])
-    assert held_zero(zero, pp, True).tolist() == [0, 1, 1, 1, 3, 1]
-    assert held_zero(zero, pp, False).tolist() == zero.tolist()
-    assert held_zero(zero, pp, np.array([1, 1, 1, 0, 1, 1], dtype=bool)).tolist() == [0, 1, 1, 3, 3, 1]
+    assert held_zero(zero, pp, (1, 2, 3)).tolist() == [0, 1, 1, 1, 3, 1]
+    assert held_zero(zero, pp, ()).tolist() == zero.tolist()
+    assert held_zero(zero, pp, (3,)).tolist() == [0, 1, 2, 1, 3, 1]
 
 
 def test_zero3_under_pipelining_holds_the_stage_gathered_and_its_gradients_unsharded():
@@ -37,7 +37,7 @@ def test_zero3_under_pipelining_holds_the_stage_gathered_and_its_gradients_unsha
     gather buffers; the optimizer stays sharded over dp 2: (4 + 8) B x 1,606,656 / 2. As laid out,
     ZeRO-3 shards the layers over dp (2 B x 1,475,584 / 2) and gathers two layers (2 x 2 B x 737,792)."""
     spec = load_model("tiny-llama")
-    held = estimate_memory(spec, LAYOUT, 80 * 2**30, MemoryOptions(pipelined_fsdp=True)).stages[0].terms
+    held = estimate_memory(spec, LAYOUT, 80 * 2**30, MemoryOptions(pipelined_fsdp=(1, 2, 3))).stages[0].terms
     laid = estimate_memory(spec, LAYOUT, 80 * 2**30, MemoryOptions()).stages[0].terms
     assert held["weights:layers"] == 2 * STAGE0_LAYERS == 2_951_168
     assert held["gradients:layers"] == 4 * STAGE0_LAYERS
@@ -52,20 +52,21 @@ def test_zero3_under_pipelining_holds_the_stage_gathered_and_its_gradients_unsha
 def test_pp1_and_zero1_are_unchanged():
     spec = load_model("tiny-llama")
     for p in (LAYOUT.with_(pp=1, dp=4), LAYOUT.with_(zero=1)):
-        a = estimate_memory(spec, p, 80 * 2**30, MemoryOptions(pipelined_fsdp=True))
+        a = estimate_memory(spec, p, 80 * 2**30, MemoryOptions(pipelined_fsdp=(1, 2, 3)))
         b = estimate_memory(spec, p, 80 * 2**30, MemoryOptions())
         assert [s.terms for s in a.stages] == [s.terms for s in b.stages]
 
 
 def test_each_engine_prices_its_own_memory(monkeypatch):
     """torchtitan and dayzero run FSDP2 under torch.distributed.pipelining; Megatron and DeepSpeed
-    do not run ZeRO-2/3 with pp > 1. Unpinned, the flag is on because every engine that runs those
-    layouts is pipelined; one engine running them sharded as laid out turns it off."""
-    assert pipelined_fsdp("torchtitan") and pipelined_fsdp("dayzero")
-    assert not pipelined_fsdp("megatron") and not pipelined_fsdp("deepspeed")
-    assert pipelined_fsdp(None)
+    do not run ZeRO-2/3 with pp > 1. Unpinned: ZeRO-3 with pp > 1 is run by torchtitan and dayzero
+    only, so it is priced pipelined; ZeRO-1 is also Megatron's (as laid out), ZeRO-2 nobody's. One
+    engine running ZeRO-3 with pp > 1 sharded as laid out takes ZeRO-3 out."""
+    assert pipelined_fsdp("torchtitan") == pipelined_fsdp("dayzero") == (1, 2, 3)
+    assert pipelined_fsdp("megatron") == pipelined_fsdp("deepspeed") == ()
+    assert pipelined_fsdp(None) == (3,)
     monkeypatch.setitem(ENGINES, "sharded-pp", Engine("sharded-pp", "Sharded PP", ()))
-    assert not pipelined_fsdp(None)
+    assert pipelined_fsdp(None) == ()
 
 
 def test_for_run_and_the_search_take_the_engine():
@@ -73,11 +74,11 @@ def test_for_run_and_the_search_take_the_engine():
     from dayzero.specs.hardware import get_accelerator
 
     acc = get_accelerator("h100")
-    assert MemoryOptions.for_run(acc).pipelined_fsdp
-    assert not MemoryOptions.for_run(acc, engine="megatron").pipelined_fsdp
-    assert not searched_memory(MemoryOptions(), SearchSpace(engine="megatron")).pipelined_fsdp
-    assert searched_memory(MemoryOptions(), SearchSpace(engine="torchtitan")).pipelined_fsdp
-    assert searched_memory(MemoryOptions(), None).pipelined_fsdp
+    assert MemoryOptions.for_run(acc).pipelined_fsdp == (3,)
+    assert MemoryOptions.for_run(acc, engine="megatron").pipelined_fsdp == ()
+    assert searched_memory(MemoryOptions(), SearchSpace(engine="megatron")).pipelined_fsdp == ()
+    assert searched_memory(MemoryOptions(), SearchSpace(engine="torchtitan")).pipelined_fsdp == (1, 2, 3)
+    assert searched_memory(MemoryOptions(), None).pipelined_fsdp == (3,)
 
 
 def test_a_torchtitan_search_reports_zero3_pp_memory_as_torchtitan_holds_it():
@@ -109,12 +110,19 @@ def test_the_runtime_holds_what_the_planner_prices():
     spec = runtime_spec(load_model("tiny-llama"))
     ex = exact_memory(spec, LAYOUT, "bf16")
     opts = memory_options(None, "bf16", spec, LAYOUT, "cpu")
-    assert opts.pipelined_fsdp
+    assert opts.pipelined_fsdp == (1, 2, 3)
     held = estimate_memory(spec, LAYOUT, 10**15, opts)
-    laid = estimate_memory(spec, LAYOUT, 10**15, opts.with_(pipelined_fsdp=False))
+    laid = estimate_memory(spec, LAYOUT, 10**15, opts.with_(pipelined_fsdp=()))
     for e in ex:
         s, s0 = held.stages[e.stage], laid.stages[e.stage]
         assert abs(s.gradients - e.categories["gradients"]) <= 0.01 * e.categories["gradients"]
         assert s0.gradients < 0.6 * e.categories["gradients"]
         counted = sum(getattr(s, c) for c in CATEGORIES if c != "overhead")
         assert abs(counted - e.peak_bytes) <= 0.05 * e.peak_bytes
+
+
+def test_a_bad_zero_stage_list_is_one_line():
+    from dayzero.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pipelined_fsdp"):
+        MemoryOptions(pipelined_fsdp=(4,))

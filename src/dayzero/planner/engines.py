@@ -200,14 +200,18 @@ def engine_mask(engine: Engine | str, grid: dict) -> np.ndarray:
     return ok
 
 
-def pipelined_fsdp(engine: Engine | str | None = None) -> bool:
-    """Whether memory is priced as FSDP under torch.distributed.pipelining holds it
-    (MemoryOptions.pipelined_fsdp): ``engine``'s own flag; without one (an unpinned search, a
-    ``memory`` or ``predict`` of a bare layout) whether every engine that runs ZeRO-2 or ZeRO-3
-    with pp > 1 at all is such an engine, as it prices the only layouts the flag changes as the
-    engines that run them do (False when none runs them, or one runs them sharded as laid out)."""
+def pipelined_fsdp(engine: Engine | str | None = None) -> tuple[int, ...]:
+    """The ZeRO stages whose memory under pp > 1 is priced as FSDP under torch.distributed.
+    pipelining holds it (MemoryOptions.pipelined_fsdp): every stage for such an ``engine``, none
+    for another; without one (an unpinned search, a ``memory`` or ``predict`` of a bare layout)
+    the stages that some engine runs with pp > 1 and every engine that does is such an engine,
+    so a layout is priced as the engines that run it hold it (today ZeRO-3: torchtitan and the
+    runtime; no engine runs ZeRO-2 with pp > 1, Megatron and DeepSpeed run ZeRO-1 as laid out)."""
     if engine:
-        return (get_engine(engine) if isinstance(engine, str) else engine).pipelined_fsdp
-    probe = {"zero": np.array([2, 3]), "pp": np.array([2, 2])}
-    runs = [e for e in ENGINES.values() if engine_mask(e, probe).any()]
-    return bool(runs) and all(e.pipelined_fsdp for e in runs)
+        return (1, 2, 3) if (get_engine(engine) if isinstance(engine, str) else engine).pipelined_fsdp else ()
+    out = []
+    for z in (1, 2, 3):
+        runs = [e for e in ENGINES.values() if engine_mask(e, {"zero": np.array([z]), "pp": np.array([2])})[0]]
+        if runs and all(e.pipelined_fsdp for e in runs):
+            out.append(z)
+    return tuple(out)

@@ -80,7 +80,7 @@ def engine_memory(cluster: Cluster, engine: Engine, zero: int, grad_bytes: int |
     full precision, low-precision copies are all-gathered for compute; MaxText ``weight_dtype``
     float32). Megatron's distributed optimizer keeps a separate BF16 working copy."""
     kw = {"sharded_params_are_master": not engine.megatron and zero_shards(zero, "weights"),
-          "pipelined_fsdp": engine.pipelined_fsdp}
+          "pipelined_fsdp": (1, 2, 3) if engine.pipelined_fsdp else ()}
     if engine.fused_loss:
         kw["logits_bytes"] = FUSED_LOSS_LOGITS_BYTES
     if grad_bytes is not None:

@@ -135,8 +135,8 @@ def gradient_windows(code, pp, vpp, m):
 
 def held_zero(zero, pp, pipelined_fsdp):
     """The ZeRO stage whose weights and gradients a pipeline rank holds at its peak: ``zero``, or,
-    for FSDP under torch.distributed.pipelining (``pipelined_fsdp``: bool or array per candidate;
-    MemoryOptions.pipelined_fsdp) with pp > 1, ZeRO-1's for any ZeRO stage >= 1.
+    for FSDP under torch.distributed.pipelining with pp > 1 (``pipelined_fsdp``: the ZeRO stages
+    it runs so, MemoryOptions.pipelined_fsdp), ZeRO-1's.
 
     torch 2.13 torch/distributed/pipelining/stage.py: ``PipelineStage.backward_maybe_with_nosync``
     runs every backward with ``set_reshard_after_backward(False)`` and
@@ -151,7 +151,8 @@ def held_zero(zero, pp, pipelined_fsdp):
     ``reshard_after_forward_policy`` "default" is False when ``pp_enabled``). The optimizer states
     stay sharded as ``zero`` shards them; the sharded fp32 parameters are the master weights."""
     zero, pp = np.asarray(zero), np.asarray(pp)
-    return np.where(np.asarray(pipelined_fsdp) & (pp > 1) & (zero >= 1), np.minimum(zero, 1), zero)
+    held = np.isin(zero, [z for z in pipelined_fsdp if z >= 1]) & (pp > 1)
+    return np.where(held, np.minimum(zero, 1), zero)
 
 
 def head_inflight(code, m):

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from dayzero.errors import ConfigError
 from dayzero.planner.comm import CommOptions
-from dayzero.planner.engines import DAYZERO
+from dayzero.planner.engines import DAYZERO, pipelined_fsdp
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.perf import PerfOptions
 from dayzero.planner.schedule import held_zero
@@ -80,7 +80,7 @@ def runtime_layout(parallel: ParallelConfig) -> ParallelConfig:
       MemoryOptions.pipelined_fsdp; here for the traffic too: no per-micro-batch reduce-scatter).
     * ZeRO-1 with a single micro-batch syncs on that micro-batch: sharded gradients, as ZeRO-2.
     """
-    held = int(held_zero(parallel.zero, parallel.pp, DAYZERO.pipelined_fsdp))
+    held = int(held_zero(parallel.zero, parallel.pp, pipelined_fsdp(DAYZERO)))
     if held != parallel.zero:
         return parallel.with_(zero=held)
     if parallel.zero == 1 and parallel.microbatches == 1:
@@ -116,7 +116,7 @@ def memory_options(cluster: Cluster | None, compute_dtype: str, spec: ModelSpec 
     b = BYTES[compute_dtype]
     kw = dict(param_bytes=b, master_bytes=4, grad_bytes=4, optim_bytes=8, act_bytes=b, fp8_act_bytes=b,
               logits_bytes=4, kernels="eager", sharded_params_are_master=True,
-              pipelined_fsdp=DAYZERO.pipelined_fsdp)
+              pipelined_fsdp=pipelined_fsdp(DAYZERO))
     if spec is not None:
         a = spec.attention
         if device == "cpu" and a.head_dim != a.v_head_dim:
