@@ -103,7 +103,7 @@ def test_the_runtime_holds_what_the_planner_prices():
     set_reshard_after_backward / set_requires_gradient_sync calls): tiny-llama, pp 2, dp 2,
     ZeRO-3. Its gradients at their largest are the unsharded fp32 ones the pipelined price counts
     (as laid out they would be half), and its peak is within 5 % of the pipelined model-state +
-    activation + temporary bytes (benchmarks/RESULTS_exact_memory.md)."""
+    activation + temporary bytes (benchmarks/RESULTS_exact_memory.md, benchmarks/pipelined_fsdp_memory.py)."""
     from dayzero.validate.exact_memory import CATEGORIES, exact_memory
     from dayzero.validate.predicted import memory_options, runtime_spec
 
