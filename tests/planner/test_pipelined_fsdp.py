@@ -126,3 +126,19 @@ def test_a_bad_zero_stage_list_is_one_line():
 
     with pytest.raises(ConfigError, match="pipelined_fsdp"):
         MemoryOptions(pipelined_fsdp=(4,))
+
+
+def test_the_label_drops_an_engine_whose_memory_the_layout_does_not_fit():
+    """Llama-3.1-70B at pp 2, dp 32, ZeRO-3 on 64 H100: as laid out a stage's model states are
+    ~35 G params x 18 B / 32 (~20 GB) and fit; torchtitan and the runtime hold 35 G x (2 + 4) B of
+    gathered weights and unsharded gradients (~210 GB) and do not, so priced as laid out the plan
+    is labelled with no engine, and priced as they hold it (the default) it does not fit."""
+    from dayzero.planner.predict import predict
+    from dayzero.specs.cluster import build_cluster
+
+    spec, cl = load_model("llama-3.1-70b"), build_cluster("h100", 64, 8)
+    p = P(pp=2, dp=32, zero=3, gbs=64, mbs=1, seq=4096, recompute="full")
+    laid = predict(spec, p, cl, memory_options=MemoryOptions.for_run(cl.accelerator, pipelined_fsdp=()))
+    assert laid["fits"] and laid["engines"] == []
+    held = predict(spec, p, cl)
+    assert not held["fits"] and held["engines"] == ["torchtitan", "dayzero"]

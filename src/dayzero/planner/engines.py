@@ -83,8 +83,8 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
 # between micro-batches: ZeRO-2 as laid out (sharded between micro-batches, reduce-scattered per
 # backward window, schedule.gradient_windows) is not what they run
 _PIPELINED_FSDP = ("torch.distributed.pipelining defers FSDP's gradient reduce-scatter to the last backward of the "
-                   "step, so ZeRO-2's gradients stay unsharded between micro-batches under pp > 1 (plan it as zero 1 "
-                   "for its memory)",
+                   "step, so ZeRO-2's gradients stay unsharded between micro-batches under pp > 1 (plan zero 3, "
+                   "priced as it holds memory under pp > 1)",
                    "torch/distributed/pipelining/stage.py PipelineStage.backward_maybe_with_nosync")
 
 
