@@ -142,3 +142,15 @@ def test_the_label_drops_an_engine_whose_memory_the_layout_does_not_fit():
     assert laid["fits"] and laid["engines"] == []
     held = predict(spec, p, cl)
     assert not held["fits"] and held["engines"] == ["torchtitan", "dayzero"]
+
+
+def test_the_allocator_replay_holds_what_the_memory_model_holds():
+    """The replay (planner.replay.simulate_step) of ZeRO-3 + pp 2 under pipelined FSDP allocates
+    ZeRO-1's weights and gradients, as held_zero says: the same events as the ZeRO-1 layout, more
+    than ZeRO-3 as laid out (its gradients are unsharded)."""
+    from dayzero.planner.replay import simulate_step
+
+    spec, held = load_model("tiny-llama"), MemoryOptions(pipelined_fsdp=(1, 2, 3))
+    ours = simulate_step(spec, LAYOUT, 80 * 2**30, held)
+    assert ours.peak_allocated == simulate_step(spec, LAYOUT.with_(zero=1), 80 * 2**30, held).peak_allocated
+    assert ours.peak_allocated > simulate_step(spec, LAYOUT, 80 * 2**30, MemoryOptions()).peak_allocated
