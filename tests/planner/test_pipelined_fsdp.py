@@ -74,7 +74,8 @@ def test_for_run_and_the_search_take_the_engine():
     from dayzero.specs.hardware import get_accelerator
 
     acc = get_accelerator("h100")
-    assert MemoryOptions.for_run(acc).pipelined_fsdp == (3,)
+    assert MemoryOptions.for_run(acc).pipelined_fsdp == ()  # a bare layout: as laid out (the ZeRO paper)
+    assert MemoryOptions.for_run(acc, engine="torchtitan").pipelined_fsdp == (1, 2, 3)
     assert MemoryOptions.for_run(acc, engine="megatron").pipelined_fsdp == ()
     assert searched_memory(MemoryOptions(), SearchSpace(engine="megatron")).pipelined_fsdp == ()
     assert searched_memory(MemoryOptions(), SearchSpace(engine="torchtitan")).pipelined_fsdp == (1, 2, 3)
@@ -129,18 +130,19 @@ def test_a_bad_zero_stage_list_is_one_line():
 
 
 def test_the_label_drops_an_engine_whose_memory_the_layout_does_not_fit():
-    """Llama-3.1-70B at pp 2, dp 32, ZeRO-3 on 64 H100: as laid out a stage's model states are
-    ~35 G params x 18 B / 32 (~20 GB) and fit; torchtitan and the runtime hold 35 G x (2 + 4) B of
-    gathered weights and unsharded gradients (~210 GB) and do not, so priced as laid out the plan
-    is labelled with no engine, and priced as they hold it (the default) it does not fit."""
+    """Llama-3.1-70B at pp 2, dp 32, ZeRO-3 on 64 H100: as laid out (a bare predict) a stage's model
+    states are ~35 G params x 18 B / 32 (~20 GB) and fit; torchtitan and the runtime hold 35 G x
+    (2 + 4) B of gathered weights and unsharded gradients (~210 GB) and do not, so the prediction is
+    labelled with no engine; priced as torchtitan holds it, it does not fit (and keeps the layout's
+    labels)."""
     from dayzero.planner.predict import predict
     from dayzero.specs.cluster import build_cluster
 
     spec, cl = load_model("llama-3.1-70b"), build_cluster("h100", 64, 8)
     p = P(pp=2, dp=32, zero=3, gbs=64, mbs=1, seq=4096, recompute="full")
-    laid = predict(spec, p, cl, memory_options=MemoryOptions.for_run(cl.accelerator, pipelined_fsdp=()))
+    laid = predict(spec, p, cl)
     assert laid["fits"] and laid["engines"] == []
-    held = predict(spec, p, cl)
+    held = predict(spec, p, cl, memory_options=MemoryOptions.for_run(cl.accelerator, engine="torchtitan"))
     assert not held["fits"] and held["engines"] == ["torchtitan", "dayzero"]
 
 

@@ -188,12 +188,13 @@ class MemoryOptions:
     def for_run(cls, accelerator, attention_kernel: str = "fused", engine=None, **kw) -> "MemoryOptions":
         """Defaults for an accelerator, the attention kernel the step runs (:data:`KERNEL_MEMORY`:
         what compute assumes, memory assumes too) and the engine (``engine``: a name of
-        planner.engines, or None for any: :func:`dayzero.planner.engines.pipelined_fsdp`)."""
+        planner.engines, whose memory :func:`dayzero.planner.engines.pipelined_fsdp` says; None:
+        the sharding as laid out, the ZeRO paper's arithmetic)."""
         from dayzero.planner.engines import pipelined_fsdp
 
         check_attention_kernel(attention_kernel)
         kw.setdefault("attention", KERNEL_MEMORY[attention_kernel])
-        kw.setdefault("pipelined_fsdp", pipelined_fsdp(engine))
+        kw.setdefault("pipelined_fsdp", pipelined_fsdp(engine) if engine else ())
         return cls.for_accelerator(accelerator, **kw)
 
     @classmethod
