@@ -156,3 +156,22 @@ def test_the_allocator_replay_holds_what_the_memory_model_holds():
     ours = simulate_step(spec, LAYOUT, 80 * 2**30, held)
     assert ours.peak_allocated == simulate_step(spec, LAYOUT.with_(zero=1), 80 * 2**30, held).peak_allocated
     assert ours.peak_allocated > simulate_step(spec, LAYOUT, 80 * 2**30, MemoryOptions()).peak_allocated
+
+
+def test_memory_says_what_the_engines_that_run_the_layout_hold(capsys):
+    """``dayzero memory`` of a bare ZeRO-3 + pp 2 layout prices it as laid out and adds one line
+    with the peak torchtitan and the runtime hold (the pipelined estimate, printed in GB)."""
+    from dayzero.cli.app import main
+    from dayzero.specs.cluster import build_cluster
+
+    args = ["memory", "llama-3.1-70b", "-a", "h100", "-n", "64", "--pp", "2", "--dp", "32", "--zero", "3",
+            "--gbs", "64", "--seq", "4096", "--recompute", "full", "--no-simulate"]
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    cl = build_cluster("h100", 64, 8)
+    p = P(pp=2, dp=32, zero=3, gbs=64, mbs=1, seq=4096, recompute="full")
+    held = estimate_memory(load_model("llama-3.1-70b"), p, cl.memory_bytes,
+                           MemoryOptions.for_run(cl.accelerator, engine="torchtitan"))
+    assert f"torchtitan and dayzero runtime hold {held.peak_bytes / 1e9:.2f} GB" in out
+    assert main(args[:-1] + ["--zero", "1", "--no-simulate"]) == 0
+    assert "torch.distributed.pipelining keeps" not in " ".join(capsys.readouterr().out.split())
