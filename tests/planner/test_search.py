@@ -9,7 +9,7 @@ from dayzero.errors import FitError
 from dayzero.planner.engines import ENGINES, engine_mask
 from dayzero.planner.memory import MemoryOptions, peak_memory_batch
 from dayzero.planner.perf import evaluate
-from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
+from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search, searched_memory
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import DUALPIPE
 from dayzero.specs.registry import load_model
@@ -32,7 +32,9 @@ def brute_force(spec, cluster, gbs, seq, space, limit):
     runs = np.logical_or.reduce([engine_mask(e, full) for e in ENGINES]) | (full["schedule"] == DUALPIPE)
     no_engine = int((~runs).sum())
     full = {k: v[runs] for k, v in full.items()}
-    peak = peak_memory_batch(spec, full, cluster.memory_bytes, MemoryOptions.for_accelerator(cluster.accelerator))
+    # priced as the engines that run each layout hold memory (ZeRO-3 + pp: pipelined FSDP, search.searched_memory)
+    peak = peak_memory_batch(spec, full, cluster.memory_bytes,
+                             searched_memory(MemoryOptions.for_accelerator(cluster.accelerator), space))
     ok = peak <= limit
     fit = {k: v[ok] for k, v in full.items()}
     ev = evaluate(spec, fit, cluster)

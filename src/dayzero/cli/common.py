@@ -88,6 +88,9 @@ RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
     "--recompute-modules", help="With selective recompute, the modules recomputed, comma-separated (Megatron "
     "--recompute-modules): core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts. Default core_attn; "
     "giving modules implies --recompute selective.")]
+RecomputeLayersOpt = Annotated[Optional[int], typer.Option(
+    "--recompute-layers", min=1, help="With --recompute full: only the first N layers of each model chunk (Megatron "
+    "--recompute-method block --recompute-num-layers N).")]
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence "
                                                                                         "parallelism with TP.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Compute precision: bf16 | fp8.")]
@@ -114,7 +117,8 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
     flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("ep", EpOpt, 1),
              ("etp", EtpOpt, 1), ("vpp", VppOpt, 1), ("mbs", MbsOpt, 1), ("gbs", GbsOpt, None),
              ("seq", seq_opt, seq_default), ("zero", ZeroOpt, 1), ("recompute", RecomputeOpt, "none"),
-             ("recompute_modules", RecomputeModulesOpt, None), ("sequence_parallel", SpOpt, False),
+             ("recompute_modules", RecomputeModulesOpt, None), ("recompute_layers", RecomputeLayersOpt, None),
+             ("sequence_parallel", SpOpt, False),
              ("schedule", ScheduleOpt, None), ("layer_split", SplitOpt, None)]
     names = [n for n, _, _ in flags]
 

@@ -66,9 +66,6 @@ def memory_cmd(
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
-    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: only "
-                                                                                       "the first N layers of each "
-                                                                                       "stage.")] = None,
     balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp "
                                                             "1).")] = False,
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
@@ -120,8 +117,6 @@ def memory_cmd(
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     par = layout.parallel(cl.devices, precision)
-    if recompute_layers is not None:
-        par = par.with_(recompute_layers=recompute_layers)
     if grad_dtype not in ("fp32", "bf16"):
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
@@ -153,11 +148,31 @@ def memory_cmd(
         emit_json({**mb.to_dict(), **model_notes(spec)})
         return
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
+    _print_held(spec, cl, par, report, opts)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
     extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation, allocator)
     extra += [f for f, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload)) if on]
     extra += ["--activation-offload", str(activation_offload)] if activation_offload else []
     _next(spec, cl, par, report, opts, where, extra)
+
+
+def _print_held(spec, cl, par, report, opts) -> None:
+    """Where the engines that run this layout hold memory otherwise than laid out (FSDP under
+    torch.distributed.pipelining, planner.schedule.held_zero), their peak, in one line."""
+    from dayzero.planner.engines import ENGINES, engines_for, pipelined_fsdp
+    from dayzero.planner.memory import estimate_memory
+    from dayzero.planner.schedule import held_zero
+
+    names = [n for n in engines_for(par) if held_zero(par.zero, par.pp, pipelined_fsdp(n)) != held_zero(
+        par.zero, par.pp, opts.pipelined_fsdp)]
+    if not names:
+        return
+    held = estimate_memory(spec, par, cl.memory_bytes, opts.with_(pipelined_fsdp=pipelined_fsdp(names[0])))
+    who = " and ".join(ENGINES[n].title for n in names)
+    console.print(f"{who} {'hold' if len(names) > 1 else 'holds'} {held.peak_bytes / 1e9:.2f} GB on stage "
+                  f"{held.busiest_stage} ({held.utilization:.1%}) here: FSDP under torch.distributed.pipelining keeps "
+                  f"the stage's parameters gathered and gradients unsharded until the step's end under pp > 1 "
+                  f"(docs/memory.md)", highlight=False)
 
 
 def _option_flags(grad_dtype: str, attention_kernel: str, dropout: bool, capacity_factor: float,

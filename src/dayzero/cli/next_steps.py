@@ -74,10 +74,8 @@ def cluster_flags(cluster: str | None, accelerator: str | None, devices: int | N
 
 
 def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node: int, why: str) -> Step:
-    """``dayzero train`` of a layout: ``--nproc`` on one host, torchrun on every node beyond.
-    ``recompute_layers`` is not a train flag (dayzero train recomputes every layer under full, as
-    export.job notes), so a plan's ``full(N)`` trains as full."""
-    flags = layout_flags({**p, "recompute_layers": None})
+    """``dayzero train`` of a layout: ``--nproc`` on one host, torchrun on every node beyond."""
+    flags = layout_flags(p)
     if devices <= devices_per_node:
         return Step.of("dayzero", "train", model, *flags, "--nproc", devices, why=why)
     nodes = math.ceil(devices / devices_per_node)

@@ -224,8 +224,10 @@ def print_engines(obj: dict) -> None:
     console.print(f"runs on: {', '.join(runs) or 'none of the engines dayzero knows as laid out'}", highlight=False)
     for name, e in ENGINES.items():
         if name not in obj["engines"]:
-            console.print(f"  not {e.title}: {'; '.join(engine_problems(e, p, obj.get('switches')))}",
-                          highlight=False)
+            why = engine_problems(e, p, obj.get("switches")) or [
+                f"zero {p.zero}, pp {p.pp}: does not fit as it holds memory (FSDP under torch.distributed.pipelining "
+                "keeps the stage's parameters gathered and gradients unsharded until the step's end; docs/memory.md)"]
+            console.print(f"  not {e.title}: {'; '.join(why)}", highlight=False)
 
 
 def print_training(tr: dict) -> None:

@@ -206,7 +206,7 @@ def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_
     good checkpoint in ``ckpt_dir`` (``--resume auto``) and appends to ``metrics``."""
     from dayzero.cli.next_steps import layout_flags
 
-    layout = layout_flags({**parallel.to_dict(), "recompute_layers": None})  # not a train flag: see unexpressed
+    layout = layout_flags(parallel.to_dict())
     out = ["dayzero", "train", spec.name, *layout, "--steps", str(job.steps),
            "--ckpt-dir", ckpt_dir, "--ckpt-every", str(job.ckpt_every), "--resume", "auto", "--metrics", metrics,
            "--quiet"]
@@ -220,9 +220,6 @@ def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_
 def unexpressed(parallel: ParallelConfig) -> list[str]:
     """Settings of the plan that ``dayzero train``'s flags do not carry."""
     out = []
-    if parallel.recompute_layers is not None:
-        out.append(f"recompute of {parallel.recompute_layers} layer(s) per stage (dayzero train recomputes every layer "
-                   "with --recompute full)")
     if parallel.rank_order != DENSE_ORDER:
         out.append(f"rank order {parallel.rank_order} (dayzero train numbers ranks {DENSE_ORDER})")
     return out

@@ -64,6 +64,10 @@ class Engine:
     # how its MoE layers send tokens to the experts (planner.comm.CommOptions.ep_dispatcher): "dedup" sends a
     # token once per rank (and once per remote node) it reaches, "all_to_all" every routed copy
     ep_dispatcher: str = "all_to_all"
+    # FSDP under torch.distributed.pipelining: with pp > 1 a ZeRO-2/3 stage keeps its parameters
+    # gathered and its gradients unsharded until the step's end (MemoryOptions.pipelined_fsdp,
+    # planner.schedule.held_zero), so its memory is priced that way (:func:`pipelined_fsdp`)
+    pipelined_fsdp: bool = False
 
 
 MEGATRON = Engine("megatron", "Megatron-Core", (
@@ -99,8 +103,8 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
 # between micro-batches: ZeRO-2 as laid out (sharded between micro-batches, reduce-scattered per
 # backward window, schedule.gradient_windows) is not what they run
 _PIPELINED_FSDP = ("torch.distributed.pipelining defers FSDP's gradient reduce-scatter to the last backward of the "
-                   "step, so ZeRO-2's gradients stay unsharded between micro-batches under pp > 1 (plan it as zero 1 "
-                   "for its memory)",
+                   "step, so ZeRO-2's gradients stay unsharded between micro-batches under pp > 1 (plan zero 3, "
+                   "priced as it holds memory under pp > 1)",
                    "torch/distributed/pipelining/stage.py PipelineStage.backward_maybe_with_nosync")
 
 
@@ -136,7 +140,9 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
     _no_activation_offload("torchtitan", "offloads FSDP parameters, gradients and optimizer states to the CPU "
                            "(training.enable_cpu_offload), not saved activations",
                            "torchtitan/config/job_config.py Training.enable_cpu_offload"),
-))
+),  # FSDP2 under torch.distributed.pipelining, which it keeps gathered after forward too (models/llama3/
+    # infra/parallelize.py apply_fsdp: reshard_after_forward_policy "default" is False when pp_enabled)
+    pipelined_fsdp=True)
 
 DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
     Limit(("zero", "pp"), lambda c: (c["pp"] == 1) | (c["zero"] <= 1),
@@ -182,7 +188,9 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
     _modules_limit("the runtime", "dayzero runtime models/recompute.py"),
     _no_activation_offload("the runtime", "keeps saved activations on the device (no activation offload)",
                            "dayzero runtime"),
-))
+),  # FSDP2 (runtime/parallel/data_parallel.py apply_fsdp) under torch.distributed.pipelining
+    # (runtime/parallel/pipeline.py)
+    pipelined_fsdp=True)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}
 
@@ -227,3 +235,20 @@ def engine_mask(engine: Engine | str, grid: dict, switches: dict | None = None) 
         if all(k in grid for k in lim.reads):
             ok &= np.broadcast_to(np.asarray(lim.ok(grid), dtype=bool), (n,))
     return ok
+
+
+def pipelined_fsdp(engine: Engine | str | None = None) -> tuple[int, ...]:
+    """The ZeRO stages whose memory under pp > 1 is priced as FSDP under torch.distributed.
+    pipelining holds it (MemoryOptions.pipelined_fsdp): every stage for such an ``engine``, none
+    for another; without one (an unpinned search, a ``memory`` or ``predict`` of a bare layout)
+    the stages that some engine runs with pp > 1 and every engine that does is such an engine,
+    so a layout is priced as the engines that run it hold it (today ZeRO-3: torchtitan and the
+    runtime; no engine runs ZeRO-2 with pp > 1, Megatron and DeepSpeed run ZeRO-1 as laid out)."""
+    if engine:
+        return (1, 2, 3) if (get_engine(engine) if isinstance(engine, str) else engine).pipelined_fsdp else ()
+    out = []
+    for z in (1, 2, 3):
+        runs = [e for e in ENGINES.values() if engine_mask(e, {"zero": np.array([z]), "pp": np.array([2])})[0]]
+        if runs and all(e.pipelined_fsdp for e in runs):
+            out.append(z)
+    return tuple(out)

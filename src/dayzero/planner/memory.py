@@ -32,8 +32,8 @@ from dayzero.planner.memory_terms import (
     rank_features,
     stage_terms,
 )
-from dayzero.planner.schedule import PLACEMENTS, effective_schedule, placement_code
-from dayzero.specs.grid import FULL, encode, recompute_layers, recompute_modules
+from dayzero.planner.schedule import PLACEMENTS, effective_schedule, pipeline_groups, placement_code
+from dayzero.specs.grid import encode, partial_layers, recompute_layers, recompute_modules
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
 
@@ -206,16 +206,11 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
         return out
     # One batch per rank-feature width (a few) rather than one per (pp, vpp, schedule) group
     # (hundreds in a search): each row gets its own group's rank features, the schedule is a column.
-    vpp_span = int(cols["vpp"].max()) + 1
     place = placement_code(cols["schedule"])
-    # full recompute of the first N layers of each chunk (0: every layer; only read under full)
-    nfull = np.where(cols["recompute"] == FULL, np.maximum(cols["recompute_layers"], 0), 0)
-    n_span = int(nfull.max()) + 1
-    keys, group = np.unique(((cols["pp"] * vpp_span + cols["vpp"]) * n_span + nfull) * 3 + place,
-                            return_inverse=True)
-    group = group.ravel()
-    feats = [_even_features(spec, int(k // 3 // n_span // vpp_span), int(k // 3 // n_span % vpp_span),
-                            PLACEMENTS[int(k % 3)], int(k // 3 % n_span)) for k in keys]
+    nfull = partial_layers(cols)  # full recompute of the first N layers of each chunk (0: every layer)
+    first, group = pipeline_groups(cols["pp"], cols["vpp"], nfull, place)
+    feats = [_even_features(spec, int(cols["pp"][i]), int(cols["vpp"][i]), PLACEMENTS[int(place[i])], int(nfull[i]))
+             for i in first]
     width = np.array([f.rank.shape[1] for f in feats])
     for w in np.unique(width):
         ids = np.flatnonzero(width == w)

@@ -26,7 +26,7 @@ from dayzero.planner.activations import (
 )
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
-from dayzero.planner.schedule import gradient_windows, head_inflight, inflight_microbatches
+from dayzero.planner.schedule import gradient_windows, head_inflight, held_zero, inflight_microbatches
 from dayzero.specs.grid import BF16, DUALPIPE, FIELDS, FULL, SELECTIVE, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
@@ -113,7 +113,11 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
                 capacity_bytes: float) -> dict[str, np.ndarray]:
     """All terms (bytes per device) for candidates ``c`` (grid columns of shape (n, 1) keyed by
     CANDIDATE_KEYS, schedule normalised by :func:`dayzero.planner.memory.memory_schedule`) on the
-    ranks described by ``f``. FP8 and FP4 GEMMs keep the same FP8 weight cache and activations."""
+    ranks described by ``f``. FP8 and FP4 GEMMs keep the same FP8 weight cache and activations.
+    Under ``opts.pipelined_fsdp`` the ZeRO stage is the one the engine holds at the peak
+    (:func:`dayzero.planner.schedule.held_zero`)."""
+    # the weights and gradients as the engine holds them (FSDP under torch.distributed.pipelining: ZeRO-1's)
+    c = {**c, "zero": held_zero(c["zero"], c["pp"], opts.pipelined_fsdp)}
     x = _candidates(spec, opts, c, f)
     t: dict[str, np.ndarray] = {}
     _model_state_terms(opts, x, t)

@@ -40,11 +40,17 @@ from dayzero.planner.comm import (
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
 from dayzero.planner.offload import offloaded_optimizer_s
 from dayzero.planner.scale_effects import straggler_factor
-from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
+from dayzero.planner.schedule import (
+    PLACEMENTS,
+    bubble_microbatches,
+    effective_schedule,
+    pipeline_groups,
+    placement_code,
+)
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
-from dayzero.specs.grid import FULL, UNREPLAYED, recompute_layers
+from dayzero.specs.grid import UNREPLAYED, partial_layers
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import PRECISIONS, model_split, stage_ranks, zero_sharded
 
@@ -297,13 +303,13 @@ def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tu
     counts_of = np.zeros((K2, n))  # layer counts of each candidate's slowest rank
     first_of, last_of = np.zeros(n), np.zeros(n)
     place = placement_code(g["schedule"]) if "schedule" in g else np.zeros(n, dtype=np.int64)
-    nfull = np.zeros(n, dtype=np.int64) if K2 == K else _partial_layers(g)
-    key = ((g["pp"] * 4096 + g["vpp"]) * 4096 + nfull) * 3 + place
-    order = np.argsort(key, kind="stable")
-    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    nfull = np.zeros(n, dtype=np.int64) if K2 == K else partial_layers(g)
+    _, group = pipeline_groups(g["pp"], g["vpp"], nfull, place)
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    mtp = mtp_class(spec)
     for idx in np.split(order, bounds):
         pp, vpp, nf = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]]), int(nfull[idx[0]])
-        mtp = mtp_class(spec)
         row_cls = cls
         if nf:
             row_cls = replayed_classes(cls, K, layer_split or model_split(len(cls), pp * vpp, mtp[1]), nf)
@@ -317,30 +323,32 @@ def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tu
     return SlowestRank(cls, counts_of, first_of, last_of)
 
 
-def _partial_layers(g: dict) -> np.ndarray:
-    """(N,) the grid's recompute_layers where it replays fewer than every layer (full recompute
-    with N > 0), else 0."""
-    return np.where(np.asarray(g["recompute"]) == FULL, np.maximum(recompute_layers(g), 0), 0)
-
-
 def partial_recompute(g: dict, costs, litems, evaluate_costs):
     """Costs and per-layer collectives with every layer class twice: as the grid prices it (under
     full recompute: replayed), then the same layer without recompute, for the layers past the first
-    ``recompute_layers`` of a chunk (:func:`replayed_classes`). ``evaluate_costs(grid)`` gives
-    (costs, layer items) of a grid. Returns (costs, litems, classes); unchanged without such rows."""
-    K = costs.fwd.shape[0]
-    if not _partial_layers(g).any():
+    ``recompute_layers`` of a chunk (:func:`replayed_classes`). ``evaluate_costs(grid, rows)`` gives
+    (costs, layer items) of the sub-grid of ``rows``: only the full(N) rows are priced again (the
+    others never read the second copy, which holds their first). Returns (costs, litems, classes);
+    unchanged without such rows."""
+    K, n = costs.fwd.shape
+    rows = np.flatnonzero(partial_layers(g))
+    if not len(rows):
         return costs, litems, K
-    plain = {**g, UNREPLAYED: _partial_layers(g) > 0}
-    costs0, litems0 = evaluate_costs(plain)
-    stack = {f.name: np.concatenate([getattr(costs, f.name), getattr(costs0, f.name)])
+    sub = {k: (v[rows] if np.ndim(v) == 1 and len(v) == n else v) for k, v in g.items()}
+    costs0, litems0 = evaluate_costs({**sub, UNREPLAYED: np.ones(len(rows), dtype=bool)}, rows)
+
+    def doubled(a, b):
+        """(2K, N): ``a`` over every row, then ``a`` with the full(N) rows' columns from ``b``."""
+        a = np.broadcast_to(a, (K, n))
+        second = np.array(a, dtype=np.result_type(a, b))
+        second[:, rows] = np.broadcast_to(b, (K, len(rows)))
+        return np.concatenate([a, second])
+
+    stack = {f.name: doubled(getattr(costs, f.name), getattr(costs0, f.name))
              for f in fields(costs) if np.ndim(getattr(costs, f.name)) == 2}
-    both = replace(costs, **stack)
-    items = [replace(a, **{k: np.concatenate([np.broadcast_to(getattr(a, k), costs.fwd.shape),
-                                              np.broadcast_to(getattr(b, k), costs.fwd.shape)])
-                          for k in ("nbytes", "ops", "time", "exposed")})
+    items = [replace(a, **{k: doubled(getattr(a, k), getattr(b, k)) for k in ("nbytes", "ops", "time", "exposed")})
              for a, b in zip(litems, litems0, strict=True)]
-    return both, items, 2 * K
+    return replace(costs, **stack), items, 2 * K
 
 
 def _first_layer_gather(litems, first_class: int, n: int):
@@ -407,11 +415,11 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     experts = spec.moe.experts if spec.moe is not None else 0
     groups = placed if placed is not None else place_groups(g, r)
 
-    def costs_of(grid):
+    def costs_of(grid, placed_groups=groups):
         c = compute_costs(spec, grid, r, consts, options.comm.imbalance(grid["ep"], experts), options.attention_kernel)
-        return c, layer_comm(spec, grid, r, c, groups, options.comm)
+        return c, layer_comm(spec, grid, r, c, placed_groups, options.comm)
 
-    costs, litems, n_classes = partial_recompute(g, *costs_of(g), costs_of)
+    costs, litems, n_classes = partial_recompute(g, *costs_of(g), lambda sub, rows: costs_of(sub, groups.rows(rows)))
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
 
     slow = slowest_rank(spec, g, costs, layer_exposed, layer_split, n_classes)

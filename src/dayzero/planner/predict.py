@@ -6,8 +6,9 @@ above 50 %, peak memory below 85 % of device capacity, exposed communication bel
 
 from __future__ import annotations
 
-from dayzero.planner.engines import engines_for
+from dayzero.planner.engines import engines_for, pipelined_fsdp
 from dayzero.planner.perf import Evaluation, PerfOptions, evaluate
+from dayzero.planner.schedule import held_zero
 from dayzero.planner.targets import MEMORY_TARGET, Targets
 from dayzero.planner.topology import process_groups
 from dayzero.specs.cluster import Cluster
@@ -40,8 +41,9 @@ def with_even_split(spec: ModelSpec, p: ParallelConfig) -> ParallelConfig:
 
 
 def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: Evaluation, i: int,
-               memory: dict, options: PerfOptions) -> dict:
-    """Assemble the contract object for candidate ``i`` of an evaluation."""
+               memory: dict, options: PerfOptions, engines: list[str] | None = None) -> dict:
+    """Assemble the contract object for candidate ``i`` of an evaluation (``engines``: the
+    engines label, :func:`fitting_engines`; default the engines that run the layout)."""
     f = lambda name: float(getattr(ev, name)[i])  # noqa: E731
     mfu, ratio = f("mfu"), f("comm_ratio")
     groups = process_groups(parallel, cluster)
@@ -63,8 +65,9 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "checks": checks(mfu, memory["utilization"], ratio),
         "communication": ev.inventory_of(i),
         "groups": {k: g.to_dict() for k, g in groups.items() if g.size > 1},
-        # the engines that run this layout as laid out, with the run's switches (planner.engines)
-        "engines": engines_for(parallel, options.switches()),
+        # the engines that run this layout as laid out with the run's switches (planner.engines), in
+        # their memory where it fits
+        "engines": engines_for(parallel, options.switches()) if engines is None else engines,
         # the run's switches the engine labels read, where one is on (planner.engines.SWITCHES)
         **({"switches": options.switches()} if any(options.switches().values()) else {}),
         # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
@@ -97,4 +100,24 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
     memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)
-    return prediction(spec, parallel, cluster, ev, 0, report.to_dict(), options)
+    engines = fitting_engines(spec, parallel, cluster.memory_bytes, memory_options, report.fits, options.switches())
+    return prediction(spec, parallel, cluster, ev, 0, report.to_dict(), options, engines)
+
+
+def fitting_engines(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int, memory_options,
+                    fits: bool, switches: dict | None = None) -> list[str]:
+    """The engines that run ``parallel`` as laid out (:func:`dayzero.planner.engines.engines_for`),
+    less, when it ``fits`` under ``memory_options``, those that hold its memory otherwise and do
+    not fit it: FSDP under torch.distributed.pipelining keeps ZeRO-3's parameters gathered and
+    gradients unsharded under pp > 1 (MemoryOptions.pipelined_fsdp, planner.schedule.held_zero),
+    so a ZeRO-3 + pp layout priced as laid out can fit where torchtitan and the runtime cannot run it."""
+    from dayzero.planner.memory import estimate_memory
+
+    out = []
+    for name in engines_for(parallel, switches):  # with the run's switches (planner.engines.SWITCHES)
+        mine = memory_options.with_(pipelined_fsdp=pipelined_fsdp(name))
+        same = held_zero(parallel.zero, parallel.pp, mine.pipelined_fsdp) == held_zero(
+            parallel.zero, parallel.pp, memory_options.pipelined_fsdp)
+        if same or not fits or estimate_memory(spec, parallel, capacity_bytes, mine).fits:
+            out.append(name)
+    return out

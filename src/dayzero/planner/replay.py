@@ -32,9 +32,9 @@ from dayzero.planner.activations import (
 from dayzero.planner.allocator import AllocatorOOM, CachingAllocator
 from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
-from dayzero.planner.schedule import gradient_windows, step_order
+from dayzero.planner.schedule import gradient_windows, held_zero, step_order
 from dayzero.specs.grid import code as code_of
-from dayzero.specs.model import ModelSpec, split_layer_type
+from dayzero.specs.model import ModelSpec, mixer_parts, split_layer_type
 from dayzero.specs.parallel import ParallelConfig, zero_sharded, zero_shards
 
 TRACKED = ("weights", "gradients", "optimizer", "activations", "temporary")
@@ -131,7 +131,8 @@ def _param_tensors(spec: ModelSpec, kind: str, p: ParallelConfig) -> list[tuple[
     """(name, local elements, is_expert) of one layer's parameters on this rank, before ZeRO."""
     lp = layer_params(spec, kind)
     # a recurrent mixer's tp-split weights are listed with the layer's other tp-split ones
-    a_tp, a_kv, a_rep = attention_split(spec) if split_layer_type(kind)[0] == "attention" else (0, 0, 0)
+    a_tp, a_kv, a_rep = attention_split(spec) if "attention" in mixer_parts(split_layer_type(kind)[0]) \
+        else (0, 0, 0)
     kv = spec.attention.kv_heads
     out = [("attn", a_tp / p.tp + a_kv / min(p.tp, kv), False), ("mlp", (lp.tp - a_tp) / p.tp, False),
            ("small", lp.rep, False)]
@@ -370,9 +371,11 @@ class _StepReplay:
 def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int | None = None,
                   options: MemoryOptions = MemoryOptions(), rank: int | None = None,
                   record_timeline: bool = False) -> StepSimulation:
-    """Replay one step on ``rank`` (default: the busiest stage of estimate_memory)."""
-    p = parallel
-    report = estimate_memory(spec, p, capacity_bytes or 1, options)
+    """Replay one step on ``rank`` (default: the busiest stage of estimate_memory), with the ZeRO
+    stage's weights and gradients as the engine holds them (``options.pipelined_fsdp``:
+    :func:`dayzero.planner.schedule.held_zero`)."""
+    report = estimate_memory(spec, parallel, capacity_bytes or 1, options)
+    p = parallel.with_(zero=int(held_zero(parallel.zero, parallel.pp, options.pipelined_fsdp)))
     rank = report.busiest_stage if rank is None else rank
     st = report.stages[rank]
     m_all = p.microbatches

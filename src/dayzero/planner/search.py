@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from dayzero.errors import FitError, LayoutError
-from dayzero.planner.engines import ENGINES, engine_mask
+from dayzero.planner.engines import ENGINES, engine_mask, pipelined_fsdp
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
@@ -60,6 +60,12 @@ VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules", "recompute_layers")
 # rule the backtest settles blank recompute with), not a nested ladder: Megatron-Bridge's presets
 # recompute mla_up_proj alone on DeepSeek-V3 and Kimi-K2, mlp + moe_act on GB300
 # (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py), which no ladder holds.
+
+
+def searched_memory(memory_options, space: SearchSpace | None):
+    """``memory_options`` as the search's engine holds memory (:func:`dayzero.planner.engines.
+    pipelined_fsdp`; unpinned, as the engines that run the layouts it changes)."""
+    return memory_options.with_(pipelined_fsdp=pipelined_fsdp(space.engine if space else None))
 
 
 def dropped_terms(spec: ModelSpec, mask: int) -> frozenset:
@@ -634,7 +640,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         from dayzero.planner.memory import peak_memory_batch as memory_fn  # noqa: N813
 
         options = options or PerfOptions()
-        memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
+        memory_options = searched_memory(memory_options or MemoryOptions.for_run(cluster.accelerator,
+                                                                                 options.attention_kernel), space)
     options = options or PerfOptions()
     space = space or SearchSpace()
     devices, domain = cluster.devices, scaleup_domain(cluster)
@@ -744,6 +751,7 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     plan under perturbed inputs, :mod:`dayzero.planner.sensitivity`)."""
     import time
 
+    from dayzero.planner.memory_options import MemoryOptions
     from dayzero.planner.predict import predict
     from dayzero.planner.sensitivity import POOL
 
@@ -756,7 +764,9 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     pool = candidate_layouts(result)
     layouts = pool[:want]
     chosen = best_of_families(layouts, top_k)
-    plans = [predict(spec, layouts[i], cluster, options, memory_options) for i in chosen]
+    mopts = searched_memory(memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel),
+                            space)
+    plans = [predict(spec, layouts[i], cluster, options, mopts) for i in chosen]
     best = plans[0]["time"]["step_s"]
     for p, i in zip(plans, chosen):
         p["family"] = family(layouts[i])
