@@ -18,9 +18,8 @@ def _timeout(*_):
 
 
 def _kind_line(k) -> str:
-    mix = None
-    if k.mixer:
-        mix = f"{k.mixer.kind}:{k.mixer.module}" + (f":{k.mixer.recurrent.kind}" if k.mixer.recurrent else "")
+    mix = "&".join(f"{m.kind}:{m.module}" + (f":{m.recurrent.kind}" if m.recurrent else "")
+                   for m in (k.mixer, getattr(k, "beside", None)) if m) or None  # beside: mixers side by side
     experts = k.ffn.experts.experts if k.ffn.experts else 0
     shared = k.ffn.shared.intermediate if k.ffn.shared else 0
     return (f"{k.name} L{len(k.layers)} mix={mix} ffn={k.ffn.kind}:{k.ffn.module} E={experts} sh={shared} "

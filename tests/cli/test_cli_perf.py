@@ -140,3 +140,21 @@ def test_deepseek_fp8_recipe_flags_slow_the_llama_fp8_layout(capsys):
     assert both == pytest.approx(block)
     assert main(LLAMA_ARGS + ["--fp8-scaling", "mx"]) == 2
     assert "--fp8-scaling" in capsys.readouterr().err
+
+
+def test_predict_recompute_layers_prices_the_first_n_layers(capsys):
+    """``--recompute-layers N`` on predict (a layout flag, as on memory): full recompute of the
+    first N layers of each chunk costs less time and keeps more memory than every layer, and more
+    time than none; alone it implies --recompute full; more layers than a chunk has, or N with
+    selective recompute, is a one-line error."""
+    base = ["predict", "llama-3.1-8b", "-a", "h100", "-n", "8", "--tp", "2", "--pp", "2", "--gbs", "16"]
+    none = run_json(base, capsys)
+    some = run_json(base + ["--recompute-layers", "4"], capsys)
+    every = run_json(base + ["--recompute", "full"], capsys)
+    assert some["parallel"]["recompute"] == "full" and some["parallel"]["recompute_layers"] == 4
+    assert none["time"]["step_s"] < some["time"]["step_s"] < every["time"]["step_s"]
+    assert every["memory"]["peak_bytes"] < some["memory"]["peak_bytes"] < none["memory"]["peak_bytes"]
+    assert main(base + ["--recompute-layers", "17"]) == 2
+    assert "exceed the 16 layers of a model chunk" in capsys.readouterr().err
+    assert main(base + ["--recompute", "selective", "--recompute-layers", "2"]) == 2
+    assert "need recompute full" in capsys.readouterr().err

@@ -251,3 +251,34 @@ def test_hybrid_layers_have_their_mixers_and_ffns(model_type, tmp_path):
     assert [f"{k.mixer.module}:{k.ffn.kind}" for k in desc.kind_of()] == want
     assert all(k.other == 0 for k in desc.kinds)
     assert desc.total == meta_count(model_type, cfg)
+
+
+# Falcon-H1 (transformers FalconH1DecoderLayer): every layer runs a Mamba-2 mixer (``mamba``,
+# FalconH1Mixer) and attention (``self_attn``) on one input_layernorm output and adds them
+FALCON_H1 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=96, vocab_size=128, max_position_embeddings=256, mamba_d_ssm=64,
+                 mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=64,
+                 mamba_rms_norm=True)
+
+
+def test_falcon_h1_describes_both_mixers_side_by_side(tmp_path):
+    """Hand-derived from the config: Mamba-2 inner mamba_d_ssm 64 = 8 heads x 8 (mamba_d_head
+    "auto": 64 / 8), conv over 64 + 2 groups x 16 states with bias, a gated norm (mamba_rms_norm);
+    attention 4 heads x 16 (hidden / heads), 2 KV heads. Both mixers are read, so nothing of the
+    layer is left over and nothing is traced; the counts equal the module tree."""
+    if "falcon_h1" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no falcon_h1")
+    spec = load(tmp_path, "falcon_h1", FALCON_H1)
+    assert spec.layer_mixers == ("attention&recurrent",) * 2 and spec.layer_kinds == ("dense",) * 2
+    assert spec.recurrent == RecurrentSpec(kind="mamba2", heads=8, head_dim=8, d_state=16, n_groups=2,
+                                           conv_kernel=4, chunk_size=64, conv_bias=True)
+    a = spec.attention
+    assert (a.heads, a.kv_heads, a.head_dim) == (4, 2, 16)
+    assert spec.layer_extra == (0,) * 2
+    assert not any("tracing" in n or "more parameters" in n for n in spec.extra["approximations"])
+    assert params_total(spec) == meta_count("falcon_h1", FALCON_H1) == spec.extra["params_module_tree"]
+    (kind,) = spec.extra["description"].kinds
+    # the larger first: Mamba-2 17,624 parameters (tests/planner/test_parallel_hybrid.py counts the
+    # same shapes by hand), attention 12,288
+    assert [(m.module, m.params) for m in kind.mixers] == [("FalconH1Mixer", 17_624), ("FalconH1Attention", 12_288)]
+    assert kind.other == 0

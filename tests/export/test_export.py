@@ -137,13 +137,13 @@ def test_megatron_writes_and_reads_full_recompute_of_n_layers_as_the_block_metho
     assert megatron.parallel_from_args(plain, world=16)[0].recompute_layers is None
 
 
-def test_the_train_step_of_a_full_n_plan_trains_as_full():
-    """A plan's full(N) (recompute_layers) is a memory and Megatron flag, not a dayzero train flag
-    (dayzero train recomputes every layer under full: export.job lists it as unexpressed), so the
-    suggested train command leaves it out while the memory command keeps it."""
+def test_the_train_step_of_a_full_n_plan_trains_full_n():
+    """A plan's full(N) (recompute_layers) is a dayzero train flag: the runtime checkpoints the first
+    N blocks of each chunk (runtime.models.recompute.apply_activation_checkpointing), so the
+    suggested train command carries it as the memory command does."""
     from dayzero.cli.next_steps import layout_flags, train_step
 
     p = P(tp=2, pp=4, dp=8, gbs=64, recompute="full", recompute_layers=3).to_dict()
-    words = train_step("llama-3.1-8b", p, 64, 8, "train it").argv
-    assert "--recompute-layers" not in words and "full" in words
+    words = [str(w) for w in train_step("llama-3.1-8b", p, 64, 8, "train it").argv]
+    assert words[words.index("--recompute-layers") + 1] == "3" and "full" in words
     assert "--recompute-layers" in layout_flags(p)

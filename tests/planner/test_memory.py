@@ -214,16 +214,18 @@ def test_vendor_defaults_for_communicator_buffers():
 def test_batch_reads_recompute_layers_as_estimate_memory_does():
     """The grid's recompute_layers column (0: every layer) prices full recompute of the first N
     layers of each chunk, as estimate_memory (memory._features) does: DeepSeek-V3's first 3 dense
-    layers, vpp chunks, the MTP layer on the last stage, and N beyond a chunk's length."""
+    layers, vpp chunks, the MTP layer on the last stage, N up to a chunk's length (4 of pp16's
+    chunks). N beyond the largest chunk, or N without full recompute, is a layout error."""
     spec = load_model("deepseek-v3")
     layouts = [ParallelConfig(pp=pp, vpp=vpp, dp=8, ep=8, gbs=8 * pp * 2, zero=1, recompute="full",
                               recompute_layers=n, layer_split=model_split(61, pp * vpp, 1))
-               for pp, vpp in ((8, 1), (4, 2), (16, 1)) for n in (None, 1, 2, 5, 100)]
-    layouts.append(ParallelConfig(pp=4, dp=8, ep=8, gbs=64, recompute="selective", recompute_layers=2,
-                                  layer_split=model_split(61, 4, 1)))  # ignored without full recompute
+               for pp, vpp in ((8, 1), (4, 2), (16, 1)) for n in (None, 1, 2, 4)]
     want = [estimate_memory(spec, p, 80 * GB).peak_bytes for p in layouts]
     got = peak_memory_batch(spec, encode(layouts), 80 * GB)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=8)
+    beyond = layouts[-1].with_(recompute_layers=5)  # pp16: ceil(61 / 16) = 4 layers a chunk
+    assert any("exceed the 4 layers of a model chunk" in m for m in beyond.problems(spec))
+    assert any("need recompute full" in m for m in layouts[-1].with_(recompute="selective").problems(spec))
 
 
 def test_recompute_layers_memory_is_linear_in_n():

@@ -9,7 +9,7 @@ from dayzero.errors import FitError
 from dayzero.planner.engines import ENGINES, engine_mask
 from dayzero.planner.memory import MemoryOptions, peak_memory_batch
 from dayzero.planner.perf import evaluate
-from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
+from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search, searched_memory
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import DUALPIPE
 from dayzero.specs.registry import load_model
@@ -35,7 +35,8 @@ def brute_force(spec, cluster, gbs, seq, space, limit, options=None, precision="
     full["zero"] = np.tile([z for z, _, _ in zr], n)
     full["recompute"] = np.tile([r for _, r, _ in zr], n)
     full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
-    opts = MemoryOptions.for_accelerator(cluster.accelerator)
+    # priced as the engines that run each layout hold memory (ZeRO-3 + pp: pipelined FSDP, search.searched_memory)
+    opts = searched_memory(MemoryOptions.for_accelerator(cluster.accelerator), space)
     fits, best = np.zeros(len(full["tp"]), dtype=bool), np.inf
     runs_any = np.zeros(len(full["tp"]), dtype=bool)
     for state in product((0, 1), repeat=len(SWITCHES)):

@@ -12,7 +12,7 @@ from dayzero.errors import LayoutError
 from dayzero.planner.engines import ENGINES, engine_mask, engines_for
 from dayzero.planner.memory import MemoryOptions, estimate_memory, peak_memory_batch
 from dayzero.planner.perf import evaluate
-from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search
+from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search, searched_memory
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.counting import params_total
 from dayzero.specs.grid import DUALPIPE, SWITCHES, decode, encode
@@ -134,7 +134,7 @@ def _every_state(spec, cluster, gbs, seq, space, limit, precision):
     full["recompute"] = np.tile([r for _, r, _ in zr], n)
     full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
     base_of = np.repeat(np.arange(n), len(zr))
-    opts = MemoryOptions.for_accelerator(cluster.accelerator)
+    opts = searched_memory(MemoryOptions.for_accelerator(cluster.accelerator), space)  # as the search prices it
     fits, best = np.zeros(len(base_of), dtype=bool), np.full(n, np.inf)
     for state in product((0, 1), repeat=len(SWITCHES)):
         g = {**full, **{s: np.full(len(base_of), v, dtype=np.int64) for s, v in zip(SWITCHES, state)}}

@@ -113,6 +113,16 @@ def test_initial_value_is_a_function_of_name_and_seed():
     assert abs(float(initial_value("output.weight", (256, 256), 0).std()) - 0.02) < 0.002
 
 
+def test_recompute_of_the_first_n_blocks_wraps_only_those():
+    """--recompute full --recompute-layers N checkpoints the first N blocks of the chunk and leaves
+    the rest as they are (Megatron's block method)."""
+    spec = load_model("tiny-llama").shrink(layers=3, hidden=64)
+    model = build_model(spec, 16)
+    assert apply_activation_checkpointing(model, "full", 2) == 2
+    # the checkpointed call replaces forward on the instance (recompute._checkpoint_forward)
+    assert ["forward" in vars(b) for b in model.layers.values()] == [True, True, False]
+
+
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_recompute_keeps_parameter_names_and_values(mode):
     spec = load_model("tiny-llama").shrink(layers=2, hidden=64)

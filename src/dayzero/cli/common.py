@@ -88,6 +88,9 @@ RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
     "--recompute-modules", help="With selective recompute, the modules recomputed, comma-separated (Megatron "
     "--recompute-modules): core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts. Default core_attn; "
     "giving modules implies --recompute selective.")]
+RecomputeLayersOpt = Annotated[Optional[int], typer.Option(
+    "--recompute-layers", min=1, help="With --recompute full: only the first N layers of each model chunk (Megatron "
+    "--recompute-method block --recompute-num-layers N).")]
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence "
                                                                                         "parallelism with TP.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Compute precision: bf16 | fp8.")]
@@ -114,7 +117,8 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
     flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("ep", EpOpt, 1),
              ("etp", EtpOpt, 1), ("vpp", VppOpt, 1), ("mbs", MbsOpt, 1), ("gbs", GbsOpt, None),
              ("seq", seq_opt, seq_default), ("zero", ZeroOpt, 1), ("recompute", RecomputeOpt, "none"),
-             ("recompute_modules", RecomputeModulesOpt, None), ("sequence_parallel", SpOpt, False),
+             ("recompute_modules", RecomputeModulesOpt, None), ("recompute_layers", RecomputeLayersOpt, None),
+             ("sequence_parallel", SpOpt, False),
              ("schedule", ScheduleOpt, None), ("layer_split", SplitOpt, None)]
     names = [n for n, _, _ in flags]
 
@@ -162,11 +166,19 @@ OptimizerOffloadOpt = Annotated[bool, typer.Option("--optimizer-offload/--no-opt
                                                         "ZeRO-Offload); the step pays the host Adam and PCIe.")]
 
 
+ActivationOffloadOpt = Annotated[int, typer.Option("--activation-offload", metavar="N",
+                                                   help="Keep the saved activations of the first N layers of each "
+                                                        "model chunk in host memory between forward and backward "
+                                                        "(Megatron --cpu-offloading --cpu-offloading-num-layers N); "
+                                                        "each micro-batch pays the PCIe copies compute does not "
+                                                        "hide. 0: off.")]
+
+
 def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool = False,
-                  optimizer_offload: bool = False) -> dict:
+                  optimizer_offload: bool = False, activation_offload: int = 0) -> dict:
     """MemoryOptions keywords of ``--moments``, ``--activation-func-fp8-input-store``,
-    ``--fp8-param-gather`` and ``--optimizer-offload`` (the defaults give none, so each verb's own
-    defaults stay)."""
+    ``--fp8-param-gather``, ``--optimizer-offload`` and ``--activation-offload`` (the defaults give
+    none, so each verb's own defaults stay)."""
     from dayzero.errors import ConfigError
     from dayzero.planner.memory_options import MOMENT_BYTES
 
@@ -181,6 +193,11 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
         out["fp8_params"] = True
     if optimizer_offload:
         out["optimizer_offload"] = True
+    if activation_offload:
+        from dayzero.planner.activation_offload import check_activation_offload
+
+        check_activation_offload(activation_offload)
+        out["activation_offload_layers"] = activation_offload
     return out
 
 

@@ -92,6 +92,10 @@ def export_cmd(
     optimizer_offload: Annotated[bool, typer.Option("--optimizer-offload", help="Megatron: the optimizer on the "
                                                     "host (--optimizer-cpu-offload, as planned with the same "
                                                     "flag).")] = False,
+    activation_offload: Annotated[int, typer.Option("--activation-offload", metavar="N", min=0,
+                                                    help="Megatron: the saved activations of the first N layers on "
+                                                         "the host (--cpu-offloading --cpu-offloading-num-layers N, "
+                                                         "as planned with the same flag).")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments, torchtitan's config overrides, a
@@ -131,7 +135,8 @@ def export_cmd(
              "--exclude-from": exclude_from, "--exclude": exclude, "--cpus-per-node": cpus_per_node,
              "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim,
              "--rank-table": rank_table}
-    for flag, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload)):
+    for flag, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload),
+                     ("--activation-offload", activation_offload)):
         if on and to != "megatron":
             raise ConfigError(flag, None, f"only --to megatron writes it, not {to}")
     writer = _writer(to)
@@ -152,6 +157,8 @@ def export_cmd(
             raise ConfigError(unused[0], None, f"is a scheduler option (--to {' | '.join(SCHEDULERS)}), not {to}'s")
         extra = {k: True for k, on in (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
                  if on}
+        if activation_offload:
+            extra["activation_offload_layers"] = activation_offload
         result = writer.export(spec, parallel, devices_per_node=devices_per_node or 8, **extra)
     paths = result.write(out) if out else []
     if json_out:

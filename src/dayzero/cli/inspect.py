@@ -105,8 +105,8 @@ def _print_derived_kinds(spec) -> None:
     for col in ("layers", "kind", "mixer", "feed-forward", "params/layer"):
         t.add_column(col, num=col == "params/layer")
     for k in desc.kinds:
-        m, f = k.mixer, k.ffn
-        mixer = "·" if m is None else f"{m.module} ({m.heads}/{m.kv_heads} heads x {m.head_dim})"
+        f = k.ffn
+        mixer = " & ".join(f"{m.module} ({m.heads}/{m.kv_heads} heads x {m.head_dim})" for m in k.mixers) or "·"
         ffn = f.module or "·"
         if f.experts:
             ffn += f" ({f.experts.experts} experts top-{f.top_k} x {f.experts.expert.intermediate}" + (

@@ -10,6 +10,7 @@ from dayzero.cli.app import app
 from dayzero.cli.common import (
     AcceleratorOpt,
     ActFp8Opt,
+    ActivationOffloadOpt,
     AttentionKernelOpt,
     ClusterOpt,
     DevicesOpt,
@@ -65,15 +66,13 @@ def memory_cmd(
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
-    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: only "
-                                                                                       "the first N layers of each "
-                                                                                       "stage.")] = None,
     balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp "
                                                             "1).")] = False,
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
                                                                  "(ZeRO paper).")] = "fp32",
     attention_kernel: AttentionKernelOpt = "fused", moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
     fp8_params: Fp8ParamOpt = False, optimizer_offload: OptimizerOffloadOpt = False,
+    activation_offload: ActivationOffloadOpt = 0,
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced "
                                                                              "share.")] = 1.0,
@@ -112,20 +111,20 @@ def memory_cmd(
     from dayzero.errors import ConfigError
     from dayzero.planner.memory import MemoryOptions
     from dayzero.planner.memory_breakdown import memory_breakdown, memory_layout
+    from dayzero.planner.predict import check_offload_layout
     from dayzero.specs.registry import load_model
 
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     par = layout.parallel(cl.devices, precision)
-    if recompute_layers is not None:
-        par = par.with_(recompute_layers=recompute_layers)
     if grad_dtype not in ("fp32", "bf16"):
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
                                  allocator=allocator,
-                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload))
+                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload))
     par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
+    check_offload_layout(spec, par, activation_offload)
     if exact:
         from dayzero.cli.memory_exact import run_exact
 
@@ -149,10 +148,31 @@ def memory_cmd(
         emit_json({**mb.to_dict(), **model_notes(spec)})
         return
     _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
+    _print_held(spec, cl, par, report, opts)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
     extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation, allocator)
     extra += [f for f, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload)) if on]
+    extra += ["--activation-offload", str(activation_offload)] if activation_offload else []
     _next(spec, cl, par, report, opts, where, extra)
+
+
+def _print_held(spec, cl, par, report, opts) -> None:
+    """Where the engines that run this layout hold memory otherwise than laid out (FSDP under
+    torch.distributed.pipelining, planner.schedule.held_zero), their peak, in one line."""
+    from dayzero.planner.engines import ENGINES, engines_for, pipelined_fsdp
+    from dayzero.planner.memory import estimate_memory
+    from dayzero.planner.schedule import held_zero
+
+    names = [n for n in engines_for(par) if held_zero(par.zero, par.pp, pipelined_fsdp(n)) != held_zero(
+        par.zero, par.pp, opts.pipelined_fsdp)]
+    if not names:
+        return
+    held = estimate_memory(spec, par, cl.memory_bytes, opts.with_(pipelined_fsdp=pipelined_fsdp(names[0])))
+    who = " and ".join(ENGINES[n].title for n in names)
+    console.print(f"{who} {'hold' if len(names) > 1 else 'holds'} {held.peak_bytes / 1e9:.2f} GB on stage "
+                  f"{held.busiest_stage} ({held.utilization:.1%}) here: FSDP under torch.distributed.pipelining keeps "
+                  f"the stage's parameters gathered and gradients unsharded until the step's end under pp > 1 "
+                  f"(docs/memory.md)", highlight=False)
 
 
 def _option_flags(grad_dtype: str, attention_kernel: str, dropout: bool, capacity_factor: float,
@@ -171,7 +191,11 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
     """Fits: its step time next. Above the target: the one-flag changes that bring it under
     (estimated here), then a search over every layout."""
     if report.utilization <= TARGET:
-        print_next(console, [Step.of("dayzero", "predict", *where, *layout_flags(par.to_dict()),
+        # the memory options predict prices too (its time terms read them)
+        carry = [f for f, on in (("--fp8-param-gather", opts.fp8_params), ("--optimizer-offload",
+                                                                          opts.optimizer_offload)) if on]
+        carry += ["--activation-offload", str(opts.activation_offload_layers)] if opts.activation_offload_layers else []
+        print_next(console, [Step.of("dayzero", "predict", *where, *layout_flags(par.to_dict()), *carry,
                                      why="step time, MFU and communication of this layout")])
         return
     from dayzero.planner.remedies import single_changes
@@ -182,7 +206,7 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
         console.print(f"Under the {TARGET:.0%} target with one change: {shown}.", highlight=False)
     else:
         console.print(f"No single change of tp, pp, cp, ZeRO, recompute, sequence parallelism, micro-batch or "
-                      f"optimizer offload "
+                      f"activation or optimizer offload "
                       f"brings the peak under {TARGET:.0%}; search every layout:", highlight=False)
     steps = [Step.of("dayzero", "memory", *where, *layout_flags(fixes[0].parallel.to_dict()), *extra,
                      *(fixes[0].change if fixes[0].option else ()),

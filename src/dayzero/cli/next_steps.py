@@ -81,16 +81,14 @@ def cluster_flags(cluster: str | None, accelerator: str | None, devices: int | N
 
 
 def train_layout(p: Mapping[str, Any]) -> dict:
-    """A plan's layout as ``dayzero train`` takes it: without ``recompute_layers`` (train recomputes
-    every layer under full) and the memory switches (:data:`SWITCH_FLAGS`), which its flags do not
-    carry (export.job.unexpressed names them)."""
-    return {**p, "recompute_layers": None, **{s: False for s, _ in SWITCH_FLAGS}}
+    """A plan's layout as ``dayzero train`` takes it: without the memory switches
+    (:data:`SWITCH_FLAGS`), which its flags do not carry (export.job.unexpressed names them)."""
+    return {**p, **{s: False for s, _ in SWITCH_FLAGS}}
 
 
 def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node: int, why: str) -> Step:
-    """``dayzero train`` of a layout: ``--nproc`` on one host, torchrun on every node beyond.
-    ``recompute_layers`` is not a train flag (dayzero train recomputes every layer under full, as
-    export.job notes), so a plan's ``full(N)`` trains as full."""
+    """``dayzero train`` of a layout: ``--nproc`` on one host, torchrun on every node beyond; without
+    the memory switches, which are not train flags (:func:`train_layout`)."""
     flags = layout_flags(train_layout(p))
     if devices <= devices_per_node:
         return Step.of("dayzero", "train", model, *flags, "--nproc", devices, why=why)

@@ -12,6 +12,7 @@ from dayzero.cli.common import (
     DEFAULT_TOKENS,
     AcceleratorOpt,
     ActFp8Opt,
+    ActivationOffloadOpt,
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
@@ -159,7 +160,7 @@ def plan_cmd(
         "mlp, moe, shared_experts. Default: core_attn; core_attn+moe_act+layernorm; + mla_up_proj, those that "
         "apply to the model.")] = None,
     moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: SearchedFp8ParamOpt = None,
-    optimizer_offload: SearchedOffloadOpt = None,
+    optimizer_offload: SearchedOffloadOpt = None, activation_offload: ActivationOffloadOpt = 0,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
@@ -196,7 +197,7 @@ def plan_cmd(
                                ep_dispatcher=dispatcher_option(ep_dispatcher, engine), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
                                fp8_param_gather=bool(fp8_params),
-                               optimizer_offload=bool(optimizer_offload))
+                               optimizer_offload=bool(optimizer_offload), activation_offload_layers=activation_offload)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     asked = (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
     no_switches = tuple(name for name, on in asked if on is False)  # --no-X: kept off
@@ -219,7 +220,11 @@ def plan_cmd(
         from dayzero.planner.engines import get_engine
 
         engine = get_engine(engine).name
-    recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload))
+    recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload), activation_offload)
+    if activation_offload:  # per layout the search caps it at each chunk's layers - 1 (planner.activation_offload)
+        from dayzero.planner.activation_offload import check_activation_offload
+
+        check_activation_offload(activation_offload, spec.layers)
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions

@@ -11,6 +11,7 @@ from dayzero.cli.common import (
     DEFAULT_TOKENS,
     AcceleratorOpt,
     ActFp8Opt,
+    ActivationOffloadOpt,
     AttentionKernelOpt,
     ClusterOpt,
     DevicesOpt,
@@ -100,7 +101,7 @@ def predict_cmd(
     rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",
     moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
-    optimizer_offload: OptimizerOffloadOpt = False,
+    optimizer_offload: OptimizerOffloadOpt = False, activation_offload: ActivationOffloadOpt = 0,
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
     json_out: JsonOpt = False,
@@ -125,18 +126,21 @@ def predict_cmd(
                                ep_dispatcher=dispatcher_option(ep_dispatcher), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
                                fp8_param_gather=fp8_params,
-                               optimizer_offload=optimizer_offload)
+                               optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
     # the memory switches as the layout's own (planner.switches), so its engines are those that run them
     par = par.with_(fp8_param_gather=bool(fp8_params) and precision != "bf16",
                     optimizer_offload=bool(optimizer_offload))
-    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload)
+    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload)
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions
 
         mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
+    from dayzero.planner.predict import check_offload_layout, with_even_split
+
+    check_offload_layout(spec, with_even_split(spec, par), activation_offload)
     obj = with_training(predict(spec, par, cl, opts, mopts), cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
@@ -170,8 +174,8 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
     s.add_column("term")
     s.add_column("seconds", num=True)
     s.add_column("share", num=True)
-    for k in ("compute_s", "comm_exposed_s", "bubble_s", "optimizer_s", "straggler_s"):
-        if k == "straggler_s" and not t.get(k):
+    for k in ("compute_s", "comm_exposed_s", "bubble_s", "optimizer_s", "straggler_s", "activation_offload_s"):
+        if k in ("straggler_s", "activation_offload_s") and not t.get(k):
             continue
         s.add_row(k[:-2].replace("_", " "), f"{t[k]:.3f}", f"{t[k] / t['step_s']:.1%}")
     s.add_row("[bold]step[/bold]", f"[bold]{t['step_s']:.3f}[/bold]", "")
@@ -223,7 +227,10 @@ def print_engines(obj: dict) -> None:
     console.print(f"runs on: {', '.join(runs) or 'none of the engines dayzero knows as laid out'}", highlight=False)
     for name, e in ENGINES.items():
         if name not in obj["engines"]:
-            console.print(f"  not {e.title}: {'; '.join(engine_problems(e, p))}", highlight=False)
+            why = engine_problems(e, p, obj.get("switches")) or [
+                f"zero {p.zero}, pp {p.pp}: does not fit as it holds memory (FSDP under torch.distributed.pipelining "
+                "keeps the stage's parameters gathered and gradients unsharded until the step's end; docs/memory.md)"]
+            console.print(f"  not {e.title}: {'; '.join(why)}", highlight=False)
 
 
 def print_training(tr: dict) -> None:

@@ -5,8 +5,9 @@ For any ``model_type`` transformers implements (or a directory with its own ``mo
 well under a second for the configs tried) and described from its module tree alone
 (:mod:`dayzero.derive.structure`): the decoder layers, grouped into kinds of identical layers; each
 kind's mixer (softmax attention GQA/MLA with its window, chunk and RoPE, or a recurrent linear
-attention / SSM mixer) and feed-forward block (dense, or routed experts with top-k, per-expert width
-and shared experts); norms, embeddings and exact parameter counts.
+attention / SSM mixer; a parallel hybrid's layer holds one of each side by side) and feed-forward
+block (dense, or routed experts with top-k, per-expert width and shared experts); norms, embeddings
+and exact parameter counts.
 
 Counts are of the module tree: ``named_parameters(remove_duplicate=True)`` (a tied head once) plus
 persistent buffers (checkpoints store them: DeepSeek's ``e_score_correction_bias`` is one; rotary
@@ -86,8 +87,16 @@ class LayerKind:
     mixer: Mixer | None
     ffn: FeedForward
     norms: int
-    other: int  # parameters of the layer outside mixer, feed-forward and norms
+    other: int  # parameters of the layer outside mixer(s), feed-forward and norms
     params: int  # one layer, parameters + persistent buffers
+    # a second token mixer of the other family beside ``mixer`` (softmax attention next to a read
+    # recurrent mixer, or the reverse): a parallel hybrid's layer (Falcon-H1); None in every other
+    beside: Mixer | None = None
+
+    @property
+    def mixers(self) -> tuple[Mixer, ...]:
+        """The layer's token mixers: ``mixer``, then ``beside`` where there is one."""
+        return tuple(m for m in (self.mixer, self.beside) if m is not None)
 
 
 @dataclass(frozen=True)
@@ -349,11 +358,34 @@ def _kind(layer, indices: list[int], config, hidden: int, family: str = "") -> L
     mixer_q, mixer_mod = mixer_mods[0] if mixer_mods else ("", None)
     ltype = _layer_type(config, indices[0], mixer_mod)
     mixer = _mixer(mixer_mod, config, hidden, ltype) if mixer_mod is not None else None
+    beside = _beside(mixer, [m for _, m in mixer_mods[1:]] if named else [], config, hidden, ltype)
     ffn = _ffn([m for _, m in ffn_mods], config, hidden)
     norms = sum(st.numel(m, True) for q, m in children if cats[q] == "norm")
     total = st.numel(layer, True)
-    other = total - (mixer.params if mixer else 0) - ffn.params - norms
-    return LayerKind(name="", layers=tuple(indices), mixer=mixer, ffn=ffn, norms=norms, other=other, params=total)
+    other = total - sum(m.params for m in (mixer, beside) if m) - ffn.params - norms
+    return LayerKind(name="", layers=tuple(indices), mixer=mixer, ffn=ffn, norms=norms, other=other, params=total,
+                     beside=beside)
+
+
+def _beside(mixer: Mixer | None, others: list, config, hidden: int, ltype: str) -> Mixer | None:
+    """A second whole token mixer of the other family among the layer's other children that read as
+    mixers (largest first), or None: next to softmax attention a recurrent mixer whose weights read
+    as a Mamba-2 / Gated-DeltaNet layout, next to such a recurrent mixer a softmax attention with
+    projections from and into the hidden width. A parallel hybrid holds both (transformers'
+    FalconH1DecoderLayer: ``mamba`` and ``self_attn`` read one ``input_layernorm`` output, their
+    outputs summed); a helper named like attention or a short convolution (no per-head state) is
+    neither, and stays the layer's unread part."""
+    if mixer is None or (mixer.kind == "recurrent" and mixer.recurrent is None):
+        return None
+    for mod in others:
+        if mixer.kind != "recurrent":
+            if st.is_recurrent_mixer(mod) and st.recurrent_shapes(mod, hidden) is not None:
+                return _mixer(mod, config, hidden, ltype)
+        elif not st.is_recurrent_mixer(mod):
+            maps = st.linear_maps(mod)
+            if any(m.in_features == hidden for m in maps) and any(m.out_features == hidden for m in maps):
+                return _mixer(mod, config, hidden, ltype)
+    return None
 
 
 def _mixer(mod, config, hidden: int, ltype: str) -> Mixer:
@@ -483,6 +515,8 @@ def _named(kinds: list[LayerKind]) -> list[LayerKind]:
             tags.append(f"chunk {m.chunk}")
         if m is not None and m.kind != "recurrent" and not m.rope:
             tags.append("no-rope")
+        if k.beside is not None:
+            mix = "&".join(sorted((mix, "linear" if k.beside.kind == "recurrent" else "attention")))
         return f"{mix}+{k.ffn.kind}" + (f" ({', '.join(tags)})" if tags else "")
 
     names = [base(k) for k in kinds]

@@ -9,8 +9,9 @@ equals the meta-device count to the unit.
 
 Recurrent mixers (Mamba-2 SSD, Gated-DeltaNet-style linear attention) whose weights
 :func:`dayzero.derive.structure.recurrent_shapes` reads become ``recurrent`` layers of the spec
-(ModelSpec.recurrent, layer_mixers); layers without a mixer or without a feed-forward block are
-``none`` there, so they cost no attention or MLP.
+(ModelSpec.recurrent, layer_mixers); a layer holding such a mixer and softmax attention side by
+side (a parallel hybrid, LayerKind.beside) becomes ``attention&recurrent``, costing both; layers
+without a mixer or without a feed-forward block are ``none`` there, so they cost no attention or MLP.
 
 What the planner can only approximate is returned as sentences (``approximations``), never
 silently: recurrent mixers whose weights are not such a layout, chunked attention, layers whose
@@ -24,7 +25,7 @@ from dataclasses import replace
 
 from dayzero.derive.describe import LayerKind, ModelDescription
 from dayzero.specs.counting import embedding_params, head_params, layer_count, norm_params
-from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
+from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec, parallel_mixer
 
 
 def ranges(layers: tuple[int, ...]) -> str:
@@ -41,7 +42,7 @@ def ranges(layers: tuple[int, ...]) -> str:
 
 
 def _attention(k: LayerKind) -> AttentionSpec:
-    m = k.mixer
+    m = _attention_mixer(k) or k.mixer
     if m.kind == "mla":
         return AttentionSpec(kind="mla", heads=m.heads, kv_heads=m.heads, head_dim=m.head_dim, v_head_dim=m.v_head_dim,
                              qkv_bias=m.qkv_bias, o_bias=m.o_bias, q_lora_rank=m.q_lora_rank,
@@ -62,10 +63,10 @@ def spec_from_description(desc: ModelDescription) -> tuple[ModelSpec, list[str]]
     approx: list[str] = []
     kinds = desc.kinds
     rec_kind = next((k for k in kinds if _read_recurrent(k)), None)
-    recurrent = rec_kind.mixer.recurrent if rec_kind is not None else None
+    recurrent = _recurrent_mixer(rec_kind).recurrent if rec_kind is not None else None
     per_layer = desc.kind_of()
     mixers = tuple(_mixer_kind(k) for k in per_layer)
-    attn_kinds = [k for k in kinds if k.mixer is not None and k.mixer.kind != "recurrent"]
+    attn_kinds = [k for k in kinds if _attention_mixer(k) is not None]
     ref_attn = attn_kinds[0] if attn_kinds else next((k for k in kinds if k.mixer is not None and not
                                                       _read_recurrent(k)), None)
     if ref_attn is None:
@@ -74,7 +75,7 @@ def spec_from_description(desc: ModelDescription) -> tuple[ModelSpec, list[str]]
             approx.append("no layer has a token mixer the planner recognises; attention modelled as one head of "
                           f"width {h} (its parameters are counted exactly)")
     else:
-        attention = replace(_attention(ref_attn), sliding_window=None) if ref_attn.mixer.kind == "recurrent" else \
+        attention = replace(_attention(ref_attn), sliding_window=None) if _attention_mixer(ref_attn) is None else \
             _attention(ref_attn)
     dense_kind = next((k for k in kinds if k.ffn.kind == "dense" and k.ffn.dense is not None), None)
     moe_kind = next((k for k in kinds if k.ffn.kind == "moe"), None)
@@ -95,7 +96,7 @@ def spec_from_description(desc: ModelDescription) -> tuple[ModelSpec, list[str]]
     layer_kinds = tuple({"moe": "moe", "none": "none"}.get(k.ffn.kind, "dense") for k in per_layer)
     windows = []
     for k, mixer in zip(per_layer, mixers):
-        m = k.mixer
+        m = _attention_mixer(k) or k.mixer
         if m is None or mixer == "recurrent":
             windows.append(None)
         elif m.kind == "recurrent":  # a recurrent mixer whose weights are not a layout the planner reads
@@ -115,30 +116,44 @@ def spec_from_description(desc: ModelDescription) -> tuple[ModelSpec, list[str]]
     return spec, approx
 
 
+def _recurrent_mixer(k: LayerKind):
+    """The layer's recurrent mixer whose shapes were read from its weights, or None."""
+    return next((m for m in k.mixers if m.kind == "recurrent" and m.recurrent is not None), None)
+
+
+def _attention_mixer(k: LayerKind):
+    """The layer's softmax (GQA / MLA) attention, or None."""
+    return next((m for m in k.mixers if m.kind != "recurrent"), None)
+
+
 def _read_recurrent(k: LayerKind) -> bool:
-    """A recurrent mixer whose shapes were read from its weights."""
-    return k.mixer is not None and k.mixer.kind == "recurrent" and k.mixer.recurrent is not None
+    """A recurrent mixer whose shapes were read from its weights (alone or beside attention)."""
+    return _recurrent_mixer(k) is not None
 
 
 def _mixer_kind(k: LayerKind) -> str:
-    """ModelSpec.layer_mixers entry: a read recurrent mixer, none, or (softmax, MLA, or an unread
-    recurrent mixer approximated by a window) attention."""
+    """ModelSpec.layer_mixers entry: a read recurrent mixer, none, (softmax, MLA, or an unread
+    recurrent mixer approximated by a window) attention, or attention and a read recurrent mixer
+    side by side (``attention&recurrent``)."""
     if k.mixer is None:
         return "none"
-    return "recurrent" if _read_recurrent(k) else "attention"
+    if not _read_recurrent(k):
+        return "attention"
+    return parallel_mixer(("attention" if m.kind != "recurrent" else "recurrent") for m in k.mixers)
 
 
 def _approximations(desc: ModelDescription, spec: ModelSpec, ref_attn, moe_kind, dense_kind, rec_kind) -> list[str]:
     out = []
-    ref = _attention(ref_attn) if ref_attn is not None and ref_attn.mixer.kind != "recurrent" else None
+    ref = _attention(ref_attn) if ref_attn is not None and _attention_mixer(ref_attn) is not None else None
     for k in desc.kinds:
         where = f"layers {ranges(k.layers)} ({k.name})"
         m = k.mixer
         if _read_recurrent(k):
-            if k is not rec_kind and m.recurrent != rec_kind.mixer.recurrent:
+            if k is not rec_kind and _recurrent_mixer(k).recurrent != _recurrent_mixer(rec_kind).recurrent:
                 out.append(f"{where}: recurrent mixer shapes differ from layers {ranges(rec_kind.layers)}; "
                            "modelled with those (parameters exact)")
-        elif m is not None and m.kind == "recurrent":
+            m = _attention_mixer(k)  # attention beside it, compared below as any attention
+        if m is not None and m.kind == "recurrent":
             out.append(f"{where}: {m.module} is linear attention / SSM (a recurrent state, no softmax over keys); "
                        f"its parameters are exact, its compute and activations are modelled as attention with the "
                        f"modelled attention's shapes over a window of {max(1, m.head_dim)} keys (= head_dim: updating "

@@ -48,7 +48,7 @@ from dayzero.derive.to_spec import ranges
 from dayzero.planner.activations import LAYER_INPUT, TRACED, Dims, layer_terms, mlp_terms
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.specs.counting import layer_matmul_params
-from dayzero.specs.model import ModelSpec, split_layer_type
+from dayzero.specs.model import ModelSpec, mixer_parts, split_layer_type
 
 SOFTMAX_FP32 = 4  # bytes per score of the FP32 softmax output transformers' eager attention saves
 # the planner's terms of an FFN's pre-norm (its input, its eager copies): charged to the norm module
@@ -100,7 +100,7 @@ def reference_bytes(spec: ModelSpec, index: int, seq: int, stand_in: bool = Fals
     ffn = 0.0
     if ffn_kind != "none":
         ffn = sum(float(v) for n, v in mlp_terms(spec, ffn_kind, opts, d).items() if n not in _PRE_NORM)
-    if mixer == "attention" and not stand_in:
+    if "attention" in mixer_parts(mixer) and not stand_in:
         a = spec.attention
         total += SOFTMAX_FP32 * a.heads * seq * seq
         if a.kind != "mla":  # MLA's K and V are per query head already

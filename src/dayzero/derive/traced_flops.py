@@ -60,7 +60,7 @@ def approximated_layers(desc: ModelDescription, spec: ModelSpec) -> list[int]:
 def reference_spec(desc: ModelDescription, spec: ModelSpec) -> ModelSpec:
     """The spec as the reference code computes it: recognised softmax layers over every key (eager
     attention masks a window after scoring all keys); an unrecognised mixer keeps its stand-in."""
-    windows = tuple(w if k.mixer is not None and k.mixer.kind == "recurrent" else None
+    windows = tuple(w if k.mixer is not None and k.mixer.kind == "recurrent" and k.mixer.recurrent is None else None
                     for k, w in zip(desc.kind_of(), spec.layer_windows))
     return replace(spec, layer_windows=windows)
 

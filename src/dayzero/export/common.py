@@ -34,9 +34,10 @@ class Export:
         return {"engine": self.engine, "files": self.files, "command": self.command, "unexpressed": self.unexpressed}
 
 
-def require_engine(engine: str, parallel: ParallelConfig) -> None:
-    """One LayoutError saying why ``engine`` cannot run ``parallel`` as laid out."""
-    problems = engine_problems(engine, parallel)
+def require_engine(engine: str, parallel: ParallelConfig, switches: dict | None = None) -> None:
+    """One LayoutError saying why ``engine`` cannot run ``parallel`` as laid out (with the run's
+    ``switches``, planner.engines.SWITCHES)."""
+    problems = engine_problems(engine, parallel, switches)
     if problems:
         raise LayoutError(f"{get_engine(engine).title} cannot run {parallel.describe()}: {'; '.join(problems)}; "
                           f"search for a layout it runs with `dayzero plan --engine {get_engine(engine).name}`")

@@ -220,9 +220,6 @@ def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_
 def unexpressed(parallel: ParallelConfig) -> list[str]:
     """Settings of the plan that ``dayzero train``'s flags do not carry."""
     out = []
-    if parallel.recompute_layers is not None:
-        out.append(f"recompute of {parallel.recompute_layers} layer(s) per stage (dayzero train recomputes every layer "
-                   "with --recompute full)")
     for switch, words in (("fp8_param_gather", "FP8 parameter storage and gathers (the runtime trains bf16)"),
                           ("optimizer_offload", "the optimizer on the host (the runtime keeps it on the device)")):
         if getattr(parallel, switch):

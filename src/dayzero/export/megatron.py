@@ -51,13 +51,18 @@ def dispatcher_args(p: ParallelConfig) -> list[str]:
     return [x for k, v in dispatcher_config(p).items() for x in (f"--{k.replace('_', '-')}", v)]
 
 
-def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_offload: bool = False) -> list[str]:
+def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_offload: bool = False,
+                activation_offload_layers: int = 0) -> list[str]:
     """The flags that state the layout, batch and precision; ``fp8_param_gather``: FP8 parameter
     storage and all-gathers (MemoryOptions.fp8_params), Megatron's ``--fp8-param-gather``, written
     under an FP8 recipe only (the flag works with ``--fp8-format``); ``optimizer_offload``: the
     whole optimizer on the host (MemoryOptions.optimizer_offload), ``--optimizer-cpu-offload
     --optimizer-offload-fraction 1.0`` with the ``--use-precision-aware-optimizer`` it runs under
-    (Megatron-Core docs/user-guide/features/optimizer_cpu_offload.md, HybridDeviceOptimizer)."""
+    (Megatron-Core docs/user-guide/features/optimizer_cpu_offload.md, HybridDeviceOptimizer);
+    ``activation_offload_layers`` N: the saved activations of the first N layers on the host
+    (MemoryOptions.activation_offload_layers), ``--cpu-offloading --cpu-offloading-num-layers N``
+    (TransformerConfig cpu_offloading_activations defaults to True, cpu_offloading_weights to False:
+    activations only)."""
     # the memory switches the plan chose (ParallelConfig fields, planner.switches) or the export's flags
     fp8_param_gather = fp8_param_gather or p.fp8_param_gather
     optimizer_offload = optimizer_offload or p.optimizer_offload
@@ -92,6 +97,8 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
         a += ["--fp4-format", "e2m1"]
     if optimizer_offload:
         a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
+    if activation_offload_layers:
+        a += ["--cpu-offloading", "--cpu-offloading-num-layers", activation_offload_layers]
     return [str(x) for x in a]
 
 
@@ -157,10 +164,15 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
 
 
 def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,
-           fp8_param_gather: bool = False, optimizer_offload: bool = False) -> Export:
-    require_engine("megatron", parallel)
+           fp8_param_gather: bool = False, optimizer_offload: bool = False,
+           activation_offload_layers: int = 0) -> Export:
+    require_engine("megatron", parallel, {"activation_offload_layers": activation_offload_layers})
+    if activation_offload_layers:
+        from dayzero.planner.predict import check_offload_layout
+
+        check_offload_layout(spec, parallel, activation_offload_layers)
     margs, missing = model_args(spec, parallel)
-    args = margs + layout_args(parallel, fp8_param_gather, optimizer_offload)
+    args = margs + layout_args(parallel, fp8_param_gather, optimizer_offload, activation_offload_layers)
     if (fp8_param_gather or parallel.fp8_param_gather) and (parallel.precision != "fp8" or parallel.zero < 1):
         missing.append(f"--fp8-param-gather under {parallel.precision}, ZeRO-{parallel.zero} (Megatron takes it "
                        "with --fp8-format and --use-distributed-optimizer or FSDP only)")

@@ -23,13 +23,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from dayzero.planner.memory_options import MemoryOptions
-from dayzero.specs.model import ModelSpec, split_layer_type
+from dayzero.specs.model import ModelSpec, mixer_parts, split_layer_type
 
 # Terms selective recompute drops (Megatron's "core_attn" recompute: softmax, its dropout, and
 # FlashAttention's log-sum-exp are recomputed in backward from the saved Q, K, V).
 CORE_TERMS = ("attn_scores", "attn_dropout", "attn_lse")
 LAYER_INPUT = "ln1_in"  # the residual-stream input of the layer: all full recompute keeps
 TRACED = "traced_extra"  # a derived layer's measured bytes beyond the terms (traced_act_bytes)
+# a recurrent mixer's terms for the tensors it shares with attention beside it (attention&recurrent):
+# the layer input and the one pre-norm's output, which both mixers read (FalconH1DecoderLayer)
+_SHARED_MIXER_INPUT = (LAYER_INPUT, "rec_in", "ln1_eager")
 _EXPERT_INSIDE = ("expert_act_in", "expert_down_in", "expert_act_out")
 _SHARED_INSIDE = ("shared_act_in", "shared_down_in", "shared_act_out")
 # The saved tensors each module of selective recompute drops (Megatron-LM --recompute-modules,
@@ -263,13 +266,17 @@ def routed_tokens(spec: ModelSpec, opts: MemoryOptions, d: Dims):
 def layer_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[str, object]:
     """Every tensor a layer of type ``kind`` (ModelSpec.layer_types: ``dense``, ``moe`` or a hybrid's
     ``mixer+ffn``) saves for backward without recompute, in bytes. A layer without a mixer starts
-    at its FFN's pre-norm (that input is then the layer input)."""
+    at its FFN's pre-norm (that input is then the layer input). Mixers side by side
+    (``attention&recurrent``) each save their own tensors and the normed input they share once; their
+    outputs' sum saves nothing (an add's backward needs no input)."""
     mixer, ffn = split_layer_type(kind)
+    parts = mixer_parts(mixer)
     out: dict[str, object] = {}
-    if mixer == "attention":
+    if "attention" in parts:
         out.update(attention_terms(spec, opts, d))
-    elif mixer == "recurrent":
-        out.update(recurrent_terms(spec, opts, d))
+    if "recurrent" in parts:
+        rec = recurrent_terms(spec, opts, d)
+        out.update({n: v for n, v in rec.items() if "attention" not in parts or n not in _SHARED_MIXER_INPUT})
     if ffn != "none":
         mlp = mlp_terms(spec, ffn, opts, d)
         if mixer == "none":
@@ -351,7 +358,7 @@ def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -
     # the traced term is a sum of tensors of unknown sizes, not one tensor: no candidate for the largest
     single = [v for n, v in terms.items() if n != TRACED]
     largest = np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*single)])
-    if split_layer_type(kind)[0] == "recurrent" and spec.recurrent.kind == "mamba2":
+    if "recurrent" in mixer_parts(split_layer_type(kind)[0]) and spec.recurrent.kind == "mamba2":
         # the backward's recomputed conv output and FP32 chunk states (mamba2_saved), one at a time
         largest = np.maximum(largest, np.maximum(opts.act_bytes * d.tok * spec.recurrent.conv_channels / d.tp,
                                                  scan_states_bytes(spec, d)))
@@ -439,7 +446,9 @@ def full_recompute_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
        later ops saved (:data:`_FREED_BEFORE_FFN_PEAK`), with its gradients
        (:func:`block_gradients`);
     3. the mixer's peak: the mixer's recomputed tensors but its output projection's input, with
-       its gradients (the FFN's tensors are freed by then).
+       its gradients (the FFN's tensors are freed by then); mixers side by side keep both mixers'
+       tensors here (at the first one's peak the other's are still live) with the larger one's
+       gradients (:func:`mixer_gradients`).
 
     Measured by ``dayzero memory --exact`` (benchmarks/RESULTS.md, "memory --exact vs the analytic
     model"): on Mixtral's MoE layer the exact maximum is phase 1, and at the experts' activation
@@ -455,7 +464,7 @@ def full_recompute_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
         phases.append(live + ffn_grads + 2 * ab * rep * h)
     if mixer != "none":
         live = sum((v for n, v in rebuilt.items() if n not in ffn_names and n not in _FREED_BEFORE_MIXER_PEAK), 0.0)
-        if mixer == "recurrent" and spec.recurrent.kind == "mamba2":  # its backward's recomputed conv output
+        if "recurrent" in mixer_parts(mixer) and spec.recurrent.kind == "mamba2":  # its recomputed conv output
             live = live + np.maximum(ab * d.tok * spec.recurrent.conv_channels / d.tp, scan_states_bytes(spec, d))
         phases.append(live + mix_grads + 2 * ab * rep * h)
     return np.maximum.reduce([np.asarray(v, dtype=float) for v in np.broadcast_arrays(*phases)])
@@ -463,14 +472,17 @@ def full_recompute_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d:
 
 def mixer_gradients(spec: ModelSpec, mixer: str, opts: MemoryOptions, d: Dims):
     """Gradients alive together at a mixer's backward: in attention those of q, k, v and of the
-    attention output; in a recurrent mixer those of the conv output, z and y."""
-    if mixer == "attention":
+    attention output; in a recurrent mixer those of the conv output, z and y. Mixers side by side
+    run their backwards one after the other (autograd's engine runs one node at a time), each
+    freeing its own gradients: the larger of the two."""
+    out = 0.0
+    if "attention" in mixer_parts(mixer):
         att = attention_terms(spec, opts, d)
-        return sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
-    if mixer == "recurrent":
+        out = sum(np.asarray(att[k], dtype=float) for k in ("q", "k", "v", "attn_out") if k in att)
+    if "recurrent" in mixer_parts(mixer):
         r = spec.recurrent
-        return opts.act_bytes * d.tok * (r.conv_channels + 2 * r.inner) / d.tp
-    return 0.0
+        out = np.maximum(out, opts.act_bytes * d.tok * (r.conv_channels + 2 * r.inner) / d.tp)
+    return out
 
 
 def eager_backward_transient(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims):

@@ -143,6 +143,12 @@ class Groups:
     def __getitem__(self, name):
         return self.g[name]
 
+    def rows(self, index) -> "Groups":
+        """The placement of the candidates ``index`` only (a fresh memo: its arrays are shorter)."""
+        n = max(len(np.ravel(a)) for v in self.g.values() for a in v)
+        return Groups({k: tuple(np.broadcast_to(np.asarray(a), (n,))[index] if np.ndim(a) else a for a in v)
+                       for k, v in self.g.items()})
+
 
 def place_groups(grid: dict, rates: Rates) -> Groups:
     """Every group of every candidate on the cluster's scale-up domains (each row's rank order)."""
@@ -277,7 +283,10 @@ def _tensor_parallel(L: _Layer) -> list[LayerComm]:
     # only the attention pair, plus the shared experts' own pair (Megatron-Core's SharedExpertMLP is a
     # tp-parallel MLP on the layer input, gathered and scattered apart from the dispatcher's tokens)
     # A recurrent mixer is one pair as attention (Megatron-Core's MambaMixer: in_proj column-, out_proj
-    # row-parallel); a hybrid layer without a mixer or without an FFN lacks that block's pair
+    # row-parallel); a hybrid layer without a mixer or without an FFN lacks that block's pair. Mixers
+    # side by side (attention&recurrent) are one pair too: both read the one gathered layer input, and
+    # their row-parallel partial outputs are added before the one reduce (the sum of the reduced
+    # outputs is the reduce of the summed partials; FalconH1DecoderLayer adds them anyway)
     shared_pair = 2 if spec.moe is not None and spec.moe.shared_experts else 0
     per_fwd = kn(2 * L.mixers + np.where(kinds, np.where(etp_gt1, 2, 0) + shared_pair, 2 * L.dense_ffn))
     # selective recompute of a whole FFN module (mlp; moe, or its shared_experts alone) replays its pair

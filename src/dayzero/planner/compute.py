@@ -49,7 +49,7 @@ from dayzero.specs.counting import (
 )
 from dayzero.specs.grid import BF16 as BF16_CODE
 from dayzero.specs.grid import MODULE_BIT, SELECTIVE, recompute_modules, replays_layer
-from dayzero.specs.model import MLPSpec, ModelSpec, split_layer_type
+from dayzero.specs.model import MLPSpec, ModelSpec, mixer_parts, split_layer_type
 from dayzero.specs.parallel import PRECISIONS
 
 BF16 = 2  # bytes per activation element
@@ -160,16 +160,24 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         ltype = key[0]
         index = keys.index(key)
         mixer, kind = split_layer_type(ltype)
+        parts = mixer_parts(mixer)
         bwd_el = 0.0  # memory-bound elements the backward moves beyond twice the forward's
-        if mixer == "attention":
+        if "attention" in parts:
             t_g, cast_el, mem_el, t_in, (up_g, up_el) = _projections(spec, x)
             # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
             attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
             core = attn
         else:
-            t_g, cast_el, mem_el, t_in, attn, attn_bwd, bwd_el = _recurrent_mixer(spec, x, seq, rates, mixer)
+            zero = np.zeros_like(T)
+            t_g, cast_el, mem_el, t_in, attn, attn_bwd = zero, zero, x.T_el * 10 * H, zero, zero, zero
             core = 0.0  # selective recompute replays softmax attention's core only (Megatron's core_attn)
             up_g, up_el = 0.0, 0.0
+        if "recurrent" in parts:  # alone, or beside attention on the same normed input (summed)
+            r_g, r_cast, r_mem, r_in, scan, scan_bwd, bwd_el = _recurrent_mixer(spec, x, seq, rates)
+            t_g, cast_el, mem_el, t_in = t_g + r_g, cast_el + r_cast, mem_el + r_mem, t_in + r_in
+            attn, attn_bwd = attn + scan, attn_bwd + scan_bwd
+        if len(parts) > 1:  # the mixers' outputs added (read both, write one; FalconH1DecoderLayer.forward)
+            mem_el = mem_el + x.T * 3 * H
         # _projections counts both blocks' pre-norms and residual adds (5 H elements each); a
         # hybrid layer has one block
         blocks = (mixer != "none") + (kind != "none")
@@ -291,33 +299,29 @@ def activation_elements(mlp: MLPSpec) -> float:
 
 def _mixer_params(spec: ModelSpec, mixer: str) -> int:
     """Parameters of a layer's token mixer (0 without one)."""
-    if mixer == "attention":
-        return attention_params(spec.attention, spec.hidden)
-    return recurrent_params(spec.recurrent, spec.hidden) if mixer == "recurrent" else 0
+    parts = mixer_parts(mixer)
+    return (attention_params(spec.attention, spec.hidden) * ("attention" in parts)
+            + (recurrent_params(spec.recurrent, spec.hidden) if "recurrent" in parts else 0))
 
 
-def _recurrent_mixer(spec: ModelSpec, x: _Shard, seq: int, rates: Rates, mixer: str):
-    """A recurrent mixer (or none): (GEMM seconds, cast elements, memory-bound elements, GEMM seconds
-    of the projections reading the layer input, scan forward, scan backward, memory-bound elements
-    the backward moves beyond twice the forward's).
+def _recurrent_mixer(spec: ModelSpec, x: _Shard, seq: int, rates: Rates):
+    """A recurrent mixer: (GEMM seconds, cast elements, memory-bound elements of its own kernels,
+    GEMM seconds of the projections reading the layer input, scan forward, scan backward,
+    memory-bound elements the backward moves beyond twice the forward's). The layer's norms and
+    residual adds are the caller's (as :func:`_projections` counts them for attention).
 
     Heads split by tp as Megatron-Core's MambaMixer: in_proj column-parallel (T x H x in/tp),
     out_proj row-parallel (T x inner/tp x H). The chunked scan's matmuls
     (:func:`dayzero.specs.counting.recurrent_scan_flops_per_token`, causal) run at the fitted
     attention-kernel rate (SSD and the chunkwise delta rule are blocked matmuls in fused Triton /
     CUDA kernels like FlashAttention's; no separate constant is fitted), backward 2.5 x forward as
-    attention (the kernels recompute the within-chunk scores). Memory-bound elements: both
-    blocks' norms and residual adds (as :func:`_projections`) and the mixer's kernels
-    (:func:`mamba2_elements` for Mamba-2; Gated DeltaNet: the conv read + write over its channels,
+    attention (the kernels recompute the within-chunk scores). Memory-bound elements: the mixer's
+    kernels (:func:`mamba2_elements` for Mamba-2; Gated DeltaNet: the conv read + write over its channels,
     the gate and gated norm over the inner width (z and y read, product written, norm read +
     write), the chunked scan's passes (values twice and the output once, the key/query-like
     inputs twice each, FP32 chunk states written, passed and read, FP32 within-chunk scores written
     and read), backward twice the forward)."""
     H, T, tp = spec.hidden, x.T, x.tp
-    zero = np.zeros_like(T)
-    mem_el = x.T_el * 10 * H
-    if mixer == "none":
-        return zero, zero, mem_el, zero, zero, zero, zero
     r = spec.recurrent
     n_in = r.in_features / tp
     t_in = _gemm(T * 2 * H * n_in, (T, H, n_in), x.rate_lo, x.d0)
@@ -331,8 +335,7 @@ def _recurrent_mixer(spec: ModelSpec, x: _Shard, seq: int, rates: Rates, mixer: 
         fwd_el = (2 * r.conv_channels + 5 * r.inner + 3 * r.inner + 4 * r.qk_heads * r.qk_dim
                   + 6 * r.heads * r.head_dim * r.qk_dim / q + 4 * q * r.qk_heads)
         bwd_el = 2 * fwd_el
-    mem_el = mem_el + T * fwd_el / tp
-    return t_g, cast_el, mem_el, t_in, scan, 2.5 * scan, T * (bwd_el - 2 * fwd_el) / tp
+    return t_g, cast_el, T * fwd_el / tp, t_in, scan, 2.5 * scan, T * (bwd_el - 2 * fwd_el) / tp
 
 
 def mamba2_elements(r, seq: int, mbs=1.0):

@@ -6,8 +6,10 @@ of a whole search space) and the reason it gives when the layout breaks it, with
 limit comes from. ``dayzero plan`` labels every plan with the engines that run it
 (:func:`engines_for`) and ``--engine NAME`` restricts the search to them (:func:`engine_mask`).
 
-A limit reads layout columns only; what an engine cannot do for a *model* (an attention variant,
-a layer type) is the model's verdict (``dayzero ops``), not the layout's.
+A limit reads layout columns, and the run's switches where they are given as columns too
+(:data:`SWITCHES`: ``activation_offload_layers``, PerfOptions.switches); a limit reading a column
+that is not given is not applied. What an engine cannot do for a *model* (an attention variant, a
+layer type) is the model's verdict (``dayzero ops``), not the layout's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ DENSE = code("rank_order", DENSE_ORDER)
 # Megatron's --use-tp-pp-dp-mapping numbers ranks tp, cp, pp, dp (fastest first)
 TP_PP_DP = code("rank_order", "tp-cp-pp-dp")
 CORE_ATTN = MODULE_BIT["core_attn"]
+NO_RECOMPUTE = code("recompute", "none")
+# run switches that are not layout fields, read by limits as extra columns (0: off)
+SWITCHES = ("activation_offload_layers",)
+OFFLOAD = "activation_offload_layers"
+
+
+def _no_activation_offload(engine: str, how: str, source: str) -> Limit:
+    return Limit((OFFLOAD,), lambda c: c[OFFLOAD] == 0, f"{engine} {how}", source)
 
 
 def _modules_limit(engine: str, source: str) -> Limit:
@@ -60,6 +70,10 @@ class Engine:
     # how its MoE layers send tokens to the experts (planner.comm.CommOptions.ep_dispatcher): "dedup" sends a
     # token once per rank (and once per remote node) it reaches, "all_to_all" every routed copy
     ep_dispatcher: str = "all_to_all"
+    # FSDP under torch.distributed.pipelining: with pp > 1 a ZeRO-2/3 stage keeps its parameters
+    # gathered and its gradients unsharded until the step's end (MemoryOptions.pipelined_fsdp,
+    # planner.schedule.held_zero), so its memory is priced that way (:func:`pipelined_fsdp`)
+    pipelined_fsdp: bool = False
 
 
 MEGATRON = Engine("megatron", "Megatron-Core", (
@@ -82,6 +96,16 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
           "--optimizer-cpu-offload is the distributed optimizer's HybridDeviceOptimizer (ZeRO-1 or more)",
           "megatron/core/optimizer/distrib_optimizer.py (HybridDeviceOptimizer); "
           "megatron/core/optimizer/cpu_offloading/README.md"),
+    # --cpu-offloading --cpu-offloading-num-layers N (TransformerConfig.__post_init__ also asks
+    # N < num_layers: the one-layout check, planner.activation_offload.check_activation_offload)
+    Limit((OFFLOAD, "pp"), lambda c: (c[OFFLOAD] == 0) | (c["pp"] == 1),
+          "Megatron-Core's activation offload (--cpu-offloading) runs without pipeline parallelism",
+          "megatron/core/transformer/transformer_config.py __post_init__: 'Currently there is no support for "
+          "Pipeline parallelism with CPU offloading'"),
+    Limit((OFFLOAD, "recompute"), lambda c: (c[OFFLOAD] == 0) | (c["recompute"] == NO_RECOMPUTE),
+          "Megatron-Core's activation offload (--cpu-offloading) does not combine with activation recompute",
+          "megatron/core/transformer/transformer_config.py __post_init__: 'CPU offloading does not work when "
+          "activation recomputation is enabled'"),
 ),  # dayzero export --to megatron writes the flex dispatcher on DeepEP (transformer_config.py
     # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep')
     ep_dispatcher="dedup")
@@ -92,8 +116,8 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
 # between micro-batches: ZeRO-2 as laid out (sharded between micro-batches, reduce-scattered per
 # backward window, schedule.gradient_windows) is not what they run
 _PIPELINED_FSDP = ("torch.distributed.pipelining defers FSDP's gradient reduce-scatter to the last backward of the "
-                   "step, so ZeRO-2's gradients stay unsharded between micro-batches under pp > 1 (plan it as zero 1 "
-                   "for its memory)",
+                   "step, so ZeRO-2's gradients stay unsharded between micro-batches under pp > 1 (plan zero 3, "
+                   "priced as it holds memory under pp > 1)",
                    "torch/distributed/pipelining/stage.py PipelineStage.backward_maybe_with_nosync")
 
 
@@ -135,7 +159,12 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
     _no_switch("optimizer_offload", "torchtitan", "offloads parameters, gradients and optimizer states together "
                "(FSDP2 CPUOffloadPolicy, training.enable_cpu_offload), not the optimizer alone",
                "torchtitan parallelize apply_fsdp: CPUOffloadPolicy when cpu_offload"),
-))
+    _no_activation_offload("torchtitan", "offloads FSDP parameters, gradients and optimizer states to the CPU "
+                           "(training.enable_cpu_offload), not saved activations",
+                           "torchtitan/config/job_config.py Training.enable_cpu_offload"),
+),  # FSDP2 under torch.distributed.pipelining, which it keeps gathered after forward too (models/llama3/
+    # infra/parallelize.py apply_fsdp: reshard_after_forward_policy "default" is False when pp_enabled)
+    pipelined_fsdp=True)
 
 DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
     Limit(("zero", "pp"), lambda c: (c["pp"] == 1) | (c["zero"] <= 1),
@@ -165,6 +194,9 @@ DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
     Limit(("optimizer_offload", "zero"), lambda c: (c["optimizer_offload"] == 0) | (c["zero"] >= 1),
           "DeepSpeed offloads the optimizer (ZeRO-Offload, zero_optimization.offload_optimizer) under ZeRO-1/2/3",
           "DeepSpeed config reference: zero_optimization.offload_optimizer (valid for ZeRO stage 1, 2, 3)"),
+    _no_activation_offload("DeepSpeed", "offloads the activation checkpoints of every layer (activation_checkpointing."
+                           "cpu_checkpointing, with partition_activations), not N layers' saved activations",
+                           "DeepSpeed config JSON reference, activation_checkpointing.cpu_checkpointing"),
 ))
 
 DAYZERO = Engine("dayzero", "dayzero runtime", (
@@ -184,7 +216,11 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
     _modules_limit("the runtime", "dayzero runtime models/recompute.py"),
     _no_switch("fp8_param_gather", "the runtime", "has no FP8 parameter storage", "dayzero runtime"),
     _no_switch("optimizer_offload", "the runtime", "keeps the optimizer on the device", "dayzero runtime"),
-))
+    _no_activation_offload("the runtime", "keeps saved activations on the device (no activation offload)",
+                           "dayzero runtime"),
+),  # FSDP2 (runtime/parallel/data_parallel.py apply_fsdp) under torch.distributed.pipelining
+    # (runtime/parallel/pipeline.py)
+    pipelined_fsdp=True)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}
 
@@ -197,26 +233,52 @@ def get_engine(name: str) -> Engine:
     raise ConfigError("--engine", None, f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
 
 
-def engine_problems(engine: Engine | str, parallel: ParallelConfig) -> list[str]:
-    """Why ``engine`` cannot run ``parallel`` as laid out (empty: it can)."""
+def engine_problems(engine: Engine | str, parallel: ParallelConfig, switches: dict | None = None) -> list[str]:
+    """Why ``engine`` cannot run ``parallel`` as laid out with the run's ``switches`` (:data:`SWITCHES`
+    -> value; the limits on a switch not given are not applied); empty: it can."""
     e = get_engine(engine) if isinstance(engine, str) else engine
-    c = columns(parallel)
-    return [f"{', '.join(f'{k.replace(chr(95), chr(32))} {getattr(parallel, k)}' for k in lim.reads)}: {lim.says}"
-            for lim in e.limits if not bool(lim.ok(c))]
+    c = {**columns(parallel), **(switches or {})}
+
+    def value(k):
+        return getattr(parallel, k) if hasattr(parallel, k) else c[k]
+
+    return [f"{', '.join(f'{k.replace(chr(95), chr(32))} {value(k)}' for k in lim.reads)}: {lim.says}"
+            for lim in e.limits if all(k in c for k in lim.reads) and not bool(lim.ok(c))]
 
 
-def engines_for(parallel: ParallelConfig) -> list[str]:
-    """The engines that run ``parallel`` as laid out."""
-    return [name for name, e in ENGINES.items() if not engine_problems(e, parallel)]
+def engines_for(parallel: ParallelConfig, switches: dict | None = None) -> list[str]:
+    """The engines that run ``parallel`` as laid out (with the run's ``switches``)."""
+    return [name for name, e in ENGINES.items() if not engine_problems(e, parallel, switches)]
 
 
-def engine_mask(engine: Engine | str, grid: dict) -> np.ndarray:
+def engine_mask(engine: Engine | str, grid: dict, switches: dict | None = None) -> np.ndarray:
     """The rows of ``grid`` ``engine`` can run, judged on the columns present (a limit reading a
-    column not yet expanded is applied later, when it is)."""
+    column not yet expanded is applied later, when it is); ``switches``: run-wide values of
+    :data:`SWITCHES` columns the grid does not carry."""
     e = get_engine(engine) if isinstance(engine, str) else engine
     n = len(next(iter(grid.values())))
+    # a switch that is off reads as absent: no limit forbids a switch being off, and the search
+    # asks this for every level of every chunk of rows
+    grid = {**{k: np.full(n, v) for k, v in (switches or {}).items() if v}, **grid}
     ok = np.ones(n, dtype=bool)
     for lim in e.limits:
         if all(k in grid for k in lim.reads):
             ok &= np.broadcast_to(np.asarray(lim.ok(grid), dtype=bool), (n,))
     return ok
+
+
+def pipelined_fsdp(engine: Engine | str | None = None) -> tuple[int, ...]:
+    """The ZeRO stages whose memory under pp > 1 is priced as FSDP under torch.distributed.
+    pipelining holds it (MemoryOptions.pipelined_fsdp): every stage for such an ``engine``, none
+    for another; without one (an unpinned search, a ``memory`` or ``predict`` of a bare layout)
+    the stages that some engine runs with pp > 1 and every engine that does is such an engine,
+    so a layout is priced as the engines that run it hold it (today ZeRO-3: torchtitan and the
+    runtime; no engine runs ZeRO-2 with pp > 1, Megatron and DeepSpeed run ZeRO-1 as laid out)."""
+    if engine:
+        return (1, 2, 3) if (get_engine(engine) if isinstance(engine, str) else engine).pipelined_fsdp else ()
+    out = []
+    for z in (1, 2, 3):
+        runs = [e for e in ENGINES.values() if engine_mask(e, {"zero": np.array([z]), "pp": np.array([2])})[0]]
+        if runs and all(e.pipelined_fsdp for e in runs):
+            out.append(z)
+    return tuple(out)

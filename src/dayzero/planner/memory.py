@@ -22,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from dayzero.errors import LayoutError
+from dayzero.planner.activation_offload import COLUMN as OFFLOAD_COLUMN
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.memory_terms import (
     CANDIDATE_KEYS,
@@ -31,8 +32,8 @@ from dayzero.planner.memory_terms import (
     rank_features,
     stage_terms,
 )
-from dayzero.planner.schedule import PLACEMENTS, effective_schedule, placement_code
-from dayzero.specs.grid import FULL, SWITCHES, encode, flag, recompute_layers, recompute_modules
+from dayzero.planner.schedule import PLACEMENTS, effective_schedule, pipeline_groups, placement_code
+from dayzero.specs.grid import SWITCHES, encode, flag, partial_layers, recompute_layers, recompute_modules
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
 
@@ -117,6 +118,8 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
         raise LayoutError(f"memory planner: grid lacks {', '.join(missing)}; give equal-length arrays for "
                           f"{', '.join(CANDIDATE_KEYS)} (dayzero.specs.grid.encode builds them)")
     cols = {k: np.asarray(grid[k], dtype=np.int64).reshape(shape) for k in CANDIDATE_KEYS}
+    if OFFLOAD_COLUMN in grid:  # a per-row activation offload (planner.activation_offload)
+        cols[OFFLOAD_COLUMN] = np.asarray(grid[OFFLOAD_COLUMN], dtype=np.int64).reshape(shape)
     cols["schedule"] = effective_schedule(cols["schedule"], cols["vpp"])
     return cols
 
@@ -211,16 +214,11 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
         return (out, less) if without else out
     # One batch per rank-feature width (a few) rather than one per (pp, vpp, schedule) group
     # (hundreds in a search): each row gets its own group's rank features, the schedule is a column.
-    vpp_span = int(cols["vpp"].max()) + 1
     place = placement_code(cols["schedule"])
-    # full recompute of the first N layers of each chunk (0: every layer; only read under full)
-    nfull = np.where(cols["recompute"] == FULL, np.maximum(cols["recompute_layers"], 0), 0)
-    n_span = int(nfull.max()) + 1
-    keys, group = np.unique(((cols["pp"] * vpp_span + cols["vpp"]) * n_span + nfull) * 3 + place,
-                            return_inverse=True)
-    group = group.ravel()
-    feats = [_even_features(spec, int(k // 3 // n_span // vpp_span), int(k // 3 // n_span % vpp_span),
-                            PLACEMENTS[int(k % 3)], int(k // 3 % n_span)) for k in keys]
+    nfull = partial_layers(cols)  # full recompute of the first N layers of each chunk (0: every layer)
+    first, group = pipeline_groups(cols["pp"], cols["vpp"], nfull, place)
+    feats = [_even_features(spec, int(cols["pp"][i]), int(cols["vpp"][i]), PLACEMENTS[int(place[i])], int(nfull[i]))
+             for i in first]
     width = np.array([f.rank.shape[1] for f in feats])
     for w in np.unique(width):
         ids = np.flatnonzero(width == w)

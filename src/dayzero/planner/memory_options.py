@@ -77,6 +77,11 @@ class MemoryOptions:
     # ZeRO-Offload, arXiv 2101.06840): the FP32 master weights and the moments live in host memory,
     # none on the device (planner.offload times the host step); gradients and weights stay
     optimizer_offload: bool = False
+    # Activation CPU offload (Megatron-Core --cpu-offloading --cpu-offloading-num-layers N, TE
+    # get_cpu_offload_context): the saved activations of the first N layers of each model chunk
+    # live in host memory between their forward and backward (planner.activation_offload; the
+    # time side is PerfOptions.activation_offload_layers); 0: off
+    activation_offload_layers: int = 0
 
     # -- activations -----------------------------------------------------------------------------
     act_bytes: int = 2  # BF16 saved activations
@@ -96,6 +101,12 @@ class MemoryOptions:
     # the master weights, and gathers compute-dtype copies only for use: under ZeRO-3 there is no
     # separate sharded working copy (Megatron's distributed optimizer keeps one)
     sharded_params_are_master: bool = False
+    # The ZeRO stages run as FSDP under torch.distributed.pipelining (torchtitan, dayzero's
+    # runtime: planner.engines.pipelined_fsdp): with pp > 1 such a stage keeps its parameters
+    # gathered and its gradients unsharded in reduce_dtype from its first backward to the step's
+    # end, where one reduce-scatter runs (planner.schedule.held_zero has the sources): ZeRO-1's
+    # weights and gradients, the optimizer states sharded as laid out. (): as laid out
+    pipelined_fsdp: tuple[int, ...] = ()
     dropout: bool = False  # Korthikanti's GPT keeps dropout masks (1 B/elem); modern LLMs train without
     moe_capacity_factor: float = 1.0  # routed tokens per expert / balanced share (1.0: dropless, balanced)
     # Where the routing weights multiply the routed tokens. "activation": Megatron-Core's grouped
@@ -147,6 +158,11 @@ class MemoryOptions:
             raise ConfigError("memory options", "fragmentation", "fragmentation and reserved_fraction must be in [0, "
                                                                  "1), "
                               f"got {self.fragmentation} and {self.reserved_fraction}")
+        if self.activation_offload_layers < 0:
+            raise ConfigError("--activation-offload", None,
+                              f"must be >= 0 layers per model chunk (0: off), got {self.activation_offload_layers}")
+        if any(z not in (0, 1, 2, 3) for z in self.pipelined_fsdp):
+            raise ConfigError("memory options", "pipelined_fsdp", f"ZeRO stages 0-3, got {self.pipelined_fsdp!r}")
         if self.moe_capacity_factor <= 0:
             raise ConfigError("memory options", "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")
 
@@ -182,11 +198,16 @@ class MemoryOptions:
         return replace(self, **kw)
 
     @classmethod
-    def for_run(cls, accelerator, attention_kernel: str = "fused", **kw) -> "MemoryOptions":
-        """Defaults for an accelerator and the attention kernel the step runs
-        (:data:`KERNEL_MEMORY`: what compute assumes, memory assumes too)."""
+    def for_run(cls, accelerator, attention_kernel: str = "fused", engine=None, **kw) -> "MemoryOptions":
+        """Defaults for an accelerator, the attention kernel the step runs (:data:`KERNEL_MEMORY`:
+        what compute assumes, memory assumes too) and the engine (``engine``: a name of
+        planner.engines, whose memory :func:`dayzero.planner.engines.pipelined_fsdp` says; None:
+        the sharding as laid out, the ZeRO paper's arithmetic)."""
+        from dayzero.planner.engines import pipelined_fsdp
+
         check_attention_kernel(attention_kernel)
         kw.setdefault("attention", KERNEL_MEMORY[attention_kernel])
+        kw.setdefault("pipelined_fsdp", pipelined_fsdp(engine) if engine else ())
         return cls.for_accelerator(accelerator, **kw)
 
     @classmethod

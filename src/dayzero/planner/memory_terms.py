@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dayzero.planner.activation_offload import offload_fraction, offload_layers_of
 from dayzero.planner.activations import (
     Dims,
     attention_terms,
@@ -25,8 +26,8 @@ from dayzero.planner.activations import (
 )
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
-from dayzero.planner.schedule import gradient_windows, head_inflight, inflight_microbatches
-from dayzero.specs.grid import BF16, FIELDS, FULL, SELECTIVE, flag, recompute_modules
+from dayzero.planner.schedule import gradient_windows, head_inflight, held_zero, inflight_microbatches
+from dayzero.specs.grid import BF16, DUALPIPE, FIELDS, FULL, SELECTIVE, flag, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
@@ -72,6 +73,9 @@ class _Candidates:
     ep: np.ndarray
     etp: np.ndarray
     zero: np.ndarray
+    vpp: np.ndarray
+    schedule: np.ndarray  # schedule code, as it runs (memory.memory_columns)
+    offload: object  # layers per chunk whose saved activations are on the host (planner.activation_offload)
     rc: np.ndarray  # recompute code
     modules: np.ndarray  # recompute-module bitmask (specs.grid.MODULE_BIT), read under selective recompute
     d: Dims
@@ -84,7 +88,7 @@ class _Candidates:
     head: np.ndarray  # head (+ final norm) parameters on the rank (last rank only)
     fp8_w: np.ndarray  # bytes per parameter of the FP8 weight cache (0 for BF16 GEMMs)
     layer_pb: np.ndarray  # bytes per decoder-layer working weight (FP8_BYTES under FP8 parameter storage)
-    offload: np.ndarray  # the optimizer states and FP32 master in host memory (optimizer offload)
+    opt_offload: np.ndarray  # the optimizer states and FP32 master in host memory (optimizer offload)
 
 
 def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) -> _Candidates:
@@ -97,20 +101,26 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
     emb, head = f.first * embed_local(edge, tp), f.last * head_local(edge, tp, pp)
     dense = sum(f.layers[k] * layer_params(spec, k).local_dense(tp, kv) for k in kinds) + 0.0
     experts = sum(f.layers[k] * layer_params(spec, k).local_expert(ep, etp) for k in kinds) + 0.0
-    return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], rc=c["recompute"],
+    return _Candidates(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=c["zero"], vpp=c["vpp"], schedule=c["schedule"],
+                       offload=offload_layers_of(c, opts.activation_offload_layers),
+                       rc=c["recompute"],
                        modules=recompute_modules(c), d=d, zd=dp * cp,
                        edp=expert_data_parallel(tp, cp, dp, ep, etp), kinds=kinds, dense=dense, experts=experts,
                        emb=emb, head=head,
                        fp8_w=opts.fp8_cache_bytes(d.fp8, flag(c, "fp8_param_gather")),
                        layer_pb=opts.layer_param_bytes(d.fp8, flag(c, "fp8_param_gather")),
-                       offload=opts.optimizer_offload | flag(c, "optimizer_offload"))
+                       opt_offload=opts.optimizer_offload | flag(c, "optimizer_offload"))
 
 
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
                 capacity_bytes: float) -> dict[str, np.ndarray]:
     """All terms (bytes per device) for candidates ``c`` (grid columns of shape (n, 1) keyed by
     CANDIDATE_KEYS, schedule normalised by :func:`dayzero.planner.memory.memory_schedule`) on the
-    ranks described by ``f``. FP8 and FP4 GEMMs keep the same FP8 weight cache and activations."""
+    ranks described by ``f``. FP8 and FP4 GEMMs keep the same FP8 weight cache and activations.
+    Under ``opts.pipelined_fsdp`` the ZeRO stage is the one the engine holds at the peak
+    (:func:`dayzero.planner.schedule.held_zero`)."""
+    # the weights and gradients as the engine holds them (FSDP under torch.distributed.pipelining: ZeRO-1's)
+    c = {**c, "zero": held_zero(c["zero"], c["pp"], opts.pipelined_fsdp)}
     x = _candidates(spec, opts, c, f)
     t: dict[str, np.ndarray] = {}
     _model_state_terms(opts, x, t)
@@ -140,7 +150,7 @@ def _model_state_terms(opts: MemoryOptions, x: _Candidates, t: dict) -> None:
         t[f"{cat}:head"] = nbytes * zero_sharded(x.head, cat, zero, zd)
     states = zero_sharded(x.dense + x.emb + x.head, "optimizer", zero, zd) + zero_sharded(x.experts, "optimizer",
                                                                                           zero, edp)
-    states = states * ~x.offload  # MemoryOptions.optimizer_offload or the layout's: in host memory
+    states = states * ~x.opt_offload  # MemoryOptions.optimizer_offload or the layout's: in host memory
     t["optimizer:master"] = opts.master_bytes * states
     t["optimizer:moments"] = opts.optim_bytes * states
     # FP8 training caches an FP8 copy (+ transpose) of each local weight across micro-batches;
@@ -164,6 +174,12 @@ def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: R
         tr = np.where((rc == FULL) & (nfull > 0), np.maximum(a.largest, a.recomputing),
                       a.largest + np.where(rc == SELECTIVE, a.rebuilding(x.modules), 0))
         transient = np.maximum(transient, np.where(n > 0, tr, 0))
+    # activation CPU offload: the offloaded layers' share of the saved bytes is in host memory
+    # (planner.activation_offload; DualPipe ranks hold two chunks, the others vpp)
+    if np.any(x.offload):
+        layers = sum(f.layers[k] for k in x.kinds) + 0.0
+        chunks = np.where(x.schedule == DUALPIPE, 2, x.vpp)
+        per_mb = per_mb * (1 - offload_fraction(x.offload, layers, chunks))
     t["activations:layers"] = per_mb * inflight
     t["activations:embedding"] = f.first * sum(first_stage_terms(spec, opts, d).values()) * inflight
     t["activations:head"] = f.last * sum(last_stage_terms(spec, opts, d).values()) * head_mb

@@ -29,7 +29,7 @@ from dayzero.specs.counting import (
     router_params,
     shared_mlp,
 )
-from dayzero.specs.model import MLPSpec, ModelSpec, split_layer_type
+from dayzero.specs.model import MLPSpec, ModelSpec, mixer_parts, split_layer_type
 
 
 @dataclass(frozen=True)
@@ -104,10 +104,11 @@ def layer_params(spec: ModelSpec, kind: str) -> LayerParams:
     h = spec.hidden
     mixer, ffn = split_layer_type(kind)
     tp = kv = rep = 0
-    if mixer == "attention":
+    if "attention" in mixer_parts(mixer):
         tp, kv, rep = attention_split(spec)
-    elif mixer == "recurrent":
-        tp, rep = recurrent_split(spec)
+    if "recurrent" in mixer_parts(mixer):  # alone, or beside attention (both split by tp)
+        r_tp, r_rep = recurrent_split(spec)
+        tp, rep = tp + r_tp, rep + r_rep
     rep += ((mixer != "none") + (ffn != "none")) * norm_params(spec)
     expert = 0
     if ffn == "none":

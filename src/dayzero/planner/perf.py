@@ -40,11 +40,17 @@ from dayzero.planner.comm import (
 from dayzero.planner.compute import BF16, compute_costs, layer_class_index, layer_classes, single_seq
 from dayzero.planner.offload import offloaded_optimizer_s
 from dayzero.planner.scale_effects import straggler_factor
-from dayzero.planner.schedule import PLACEMENTS, bubble_microbatches, effective_schedule, placement_code
+from dayzero.planner.schedule import (
+    PLACEMENTS,
+    bubble_microbatches,
+    effective_schedule,
+    pipeline_groups,
+    placement_code,
+)
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
-from dayzero.specs.grid import FULL, UNREPLAYED, flag, recompute_layers
+from dayzero.specs.grid import UNREPLAYED, flag, partial_layers
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import PRECISIONS, model_split, stage_ranks, zero_sharded
 
@@ -62,22 +68,36 @@ class PerfOptions:
     # --optimizer-cpu-offload; planner.offload): the step's optimizer term becomes the host Adam
     # plus the PCIe transfers (MemoryOptions.optimizer_offload drops the states from the device)
     optimizer_offload: bool = False
+    # activation CPU offload of the first N layers of each model chunk (Megatron-Core --cpu-offloading
+    # --cpu-offloading-num-layers N; planner.activation_offload): each micro-batch pays the D2H and
+    # H2D copies the layers' compute does not hide (MemoryOptions.activation_offload_layers drops
+    # the bytes from the device); 0: off
+    activation_offload_layers: int = 0
 
     def __post_init__(self):
         from dayzero.planner.fp8_scaling import FP8_SCALINGS
 
+        if self.activation_offload_layers < 0:
+            from dayzero.planner.activation_offload import check_activation_offload
+
+            check_activation_offload(self.activation_offload_layers)
         if self.fp8_scaling not in FP8_SCALINGS:
             from dayzero.errors import ConfigError
 
             raise ConfigError("--fp8-scaling", None, f"expected one of {', '.join(FP8_SCALINGS)}, got "
                                                      f"{self.fp8_scaling!r}")
 
+    def switches(self) -> dict:
+        """The run-wide switches engine limits read as columns (planner.engines.SWITCHES)."""
+        return {"activation_offload_layers": self.activation_offload_layers}
+
     @classmethod
     def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool | None = None, moe_imbalance: float = 1.0,
                 calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False,
                 fp8_scaling: str = "tensor", comm_sm_reserved: bool = False,
-                fp8_param_gather: bool = False, optimizer_offload: bool = False) -> "PerfOptions":
+                fp8_param_gather: bool = False, optimizer_offload: bool = False,
+                activation_offload_layers: int = 0) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
         file's overrides, then a ``calibration`` file's), the overlap switches (``ep_overlap``
         None: wherever the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
@@ -86,8 +106,9 @@ class PerfOptions:
         dispatch, the attention kernel, the FP8 recipe's scaling (``tensor`` | ``block``) and whether
         overlapped compute runs on the SMs the communication kernels leave for the whole window
         (``comm_sm_reserved``, CommOptions.sm_reserved), and FP8 parameter all-gathers
-        (``fp8_param_gather``, CommOptions.fp8_param_gather), and the optimizer offloaded to the
-        host (``optimizer_offload``)."""
+        (``fp8_param_gather``, CommOptions.fp8_param_gather), the optimizer offloaded to the
+        host (``optimizer_offload``) and the saved activations of the first
+        ``activation_offload_layers`` layers of each model chunk (planner.activation_offload)."""
         from dayzero.errors import ConfigError
         from dayzero.planner.calibration import constants_for, load_calibration
         from dayzero.planner.memory_options import check_attention_kernel
@@ -108,7 +129,7 @@ class PerfOptions:
                            moe_expert_cv=moe_expert_cv, ep_dispatcher=ep_dispatcher, fp8_dispatch=fp8_dispatch,
                            sm_reserved=comm_sm_reserved, fp8_param_gather=fp8_param_gather)
         return cls(comm=comm, constants=constants, attention_kernel=attention_kernel, fp8_scaling=fp8_scaling,
-                   optimizer_offload=optimizer_offload)
+                   optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload_layers)
 
     def with_expert_loads(self, spec: ModelSpec, expert_loads: str | None = None,
                           placement: str | None = None) -> "PerfOptions":
@@ -196,6 +217,8 @@ class Evaluation:
     inventory: list = field(repr=False)  # [(item, ops, bytes, busy seconds, exposed seconds) per step, (N,) each]
     # (N,) 1.0 where the EP all-to-all overlaps another micro-batch (planner.comm.ep_overlapped; 0 without MoE)
     ep_overlap: np.ndarray | None = field(default=None, repr=False)
+    # (N,) seconds per step of activation-offload copies no compute hides (in microbatch_s; planner.activation_offload)
+    offload_s: np.ndarray | None = field(default=None, repr=False)
 
     def inventory_of(self, i: int) -> list[dict]:
         """The communication inventory of candidate ``i``: one row per collective kind."""
@@ -280,13 +303,13 @@ def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tu
     counts_of = np.zeros((K2, n))  # layer counts of each candidate's slowest rank
     first_of, last_of = np.zeros(n), np.zeros(n)
     place = placement_code(g["schedule"]) if "schedule" in g else np.zeros(n, dtype=np.int64)
-    nfull = np.zeros(n, dtype=np.int64) if K2 == K else _partial_layers(g)
-    key = ((g["pp"] * 4096 + g["vpp"]) * 4096 + nfull) * 3 + place
-    order = np.argsort(key, kind="stable")
-    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    nfull = np.zeros(n, dtype=np.int64) if K2 == K else partial_layers(g)
+    _, group = pipeline_groups(g["pp"], g["vpp"], nfull, place)
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    mtp = mtp_class(spec)
     for idx in np.split(order, bounds):
         pp, vpp, nf = int(g["pp"][idx[0]]), int(g["vpp"][idx[0]]), int(nfull[idx[0]])
-        mtp = mtp_class(spec)
         row_cls = cls
         if nf:
             row_cls = replayed_classes(cls, K, layer_split or model_split(len(cls), pp * vpp, mtp[1]), nf)
@@ -300,30 +323,32 @@ def slowest_rank(spec: ModelSpec, g: dict, costs, layer_exposed, layer_split: tu
     return SlowestRank(cls, counts_of, first_of, last_of)
 
 
-def _partial_layers(g: dict) -> np.ndarray:
-    """(N,) the grid's recompute_layers where it replays fewer than every layer (full recompute
-    with N > 0), else 0."""
-    return np.where(np.asarray(g["recompute"]) == FULL, np.maximum(recompute_layers(g), 0), 0)
-
-
 def partial_recompute(g: dict, costs, litems, evaluate_costs):
     """Costs and per-layer collectives with every layer class twice: as the grid prices it (under
     full recompute: replayed), then the same layer without recompute, for the layers past the first
-    ``recompute_layers`` of a chunk (:func:`replayed_classes`). ``evaluate_costs(grid)`` gives
-    (costs, layer items) of a grid. Returns (costs, litems, classes); unchanged without such rows."""
-    K = costs.fwd.shape[0]
-    if not _partial_layers(g).any():
+    ``recompute_layers`` of a chunk (:func:`replayed_classes`). ``evaluate_costs(grid, rows)`` gives
+    (costs, layer items) of the sub-grid of ``rows``: only the full(N) rows are priced again (the
+    others never read the second copy, which holds their first). Returns (costs, litems, classes);
+    unchanged without such rows."""
+    K, n = costs.fwd.shape
+    rows = np.flatnonzero(partial_layers(g))
+    if not len(rows):
         return costs, litems, K
-    plain = {**g, UNREPLAYED: _partial_layers(g) > 0}
-    costs0, litems0 = evaluate_costs(plain)
-    stack = {f.name: np.concatenate([getattr(costs, f.name), getattr(costs0, f.name)])
+    sub = {k: (v[rows] if np.ndim(v) == 1 and len(v) == n else v) for k, v in g.items()}
+    costs0, litems0 = evaluate_costs({**sub, UNREPLAYED: np.ones(len(rows), dtype=bool)}, rows)
+
+    def doubled(a, b):
+        """(2K, N): ``a`` over every row, then ``a`` with the full(N) rows' columns from ``b``."""
+        a = np.broadcast_to(a, (K, n))
+        second = np.array(a, dtype=np.result_type(a, b))
+        second[:, rows] = np.broadcast_to(b, (K, len(rows)))
+        return np.concatenate([a, second])
+
+    stack = {f.name: doubled(getattr(costs, f.name), getattr(costs0, f.name))
              for f in fields(costs) if np.ndim(getattr(costs, f.name)) == 2}
-    both = replace(costs, **stack)
-    items = [replace(a, **{k: np.concatenate([np.broadcast_to(getattr(a, k), costs.fwd.shape),
-                                              np.broadcast_to(getattr(b, k), costs.fwd.shape)])
-                          for k in ("nbytes", "ops", "time", "exposed")})
+    items = [replace(a, **{k: doubled(getattr(a, k), getattr(b, k)) for k in ("nbytes", "ops", "time", "exposed")})
              for a, b in zip(litems, litems0, strict=True)]
-    return both, items, 2 * K
+    return replace(costs, **stack), items, 2 * K
 
 
 def _first_layer_gather(litems, first_class: int, n: int):
@@ -339,6 +364,29 @@ def _inventory(litems, sitems, slow: SlowestRank, m) -> list[tuple]:
     return ([(i, on_slow(i.ops) * m, on_slow(i.ops * i.nbytes) * m, on_slow(i.ops * i.time) * m,
               on_slow(i.exposed) * m) for i in litems]
             + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
+
+
+def activation_offload_s(spec: ModelSpec, g: dict, costs, slow: SlowestRank, options: PerfOptions) -> np.ndarray:
+    """(N,) exposed seconds per micro-batch of the slowest rank's activation-offload copies
+    (:func:`dayzero.planner.activation_offload.offload_exposed_mb`; zeros when off; the grid's
+    ``activation_offload_layers`` column, where it has one, over the option). The saved
+    bytes are the memory model's, under the attention kernel the step runs (MemoryOptions' other
+    defaults); a class :func:`partial_recompute` doubled is priced as saved without recompute."""
+    from dayzero.planner.activation_offload import layer_saved_bytes, offload_exposed_mb, offload_layers_of
+
+    n = offload_layers_of(g, options.activation_offload_layers)
+    if not np.any(n):
+        return np.zeros(len(g["tp"]))
+    from dayzero.planner.memory_options import KERNEL_MEMORY, MemoryOptions
+    from dayzero.specs.grid import DUALPIPE
+
+    kinds = [k for k, *_ in layer_classes(spec)]
+    K2 = costs.fwd.shape[0]
+    reps = K2 // len(kinds)
+    mem = MemoryOptions(attention=KERNEL_MEMORY[options.attention_kernel])
+    saved = layer_saved_bytes(spec, kinds * reps, mem, g, [True] * len(kinds) + [False] * (K2 - len(kinds)))
+    chunks = np.where(np.asarray(g["schedule"]) == DUALPIPE, 2, g["vpp"])
+    return offload_exposed_mb(n, slow.counts, saved, costs.fwd, costs.bwd, chunks)
 
 
 def tied_embedding_params(spec: ModelSpec, grid: dict) -> np.ndarray:
@@ -367,18 +415,19 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     experts = spec.moe.experts if spec.moe is not None else 0
     groups = placed if placed is not None else place_groups(g, r)
 
-    def costs_of(grid):
+    def costs_of(grid, placed_groups=groups):
         c = compute_costs(spec, grid, r, consts, options.comm.imbalance(grid["ep"], experts), options.attention_kernel)
-        return c, layer_comm(spec, grid, r, c, groups, options.comm)
+        return c, layer_comm(spec, grid, r, c, placed_groups, options.comm)
 
-    costs, litems, n_classes = partial_recompute(g, *costs_of(g), costs_of)
+    costs, litems, n_classes = partial_recompute(g, *costs_of(g), lambda sub, rows: costs_of(sub, groups.rows(rows)))
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
 
     slow = slowest_rank(spec, g, costs, layer_exposed, layer_split, n_classes)
     on_slow = slow.sum
     fwd_mb, bwd_mb = slow.forward(costs), slow.backward(costs)
     comm_mb = on_slow(layer_exposed)
-    t_mb = fwd_mb + bwd_mb + comm_mb
+    offload_mb = activation_offload_s(spec, g, costs, slow, options)
+    t_mb = fwd_mb + bwd_mb + comm_mb + offload_mb
     m = g["gbs"] // (g["mbs"] * g["dp"])
     dense_params, expert_params = slow.dense_params(costs), on_slow(costs.expert_params)
 
@@ -399,7 +448,8 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     offload = options.optimizer_offload | flag(g, "optimizer_offload")  # the options' or the layout's
     if offload.any():
         optimizer_s = np.where(offload, offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes), optimizer_s)
-    comm_share = comm_mb / 2  # the exposed per-layer communication, half with each of F and B
+    # the exposed per-layer communication and offload copies, half with each of F and B
+    comm_share = (comm_mb + offload_mb) / 2
     bubble_s = bubble_microbatches(effective_schedule(g["schedule"], g["vpp"]), g["pp"], g["vpp"], fwd_mb + comm_share,
                                    bwd_mb + comm_share, slow.sum(costs.gemm_fwd))
     step_exposed = sum(i.exposed for i in sitems)
@@ -422,4 +472,5 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
                       tokens_per_s_per_device=per_dev,
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
                       microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory,
+                      offload_s=m * offload_mb,
                       ep_overlap=ep_overlapped(g, options.comm) * (spec.moe is not None and spec.is_moe))

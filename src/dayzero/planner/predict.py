@@ -6,8 +6,9 @@ above 50 %, peak memory below 85 % of device capacity, exposed communication bel
 
 from __future__ import annotations
 
-from dayzero.planner.engines import engines_for
+from dayzero.planner.engines import engines_for, pipelined_fsdp
 from dayzero.planner.perf import Evaluation, PerfOptions, evaluate
+from dayzero.planner.schedule import held_zero
 from dayzero.planner.targets import MEMORY_TARGET, Targets
 from dayzero.planner.topology import process_groups
 from dayzero.specs.cluster import Cluster
@@ -40,8 +41,9 @@ def with_even_split(spec: ModelSpec, p: ParallelConfig) -> ParallelConfig:
 
 
 def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: Evaluation, i: int,
-               memory: dict, options: PerfOptions) -> dict:
-    """Assemble the contract object for candidate ``i`` of an evaluation."""
+               memory: dict, options: PerfOptions, engines: list[str] | None = None) -> dict:
+    """Assemble the contract object for candidate ``i`` of an evaluation (``engines``: the
+    engines label, :func:`fitting_engines`; default the engines that run the layout)."""
     f = lambda name: float(getattr(ev, name)[i])  # noqa: E731
     mfu, ratio = f("mfu"), f("comm_ratio")
     groups = process_groups(parallel, cluster)
@@ -52,7 +54,9 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "memory": memory,
         "time": {"step_s": f("step_s"), "compute_s": f("compute_s"), "comm_exposed_s": f("comm_exposed_s"),
                  "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s"),
-                 "straggler_s": f("straggler_s")},
+                 "straggler_s": f("straggler_s"),
+                 # activation-offload copies no compute hides (in compute's micro-batches; planner.activation_offload)
+                 **({"activation_offload_s": float(ev.offload_s[i])} if options.activation_offload_layers else {})},
         "throughput": {"tokens_per_s": f("tokens_per_s"), "tokens_per_s_per_device": f("tokens_per_s_per_device"),
                        "model_tflops_per_device": f("model_tflops_per_device"), "mfu": mfu,
                        "model_flops_per_token": flops_per_token(spec, parallel.seq, causal=True).train
@@ -61,7 +65,11 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "checks": checks(mfu, memory["utilization"], ratio),
         "communication": ev.inventory_of(i),
         "groups": {k: g.to_dict() for k, g in groups.items() if g.size > 1},
-        "engines": engines_for(parallel),  # the engines that run this layout as laid out (planner.engines)
+        # the engines that run this layout as laid out with the run's switches (planner.engines), in
+        # their memory where it fits
+        "engines": engines_for(parallel, options.switches()) if engines is None else engines,
+        # the run's switches the engine labels read, where one is on (planner.engines.SWITCHES)
+        **({"switches": options.switches()} if any(options.switches().values()) else {}),
         # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
         **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts),
             # how tokens reach their experts: dedup (once per rank and remote node) or all_to_all (every copy)
@@ -70,6 +78,16 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
                              "ep_overlap": bool(ev.ep_overlap[i]) if ev.ep_overlap is not None else False}}
            if spec.is_moe else {}),
     }
+
+
+def check_offload_layout(spec: ModelSpec, parallel: ParallelConfig, layers: int) -> None:
+    """``--activation-offload layers`` fits the layout: fewer than the smallest model chunk's layers
+    (planner.activation_offload.check_activation_offload)."""
+    from dayzero.planner.activation_offload import check_activation_offload
+
+    if layers:
+        split = parallel.layer_split or model_split(spec.layers, parallel.pp * parallel.vpp, spec.mtp_layers)
+        check_activation_offload(layers, min(x for x in split if x > 0))
 
 
 def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options: PerfOptions | None = None,
@@ -82,4 +100,24 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
     memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)
-    return prediction(spec, parallel, cluster, ev, 0, report.to_dict(), options)
+    engines = fitting_engines(spec, parallel, cluster.memory_bytes, memory_options, report.fits, options.switches())
+    return prediction(spec, parallel, cluster, ev, 0, report.to_dict(), options, engines)
+
+
+def fitting_engines(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int, memory_options,
+                    fits: bool, switches: dict | None = None) -> list[str]:
+    """The engines that run ``parallel`` as laid out (:func:`dayzero.planner.engines.engines_for`),
+    less, when it ``fits`` under ``memory_options``, those that hold its memory otherwise and do
+    not fit it: FSDP under torch.distributed.pipelining keeps ZeRO-3's parameters gathered and
+    gradients unsharded under pp > 1 (MemoryOptions.pipelined_fsdp, planner.schedule.held_zero),
+    so a ZeRO-3 + pp layout priced as laid out can fit where torchtitan and the runtime cannot run it."""
+    from dayzero.planner.memory import estimate_memory
+
+    out = []
+    for name in engines_for(parallel, switches):  # with the run's switches (planner.engines.SWITCHES)
+        mine = memory_options.with_(pipelined_fsdp=pipelined_fsdp(name))
+        same = held_zero(parallel.zero, parallel.pp, mine.pipelined_fsdp) == held_zero(
+            parallel.zero, parallel.pp, memory_options.pipelined_fsdp)
+        if same or not fits or estimate_memory(spec, parallel, capacity_bytes, mine).fits:
+            out.append(name)
+    return out

@@ -384,7 +384,7 @@ def case_of(row: dict) -> Case:
         raise Unpredictable("inconsistent layout", "layout inconsistent: " + "; ".join(problems))
     options = _options(row, recipe, feats)
     engine = Engine(megatron=megatron_family(row), attention_kernel=options.attention_kernel,
-                    fused_loss=fused_loss(row))
+                    fused_loss=fused_loss(row), pipelined_fsdp=pipelined_fsdp_family(row))
     settled = settle(spec, parallel, cluster, engine, recompute_stated=recompute is not None, options=options)
     parallel = settled.parallel
     assumed.extend(Assumption("memory", a) for a in settled.assumed)
@@ -400,6 +400,12 @@ def megatron_family(row: dict) -> bool:
     """The run used Megatron-Core (NeMo, Megatron-Bridge, Megatron-LM)."""
     framework = text(row, "framework").lower()
     return "megatron" in framework or "nemo" in framework or "nemo" in text(row, "source").lower()
+
+
+def pipelined_fsdp_family(row: dict) -> bool:
+    """The run used torchtitan, whose FSDP2 runs under torch.distributed.pipelining
+    (row_memory.Engine.pipelined_fsdp)."""
+    return "torchtitan" in text(row, "framework").lower()
 
 
 def fused_loss(row: dict) -> bool:

@@ -6,8 +6,11 @@ rule of thumb. Changes, in the order they cost step time (cheapest first, roughl
 with ZeRO, recompute activations, sequence parallelism, smaller micro-batches, then more tensor,
 pipeline or context parallelism at the same device count (data parallelism shrinks in step).
 Two memory options come with them: FP8 parameter storage under an FP8/FP4 recipe first (it costs
-no step time: MemoryOptions.fp8_params), the optimizer offloaded to the host last (it adds the host
-Adam and PCIe to every step: MemoryOptions.optimizer_offload).
+no step time: MemoryOptions.fp8_params), then the saved activations of the fewest layers per
+model chunk that bring it under offloaded to the host (PCIe copies per micro-batch that compute may
+hide: MemoryOptions.activation_offload_layers; only where an engine runs it, planner.engines), the
+optimizer offloaded to the host last (it adds the host Adam and PCIe to every step:
+MemoryOptions.optimizer_offload).
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ def single_changes(spec: ModelSpec, parallel: ParallelConfig, devices: int, capa
     tried = [(change, q, options, False) for change, q in _candidates(parallel, spec)]
     if parallel.precision != "bf16" and not options.fp8_params:
         tried.insert(0, (("--fp8-param-gather",), parallel, options.with_(fp8_params=True), True))
+    n = fewest_offloaded_layers(spec, parallel, capacity_bytes, options, target)
+    if n:
+        tried.append((("--activation-offload", str(n)), parallel, options.with_(activation_offload_layers=n), True))
     if not options.optimizer_offload:
         tried.append((("--optimizer-offload",), parallel, options.with_(optimizer_offload=True), True))
     for change, q, opts, option in tried:
@@ -74,6 +80,35 @@ def single_changes(spec: ModelSpec, parallel: ParallelConfig, devices: int, capa
         if rep.utilization <= target:
             found.append(Remedy(change, q, rep.peak_bytes, rep.utilization, option))
     return _least_module_sets(spec, found)
+
+
+def fewest_offloaded_layers(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int, options: MemoryOptions,
+                            target: float) -> int:
+    """The fewest layers per model chunk whose saved activations, offloaded to the host, bring
+    ``parallel``'s peak to at most ``target`` of capacity (more than ``options`` offloads already);
+    0 when none does, or when no engine runs the layout with activation offload (planner.engines).
+    The bisection is :func:`dayzero.planner.activation_offload.fewest_offloaded_layers`, on this
+    one layout as laid out (its own layer split)."""
+    import numpy as np
+
+    from dayzero.planner.activation_offload import COLUMN
+    from dayzero.planner.activation_offload import fewest_offloaded_layers as bisect
+    from dayzero.planner.engines import engines_for
+    from dayzero.specs.parallel import model_split
+
+    if parallel.problems(spec) or not engines_for(parallel, {"activation_offload_layers": 1}):
+        return 0
+    split = parallel.layer_split or model_split(spec.layers, parallel.pp * parallel.vpp, spec.mtp_layers)
+    floor = options.activation_offload_layers
+
+    def memory(g: dict) -> np.ndarray:
+        return np.array([estimate_memory(spec, parallel, capacity_bytes,
+                                         options.with_(activation_offload_layers=max(int(k), floor))).peak_bytes
+                         for k in g[COLUMN]], dtype=float)
+
+    n = int(bisect(memory, {"tp": np.array([parallel.tp])}, target * capacity_bytes,
+                   np.array([min(x for x in split if x > 0)]))[0])
+    return max(n, floor + 1) if n else 0
 
 
 def _least_module_sets(spec: ModelSpec, found: list[Remedy]) -> list[Remedy]:

@@ -32,9 +32,9 @@ from dayzero.planner.activations import (
 from dayzero.planner.allocator import AllocatorOOM, CachingAllocator
 from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
-from dayzero.planner.schedule import gradient_windows, step_order
+from dayzero.planner.schedule import gradient_windows, held_zero, step_order
 from dayzero.specs.grid import code as code_of
-from dayzero.specs.model import ModelSpec, split_layer_type
+from dayzero.specs.model import ModelSpec, mixer_parts, split_layer_type
 from dayzero.specs.parallel import ParallelConfig, zero_sharded, zero_shards
 
 TRACKED = ("weights", "gradients", "optimizer", "activations", "temporary")
@@ -111,6 +111,10 @@ class _Tracker:
                 if not group:
                     del self._by_prefix[key[:i]]
 
+    def live_under(self, prefix: tuple) -> list[tuple[tuple, int]]:
+        """(key, bytes) of every live key that starts with ``prefix``, oldest first."""
+        return [(key, self.live[key][0].requested) for key in self._by_prefix.get(prefix, ())]
+
     def drop_prefix(self, prefix: tuple) -> None:
         """Drop every live key that starts with ``prefix``, oldest first (an index, not a scan of
         all live tensors: the scan made deep models quadratic, 37 s at 1,491 layers)."""
@@ -127,7 +131,8 @@ def _param_tensors(spec: ModelSpec, kind: str, p: ParallelConfig) -> list[tuple[
     """(name, local elements, is_expert) of one layer's parameters on this rank, before ZeRO."""
     lp = layer_params(spec, kind)
     # a recurrent mixer's tp-split weights are listed with the layer's other tp-split ones
-    a_tp, a_kv, a_rep = attention_split(spec) if split_layer_type(kind)[0] == "attention" else (0, 0, 0)
+    a_tp, a_kv, a_rep = attention_split(spec) if "attention" in mixer_parts(split_layer_type(kind)[0]) \
+        else (0, 0, 0)
     kv = spec.attention.kv_heads
     out = [("attn", a_tp / p.tp + a_kv / min(p.tp, kv), False), ("mlp", (lp.tp - a_tp) / p.tp, False),
            ("small", lp.rep, False)]
@@ -164,6 +169,9 @@ class _StepReplay:
         self.unit = {i: sum(e for _, e, _ in _param_tensors(spec, self.kind_of[i], p))
                      for c in self.chunks for i in c}
         self.full_n = [len(c) if p.recompute_layers is None else min(p.recompute_layers, len(c)) for c in self.chunks]
+        # activation offload: the first N layers of each chunk, at most all but one (planner.activation_offload)
+        self.offload_n = [max(0, min(o.activation_offload_layers, len(c) - 1)) for c in self.chunks]
+        self.on_host: dict = {}  # (mb, c, layer) -> {term: bytes} offloaded
         self.bucket = o.grad_bucket_params or max(40e6, 1e6 * self.zd)
         self.ab, self.h = o.act_bytes, spec.hidden
         self.gathered: deque = deque()
@@ -271,6 +279,8 @@ class _StepReplay:
             for n in self.terms[kind]:
                 if (keep is not None and n not in keep) or (keep is None and n in dropped):
                     tr.drop(("act", mb, c, layer, n))
+            if j >= 1 and j - 1 < self.offload_n[c]:  # the layer below is on the host once this one has run
+                self.to_host(mb, c, layers[j - 1])
         if edge_out:
             for n, v in last_stage_terms(spec, o, d).items():
                 tr.new(("act", mb, c, "edge", n), float(v) * (1 + self.mtp), "activations")
@@ -281,6 +291,16 @@ class _StepReplay:
         else:
             tr.new(("send", mb, c), p2p, "temporary")
             tr.drop(("send", mb, c))
+
+    def to_host(self, mb: int, c: int, layer: int) -> None:
+        """Activation offload: ``layer``'s saved tensors leave the device (TE keeps at most L - N
+        sets resident: the layer's copy ends during the next layer's forward)."""
+        self.on_host[(mb, c, layer)] = {key[-1]: nbytes for key, nbytes in self.tr.live_under(("act", mb, c, layer))}
+        self.tr.drop_prefix(("act", mb, c, layer))
+
+    def from_host(self, mb: int, c: int, layer: int) -> None:
+        for n, nbytes in self.on_host.pop((mb, c, layer), {}).items():
+            self.tr.new(("act", mb, c, layer, n), nbytes, "activations")
 
     def modules(self, kind: str) -> list[tuple[str, ...]]:
         """The saved terms of a ``kind`` layer each recomputed module drops, per module (selective
@@ -314,6 +334,9 @@ class _StepReplay:
             tr.new(("grad_recv", mb, c), self.p2p, "temporary")
         back = layers[::-1]
         for j, layer in enumerate(back):
+            below = layers.index(layer) - 1
+            if 0 <= below < self.offload_n[c]:  # reloaded while this layer's backward runs
+                self.from_host(mb, c, layers[below])
             self.gather(layer)
             if j + 1 < len(back):
                 self.gather(back[j + 1])
@@ -350,9 +373,11 @@ class _StepReplay:
 def simulate_step(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int | None = None,
                   options: MemoryOptions = MemoryOptions(), rank: int | None = None,
                   record_timeline: bool = False) -> StepSimulation:
-    """Replay one step on ``rank`` (default: the busiest stage of estimate_memory)."""
-    p = parallel
-    report = estimate_memory(spec, p, capacity_bytes or 1, options)
+    """Replay one step on ``rank`` (default: the busiest stage of estimate_memory), with the ZeRO
+    stage's weights and gradients as the engine holds them (``options.pipelined_fsdp``:
+    :func:`dayzero.planner.schedule.held_zero`)."""
+    report = estimate_memory(spec, parallel, capacity_bytes or 1, options)
+    p = parallel.with_(zero=int(held_zero(parallel.zero, parallel.pp, options.pipelined_fsdp)))
     rank = report.busiest_stage if rank is None else rank
     st = report.stages[rank]
     m_all = p.microbatches

@@ -56,6 +56,9 @@ class Engine:
     # llm-foundry's default (ComposerMPTCausalLM loss_fn='fused_crossentropy',
     # llmfoundry/models/mpt/modeling_mpt.py). Megatron upcasts the logits to FP32 instead.
     fused_loss: bool = False
+    # FSDP2 under torch.distributed.pipelining (torchtitan): with pp > 1 ZeRO-2/3 hold gathered
+    # parameters and unsharded gradients until the step's end (MemoryOptions.pipelined_fsdp)
+    pipelined_fsdp: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ def engine_memory(cluster: Cluster, engine: Engine, zero: int, grad_bytes: int |
     the master weights (torch.distributed.fsdp MixedPrecision docs: the sharded parameters stay in
     full precision, low-precision copies are all-gathered for compute; MaxText ``weight_dtype``
     float32). Megatron's distributed optimizer keeps a separate BF16 working copy."""
-    kw = {"sharded_params_are_master": not engine.megatron and zero_shards(zero, "weights")}
+    kw = {"sharded_params_are_master": not engine.megatron and zero_shards(zero, "weights"),
+          "pipelined_fsdp": (1, 2, 3) if engine.pipelined_fsdp else ()}
     if engine.fused_loss:
         kw["logits_bytes"] = FUSED_LOSS_LOGITS_BYTES
     if grad_bytes is not None:

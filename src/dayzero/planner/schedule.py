@@ -42,6 +42,19 @@ def placement_code(schedule):
     return np.where(schedule == DUALPIPE, 1, np.where(schedule == DUALPIPEV, 2, 0))
 
 
+def pipeline_groups(pp, vpp, nfull, place) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that share which layers each pipeline rank holds and replays: the same (pp, vpp, full(N)
+    count ``nfull``, stage placement ``place``: :func:`placement_code`). Returns (one row of each
+    group, the group of each row), groups in increasing (pp, vpp, nfull, place) order."""
+    pp, vpp, nfull, place = (np.asarray(a, dtype=np.int64).ravel() for a in (pp, vpp, nfull, place))
+    if not len(pp):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    vspan, nspan = int(vpp.max()) + 1, int(nfull.max()) + 1
+    key = ((pp * vspan + vpp) * nspan + nfull) * len(PLACEMENTS) + place
+    _, first, group = np.unique(key, return_index=True, return_inverse=True)
+    return first, group.ravel()
+
+
 def effective_schedule(code, vpp):
     """The schedule that really runs: interleaved 1F1B with one model chunk per rank is 1F1B."""
     code = np.asarray(code)
@@ -126,11 +139,33 @@ def gradient_windows(code, pp, vpp, m):
     ``grad_reduce``). torch.distributed.pipelining instead defers FSDP's gradient sync to the
     last backward of the step (``PipelineStage.backward_maybe_with_nosync``: ``set_requires_
     gradient_sync(False)`` until ``last_backward``), holding every unsharded gradient: ZeRO-1's
-    memory, which ``zero=1`` describes."""
+    memory (:func:`held_zero`)."""
     code, m, pp, vpp = np.asarray(code), np.asarray(m), np.asarray(pp), np.asarray(vpp)
     eff = effective_schedule(code, vpp)
     groups = -(-m // np.maximum(np.minimum(m, pp), 1))
     return np.where((eff == INTERLEAVED) & (vpp > 1), groups, np.where((eff == GPIPE) & (vpp > 1), 1, m))
+
+
+def held_zero(zero, pp, pipelined_fsdp):
+    """The ZeRO stage whose weights and gradients a pipeline rank holds at its peak: ``zero``, or,
+    for FSDP under torch.distributed.pipelining with pp > 1 (``pipelined_fsdp``: the ZeRO stages
+    it runs so, MemoryOptions.pipelined_fsdp), ZeRO-1's.
+
+    torch 2.13 torch/distributed/pipelining/stage.py: ``PipelineStage.backward_maybe_with_nosync``
+    runs every backward with ``set_reshard_after_backward(False)`` and
+    ``set_requires_gradient_sync(False)``; ``perform_reduce_grad`` (the REDUCE_GRAD action after the
+    step's last backward, schedules.py ``_add_reduce_grad``; Schedule1F1B / ScheduleGPipe call it
+    at the end of ``_step_microbatches``) reduce-scatters and reshards. So from a layer's first
+    backward to the step's end its parameters stay gathered (param_dtype) and its gradient
+    unsharded, accumulated in reduce_dtype (fsdp/_fully_shard/_fsdp_param_group.py
+    ``FSDPParamGroup.post_backward`` without ``reduce_grads``: ``to_accumulated_grad_if_needed``,
+    _fsdp_param.py: ``unsharded_grad.to(self.reduce_dtype)``). torchtitan also keeps them gathered
+    after forward under PP (models/llama3/infra/parallelize.py ``apply_fsdp``:
+    ``reshard_after_forward_policy`` "default" is False when ``pp_enabled``). The optimizer states
+    stay sharded as ``zero`` shards them; the sharded fp32 parameters are the master weights."""
+    zero, pp = np.asarray(zero), np.asarray(pp)
+    held = np.isin(zero, [z for z in pipelined_fsdp if z >= 1]) & (pp > 1)
+    return np.where(held, np.minimum(zero, 1), zero)
 
 
 def head_inflight(code, m):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from dayzero.errors import FitError, LayoutError
-from dayzero.planner.engines import ENGINES, engine_mask
+from dayzero.planner.engines import ENGINES, engine_mask, pipelined_fsdp
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
@@ -63,6 +63,12 @@ VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules", "recompute_layers",
 # rule the backtest settles blank recompute with), not a nested ladder: Megatron-Bridge's presets
 # recompute mla_up_proj alone on DeepSeek-V3 and Kimi-K2, mlp + moe_act on GB300
 # (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py), which no ladder holds.
+
+
+def searched_memory(memory_options, space: SearchSpace | None):
+    """``memory_options`` as the search's engine holds memory (:func:`dayzero.planner.engines.
+    pipelined_fsdp`; unpinned, as the engines that run the layouts it changes)."""
+    return memory_options.with_(pipelined_fsdp=pipelined_fsdp(space.engine if space else None))
 
 
 def dropped_terms(spec: ModelSpec, mask: int) -> frozenset:
@@ -141,7 +147,7 @@ class SearchSpace:
             out.append(f"--{f.name.replace('_', '-')} {value}")
         return " ".join(out)
 
-    def levels(self, spec: ModelSpec) -> list[tuple[int, int]]:
+    def levels(self, spec: ModelSpec, switches: dict | None = None) -> list[tuple[int, int]]:
         """The recompute variants as (recompute code, module bitmask), in an order where a level
         comes after every level it recomputes less than (:func:`level_order`): none, selective with
         each module set (``self.recompute_modules``, by default every distinct set that drops
@@ -170,7 +176,7 @@ class SearchSpace:
             from dayzero.planner.engines import engine_mask
 
             ok = engine_mask(self.engine, {"recompute": np.array([rc for rc, _ in out]),
-                                           "recompute_modules": np.array([m for _, m in out])})
+                                           "recompute_modules": np.array([m for _, m in out])}, switches)
             out = [lv for lv, keep in zip(out, ok) if keep]
         return out
 
@@ -445,21 +451,24 @@ def _row_patterns(flags: np.ndarray) -> np.ndarray:
     return key.ravel()
 
 
-def _engine_runs(engine, grid: dict) -> np.ndarray:
-    """The rows of ``grid`` the pinned ``engine`` runs, or (None) some engine of planner.engines."""
+def _engine_runs(engine, grid: dict, run_switches: dict | None = None) -> np.ndarray:
+    """The rows of ``grid`` the pinned ``engine`` runs, or (None) some engine of planner.engines
+    (with the run's switches, planner.engines.SWITCHES)."""
     if engine:
-        return engine_mask(engine, grid)
-    return np.logical_or.reduce([engine_mask(e, grid) for e in ENGINES])
+        return engine_mask(engine, grid, run_switches)
+    return np.logical_or.reduce([engine_mask(e, grid, run_switches) for e in ENGINES])
 
 
 LEVEL_COLUMNS = ("recompute", "recompute_modules")
 
 
-def _runs_at_levels(g: dict, levels) -> np.ndarray:
+def _runs_at_levels(g: dict, levels, run_switches: dict | None = None) -> np.ndarray:
     """(rows, levels): some engine of planner.engines runs row i of ``g`` at recompute level j
     (``engine_mask`` of every row at every level, with each engine's limits split into those that
-    read only the rows' columns, only the level's, or both: the first two are evaluated once)."""
+    read only the rows' columns, only the level's, or both: the first two are evaluated once; the
+    run's switches read as columns where on, as engine_mask reads them)."""
     n, width = len(g["tp"]), len(levels)
+    g = {**{k: np.full(n, v) for k, v in (run_switches or {}).items() if v}, **g}
     lv = {"recompute": np.array([rc for rc, _ in levels], dtype=np.int64),
           "recompute_modules": np.array([m for _, m in levels], dtype=np.int64)}
     out = np.zeros((n, width), dtype=bool)
@@ -498,7 +507,7 @@ class SwitchPlan:
     # where one of them changes more: a pass's peaks are then read off the earlier passes' memory calls
     drops: tuple = ()
 
-    def held(self, bases: dict, z: int, engine) -> dict[str, np.ndarray]:
+    def held(self, bases: dict, z: int, engine, run_switches: dict | None = None) -> dict[str, np.ndarray]:
         """The switch columns every pass of ZeRO stage ``z`` shares (the ladder's start off)."""
         n = len(bases["tp"])
         cols = {s: np.zeros(n, dtype=np.int64) for s in SWITCH_COLUMNS}
@@ -507,7 +516,7 @@ class SwitchPlan:
             cols[name] = self.rule_ok({**zb, **cols, name: np.ones(n, dtype=np.int64)}).astype(np.int64)
         for name in self.saves:
             trial = {**zb, **cols, name: np.ones(n, dtype=np.int64)}
-            cols[name] = (self.rule_ok(trial) & _engine_runs(engine, trial)).astype(np.int64)
+            cols[name] = (self.rule_ok(trial) & _engine_runs(engine, trial, run_switches)).astype(np.int64)
         return cols
 
     def passes(self) -> list[dict[str, int]]:
@@ -517,7 +526,8 @@ class SwitchPlan:
 
 def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None,
                       searched_dual: bool = False, below: np.ndarray | None = None,
-                      switches: SwitchPlan | None = None, memory_less=None) -> tuple[list, int, int]:
+                      switches: SwitchPlan | None = None, memory_less=None,
+                      run_switches: dict | None = None) -> tuple[list, int, int]:
     """For each base and ZeRO stage, the recompute levels (``levels``: SearchSpace.levels) that fit
     with no fitting level below them (``below``: :func:`level_order`, default a chain in the given
     order): a level above a fitting one keeps less memory but only adds time, so it is never the
@@ -536,7 +546,8 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     Returns ([(base indices, zero, level index, peak, switch columns, pass)], number of fitting (base,
     zero, level) layouts, number ruled out by ``engine``; without one, with ``searched_dual`` (an
     unpinned schedule), the (row, ZeRO stage, recompute level) layouts no engine runs, which are left
-    out: DualPipe rows, tried only when pinned, excepted)."""
+    out: DualPipe rows, tried only when pinned, excepted). ``run_switches``: the run's switches the
+    engine limits read (planner.engines.SWITCHES, PerfOptions.switches)."""
     n = len(bases["tp"])
     switches = switches or SwitchPlan()
     if below is None:
@@ -552,7 +563,7 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
             known[mask] = dropped_terms(spec, mask)
         return known[mask]
     for z in sorted(zeros):
-        held_at[z] = held = switches.held(bases, z, engine)
+        held_at[z] = held = switches.held(bases, z, engine, run_switches)
         fitting = np.zeros((n, len(levels)), dtype=bool)  # fits (or a level below does), by some pass so far
         found = []
         # pass -> {(recompute code, module mask): (bases,) peaks an earlier pass's memory calls gave (nan: none)}
@@ -562,7 +573,7 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
             zb = _with(bases, zero=z, **{**held, **on})
             groups = [(np.arange(n), everything)]  # (rows, the level indices they may take)
             if engine:
-                runs = engine_mask(engine, zb)
+                runs = engine_mask(engine, zb, run_switches)
                 n_engine += int((~runs).sum()) * len(levels) * (pi == 0)
                 groups = [(np.flatnonzero(runs), everything)]
             elif searched_dual:  # an unpinned search: each row only at the ZeRO stages and levels some engine
@@ -570,7 +581,7 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                 # tried when pinned, so it is not filtered
                 dual = np.flatnonzero(bases["schedule"] != DUALPIPE)
                 if len(dual):
-                    runs = _runs_at_levels({k: v[dual] for k, v in zb.items()}, levels)  # (rows, levels)
+                    runs = _runs_at_levels({k: v[dual] for k, v in zb.items()}, levels, run_switches)  # (rows, levels)
                     n_engine += int((~runs).sum()) * (pi == 0)
                     groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
                     which = _row_patterns(runs)  # rows with the same levels allowed share a number
@@ -579,7 +590,7 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                         if len(allowed):
                             groups.append((dual[which == k], tuple(allowed.tolist())))
             if pi:  # a last-resort switch only where an engine runs it
-                ok_rows = _engine_runs(engine, zb)
+                ok_rows = _engine_runs(engine, zb, run_switches)
                 groups = [(rows[ok_rows[rows]], allowed) for rows, allowed in groups]
             for rows, allowed in groups:
                 if not len(rows):
@@ -730,7 +741,8 @@ def fewest_recomputed_layers(spec: ModelSpec, cand: dict, peaks: np.ndarray, mem
 
 
 def fewer_layers_up_the_ladder(spec: ModelSpec, cand: dict, peaks: np.ndarray, rung: np.ndarray,
-                               switches: SwitchPlan, memory, limit: float, engine=None) -> tuple[dict, np.ndarray]:
+                               switches: SwitchPlan, memory, limit: float, engine=None,
+                               run_switches: dict | None = None) -> tuple[dict, np.ndarray]:
     """``cand`` with, for each row under full recompute of some layers (:func:`fewest_recomputed_layers`)
     at a rung of the last-resort ladder (``rung``: its pass), the row one rung up where that
     replays strictly fewer layers per chunk and an engine runs it: the switch adds time and the
@@ -747,7 +759,7 @@ def fewer_layers_up_the_ladder(spec: ModelSpec, cand: dict, peaks: np.ndarray, r
             break
         up = {c: v[pick] for c, v in at.items()}
         up.update({s: np.full(len(pick), v, dtype=np.int64) for s, v in passes[k].items()})
-        runs = _engine_runs(engine, up)
+        runs = _engine_runs(engine, up, run_switches)
         up, pick = {c: v[runs] for c, v in up.items()}, pick[runs]
         if not len(pick):
             break
@@ -808,14 +820,15 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         from dayzero.planner.memory import peak_memory_batch as memory_fn  # noqa: N813
 
         options = options or PerfOptions()
-        memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
+        memory_options = searched_memory(memory_options or MemoryOptions.for_run(cluster.accelerator,
+                                                                                 options.attention_kernel), space)
     options = options or PerfOptions()
     space = space or SearchSpace()
     devices, domain = cluster.devices, scaleup_domain(cluster)
     bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
     engine_bases = engine_zero = 0  # full layouts the engine cannot run: by their base, by their ZeRO stage
     if space.engine:  # the engine's limits on every column but zero (applied per ZeRO stage below)
-        runs = engine_mask(space.engine, bases)
+        runs = engine_mask(space.engine, bases, options.switches())  # with the run's switches (engines.SWITCHES)
         engine_bases = int((~runs).sum()) * variants
         bases = _take(bases, runs)
     n = len(bases["tp"])
@@ -833,7 +846,13 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         def memory_less(grid: dict, without):
             return memory_fn(spec, grid, capacity, memory_options, without=without)
 
-    zeros, levels = codes["zero"], space.levels(spec)
+    zeros, levels = codes["zero"], space.levels(spec, options.switches())
+    if not levels:  # the engine runs none of the recompute modes asked for with the run's switches
+        from dayzero.errors import ConfigError
+
+        raise ConfigError("--engine", None, f"{space.engine} runs none of the recompute modes "
+                          f"{', '.join(space.recompute)} with "
+                          f"{', '.join(f'{k} {v}' for k, v in options.switches().items() if v)}; widen --recompute")
     switches = switch_plan(spec, cluster, options, memory_options, space)
     below = level_order(spec, levels)
     level_rc = np.array([rc for rc, _ in levels], dtype=np.int64)
@@ -844,7 +863,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         chunk = {k: v[start:start + CHUNK] for k, v in bases.items()}
         found, fit_here, engine_here = _fitting_variants(spec, chunk, zeros, levels, memory, limit, space.engine,
                                                          searched_dual=space.schedule is None, below=below,
-                                                         switches=switches, memory_less=memory_less)
+                                                         switches=switches, memory_less=memory_less,
+                                                         run_switches=options.switches())
         n_fit += fit_here
         engine_zero += engine_here
         idx = np.concatenate([p[0] for p in found]) if found else np.zeros(0, dtype=np.int64)
@@ -859,7 +879,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
             cand[s] = np.concatenate([p[4][s] for p in found]).astype(np.int64)
         rung = np.concatenate([np.full(len(p[0]), p[5]) for p in found]).astype(np.int64)
         cand["recompute_layers"], peaks = fewest_recomputed_layers(spec, cand, peaks, memory, limit)
-        cand, peaks = fewer_layers_up_the_ladder(spec, cand, peaks, rung, switches, memory, limit, space.engine)
+        cand, peaks = fewer_layers_up_the_ladder(spec, cand, peaks, rung, switches, memory, limit, space.engine,
+                                                 options.switches())
         n_timed += len(peaks)
         ev = evaluate(spec, cand, cluster, options)
         order = np.argsort(ev.step_s, kind="stable")[:top_k]
@@ -921,6 +942,7 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     plan under perturbed inputs, :mod:`dayzero.planner.sensitivity`)."""
     import time
 
+    from dayzero.planner.memory_options import MemoryOptions
     from dayzero.planner.predict import predict
     from dayzero.planner.sensitivity import POOL
 
@@ -933,7 +955,9 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     pool = candidate_layouts(result)
     layouts = pool[:want]
     chosen = best_of_families(layouts, top_k)
-    plans = [predict(spec, layouts[i], cluster, options, memory_options) for i in chosen]
+    mopts = searched_memory(memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel),
+                            space)
+    plans = [predict(spec, layouts[i], cluster, options, mopts) for i in chosen]
     best = plans[0]["time"]["step_s"]
     from dayzero.planner.switches import why_words
 

@@ -16,11 +16,7 @@ def model_notes(spec) -> dict:
         desc = extra["description"]
         out["layer_kinds_derived"] = [
             {"name": k.name, "layers": list(k.layers), "params_per_layer": k.params,
-             "mixer": None if k.mixer is None else {"kind": k.mixer.kind, "module": k.mixer.module,
-                                                    "heads": k.mixer.heads,
-                                                    "kv_heads": k.mixer.kv_heads, "head_dim": k.mixer.head_dim,
-                                                    "window": k.mixer.window, "chunk": k.mixer.chunk,
-                                                    "rope": k.mixer.rope, "params": k.mixer.params},
+             "mixer": _mixer(k.mixer), "mixer_beside": _mixer(k.beside),
              "ffn": {"kind": k.ffn.kind, "module": k.ffn.module, "params": k.ffn.params,
                      "experts": k.ffn.experts.experts if k.ffn.experts else 0, "top_k": k.ffn.top_k,
                      "expert_intermediate": k.ffn.experts.expert.intermediate if k.ffn.experts else 0,
@@ -29,6 +25,14 @@ def model_notes(spec) -> dict:
              "norms": k.norms, "other": k.other} for k in desc.kinds]
         out["params_vision"] = desc.vision
     return out
+
+
+def _mixer(m) -> dict | None:
+    """A derived layer kind's token mixer (describe.Mixer) as ``--json`` lists it."""
+    if m is None:
+        return None
+    return {"kind": m.kind, "module": m.module, "heads": m.heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
+            "window": m.window, "chunk": m.chunk, "rope": m.rope, "params": m.params}
 
 
 def model_report(spec, summary, with_mtp: bool = False) -> dict:

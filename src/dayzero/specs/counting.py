@@ -14,13 +14,15 @@ only the lower triangle (half), as FlashAttention-style kernels execute it.
 Recurrent mixers (:class:`~dayzero.specs.model.RecurrentSpec`) cost their projections (2 FLOPs per
 weight per token, like every linear) plus the chunked scan, linear in the sequence length
 (:func:`recurrent_scan_flops_per_token`); their depthwise conv, gates and norm are elementwise.
+A layer with both side by side (``attention&recurrent``, :func:`~dayzero.specs.model.mixer_parts`)
+counts both mixers; their outputs' sum is elementwise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec, RecurrentSpec, split_layer_type
+from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec, RecurrentSpec, mixer_parts, split_layer_type
 
 # "other": parameters of a layer that the shapes do not express (derived specs only, see ModelSpec.layer_extra)
 COMPONENTS = ("attention", "recurrent", "dense_mlp", "routed_experts", "shared_experts", "router", "norms", "other")
@@ -137,7 +139,8 @@ def norm_params(spec: ModelSpec) -> int:
 
 def layer_count(spec: ModelSpec, index: int, kind: str | None = None) -> LayerCount:
     """Parameters of layer ``index`` (``kind``: a layer type, ModelSpec.layer_types; default the
-    layer's own). Each block present (mixer, feed-forward) has its own pre-norm."""
+    layer's own). Each block present (mixer, feed-forward) has its own pre-norm; mixers side by side
+    share one (FalconH1DecoderLayer's ``input_layernorm`` feeds both)."""
     kind = kind or spec.layer_types[index]
     mixer, ffn = split_layer_type(kind)
     h = spec.hidden
@@ -150,8 +153,9 @@ def layer_count(spec: ModelSpec, index: int, kind: str | None = None) -> LayerCo
         router = router_params(moe, h)
     elif ffn == "dense":
         dense = mlp_params(spec.mlp, h)
-    att = attention_params(spec.attention, h) if mixer == "attention" else 0
-    rec = recurrent_params(spec.recurrent, h) if mixer == "recurrent" else 0
+    parts = mixer_parts(mixer)
+    att = attention_params(spec.attention, h) if "attention" in parts else 0
+    rec = recurrent_params(spec.recurrent, h) if "recurrent" in parts else 0
     blocks = (mixer != "none") + (ffn != "none")
     return LayerCount(index=index, kind=kind, attention=att, dense_mlp=dense,
                       routed_experts=routed, shared_experts=shared, router=router, norms=blocks * norm_params(spec),
@@ -242,7 +246,8 @@ def fp8_scale_elements(spec: ModelSpec) -> int:
 
     def layer_blocks(kind: str) -> int:
         mixer, ffn = split_layer_type(kind)
-        out = att if mixer == "attention" else rec if mixer == "recurrent" else 0
+        parts = mixer_parts(mixer)
+        out = att * ("attention" in parts) + rec * ("recurrent" in parts)
         if ffn == "moe":
             sm = shared_mlp(spec.moe)
             return out + spec.moe.experts * mlp_blocks(spec.moe.expert) + (mlp_blocks(sm) if sm else 0)
@@ -269,10 +274,11 @@ def layer_matmul_params(spec: ModelSpec, kind: str) -> int:
     """Weights one token multiplies through in a layer of type ``kind`` (routed experts: top_k of them)."""
     h = spec.hidden
     mixer, ffn = split_layer_type(kind)
+    parts = mixer_parts(mixer)
     w = 0
-    if mixer == "attention":
+    if "attention" in parts:
         w += attention_matmul_params(spec.attention, h)
-    elif mixer == "recurrent":
+    if "recurrent" in parts:
         w += recurrent_matmul_params(spec.recurrent, h)
     if ffn == "moe":
         moe = spec.moe
@@ -286,7 +292,7 @@ def layer_matmul_params(spec: ModelSpec, kind: str) -> int:
 
 def attention_flops_per_token(spec: ModelSpec, seq: int, index: int, causal: bool) -> float:
     """QK^T and PV of layer ``index`` per token (0 where the layer has no softmax attention)."""
-    if spec.layer_mixers[index] != "attention":
+    if "attention" not in mixer_parts(spec.layer_mixers[index]):
         return 0.0
     a = spec.attention
     keys = attention_context(spec, seq, index, causal)
@@ -336,7 +342,7 @@ def layer_forward_flops(spec: ModelSpec, index: int, seq: int, causal: bool) -> 
     """Forward FLOPs per token of decoder layer ``index`` as the shapes give them (linears, the
     attention core, a recurrent scan), without ModelSpec.layer_flops_extra."""
     f = 2.0 * layer_matmul_params(spec, spec.layer_types[index]) + attention_flops_per_token(spec, seq, index, causal)
-    if spec.layer_mixers[index] == "recurrent":
+    if "recurrent" in mixer_parts(spec.layer_mixers[index]):
         f += recurrent_scan_flops_per_token(spec.recurrent, seq, causal)
     return f
 
@@ -355,7 +361,7 @@ def flops_per_token(spec: ModelSpec, seq: int | None = None, causal: bool = Fals
     seq = seq or min(spec.max_positions, 4096)
     mm = sum(2.0 * layer_matmul_params(spec, k) for k in spec.layer_types)
     att = sum(attention_flops_per_token(spec, seq, i, causal) for i in range(spec.layers))
-    n_rec = sum(m == "recurrent" for m in spec.layer_mixers)
+    n_rec = sum("recurrent" in mixer_parts(m) for m in spec.layer_mixers)
     rec = n_rec * recurrent_scan_flops_per_token(spec.recurrent, seq, causal) if n_rec else 0.0
     head = 2.0 * spec.vocab * spec.hidden
     traced = sum(traced_extra_flops(spec, i, seq, causal) for i in range(spec.layers))
@@ -376,7 +382,7 @@ def mtp_flops_per_token(spec: ModelSpec, seq: int | None = None, causal: bool = 
     seq = seq or min(spec.max_positions, 4096)
     h = spec.hidden
     layer = 2.0 * layer_matmul_params(spec, spec.mtp_kind)
-    if split_layer_type(spec.mtp_kind)[0] == "attention":
+    if "attention" in mixer_parts(split_layer_type(spec.mtp_kind)[0]):
         layer += attention_flops_per_token(spec, seq, spec.layers - 1, causal)
     return 3.0 * spec.mtp_layers * (layer + 2.0 * 2 * h * h + 2.0 * spec.vocab * h)
 

@@ -110,6 +110,12 @@ def recompute_layers(g: dict):
     return np.zeros_like(np.asarray(g["tp"]))
 
 
+def partial_layers(g: dict) -> np.ndarray:
+    """(N,) the N of each full(N) row (full recompute of the first N layers of each chunk), else 0
+    (every layer under full recompute, or no full recompute)."""
+    return np.where(np.asarray(g["recompute"]) == FULL, np.maximum(recompute_layers(g), 0), 0)
+
+
 # a grid key (not a field): rows whose full recompute replays none of the layers a per-layer model
 # prices, the copy planner.perf.partial_recompute prices the layers past the first N of a chunk by
 UNREPLAYED = "unreplayed"

@@ -28,6 +28,7 @@ class LayoutOptions:
     zero: int = 1
     recompute: str = "none"
     recompute_modules: str | None = None  # comma-separated (--recompute-modules); implies selective
+    recompute_layers: int | None = None  # with full recompute: the first N layers of each model chunk
     sequence_parallel: bool = False
     schedule: str | None = None
     layer_split: str | None = None
@@ -44,13 +45,16 @@ class LayoutOptions:
         return out
 
     def modules(self) -> tuple[str, tuple[str, ...]]:
-        """(recompute mode, module set) of ``--recompute`` and ``--recompute-modules``: modules imply
-        selective recompute when ``--recompute`` is not given; unknown names are a one-line
+        """(recompute mode, module set) of ``--recompute``, ``--recompute-modules`` and
+        ``--recompute-layers``: modules imply selective recompute and a layer count full recompute
+        when ``--recompute`` is not given; unknown names are a one-line
         LayoutError naming the valid ones."""
         from dayzero.specs.parallel import RECOMPUTE_MODULES
 
         if not self.recompute_modules:
-            return self.recompute, ()
+            # a layer count implies full recompute when --recompute is not given
+            implied = "full" if self.recompute_layers is not None and self.recompute == "none" else self.recompute
+            return implied, ()
         names = tuple(m.strip() for m in self.recompute_modules.replace("+", ",").split(",") if m.strip())
         bad = [m for m in names if m not in RECOMPUTE_MODULES]
         if bad:
@@ -106,6 +110,7 @@ class LayoutOptions:
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=dp, cp=self.cp, ep=self.ep, etp=self.etp, vpp=self.vpp,
                               mbs=self.mbs, gbs=self.default_gbs(dp, fill_pipeline), seq=self.seq,
                               zero=self.zero, recompute=recompute, recompute_modules=modules,
+                              recompute_layers=self.recompute_layers,
                               sequence_parallel=self.sequence_parallel,
                               precision=precision, layer_split=self.split(), **extra)
 

@@ -26,6 +26,7 @@ from dayzero.specs.grid import (
     DUALPIPE,
     DUALPIPEV,
     FIELDS,
+    FULL,
     INTERLEAVED,
     RANK_ORDERS,
     SELECTIVE,
@@ -87,6 +88,13 @@ def _kv_heads_ok(c, w):
     return (a.kind != "gqa") | (a.kv_heads % c["tp"] == 0) | (c["tp"] % a.kv_heads == 0)
 
 
+def _largest_chunk(c, w):
+    """Layers of the largest model chunk: of the layer split when one is given, else of the near-even
+    split (ceil(layers / (pp x vpp)))."""
+    split = c.get("layer_split")
+    return max(split) if split else -(-w.spec.layers // (c["pp"] * c["vpp"]))
+
+
 def _split_problem(split: tuple[int, ...] | None, pp: int, vpp: int, spec: ModelSpec) -> str | None:
     """What is wrong with one layout's layer split (None: nothing)."""
     stages = pp * vpp
@@ -118,6 +126,17 @@ RULES: tuple[Rule, ...] = (
     # are none (Megatron-LM arguments.py: --fp8-param-gather "Keep the compute param in fp8")
     Rule(("fp8_param_gather", "precision"), lambda c, w: (c["fp8_param_gather"] == 0) | (c["precision"] != BF16),
          lambda p, w: "fp8 parameter gather needs an FP8 recipe (--precision fp8 or fp4), got bf16"),
+    # Megatron reads --recompute-num-layers under --recompute-granularity full (with --recompute-method)
+    Rule(("recompute_layers",), lambda c, w: c["recompute_layers"] >= 0,
+         lambda p, w: f"recompute layers must be at least 1, got {p.recompute_layers}"),
+    Rule(("recompute", "recompute_layers"), lambda c, w: (c["recompute"] == FULL) | (c["recompute_layers"] == 0),
+         lambda p, w: f"recompute layers ({p.recompute_layers}) need recompute full, got {p.recompute}"),
+    # the first N layers of each model chunk: N beyond the largest chunk is every layer, said as plain full
+    Rule(("recompute_layers", "pp", "vpp"), lambda c, w: c["recompute_layers"] <= _largest_chunk(c, w),
+         lambda p, w: f"recompute layers ({p.recompute_layers}) exceed the "
+                      f"{_largest_chunk({'pp': p.pp, 'vpp': p.vpp, 'layer_split': p.layer_split}, w)} layers of a "
+                      f"model chunk (pp {p.pp} x vpp {p.vpp} chunks of {w.spec.layers}); give fewer, or full "
+                      "recompute without a count", needs="spec"),
     Rule(("rank_order",), lambda c, w: (c["rank_order"] >= 0) & (c["rank_order"] < len(RANK_ORDERS)),
          lambda p, w: f"rank order {p.rank_order!r} must name each of tp, cp, dp, pp exactly once, fastest first "
                       f"(e.g. {DENSE_ORDER})"),
@@ -173,7 +192,7 @@ RULES: tuple[Rule, ...] = (
                       f"({w.spec.recurrent.qk_heads}) must be divisible by tp ({p.tp})", needs="spec"),
     # Megatron-Core splits a Mamba mixer's sequence over cp by an all-to-all to heads
     # (megatron/core/ssm/mamba_context_parallel.py); dayzero models ring attention only
-    Rule(("cp",), lambda c, w: (c["cp"] == 1) | ("recurrent" not in w.spec.layer_mixers),
+    Rule(("cp",), lambda c, w: (c["cp"] == 1) | (not w.spec.has_recurrent),
          lambda p, w: f"cp {p.cp} > 1: {w.spec.name} has recurrent (state-space / linear-attention) layers, whose "
                       "context parallelism (Megatron-Core's all-to-all of heads) dayzero does not model; use cp 1",
          needs="spec"),

@@ -12,7 +12,8 @@ Vocabulary (names as in the papers / HF configs):
                 experts) or ``none`` (hybrid models whose layers are either a mixer or an FFN)
     mixers      each decoder layer's token mixer is ``attention`` (softmax attention over
                 ``attention``'s shapes), ``recurrent`` (a state-space / linear-attention mixer of
-                ``recurrent``'s shapes) or ``none``
+                ``recurrent``'s shapes), ``none``, or both side by side, ``attention&recurrent``
+                (a parallel hybrid: both read the layer's one normed input, their outputs summed)
 """
 
 from __future__ import annotations
@@ -154,6 +155,29 @@ class RecurrentSpec:
         return 2 * self.key_heads * self.key_head_dim + 2 * self.inner + 2 * self.heads
 
 
+MIXERS = ("attention", "recurrent")  # the token mixers a layer can hold, in the order an entry lists them
+PARALLEL = "&"  # joins the mixers of a layer that runs several side by side
+
+
+def mixer_parts(mixer: str) -> tuple[str, ...]:
+    """The token mixers of a ModelSpec.layer_mixers entry: ``attention`` -> ("attention",),
+    ``attention&recurrent`` -> ("attention", "recurrent"), ``none`` -> ().
+
+    Several mixers side by side are a parallel hybrid's layer: transformers' FalconH1DecoderLayer
+    (models/falcon_h1/modeling_falcon_h1.py, forward) feeds its ``input_layernorm`` output to the
+    Mamba-2 mixer and to attention and adds the two outputs before the residual. The layer costs
+    each mixer's parameters, FLOPs and saved tensors, with one pre-norm and one layer input between
+    them ("&", not "+": "+" joins a layer type's mixer and feed-forward block, :func:`layer_type`)."""
+    return () if mixer == "none" else tuple(mixer.split(PARALLEL))
+
+
+def parallel_mixer(parts) -> str:
+    """The layer_mixers entry of ``parts`` side by side, in MIXERS order (``none`` for no mixer)."""
+    chosen = set(parts)
+    got = [m for m in MIXERS if m in chosen]
+    return PARALLEL.join(got) if got else "none"
+
+
 def layer_type(mixer: str, ffn: str) -> str:
     """The key of a (mixer, feed-forward) pair: ``dense`` / ``moe`` for softmax attention with that
     FFN (every transformer layer, as before hybrids), else ``mixer+ffn`` (``recurrent+none``)."""
@@ -241,7 +265,11 @@ class ModelSpec:
                 object.__setattr__(self, name, ((0.0, 0.0),) * self.layers)
         if len(self.layer_mixers) != self.layers:
             raise ValueError(f"{self.name}: layer_mixers needs one entry per layer ({self.layers})")
-        if "recurrent" in self.layer_mixers and self.recurrent is None:
+        bad = sorted({m for m in self.layer_mixers if m != parallel_mixer(mixer_parts(m))})
+        if bad:
+            raise ValueError(f"{self.name}: layer_mixers entries {bad}: expected none or "
+                             f"{' / '.join(MIXERS)}, several joined by {PARALLEL!r} in that order")
+        if self.has_recurrent and self.recurrent is None:
             raise ValueError(f"{self.name}: recurrent layers need ModelSpec.recurrent (their shapes)")
         # not a field (no digest, no equality): derived once, read per layer by counting and the planner
         object.__setattr__(self, "_layer_types", tuple(layer_type(m, k) for m, k in zip(self.layer_mixers,
@@ -268,7 +296,13 @@ class ModelSpec:
 
     @property
     def has_attention(self) -> bool:
-        return "attention" in self.layer_mixers
+        """Some layer has softmax attention (alone or beside a recurrent mixer)."""
+        return any("attention" in mixer_parts(m) for m in self.layer_mixers)
+
+    @property
+    def has_recurrent(self) -> bool:
+        """Some layer has a recurrent mixer (alone or beside attention)."""
+        return any("recurrent" in mixer_parts(m) for m in self.layer_mixers)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -21,8 +21,10 @@ from dataclasses import replace
 
 from dayzero.errors import ConfigError
 from dayzero.planner.comm import CommOptions
+from dayzero.planner.engines import DAYZERO, pipelined_fsdp
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.perf import PerfOptions
+from dayzero.planner.schedule import held_zero
 from dayzero.runtime.memory_check import ACCELERATOR
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
@@ -64,8 +66,6 @@ def compute_view(cluster: Cluster, compute_dtype: str) -> Cluster:
 def perf_options(compute_dtype: str, constants=None, **comm) -> PerfOptions:
     """Gradients are reduced in fp32: 4 bytes, or 2 counted bytes in the fp32 view; MoE tokens go
     through the runtime's plain all-to-all (planner.engines.DAYZERO.ep_dispatcher)."""
-    from dayzero.planner.engines import DAYZERO
-
     grad = 2 if compute_dtype == "fp32" else 4
     comm = {"ep_dispatcher": DAYZERO.ep_dispatcher, **comm}
     return PerfOptions(comm=CommOptions(grad_reduce_bytes=grad, **comm), constants=constants)
@@ -75,11 +75,14 @@ def runtime_layout(parallel: ParallelConfig) -> ParallelConfig:
     """The ZeRO stage whose memory and traffic the runtime's FSDP2 really has for this layout.
 
     * Pipelining (torch.distributed.pipelining) runs every backward without gradient sync or
-      reshard and reduces once at the end: full gradients and gathered parameters, as ZeRO-1.
+      reshard and reduces once at the end: full gradients and gathered parameters, as ZeRO-1
+      (:func:`dayzero.planner.schedule.held_zero`, the rule the memory model applies under
+      MemoryOptions.pipelined_fsdp; here for the traffic too: no per-micro-batch reduce-scatter).
     * ZeRO-1 with a single micro-batch syncs on that micro-batch: sharded gradients, as ZeRO-2.
     """
-    if parallel.pp > 1 and parallel.zero >= 1:
-        return parallel.with_(zero=1)
+    held = int(held_zero(parallel.zero, parallel.pp, pipelined_fsdp(DAYZERO)))
+    if held != parallel.zero:
+        return parallel.with_(zero=held)
     if parallel.zero == 1 and parallel.microbatches == 1:
         return parallel.with_(zero=2)
     return parallel
@@ -112,7 +115,8 @@ def memory_options(cluster: Cluster | None, compute_dtype: str, spec: ModelSpec 
     math kernel, which saves the score matrix."""
     b = BYTES[compute_dtype]
     kw = dict(param_bytes=b, master_bytes=4, grad_bytes=4, optim_bytes=8, act_bytes=b, fp8_act_bytes=b,
-              logits_bytes=4, kernels="eager", sharded_params_are_master=True)
+              logits_bytes=4, kernels="eager", sharded_params_are_master=True,
+              pipelined_fsdp=pipelined_fsdp(DAYZERO))
     if spec is not None:
         a = spec.attention
         if device == "cpu" and a.head_dim != a.v_head_dim:
