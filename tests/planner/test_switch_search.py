@@ -188,7 +188,7 @@ def test_the_plan_names_the_switches_and_the_engines_that_run_them():
     assert best["parallel"]["optimizer_offload"] is True
     assert ParallelConfig.from_dict(best["parallel"]).describe().endswith("opt-offload")
     assert set(best["engines"]) == {"megatron", "deepspeed"}
-    assert len(best["switches"]) == 1 and "nothing fits without it" in best["switches"][0]
+    assert len(best["memory_switches"]) == 1 and "nothing fits without it" in best["memory_switches"][0]
     assert "dayzero" not in engines_for(ParallelConfig(optimizer_offload=True))
     assert encode([ParallelConfig(fp8_param_gather=True, precision="fp8")])["fp8_param_gather"].tolist() == [1]
 

@@ -264,7 +264,7 @@ def plan_cmd(
     print_prediction(obj["plans"][0], title="[bold]Best plan[/bold]")
     if "binding" in obj["plans"][0]:
         console.print(f"what binds it: {obj['plans'][0]['binding']['detail']}", highlight=False)
-    for line in obj["plans"][0].get("switches", []):
+    for line in obj["plans"][0].get("memory_switches", []):
         console.print(f"memory switch: {line}", highlight=False)
     print_uncertainty(console, obj)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps, DEFAULT_CLUSTER)]

@@ -963,7 +963,7 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
 
     for p, i in zip(plans, chosen):
         p["family"] = family(layouts[i])
-        p["switches"] = why_words(layouts[i])  # the memory switches on, and why (planner.switches)
+        p["memory_switches"] = why_words(layouts[i])  # the memory switches on, and why (planner.switches)
         p["vs_best"] = p["time"]["step_s"] / best - 1.0
     plans[0]["binding"] = binding(plans[0], max_memory)
     rejected = dict(result.rejected)
