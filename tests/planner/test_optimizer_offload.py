@@ -84,3 +84,18 @@ def test_megatron_export_writes_the_offload_flags_and_reads_them_back():
     assert not {"--optimizer-cpu-offload", "--use-precision-aware-optimizer"} & set(rest)
     # a plan whose layout chose it writes it without the flag
     assert "--optimizer-cpu-offload" in export(SPEC, P.with_(optimizer_offload=True)).command
+
+
+def test_predict_states_the_host_memory_the_offloaded_optimizer_takes():
+    """Host memory per device under optimizer offload: the FP32 master (4 B), the two FP32 moments
+    (8 B) and the FP32 gradient copy the host Adam reads (4 B; Megatron's HybridDeviceOptimizer keeps
+    CPU FP32 copies of parameters and gradients) of the device's ZeRO-1 shard: 1,003,782,656 x 16 B
+    = 16,060,522,496 B; with BF16 moments 12 B a state. Absent without offload."""
+    from dayzero.planner.predict import predict
+
+    off = predict(SPEC, P.with_(optimizer_offload=True), H100)
+    assert off["memory"]["host_bytes"] == pytest.approx(SHARD * 16, rel=1e-12)
+    bf16 = predict(SPEC, P.with_(optimizer_offload=True), H100, memory_options=MemoryOptions.for_run(
+        H100.accelerator).with_(optim_bytes=4))
+    assert bf16["memory"]["host_bytes"] == pytest.approx(SHARD * 12, rel=1e-12)
+    assert "host_bytes" not in predict(SPEC, P, H100)["memory"]

@@ -39,3 +39,18 @@ def offloaded_optimizer_s(shard_params, grad_bytes: float, host_link_bw: float =
     the host Adam plus the gradient down and the parameter up, one after the other."""
     shard = np.asarray(shard_params, dtype=float)
     return shard * HOST_ADAM_BYTES / host_memory_bw + shard * (grad_bytes + PARAM_UP_BYTES) / host_link_bw
+
+
+HOST_GRAD_BYTES = 4  # the FP32 gradient copy the host Adam reads (Megatron's HybridDeviceOptimizer keeps
+# CPU FP32 copies of each offloaded parameter and of its .grad: megatron/core/optimizer/cpu_offloading/
+# hybrid_optimizer.py; ZeRO-Offload sec. 4.1: gradients are offloaded to CPU memory)
+
+
+def host_bytes(stage_optimizer_bytes, master_bytes: float, moment_bytes: float) -> float:
+    """Host memory one device's offloaded optimizer takes: its FP32 master, moments and FP32 gradient
+    copy, from the optimizer bytes its busiest stage would keep on the device without offload
+    (``stage_optimizer_bytes``: master + moments per state, MemoryOptions.master_bytes / optim_bytes)."""
+    if master_bytes + moment_bytes <= 0:
+        return 0.0
+    states = max(np.asarray(stage_optimizer_bytes, dtype=float).max(initial=0.0), 0.0) / (master_bytes + moment_bytes)
+    return states * (master_bytes + moment_bytes + HOST_GRAD_BYTES)

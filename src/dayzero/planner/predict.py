@@ -101,7 +101,16 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)
     engines = fitting_engines(spec, parallel, cluster.memory_bytes, memory_options, report.fits, options.switches())
-    return prediction(spec, parallel, cluster, ev, 0, report.to_dict(), options, engines)
+    memory = report.to_dict()
+    if parallel.optimizer_offload or memory_options.optimizer_offload:
+        # what the host holds per device (not checked: the cluster catalog states no host memory)
+        from dayzero.planner.offload import host_bytes
+
+        on_device = estimate_memory(spec, parallel.with_(optimizer_offload=False), cluster.memory_bytes,
+                                    memory_options.with_(optimizer_offload=False))
+        memory["host_bytes"] = host_bytes([s.optimizer for s in on_device.stages], memory_options.master_bytes,
+                                          memory_options.optim_bytes)
+    return prediction(spec, parallel, cluster, ev, 0, memory, options, engines)
 
 
 def fitting_engines(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int, memory_options,
