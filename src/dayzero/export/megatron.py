@@ -66,6 +66,8 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
     # the memory switches the plan chose (ParallelConfig fields, planner.switches) or the export's flags
     fp8_param_gather = fp8_param_gather or p.fp8_param_gather
     optimizer_offload = optimizer_offload or p.optimizer_offload
+    # the layout's own N (a searched plan's, ParallelConfig.activation_offload_layers), at least the export's flag
+    activation_offload_layers = max(activation_offload_layers, p.activation_offload_layers)
     a = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
          "--context-parallel-size", p.cp, "--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp,
          "--micro-batch-size", p.mbs, "--global-batch-size", p.gbs, "--seq-length", p.seq, "--bf16"]
@@ -166,6 +168,7 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
 def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,
            fp8_param_gather: bool = False, optimizer_offload: bool = False,
            activation_offload_layers: int = 0) -> Export:
+    activation_offload_layers = max(activation_offload_layers, parallel.activation_offload_layers)  # the plan's own
     require_engine("megatron", parallel, {"activation_offload_layers": activation_offload_layers})
     if activation_offload_layers:
         from dayzero.planner.predict import check_offload_layout
