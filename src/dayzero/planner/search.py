@@ -57,7 +57,7 @@ STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), 
           ("mbs",))
 VARIANTS = ("zero", "recompute")  # the recompute variants are its levels: SearchSpace.levels
 VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules", "recompute_layers",
-                   *SWITCH_COLUMNS)  # set per base by the search
+                   *SWITCH_COLUMNS, OFFLOAD)  # set per base by the search
 # The selective recompute module sets the search tries by default: every set of Megatron-Core's
 # recompute modules (megatron/core/transformer/transformer_config.py ``recompute_modules``) that
 # drops a different set of the model's saved tensors (planner.row_memory.recompute_modules_sets, the
@@ -797,8 +797,11 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
                 same = np.logical_and.reduce([held_at[1][s] >= held[s] for s in SWITCH_COLUMNS])
             got = np.full(n, -1, dtype=np.int64)  # layers offloaded; 0: fits without; -1: no offload row
             idx = np.flatnonzero(cand)
-            if len(idx):
+            if len(idx):  # first at the most layers offloaded: a row that does not fit there fits at none
                 sub = {k: v[idx] for k, v in g.items()}
+                most = memory({**sub, COLUMN: top[idx] - 1}) <= limit
+                idx, sub = idx[most], {k: v[most] for k, v in sub.items()}
+            if len(idx):
                 fits = memory({**sub, COLUMN: np.zeros(len(idx), dtype=np.int64)}) <= limit
                 none_fits[idx[fits]] = True
                 idx, sub = idx[~fits], {k: v[~fits] for k, v in sub.items()}
