@@ -1011,8 +1011,10 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     order = np.argsort(steps, kind="stable")[:top_k]
     top = {k: v[order] for k, v in allrows.items()}
     ev = evaluate(spec, top, cluster, options)
+    # a fitting layout can be timed in several rows (a switch, fewer replayed or offloaded layers): never
+    # fewer worse than none
     rejected = {"indivisible": indivisible, "does not fit": n * variants - n_fit - engine_zero,
-                "worse": n_fit - len(order)}
+                "worse": max(0, n_fit - len(order))}
     if space.engine:
         rejected["engine"] = engine_bases + engine_zero
     elif engine_zero:  # searched DualPipeV rows at ZeRO stages no engine runs them with
