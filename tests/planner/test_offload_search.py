@@ -126,10 +126,11 @@ def test_pinned_or_kept_off():
 
 def test_the_plan_carries_its_own_n():
     """The plan's layout is ``act-offload(1)``: its JSON ``parallel`` has the count, the step names the
-    exposed copies, its engines are Megatron's, the Megatron export writes N from the layout, the
-    next-step flags carry it and ``dayzero train`` (no offload) does not."""
+    exposed copies, its engines are Megatron's, the Megatron export writes N from the layout (and
+    its import reads it back), the next-step flags carry it and ``dayzero train`` (no offload) does
+    not."""
     from dayzero.cli.next_steps import layout_flags, train_layout
-    from dayzero.export.megatron import layout_args
+    from dayzero.export.megatron import layout_args, parallel_from_args
 
     limit = (_peak(P1) - 1.1 * 0.5 * LAYER) / H100.memory_bytes
     obj = plan(SPEC, H100, 16, 4096, space=SPACE, max_memory=limit, top_k=1)
@@ -141,6 +142,9 @@ def test_the_plan_carries_its_own_n():
     assert p.describe().endswith("act-offload(1)")
     args = layout_args(p)
     assert args[args.index("--cpu-offloading-num-layers") + 1] == "1"
+    back, _ = parallel_from_args(args, world=8)  # the import reads it back
+    assert back.activation_offload_layers == 1
+    assert parallel_from_args(layout_args(P1), 8)[0].activation_offload_layers == 0
     flags = layout_flags(best["parallel"])
     assert flags[flags.index("--activation-offload") + 1] == "1"
     assert "--activation-offload" not in layout_flags(train_layout(best["parallel"]))

@@ -125,8 +125,9 @@ def test_fp8_param_gather_saves_what_the_memory_model_says():
 
 def _every_state(spec, cluster, gbs, seq, space, limit, precision):
     """Brute force: every (base, ZeRO stage, recompute level) at every switch state the layout rules
-    allow and some engine runs (activation offload: every count of layers without recompute); per base the fastest fitting step time, and the layouts (base, ZeRO
-    stage, level) that fit in some state."""
+    allow and some engine runs (activation offload: every count of layers without recompute); per
+    base the fastest fitting step time, and the layouts (base, ZeRO stage, level) that fit in some
+    state."""
     bases, *_ = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8, precision)
     n = len(bases["tp"])
     zr = [(z, r, m) for z in space.zero for r, m in space.levels(spec)]

@@ -214,8 +214,8 @@ def plan_cmd(
         if activation_offload:
             from dayzero.errors import ConfigError
 
-            raise ConfigError("--no-activation-offload", None, f"contradicts --activation-offload {activation_offload}; "
-                              "give one of them")
+            raise ConfigError("--no-activation-offload", None,
+                              f"contradicts --activation-offload {activation_offload}; give one of them")
         no_switches += ("activation_offload_layers",)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),

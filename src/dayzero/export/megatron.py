@@ -213,10 +213,12 @@ def _parser() -> argparse.ArgumentParser:
                           ("--context-parallel-size", 1), ("--expert-model-parallel-size", 1),
                           ("--expert-tensor-parallel-size", None), ("--micro-batch-size", 1),
                           ("--global-batch-size", None), ("--seq-length", 4096),
-                          ("--num-virtual-stages-per-pipeline-rank", None), ("--recompute-num-layers", None)):
+                          ("--num-virtual-stages-per-pipeline-rank", None), ("--recompute-num-layers", None),
+                          ("--cpu-offloading-num-layers", 0)):
         ap.add_argument(flag, type=functools.partial(integer_setting, "megatron arguments", flag), default=default)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16",
-                 "--fp8-param-gather", "--optimizer-cpu-offload", "--use-precision-aware-optimizer"):
+                 "--fp8-param-gather", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                 "--cpu-offloading"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")
     ap.add_argument("--recompute-granularity", default=None)
@@ -258,7 +260,9 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
                        # the memory switches (planner.switches); a partial offload fraction is not the
                        # whole-optimizer offload the planner models, so it reads as off
                        fp8_param_gather=ns.fp8_param_gather and precision != "bf16",
-                       optimizer_offload=ns.optimizer_cpu_offload and float(ns.optimizer_offload_fraction or 1) >= 1)
+                       optimizer_offload=ns.optimizer_cpu_offload and float(ns.optimizer_offload_fraction or 1) >= 1,
+                       # activation offload of the first N layers of each chunk (planner.activation_offload)
+                       activation_offload_layers=ns.cpu_offloading_num_layers if ns.cpu_offloading else 0)
     return p, [w for w in rest if w.startswith("--") and w not in MODEL_FLAGS]
 
 
