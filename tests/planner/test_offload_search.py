@@ -149,3 +149,16 @@ def test_the_plan_carries_its_own_n():
     assert flags[flags.index("--activation-offload") + 1] == "1"
     assert "--activation-offload" not in layout_flags(train_layout(best["parallel"]))
     assert np.isclose(best["memory"]["peak_bytes"], _peak(p), atol=2)
+
+
+def test_the_offloaded_bytes_must_fit_the_hosts_share(monkeypatch):
+    """With the device's share of host memory at 1.5 x LAYER (planner.offload.HOST_MEMORY_PER_DEVICE,
+    250 GB: DGX H100's 2 TB over 8 GPUs), 1 offloaded layer (a 1.1 x LAYER saving, the bound the
+    search checks) fits the host, 2 (2.2 x LAYER) do not: half a layer short the plan offloads 1,
+    1.5 layers short no row offloads and full recompute is the plan."""
+    from dayzero.planner import search as search_module
+
+    monkeypatch.setattr(search_module, "HOST_MEMORY_PER_DEVICE", 1.5 * LAYER)
+    assert decode(_search(0.5).candidates)[0].activation_offload_layers == 1
+    far = _search(1.5)
+    assert not far.candidates[COLUMN].any() and decode(far.candidates)[0].recompute == "full"

@@ -26,6 +26,7 @@ from dayzero.errors import FitError, LayoutError
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.engines import ENGINES, engine_mask, pipelined_fsdp, with_run
 from dayzero.planner.explain import binding, family
+from dayzero.planner.offload import HOST_MEMORY_PER_DEVICE
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
@@ -755,8 +756,8 @@ def smallest_chunk(spec: ModelSpec, pp: np.ndarray, vpp: np.ndarray) -> np.ndarr
 
 
 def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limit: float,
-                       switches: SwitchPlan, engine=None, run_switches: dict | None = None) -> tuple[dict, np.ndarray,
-                                                                                                    np.ndarray, int]:
+                       switches: SwitchPlan, engine=None, run_switches: dict | None = None,
+                       host_bytes: float | None = None) -> tuple[dict, np.ndarray, np.ndarray, int]:
     """The activation-offload rows (:mod:`dayzero.planner.activation_offload`) the search times beside
     :func:`_fitting_variants`' levels: for each base, ZeRO stage and pass of the last-resort ladder
     where no recompute does not fit and an engine runs the base with offload there (Megatron-Core:
@@ -768,12 +769,16 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
     one rung down the ladder (fewer switches) with at most as many layers offloaded, and for ZeRO-2
     the ZeRO-1 row of the same pass with at most as many (ZeRO-2 adds a reduce-scatter per
     micro-batch and nothing else; planner.activation_offload: time grows with the layers offloaded).
+    The offloaded bytes must fit the device's share of host memory (``host_bytes``, default
+    :data:`dayzero.planner.offload.HOST_MEMORY_PER_DEVICE`): the fewest layers hold the least, so a
+    row whose fewest do not fit there is dropped.
 
     Returns (the rows as a grid with every variant column set, their peaks, their rungs, the (base,
     ZeRO stage) layouts without recompute that only offload makes fit, which the caller counts as
     fitting)."""
     from dayzero.planner.activation_offload import COLUMN, fewest_offloaded_layers
 
+    host_bytes = HOST_MEMORY_PER_DEVICE if host_bytes is None else host_bytes
     none = [i for i, (rc, _) in enumerate(levels) if RECOMPUTES[rc] == "none"]
     empty = {k: v[:0] for k, v in bases.items()}
     n = len(bases["tp"])
@@ -782,6 +787,7 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
     rc0 = levels[none[0]][0]
     top = smallest_chunk(spec, bases["pp"], bases["vpp"])
     rows_all, peaks_all, rungs_all, rescued = [], [], [], 0
+    plain = np.full(n, np.nan)  # the rows' peaks without offload, where checked
     taken: dict = {}  # (ZeRO stage, pass) -> (N,) layers offloaded there (0: none), nothing fits without: -1
     held_at = {}
     for z in sorted(zeros):
@@ -802,7 +808,8 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
                 most = memory({**sub, COLUMN: top[idx] - 1}) <= limit
                 idx, sub = idx[most], {k: v[most] for k, v in sub.items()}
             if len(idx):
-                fits = memory({**sub, COLUMN: np.zeros(len(idx), dtype=np.int64)}) <= limit
+                plain[idx] = memory({**sub, COLUMN: np.zeros(len(idx), dtype=np.int64)})
+                fits = plain[idx] <= limit
                 none_fits[idx[fits]] = True
                 idx, sub = idx[~fits], {k: v[~fits] for k, v in sub.items()}
                 if len(idx):
@@ -821,7 +828,15 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
                 continue
             rows = {c: v[idx] for c, v in g.items()}
             rows[COLUMN] = got[idx]
-            peaks_all.append(memory(rows))
+            pk = memory(rows)
+            # the host holds what left the device: the device saving (with the allocator's fragmentation
+            # budget on those bytes, so an upper bound) within the device's share of host memory
+            on_host = plain[idx] - pk <= host_bytes
+            taken[z, pi][idx[~on_host]] = -1  # no offload row there (it dominates nothing)
+            idx, pk, rows = idx[on_host], pk[on_host], {c: v[on_host] for c, v in rows.items()}
+            if not len(idx):
+                continue
+            peaks_all.append(pk)
             rows_all.append(rows)
             rungs_all.append(np.full(len(idx), pi, dtype=np.int64))
             offloaded[idx] = True
