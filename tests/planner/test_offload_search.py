@@ -125,8 +125,8 @@ def test_pinned_or_kept_off():
 
 
 def test_the_plan_carries_its_own_n():
-    """The plan's layout is ``act-offload(1)``: its JSON ``parallel`` has the count, the step names the
-    exposed copies, its engines are Megatron's, the Megatron export writes N from the layout (and
+    """The plan's layout is ``act-offload(1)``: its JSON ``parallel`` has the count, its why line
+    names it, the step names the exposed copies, its engines are Megatron's, the Megatron export writes N from the layout (and
     its import reads it back), the next-step flags carry it and ``dayzero train`` (no offload) does
     not."""
     from dayzero.cli.next_steps import layout_flags, train_layout
@@ -137,6 +137,7 @@ def test_the_plan_carries_its_own_n():
     best = obj["plans"][0]
     assert best["parallel"]["activation_offload_layers"] == 1
     assert best["engines"] == ["megatron"]
+    assert len(best["memory_switches"]) == 1 and "(--activation-offload 1;" in best["memory_switches"][0]
     assert best["time"]["activation_offload_s"] == pytest.approx(2 * _per_layer_exposed(), rel=1e-6)
     p = ParallelConfig.from_dict(best["parallel"])
     assert p.describe().endswith("act-offload(1)")
