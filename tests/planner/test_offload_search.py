@@ -126,9 +126,9 @@ def test_pinned_or_kept_off():
 
 def test_the_plan_carries_its_own_n():
     """The plan's layout is ``act-offload(1)``: its JSON ``parallel`` has the count, its why line
-    names it, the step names the exposed copies, its engines are Megatron's, the Megatron export writes N from the layout (and
-    its import reads it back), the next-step flags carry it and ``dayzero train`` (no offload) does
-    not."""
+    names it, the step names the exposed copies, its engines are Megatron's, the Megatron export
+    writes N from the layout (and its import reads it back), the next-step flags carry it and
+    ``dayzero train`` (no offload) does not."""
     from dayzero.cli.next_steps import layout_flags, train_layout
     from dayzero.export.megatron import layout_args, parallel_from_args
 
