@@ -20,7 +20,8 @@ CLUSTER = build_cluster("h100", 32)
 
 def brute_force(spec, cluster, gbs, seq, space, limit, options=None, precision="bf16"):
     """Every layout (base x ZeRO stage x recompute level) at every state of the memory switches
-    (FP8 parameter gather, optimizer offload) the layout rules allow and some engine runs: the
+    (FP8 parameter gather, optimizer offload; activation offload of every count of layers without
+    recompute) the layout rules allow and some engine runs: the
     fastest of all, how many layouts fit in some state, and the counts the search reports."""
     from itertools import product
 
@@ -39,16 +40,20 @@ def brute_force(spec, cluster, gbs, seq, space, limit, options=None, precision="
     opts = searched_memory(MemoryOptions.for_accelerator(cluster.accelerator), space)
     fits, best = np.zeros(len(full["tp"]), dtype=bool), np.inf
     runs_any = np.zeros(len(full["tp"]), dtype=bool)
-    for state in product((0, 1), repeat=len(SWITCHES)):
-        g = {**full, **{s: np.full(len(full["tp"]), v, dtype=np.int64) for s, v in zip(SWITCHES, state)}}
+    # and at every count of offloaded activation layers, 1 .. layers - 1, without recompute (planner.activation_offload)
+    for state, off in product(product((0, 1), repeat=len(SWITCHES)), range(spec.layers)):
+        sel = np.flatnonzero((full["recompute"] == 0) if off else np.ones(len(full["tp"]), dtype=bool))
+        g = {**{k: v[sel] for k, v in full.items()},
+             **{s: np.full(len(sel), v, dtype=np.int64) for s, v in zip(SWITCHES, state)},
+             "activation_offload_layers": np.full(len(sel), off, dtype=np.int64)}
         # an unpinned search keeps a layout only where some engine runs it (DualPipe, which none runs,
         # is not enumerated unpinned)
         runs = np.logical_or.reduce([engine_mask(e, g) for e in ENGINES]) | (g["schedule"] == DUALPIPE)
         runs &= mask(g, spec, cluster.devices)
-        if not any(state):
+        if not any(state) and not off:
             runs_any = runs
         ok = runs & (peak_memory_batch(spec, g, cluster.memory_bytes, opts) <= limit)
-        fits |= ok
+        fits[sel[ok]] = True
         if ok.any():
             best = min(best, float(evaluate(spec, {k: v[ok] for k, v in g.items()}, cluster, options).step_s.min()))
     no_engine = int((~runs_any).sum())
@@ -109,8 +114,10 @@ def test_every_base_gets_its_fastest_fitting_module_set():
     and the layered climb skip only levels that cannot fit or cannot be faster)."""
     spec = load_model("tiny-moe")
     cl = build_cluster("h100", 8)
-    # the module sets alone: optimizer offload (the brute force over switches: test_switch_search.py) kept off
-    space = SearchSpace(mbs=(1, 4), cp=(1,), pp=(1, 2), vpp=(1,), no_switches=("optimizer_offload",))
+    # the module sets alone: optimizer and activation offload (the brute force over switches:
+    # test_switch_search.py) kept off
+    space = SearchSpace(mbs=(1, 4), cp=(1,), pp=(1, 2), vpp=(1,),
+                        no_switches=("optimizer_offload", "activation_offload_layers"))
     opts = MemoryOptions.for_accelerator(cl.accelerator)
     bases, *_ = enumerate_layouts(spec, cl.devices, 64, 4096, space, 8)
     levels = space.levels(spec)

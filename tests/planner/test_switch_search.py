@@ -62,8 +62,9 @@ def test_the_search_offloads_the_optimizer_only_where_nothing_fits_without_it():
     assert not roomy.candidates["optimizer_offload"].any()
     assert decode(roomy.candidates)[0].recompute == "none"
     between = run((none_on + none_off) / 2)
-    got = {(p.recompute, p.optimizer_offload) for p in decode(between.candidates)}
-    assert ("none", True) in got and ("full", False) in got and ("none", False) not in got
+    got = {(p.recompute, p.optimizer_offload, p.activation_offload_layers > 0) for p in decode(between.candidates)}
+    # no recompute without the optimizer offloaded only with activations offloaded (search.offloaded_variants)
+    assert ("none", True, False) in got and ("full", False, False) in got and ("none", False, False) not in got
     # full recompute offloaded appears only replaying fewer layers than without (fewer_layers_up_the_ladder)
     for p in decode(between.candidates):
         if p.recompute == "full" and p.optimizer_offload:
@@ -124,8 +125,9 @@ def test_fp8_param_gather_saves_what_the_memory_model_says():
 
 def _every_state(spec, cluster, gbs, seq, space, limit, precision):
     """Brute force: every (base, ZeRO stage, recompute level) at every switch state the layout rules
-    allow and some engine runs; per base the fastest fitting step time, and the layouts (base, ZeRO
-    stage, level) that fit in some state."""
+    allow and some engine runs (activation offload: every count of layers without recompute); per
+    base the fastest fitting step time, and the layouts (base, ZeRO stage, level) that fit in some
+    state."""
     bases, *_ = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8, precision)
     n = len(bases["tp"])
     zr = [(z, r, m) for z in space.zero for r, m in space.levels(spec)]
@@ -136,14 +138,18 @@ def _every_state(spec, cluster, gbs, seq, space, limit, precision):
     base_of = np.repeat(np.arange(n), len(zr))
     opts = searched_memory(MemoryOptions.for_accelerator(cluster.accelerator), space)  # as the search prices it
     fits, best = np.zeros(len(base_of), dtype=bool), np.full(n, np.inf)
-    for state in product((0, 1), repeat=len(SWITCHES)):
-        g = {**full, **{s: np.full(len(base_of), v, dtype=np.int64) for s, v in zip(SWITCHES, state)}}
+    # activation offload: every count of layers 1 .. layers - 1 on the rows without recompute
+    for state, off in product(product((0, 1), repeat=len(SWITCHES)), range(spec.layers)):
+        sel = np.flatnonzero((full["recompute"] == 0) if off else np.ones(len(base_of), dtype=bool))
+        g = {**{k: v[sel] for k, v in full.items()},
+             **{s: np.full(len(sel), v, dtype=np.int64) for s, v in zip(SWITCHES, state)},
+             "activation_offload_layers": np.full(len(sel), off, dtype=np.int64)}
         runs = np.logical_or.reduce([engine_mask(e, g) for e in ENGINES]) | (g["schedule"] == DUALPIPE)
         ok = runs & mask(g, spec, cluster.devices) & (peak_memory_batch(spec, g, cluster.memory_bytes, opts) <= limit)
-        fits |= ok
+        fits[sel[ok]] = True
         if ok.any():
             step = evaluate(spec, {k: v[ok] for k, v in g.items()}, cluster).step_s
-            np.minimum.at(best, base_of[ok], step)
+            np.minimum.at(best, base_of[sel[ok]], step)
     return bases, best, int(fits.sum())
 
 

@@ -56,6 +56,8 @@ def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
     for switch, flag in SWITCH_FLAGS:  # the memory switches a plan chose (planner.switches)
         if p.get(switch):
             out.append(flag)
+    if p.get("activation_offload_layers"):  # the plan's own offloaded layers per chunk (planner.activation_offload)
+        out += ["--activation-offload", str(p["activation_offload_layers"])]
     if precision and p.get("precision", "bf16") != "bf16":
         out += ["--precision", p["precision"]]
     derived = "interleaved" if p.get("vpp", 1) > 1 else "1f1b"
@@ -82,8 +84,8 @@ def cluster_flags(cluster: str | None, accelerator: str | None, devices: int | N
 
 def train_layout(p: Mapping[str, Any]) -> dict:
     """A plan's layout as ``dayzero train`` takes it: without the memory switches
-    (:data:`SWITCH_FLAGS`), which its flags do not carry (export.job.unexpressed names them)."""
-    return {**p, **{s: False for s, _ in SWITCH_FLAGS}}
+    (:data:`SWITCH_FLAGS`) and activation offload, which its flags do not carry (export.job.unexpressed names them)."""
+    return {**p, **{s: False for s, _ in SWITCH_FLAGS}, "activation_offload_layers": 0}
 
 
 def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node: int, why: str) -> Step:

@@ -79,6 +79,14 @@ SearchedOffloadOpt = Annotated[Optional[bool], typer.Option(
          "ZeRO-Offload). Default: searched, only where a layout fits no other way (it adds the host Adam and PCIe "
          "to the step); --optimizer-offload forces it on, --no- keeps it off.")]
 
+# activation offload (planner.activation_offload) is searched by default where nothing fits without it;
+# --activation-offload N pins it (cli.common), --no-activation-offload keeps it off
+NoActivationOffloadOpt = Annotated[bool, typer.Option(
+    "--no-activation-offload",
+    help="Keep activation offload off. Default: searched, the fewest layers per chunk that fit only where a layout "
+         "does not fit without recompute and the engine runs it (Megatron: pp 1, no recompute); "
+         "--activation-offload N pins it to N.")]
+
 
 def ListOpt(name: str, what: str, *aliases: str):  # noqa: N802 (used as a type, like the other *Opt)
     """A pin: the candidate list of one layout dim, under the flag (and Megatron-style aliases) the
@@ -161,6 +169,7 @@ def plan_cmd(
         "apply to the model.")] = None,
     moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: SearchedFp8ParamOpt = None,
     optimizer_offload: SearchedOffloadOpt = None, activation_offload: ActivationOffloadOpt = 0,
+    no_activation_offload: NoActivationOffloadOpt = False,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
     tp_overlap: TpOverlapOpt = False, ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
@@ -201,6 +210,13 @@ def plan_cmd(
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     asked = (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
     no_switches = tuple(name for name, on in asked if on is False)  # --no-X: kept off
+    if no_activation_offload:  # the searched activation offload kept off (planner.search.offloaded_variants)
+        if activation_offload:
+            from dayzero.errors import ConfigError
+
+            raise ConfigError("--no-activation-offload", None,
+                              f"contradicts --activation-offload {activation_offload}; give one of them")
+        no_switches += ("activation_offload_layers",)
     kw = {k: v for k, v in (("tp", _ints(tp, "--tp")), ("pp", _ints(pp, "--pp")), ("cp", _ints(cp, "--cp")),
                             ("ep", _ints(ep, "--ep")), ("mbs", _ints(mbs, "--mbs")), ("zero", _ints(zero, "--zero")),
                             ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("dp", _ints(dp, "--dp")),

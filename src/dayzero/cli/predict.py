@@ -131,7 +131,7 @@ def predict_cmd(
     par = layout.parallel(cl.devices, precision, rank_order)
     # the memory switches as the layout's own (planner.switches), so its engines are those that run them
     par = par.with_(fp8_param_gather=bool(fp8_params) and precision != "bf16",
-                    optimizer_offload=bool(optimizer_offload))
+                    optimizer_offload=bool(optimizer_offload), activation_offload_layers=activation_offload)
     recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload)
     mopts = None
     if recipe:

@@ -36,7 +36,7 @@ class Export:
 
 def require_engine(engine: str, parallel: ParallelConfig, switches: dict | None = None) -> None:
     """One LayoutError saying why ``engine`` cannot run ``parallel`` as laid out (with the run's
-    ``switches``, planner.engines.SWITCHES)."""
+    ``switches``, planner.engines.RUN_SWITCHES)."""
     problems = engine_problems(engine, parallel, switches)
     if problems:
         raise LayoutError(f"{get_engine(engine).title} cannot run {parallel.describe()}: {'; '.join(problems)}; "

@@ -224,6 +224,9 @@ def unexpressed(parallel: ParallelConfig) -> list[str]:
                           ("optimizer_offload", "the optimizer on the host (the runtime keeps it on the device)")):
         if getattr(parallel, switch):
             out.append(words)
+    if parallel.activation_offload_layers:  # planner.engines: the runtime keeps saved activations on the device
+        out.append(f"the saved activations of {parallel.activation_offload_layers} layers per chunk on the host "
+                   "(the runtime keeps them on the device)")
     if parallel.rank_order != DENSE_ORDER:
         out.append(f"rank order {parallel.rank_order} (dayzero train numbers ranks {DENSE_ORDER})")
     return out

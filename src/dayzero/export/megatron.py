@@ -66,6 +66,8 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
     # the memory switches the plan chose (ParallelConfig fields, planner.switches) or the export's flags
     fp8_param_gather = fp8_param_gather or p.fp8_param_gather
     optimizer_offload = optimizer_offload or p.optimizer_offload
+    # the layout's own N (a searched plan's, ParallelConfig.activation_offload_layers), at least the export's flag
+    activation_offload_layers = max(activation_offload_layers, p.activation_offload_layers)
     a = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
          "--context-parallel-size", p.cp, "--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp,
          "--micro-batch-size", p.mbs, "--global-batch-size", p.gbs, "--seq-length", p.seq, "--bf16"]
@@ -166,6 +168,7 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
 def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,
            fp8_param_gather: bool = False, optimizer_offload: bool = False,
            activation_offload_layers: int = 0) -> Export:
+    activation_offload_layers = max(activation_offload_layers, parallel.activation_offload_layers)  # the plan's own
     require_engine("megatron", parallel, {"activation_offload_layers": activation_offload_layers})
     if activation_offload_layers:
         from dayzero.planner.predict import check_offload_layout
@@ -210,10 +213,12 @@ def _parser() -> argparse.ArgumentParser:
                           ("--context-parallel-size", 1), ("--expert-model-parallel-size", 1),
                           ("--expert-tensor-parallel-size", None), ("--micro-batch-size", 1),
                           ("--global-batch-size", None), ("--seq-length", 4096),
-                          ("--num-virtual-stages-per-pipeline-rank", None), ("--recompute-num-layers", None)):
+                          ("--num-virtual-stages-per-pipeline-rank", None), ("--recompute-num-layers", None),
+                          ("--cpu-offloading-num-layers", 0)):
         ap.add_argument(flag, type=functools.partial(integer_setting, "megatron arguments", flag), default=default)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16",
-                 "--fp8-param-gather", "--optimizer-cpu-offload", "--use-precision-aware-optimizer"):
+                 "--fp8-param-gather", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                 "--cpu-offloading"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")
     ap.add_argument("--recompute-granularity", default=None)
@@ -255,7 +260,9 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
                        # the memory switches (planner.switches); a partial offload fraction is not the
                        # whole-optimizer offload the planner models, so it reads as off
                        fp8_param_gather=ns.fp8_param_gather and precision != "bf16",
-                       optimizer_offload=ns.optimizer_cpu_offload and float(ns.optimizer_offload_fraction or 1) >= 1)
+                       optimizer_offload=ns.optimizer_cpu_offload and float(ns.optimizer_offload_fraction or 1) >= 1,
+                       # activation offload of the first N layers of each chunk (planner.activation_offload)
+                       activation_offload_layers=ns.cpu_offloading_num_layers if ns.cpu_offloading else 0)
     return p, [w for w in rest if w.startswith("--") and w not in MODEL_FLAGS]
 
 

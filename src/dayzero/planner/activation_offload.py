@@ -39,14 +39,16 @@ from dayzero.errors import ConfigError
 from dayzero.planner.offload import PCIE_GEN5_X16_BW
 
 FLAG = "--activation-offload"
-# the grid column a search sets to make it a per-row choice (planner.engines.SWITCHES reads the
-# same name); without it every row takes MemoryOptions / PerfOptions.activation_offload_layers
+# the layout field and grid column (ParallelConfig.activation_offload_layers) a search sets per row;
+# planner.engines.RUN_SWITCHES names the same column for the run-wide option the engine limits read
 COLUMN = "activation_offload_layers"
 
 
 def offload_layers_of(grid: dict, default: int):
-    """The rows' offloaded layers per chunk: the grid's :data:`COLUMN` where it has one, else ``default``."""
-    return np.asarray(grid[COLUMN]) if COLUMN in grid else default
+    """The rows' offloaded layers per chunk: the grid's :data:`COLUMN` (the layout's own N) where it
+    has one, at least ``default`` (the run's ``--activation-offload N``,
+    MemoryOptions / PerfOptions.activation_offload_layers: it pins every layout to N or more)."""
+    return np.maximum(np.asarray(grid[COLUMN]), default) if COLUMN in grid else default
 
 
 def offloaded_layers(n, layers, chunks):

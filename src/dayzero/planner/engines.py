@@ -7,7 +7,8 @@ limit comes from. ``dayzero plan`` labels every plan with the engines that run i
 (:func:`engines_for`) and ``--engine NAME`` restricts the search to them (:func:`engine_mask`).
 
 A limit reads layout columns, and the run's switches where they are given as columns too
-(:data:`SWITCHES`: ``activation_offload_layers``, PerfOptions.switches); a limit reading a column
+(:data:`RUN_SWITCHES`: ``activation_offload_layers``, PerfOptions.switches; the larger of the
+layout's own value and the run's is read, :func:`with_run`); a limit reading a column
 that is not given is not applied. What an engine cannot do for a *model* (an attention variant, a
 layer type) is the model's verdict (``dayzero ops``), not the layout's.
 """
@@ -30,9 +31,25 @@ DENSE = code("rank_order", DENSE_ORDER)
 TP_PP_DP = code("rank_order", "tp-cp-pp-dp")
 CORE_ATTN = MODULE_BIT["core_attn"]
 NO_RECOMPUTE = code("recompute", "none")
-# run switches that are not layout fields, read by limits as extra columns (0: off)
-SWITCHES = ("activation_offload_layers",)
+# run-wide options (PerfOptions.switches) limits read as columns (0: off); each is also a layout
+# field, whose value the run's raises (not the memory switches of specs.grid.SWITCHES)
+RUN_SWITCHES = ("activation_offload_layers",)
 OFFLOAD = "activation_offload_layers"
+
+
+def with_run(cols: dict, switches: dict | None) -> dict:
+    """``cols`` (one layout's ints or a grid's arrays) with the run's ``switches`` read in: a
+    column the layout has takes the larger of its value and the run's (the run's
+    ``--activation-offload N`` is a floor, planner.activation_offload.offload_layers_of), one it
+    lacks the run's where on (a switch that is off reads as absent: no limit forbids it off)."""
+    out = dict(cols)
+    n = len(next(iter(cols.values()))) if cols and np.ndim(next(iter(cols.values()))) else None
+    for k, v in (switches or {}).items():
+        if k in out:
+            out[k] = np.maximum(out[k], v) if n is not None else max(int(out[k]), int(v))
+        elif v:
+            out[k] = np.full(n, v) if n is not None else v
+    return out
 
 
 def _no_activation_offload(engine: str, how: str, source: str) -> Limit:
@@ -234,13 +251,13 @@ def get_engine(name: str) -> Engine:
 
 
 def engine_problems(engine: Engine | str, parallel: ParallelConfig, switches: dict | None = None) -> list[str]:
-    """Why ``engine`` cannot run ``parallel`` as laid out with the run's ``switches`` (:data:`SWITCHES`
-    -> value; the limits on a switch not given are not applied); empty: it can."""
+    """Why ``engine`` cannot run ``parallel`` as laid out with the run's ``switches`` (:data:`RUN_SWITCHES`
+    -> value, :func:`with_run`); empty: it can."""
     e = get_engine(engine) if isinstance(engine, str) else engine
-    c = {**columns(parallel), **(switches or {})}
+    c = with_run(columns(parallel), switches)
 
     def value(k):
-        return getattr(parallel, k) if hasattr(parallel, k) else c[k]
+        return c[k] if k in RUN_SWITCHES else getattr(parallel, k) if hasattr(parallel, k) else c[k]
 
     return [f"{', '.join(f'{k.replace(chr(95), chr(32))} {value(k)}' for k in lim.reads)}: {lim.says}"
             for lim in e.limits if all(k in c for k in lim.reads) and not bool(lim.ok(c))]
@@ -254,12 +271,10 @@ def engines_for(parallel: ParallelConfig, switches: dict | None = None) -> list[
 def engine_mask(engine: Engine | str, grid: dict, switches: dict | None = None) -> np.ndarray:
     """The rows of ``grid`` ``engine`` can run, judged on the columns present (a limit reading a
     column not yet expanded is applied later, when it is); ``switches``: run-wide values of
-    :data:`SWITCHES` columns the grid does not carry."""
+    :data:`RUN_SWITCHES` columns (:func:`with_run`)."""
     e = get_engine(engine) if isinstance(engine, str) else engine
     n = len(next(iter(grid.values())))
-    # a switch that is off reads as absent: no limit forbids a switch being off, and the search
-    # asks this for every level of every chunk of rows
-    grid = {**{k: np.full(n, v) for k, v in (switches or {}).items() if v}, **grid}
+    grid = with_run(grid, switches)
     ok = np.ones(n, dtype=bool)
     for lim in e.limits:
         if all(k in grid for k in lim.reads):

@@ -33,7 +33,9 @@ from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_shar
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 KINDS = ("dense", "moe")
-CANDIDATE_KEYS = tuple(f for f in FIELDS if f != "rank_order")  # where the ranks sit changes no byte
+# where the ranks sit changes no byte; the activation offload column is optional (a grid without it
+# takes the run's option: planner.activation_offload.offload_layers_of)
+CANDIDATE_KEYS = tuple(f for f in FIELDS if f not in ("rank_order", "activation_offload_layers"))
 
 
 @dataclass(frozen=True)

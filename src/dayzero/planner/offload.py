@@ -31,6 +31,11 @@ PCIE_GEN5_X16_BW = 32e9 * 16 * 128 / 130 / 8
 # 2 x 307.2 / 8 = 76.8 GB/s, the theoretical peak (CPU Adam reaches a fraction of it).
 HOST_MEMORY_BW_PER_DEVICE = 2 * 8 * 4800e6 * 8 / 8
 PARAM_UP_BYTES = 2  # the updated BF16 working parameter copied back to the device
+# One device's share of host memory on a DGX H100 (DGX H100 user guide, hardware overview: 2 TB
+# system memory, 8 GPUs): 250 GB, what the activations a device offloads may take at most
+# (planner.search.offloaded_variants). The catalog states no host memory, so this is the figure for
+# every device, like the host link above.
+HOST_MEMORY_PER_DEVICE = 2e12 / 8
 
 
 def offloaded_optimizer_s(shard_params, grad_bytes: float, host_link_bw: float = PCIE_GEN5_X16_BW,

@@ -88,7 +88,7 @@ class PerfOptions:
                                                      f"{self.fp8_scaling!r}")
 
     def switches(self) -> dict:
-        """The run-wide switches engine limits read as columns (planner.engines.SWITCHES)."""
+        """The run-wide switches engine limits read as columns (planner.engines.RUN_SWITCHES)."""
         return {"activation_offload_layers": self.activation_offload_layers}
 
     @classmethod

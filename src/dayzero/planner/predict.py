@@ -56,7 +56,8 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
                  "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s"),
                  "straggler_s": f("straggler_s"),
                  # activation-offload copies no compute hides (in compute's micro-batches; planner.activation_offload)
-                 **({"activation_offload_s": float(ev.offload_s[i])} if options.activation_offload_layers else {})},
+                 **({"activation_offload_s": float(ev.offload_s[i])}
+                    if max(options.activation_offload_layers, parallel.activation_offload_layers) else {})},
         "throughput": {"tokens_per_s": f("tokens_per_s"), "tokens_per_s_per_device": f("tokens_per_s_per_device"),
                        "model_tflops_per_device": f("model_tflops_per_device"), "mfu": mfu,
                        "model_flops_per_token": flops_per_token(spec, parallel.seq, causal=True).train
@@ -68,7 +69,7 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         # the engines that run this layout as laid out with the run's switches (planner.engines), in
         # their memory where it fits
         "engines": engines_for(parallel, options.switches()) if engines is None else engines,
-        # the run's switches the engine labels read, where one is on (planner.engines.SWITCHES)
+        # the run's switches the engine labels read, where one is on (planner.engines.RUN_SWITCHES)
         **({"switches": options.switches()} if any(options.switches().values()) else {}),
         # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
         **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts),
@@ -81,10 +82,12 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
 
 
 def check_offload_layout(spec: ModelSpec, parallel: ParallelConfig, layers: int) -> None:
-    """``--activation-offload layers`` fits the layout: fewer than the smallest model chunk's layers
+    """``--activation-offload layers`` (or the layout's own, if more: ParallelConfig.
+    activation_offload_layers) fits the layout: fewer than the smallest model chunk's layers
     (planner.activation_offload.check_activation_offload)."""
     from dayzero.planner.activation_offload import check_activation_offload
 
+    layers = max(layers, parallel.activation_offload_layers)
     if layers:
         split = parallel.layer_split or model_split(spec.layers, parallel.pp * parallel.vpp, spec.mtp_layers)
         check_activation_offload(layers, min(x for x in split if x > 0))
@@ -123,7 +126,7 @@ def fitting_engines(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: i
     from dayzero.planner.memory import estimate_memory
 
     out = []
-    for name in engines_for(parallel, switches):  # with the run's switches (planner.engines.SWITCHES)
+    for name in engines_for(parallel, switches):  # with the run's switches (planner.engines.RUN_SWITCHES)
         mine = memory_options.with_(pipelined_fsdp=pipelined_fsdp(name))
         same = held_zero(parallel.zero, parallel.pp, mine.pipelined_fsdp) == held_zero(
             parallel.zero, parallel.pp, memory_options.pipelined_fsdp)

@@ -99,7 +99,7 @@ def fewest_offloaded_layers(spec: ModelSpec, parallel: ParallelConfig, capacity_
     if parallel.problems(spec) or not engines_for(parallel, {"activation_offload_layers": 1}):
         return 0
     split = parallel.layer_split or model_split(spec.layers, parallel.pp * parallel.vpp, spec.mtp_layers)
-    floor = options.activation_offload_layers
+    floor = max(options.activation_offload_layers, parallel.activation_offload_layers)  # the layout's own too
 
     def memory(g: dict) -> np.ndarray:
         return np.array([estimate_memory(spec, parallel, capacity_bytes,

@@ -169,8 +169,10 @@ class _StepReplay:
         self.unit = {i: sum(e for _, e, _ in _param_tensors(spec, self.kind_of[i], p))
                      for c in self.chunks for i in c}
         self.full_n = [len(c) if p.recompute_layers is None else min(p.recompute_layers, len(c)) for c in self.chunks]
-        # activation offload: the first N layers of each chunk, at most all but one (planner.activation_offload)
-        self.offload_n = [max(0, min(o.activation_offload_layers, len(c) - 1)) for c in self.chunks]
+        # activation offload: the first N layers of each chunk, at most all but one (planner.activation_offload;
+        # the layout's own N, at least the run's option: activation_offload.offload_layers_of)
+        n_off = max(p.activation_offload_layers, o.activation_offload_layers)
+        self.offload_n = [max(0, min(n_off, len(c) - 1)) for c in self.chunks]
         self.on_host: dict = {}  # (mb, c, layer) -> {term: bytes} offloaded
         self.bucket = o.grad_bucket_params or max(40e6, 1e6 * self.zd)
         self.ab, self.h = o.act_bytes, spec.hidden

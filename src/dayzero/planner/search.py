@@ -23,8 +23,10 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from dayzero.errors import FitError, LayoutError
-from dayzero.planner.engines import ENGINES, engine_mask, pipelined_fsdp
+from dayzero.planner.activation_offload import COLUMN as OFFLOAD
+from dayzero.planner.engines import ENGINES, engine_mask, pipelined_fsdp, with_run
 from dayzero.planner.explain import binding, family
+from dayzero.planner.offload import HOST_MEMORY_PER_DEVICE
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
@@ -56,7 +58,7 @@ STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), 
           ("mbs",))
 VARIANTS = ("zero", "recompute")  # the recompute variants are its levels: SearchSpace.levels
 VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules", "recompute_layers",
-                   *SWITCH_COLUMNS)  # set per base by the search
+                   *SWITCH_COLUMNS, OFFLOAD)  # set per base by the search
 # The selective recompute module sets the search tries by default: every set of Megatron-Core's
 # recompute modules (megatron/core/transformer/transformer_config.py ``recompute_modules``) that
 # drops a different set of the model's saved tensors (planner.row_memory.recompute_modules_sets, the
@@ -125,7 +127,8 @@ class SearchSpace:
     engine: str | None = None  # only layouts this engine runs as laid out (planner.engines)
     # pinned data-parallel degrees: only layouts whose dp = devices / (tp pp cp) is one of them
     dp: tuple[int, ...] | None = None
-    # memory switches the search keeps off (planner.switches: --no-fp8-param-gather, --no-optimizer-offload)
+    # memory switches the search keeps off (planner.switches: --no-fp8-param-gather, --no-optimizer-offload;
+    # activation_offload_layers: --no-activation-offload, planner.search.offloaded_variants)
     no_switches: tuple[str, ...] = ()
     # pinned pipeline schedules (None: interleaved 1F1B with vpp > 1, else 1F1B); 1f1b keeps vpp 1,
     # interleaved vpp > 1 (with one chunk per rank it runs as 1F1B), gpipe any vpp
@@ -139,8 +142,9 @@ class SearchSpace:
             value = getattr(self, f.name)
             if value == f.default:
                 continue
-            if f.name == "no_switches":  # --no-fp8-param-gather ...
-                out += [f"--no-{name.replace('_', '-')}" for name in value]
+            if f.name == "no_switches":  # --no-fp8-param-gather ...; --no-activation-offload
+                out += ["--no-activation-offload" if name == OFFLOAD else f"--no-{name.replace('_', '-')}"
+                        for name in value]
                 continue
             if isinstance(value, tuple):
                 value = ",".join(("on" if v else "off") if isinstance(v, (bool, np.bool_)) else str(v) for v in value)
@@ -453,7 +457,7 @@ def _row_patterns(flags: np.ndarray) -> np.ndarray:
 
 def _engine_runs(engine, grid: dict, run_switches: dict | None = None) -> np.ndarray:
     """The rows of ``grid`` the pinned ``engine`` runs, or (None) some engine of planner.engines
-    (with the run's switches, planner.engines.SWITCHES)."""
+    (with the run's switches, planner.engines.RUN_SWITCHES)."""
     if engine:
         return engine_mask(engine, grid, run_switches)
     return np.logical_or.reduce([engine_mask(e, grid, run_switches) for e in ENGINES])
@@ -468,7 +472,7 @@ def _runs_at_levels(g: dict, levels, run_switches: dict | None = None) -> np.nda
     read only the rows' columns, only the level's, or both: the first two are evaluated once; the
     run's switches read as columns where on, as engine_mask reads them)."""
     n, width = len(g["tp"]), len(levels)
-    g = {**{k: np.full(n, v) for k, v in (run_switches or {}).items() if v}, **g}
+    g = with_run(g, run_switches)
     lv = {"recompute": np.array([rc for rc, _ in levels], dtype=np.int64),
           "recompute_modules": np.array([m for _, m in levels], dtype=np.int64)}
     out = np.zeros((n, width), dtype=bool)
@@ -547,7 +551,7 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     zero, level) layouts, number ruled out by ``engine``; without one, with ``searched_dual`` (an
     unpinned schedule), the (row, ZeRO stage, recompute level) layouts no engine runs, which are left
     out: DualPipe rows, tried only when pinned, excepted). ``run_switches``: the run's switches the
-    engine limits read (planner.engines.SWITCHES, PerfOptions.switches)."""
+    engine limits read (planner.engines.RUN_SWITCHES, PerfOptions.switches)."""
     n = len(bases["tp"])
     switches = switches or SwitchPlan()
     if below is None:
@@ -740,6 +744,110 @@ def fewest_recomputed_layers(spec: ModelSpec, cand: dict, peaks: np.ndarray, mem
     return col, out
 
 
+def smallest_chunk(spec: ModelSpec, pp: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+    """(N,) decoder layers of the shortest model chunk under the even split (the cap on activation
+    offload: fewer than it, planner.activation_offload.check_activation_offload)."""
+    stages = np.asarray(pp) * np.asarray(vpp)
+    out = np.zeros(len(stages), dtype=np.int64)
+    for s in np.unique(stages):
+        split = [x for x in model_split(spec.layers, int(s), spec.mtp_layers) if x > 0]
+        out[stages == s] = min(split) if split else 0
+    return out
+
+
+def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limit: float,
+                       switches: SwitchPlan, engine=None, run_switches: dict | None = None,
+                       host_bytes: float | None = None) -> tuple[dict, np.ndarray, np.ndarray, int]:
+    """The activation-offload rows (:mod:`dayzero.planner.activation_offload`) the search times beside
+    :func:`_fitting_variants`' levels: for each base, ZeRO stage and pass of the last-resort ladder
+    where no recompute does not fit and an engine runs the base with offload there (Megatron-Core:
+    pp 1, recompute none; planner.engines), the fewest offloaded layers per chunk that fit
+    (:func:`dayzero.planner.activation_offload.fewest_offloaded_layers`). Offload trades memory for
+    PCIe time as recompute trades it for compute, so neither is faster by the models and both are
+    timed; where no recompute fits, offload only adds time and is not tried. Pruning stays exact:
+    a row is left out where one that takes no more time and no less of it fits: the same ZeRO stage
+    one rung down the ladder (fewer switches) with at most as many layers offloaded, and for ZeRO-2
+    the ZeRO-1 row of the same pass with at most as many (ZeRO-2 adds a reduce-scatter per
+    micro-batch and nothing else; planner.activation_offload: time grows with the layers offloaded).
+    The offloaded bytes must fit the device's share of host memory (``host_bytes``, default
+    :data:`dayzero.planner.offload.HOST_MEMORY_PER_DEVICE`): the fewest layers hold the least, so a
+    row whose fewest do not fit there is dropped.
+
+    Returns (the rows as a grid with every variant column set, their peaks, their rungs, the (base,
+    ZeRO stage) layouts without recompute that only offload makes fit, which the caller counts as
+    fitting)."""
+    from dayzero.planner.activation_offload import COLUMN, fewest_offloaded_layers
+
+    host_bytes = HOST_MEMORY_PER_DEVICE if host_bytes is None else host_bytes
+    none = [i for i, (rc, _) in enumerate(levels) if RECOMPUTES[rc] == "none"]
+    empty = {k: v[:0] for k, v in bases.items()}
+    n = len(bases["tp"])
+    if not none or not n:
+        return empty, np.zeros(0), np.zeros(0, dtype=np.int64), 0
+    rc0 = levels[none[0]][0]
+    top = smallest_chunk(spec, bases["pp"], bases["vpp"])
+    rows_all, peaks_all, rungs_all, rescued = [], [], [], 0
+    plain = np.full(n, np.nan)  # the rows' peaks without offload, where checked
+    taken: dict = {}  # (ZeRO stage, pass) -> (N,) layers offloaded there (0: none), nothing fits without: -1
+    held_at = {}
+    for z in sorted(zeros):
+        held_at[z] = held = switches.held(bases, z, engine, run_switches)
+        none_fits = np.zeros(n, dtype=bool)  # by some pass so far
+        offloaded = np.zeros(n, dtype=bool)
+        for pi, on in enumerate(switches.passes()):
+            g = _with(bases, zero=z, recompute=rc0, recompute_modules=0, recompute_layers=0, **{**held, **on})
+            g[COLUMN] = np.ones(n, dtype=np.int64)
+            cand = _engine_runs(engine, g, run_switches) & (top > 1) & ~none_fits
+            same = None
+            if z == 2 and (1, pi) in taken:  # ZeRO-1 with no fewer held switches, at this pass
+                same = np.logical_and.reduce([held_at[1][s] >= held[s] for s in SWITCH_COLUMNS])
+            got = np.full(n, -1, dtype=np.int64)  # layers offloaded; 0: fits without; -1: no offload row
+            idx = np.flatnonzero(cand)
+            if len(idx):  # first at the most layers offloaded: a row that does not fit there fits at none
+                sub = {k: v[idx] for k, v in g.items()}
+                most = memory({**sub, COLUMN: top[idx] - 1}) <= limit
+                idx, sub = idx[most], {k: v[most] for k, v in sub.items()}
+            if len(idx):
+                plain[idx] = memory({**sub, COLUMN: np.zeros(len(idx), dtype=np.int64)})
+                fits = plain[idx] <= limit
+                none_fits[idx[fits]] = True
+                idx, sub = idx[~fits], {k: v[~fits] for k, v in sub.items()}
+                if len(idx):
+                    k = fewest_offloaded_layers(memory, sub, limit, top[idx])
+                    got[idx] = np.where(k > 0, k, -1)
+            got[none_fits] = 0
+            keep = got > 0
+            if pi:  # strictly fewer layers than one rung down (else that row takes no more time and fits)
+                before = taken[z, pi - 1]
+                keep &= (before < 0) | (got < before)
+            if same is not None:
+                keep &= ~same | (taken[1, pi] < 0) | (got < taken[1, pi])
+            taken[z, pi] = got
+            idx = np.flatnonzero(keep)
+            if not len(idx):
+                continue
+            rows = {c: v[idx] for c, v in g.items()}
+            rows[COLUMN] = got[idx]
+            pk = memory(rows)
+            # the host holds what left the device: the device saving (with the allocator's fragmentation
+            # budget on those bytes, so an upper bound) within the device's share of host memory
+            on_host = plain[idx] - pk <= host_bytes
+            taken[z, pi][idx[~on_host]] = -1  # no offload row there (it dominates nothing)
+            idx, pk, rows = idx[on_host], pk[on_host], {c: v[on_host] for c, v in rows.items()}
+            if not len(idx):
+                continue
+            peaks_all.append(pk)
+            rows_all.append(rows)
+            rungs_all.append(np.full(len(idx), pi, dtype=np.int64))
+            offloaded[idx] = True
+        rescued += int((offloaded & ~none_fits).sum())
+    if not rows_all:
+        return empty, np.zeros(0), np.zeros(0, dtype=np.int64), 0
+    cols = rows_all[0].keys()
+    return ({c: np.concatenate([r[c] for r in rows_all]) for c in cols}, np.concatenate(peaks_all),
+            np.concatenate(rungs_all), rescued)
+
+
 def fewer_layers_up_the_ladder(spec: ModelSpec, cand: dict, peaks: np.ndarray, rung: np.ndarray,
                                switches: SwitchPlan, memory, limit: float, engine=None,
                                run_switches: dict | None = None) -> tuple[dict, np.ndarray]:
@@ -784,9 +892,10 @@ def switch_plan(spec: ModelSpec, cluster: Cluster, options: PerfOptions, memory_
     user's flag, kept off by ``space.no_switches``, else by its kind on this cluster."""
     from dayzero.planner import switches as sw
 
-    bad = [n for n in space.no_switches if n not in sw.BY_NAME]
+    bad = [n for n in space.no_switches if n not in sw.BY_NAME and n != OFFLOAD]
     if bad:
-        raise LayoutError(f"search space: no switch {', '.join(bad)}; the switches are {', '.join(sw.BY_NAME)}")
+        raise LayoutError(f"search space: no switch {', '.join(bad)}; the switches are "
+                          f"{', '.join((*sw.BY_NAME, OFFLOAD))}")
     kinds = sw.kinds(cluster, options)
     forced = tuple(s.name for s in sw.SWITCHES if s.forced(memory_options, options))
     free = [s.name for s in sw.SWITCHES if s.name not in forced and s.name not in space.no_switches]
@@ -828,7 +937,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
     engine_bases = engine_zero = 0  # full layouts the engine cannot run: by their base, by their ZeRO stage
     if space.engine:  # the engine's limits on every column but zero (applied per ZeRO stage below)
-        runs = engine_mask(space.engine, bases, options.switches())  # with the run's switches (engines.SWITCHES)
+        runs = engine_mask(space.engine, bases, options.switches())  # with the run's switches (engines.RUN_SWITCHES)
         engine_bases = int((~runs).sum()) * variants
         bases = _take(bases, runs)
     n = len(bases["tp"])
@@ -854,6 +963,10 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                           f"{', '.join(space.recompute)} with "
                           f"{', '.join(f'{k} {v}' for k, v in options.switches().items() if v)}; widen --recompute")
     switches = switch_plan(spec, cluster, options, memory_options, space)
+    # activation offload (planner.activation_offload): pinned by the run's --activation-offload N, kept off
+    # by --no-activation-offload (SearchSpace.no_switches), else tried where nothing fits without it
+    pinned = max(options.activation_offload_layers, getattr(memory_options, "activation_offload_layers", 0) or 0)
+    offload_searched = not pinned and OFFLOAD not in space.no_switches
     below = level_order(spec, levels)
     level_rc = np.array([rc for rc, _ in levels], dtype=np.int64)
     level_modules = np.array([m for _, m in levels], dtype=np.int64)
@@ -867,20 +980,35 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                                                          run_switches=options.switches())
         n_fit += fit_here
         engine_zero += engine_here
-        idx = np.concatenate([p[0] for p in found]) if found else np.zeros(0, dtype=np.int64)
-        if not len(idx):
+        off = None
+        if offload_searched:  # activation offload where no recompute does not fit (offloaded_variants)
+            off, off_peaks, _, rescued = offloaded_variants(spec, chunk, zeros, levels, memory, limit, switches,
+                                                            space.engine, options.switches())
+            n_fit += rescued
+        found = [p for p in found if len(p[0])]
+        if not found and (off is None or not len(off_peaks)):
             continue
-        cand = {k: v[idx] for k, v in chunk.items()}
-        cand["zero"] = np.concatenate([np.full(len(p[0]), p[1]) for p in found]).astype(np.int64)
-        level = np.concatenate([p[2] for p in found]).astype(np.int64)
-        cand["recompute"], cand["recompute_modules"] = level_rc[level], level_modules[level]
-        peaks = np.concatenate([p[3] for p in found])
-        for s in SWITCH_COLUMNS:
-            cand[s] = np.concatenate([p[4][s] for p in found]).astype(np.int64)
-        rung = np.concatenate([np.full(len(p[0]), p[5]) for p in found]).astype(np.int64)
-        cand["recompute_layers"], peaks = fewest_recomputed_layers(spec, cand, peaks, memory, limit)
-        cand, peaks = fewer_layers_up_the_ladder(spec, cand, peaks, rung, switches, memory, limit, space.engine,
-                                                 options.switches())
+        if found:
+            idx = np.concatenate([p[0] for p in found])
+            cand = {k: v[idx] for k, v in chunk.items()}
+            cand["zero"] = np.concatenate([np.full(len(p[0]), p[1]) for p in found]).astype(np.int64)
+            level = np.concatenate([p[2] for p in found]).astype(np.int64)
+            cand["recompute"], cand["recompute_modules"] = level_rc[level], level_modules[level]
+            peaks = np.concatenate([p[3] for p in found])
+            for s in SWITCH_COLUMNS:
+                cand[s] = np.concatenate([p[4][s] for p in found]).astype(np.int64)
+            rung = np.concatenate([np.full(len(p[0]), p[5]) for p in found]).astype(np.int64)
+            cand["recompute_layers"], peaks = fewest_recomputed_layers(spec, cand, peaks, memory, limit)
+            cand, peaks = fewer_layers_up_the_ladder(spec, cand, peaks, rung, switches, memory, limit, space.engine,
+                                                     options.switches())
+            # the layout's own offloaded layers: the user's pin (capped per layout at its chunk's layers - 1,
+            # planner.activation_offload.offloaded_layers), else 0 (the searched rows are off's)
+            cand[OFFLOAD] = np.minimum(pinned, np.maximum(smallest_chunk(spec, cand["pp"], cand["vpp"]) - 1, 0))
+            if off is not None and len(off_peaks):
+                cand = {k: np.concatenate([cand[k], off[k]]) for k in cand}
+                peaks = np.concatenate([peaks, off_peaks])
+        else:
+            cand, peaks = off, off_peaks
         n_timed += len(peaks)
         ev = evaluate(spec, cand, cluster, options)
         order = np.argsort(ev.step_s, kind="stable")[:top_k]
@@ -898,8 +1026,10 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     order = np.argsort(steps, kind="stable")[:top_k]
     top = {k: v[order] for k, v in allrows.items()}
     ev = evaluate(spec, top, cluster, options)
+    # a fitting layout can be timed in several rows (a switch, fewer replayed or offloaded layers): never
+    # fewer worse than none
     rejected = {"indivisible": indivisible, "does not fit": n * variants - n_fit - engine_zero,
-                "worse": n_fit - len(order)}
+                "worse": max(0, n_fit - len(order))}
     if space.engine:
         rejected["engine"] = engine_bases + engine_zero
     elif engine_zero:  # searched DualPipeV rows at ZeRO stages no engine runs them with

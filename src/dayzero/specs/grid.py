@@ -17,6 +17,9 @@ their index in ParallelConfig's tables:
     fp8_param_gather   0 / 1: FP8 parameter storage and FP8 ZeRO all-gathers (a memory switch,
     optimizer_offload  0 / 1: the optimizer on the host; both chosen per row by the search:
                        dayzero.planner.switches); a grid without them reads as 0
+    activation_offload_layers  the first N layers of each chunk with their saved activations on
+                       the host (planner.activation_offload; 0: off; the search sets it where
+                       nothing fits without it); a grid without it takes the run's option
 
 ``layer_split`` is not a column: a grid row stands for the near-even split
 (:func:`dayzero.specs.parallel.even_split`), which is what the vectorised models evaluate.

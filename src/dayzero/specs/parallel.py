@@ -90,6 +90,12 @@ class ParallelConfig:
     # the host with Adam on the CPU (Megatron-Core --optimizer-cpu-offload; planner.offload)
     fp8_param_gather: bool = False
     optimizer_offload: bool = False
+    # the saved activations of the first N layers of each model chunk in host memory between their
+    # forward and backward (Megatron-Core --cpu-offloading --cpu-offloading-num-layers N;
+    # planner.activation_offload), a count the search sets per layout where nothing fits without
+    # it (planner.search.offloaded_variants); 0: off. The run's --activation-offload N is a floor
+    # over it (planner.activation_offload.offload_layers_of)
+    activation_offload_layers: int = 0
 
     def __post_init__(self):
         if not self.gbs:
@@ -139,6 +145,8 @@ class ParallelConfig:
             s += " fp8-gather"
         if self.optimizer_offload:
             s += " opt-offload"
+        if self.activation_offload_layers:
+            s += f" act-offload({self.activation_offload_layers})"
         return s
 
     def to_dict(self) -> dict:
