@@ -99,3 +99,19 @@ def test_predict_states_the_host_memory_the_offloaded_optimizer_takes():
         H100.accelerator).with_(optim_bytes=4))
     assert bf16["memory"]["host_bytes"] == pytest.approx(SHARD * 12, rel=1e-12)
     assert "host_bytes" not in predict(SPEC, P, H100)["memory"]
+    # within a DGX H100's 2 TB for 8 GPUs (offload.HOST_MEMORY_PER_DEVICE), the search's cap too
+    assert off["memory"]["host_limit_bytes"] == 250e9 and off["memory"]["host_fits"]
+
+
+def test_host_memory_adds_the_offloaded_activations():
+    """With activations offloaded too, the host also holds what the offloaded layers saved: the busiest
+    stage's activations without offload less with it (both from estimate_memory)."""
+    from dayzero.planner.predict import predict
+
+    both = predict(SPEC, P.with_(optimizer_offload=True, activation_offload_layers=4), H100)
+    none = estimate_memory(SPEC, P, H100.memory_bytes, MemoryOptions.for_run(H100.accelerator))
+    act = estimate_memory(SPEC, P.with_(activation_offload_layers=4), H100.memory_bytes,
+                          MemoryOptions.for_run(H100.accelerator))
+    moved = max(a.activations - b.activations for a, b in zip(none.stages, act.stages))
+    assert moved > 0
+    assert both["memory"]["host_bytes"] == pytest.approx(SHARD * 16 + moved, rel=1e-12)

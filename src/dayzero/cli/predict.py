@@ -184,9 +184,11 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
                   f"model {th['model_tflops_per_device']:.0f} TFLOP/s per device; MFU {th['mfu']:.1%}; "
                   f"peak memory {obj['memory']['peak_bytes'] / 1e9:.1f} GB of "
                   f"{obj['memory']['capacity_bytes'] / 1e9:.1f} GB"
-                  + (f"; host memory {obj['memory']['host_bytes'] / 1e9:.1f} GB per device for the offloaded "
-                     "optimizer (not checked: no host memory is known for the cluster)"
-                     if "host_bytes" in obj["memory"] else ""), highlight=False)
+                  + (f"; host memory {obj['memory']['host_bytes'] / 1e9:.1f} GB per device for what is offloaded, "
+                     + ("within" if obj["memory"]["host_fits"] else "[red]beyond[/red]")
+                     + f" the assumed {obj['memory']['host_limit_bytes'] / 1e9:.0f} GB (a DGX H100's 2 TB for 8 "
+                     "GPUs; the catalog states no host memory)" if "host_bytes" in obj["memory"] else ""),
+                  highlight=False)
     if inventory and obj["communication"]:
         c = FitTable(title="Communication per step (busiest stage)", compact=True)
         for col in ("collective", "size", "tier", "MB/op", "ops", "busy s", "exposed", "hidden by"):
