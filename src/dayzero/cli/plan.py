@@ -76,8 +76,8 @@ SearchedFp8ParamOpt = Annotated[Optional[bool], typer.Option(
 SearchedOffloadOpt = Annotated[Optional[bool], typer.Option(
     "--optimizer-offload/--no-optimizer-offload",
     help="FP32 master weights and AdamW moments in host memory, Adam on the CPU (Megatron --optimizer-cpu-offload, "
-         "ZeRO-Offload). Default: searched, only where a layout fits no other way (it adds the host Adam and PCIe "
-         "to the step); --optimizer-offload forces it on, --no- keeps it off.")]
+         "ZeRO-Offload). Default: searched, only where a layout does not fit at its recompute level without it (it "
+         "adds the host Adam and PCIe to the step); --optimizer-offload forces it on, --no- keeps it off.")]
 
 # activation offload (planner.activation_offload) is searched by default where nothing fits without it;
 # --activation-offload N pins it (cli.common), --no-activation-offload keeps it off
