@@ -157,7 +157,7 @@ def test_the_offloaded_bytes_must_fit_the_hosts_share(monkeypatch):
     250 GB: DGX H100's 2 TB over 8 GPUs), 1 offloaded layer (a 1.1 x LAYER saving, the bound the
     search checks) fits the host, 2 (2.2 x LAYER) do not: half a layer short the plan offloads 1,
     1.5 layers short no row offloads and full recompute is the plan."""
-    from dayzero.planner import search as search_module
+    from dayzero.planner import search_fit as search_module  # offloaded_variants reads the cap there
 
     monkeypatch.setattr(search_module, "HOST_MEMORY_PER_DEVICE", 1.5 * LAYER)
     assert decode(_search(0.5).candidates)[0].activation_offload_layers == 1

@@ -210,7 +210,7 @@ def plan_cmd(
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     asked = (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
     no_switches = tuple(name for name, on in asked if on is False)  # --no-X: kept off
-    if no_activation_offload:  # the searched activation offload kept off (planner.search.offloaded_variants)
+    if no_activation_offload:  # the searched activation offload kept off (planner.search_fit.offloaded_variants)
         if activation_offload:
             from dayzero.errors import ConfigError
 

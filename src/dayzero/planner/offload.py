@@ -33,7 +33,7 @@ HOST_MEMORY_BW_PER_DEVICE = 2 * 8 * 4800e6 * 8 / 8
 PARAM_UP_BYTES = 2  # the updated BF16 working parameter copied back to the device
 # One device's share of host memory on a DGX H100 (DGX H100 user guide, hardware overview: 2 TB
 # system memory, 8 GPUs): 250 GB, what the activations a device offloads may take at most
-# (planner.search.offloaded_variants). The catalog states no host memory, so this is the figure for
+# (planner.search_fit.offloaded_variants). The catalog states no host memory, so this is the figure for
 # every device, like the host link above.
 HOST_MEMORY_PER_DEVICE = 2e12 / 8
 

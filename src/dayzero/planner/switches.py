@@ -26,10 +26,10 @@ layout rules allow (:attr:`Switch.forced`); ``--no-fp8-param-gather`` / ``--no-o
 kind, how a user forces it and the memory terms it only removes (``drops``: its peaks then come
 from the earlier pass's memory calls). The ladder sets a switch to 1; a count-valued one (say,
 the activations of N layers offloaded) would take its largest value in its pass and the least N
-that fits afterwards, by the bisection :func:`dayzero.planner.search.fewest_recomputed_layers`
+that fits afterwards, by the bisection :func:`dayzero.planner.search_fit.fewest_recomputed_layers`
 runs for full recompute. Activation offload is such a count (ParallelConfig.activation_offload_layers,
 the first N layers of each chunk): it is searched apart from this registry, by
-:func:`dayzero.planner.search.offloaded_variants` (the fewest N that fits by
+:func:`dayzero.planner.search_fit.offloaded_variants` (the fewest N that fits by
 :func:`dayzero.planner.activation_offload.fewest_offloaded_layers`, where no recompute does not
 fit, at every pass of this ladder), and :func:`why_words` names it.
 """
@@ -103,7 +103,7 @@ def why_words(p) -> list[str]:
     get = p.get if isinstance(p, dict) else lambda k, d=None: getattr(p, k, d)
     out = [f"{s.words} ({s.flag}; {why[s.kind]})" for s in SWITCHES if get(s.name, False)]
     n = get("activation_offload_layers", 0)
-    if n:  # a count, searched apart from these (planner.search.offloaded_variants)
+    if n:  # a count, searched apart from these (planner.search_fit.offloaded_variants)
         out.append(f"the saved activations of the first {n} layers of each model chunk in host memory "
                    f"(--activation-offload {n}; the fewest that fit without recompute: it adds the PCIe copies "
                    "compute does not hide)")

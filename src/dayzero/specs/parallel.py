@@ -93,7 +93,7 @@ class ParallelConfig:
     # the saved activations of the first N layers of each model chunk in host memory between their
     # forward and backward (Megatron-Core --cpu-offloading --cpu-offloading-num-layers N;
     # planner.activation_offload), a count the search sets per layout where nothing fits without
-    # it (planner.search.offloaded_variants); 0: off. The run's --activation-offload N is a floor
+    # it (planner.search_fit.offloaded_variants); 0: off. The run's --activation-offload N is a floor
     # over it (planner.activation_offload.offload_layers_of)
     activation_offload_layers: int = 0
 
