@@ -115,3 +115,21 @@ def test_host_memory_adds_the_offloaded_activations():
     moved = max(a.activations - b.activations for a, b in zip(none.stages, act.stages))
     assert moved > 0
     assert both["memory"]["host_bytes"] == pytest.approx(SHARD * 16 + moved, rel=1e-12)
+
+
+def test_the_searchs_host_bytes_are_predicts():
+    """planner.memory.optimizer_host_batch, the bytes the search caps optimizer offload with, is the
+    host memory predict states (the busiest stage's shard x 16 B): 1,003,782,656 x 16 B for the ZeRO-1
+    layout above, and for pp 2 (the first stage, with the embedding, the larger) and ZeRO over dp 4
+    the same as predict's, whether or not the row offloads it."""
+    from dayzero.planner.memory import optimizer_host_batch
+    from dayzero.planner.predict import predict
+
+    layouts = [P, ParallelConfig(tp=1, pp=2, dp=4, mbs=1, gbs=8, seq=4096, zero=1),
+               ParallelConfig(tp=2, pp=1, dp=4, mbs=1, gbs=8, seq=4096, zero=3, optimizer_offload=True)]
+    got = optimizer_host_batch(SPEC, encode(layouts), MemoryOptions.for_run(H100.accelerator))
+    assert got[0] == pytest.approx(SHARD * 16, rel=1e-12)
+    for p, g in zip(layouts, got):
+        want = predict(SPEC, p.with_(optimizer_offload=True), H100)["memory"]["host_bytes"]
+        assert g == pytest.approx(want, rel=1e-12)
+    assert got[1] > got[0] / 2 * 1.01  # the stage with the embedding holds more than half the model's shard

@@ -257,3 +257,24 @@ def test_offload_is_a_last_resort_because_the_host_step_is_slower():
         assert switches.kinds(cl, PerfOptions())["optimizer_offload"] == "saves"
     finally:
         switches.SWITCHES = original
+
+
+def test_optimizer_offload_must_fit_the_hosts_share(monkeypatch):
+    """Offloaded, tiny-llama's whole optimizer (ZeRO-1 over dp 1) keeps 16 B per parameter in host
+    memory (FP32 master, two FP32 moments, the FP32 gradient copy: planner.offload.host_bytes),
+    3,213,568 x 16 = 51,417,088 B. With the limit where only full recompute offloaded fits (above),
+    a host share of 52 MB takes it; 51 MB does not (nothing fits then), nor forced on."""
+    from dayzero.errors import FitError
+    from dayzero.planner import search_fit
+
+    assert params_total(TINY) * 16 == 51_417_088
+    limit = (_peak(recompute="full", optimizer_offload=True) + _peak(recompute="full")) / 2 / ONE.memory_bytes
+    monkeypatch.setattr(search_fit, "HOST_MEMORY_PER_DEVICE", 52e6)
+    assert decode(search(TINY, ONE, 8, 4096, space=SPACE, max_memory=limit).candidates)[0].optimizer_offload
+    monkeypatch.setattr(search_fit, "HOST_MEMORY_PER_DEVICE", 51e6)
+    with pytest.raises(FitError, match="fit the device only with more in host memory than the 0.051 GB"):
+        search(TINY, ONE, 8, 4096, space=SPACE, max_memory=limit)
+    # forced on (--optimizer-offload): no row fits the host, however roomy the device
+    forced = searched_memory(MemoryOptions.for_accelerator(ONE.accelerator).with_(optimizer_offload=True), SPACE)
+    with pytest.raises(FitError, match="host memory"):
+        search(TINY, ONE, 8, 4096, space=SPACE, max_memory=0.9, memory_options=forced)

@@ -38,7 +38,7 @@ from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
 
 __all__ = ["MemoryOptions", "StageMemory", "MemoryReport", "estimate_memory", "peak_memory_batch",
-           "model_states", "zero_comparison", "CATEGORIES"]
+           "optimizer_host_batch", "model_states", "zero_comparison", "CATEGORIES"]
 
 
 @dataclass(frozen=True)
@@ -207,13 +207,26 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     n = len(np.ravel(grid["tp"])) if "tp" in grid else 0
     if any(len(np.ravel(grid[k])) != n for k in CANDIDATE_KEYS if k in grid):
         raise LayoutError("peak_memory_batch: grid arrays must all have the same length")
-    cols = memory_columns(grid, (n,))
     out = np.empty(n, dtype=np.float64)
     less = [np.empty(n, dtype=np.float64) for _ in without]
     if n == 0:
         return (out, less) if without else out
-    # One batch per rank-feature width (a few) rather than one per (pp, vpp, schedule) group
-    # (hundreds in a search): each row gets its own group's rank features, the schedule is a column.
+    for rows, c, f, w in _batches(spec, memory_columns(grid, (n,))):
+        terms = _stage_terms(spec, options, c, f, float(capacity_bytes))
+        totals = sum(category_totals(terms).values())
+        out[rows] = np.broadcast_to(totals, (len(rows), w)).max(axis=1)
+        for dropped, to in zip(without, less):
+            rest = totals - sum((terms[k] for k in dropped if k in terms), 0.0)
+            to[rows] = np.broadcast_to(rest, (len(rows), w)).max(axis=1)
+    return (out, less) if without else out
+
+
+def _batches(spec: ModelSpec, cols: dict[str, np.ndarray]):
+    """(rows, candidate columns (len(rows), 1), their rank features (len(rows), w), w) per batch of
+    ``cols`` (:func:`memory_columns`): one batch per rank-feature width (a few) rather than one per
+    (pp, vpp, schedule) group (hundreds in a search); each row gets its own group's rank features
+    (:func:`_even_features`), the schedule is a column."""
+    n = len(cols["tp"])
     place = placement_code(cols["schedule"])
     nfull = partial_layers(cols)  # full recompute of the first N layers of each chunk (0: every layer)
     first, group = pipeline_groups(cols["pp"], cols["vpp"], nfull, place)
@@ -229,14 +242,24 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
             c = {k: v[:, None] for k, v in cols.items()}
         else:
             c = {k: v[rows][:, None] for k, v in cols.items()}
-        f = _stacked([feats[i] for i in ids], local[group[rows]])
-        terms = _stage_terms(spec, options, c, f, float(capacity_bytes))
-        totals = sum(category_totals(terms).values())
-        out[rows] = np.broadcast_to(totals, (len(rows), int(w))).max(axis=1)
-        for dropped, to in zip(without, less):
-            rest = totals - sum((terms[k] for k in dropped if k in terms), 0.0)
-            to[rows] = np.broadcast_to(rest, (len(rows), int(w))).max(axis=1)
-    return (out, less) if without else out
+        yield rows, c, _stacked([feats[i] for i in ids], local[group[rows]]), int(w)
+
+
+def optimizer_host_batch(spec: ModelSpec, grid: dict[str, np.ndarray],
+                         options: MemoryOptions = MemoryOptions()) -> np.ndarray:
+    """Host bytes per device (busiest rank, even layer split) each candidate of ``grid`` would keep
+    with its optimizer offloaded, whether or not it offloads it (:func:`dayzero.planner.memory_terms.
+    optimizer_host_terms`; :func:`dayzero.planner.predict.host_memory` states the same bytes for one
+    layout). The search caps optimizer offload with it (planner.search_fit.SwitchPlan.host_ok)."""
+    from dayzero.planner.memory_terms import optimizer_host_terms
+
+    n = len(np.ravel(grid["tp"])) if "tp" in grid else 0
+    out = np.zeros(n, dtype=np.float64)
+    if n == 0:
+        return out
+    for rows, c, f, w in _batches(spec, memory_columns(grid, (n,))):
+        out[rows] = np.broadcast_to(optimizer_host_terms(spec, options, c, f), (len(rows), w)).max(axis=1)
+    return out
 
 
 def _stacked(groups: list[RankFeatures], group: np.ndarray) -> RankFeatures:

@@ -150,14 +150,32 @@ def _model_state_terms(opts: MemoryOptions, x: _Candidates, t: dict) -> None:
         t[f"{cat}:experts"] = layer_bytes * zero_sharded(x.experts, cat, zero, edp)
         t[f"{cat}:embedding"] = nbytes * zero_sharded(x.emb, cat, zero, zd)
         t[f"{cat}:head"] = nbytes * zero_sharded(x.head, cat, zero, zd)
-    states = zero_sharded(x.dense + x.emb + x.head, "optimizer", zero, zd) + zero_sharded(x.experts, "optimizer",
-                                                                                          zero, edp)
-    states = states * ~x.opt_offload  # MemoryOptions.optimizer_offload or the layout's: in host memory
+    states = _optimizer_states(x) * ~x.opt_offload  # MemoryOptions.optimizer_offload or the layout's: in host memory
     t["optimizer:master"] = opts.master_bytes * states
     t["optimizer:moments"] = opts.optim_bytes * states
     # FP8 training caches an FP8 copy (+ transpose) of each local weight across micro-batches;
     # under ZeRO-3 only the gathered units have one (counted with the gather buffers).
     t["weights:fp8_cache"] = np.where(zero_shards(zero, "weights"), 0, x.fp8_w * (x.dense + x.experts))
+
+
+def _optimizer_states(x: _Candidates):
+    """Parameters of the rank's optimizer shard: ZeRO-1 shards dense ones over dp*cp, routed experts over edp."""
+    return (zero_sharded(x.dense + x.emb + x.head, "optimizer", x.zero, x.zd)
+            + zero_sharded(x.experts, "optimizer", x.zero, x.edp))
+
+
+def optimizer_host_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) -> np.ndarray:
+    """(n, pp) host bytes each rank's optimizer takes when it is offloaded, whether or not the
+    candidates offload it: the FP32 master, the moments and the FP32 gradient copy the host Adam
+    reads, per parameter of the rank's optimizer shard (:func:`dayzero.planner.offload.host_bytes`,
+    for candidates x ranks at once; 0 without optimizer states)."""
+    from dayzero.planner.offload import HOST_GRAD_BYTES
+
+    if opts.master_bytes + opts.optim_bytes <= 0:
+        return np.zeros_like(np.asarray(f.rank, dtype=float))
+    c = {**c, "zero": held_zero(c["zero"], c["pp"], opts.pipelined_fsdp)}
+    x = _candidates(spec, opts, c, f)
+    return _optimizer_states(x) * (opts.master_bytes + opts.optim_bytes + HOST_GRAD_BYTES) + 0 * f.rank
 
 
 def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: RankFeatures, inflight, head_mb,

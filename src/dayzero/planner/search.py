@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dayzero.errors import FitError
+from dayzero.planner import search_fit
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.engines import engine_mask, pipelined_fsdp
 from dayzero.planner.explain import binding, family
@@ -51,6 +52,7 @@ from dayzero.planner.search_space import (  # noqa: F401
     space_mask,
     why_none,
 )
+from dayzero.planner.switches import SWITCHES as SWITCH_REGISTRY
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
@@ -117,13 +119,27 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     def memory(grid: dict) -> np.ndarray:
         if memory_options is None:
             return np.asarray(memory_fn(spec, grid, capacity), dtype=float)
-        return np.asarray(memory_fn(spec, grid, capacity, memory_options), dtype=float)
+        return host_capped(grid, np.asarray(memory_fn(spec, grid, capacity, memory_options), dtype=float))
+
+    host_short = [0]  # memory checks that fit the device but not what the host holds (for the FitError)
+
+    def host_capped(grid: dict, peaks: np.ndarray) -> np.ndarray:
+        # a row whose switches keep more in host memory than the device's share fits nowhere
+        ok = switches.on_host(grid)
+        host_short[0] += int((~ok & (peaks <= limit)).sum())
+        return np.where(ok, peaks, np.inf)
 
     memory_less = None
     if default_memory:  # peak_memory_batch prices the term-dropping switches in the same call
         def memory_less(grid: dict, without):
-            return memory_fn(spec, grid, capacity, memory_options, without=without)
+            # the later passes' peaks are read only where those switches fit the host (_fitting_variants)
+            peaks, less = memory_fn(spec, grid, capacity, memory_options, without=without)
+            # each set's peaks are those of the rows with the switches that drop those terms on
+            ons = [{s.name: 1 for s in SWITCH_REGISTRY if s.drops and set(s.drops) <= set(dropped)}
+                   for dropped in without]
+            return host_capped(grid, peaks), [host_capped(_with(grid, **on), pk) for on, pk in zip(ons, less)]
 
+    switches = switch_plan(spec, cluster, options, memory_options, space)
     zeros, levels = codes["zero"], space.levels(spec, options.switches())
     if not levels:  # the engine runs none of the recompute modes asked for with the run's switches
         from dayzero.errors import ConfigError
@@ -131,7 +147,6 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         raise ConfigError("--engine", None, f"{space.engine} runs none of the recompute modes "
                           f"{', '.join(space.recompute)} with "
                           f"{', '.join(f'{k} {v}' for k, v in options.switches().items() if v)}; widen --recompute")
-    switches = switch_plan(spec, cluster, options, memory_options, space)
     # activation offload (planner.activation_offload): pinned by the run's --activation-offload N, kept off
     # by --no-activation-offload (SearchSpace.no_switches), else tried where nothing fits without it
     pinned = max(options.activation_offload_layers, getattr(memory_options, "activation_offload_layers", 0) or 0)
@@ -189,7 +204,10 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         raise FitError(f"no layout of {spec.name} fits in {max_memory:.0%} of {capacity / 2**30:.1f} GiB per device on "
                        f"{devices} devices (gbs {gbs}, seq {seq}; {considered:,} layouts considered); add devices, "
                        f"lower --seq, or raise --max-memory" + (left_out if space.engine else "")
-                       + (f"; or change the pinned {space.pins()}" if space.pins() else ""))
+                       + (f"; or change the pinned {space.pins()}" if space.pins() else "")
+                       + ("; some fit the device only with more in host memory than the "
+                          f"{search_fit.HOST_MEMORY_PER_DEVICE / 1e9:.3g} GB per device assumed (DGX H100: 2 TB "
+                          "for 8 GPUs; planner.offload.HOST_MEMORY_PER_DEVICE)" if host_short[0] else ""))
     allrows = {k: np.concatenate([b[k] for b in best_rows]) for k in best_rows[0]}
     steps, peaks = np.concatenate(best_step), np.concatenate(best_peak)
     order = np.argsort(steps, kind="stable")[:top_k]

@@ -132,6 +132,20 @@ class SwitchPlan:
     # per pass, the memory terms its ladder switches remove and nothing else (Switch.drops), or None
     # where one of them changes more: a pass's peaks are then read off the earlier passes' memory calls
     drops: tuple = ()
+    # grid -> (rows,) host bytes per device the rows' switches on keep there (:func:`switch_host_bytes`),
+    # or None: not priced (a search with its own memory function)
+    host_bytes: object = None
+
+    def host(self, grid: dict) -> np.ndarray:
+        """(rows,) host bytes per device the switches on in ``grid`` keep (0 where not priced)."""
+        if self.host_bytes is None:
+            return np.zeros(len(grid["tp"]))
+        return np.asarray(self.host_bytes(grid), dtype=float)
+
+    def on_host(self, grid: dict) -> np.ndarray:
+        """The rows of ``grid`` whose switches' host bytes fit the device's share of host memory
+        (:data:`dayzero.planner.offload.HOST_MEMORY_PER_DEVICE`)."""
+        return self.host(grid) <= HOST_MEMORY_PER_DEVICE
 
     def held(self, bases: dict, z: int, engine, run_switches: dict | None = None) -> dict[str, np.ndarray]:
         """The switch columns every pass of ZeRO stage ``z`` shares (the ladder's start off)."""
@@ -142,7 +156,8 @@ class SwitchPlan:
             cols[name] = self.rule_ok({**zb, **cols, name: np.ones(n, dtype=np.int64)}).astype(np.int64)
         for name in self.saves:
             trial = {**zb, **cols, name: np.ones(n, dtype=np.int64)}
-            cols[name] = (self.rule_ok(trial) & _engine_runs(engine, trial, run_switches)).astype(np.int64)
+            cols[name] = (self.rule_ok(trial) & _engine_runs(engine, trial, run_switches)
+                          & self.on_host(trial)).astype(np.int64)
         return cols
 
     def passes(self) -> list[dict[str, int]]:
@@ -452,8 +467,9 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
             rows[COLUMN] = got[idx]
             pk = memory(rows)
             # the host holds what left the device: the device saving (with the allocator's fragmentation
-            # budget on those bytes, so an upper bound) within the device's share of host memory
-            on_host = plain[idx] - pk <= host_bytes
+            # budget on those bytes, so an upper bound) within the device's share of host memory, less
+            # what an offloaded optimizer keeps there (SwitchPlan.host)
+            on_host = plain[idx] - pk + switches.host(rows) <= host_bytes
             taken[z, pi][idx[~on_host]] = -1  # no offload row there (it dominates nothing)
             idx, pk, rows = idx[on_host], pk[on_host], {c: v[on_host] for c, v in rows.items()}
             if not len(idx):
@@ -527,5 +543,26 @@ def switch_plan(spec: ModelSpec, cluster: Cluster, options: PerfOptions, memory_
         terms = [sw.BY_NAME[n].drops for n in ladder[:k]]
         drops.append(tuple(t for ts in terms for t in ts) if all(terms) else None)
     return SwitchPlan(saves=tuple(n for n in free if kinds[n] == "saves"), ladder=ladder, forced=forced,
-                      rule_ok=sw.rule_mask(spec, cluster.devices), drops=tuple(drops))
+                      rule_ok=sw.rule_mask(spec, cluster.devices), drops=tuple(drops),
+                      host_bytes=None if memory_options is None else switch_host_bytes(spec, memory_options))
+
+
+def switch_host_bytes(spec: ModelSpec, memory_options):
+    """``grid -> (rows,)`` host bytes per device the rows' switches keep in host memory: an offloaded
+    optimizer's FP32 master, moments and gradient copy (:func:`dayzero.planner.memory.optimizer_host_batch`)
+    where the row (or the run, MemoryOptions.optimizer_offload) offloads it. Activation offload,
+    a count searched apart, adds its own bytes (:func:`offloaded_variants`)."""
+    from dayzero.planner.memory import optimizer_host_batch
+    from dayzero.specs.grid import flag
+
+    def host(grid: dict) -> np.ndarray:
+        on = (flag(grid, "optimizer_offload") > 0) | bool(memory_options.optimizer_offload)
+        out = np.zeros(len(grid["tp"]))
+        if on.any():
+            rows = {k: np.asarray(v)[on] for k, v in grid.items()}
+            # a base before its recompute level is set (SwitchPlan.held): the optimizer reads no level
+            rows.setdefault("recompute", np.full(int(on.sum()), RECOMPUTES.index("none"), dtype=np.int64))
+            out[on] = optimizer_host_batch(spec, rows, memory_options)
+        return out
+    return host
 
