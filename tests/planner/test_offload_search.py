@@ -21,7 +21,7 @@ from dayzero.planner.memory import MemoryOptions, estimate_memory
 from dayzero.planner.offload import PCIE_GEN5_X16_BW
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.search import SearchSpace, plan, search
-from dayzero.specs.cluster import build_cluster
+from dayzero.specs.cluster import build_cluster, cluster_from_dict
 from dayzero.specs.grid import decode, encode
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
@@ -50,11 +50,11 @@ def _per_layer_exposed() -> float:
     return (X - float(c.fwd[0, 0])) + (X - float(c.bwd[0, 0]))
 
 
-def _search(short: float, **kw):
+def _search(short: float, cluster=H100, **kw):
     """The search with the limit ``short`` layers' saved bytes (with the 10 % budget) under the
     no-recompute peak: nothing without recompute fits."""
     limit = _peak(P1) - 1.1 * short * LAYER
-    return search(SPEC, H100, 16, 4096, space=kw.pop("space", SPACE), max_memory=limit / H100.memory_bytes,
+    return search(SPEC, cluster, 16, 4096, space=kw.pop("space", SPACE), max_memory=limit / H100.memory_bytes,
                   top_k=10, **kw)
 
 
@@ -152,14 +152,29 @@ def test_the_plan_carries_its_own_n():
     assert np.isclose(best["memory"]["peak_bytes"], _peak(p), atol=2)
 
 
-def test_the_offloaded_bytes_must_fit_the_hosts_share(monkeypatch):
-    """With the device's share of host memory at 1.5 x LAYER (planner.offload.HOST_MEMORY_PER_DEVICE,
-    250 GB: DGX H100's 2 TB over 8 GPUs), 1 offloaded layer (a 1.1 x LAYER saving, the bound the
-    search checks) fits the host, 2 (2.2 x LAYER) do not: half a layer short the plan offloads 1,
-    1.5 layers short no row offloads and full recompute is the plan."""
-    from dayzero.planner import search_fit as search_module  # offloaded_variants reads the cap there
-
-    monkeypatch.setattr(search_module, "HOST_MEMORY_PER_DEVICE", 1.5 * LAYER)
-    assert decode(_search(0.5).candidates)[0].activation_offload_layers == 1
-    far = _search(1.5)
+def test_the_offloaded_bytes_must_fit_the_hosts_share():
+    """With the device's share of host memory at 1.5 x LAYER (a cluster file's ``host: memory_gb``;
+    Cluster.host, a DGX H100's 250 GB by default), 1 offloaded layer (a 1.1 x LAYER saving, the bound
+    the search checks) fits the host: half a layer short the plan offloads 1. With that host memory
+    halved (0.75 x LAYER) it no longer fits: no row offloads and full recompute is the plan."""
+    share, halved = (cluster_from_dict({"accelerator": "h100", "nodes": 1, "host": {"memory_gb": k * LAYER / 1e9}},
+                                       "test") for k in (1.5, 0.75))
+    assert halved.host.memory_bytes == pytest.approx(share.host.memory_bytes / 2)
+    assert decode(_search(0.5, cluster=share).candidates)[0].activation_offload_layers == 1
+    far = _search(0.5, cluster=halved)
     assert not far.candidates[COLUMN].any() and decode(far.candidates)[0].recompute == "full"
+
+
+def test_the_copies_run_over_the_clusters_host_link():
+    """The copies run at the cluster's host link (``host: link_gbytes_per_s``): halved, one layer's
+    copy X doubles, and so the exposed time of offloading 4 layers of P1, 2 micro-batches x 4 x
+    ((X - fwd) + (X - bwd)) with X = LAYER / link, grows by X per copy: 2 x 4 x 2 x X = 144.97 ms."""
+    half = cluster_from_dict({"accelerator": "h100", "nodes": 1, "host": {"link_gbytes_per_s": PCIE_GEN5_X16_BW / 2e9}},
+                             "test")
+    assert half.host.link_bw == pytest.approx(PCIE_GEN5_X16_BW / 2)
+    p = P1.with_(activation_offload_layers=4)
+    full_s = float(evaluate(SPEC, encode([p]), H100).offload_s[0])
+    half_s = float(evaluate(SPEC, encode([p]), half).offload_s[0])
+    assert full_s == pytest.approx(2 * 4 * _per_layer_exposed(), rel=1e-6)
+    assert half_s - full_s == pytest.approx(2 * 4 * 2 * X, rel=1e-6)
+    assert 16 * X == pytest.approx(0.14497, rel=1e-4)

@@ -13,7 +13,7 @@ from dayzero.planner.engines import ENGINES, engine_mask, engines_for
 from dayzero.planner.memory import MemoryOptions, estimate_memory, peak_memory_batch
 from dayzero.planner.perf import evaluate
 from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search, searched_memory
-from dayzero.specs.cluster import build_cluster
+from dayzero.specs.cluster import Cluster, build_cluster, cluster_from_dict
 from dayzero.specs.counting import params_total
 from dayzero.specs.grid import DUALPIPE, SWITCHES, decode, encode
 from dayzero.specs.layout_rules import mask
@@ -259,22 +259,33 @@ def test_offload_is_a_last_resort_because_the_host_step_is_slower():
         switches.SWITCHES = original
 
 
-def test_optimizer_offload_must_fit_the_hosts_share(monkeypatch):
+def test_optimizer_offload_must_fit_the_hosts_share():
     """Offloaded, tiny-llama's whole optimizer (ZeRO-1 over dp 1) keeps 16 B per parameter in host
     memory (FP32 master, two FP32 moments, the FP32 gradient copy: planner.offload.host_bytes),
     3,213,568 x 16 = 51,417,088 B. With the limit where only full recompute offloaded fits (above),
-    a host share of 52 MB takes it; 51 MB does not (nothing fits then), nor forced on."""
+    a cluster whose host gives each device 52 MB (``host: memory_gb`` in its file, Cluster.host)
+    takes it; 51 MB does not (nothing fits then), nor forced on; 104 MB per node of 2 devices is
+    52 MB each."""
     from dayzero.errors import FitError
-    from dayzero.planner import search_fit
 
     assert params_total(TINY) * 16 == 51_417_088
     limit = (_peak(recompute="full", optimizer_offload=True) + _peak(recompute="full")) / 2 / ONE.memory_bytes
-    monkeypatch.setattr(search_fit, "HOST_MEMORY_PER_DEVICE", 52e6)
-    assert decode(search(TINY, ONE, 8, 4096, space=SPACE, max_memory=limit).candidates)[0].optimizer_offload
-    monkeypatch.setattr(search_fit, "HOST_MEMORY_PER_DEVICE", 51e6)
-    with pytest.raises(FitError, match="fit the device only with more in host memory than the 0.051 GB"):
-        search(TINY, ONE, 8, 4096, space=SPACE, max_memory=limit)
+    roomy = _with_host(memory_gb=0.052)
+    assert roomy.host.memory_bytes == 52e6 and roomy.host.assumed == ()
+    assert decode(search(TINY, roomy, 8, 4096, space=SPACE, max_memory=limit).candidates)[0].optimizer_offload
+    pair = cluster_from_dict({"accelerator": "h100", "nodes": 1, "devices_per_node": 2,
+                              "host": {"memory_gb_per_node": 0.104}}, "two")
+    assert pair.host.memory_bytes == pytest.approx(52e6)
+    short = _with_host(memory_gb=0.051)
+    with pytest.raises(FitError, match="fit the device only with more in host memory than the 0.051 GB per device "
+                                       "of DGX H100 / DGX H200's host memory"):
+        search(TINY, short, 8, 4096, space=SPACE, max_memory=limit)
     # forced on (--optimizer-offload): no row fits the host, however roomy the device
     forced = searched_memory(MemoryOptions.for_accelerator(ONE.accelerator).with_(optimizer_offload=True), SPACE)
     with pytest.raises(FitError, match="host memory"):
-        search(TINY, ONE, 8, 4096, space=SPACE, max_memory=0.9, memory_options=forced)
+        search(TINY, short, 8, 4096, space=SPACE, max_memory=0.9, memory_options=forced)
+
+
+def _with_host(**host) -> Cluster:
+    """One H100 whose cluster file sets ``host:`` (specs/host.py)."""
+    return cluster_from_dict({"accelerator": "h100", "nodes": 1, "devices_per_node": 1, "host": host}, "test")

@@ -260,6 +260,8 @@ def plan_cmd(
                   f"{obj['seconds']['search']:.2f} s ({obj['timed']:,} timed)")
     rej = ", ".join(f"{k} {v:,}" for k, v in obj["rejected"].items())
     console.print(f"rejected: {rej}")
+    if "assumption" in obj["host"] and "host_assumption" not in obj["plans"][0]["memory"]:
+        console.print(obj["host"]["assumption"], highlight=False)  # the search priced offload with it
     t = FitTable(title=f"Best {len(obj['plans'])} plans, one per family of tp, pp, ep, ZeRO and recompute "
                        f"(peak memory <= {max_memory:.0%})", compact=True)
     for col in ("layout", "step s", "vs best", "tok/s per dev", "MFU", "comm", "bubble", "mem"):

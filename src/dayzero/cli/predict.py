@@ -185,10 +185,11 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
                   f"peak memory {obj['memory']['peak_bytes'] / 1e9:.1f} GB of "
                   f"{obj['memory']['capacity_bytes'] / 1e9:.1f} GB"
                   + (f"; host memory {obj['memory']['host_bytes'] / 1e9:.1f} GB per device for what is offloaded, "
-                     + ("within" if obj["memory"]["host_fits"] else "[red]beyond[/red]")
-                     + f" the assumed {obj['memory']['host_limit_bytes'] / 1e9:.0f} GB (a DGX H100's 2 TB for 8 "
-                     "GPUs; the catalog states no host memory)" if "host_bytes" in obj["memory"] else ""),
+                     + ("within" if obj["memory"]["host_fits"] else "[red]beyond[/red]") + " the "
+                     + host_limit_words(obj["memory"]) if "host_bytes" in obj["memory"] else ""),
                   highlight=False)
+    if obj["memory"].get("host_assumption"):  # the host figures the offload was priced with, where assumed
+        console.print(obj["memory"]["host_assumption"], highlight=False)
     if inventory and obj["communication"]:
         c = FitTable(title="Communication per step (busiest stage)", compact=True)
         for col in ("collective", "size", "tier", "MB/op", "ops", "busy s", "exposed", "hidden by"):
@@ -205,6 +206,14 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
         console.print(f"  {mark}  {ch['metric']} {ch['value']:.1%} (target {ch['target']})")
     if obj.get("training"):
         print_training(obj["training"])
+
+
+def host_limit_words(memory: dict) -> str:
+    """The device's share of host memory an offloading layout is held to, and whose it is."""
+    limit = f"{memory['host_limit_bytes'] / 1e9:.0f} GB"
+    if "memory_bytes" in memory.get("host_assumed", []):
+        return f"assumed {limit} (a DGX H100's 2 TB for 8 GPUs)"
+    return f"{limit} per device of {memory['host_system']}'s host memory"
 
 
 def dispatcher_option(flag: str | None, engine: str | None = None) -> str:

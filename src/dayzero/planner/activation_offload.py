@@ -18,10 +18,10 @@ above it runs its backward; what the compute does not cover is exposed:
     exposed = max(0, bytes / link - t_fwd) + max(0, bytes / link - t_bwd)     (L - N >= 2)
     exposed = 2 * bytes / link                                                (L - N == 1)
 
-over the device's host link (:data:`dayzero.planner.offload.PCIE_GEN5_X16_BW` per direction, one
-x16 link per device). Not modelled: the HBM bandwidth the copies take from memory-bound kernels
-(TE's docs note it), and D2H/H2D contention where a pipeline schedule runs one micro-batch's
-forward next to another's backward.
+over the device's host link (the cluster's :attr:`dayzero.specs.host.HostSpec.link_bw` per direction:
+a DGX H100's PCIe Gen5 x16, 63 GB/s, an Atlas 800T A2's PCIe 4.0 x16, a GB200's NVLink-C2C share).
+Not modelled: the HBM bandwidth the copies take from memory-bound kernels (TE's docs note it), and
+D2H/H2D contention where a pipeline schedule runs one micro-batch's forward next to another's backward.
 
 Both sides price the offloaded layers as the rank's average layer (its saved bytes per micro-batch
 over its layer count, the compute per layer of each class weighted by its count): exact for a
@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.offload import PCIE_GEN5_X16_BW
+from dayzero.specs.host import PCIE_GEN5_X16_BW
 
 FLAG = "--activation-offload"
 # the layout field and grid column (ParallelConfig.activation_offload_layers) a search sets per row;

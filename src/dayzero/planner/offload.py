@@ -8,34 +8,28 @@ Megatron's ``--overlap-cpu-optimizer-d2h-h2d`` is not modelled, an upper bound o
 
 * the host Adam, memory-bandwidth bound: Adam's update (Kingma & Ba 2015, Algorithm 1) reads the
   FP32 master, gradient and two moments (16 B) and writes the master and moments back (12 B):
-  :data:`HOST_ADAM_BYTES` = 28 B over the device's share of host memory bandwidth;
+  :data:`HOST_ADAM_BYTES` = 28 B over the device's share of host memory bandwidth
+  (:attr:`dayzero.specs.host.HostSpec.memory_bw`, the cluster's);
 * the gradient down (``grad_bytes``, FP32 as it is reduced) and the BF16 parameter up (2 B) over
-  the host link (ZeRO-Offload sec. 4.1: gradients offloaded to CPU memory, the updated parameters
-  copied back to the GPU).
+  the host link (:attr:`~dayzero.specs.host.HostSpec.link_bw`; ZeRO-Offload sec. 4.1: gradients
+  offloaded to CPU memory, the updated parameters copied back to the GPU).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from dayzero.specs.host import HOST_MEMORY_BW_PER_DEVICE, HOST_MEMORY_PER_DEVICE, PCIE_GEN5_X16_BW  # noqa: F401
+
 # Adam per parameter in host memory: read master, grad, exp_avg, exp_avg_sq (4 x 4 B), write
 # master, exp_avg, exp_avg_sq (3 x 4 B) (Kingma & Ba 2015, Algorithm 1; FP32 states as Megatron's
 # HybridDeviceOptimizer keeps them on the CPU)
 HOST_ADAM_BYTES = 28
-# Per direction, PCIe Gen5 x16: 32 GT/s x 16 lanes, 128b/130b encoding = 63 GB/s (PCI-SIG, PCI
-# Express Base Specification 5.0); NVIDIA's H100 datasheet lists "PCIe Gen5: 128GB/s" (both
-# directions). The accelerator catalog states no host link, so this is the figure for every device.
-PCIE_GEN5_X16_BW = 32e9 * 16 * 128 / 130 / 8
-# One device's share of host memory bandwidth on a DGX H100 (DGX H100 user guide: 2 x Intel Xeon
-# Platinum 8480C, 8 GPUs; Intel: 8 DDR5-4800 channels per socket, 8 x 4800 MT/s x 8 B = 307.2 GB/s):
-# 2 x 307.2 / 8 = 76.8 GB/s, the theoretical peak (CPU Adam reaches a fraction of it).
-HOST_MEMORY_BW_PER_DEVICE = 2 * 8 * 4800e6 * 8 / 8
 PARAM_UP_BYTES = 2  # the updated BF16 working parameter copied back to the device
-# One device's share of host memory on a DGX H100 (DGX H100 user guide, hardware overview: 2 TB
-# system memory, 8 GPUs): 250 GB, what the activations a device offloads may take at most
-# (planner.search_fit.offloaded_variants). The catalog states no host memory, so this is the figure for
-# every device, like the host link above.
-HOST_MEMORY_PER_DEVICE = 2e12 / 8
+# The host link and host DRAM bandwidth are the cluster's (Cluster.host, dayzero.specs.host: a DGX H100's
+# PCIe Gen5 x16 and 76.8 GB/s, an Atlas 800T A2's PCIe 4.0 x16 and 102.4 GB/s, a GB200 superchip's
+# NVLink-C2C share); the DGX H100 figures imported above (specs.host.FALLBACK) are the defaults here, the
+# documented fallback for a host no document states.
 
 
 def offloaded_optimizer_s(shard_params, grad_bytes: float, host_link_bw: float = PCIE_GEN5_X16_BW,

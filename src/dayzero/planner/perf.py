@@ -366,10 +366,11 @@ def _inventory(litems, sitems, slow: SlowestRank, m) -> list[tuple]:
             + [(i, 1.0 * i.ops, i.ops * i.nbytes, i.ops * i.time, i.exposed) for i in sitems])
 
 
-def activation_offload_s(spec: ModelSpec, g: dict, costs, slow: SlowestRank, options: PerfOptions) -> np.ndarray:
-    """(N,) exposed seconds per micro-batch of the slowest rank's activation-offload copies
-    (:func:`dayzero.planner.activation_offload.offload_exposed_mb`; zeros when off; the grid's
-    ``activation_offload_layers`` column, where it has one, over the option). The saved
+def activation_offload_s(spec: ModelSpec, g: dict, costs, slow: SlowestRank, options: PerfOptions,
+                         host_link_bw: float) -> np.ndarray:
+    """(N,) exposed seconds per micro-batch of the slowest rank's activation-offload copies over a
+    ``host_link_bw`` host link (:func:`dayzero.planner.activation_offload.offload_exposed_mb`; zeros
+    when off; the grid's ``activation_offload_layers`` column, where it has one, over the option). The saved
     bytes are the memory model's, under the attention kernel the step runs (MemoryOptions' other
     defaults); a class :func:`partial_recompute` doubled is priced as saved without recompute."""
     from dayzero.planner.activation_offload import layer_saved_bytes, offload_exposed_mb, offload_layers_of
@@ -386,7 +387,7 @@ def activation_offload_s(spec: ModelSpec, g: dict, costs, slow: SlowestRank, opt
     mem = MemoryOptions(attention=KERNEL_MEMORY[options.attention_kernel])
     saved = layer_saved_bytes(spec, kinds * reps, mem, g, [True] * len(kinds) + [False] * (K2 - len(kinds)))
     chunks = np.where(np.asarray(g["schedule"]) == DUALPIPE, 2, g["vpp"])
-    return offload_exposed_mb(n, slow.counts, saved, costs.fwd, costs.bwd, chunks)
+    return offload_exposed_mb(n, slow.counts, saved, costs.fwd, costs.bwd, chunks, host_link_bw)
 
 
 def tied_embedding_params(spec: ModelSpec, grid: dict) -> np.ndarray:
@@ -426,7 +427,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     on_slow = slow.sum
     fwd_mb, bwd_mb = slow.forward(costs), slow.backward(costs)
     comm_mb = on_slow(layer_exposed)
-    offload_mb = activation_offload_s(spec, g, costs, slow, options)
+    offload_mb = activation_offload_s(spec, g, costs, slow, options, cluster.host.link_bw)  # the cluster's host link
     t_mb = fwd_mb + bwd_mb + comm_mb + offload_mb
     m = g["gbs"] // (g["mbs"] * g["dp"])
     dense_params, expert_params = slow.dense_params(costs), on_slow(costs.expert_params)
@@ -447,7 +448,9 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
     offload = options.optimizer_offload | flag(g, "optimizer_offload")  # the options' or the layout's
     if offload.any():
-        optimizer_s = np.where(offload, offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes), optimizer_s)
+        host = cluster.host  # the host Adam over its DRAM share, the copies over its link (specs/host.py)
+        optimizer_s = np.where(offload, offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes, host.link_bw,
+                                                              host.memory_bw), optimizer_s)
     # the exposed per-layer communication and offload copies, half with each of F and B
     comm_share = (comm_mb + offload_mb) / 2
     bubble_s = bubble_microbatches(effective_schedule(g["schedule"], g["vpp"]), g["pp"], g["vpp"], fwd_mb + comm_share,

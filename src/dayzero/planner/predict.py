@@ -104,23 +104,25 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)
     engines = fitting_engines(spec, parallel, cluster.memory_bytes, memory_options, report.fits, options.switches())
-    memory = {**report.to_dict(), **host_memory(spec, parallel, cluster.memory_bytes, memory_options, report)}
+    memory = {**report.to_dict(), **host_memory(spec, parallel, cluster, memory_options, report)}
     return prediction(spec, parallel, cluster, ev, 0, memory, options, engines)
 
 
-def host_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int, memory_options, report) -> dict:
+def host_memory(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, memory_options, report) -> dict:
     """What the host holds per device for an offloading layout (empty without offload): the offloaded
     optimizer's FP32 master, moments and gradient copy (:func:`dayzero.planner.offload.host_bytes`) plus
     the saved activations offloaded layers send down (the busiest stage's activations without offload
-    less with it), against the device's assumed share of host memory
-    (:data:`dayzero.planner.offload.HOST_MEMORY_PER_DEVICE`, the same cap the search puts on offload)."""
+    less with it), against the device's share of the cluster's host memory
+    (:attr:`dayzero.specs.host.HostSpec.memory_bytes`, the same cap the search puts on offload), with
+    the host figures the cluster assumed (``host_assumed``: the DGX H100's, where no document states one)."""
     from dayzero.planner.memory import estimate_memory
-    from dayzero.planner.offload import HOST_MEMORY_PER_DEVICE, host_bytes
+    from dayzero.planner.offload import host_bytes
 
     opt = bool(parallel.optimizer_offload or memory_options.optimizer_offload)
     act = bool(parallel.activation_offload_layers or memory_options.activation_offload_layers)
     if not (opt or act):
         return {}
+    capacity_bytes, host = cluster.memory_bytes, cluster.host
     total = 0.0
     if opt:
         on_device = estimate_memory(spec, parallel.with_(optimizer_offload=False), capacity_bytes,
@@ -131,8 +133,10 @@ def host_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int, 
         kept = estimate_memory(spec, parallel.with_(activation_offload_layers=0), capacity_bytes,
                                memory_options.with_(activation_offload_layers=0))
         total += max(max(a.activations - b.activations for a, b in zip(kept.stages, report.stages)), 0)
-    return {"host_bytes": total, "host_limit_bytes": HOST_MEMORY_PER_DEVICE,
-            "host_fits": bool(total <= HOST_MEMORY_PER_DEVICE)}
+    return {"host_bytes": total, "host_limit_bytes": host.memory_bytes, "host_fits": bool(total <= host.memory_bytes),
+            "host_system": host.system, "host_assumed": list(host.assumed),
+            # one line naming the figures taken from the DGX H100's, where the cluster's host states none
+            **({"host_assumption": host.assumption()} if host.assumed else {})}
 
 
 def fitting_engines(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int, memory_options,

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dayzero.errors import FitError
-from dayzero.planner import search_fit
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.engines import engine_mask, pipelined_fsdp
 from dayzero.planner.explain import binding, family
@@ -206,8 +205,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                        f"lower --seq, or raise --max-memory" + (left_out if space.engine else "")
                        + (f"; or change the pinned {space.pins()}" if space.pins() else "")
                        + ("; some fit the device only with more in host memory than the "
-                          f"{search_fit.HOST_MEMORY_PER_DEVICE / 1e9:.3g} GB per device assumed (DGX H100: 2 TB "
-                          "for 8 GPUs; planner.offload.HOST_MEMORY_PER_DEVICE)" if host_short[0] else ""))
+                          f"{cluster.host.memory_text()}" if host_short[0] else ""))
     allrows = {k: np.concatenate([b[k] for b in best_rows]) for k in best_rows[0]}
     steps, peaks = np.concatenate(best_step), np.concatenate(best_peak)
     order = np.argsort(steps, kind="stable")[:top_k]
@@ -299,4 +297,7 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     return {"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "gbs": gbs, "seq": seq,
             "precision": precision, "max_memory": max_memory, "plans": plans, "considered": result.considered,
             "rejected": rejected, "timed": result.timed,
+            # the host figures offload was priced and capped with (specs/host.py), and which were assumed
+            "host": {**cluster.host.to_dict(), **({"assumption": cluster.host.assumption()}
+                                                   if cluster.host.assumed else {})},
             "seconds": {"search": t_search, "total": time.perf_counter() - t0}, **extra}

@@ -19,7 +19,6 @@ import numpy as np
 from dayzero.errors import LayoutError
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.engines import ENGINES, engine_mask, with_run
-from dayzero.planner.offload import HOST_MEMORY_PER_DEVICE
 from dayzero.planner.perf import PerfOptions
 from dayzero.planner.search_space import SearchSpace, _with, dropped_terms
 from dayzero.specs.cluster import Cluster
@@ -29,6 +28,7 @@ from dayzero.specs.grid import (
     MODULE_BIT,
 )
 from dayzero.specs.grid import SWITCHES as SWITCH_COLUMNS
+from dayzero.specs.host import HOST_MEMORY_PER_DEVICE
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import RECOMPUTES, model_split
 
@@ -135,6 +135,9 @@ class SwitchPlan:
     # grid -> (rows,) host bytes per device the rows' switches on keep there (:func:`switch_host_bytes`),
     # or None: not priced (a search with its own memory function)
     host_bytes: object = None
+    # the device's share of host memory those bytes must fit (the cluster's, Cluster.host.memory_bytes;
+    # default the DGX H100's 250 GB, dayzero.specs.host.FALLBACK)
+    host_limit: float = HOST_MEMORY_PER_DEVICE
 
     def host(self, grid: dict) -> np.ndarray:
         """(rows,) host bytes per device the switches on in ``grid`` keep (0 where not priced)."""
@@ -144,8 +147,8 @@ class SwitchPlan:
 
     def on_host(self, grid: dict) -> np.ndarray:
         """The rows of ``grid`` whose switches' host bytes fit the device's share of host memory
-        (:data:`dayzero.planner.offload.HOST_MEMORY_PER_DEVICE`)."""
-        return self.host(grid) <= HOST_MEMORY_PER_DEVICE
+        (:attr:`host_limit`)."""
+        return self.host(grid) <= self.host_limit
 
     def held(self, bases: dict, z: int, engine, run_switches: dict | None = None) -> dict[str, np.ndarray]:
         """The switch columns every pass of ZeRO stage ``z`` shares (the ladder's start off)."""
@@ -407,15 +410,15 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
     the ZeRO-1 row of the same pass with at most as many (ZeRO-2 adds a reduce-scatter per
     micro-batch and nothing else; planner.activation_offload: time grows with the layers offloaded).
     The offloaded bytes must fit the device's share of host memory (``host_bytes``, default
-    :data:`dayzero.planner.offload.HOST_MEMORY_PER_DEVICE`): the fewest layers hold the least, so a
-    row whose fewest do not fit there is dropped.
+    ``switches.host_limit``: the cluster's, :attr:`dayzero.specs.host.HostSpec.memory_bytes`): the
+    fewest layers hold the least, so a row whose fewest do not fit there is dropped.
 
     Returns (the rows as a grid with every variant column set, their peaks, their rungs, the (base,
     ZeRO stage) layouts without recompute that only offload makes fit, which the caller counts as
     fitting)."""
     from dayzero.planner.activation_offload import COLUMN, fewest_offloaded_layers
 
-    host_bytes = HOST_MEMORY_PER_DEVICE if host_bytes is None else host_bytes
+    host_bytes = switches.host_limit if host_bytes is None else host_bytes
     none = [i for i, (rc, _) in enumerate(levels) if RECOMPUTES[rc] == "none"]
     empty = {k: v[:0] for k, v in bases.items()}
     n = len(bases["tp"])
@@ -544,7 +547,8 @@ def switch_plan(spec: ModelSpec, cluster: Cluster, options: PerfOptions, memory_
         drops.append(tuple(t for ts in terms for t in ts) if all(terms) else None)
     return SwitchPlan(saves=tuple(n for n in free if kinds[n] == "saves"), ladder=ladder, forced=forced,
                       rule_ok=sw.rule_mask(spec, cluster.devices), drops=tuple(drops),
-                      host_bytes=None if memory_options is None else switch_host_bytes(spec, memory_options))
+                      host_bytes=None if memory_options is None else switch_host_bytes(spec, memory_options),
+                      host_limit=cluster.host.memory_bytes)
 
 
 def switch_host_bytes(spec: ModelSpec, memory_options):

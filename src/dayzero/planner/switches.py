@@ -75,17 +75,20 @@ BY_NAME = {s.name: s for s in SWITCHES}
 
 def adds_time(cluster, options) -> bool:
     """Whether optimizer offload takes longer per optimizer-shard parameter than the device update
-    on ``cluster``: host Adam + PCIe (:func:`dayzero.planner.offload.offloaded_optimizer_s`) against
+    on ``cluster``: host Adam + the copies over the cluster's host (:attr:`Cluster.host
+    <dayzero.specs.cluster.Cluster.host>`; :func:`dayzero.planner.offload.offloaded_optimizer_s`) against
     the device's bytes per parameter over its HBM bandwidth (planner.perf's ``optimizer_s``). Both
     are linear in the shard, so one parameter decides for every row; where it is not slower (never
-    with the shipped rates: 0.46 ns per parameter on the host against 0.009 ns on an H100, 0.019 ns
-    on a 910B) offload would save time too and the search treats it as a ``saves`` switch."""
+    with the shipped rates: 0.46 ns per parameter on a DGX H100's host against 0.009 ns on an H100;
+    0.46 ns on an Atlas 800T A2's against 0.019 ns on a 910B) offload would save time too and the
+    search treats it as a ``saves`` switch."""
     from dayzero.planner.calibration import constants_for, rates
     from dayzero.planner.offload import offloaded_optimizer_s
 
     consts = options.constants or constants_for(cluster)
     device = consts.optimizer_bytes_per_param / rates(cluster, consts).hbm_bw
-    return float(offloaded_optimizer_s(1.0, options.comm.grad_reduce_bytes)) >= device
+    host = cluster.host
+    return float(offloaded_optimizer_s(1.0, options.comm.grad_reduce_bytes, host.link_bw, host.memory_bw)) >= device
 
 
 def kinds(cluster, options) -> dict[str, Kind]:

@@ -23,6 +23,10 @@ YAML schema (``--cluster FILE.yaml``; every field but ``accelerator`` and ``node
     efficiency: {gemm: 0.8, intra: 0.8, inter: 0.9}   # calibrated factors (dayzero calibrate)
     runtime_context_mib: 520     # measured memory a rank holds before its first tensor
     comm_buffer_mib: 300         # measured memory per communicator
+    host:                        # the host side (default: the accelerator's system, specs/host.py)
+      memory_gb: 250             # host memory per device, decimal GB (or memory_gb_per_node: 2000)
+      link_gbytes_per_s: 63      # device <-> host memory per device per direction (PCIe Gen5 x16)
+      memory_gbytes_per_s: 76.8  # the device's share of host DRAM bandwidth (host Adam)
 
 A machine the catalog does not know (a CPU host, a new card) is defined inline: ``accelerator``
 may be a mapping (:class:`AcceleratorFile`) instead of a catalog name. ``dayzero calibrate``
@@ -56,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dayzero.errors import ConfigError
 from dayzero.inputs import load_yaml
 from dayzero.specs.hardware import HBM_GB, Accelerator, get_accelerator
+from dayzero.specs.host import FALLBACK, HostSpec, default_host, with_overrides
 
 MAX_DEVICES = 2**20  # a cluster of a million devices is beyond any built; larger is a typo, not a plan
 # Upper bounds of a cluster file's figures, each ~1,000x beyond today's hardware (GB200 NVL72: 2.5
@@ -89,6 +94,7 @@ class Cluster:
     efficiency: dict[str, float] = field(default_factory=dict)  # calibrated factors (gemm, intra, inter, ...)
     description: str = ""
     measurements: dict = field(default_factory=dict, compare=False)  # calibration tables of a profile
+    host: HostSpec = FALLBACK  # each device's share of its host (specs/host.py; FALLBACK: all assumed)
 
     @property
     def devices(self) -> int:
@@ -113,7 +119,7 @@ class Cluster:
                 "tiers": [{"name": t.name, "size": t.size, "gbytes_per_s": t.bw / 1e9,
                            "p2p_gbytes_per_s": t.p2p_bw / 1e9, "latency_us": t.latency_s * 1e6,
                            "topology": t.topology} for t in self.tiers],
-                "efficiency": dict(self.efficiency), "description": self.description}
+                "efficiency": dict(self.efficiency), "description": self.description, "host": self.host.to_dict()}
 
 
 class AcceleratorFile(BaseModel):
@@ -165,6 +171,16 @@ class AcceleratorFile(BaseModel):
             sources=tuple(self.sources))
 
 
+class HostFile(BaseModel):
+    """A cluster file's ``host:`` section (decimal GB and GB/s per device; specs/host.py)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    memory_gb: float | None = Field(default=None, gt=0, le=1e6)  # per device
+    memory_gb_per_node: float | None = Field(default=None, gt=0, le=1e7)  # shared by devices_per_node
+    link_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)  # per direction
+    memory_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)
+
+
 class ClusterFile(BaseModel):
     """The YAML schema above, validated."""
 
@@ -189,6 +205,7 @@ class ClusterFile(BaseModel):
     runtime_context_mib: float | None = Field(default=None, **MIB)  # measured per device (dayzero calibrate)
     comm_buffer_mib: float | None = Field(default=None, **MIB)
     measurements: dict | None = None  # raw calibration tables (dayzero calibrate); informational
+    host: HostFile | None = None  # the host side; default: the accelerator's system (specs/host.py)
 
 
 def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node: int | None = None,
@@ -273,8 +290,12 @@ def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
     tiers = [Tier("scale-up", domain, intra, p2p or intra, intra_lat, f.topology or acc.topology)]
     if devices > domain:
         tiers.append(Tier("scale-out", devices, inter, inter, inter_lat, "switch"))
+    host = default_host(acc.id)
+    if f.host is not None:
+        host = with_overrides(host, f.name, dpn, **f.host.model_dump())
     return Cluster(name=f.name, accelerator=acc, nodes=f.nodes, devices_per_node=dpn, tiers=tuple(tiers),
-                   efficiency=dict(f.efficiency), description=f.description, measurements=dict(f.measurements or {}))
+                   efficiency=dict(f.efficiency), description=f.description, measurements=dict(f.measurements or {}),
+                   host=host)
 
 
 def load_cluster_yaml(path: str | Path) -> Cluster:

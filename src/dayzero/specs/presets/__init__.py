@@ -9,7 +9,8 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError
 
-REFERENCE_FILES = ("hardware_catalog.json", "model_configs.json", "published_runs_dev.csv", "backtest_error.json")
+REFERENCE_FILES = ("hardware_catalog.json", "model_configs.json", "published_runs_dev.csv", "backtest_error.json",
+                   "host_systems.json")
 
 
 def reference_data(name: str) -> Path:
