@@ -37,6 +37,7 @@ CLUSTER_FIELDS = (
         ("name", "tier"), ("size", "devices"), ("gbytes_per_s", "GB/s"), ("p2p_gbytes_per_s", "to one peer GB/s"),
         ("latency_us", "latency us"), ("topology", "topology"))),
     Field("efficiency", "Efficiency constants (— : the planner's defaults)", "efficiency"),
+    Field("host", "Host side per device (GB, GB/s per direction; assumed: a DGX H100's)", "host"),
 )
 
 
