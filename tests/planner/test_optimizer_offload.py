@@ -99,8 +99,9 @@ def test_predict_states_the_host_memory_the_offloaded_optimizer_takes():
         H100.accelerator).with_(optim_bytes=4))
     assert bf16["memory"]["host_bytes"] == pytest.approx(SHARD * 12, rel=1e-12)
     assert "host_bytes" not in predict(SPEC, P, H100)["memory"]
-    # within a DGX H100's 2 TB for 8 GPUs (offload.HOST_MEMORY_PER_DEVICE), the search's cap too
+    # within a DGX H100's 2 TB for 8 GPUs (the cluster's host, Cluster.host; the search's cap too)
     assert off["memory"]["host_limit_bytes"] == 250e9 and off["memory"]["host_fits"]
+    assert off["memory"]["host_system"] == "DGX H100 / DGX H200" and off["memory"]["host_assumed"] == []
 
 
 def test_host_memory_adds_the_offloaded_activations():
