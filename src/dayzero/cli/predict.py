@@ -213,7 +213,7 @@ def host_limit_words(memory: dict) -> str:
     limit = f"{memory['host_limit_bytes'] / 1e9:.0f} GB"
     if "memory_bytes" in memory.get("host_assumed", []):
         return f"assumed {limit} (a DGX H100's 2 TB for 8 GPUs)"
-    return f"{limit} per device of {memory['host_system']}'s host memory"
+    return f"{limit} per device of host memory ({memory['host_system'] or 'the cluster file'})"
 
 
 def dispatcher_option(flag: str | None, engine: str | None = None) -> str:

@@ -134,7 +134,8 @@ def host_memory(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, mem
                                memory_options.with_(activation_offload_layers=0))
         total += max(max(a.activations - b.activations for a, b in zip(kept.stages, report.stages)), 0)
     return {"host_bytes": total, "host_limit_bytes": host.memory_bytes, "host_fits": bool(total <= host.memory_bytes),
-            "host_system": host.system, "host_assumed": list(host.assumed),
+            "host_system": host.system if "memory_bytes" not in host.given else "the cluster file",
+            "host_assumed": list(host.assumed),
             # one line naming the figures taken from the DGX H100's, where the cluster's host states none
             **({"host_assumption": host.assumption()} if host.assumed else {})}
 

@@ -48,27 +48,29 @@ class HostSpec:
     system: str = ""  # the documented system the figures are from
     assumed: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    given: tuple[str, ...] = ()  # the fields a cluster file set (specs.cluster, host:)
 
     def assumption(self) -> str | None:
         """One line naming the figures taken from the DGX H100's, or None where none is."""
         if not self.assumed:
             return None
         what = ", ".join(f"{FIELDS[f]} {_text(f, getattr(self, f))}" for f in self.assumed)
-        where = f"{self.system} states no such figure" if self.system else "no host is documented for this accelerator"
+        where = f"{self.system} documents no such figure" if self.system else "no host is documented for this card"
         return (f"host side assumed as a DGX H100's: {what} per device ({where}; set host: in a cluster file, "
-                "docs/memory.md)")
+                "docs/specs.md)")
 
     def memory_text(self) -> str:
         """The device's share of host memory in words: whose it is, or that it is assumed."""
         if "memory_bytes" in self.assumed:
             return (f"{self.memory_bytes / 1e9:.3g} GB per device assumed (a DGX H100's 2 TB for 8 GPUs; set "
                     "host.memory_gb in a cluster file)")
-        return f"{self.memory_bytes / 1e9:.3g} GB per device of {self.system}'s host memory"
+        whose = "the cluster file's" if "memory_bytes" in self.given else self.system
+        return f"{self.memory_bytes / 1e9:.3g} GB per device of host memory ({whose})"
 
     def to_dict(self) -> dict:
         return {"memory_gb_per_device": self.memory_bytes / 1e9, "link_gbytes_per_s": self.link_bw / 1e9,
                 "memory_gbytes_per_s": self.memory_bw / 1e9, "system": self.system, "assumed": list(self.assumed),
-                "sources": list(self.sources)}
+                "from_cluster_file": list(self.given), "sources": list(self.sources)}
 
 
 def _text(name: str, value: float) -> str:
@@ -107,7 +109,8 @@ def host_systems() -> dict[str, HostSpec]:
 
 
 def default_host(accelerator_id: str) -> HostSpec:
-    """The documented host of ``accelerator_id``'s system, else :data:`FALLBACK` (every field assumed)."""
+    """The documented host of ``accelerator_id``'s system, else :data:`FALLBACK` (every field assumed).
+    The figures are per device, so they hold for any ``devices_per_node`` a cluster groups the cards in."""
     return host_systems().get(accelerator_id, FALLBACK)
 
 
@@ -126,4 +129,4 @@ def with_overrides(host: HostSpec, source: str, devices_per_node: int, memory_gb
     if not got:
         return host
     return replace(host, **got, assumed=tuple(f for f in host.assumed if f not in got),
-                   system=host.system or "the cluster file")
+                   given=tuple(f for f in FIELDS if f in got))
