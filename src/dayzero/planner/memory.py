@@ -27,6 +27,7 @@ from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.memory_terms import (
     CANDIDATE_KEYS,
     CATEGORIES,
+    RECOMPUTE_EXCESS,
     RankFeatures,
     category_totals,
     rank_features,
@@ -36,6 +37,8 @@ from dayzero.planner.schedule import PLACEMENTS, effective_schedule, pipeline_gr
 from dayzero.specs.grid import SWITCHES, encode, flag, partial_layers, recompute_layers, recompute_modules
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
+
+_DYNAMIC = ("activations:", "temporary:")  # the terms the allocator's fragmentation budget is on
 
 __all__ = ["MemoryOptions", "StageMemory", "MemoryReport", "estimate_memory", "peak_memory_batch",
            "optimizer_host_batch", "model_states", "zero_comparison", "CATEGORIES"]
@@ -147,16 +150,18 @@ def placed_features(kinds: list[list[str]], full: list[list[str]] | None,
 
 
 def _stage_terms(spec: ModelSpec, options: MemoryOptions, c: dict, f: RankFeatures,
-                 capacity: float) -> dict[str, np.ndarray]:
+                 capacity: float, excess: bool = False):
     """:func:`stage_terms`, with each MTP module's second pass through the head on the last stage:
     its saved head inputs and its logits, as many again as the main head's (Megatron-LM's MTP
-    block computes each depth's logits and loss in the same forward)."""
-    t = stage_terms(spec, options, c, f, capacity)
+    block computes each depth's logits and loss in the same forward). Returns (terms, the
+    :data:`RECOMPUTE_EXCESS` bytes with ``excess``, else None)."""
+    t, above = stage_terms(spec, options, c, f, capacity, excess=True) if excess else (
+        stage_terms(spec, options, c, f, capacity), None)
     if spec.mtp_layers:
         for k in ("activations:head", "temporary:logits"):
             if k in t:
                 t[k] = t[k] * (1 + spec.mtp_layers)
-    return t
+    return t, above
 
 
 def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[list[int]]]:
@@ -177,7 +182,7 @@ def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: i
     """Bytes per device on every pipeline stage. Raises LayoutError for an impossible layout."""
     parallel.validate(spec)
     feats, ranks = _features(spec, parallel)
-    terms = _stage_terms(spec, options, candidate(parallel), feats, float(capacity_bytes))
+    terms, _ = _stage_terms(spec, options, candidate(parallel), feats, float(capacity_bytes))
     cats = category_totals(terms)
     stages = []
     for r in range(parallel.pp):
@@ -202,22 +207,29 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     With ``without`` (term-name sets, e.g. the optimizer states a switch moves to the host:
     planner.switches.Switch.drops) it returns (peaks, [the peaks with each set's terms left out on
     every stage]) from the same terms: the search prices a switch that only removes terms without a
-    second call.
+    second call. A dynamic term (activations, temporary) left out takes its share of the allocator's
+    fragmentation with it (``overhead:fragmentation`` is the budget times their sum,
+    memory_terms._overhead_terms). A set may name :data:`dayzero.planner.memory_terms.RECOMPUTE_EXCESS`:
+    its peaks are then a lower bound on the peak of every recompute level below each row's.
     """
     n = len(np.ravel(grid["tp"])) if "tp" in grid else 0
     if any(len(np.ravel(grid[k])) != n for k in CANDIDATE_KEYS if k in grid):
         raise LayoutError("peak_memory_batch: grid arrays must all have the same length")
     out = np.empty(n, dtype=np.float64)
     less = [np.empty(n, dtype=np.float64) for _ in without]
+    floor = any(RECOMPUTE_EXCESS in dropped for dropped in without)
     if n == 0:
         return (out, less) if without else out
     for rows, c, f, w in _batches(spec, memory_columns(grid, (n,))):
-        terms = _stage_terms(spec, options, c, f, float(capacity_bytes))
+        terms, excess = _stage_terms(spec, options, c, f, float(capacity_bytes), excess=floor)
         totals = sum(category_totals(terms).values())
         out[rows] = np.broadcast_to(totals, (len(rows), w)).max(axis=1)
         for dropped, to in zip(without, less):
-            rest = totals - sum((terms[k] for k in dropped if k in terms), 0.0)
-            to[rows] = np.broadcast_to(rest, (len(rows), w)).max(axis=1)
+            gone = sum(((1 + options.fragmentation_budget) * terms[k] if k.startswith(_DYNAMIC) else terms[k]
+                        for k in dropped if k in terms), 0.0)
+            if RECOMPUTE_EXCESS in dropped:
+                gone = gone + (1 + options.fragmentation_budget) * excess
+            to[rows] = np.broadcast_to(totals - gone, (len(rows), w)).max(axis=1)
     return (out, less) if without else out
 
 

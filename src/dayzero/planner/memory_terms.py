@@ -27,7 +27,7 @@ from dayzero.planner.activations import (
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import gradient_windows, head_inflight, held_zero, inflight_microbatches
-from dayzero.specs.grid import BF16, DUALPIPE, FIELDS, FULL, SELECTIVE, flag, recompute_modules
+from dayzero.specs.grid import BF16, DUALPIPE, FIELDS, FULL, MODULE_BIT, SELECTIVE, flag, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
@@ -36,6 +36,12 @@ KINDS = ("dense", "moe")
 # where the ranks sit changes no byte; the activation offload column is optional (a grid without it
 # takes the run's option: planner.activation_offload.offload_layers_of)
 CANDIDATE_KEYS = tuple(f for f in FIELDS if f not in ("rank_order", "activation_offload_layers"))
+# Not a term of any report: the bytes (with their fragmentation share) a row's recompute level holds
+# beyond the least that any level it is above (planner.search_space.level_order) can hold, the rest of
+# the row unchanged (:func:`_activation_terms`). ``peak_memory_batch(..., without=((RECOMPUTE_EXCESS,),))``
+# is then a lower bound on the peak of every such level: the search rules a base out under a recompute
+# gate only where that bound does not fit (planner.search_fit._fitting_variants).
+RECOMPUTE_EXCESS = "recompute_excess"
 
 
 @dataclass(frozen=True)
@@ -115,12 +121,13 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
 
 
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
-                capacity_bytes: float) -> dict[str, np.ndarray]:
+                capacity_bytes: float, excess: bool = False):
     """All terms (bytes per device) for candidates ``c`` (grid columns of shape (n, 1) keyed by
     CANDIDATE_KEYS, schedule normalised by :func:`dayzero.planner.memory.memory_schedule`) on the
     ranks described by ``f``. FP8 and FP4 GEMMs keep the same FP8 weight cache and activations.
     Under ``opts.pipelined_fsdp`` the ZeRO stage is the one the engine holds at the peak
-    (:func:`dayzero.planner.schedule.held_zero`)."""
+    (:func:`dayzero.planner.schedule.held_zero`). With ``excess``: (terms, the dynamic bytes of
+    :data:`RECOMPUTE_EXCESS` per rank, before their fragmentation share)."""
     # the weights and gradients as the engine holds them (FSDP under torch.distributed.pipelining: ZeRO-1's)
     c = {**c, "zero": held_zero(c["zero"], c["pp"], opts.pipelined_fsdp)}
     x = _candidates(spec, opts, c, f)
@@ -129,11 +136,11 @@ def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
     m = microbatches(c["gbs"], c["mbs"], c["dp"])
     inflight = inflight_microbatches(c["schedule"], x.pp, c["vpp"], m, f.rank)
     head_mb = head_inflight(c["schedule"], m)
-    transient = _activation_terms(spec, opts, x, f, inflight, head_mb, t)
+    transient, above = _activation_terms(spec, opts, x, f, inflight, head_mb, t, excess)
     windows = gradient_windows(c["schedule"], x.pp, c["vpp"], m)
     _temporary_terms(spec, opts, x, f, transient, head_mb, np.asarray(c["vpp"]), windows < m, t)
     _overhead_terms(opts, x, f, capacity_bytes, t)
-    return t
+    return (t, above) if excess else t
 
 
 def _model_state_terms(opts: MemoryOptions, x: _Candidates, t: dict) -> None:
@@ -179,31 +186,47 @@ def optimizer_host_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankF
 
 
 def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: RankFeatures, inflight, head_mb,
-                      t: dict):
-    """Saved activations of the micro-batches in flight; returns the largest transient of a layer
-    (a temporary term)."""
+                      t: dict, excess: bool = False):
+    """Saved activations of the micro-batches in flight; returns (the largest transient of a layer,
+    a temporary term; with ``excess``, the bytes of :data:`RECOMPUTE_EXCESS`, else None).
+
+    The floor those bytes are measured from, per layer kind, with the rest of the row unchanged
+    (only these two terms depend on the recompute level): saved, the least of the levels below
+    the row's (full: below every level, so the least of its layer input and of what every module
+    at once saves, which a negative traced term can make the smaller; selective: a level dropping
+    a subset of its tensors saves at least what it saves; none: its own), and as transient the
+    largest saved tensor, which every level has (none: itself; selective: plus the rebuilt module;
+    full: at most the largest phase of the replay, activations.full_recompute_transient)."""
     rc, d = x.rc, x.d
     acts = {k: layer_activation(spec, k, opts, d) for k in x.kinds}
     per_mb = 0.0
+    floor_mb = 0.0  # saved per micro-batch at the floor
     transient = 0.0
+    common = 0.0  # the transient every level has
     for k in x.kinds:
         a, n = acts[k], f.layers[k]
         nfull = np.where(rc == FULL, f.full[k], 0)
-        per_mb = per_mb + (n - nfull) * np.where(rc == SELECTIVE, a.saved(x.modules), a.none) + nfull * a.full
+        saved = np.where(rc == SELECTIVE, a.saved(x.modules), a.none)
+        per_mb = per_mb + (n - nfull) * saved + nfull * a.full
         # full recompute: the largest over the backward's phases (activations.full_recompute_transient)
         tr = np.where((rc == FULL) & (nfull > 0), np.maximum(a.largest, a.recomputing),
                       a.largest + np.where(rc == SELECTIVE, a.rebuilding(x.modules), 0))
         transient = np.maximum(transient, np.where(n > 0, tr, 0))
+        if excess:
+            least = np.minimum(a.full, a.saved(sum(MODULE_BIT.values())))
+            floor_mb = floor_mb + n * np.where(rc == FULL, least, saved)
+            common = np.maximum(common, np.where(n > 0, a.largest, 0))
     # activation CPU offload: the offloaded layers' share of the saved bytes is in host memory
     # (planner.activation_offload; DualPipe ranks hold two chunks, the others vpp)
     if np.any(x.offload):
         layers = sum(f.layers[k] for k in x.kinds) + 0.0
         chunks = np.where(x.schedule == DUALPIPE, 2, x.vpp)
-        per_mb = per_mb * (1 - offload_fraction(x.offload, layers, chunks))
+        kept = 1 - offload_fraction(x.offload, layers, chunks)
+        per_mb, floor_mb = per_mb * kept, floor_mb * kept
     t["activations:layers"] = per_mb * inflight
     t["activations:embedding"] = f.first * sum(first_stage_terms(spec, opts, d).values()) * inflight
     t["activations:head"] = f.last * sum(last_stage_terms(spec, opts, d).values()) * head_mb
-    return transient
+    return transient, ((per_mb - floor_mb) * inflight + transient - common) if excess else None
 
 
 def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: RankFeatures, transient, head_mb,

@@ -19,6 +19,7 @@ import numpy as np
 from dayzero.errors import LayoutError
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.engines import ENGINES, engine_mask, with_run
+from dayzero.planner.memory_terms import RECOMPUTE_EXCESS
 from dayzero.planner.perf import PerfOptions
 from dayzero.planner.search_space import SearchSpace, _with, dropped_terms
 from dayzero.specs.cluster import Cluster
@@ -46,11 +47,13 @@ def _layers(below: np.ndarray) -> list[list[int]]:
 
 def _needs(levels, allowed, union: int, where: np.ndarray, check, drops) -> np.ndarray:
     """Which of the ``allowed`` levels each base may fit at, from the module sets one module short
-    of level ``union`` (the gate above every selective level): where such a short set does not fit,
-    no level dropping only tensors it drops fits either (memory falls only with the tensors
-    dropped), so the base is not checked there. Probes the bases in ``where`` (flags) with ``check``
-    (_fitting_variants' memory probe); ``drops(mask)``: the tensors a module set drops
-    (:func:`dropped_terms`). Returns (bases, allowed levels) flags."""
+    of level ``union`` (the gate above every selective level): where the least any level dropping
+    only tensors such a short set drops can hold does not fit (a level dropping fewer saves more,
+    and every level keeps the largest saved tensor's transient: memory_terms.RECOMPUTE_EXCESS; not
+    the short set's own peak, whose rebuilt module can outweigh what it drops beyond a subset's),
+    the base is not checked there. Probes the bases in ``where`` (flags) with ``check``
+    (_fitting_variants' memory probe, with that bound: (indices, peak, fits, may fit)); ``drops(mask)``:
+    the tensors a module set drops (:func:`dropped_terms`). Returns (bases, allowed levels) flags."""
     rc = levels[allowed[union]][0]
     may = np.ones((len(where), len(allowed)), dtype=bool)
     selective = [i for i, a in enumerate(allowed) if RECOMPUTES[levels[a][0]] == "selective"]
@@ -60,9 +63,9 @@ def _needs(levels, allowed, union: int, where: np.ndarray, check, drops) -> np.n
     shorts = [m for m in shorts if drops(m) < drops(whole)]
     if RECOMPUTES[rc] != "selective" or not where.any() or not shorts:
         return may
-    for short, (picked, _, ok) in zip(shorts, check([((rc, m), where) for m in shorts])):
+    for short, (picked, _, _, may_fit) in zip(shorts, check([((rc, m), where) for m in shorts])):
         inside = [i for i in selective if drops(levels[allowed[i]][1]) <= drops(short)]
-        may[np.ix_(picked[~ok], inside)] = False
+        may[np.ix_(picked[~may_fit], inside)] = False
     return may
 
 
@@ -212,6 +215,9 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
         found = []
         # pass -> {(recompute code, module mask): (bases,) peaks an earlier pass's memory calls gave (nan: none)}
         ahead: dict[int, dict] = {}
+        # {(recompute code, module mask): (bases,) their bytes above the floor (memory_terms.RECOMPUTE_EXCESS),
+        # nan: not known}, read with ahead's peaks: the passes ahead reads off only drop model states
+        excess_at: dict = {}
         passes = switches.passes()
         for pi, on in enumerate(passes):
             zb = _with(bases, zero=z, **{**held, **on})
@@ -245,44 +251,61 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                 fit = fitting[np.ix_(rows, allowed)]
                 alive = ~fit.all(axis=1)
 
-                def check(asked):
-                    """[((recompute code, module mask), bases)] -> [(the bases' indices, peak, fits)], in
-                    one memory call (the peaks an earlier pass read off for this one not asked again)."""
+                def check(asked, floor: bool = False):
+                    """[((recompute code, module mask), bases)] -> [(the bases' indices, peak, fits, may
+                    fit)], in one memory call (the peaks an earlier pass read off for this one not asked
+                    again). May fit (with ``floor``): the least any level below the asked one can hold
+                    (memory_terms.RECOMPUTE_EXCESS) fits, all True where that bound is not known."""
                     if not asked:
                         return []
                     picks = [np.flatnonzero(where) for _, where in asked]
                     at = np.concatenate(picks)
                     if not len(at):
-                        return [(p, np.zeros(0), np.zeros(0, dtype=bool)) for p in picks]
+                        return [(p, np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)) for p in picks]
                     rc = np.concatenate([np.full(len(p), lv[0]) for (lv, _), p in zip(asked, picks)]).astype(np.int64)
                     mods = np.concatenate([np.full(len(p), lv[1]) for (lv, _), p in zip(asked, picks)]).astype(np.int64)
+                    floor = floor and memory_less is not None  # else no bound: every base may fit
                     known = ahead.get(pi, {})
                     peak = np.concatenate([known[lv][rows[p]] if lv in known else np.full(len(p), np.nan)
                                            for (lv, _), p in zip(asked, picks)])
-                    todo = np.flatnonzero(np.isnan(peak))
+                    # the bytes above the floor, with ahead's peaks (the same then: SwitchPlan.drops)
+                    above = np.concatenate([excess_at[lv][rows[p]] if floor and lv in known and lv in excess_at
+                                            else np.full(len(p), np.nan) for (lv, _), p in zip(asked, picks)])
+                    todo = np.flatnonzero(np.isnan(peak) | (np.isnan(above) if floor else False))
                     if len(todo):
                         grid = _with({k: v[rows[at[todo]]] for k, v in zb.items()}, recompute=rc[todo],
                                      recompute_modules=mods[todo])
                         later = [k for k in range(pi + 1, len(passes)) if switches.drops[k] is not None]
-                        if later and memory_less is not None:
-                            peak[todo], less = memory_less(grid, tuple(switches.drops[k] for k in later))
-                            for k, pk in zip(later, less):  # the peaks of the later passes, for when they ask
-                                for lv in set(zip(rc[todo].tolist(), mods[todo].tolist())):
-                                    here = (rc[todo] == lv[0]) & (mods[todo] == lv[1])
+                        sets = [switches.drops[k] for k in later] if memory_less is not None else []
+                        if sets or floor:
+                            peak[todo], less = memory_less(grid, tuple(sets) + (((RECOMPUTE_EXCESS,),) if floor
+                                                                               else ()))
+                            for lv in set(zip(rc[todo].tolist(), mods[todo].tolist())):
+                                here = (rc[todo] == lv[0]) & (mods[todo] == lv[1])
+                                for k, pk in zip(later, less):  # the peaks of the later passes, for when they ask
                                     col = ahead.setdefault(k, {}).setdefault(lv, np.full(n, np.nan))
                                     col[rows[at[todo[here]]]] = pk[here]
+                                if floor:
+                                    col = excess_at.setdefault(lv, np.full(n, np.nan))
+                                    col[rows[at[todo[here]]]] = (peak[todo] - less[-1])[here]
+                            if floor:
+                                above[todo] = peak[todo] - less[-1]
                         else:
                             peak[todo] = memory(grid)
+                    # a bound that does not fit by more than rounding (the floor is the peak less some terms)
+                    may = (peak - above <= limit * (1 + 1e-12)) if floor else np.ones(len(peak), dtype=bool)
                     cuts = np.cumsum([len(p) for p in picks])[:-1]
-                    return [(p, pk, pk <= limit) for p, pk in zip(picks, np.split(peak, cuts))]
+                    return [(p, pk, pk <= limit, mf) for p, pk, mf in zip(picks, np.split(peak, cuts), np.split(may, cuts))]
 
                 def record(j, picked, peak):
                     fit[np.ix_(picked, np.flatnonzero(sub[j]))] = True  # j and every level above it fit
                     found.append((rows[picked], allowed[j], peak, pi))
 
                 # gates: a level above all others (full recompute), then one above all but it (every
-                # selective module at once); a base that does not fit under a gate fits at none of the
-                # levels below it, so it takes the gate above (or nothing) without the climb
+                # selective module at once). Neither holds the least memory (its replay's transient can
+                # outweigh what it saves: activations.full_recompute_transient, LayerActivation.rebuilding),
+                # so a base that does not fit under a gate still climbs the levels below it unless the
+                # least any of them can hold does not fit either (check's "may fit")
                 gates, rest = [], list(range(len(allowed)))
                 for _ in range(2):
                     top = [j for j in rest if sub[np.ix_(rest, [j])].all()]
@@ -291,41 +314,47 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                     gates.append(top[0])
                     rest.remove(top[0])
                 layers = [[j for j in layer if j not in gates] for layer in _layers(sub)]
-                gate_rows = gate_peak = None  # the bases under the latest gate that fit there, their peaks
+                under = {}  # gate -> (the bases that fit under it, their peaks)
 
                 may = np.ones_like(fit)  # the levels a base may still fit at (needs: below)
 
                 def climb(layer):
                     todo = [(j, alive & ~fit[:, j] & may[:, j]) for j in layer]  # the bases no level below j fits
                     todo = [(j, where) for j, where in todo if where.any()]
-                    for j, (picked, peak, ok) in zip([j for j, _ in todo],
-                                                     check([(levels[allowed[j]], where) for j, where in todo])):
+                    for j, (picked, peak, ok, _) in zip([j for j, _ in todo],
+                                                        check([(levels[allowed[j]], where) for j, where in todo])):
                         record(j, picked[ok], peak[ok])
 
-                def settle_gate(j):
-                    """The bases that fit under gate ``j`` and at no level below it found so far take it."""
-                    left = gate_rows[alive[gate_rows] & ~fit[gate_rows, j]]
-                    record(j, left, gate_peak[np.searchsorted(gate_rows, left)])
-                    alive[left] = False
+                def gate(j):
+                    """Check gate ``j`` on the live bases not yet fitting at or below it; the bases where
+                    no level at or below it can fit are no longer live (those under full recompute
+                    alone that fit there take it)."""
+                    (picked, peak, ok, may_fit), = check([(levels[allowed[j]], alive & ~fit[:, j])], floor=True)
+                    under[j] = picked[ok], peak[ok]
+                    if j != gates[0]:  # fits at none of the selective levels: full recompute, if it fits
+                        settle_gate(gates[0], picked[~may_fit])
+                    alive[picked[~may_fit]] = False
+
+                def settle_gate(j, among=None):
+                    """The bases (of ``among``) that fit under gate ``j`` and at no level below it found so
+                    far take it."""
+                    rows_j, peak_j = under[j]
+                    left = rows_j[alive[rows_j] & ~fit[rows_j, j]]
+                    if among is not None:
+                        left = left[np.isin(left, among)]
+                    record(j, left, peak_j[np.searchsorted(rows_j, left)])
 
                 if gates:  # a base an earlier pass fits under the gate fits there now (memory only fell)
-                    (picked, peak, ok), = check([(levels[allowed[gates[0]]], alive & ~fit[:, gates[0]])])
-                    alive[picked[~ok]] = False
-                    gate_rows, gate_peak = picked[ok], peak[ok]
+                    gate(gates[0])
                 climb(layers[0])  # no recompute (the least), before the second gate
                 if len(gates) == 2:
-                    (picked, peak, ok), = check([(levels[allowed[gates[1]]], alive & ~fit[:, gates[1]])])
-                    alive[picked[ok]] = False  # held back from settle_gate: they fit under the second gate
-                    settle_gate(gates[0])  # fit under full recompute only
-                    alive[picked[ok]] = True
-                    gate_rows, gate_peak = picked[ok], peak[ok]
-                    # the bases under the second gate: those that fit there now, and (a later pass) before
-                    under = np.isin(np.arange(len(rows)), picked[ok]) | (alive & fit[:, gates[1]])
-                    may &= _needs(levels, allowed, gates[1], under, check, drops)
+                    gate(gates[1])
+                    may &= _needs(levels, allowed, gates[1], alive & ~fit.all(axis=1),
+                                  lambda asked: check(asked, floor=True), drops)
                 for layer in layers[1:]:
                     climb(layer)
-                if gates:
-                    settle_gate(gates[-1])
+                for j in gates[::-1]:  # the selective gate, then full recompute where none fits
+                    settle_gate(j)
                 fitting[np.ix_(rows, allowed)] = fit
             fits_at[z, pi] = fitting.copy()
         n_fit += int(fitting.sum())
