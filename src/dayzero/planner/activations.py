@@ -19,6 +19,7 @@ one broadcastable shape; results are float bytes. Names of the terms are what re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -85,6 +86,28 @@ class Dims:
     def tok_rep(self):
         """Tokens held by tensors outside the TP region (sharded by tp only under SP)."""
         return self.tok / np.where(self.sp, self.tp, 1)
+
+
+DIMS = ("seq", "mbs", "tp", "cp", "etp", "sp", "fp8")
+
+
+def distinct_dims(d: Dims) -> tuple[Dims, np.ndarray, tuple]:
+    """The distinct candidates of ``d``: (their Dims, 1-D arrays; for each candidate of ``d``, its
+    index among them; the broadcast shape of ``d``)."""
+    names = DIMS
+    cols = [c.ravel() for c in np.broadcast_arrays(*(np.asarray(getattr(d, k)) for k in names))]
+    shape = np.broadcast_shapes(*(np.shape(getattr(d, k)) for k in names))
+    ints = [np.asarray(c, dtype=np.int64) for c in cols]
+    key, span = np.zeros(len(ints[0]), dtype=np.int64), 1
+    for c in ints:  # a mixed-radix number per candidate (every dim is a small non-negative integer)
+        lo, hi = int(c.min(initial=0)), int(c.max(initial=0))
+        if lo < 0 or span * (hi + 1) >= 2**62:  # not packable: compare the rows themselves
+            _, first, inverse = np.unique(np.stack(ints, axis=1), axis=0, return_index=True, return_inverse=True)
+            break
+        key, span = key + c * span, span * (hi + 1)
+    else:
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return Dims(**{k: c[first] for k, c in zip(names, cols)}), inverse.ravel(), shape
 
 
 def _eager_norm(opts: MemoryOptions, rows, dim):
@@ -333,6 +356,20 @@ class LayerActivation:
     dropped: tuple = ()
     rebuilt: tuple = ()  # ((module bit, bytes that module rebuilds in backward), ...)
 
+    def columns(self) -> tuple:
+        """Its bytes as a list of arrays (the fields, then ``dropped``'s and ``rebuilt``'s bytes) and
+        the module bits those carry: :meth:`from_columns` undoes it."""
+        cols = [self.none, self.selective, self.full, self.core, self.largest, self.recomputing]
+        cols += [v for _, v in self.dropped] + [v for _, v in self.rebuilt]
+        return cols, (tuple(b for b, _ in self.dropped), tuple(b for b, _ in self.rebuilt))
+
+    @classmethod
+    def from_columns(cls, cols, bits) -> "LayerActivation":
+        dropped, rebuilt = bits
+        rest = cols[6:]
+        return cls(*cols[:6], dropped=tuple(zip(dropped, rest[:len(dropped)])),
+                   rebuilt=tuple(zip(rebuilt, rest[len(dropped):])))
+
     def saved(self, modules):
         """Saved bytes under selective recompute of the module bitmask ``modules`` (array or int)."""
         out = self.none
@@ -347,6 +384,35 @@ class LayerActivation:
         for bit, nbytes in self.rebuilt:
             out = np.maximum(out, np.where(np.asarray(modules) & bit, nbytes, 0.0))
         return out
+
+
+def layer_activations(spec: ModelSpec, kinds, opts: MemoryOptions, d: Dims) -> dict[str, LayerActivation]:
+    """{kind: :func:`layer_activation` at every candidate of ``d``} for the layer ``kinds``, each
+    distinct (seq, mbs, tp, cp, etp, sp, fp8) computed once and memoised (a search makes hundreds
+    of memory calls over thousands of candidates with a few hundred distinct dims). Every byte is
+    elementwise in these dims, so the result is layer_activation's, byte for byte."""
+    distinct, inverse, shape = distinct_dims(d)
+    keys = list(zip(*(np.asarray(getattr(distinct, k)).tolist() for k in DIMS)))
+    out = {}
+    for kind in kinds:
+        memo = _memo(spec, kind, opts)
+        missing = [i for i, k in enumerate(keys) if k not in memo]
+        if missing:
+            sub = Dims(**{k: np.asarray(getattr(distinct, k))[missing] for k in DIMS})
+            cols, bits = layer_activation(spec, kind, opts, sub).columns()
+            rows = np.stack([np.broadcast_to(np.asarray(c, dtype=float), (len(missing),)) for c in cols], axis=1)
+            memo.update({keys[i]: row for i, row in zip(missing, rows)})
+            memo[None] = bits  # the module bits the columns carry (the same at every dims)
+        table = np.stack([memo[k] for k in keys], axis=1)[:, inverse]  # (columns, candidates)
+        out[kind] = LayerActivation.from_columns([c.reshape(shape) for c in table], memo[None])
+    return out
+
+
+@lru_cache(maxsize=64)
+def _memo(spec: ModelSpec, kind: str, opts: MemoryOptions) -> dict:
+    """(dims tuple -> the layer's columns, LayerActivation.columns), filled by layer_activations: each
+    value a pure function of its key."""
+    return {}
 
 
 def layer_activation(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> LayerActivation:

@@ -20,7 +20,7 @@ from dayzero.planner.activations import (
     expert_widths,
     first_stage_terms,
     last_stage_terms,
-    layer_activation,
+    layer_activations,
     logits_bytes,
     routed_tokens,
 )
@@ -198,7 +198,7 @@ def _activation_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: R
     largest saved tensor, which every level has (none: itself; selective: plus the rebuilt module;
     full: at most the largest phase of the replay, activations.full_recompute_transient)."""
     rc, d = x.rc, x.d
-    acts = {k: layer_activation(spec, k, opts, d) for k in x.kinds}
+    acts = layer_activations(spec, x.kinds, opts, d)  # each once per distinct dims
     per_mb = 0.0
     floor_mb = 0.0  # saved per micro-batch at the floor
     transient = 0.0

@@ -295,7 +295,8 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                     # a bound that does not fit by more than rounding (the floor is the peak less some terms)
                     may = (peak - above <= limit * (1 + 1e-12)) if floor else np.ones(len(peak), dtype=bool)
                     cuts = np.cumsum([len(p) for p in picks])[:-1]
-                    return [(p, pk, pk <= limit, mf) for p, pk, mf in zip(picks, np.split(peak, cuts), np.split(may, cuts))]
+                    return [(p, pk, pk <= limit, mf)
+                            for p, pk, mf in zip(picks, np.split(peak, cuts), np.split(may, cuts))]
 
                 def record(j, picked, peak):
                     fit[np.ix_(picked, np.flatnonzero(sub[j]))] = True  # j and every level above it fit
