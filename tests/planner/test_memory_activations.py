@@ -207,3 +207,35 @@ def test_full_recompute_sets_the_layer_transient():
     terms = estimate_memory(spec, p, 10**15).stages[0].terms
     want = layer_activation(spec, "moe", MemoryOptions(), Dims(seq=4096, mbs=4, tp=1, cp=1)).recomputing
     assert float(terms["temporary:layer_transient"]) == pytest.approx(float(want))
+
+
+@pytest.mark.parametrize("name, opts", [("tiny-moe", MemoryOptions()), ("tiny-llama", GPT_OPTIONS),
+                                        ("tiny-moe", MemoryOptions(kernels="eager"))])
+def test_layer_activations_are_layer_activation_once_per_distinct_dims(name, opts):
+    """activations.layer_activations (the memory path's: each distinct (seq, mbs, tp, cp, etp, sp,
+    fp8) computed once, memoised across calls) gives layer_activation's bytes at every candidate,
+    exactly, in the candidates' shape; a second call with new and known dims alike agrees too."""
+    import numpy as np
+
+    from dayzero.planner.activations import layer_activations
+
+    spec = load_model(name)
+    rng = np.random.default_rng(0)
+
+    def dims(n):
+        return Dims(seq=rng.choice([1024, 4096], (n, 1)), mbs=rng.choice([1, 2, 4], (n, 1)),
+                    tp=rng.choice([1, 2], (n, 1)), cp=rng.choice([1, 2], (n, 1)), etp=rng.choice([1, 2], (n, 1)),
+                    sp=rng.choice([False, True], (n, 1)), fp8=rng.choice([False, True], (n, 1)))
+
+    kinds = sorted(set(spec.layer_types))
+    for n in (50, 200):
+        d = dims(n)
+        got = layer_activations(spec, kinds, opts, d)
+        for k in kinds:
+            want = layer_activation(spec, k, opts, d)
+            for field in ("none", "selective", "full", "core", "largest", "recomputing"):
+                g, w = getattr(got[k], field), np.broadcast_to(getattr(want, field), (n, 1))
+                assert g.shape == (n, 1) and np.array_equal(g, w), (k, field)
+            for (gb, gv), (wb, wv) in zip(got[k].dropped + got[k].rebuilt, want.dropped + want.rebuilt):
+                assert gb == wb and np.array_equal(gv, np.broadcast_to(wv, (n, 1)))
+            assert len(got[k].dropped) == len(want.dropped) and len(got[k].rebuilt) == len(want.rebuilt)

@@ -4,7 +4,8 @@ A base is a layout with every dim but its memory-shaping choices; its variants a
 recompute levels (none, Megatron's recompute-module sets, full, full on the first N layers of each
 chunk), the memory switches (:mod:`dayzero.planner.switches`) and activation offload of N layers.
 Pruning is exact under the models: a variant is timed only where no variant that takes no more time
-fits (:func:`_fitting_variants`: a level above a fitting one only adds time; ZeRO-2 only where
+fits, and a variant is ruled out unchecked only where a lower bound on its peak does not fit
+(:func:`_fitting_variants`: a level above a fitting one only adds time; ZeRO-2 only where
 ZeRO-1 does not fit; a last-resort switch only where nothing fits without it), and the counted ones
 (full(N), offloaded layers) take the least N that fits by bisection
 (:func:`fewest_recomputed_layers`, :func:`dayzero.planner.activation_offload.fewest_offloaded_layers`).
@@ -178,12 +179,15 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     """For each base and ZeRO stage, the recompute levels (``levels``: SearchSpace.levels) that fit
     with no fitting level below them (``below``: :func:`level_order`, default a chain in the given
     order): a level above a fitting one keeps less memory but only adds time, so it is never the
-    fastest; the search times the rest and keeps the fastest. Memory falls as recompute grows (but
-    not always as ZeRO grows: ZeRO-3's gathered layers and ZeRO-2's buckets can cost more than they
-    save), so each ZeRO stage is checked under a level above all the others first (full recompute;
-    a base that does not fit there fits nowhere), and the rest go up the levels in order, each
-    checked only on the bases that no level below it fits. ZeRO-2 is kept only at levels where
-    ZeRO-1 does not fit (it adds a reduce-scatter per micro-batch and nothing else).
+    fastest; the search times the rest and keeps the fastest. Memory does not always fall as
+    recompute grows (a replay's transient can outweigh what it drops) nor as ZeRO grows (ZeRO-3's
+    gathered layers and ZeRO-2's buckets can cost more than they save), so each ZeRO stage is
+    checked under a level above all the others first (full recompute) with the floor of every level
+    below it in the same call (memory_terms.RECOMPUTE_EXCESS: a lower bound on their peaks; a base
+    whose floor does not fit fits nowhere), then likewise under every selective module at once,
+    and the rest go up the levels in order, each checked only on the bases that no level below it
+    fits; a base that fits a gate and no level below it takes the gate. ZeRO-2 is kept only at levels
+    where ZeRO-1 does not fit (it adds a reduce-scatter per micro-batch and nothing else).
 
     The memory switches (``switches``: :class:`SwitchPlan`): the ``saves`` ones are set per base
     before anything is checked; then each pass of the last-resort ladder climbs again with one more
@@ -320,8 +324,9 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                 may = np.ones_like(fit)  # the levels a base may still fit at (needs: below)
 
                 def climb(layer):
-                    todo = [(j, alive & ~fit[:, j] & may[:, j]) for j in layer]  # the bases no level below j fits
-                    todo = [(j, where) for j, where in todo if where.any()]
+                    # (levels, bases): the bases no level below the level fits, that may fit there
+                    open_ = np.ascontiguousarray((~fit[:, layer] & may[:, layer] & alive[:, None]).T)
+                    todo = [(j, where) for j, where, any_ in zip(layer, open_, open_.any(axis=1)) if any_]
                     for j, (picked, peak, ok, _) in zip([j for j, _ in todo],
                                                         check([(levels[allowed[j]], where) for j, where in todo])):
                         record(j, picked[ok], peak[ok])

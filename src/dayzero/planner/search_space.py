@@ -64,8 +64,10 @@ def level_order(spec: ModelSpec, levels) -> np.ndarray:
     """``below[i, j]``: recompute level ``j`` recomputes everything level ``i`` does (i == j
     included): no recompute is below every level, full recompute above every level, and selective
     ``i`` below selective ``j`` when ``j`` drops every saved tensor ``i`` drops. Where ``i`` is below
-    ``j``, ``j`` keeps no more memory and takes no less time (it replays a superset of the forward
-    work), so once ``i`` fits, ``j`` fits but is never the faster choice."""
+    ``j``, ``j`` takes no less time (it replays a superset of the forward work), so once ``i`` fits,
+    ``j`` is never the faster choice. It usually keeps no more memory, but not always (its replay's
+    transient can outweigh what it drops: planner.memory_terms.RECOMPUTE_EXCESS), so the search
+    never infers that ``j`` fits from ``i`` fitting."""
     n = len(levels)
     drops = [frozenset() if RECOMPUTES[rc] == "none" else None if RECOMPUTES[rc] == "full" else dropped_terms(spec, m)
              for rc, m in levels]
