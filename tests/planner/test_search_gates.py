@@ -162,3 +162,27 @@ def test_the_pruned_levels_are_the_brute_force_levels(name, devices, gbs, space,
                 got.add((int(b), z, int(j)))
                 assert pk == pytest.approx(peak_of[z][b, j], rel=1e-12)
         assert got == want, (q, sorted(want - got)[:5], sorted(got - want)[:5])
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_levels_an_engine_runs_each_row_at_are_engine_mask_at_every_level(offload):
+    """search_fit._runs_at_levels (the distinct rows of the (rows, levels) matrix, and each row's
+    index among them) against planner.engines.engine_mask of every row at every level; with an
+    activation-offload column a limit reads a row and its level (Megatron-Core: offload without
+    recompute), the path that evaluates every level."""
+    from dayzero.planner.engines import ENGINES, engine_mask
+    from dayzero.planner.search_fit import _runs_at_levels
+    from dayzero.planner.search_space import _with
+
+    spec = load_model("tiny-moe")
+    space = SearchSpace(mbs=(1, 2), cp=(1, 2), pp=(1, 2, 4))
+    bases, *_ = enumerate_layouts(spec, 8, 8, 4096, space, 8)
+    levels = space.levels(spec)
+    g = _with(bases, zero=np.resize([0, 1, 2, 3], len(bases["tp"])))
+    if offload:
+        g["activation_offload_layers"] = np.resize([0, 1], len(bases["tp"]))
+    table, which = _runs_at_levels(g, levels)
+    want = np.stack([np.logical_or.reduce([engine_mask(e, _with(g, recompute=rc, recompute_modules=m))
+                                           for e in ENGINES]) for rc, m in levels], axis=1)
+    assert np.array_equal(table[which], want)
+    assert len(np.unique(table, axis=0)) == len(table) < len(which)  # distinct rows, fewer than the rows

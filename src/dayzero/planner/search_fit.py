@@ -92,19 +92,23 @@ def _engine_runs(engine, grid: dict, run_switches: dict | None = None) -> np.nda
 LEVEL_COLUMNS = ("recompute", "recompute_modules")
 
 
-def _runs_at_levels(g: dict, levels, run_switches: dict | None = None) -> np.ndarray:
-    """(rows, levels): some engine of planner.engines runs row i of ``g`` at recompute level j
-    (``engine_mask`` of every row at every level, with each engine's limits split into those that
-    read only the rows' columns, only the level's, or both: the first two are evaluated once; the
-    run's switches read as columns where on, as engine_mask reads them)."""
+def _runs_at_levels(g: dict, levels, run_switches: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Which recompute levels some engine of planner.engines runs each row of ``g`` at, as (the
+    distinct rows of that (rows, levels) matrix, (rows,) the index of each row's among them): the
+    ``engine_mask`` of every row at every level, with each engine's limits split into those that
+    read only the rows' columns, only the level's, or both; the first two are evaluated once, so
+    a row's levels are the union over the engines whose row limits it meets of their levels, one
+    of at most 2^engines patterns (the run's switches read as columns where on, as engine_mask
+    reads them). The patterns are numbered as :func:`_row_patterns` numbers them."""
     n, width = len(g["tp"]), len(levels)
     g = with_run(g, run_switches)
     lv = {"recompute": np.array([rc for rc, _ in levels], dtype=np.int64),
           "recompute_modules": np.array([m for _, m in levels], dtype=np.int64)}
-    out = np.zeros((n, width), dtype=bool)
-    for e in ENGINES.values():
-        row_ok, level_ok, both = np.ones(n, dtype=bool), np.ones(width, dtype=bool), []
-        for lim in e.limits:
+    code = np.zeros(n, dtype=np.int64)  # bit e: the row meets engine e's row limits
+    level_oks, both = [], []
+    for e, eng in enumerate(ENGINES.values()):
+        row_ok, level_ok = np.ones(n, dtype=bool), np.ones(width, dtype=bool)
+        for lim in eng.limits:
             reads = set(lim.reads)
             if not reads & set(LEVEL_COLUMNS):
                 if reads <= set(g):
@@ -112,14 +116,28 @@ def _runs_at_levels(g: dict, levels, run_switches: dict | None = None) -> np.nda
             elif reads <= set(LEVEL_COLUMNS):
                 level_ok &= np.broadcast_to(np.asarray(lim.ok(lv), dtype=bool), (width,))
             elif reads <= set(g) | set(LEVEL_COLUMNS):
-                both.append(lim)
-        runs = row_ok[:, None] & level_ok[None, :]
-        for lim in both:
-            for j, (rc, m) in enumerate(levels):
-                runs[:, j] &= np.broadcast_to(np.asarray(lim.ok(_with(g, recompute=rc, recompute_modules=m)),
-                                                         dtype=bool), (n,))
-        out |= runs
-    return out
+                both.append((e, lim))
+        code |= row_ok.astype(np.int64) << e
+        level_oks.append(level_ok)
+    if both:  # a limit reading a row and its level: every row at every level
+        out = np.zeros((n, width), dtype=bool)
+        for e, level_ok in enumerate(level_oks):
+            runs = ((code >> e) & 1).astype(bool)[:, None] & level_ok[None, :]
+            for _, lim in (x for x in both if x[0] == e):
+                for j, (rc, m) in enumerate(levels):
+                    runs[:, j] &= np.broadcast_to(np.asarray(lim.ok(_with(g, recompute=rc, recompute_modules=m)),
+                                                             dtype=bool), (n,))
+            out |= runs
+        table, code = out, np.arange(n)
+    else:
+        bits = np.arange(2 ** len(level_oks))[:, None]
+        table = np.logical_or.reduce([((bits >> e) & 1).astype(bool) & ok[None, :] for e, ok in enumerate(level_oks)])
+    used, code = np.unique(code, return_inverse=True)
+    table = table[used]
+    pattern = _row_patterns(table)  # rows with the same levels share a number
+    first = np.zeros(int(pattern.max(initial=-1)) + 1, dtype=np.int64)
+    first[pattern[::-1]] = np.arange(len(pattern))[::-1]  # a table row of each pattern
+    return table[first], pattern[code.ravel()]
 
 
 @dataclass(frozen=True)
@@ -235,12 +253,12 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                 # tried when pinned, so it is not filtered
                 dual = np.flatnonzero(bases["schedule"] != DUALPIPE)
                 if len(dual):
-                    runs = _runs_at_levels({k: v[dual] for k, v in zb.items()}, levels, run_switches)  # (rows, levels)
-                    n_engine += int((~runs).sum()) * (pi == 0)
+                    # the distinct rows of (rows, levels) an engine runs, and each row's among them
+                    runs, which = _runs_at_levels({k: v[dual] for k, v in zb.items()}, levels, run_switches)
+                    n_engine += int((~runs).sum(axis=1)[which].sum()) * (pi == 0)
                     groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
-                    which = _row_patterns(runs)  # rows with the same levels allowed share a number
                     for k in np.unique(which):
-                        allowed = np.flatnonzero(runs[np.argmax(which == k)])
+                        allowed = np.flatnonzero(runs[k])
                         if len(allowed):
                             groups.append((dual[which == k], tuple(allowed.tolist())))
             if pi:  # a last-resort switch only where an engine runs it
