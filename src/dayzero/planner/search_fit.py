@@ -321,7 +321,8 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
                             for p, pk, mf in zip(picks, np.split(peak, cuts), np.split(may, cuts))]
 
                 def record(j, picked, peak):
-                    fit[np.ix_(picked, np.flatnonzero(sub[j]))] = True  # j and every level above it fit
+                    # j fits; the levels above it are never faster, so they count as fitting (not checked)
+                    fit[np.ix_(picked, np.flatnonzero(sub[j]))] = True
                     found.append((rows[picked], allowed[j], peak, pi))
 
                 # gates: a level above all others (full recompute), then one above all but it (every
@@ -370,7 +371,7 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
 
                 if gates:  # a base an earlier pass fits under the gate fits there now (memory only fell)
                     gate(gates[0])
-                climb(layers[0])  # no recompute (the least), before the second gate
+                climb(layers[0])  # no recompute (below every level: the fastest), before the second gate
                 if len(gates) == 2:
                     gate(gates[1])
                     may &= _needs(levels, allowed, gates[1], alive & ~fit.all(axis=1),
