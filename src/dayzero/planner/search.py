@@ -123,10 +123,16 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     host_short = [0]  # memory checks that fit the device but not what the host holds (for the FitError)
 
     def host_capped(grid: dict, peaks: np.ndarray) -> np.ndarray:
-        # a row whose switches keep more in host memory than the device's share fits nowhere
-        ok = switches.on_host(grid)
-        host_short[0] += int((~ok & (peaks <= limit)).sum())
-        return np.where(ok, peaks, np.inf)
+        # a row whose switches keep more in host memory than the device's share fits nowhere (only the
+        # rows that fit the device are asked: the others fit nowhere anyway)
+        fits = np.flatnonzero(peaks <= limit)
+        if not len(fits):
+            return peaks
+        ok = switches.on_host({k: np.asarray(v)[fits] for k, v in grid.items()})
+        host_short[0] += int((~ok).sum())
+        out = peaks.copy()
+        out[fits[~ok]] = np.inf
+        return out
 
     memory_less = None
     if default_memory:  # peak_memory_batch prices the term-dropping switches in the same call
