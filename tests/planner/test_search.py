@@ -13,6 +13,7 @@ from dayzero.planner.search import SearchSpace, enumerate_layouts, plan, search,
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import DUALPIPE
 from dayzero.specs.registry import load_model
+from helpers.variants import at_every_level
 
 MIXTRAL = load_model("mixtral-8x7b")
 CLUSTER = build_cluster("h100", 32)
@@ -31,11 +32,7 @@ def brute_force(spec, cluster, gbs, seq, space, limit, options=None, precision="
     bases, considered, indivisible, variants = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8, precision)
     n = len(bases["tp"])
     # every ZeRO stage x recompute level (none, selective with each module set, full)
-    zr = [(z, r, m) for z in space.zero for r, m in space.levels(spec)]
-    full = {k: np.repeat(v, len(zr)) for k, v in bases.items()}
-    full["zero"] = np.tile([z for z, _, _ in zr], n)
-    full["recompute"] = np.tile([r for _, r, _ in zr], n)
-    full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
+    full, _ = at_every_level(bases, space.zero, space.levels(spec))
     # priced as the engines that run each layout hold memory (ZeRO-3 + pp: pipelined FSDP, search.searched_memory)
     opts = searched_memory(MemoryOptions.for_accelerator(cluster.accelerator), space)
     fits, best = np.zeros(len(full["tp"]), dtype=bool), np.inf
@@ -122,16 +119,11 @@ def test_every_base_gets_its_fastest_fitting_module_set():
     bases, *_ = enumerate_layouts(spec, cl.devices, 64, 4096, space, 8)
     levels = space.levels(spec)
     assert len(levels) == 81
-    zr = [(z, r, m) for z in space.zero for r, m in levels]
     n = len(bases["tp"])
-    full = {k: np.repeat(v, len(zr)) for k, v in bases.items()}
-    full["zero"] = np.tile([z for z, _, _ in zr], n)
-    full["recompute"] = np.tile([r for _, r, _ in zr], n)
-    full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
+    full, base_of = at_every_level(bases, space.zero, levels)
     runs = np.logical_or.reduce([engine_mask(e, full) for e in ENGINES])
     peak = peak_memory_batch(spec, full, cl.memory_bytes, opts)
     step = evaluate(spec, full, cl).step_s
-    base_of = np.repeat(np.arange(n), len(zr))
     none_peak, full_peak = peak[full["recompute"] == 0], peak[full["recompute"] == 2]
     cut = set()
     for q in (0.3, 0.6):

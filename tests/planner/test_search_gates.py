@@ -22,6 +22,7 @@ from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import encode
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
+from helpers.variants import at_every_level
 
 LLAMA = load_model("tiny-llama")  # 4 dense layers
 FOUR = build_cluster("h100", 4)
@@ -62,9 +63,8 @@ def test_the_floor_bounds_every_level_below_and_is_exact_for_no_recompute():
     levels = space.levels(LLAMA)
     rows = [ParallelConfig(**SHORT, recompute="none"), ParallelConfig(**SHORT, recompute="full")]
     grid = encode(rows)
-    grid = {k: np.repeat(v, len(levels)) for k, v in grid.items()}
-    grid["recompute"] = np.tile([r for r, _ in levels], 2)
-    grid["recompute_modules"] = np.tile([m for _, m in levels], 2)
+    grid, _ = at_every_level({k: v for k, v in grid.items() if k != "zero"} | {"zero": grid["zero"]},
+                             (int(grid["zero"][0]),), levels)
     peak, (low,) = peak_memory_batch(LLAMA, grid, FOUR.memory_bytes, OPTS, without=((RECOMPUTE_EXCESS,),))
     peak, low = peak[:len(levels)], low[:len(levels)]
     below = level_order(LLAMA, levels)
@@ -146,9 +146,7 @@ def test_the_pruned_levels_are_the_brute_force_levels(name, devices, gbs, space,
 
     peak_of = {}
     for z in space.zero:
-        g = {k: np.repeat(v, nl) for k, v in bases.items()}
-        g.update(zero=np.full(n * nl, z), recompute=np.tile([r for r, _ in levels], n),
-                 recompute_modules=np.tile([m for _, m in levels], n))
+        g, _ = at_every_level(bases, (z,), levels)
         peak_of[z] = memory(g).reshape(n, nl)
     every = np.concatenate([p.ravel() for p in peak_of.values()])
     for q in quantiles:

@@ -19,6 +19,7 @@ from dayzero.specs.grid import DUALPIPE, SWITCHES, decode, encode
 from dayzero.specs.layout_rules import mask
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
+from helpers.variants import at_every_level
 
 TINY = load_model("tiny-llama")
 ONE = build_cluster("h100", 1)
@@ -130,12 +131,7 @@ def _every_state(spec, cluster, gbs, seq, space, limit, precision):
     state."""
     bases, *_ = enumerate_layouts(spec, cluster.devices, gbs, seq, space, 8, precision)
     n = len(bases["tp"])
-    zr = [(z, r, m) for z in space.zero for r, m in space.levels(spec)]
-    full = {k: np.repeat(v, len(zr)) for k, v in bases.items()}
-    full["zero"] = np.tile([z for z, _, _ in zr], n)
-    full["recompute"] = np.tile([r for _, r, _ in zr], n)
-    full["recompute_modules"] = np.tile([m for _, _, m in zr], n)
-    base_of = np.repeat(np.arange(n), len(zr))
+    full, base_of = at_every_level(bases, space.zero, space.levels(spec))
     opts = searched_memory(MemoryOptions.for_accelerator(cluster.accelerator), space)  # as the search prices it
     fits, best = np.zeros(len(base_of), dtype=bool), np.full(n, np.inf)
     # activation offload: every count of layers 1 .. layers - 1 on the rows without recompute
