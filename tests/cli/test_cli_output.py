@@ -386,8 +386,11 @@ def test_plan_ends_with_memory_and_train_of_the_best_plan(capsys, width):
 
 def test_a_big_plan_trains_under_torchrun_on_every_node(capsys, width):
     width(80)
-    train = next_commands(run(capsys, ["plan", "--top", "1"]))[1]
+    train = next_commands(run(capsys, ["plan", "--top", "1", "--engine", "dayzero"]))[1]
     assert train[:7] == ["torchrun", "--nnodes", "1024", "--nproc-per-node", "8", "-m", "dayzero"]
+    # the default plan (cp 8, the optimizer offloaded) is not the runtime's: its launch is exported
+    export = next_commands(run(capsys, ["plan", "--top", "1"]))[1]
+    assert export[:5] == ["dayzero", "export", "dense-3t", "--to", "megatron"] and "--devices" in export
 
 
 def test_memory_that_does_not_fit_says_which_flags_to_change(capsys, width):

@@ -147,3 +147,32 @@ def test_the_train_step_of_a_full_n_plan_trains_full_n():
     words = [str(w) for w in train_step("llama-3.1-8b", p, 64, 8, "train it").argv]
     assert words[words.index("--recompute-layers") + 1] == "3" and "full" in words
     assert "--recompute-layers" in layout_flags(p)
+
+
+def test_the_run_step_exports_what_the_runtime_does_not_run():
+    """A plan the dayzero runtime runs is trained with `dayzero train`; one it does not (cp 8 and
+    the optimizer offloaded: planner.engines, DAYZERO's limits) is exported to the first engine
+    that runs it, every layout flag kept (the switch included), and that command parses and writes
+    the engine's launch with the same layout."""
+    from typer.testing import CliRunner
+
+    from dayzero.cli.app import app
+    from dayzero.cli.next_steps import run_step
+    from dayzero.planner.predict import predict
+    from dayzero.specs.cluster import build_cluster
+
+    spec, cl = load_model("llama-3.1-8b"), build_cluster("h100", 64)
+    plain = P(tp=2, pp=4, dp=8, gbs=64)
+    assert "dayzero" in predict(spec, plain, cl)["engines"]
+    assert run_step("llama-3.1-8b", plain.to_dict(), ["dayzero", "megatron"], 64, 8, "train it").argv[:5] == (
+        "torchrun", "--nnodes", "8", "--nproc-per-node", "8")
+    far = P(tp=2, pp=2, dp=2, cp=8, gbs=64, seq=8192, optimizer_offload=True)
+    engines = predict(spec, far, cl)["engines"]
+    assert "dayzero" not in engines and engines[0] == "megatron"
+    step = run_step("llama-3.1-8b", far.to_dict(), engines, 64, 8, "train it")
+    words = list(step.argv)
+    assert words[:5] == ["dayzero", "export", "llama-3.1-8b", "--to", "megatron"] and "--optimizer-offload" in words
+    assert "megatron" in step.why and "runtime does not run it" in step.why
+    out = CliRunner().invoke(app, [*words[1:words.index("-o")], "--json"])
+    assert out.exit_code == 0, out.output
+    assert "--context-parallel-size 8" in out.output and "--optimizer-cpu-offload" in out.output

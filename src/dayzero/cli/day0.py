@@ -27,7 +27,7 @@ from dayzero.cli.common import (
     err_console,
 )
 from dayzero.cli.compare import DEFAULT_ACCELERATORS
-from dayzero.cli.next_steps import Step, print_next, train_step
+from dayzero.cli.next_steps import Step, print_next, run_step
 from dayzero.cli.plan import DEFAULT_CLUSTER, DEFAULT_GBS, DEFAULT_MODEL, ScenarioGbsOpt, ScenarioSeqOpt
 from dayzero.cli.predict import PrecisionOpt, check_precision
 from dayzero.cli.render import FitTable
@@ -147,6 +147,6 @@ def next_steps(report: dict, model: str, cl, report_json: Path) -> list[Step]:
         proxy = layout_of(proxy_parallel(p, ranks), ranks, PROXY_SEQ).to_dict()
     return [Step.of("dayzero", "validate", model, "--nproc", ranks, *layout_flags(proxy, precision=False),
                     why="the plan at proxy scale here, measured vs predicted"),
-            train_step(model, p, cl.devices, cl.devices_per_node, why="train it"),
+            run_step(model, p, report["plans"][0].get("engines"), cl.devices, cl.devices_per_node, why="train it"),
             Step.of("dayzero", "compare", model, "--accelerators", DEFAULT_ACCELERATORS, "--devices", cl.devices,
                     why="the best plan on other cards")]

@@ -99,6 +99,20 @@ def train_step(model: str, p: Mapping[str, Any], devices: int, devices_per_node:
                    model, *flags, why=f"{why}, on each of the {nodes:,} nodes")
 
 
+def run_step(model: str, p: Mapping[str, Any], engines: Sequence[str] | None, devices: int, devices_per_node: int,
+             why: str) -> Step:
+    """How to run a plan's layout: :func:`train_step` where dayzero's runtime runs it as laid out
+    (``engines``: the plan's labels, planner.engines; absent, it is not known and train is the
+    step), else ``dayzero export`` to the first engine that does, with every layout flag (the
+    switches included) and the ranks, so the step never asks the runtime for what it refuses."""
+    if engines is None or "dayzero" in engines or not engines:
+        return train_step(model, p, devices, devices_per_node, why)
+    engine = engines[0]
+    return Step.of("dayzero", "export", model, "--to", engine, *layout_flags(p), "--devices", devices,
+                   "--devices-per-node", devices_per_node, "-o", f"runs/export/{engine}",
+                   why=f"{why} with {engine} (dayzero's runtime does not run it)")
+
+
 def after_train(cfg, world: int) -> list[Step]:
     """After ``dayzero train``: export the newest checkpoint it saved, or, with none, measure the
     layout against the planner's prediction (``dayzero validate``)."""

@@ -36,7 +36,7 @@ from dayzero.cli.common import (
     print_model_notes,
     takes_layout,
 )
-from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, train_step
+from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, run_step
 from dayzero.cli.render import FitTable
 from dayzero.report.layout_text import describe  # plan uses it from here too
 from dayzero.specs.layout_options import LayoutOptions
@@ -157,7 +157,7 @@ def next_for_layout(obj: dict, model: str, where: list[str], cl) -> list[Step]:
     p = obj["parallel"]
     memory = Step.of("dayzero", "memory", *where, *layout_flags(p), why="memory of every stage")
     if all(c["pass"] for c in obj["checks"] if c["metric"] == "peak_memory_fraction"):
-        return [memory, train_step(model, p, cl.devices, cl.devices_per_node, why="train it")]
+        return [memory, run_step(model, p, obj.get("engines"), cl.devices, cl.devices_per_node, why="train it")]
     prec = p.get("gemm_precision", p["precision"])
     return [Step.of(*memory.argv, why="above the memory target: what to change"),
             Step.of("dayzero", "plan", *where, "--gbs", p["gbs"], "--seq", p["seq"],
