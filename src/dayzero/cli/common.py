@@ -68,6 +68,9 @@ TpOpt = Annotated[int, typer.Option("--tp", "--tensor-model-parallel-size", min=
 PpOpt = Annotated[int, typer.Option("--pp", "--pipeline-model-parallel-size", min=1, help="Pipeline-parallel degree.")]
 DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: devices / (tp*pp*cp)).")]
 CpOpt = Annotated[int, typer.Option("--cp", "--context-parallel-size", min=1, help="Context-parallel degree.")]
+CpCommOpt = Annotated[str, typer.Option("--cp-comm", "--cp-comm-type", help="How context parallelism exchanges the "
+                                        "sequence (Megatron --cp-comm-type): p2p (ring attention, overlapped) | a2a "
+                                        "(DeepSpeed-Ulysses all-to-all of Q/K/V/O, heads split over cp).")]
 EpOpt = Annotated[int, typer.Option("--ep", "--expert-model-parallel-size", min=1, help="Expert-parallel degree "
                                                                                         "(folded over dp x cp).")]
 EtpOpt = Annotated[int, typer.Option("--etp", "--expert-tensor-parallel-size", min=1, help="Tensor-parallel degree "
@@ -114,7 +117,8 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
 
     seq_opt = SeqOpt if seq_help is None else Annotated[int, typer.Option("--seq", "--seq-length", min=1,
                                                                           help=seq_help)]
-    flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("ep", EpOpt, 1),
+    flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("cp_comm", CpCommOpt, "p2p"),
+             ("ep", EpOpt, 1),
              ("etp", EtpOpt, 1), ("vpp", VppOpt, 1), ("mbs", MbsOpt, 1), ("gbs", GbsOpt, None),
              ("seq", seq_opt, seq_default), ("zero", ZeroOpt, 1), ("recompute", RecomputeOpt, "none"),
              ("recompute_modules", RecomputeModulesOpt, None), ("recompute_layers", RecomputeLayersOpt, None),

@@ -46,6 +46,8 @@ def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
     for k, default in _WHEN_SET:
         if p.get(k, default) != default:
             out += [f"--{k}", str(p[k])]
+    if p.get("cp", 1) > 1 and p.get("cp_comm", "p2p") != "p2p":  # Ulysses all-to-all (ParallelConfig.cp_comm)
+        out += ["--cp-comm", str(p["cp_comm"])]
     modules = tuple(p.get("recompute_modules") or ())
     if p.get("recompute") == "selective" and modules not in ((), ("core_attn",)):
         out += ["--recompute-modules", ",".join(modules)]

@@ -11,8 +11,11 @@ Per layer and micro-batch (time added to the stage that runs the layer):
   time. Sequence parallelism also re-gathers each column-parallel linear's input in the backward
   for its weight gradient (Korthikanti et al. 2022 sec. 4.2.2), exposed beyond those linears'
   dgrad GEMMs.
-* **CP** (cp > 1): ring attention passes K and V blocks around the cp group (cp - 1 sends
-  forward, twice that backward with dK/dV); overlapped with the attention core, exposed beyond it.
+* **CP** (cp > 1), by the layout's ``cp_comm``: ring attention (p2p) passes K and V blocks around
+  the cp group (cp - 1 sends forward, twice that backward with dK/dV), overlapped with the
+  attention core, exposed beyond it; the all-to-all (a2a, DeepSpeed-Ulysses) exchanges Q, K, V
+  before the core attention and its output after it (4 all-to-alls forward, 4 backward, 4 more
+  where the core attention is recomputed), exposed: the core attention waits for them.
 * **EP** (ep > 1): token dispatch and combine (each 1 forward, 1 backward, 1 more under full
   recompute or selective recompute of the moe module) over the ep group, with the routing imbalance
   on the busiest device. The default dispatcher deduplicates (DeepEP/HybridEP: one row per rank hit
@@ -43,7 +46,7 @@ Per step:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -54,8 +57,20 @@ from dayzero.planner.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, d
 from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
 from dayzero.planner.schedule import gradient_windows
 from dayzero.planner.topology import group_strides, span
+from dayzero.specs.grid import (
+    A2A,
+    CP_OPEN,
+    DUALPIPE,
+    DUALPIPEV,
+    FULL,
+    MODULE_BIT,
+    SELECTIVE,
+    cp_comm_of,
+    flag,
+    recompute_modules,
+    replays_layer,
+)
 from dayzero.specs.grid import BF16 as BF16_CODE
-from dayzero.specs.grid import DUALPIPE, DUALPIPEV, FULL, MODULE_BIT, SELECTIVE, flag, recompute_modules, replays_layer
 from dayzero.specs.model import ModelSpec, split_layer_type
 
 FP8_PARAM_BYTES = 1  # one FP8 (E4M3) weight element, as --fp8-param-gather all-gathers it
@@ -255,20 +270,26 @@ class _Layer:
 def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, groups: Groups,
                opt: CommOptions) -> list[LayerComm]:
     """Every collective of one layer and micro-batch, by section: TP, CP, EP, ZeRO-3 (module docstring)."""
-    g = grid
-    tp, cp = np.asarray(g["tp"], float), np.asarray(g["cp"], float)
-    types = [split_layer_type(t) for t, *_ in layer_classes(spec)]  # (mixer, ffn) per class
-    L = _Layer(spec=spec, g=g, rates=rates, costs=costs, groups=groups, opt=opt, tp=tp,
-               T=g["mbs"] * single_seq(g) / cp, H=spec.hidden, sp=(g["sequence_parallel"] > 0) & (g["tp"] > 1),
-               full=replays_layer(g), kinds=np.array([f == "moe" for _, f in types])[:, None],
-               shape=costs.fwd.shape, mixers=np.array([m != "none" for m, _ in types], float)[:, None],
-               dense_ffn=np.array([k == "dense" for _, k in types], float)[:, None],
-               modules=np.where(np.asarray(g["recompute"]) == SELECTIVE, recompute_modules(g), 0))
+    L = _layer(spec, grid, rates, costs, groups, opt)
     items = _tensor_parallel(L)
-    items.append(_context_parallel(L))
+    items += _context_parallel(L)
     if spec.moe is not None:
         items += _expert_parallel(L)
     return items + _zero3(L)
+
+
+def _layer(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, groups: Groups,
+           opt: CommOptions) -> _Layer:
+    """What the sections of :func:`layer_comm` read, for the candidates ``grid``."""
+    g = grid
+    tp, cp = np.asarray(g["tp"], float), np.asarray(g["cp"], float)
+    types = [split_layer_type(t) for t, *_ in layer_classes(spec)]  # (mixer, ffn) per class
+    return _Layer(spec=spec, g=g, rates=rates, costs=costs, groups=groups, opt=opt, tp=tp,
+                   T=g["mbs"] * single_seq(g) / cp, H=spec.hidden, sp=(g["sequence_parallel"] > 0) & (g["tp"] > 1),
+                   full=replays_layer(g), kinds=np.array([f == "moe" for _, f in types])[:, None],
+                   shape=costs.fwd.shape, mixers=np.array([m != "none" for m, _ in types], float)[:, None],
+                   dense_ffn=np.array([k == "dense" for _, k in types], float)[:, None],
+                   modules=np.where(np.asarray(g["recompute"]) == SELECTIVE, recompute_modules(g), 0))
 
 
 def _tensor_parallel(L: _Layer) -> list[LayerComm]:
@@ -326,7 +347,16 @@ def _tensor_parallel(L: _Layer) -> list[LayerComm]:
     return items
 
 
-def _context_parallel(L: _Layer) -> LayerComm:
+def _context_parallel(L: _Layer) -> list[LayerComm]:
+    """The cp exchange of each row's ``cp_comm``: the ring's K/V hops (p2p rows) and the Q/K/V/O
+    all-to-alls (a2a rows); each item counts no ops on the other rows."""
+    a2a = cp_comm_of(L.g) == A2A
+    ring, alltoall = _ring_attention(L), _ulysses(L)
+    return [replace(ring, ops=ring.ops * ~a2a, exposed=ring.exposed * ~a2a),
+            replace(alltoall, ops=alltoall.ops * a2a, exposed=alltoall.exposed * a2a)]
+
+
+def _ring_attention(L: _Layer) -> LayerComm:
     """Ring attention: K and V of the local tokens travel cp - 1 hops."""
     g, costs, groups, rates, spec, kn, full = L.g, L.costs, L.groups, L.rates, L.spec, L.kn, L.full
     a = spec.attention
@@ -338,6 +368,60 @@ def _context_parallel(L: _Layer) -> LayerComm:
     exp = (np.maximum(0, f_time - costs.attn_fwd) * (1 + full) + np.maximum(0, b_time - 2.5 * costs.attn_fwd))
     return LayerComm("cp ring K/V", "send_recv", "cp", kn(kv), hops * (3 + full), kn(t), exp, "attention")
 
+
+def ulysses_bytes(spec: ModelSpec, T, tp) -> dict[str, np.ndarray]:
+    """The local tensors one rank all-to-alls around the core attention, in bytes: q, k, v before
+    it and the output o after it, each of the rank's T tokens for its tp shard of the heads (a tp
+    rank holds heads / tp query heads and kv_heads / tp key/value heads, one whole one when
+    tp > kv_heads; MLA decompresses a key and a value per query head). The backward moves the
+    same bytes the other way (dO before the core attention's backward, dQ/dK/dV after it)."""
+    a = spec.attention
+    kv_local = a.heads / tp if a.kind == "mla" else a.kv_heads / np.minimum(tp, a.kv_heads)
+    return {"q": T * a.heads / tp * a.head_dim * BF16, "k": T * kv_local * a.head_dim * BF16,
+            "v": T * kv_local * a.v_head_dim * BF16, "o": T * a.heads / tp * a.v_head_dim * BF16}
+
+
+def _ulysses(L: _Layer) -> LayerComm:
+    """DeepSpeed-Ulysses context parallelism (Jacobs et al. 2023, arXiv:2309.14509, sec. 3.1;
+    Megatron-Core ``--cp-comm-type a2a``, Transformer Engine AttnFuncWithCPAndQKVOA2A): before the
+    core attention q, k and v are each all-to-all'd over the cp group (sequence-sharded to
+    head-sharded: every rank then holds the whole sequence for heads / cp of its heads), after it
+    the output is all-to-all'd back; the backward mirrors them (dO, then dQ, dK, dV). Each moves
+    (cp - 1) / cp of the local tensor (:func:`collectives.all_to_all`); 4 all-to-alls forward,
+    4 backward and 4 more where the forward of the core attention is replayed (full recompute, or
+    selective recompute of core_attn, whose checkpoint holds TE's attention and so its
+    all-to-alls). The core attention waits for them (TE issues them on the cp stream around
+    the attention kernel, not under it): exposed. The item's bytes and time per op are the mean
+    of the four tensors' (their sum over ops is exact)."""
+    g, groups, rates, kn = L.g, L.groups, L.rates, L.kn
+    parts = ulysses_bytes(L.spec, L.T, L.tp)
+    t = sum(coll("all_to_all", b, groups, "cp", rates) for b in parts.values()) / 4
+    nbytes = sum(parts.values()) / 4
+    replay = L.full | L.replays("core_attn")
+    ops = kn(4 * (np.asarray(g["cp"]) > 1)) * (2 + replay) * L.mixers
+    return LayerComm("cp all-to-all Q/K/V/O", "all_to_all", "cp", kn(nbytes), ops, kn(t), ops * kn(t), "")
+
+
+def choose_cp_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, groups: Groups,
+                   opt: CommOptions) -> dict:
+    """``grid`` with the :data:`~dayzero.specs.grid.CP_OPEN` rows' ``cp_comm`` set to the faster of
+    p2p and a2a: the one whose exposed exchange, summed over the model's layers (each layer class
+    times its layers), is the smaller (ties keep p2p). Nothing else in the step depends on it (the
+    attention's FLOPs are the same either way), so this is the faster layout; the key is dropped."""
+    if CP_OPEN not in grid:
+        return grid
+    open_ = np.asarray(grid[CP_OPEN], dtype=bool)
+    out = {k: v for k, v in grid.items() if k != CP_OPEN}
+    if not open_.any():
+        return out
+    from dayzero.planner.compute import layer_class_index
+
+    L = _layer(spec, out, rates, costs, groups, opt)
+    ring, a2a = _ring_attention(L), _ulysses(L)
+    per_class = np.bincount(layer_class_index(spec), minlength=ring.exposed.shape[0])[:, None]  # (K, 1) layers
+    faster = (per_class * a2a.exposed).sum(0) < (per_class * ring.exposed).sum(0)
+    out["cp_comm"] = np.where(open_ & faster, A2A, cp_comm_of(out)).astype(np.int64)
+    return out
 
 
 def _expert_parallel(L: _Layer) -> list[LayerComm]:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.specs.grid import DUALPIPE, DUALPIPEV, GPIPE, MODULE_BIT, ONE_F_ONE_B, SELECTIVE, code, columns
+from dayzero.specs.grid import A2A, DUALPIPE, DUALPIPEV, GPIPE, MODULE_BIT, ONE_F_ONE_B, P2P, SELECTIVE, code, columns
 from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig
 
 BF16 = code("precision", "bf16")
@@ -151,6 +151,11 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
     Limit(("zero", "tp", "pp", "cp", "ep"), lambda c: (c["zero"] != 0) | (c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1),
           "torchtitan's DDP (ZeRO-0) does not combine with other parallelism",
           "torchtitan parallelize: apply_ddp raises 'DDP has not supported > 1D parallelism'"),
+    Limit(("cp", "cp_comm"), lambda c: (c["cp"] == 1) | (c["cp_comm"] == P2P),
+          "torchtitan's context parallelism is ring attention (K/V shards rotated by all-gather or all-to-all, "
+          "parallelism.context_parallel_rotate_method), not Ulysses' all-to-all over heads (cp_comm p2p)",
+          "torch.distributed.tensor.experimental.context_parallel (set_rotate_method 'allgather' | 'alltoall'); "
+          "PyTorch tutorial 'Introduction to Context Parallel'"),
     Limit(("ep", "etp", "tp"), lambda c: (c["etp"] == 1) | (c["etp"] == c["tp"]),
           "torchtitan runs experts with etp 1 or etp = tp",
           "torchtitan ParallelDims: 'Currently we only support ETP=TP or ETP=1'"),
@@ -190,9 +195,9 @@ DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
     Limit(("vpp", "schedule"), lambda c: (c["vpp"] == 1) & (c["schedule"] == ONE_F_ONE_B),
           "DeepSpeed's pipeline engine has one schedule (1F1B, no interleaving)",
           "deepspeed/runtime/pipe/schedule.py TrainSchedule"),
-    Limit(("cp",), lambda c: c["cp"] == 1,
-          "DeepSpeed splits sequences with Ulysses (all-to-all over heads), not ring context parallelism",
-          "DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509"),
+    Limit(("cp", "cp_comm"), lambda c: (c["cp"] == 1) | (c["cp_comm"] == A2A),
+          "DeepSpeed splits sequences with Ulysses (cp_comm a2a: all-to-all over heads), not ring attention",
+          "DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509; deepspeed/sequence/layer.py DistributedAttention"),
     Limit(("tp", "pp", "zero"), lambda c: (c["tp"] == 1) | ((c["pp"] == 1) & (c["zero"] <= 2)),
           "DeepSpeed's AutoTP training composes with ZeRO-0/1/2, without pipeline parallelism",
           "DeepSpeed AutoTP training tutorial (tensor parallel training with ZeRO-1/2)"),

@@ -27,7 +27,7 @@ from dayzero.planner.activations import (
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import gradient_windows, head_inflight, held_zero, inflight_microbatches
-from dayzero.specs.grid import BF16, DUALPIPE, FIELDS, FULL, MODULE_BIT, SELECTIVE, flag, recompute_modules
+from dayzero.specs.grid import A2A, BF16, DUALPIPE, FIELDS, FULL, MODULE_BIT, SELECTIVE, cp_comm_of, flag, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
@@ -97,6 +97,7 @@ class _Candidates:
     fp8_w: np.ndarray  # bytes per parameter of the FP8 weight cache (0 for BF16 GEMMs)
     layer_pb: np.ndarray  # bytes per decoder-layer working weight (FP8_BYTES under FP8 parameter storage)
     opt_offload: np.ndarray  # the optimizer states and FP32 master in host memory (optimizer offload)
+    a2a: np.ndarray  # context parallelism by all-to-all (cp_comm a2a), not the ring
 
 
 def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) -> _Candidates:
@@ -117,7 +118,8 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
                        emb=emb, head=head,
                        fp8_w=opts.fp8_cache_bytes(d.fp8, flag(c, "fp8_param_gather")),
                        layer_pb=opts.layer_param_bytes(d.fp8, flag(c, "fp8_param_gather")),
-                       opt_offload=opts.optimizer_offload | flag(c, "optimizer_offload"))
+                       opt_offload=opts.optimizer_offload | flag(c, "optimizer_offload"),
+                       a2a=cp_comm_of(c) == A2A)
 
 
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
@@ -266,9 +268,28 @@ def _temporary_terms(spec: ModelSpec, opts: MemoryOptions, x: _Candidates, f: Ra
     if any(split_layer_type(k)[1] == "moe" for k in x.kinds):
         h_e = expert_widths(spec)[0]  # the dispatched row width (LatentMoE: latent-wide rows)
         t["temporary:ep_a2a"] = np.where((ep > 1) & (moe_layers > 0), 2 * ab * routed_tokens(spec, opts, d) * h_e, 0)
-    kv_terms = attention_terms(spec, opts, d)  # ring attention double-buffers the K/V blocks it receives
-    t["temporary:cp_ring"] = np.where(cp > 1, 2 * (kv_terms["k"] + kv_terms["v"]), 0) * spec.has_attention
+    ring, a2a = cp_buffers(attention_terms(spec, opts, d), cp, x.a2a)
+    t["temporary:cp_ring"] = ring * spec.has_attention
+    if np.any(x.a2a):
+        t["temporary:cp_a2a"] = a2a * spec.has_attention
     t["temporary:pp_p2p"] = np.where(pp > 1, 2 * ab * d.tok_rep * h, 0)
+
+
+def cp_buffers(attn: dict, cp, a2a):
+    """(ring, all-to-all) bytes of the context-parallel exchange buffers, each 0 where the layout
+    does not use it (``attn``: :func:`dayzero.planner.activations.attention_terms`; ``a2a``: the
+    rows with cp_comm a2a). Ring attention double-buffers the K/V blocks it receives: 2 (k + v).
+    The all-to-all (Transformer Engine flash_attn_a2a_communicate) makes a contiguous send copy of
+    each of q, k, v and receives into a new tensor, while the pre-exchange q, k, v are still held
+    by the caller: beyond the received tensors (the core attention's inputs, which the activations
+    count at the same bytes as the ring's local q, k, v: s/cp tokens x heads/tp = s tokens x
+    heads/(tp cp)) the originals and their send copies, 2 (q + k + v); the output's exchange
+    after the attention (2 o) is smaller whenever q + k + v >= o. The core attention's saved
+    tensors are the same bytes either way (its log-sum-exp, or the s x s scores of an eager
+    kernel, over s/cp queries x heads/tp or s queries x heads/(tp cp))."""
+    on = np.asarray(cp) > 1
+    ring = np.where(on & ~np.asarray(a2a, dtype=bool), 2 * (attn["k"] + attn["v"]), 0)
+    return ring, np.where(on & np.asarray(a2a, dtype=bool), 2 * (attn["q"] + attn["k"] + attn["v"]), 0)
 
 
 def _overhead_terms(opts: MemoryOptions, x: _Candidates, f: RankFeatures, capacity_bytes: float, t: dict) -> None:

@@ -31,6 +31,7 @@ from dayzero.planner.calibration import PerfConstants, constants_for, rates
 from dayzero.planner.comm import (
     CommOptions,
     Groups,
+    choose_cp_comm,
     ep_overlapped,
     layer_comm,
     place_groups,
@@ -50,7 +51,7 @@ from dayzero.planner.schedule import (
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
-from dayzero.specs.grid import UNREPLAYED, flag, partial_layers
+from dayzero.specs.grid import UNREPLAYED, cp_comm_of, flag, partial_layers
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import PRECISIONS, model_split, stage_ranks, zero_sharded
 
@@ -219,6 +220,9 @@ class Evaluation:
     ep_overlap: np.ndarray | None = field(default=None, repr=False)
     # (N,) seconds per step of activation-offload copies no compute hides (in microbatch_s; planner.activation_offload)
     offload_s: np.ndarray | None = field(default=None, repr=False)
+    # (N,) the cp_comm code each row was timed with (specs.grid.CP_COMMS; the rows the search left
+    # open, specs.grid.CP_OPEN, take the faster: planner.comm.choose_cp_comm)
+    cp_comm: np.ndarray | None = field(default=None, repr=False)
 
     def inventory_of(self, i: int) -> list[dict]:
         """The communication inventory of candidate ``i``: one row per collective kind."""
@@ -416,11 +420,18 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     experts = spec.moe.experts if spec.moe is not None else 0
     groups = placed if placed is not None else place_groups(g, r)
 
-    def costs_of(grid, placed_groups=groups):
-        c = compute_costs(spec, grid, r, consts, options.comm.imbalance(grid["ep"], experts), options.attention_kernel)
+    def costs_of(grid, placed_groups=groups, c=None):
+        if c is None:
+            c = compute_costs(spec, grid, r, consts, options.comm.imbalance(grid["ep"], experts),
+                              options.attention_kernel)
         return c, layer_comm(spec, grid, r, c, placed_groups, options.comm)
 
-    costs, litems, n_classes = partial_recompute(g, *costs_of(g), lambda sub, rows: costs_of(sub, groups.rows(rows)))
+    # the rows whose cp exchange the search left open take the faster (comm.choose_cp_comm); the
+    # compute does not depend on it
+    c0 = compute_costs(spec, g, r, consts, options.comm.imbalance(g["ep"], experts), options.attention_kernel)
+    g = choose_cp_comm(spec, g, r, c0, groups, options.comm)
+    costs, litems, n_classes = partial_recompute(g, *costs_of(g, c=c0),
+                                                 lambda sub, rows: costs_of(sub, groups.rows(rows)))
     layer_exposed = sum(i.exposed for i in litems) if litems else np.zeros_like(costs.fwd)
 
     slow = slowest_rank(spec, g, costs, layer_exposed, layer_split, n_classes)
@@ -476,4 +487,5 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
                       model_tflops_per_device=tflops / 1e12, mfu=tflops / peak, comm_ratio=comm_exposed_s / step_s,
                       microbatches=m, microbatch_s=t_mb, groups=groups.g, inventory=inventory,
                       offload_s=m * offload_mb,
-                      ep_overlap=ep_overlapped(g, options.comm) * (spec.moe is not None and spec.is_moe))
+                      ep_overlap=ep_overlapped(g, options.comm) * (spec.moe is not None and spec.is_moe),
+                      cp_comm=cp_comm_of(g))

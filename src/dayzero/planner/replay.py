@@ -31,6 +31,7 @@ from dayzero.planner.activations import (
 )
 from dayzero.planner.allocator import AllocatorOOM, CachingAllocator
 from dayzero.planner.memory import MemoryOptions, estimate_memory
+from dayzero.planner.memory_terms import cp_buffers
 from dayzero.planner.params import attention_split, edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import gradient_windows, held_zero, step_order
 from dayzero.specs.grid import code as code_of
@@ -250,10 +251,10 @@ class _StepReplay:
         if split_layer_type(kind)[1] == "moe" and p.ep > 1:
             tr.new(("a2a",), 2 * ab * float(routed_tokens(spec, o, d)) * expert_widths(spec)[0], "temporary")
             tr.drop(("a2a",))
-        if p.cp > 1:
-            t = self.terms[kind]
-            tr.new(("ring",), 2 * (t["k"] + t["v"]), "temporary")
-            tr.drop(("ring",))
+        if p.cp > 1:  # the ring's K/V blocks or the all-to-all's copies (memory_terms.cp_buffers)
+            ring, a2a = cp_buffers(self.terms[kind], p.cp, p.cp_comm == "a2a")
+            tr.new(("cp",), float(ring + a2a), "temporary")
+            tr.drop(("cp",))
 
     # -- the schedule's operations -----------------------------------------------------------------
     def forward(self, mb: int, c: int) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from dayzero.errors import FitError
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
+from dayzero.planner.cp_choice import open_rows, with_cp_comm
 from dayzero.planner.engines import engine_mask, pipelined_fsdp
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
@@ -55,8 +56,8 @@ from dayzero.planner.switches import SWITCHES as SWITCH_REGISTRY
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.topology import scaleup_domain
 from dayzero.specs.cluster import Cluster
+from dayzero.specs.grid import A2A, CP_OPEN, decode
 from dayzero.specs.grid import SWITCHES as SWITCH_COLUMNS
-from dayzero.specs.grid import decode
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -106,6 +107,9 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     devices, domain = cluster.devices, scaleup_domain(cluster)
     bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
     engine_bases = engine_zero = 0  # full layouts the engine cannot run: by their base, by their ZeRO stage
+    # the cp exchange of each base: the only one the engine runs, else the ring, opened below (planner.cp_choice)
+    bases, heads_split = with_cp_comm(spec, bases, devices, space.engine, options.switches())
+    engine_bases += heads_split * variants
     if space.engine:  # the engine's limits on every column but zero (applied per ZeRO stage below)
         runs = engine_mask(space.engine, bases, options.switches())  # with the run's switches (engines.RUN_SWITCHES)
         engine_bases = int((~runs).sum()) * variants
@@ -199,7 +203,12 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         else:
             cand, peaks = off, off_peaks
         n_timed += len(peaks)
+        cand, a2a_peaks = _open_cp(spec, cand, memory, limit, space.engine, options.switches())
         ev = evaluate(spec, cand, cluster, options)
+        if CP_OPEN in cand:  # the exchange each open row was timed with (comm.choose_cp_comm), and its peak
+            peaks = np.where(cand[CP_OPEN] & (ev.cp_comm == A2A), a2a_peaks, peaks)
+            cand = {k: v for k, v in cand.items() if k != CP_OPEN}
+            cand["cp_comm"] = np.asarray(ev.cp_comm, dtype=np.int64)
         order = np.argsort(ev.step_s, kind="stable")[:top_k]
         best_rows.append({k: v[order] for k, v in cand.items()})
         best_step.append(ev.step_s[order])
@@ -227,6 +236,19 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         rejected["no engine"] = engine_zero
     return SearchResult(candidates=top, evaluation=ev, peak_bytes=peaks[order], considered=considered,
                         rejected=rejected, timed=n_timed)
+
+
+def _open_cp(spec: ModelSpec, cand: dict, memory, limit: float, engine: str | None, switches: dict):
+    """``cand`` with the ring rows that could run a2a instead and still fit marked
+    :data:`~dayzero.specs.grid.CP_OPEN` (planner.cp_choice.open_rows), and those rows' a2a peaks
+    (inf elsewhere); unchanged without such rows."""
+    rows = open_rows(spec, cand, engine, switches)
+    a2a_peaks = np.full(len(rows), np.inf)
+    if not rows.any():
+        return cand, a2a_peaks
+    idx = np.flatnonzero(rows)
+    a2a_peaks[idx] = memory({**{k: v[idx] for k, v in cand.items()}, "cp_comm": np.full(len(idx), A2A)})
+    return {**cand, CP_OPEN: rows & (a2a_peaks <= limit)}, a2a_peaks
 
 
 FAMILY_POOL = 20  # layouts timed per plan shown, so that the runner-ups can come from other families

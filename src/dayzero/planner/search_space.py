@@ -343,7 +343,10 @@ def enumerate_layouts(spec: ModelSpec, devices: int, gbs: int, seq: int, space: 
     g = _take(g, (g["tp"] > 1) | (sp == np.min(o["sequence_parallel"])))
     g["sequence_parallel"] = np.where(g["tp"] > 1, g["sequence_parallel"], 0)
     n = len(g["tp"])
-    for name, value in (("gbs", gbs), ("seq", seq), ("precision", code("precision", precision))):
+    # the ring exchange for context parallelism; the search gives a2a where it runs and is the faster
+    # (planner.cp_choice)
+    for name, value in (("gbs", gbs), ("seq", seq), ("precision", code("precision", precision)),
+                        ("cp_comm", code("cp_comm", "p2p"))):
         g[name] = np.full(n, value, dtype=np.int64)
     considered = n * later(0)
     indivisible = 0

@@ -8,6 +8,8 @@ their index in ParallelConfig's tables:
     precision          PRECISIONS   0 bf16, 1 fp8, 2 fp4
     schedule           SCHEDULES    0 1f1b, 1 interleaved, 2 gpipe, 3 dualpipe, 4 dualpipev
     rank_order         RANK_ORDERS  0 tp-cp-dp-pp, then the other 23 orders of the dense dims
+    cp_comm            CP_COMMS     0 p2p (ring attention), 1 a2a (Ulysses all-to-all); a grid
+                       without it reads as p2p
     sequence_parallel  0 / 1
     recompute_modules  a bitmask over RECOMPUTE_MODULES (bit i: module i; core_attn = 1), the
                        modules selective recompute checkpoints (0 without selective recompute)
@@ -40,6 +42,7 @@ import numpy as np
 
 from dayzero.errors import LayoutError
 from dayzero.specs.parallel import (
+    CP_COMMS,
     DENSE_DIMS,
     DENSE_ORDER,
     PRECISIONS,
@@ -54,7 +57,7 @@ from dayzero.specs.parallel import (
 RANK_ORDERS: tuple[str, ...] = (DENSE_ORDER,) + tuple(
     o for o in ("-".join(p) for p in permutations(DENSE_DIMS)) if o != DENSE_ORDER)
 TABLES: dict[str, tuple[str, ...]] = {"recompute": RECOMPUTES, "precision": PRECISIONS, "schedule": SCHEDULES,
-                                      "rank_order": RANK_ORDERS}
+                                      "rank_order": RANK_ORDERS, "cp_comm": CP_COMMS}
 NOT_COLUMNS = ("layer_split",)
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelConfig) if f.name not in NOT_COLUMNS)
 
@@ -68,6 +71,11 @@ MODULE_BIT = {m: 1 << i for i, m in enumerate(RECOMPUTE_MODULES)}
 ONE_F_ONE_B, INTERLEAVED, GPIPE, DUALPIPE, DUALPIPEV = (SCHEDULES.index(s) for s in ("1f1b", "interleaved", "gpipe",
                                                                                       "dualpipe", "dualpipev"))
 BF16 = PRECISIONS.index("bf16")
+P2P, A2A = CP_COMMS.index("p2p"), CP_COMMS.index("a2a")
+# a grid key (not a field): rows whose cp_comm the step-time model chooses, the faster of p2p and
+# a2a (planner.context_parallel: the search sets it where an engine runs both and a2a fits); their
+# cp_comm column holds p2p until then
+CP_OPEN = "cp_open"
 
 
 def code(field: str, name) -> int:
@@ -104,6 +112,13 @@ def flag(g: dict, name: str):
     if name in g:
         return np.asarray(g[name]) > 0
     return np.zeros(np.shape(np.asarray(g["tp"])), dtype=bool)
+
+
+def cp_comm_of(g: dict):
+    """The ``cp_comm`` column of a grid (:data:`P2P` / :data:`A2A`); a grid without it reads as p2p."""
+    if "cp_comm" in g:
+        return np.asarray(g["cp_comm"])
+    return np.full(np.shape(np.asarray(g["tp"])), P2P, dtype=np.int64)
 
 
 def recompute_layers(g: dict):
@@ -163,7 +178,8 @@ def decode(grid: dict, index=None) -> list[ParallelConfig]:
     n = len(grid["tp"])
     rows = range(n) if index is None else np.asarray(index).ravel()
     out = []
-    grid = {**grid, "recompute_layers": recompute_layers(grid)}  # a grid built without it: every layer
+    grid = {**grid, "recompute_layers": recompute_layers(grid),  # a grid built without it: every layer
+            "cp_comm": cp_comm_of(grid)}  # without it: ring attention
     grid.update({b: flag(grid, b).astype(np.int64) for b in BOOLS})  # without a switch column: off
     for i in rows:
         kw = {f: int(grid[f][i]) for f in FIELDS}

@@ -19,6 +19,7 @@ class LayoutOptions:
     pp: int = 1
     dp: int | None = None
     cp: int = 1
+    cp_comm: str = "p2p"  # --cp-comm: p2p (ring attention) | a2a (Ulysses; ParallelConfig.cp_comm)
     ep: int = 1
     etp: int = 1
     vpp: int = 1
@@ -107,7 +108,8 @@ class LayoutOptions:
             extra["rank_order"] = rank_order
         dp = self.data_parallel(devices)
         recompute, modules = self.modules()
-        return ParallelConfig(tp=self.tp, pp=self.pp, dp=dp, cp=self.cp, ep=self.ep, etp=self.etp, vpp=self.vpp,
+        return ParallelConfig(tp=self.tp, pp=self.pp, dp=dp, cp=self.cp, cp_comm=self.cp_comm, ep=self.ep,
+                              etp=self.etp, vpp=self.vpp,
                               mbs=self.mbs, gbs=self.default_gbs(dp, fill_pipeline), seq=self.seq,
                               zero=self.zero, recompute=recompute, recompute_modules=modules,
                               recompute_layers=self.recompute_layers,

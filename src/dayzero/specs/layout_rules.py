@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dayzero.specs.grid import (
+    A2A,
     BF16,
     DUALPIPE,
     DUALPIPEV,
@@ -88,6 +89,25 @@ def _kv_heads_ok(c, w):
     return (a.kind != "gqa") | (a.kv_heads % c["tp"] == 0) | (c["tp"] % a.kv_heads == 0)
 
 
+def ulysses_heads_ok(spec: ModelSpec, tp, cp):
+    """Whether the all-to-all context parallelism (cp_comm a2a) can split ``spec``'s heads over
+    ``cp``: each of the cp ranks takes heads / cp of the query heads and of the key/value heads a
+    tp rank holds (Transformer Engine AttnFuncWithCPAndQKVOA2A asserts ``q.shape[-2] % cp_size == 0
+    and k.shape[-2] % cp_size == 0``, "The number of attention heads needs to be divisible by CP
+    size!"; DeepSpeed-Ulysses, Jacobs et al. 2023 sec. 3.1, the same). A tp rank holds heads / tp
+    query heads and kv_heads / tp key heads, one whole replicated key head when tp > kv_heads
+    (which a2a then cannot split); MLA decompresses a key per query head. Ints or arrays."""
+    a = spec.attention
+    kv = a.heads if a.kind == "mla" else a.kv_heads // np.minimum(tp, a.kv_heads)
+    return ((a.heads // tp) % cp == 0) & (kv % cp == 0)
+
+
+def _local_heads(spec: ModelSpec, tp: int) -> str:
+    a = spec.attention
+    kv = a.heads if a.kind == "mla" else a.kv_heads // min(tp, a.kv_heads)
+    return f"{a.heads // tp} query heads and {kv} key/value heads (heads {a.heads}, kv heads {a.kv_heads}, tp {tp})"
+
+
 def _largest_chunk(c, w):
     """Layers of the largest model chunk: of the layer split when one is given, else of the near-even
     split (ceil(layers / (pp x vpp)))."""
@@ -114,7 +134,7 @@ def _split_problem(split: tuple[int, ...] | None, pp: int, vpp: int, spec: Model
 RULES: tuple[Rule, ...] = (
     *(_degree(d) for d in DEGREES),
     Rule(("zero",), lambda c, w: (c["zero"] >= 0) & (c["zero"] <= 3), lambda p, w: f"zero must be 0-3, got {p.zero}"),
-    *(_in_table(f) for f in ("recompute", "schedule", "precision")),
+    *(_in_table(f) for f in ("recompute", "schedule", "precision", "cp_comm")),
     Rule(("recompute_modules",), lambda c, w: c["recompute_modules"] >= 0,
          lambda p, w: f"recompute modules must be among {', '.join(RECOMPUTE_MODULES)}, got "
                       f"{','.join(p.recompute_modules)}"),
@@ -184,6 +204,10 @@ RULES: tuple[Rule, ...] = (
          lambda p, w: f"attention heads ({w.spec.attention.heads}) must be divisible by tp ({p.tp})", needs="spec"),
     Rule(("tp",), _kv_heads_ok,
          lambda p, w: f"kv heads ({w.spec.attention.kv_heads}) and tp ({p.tp}) must divide one another", needs="spec"),
+    Rule(("cp_comm", "tp", "cp"), lambda c, w: (c["cp_comm"] != A2A) | (c["cp"] == 1) | (not w.spec.has_attention)
+         | ulysses_heads_ok(w.spec, c["tp"], c["cp"]),
+         lambda p, w: f"cp_comm a2a splits each tp rank's heads over cp {p.cp}: its {_local_heads(w.spec, p.tp)} "
+                      "must be divisible by cp; use --cp-comm p2p, or a smaller cp or tp", needs="spec"),
     # recurrent mixers: Megatron-Core's MambaMixer splits the heads and the B/C groups over tp
     # (megatron/core/ssm/mamba_mixer.py asserts nheads % tp == 0 and ngroups % tp == 0)
     Rule(("tp",), lambda c, w: (w.spec.recurrent is None) or ((w.spec.recurrent.heads % c["tp"] == 0)

@@ -28,9 +28,19 @@ Recompute = Literal["none", "selective", "full"]
 # new schedules are appended, so that the grid codes of the others never move (specs.grid)
 Schedule = Literal["1f1b", "interleaved", "gpipe", "dualpipe", "dualpipev"]
 Precision = Literal["bf16", "fp8", "fp4"]  # GEMM precision; fp4 (NVFP4/MXFP4) keeps fp8's memory
+# How context parallelism exchanges the sequence (Megatron-LM --cp-comm-type; Transformer Engine
+# transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py):
+#   p2p  ring attention: K/V blocks travel cp - 1 hops around the cp group, overlapped with the
+#        attention core (AttnFuncWithCPAndKVP2P; Liu et al. 2023, arXiv:2310.01889)
+#   a2a  DeepSpeed-Ulysses: Q, K, V all-to-all'd over the cp group before the core attention (each
+#        rank then holds the whole sequence for heads / cp heads) and the output back after it
+#        (AttnFuncWithCPAndQKVOA2A; Jacobs et al. 2023, arXiv:2309.14509); not overlapped
+# (TE's allgather and hierarchical a2a+p2p are not modelled)
+CpComm = Literal["p2p", "a2a"]
 RECOMPUTES: tuple[str, ...] = get_args(Recompute)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+CP_COMMS: tuple[str, ...] = get_args(CpComm)
 # The modules selective recompute can checkpoint (Megatron-LM ``--recompute-modules``,
 # megatron/core/transformer/transformer_config.py, ``recompute_modules``): core_attn, mlp, moe and
 # shared_experts use normal checkpointing (the module's inputs are kept, its insides rebuilt in
@@ -96,6 +106,8 @@ class ParallelConfig:
     # it (planner.search_fit.offloaded_variants); 0: off. The run's --activation-offload N is a floor
     # over it (planner.activation_offload.offload_layers_of)
     activation_offload_layers: int = 0
+    # how context parallelism exchanges the sequence (CpComm above); cp 1 exchanges nothing: p2p
+    cp_comm: CpComm = "p2p"
 
     def __post_init__(self):
         if not self.gbs:
@@ -110,6 +122,8 @@ class ParallelConfig:
         if dims is not None:  # canonical spelling; a malformed order is kept for problems() to name
             object.__setattr__(self, "rank_order", "-".join(dims))
         object.__setattr__(self, "recompute_modules", canonical_modules(self.recompute, self.recompute_modules))
+        if self.cp == 1 and self.cp_comm in CP_COMMS:  # nothing is exchanged: one spelling
+            object.__setattr__(self, "cp_comm", "p2p")
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -128,7 +142,7 @@ class ParallelConfig:
     def describe(self) -> str:
         s = f"tp{self.tp} pp{self.pp} dp{self.dp}"
         if self.cp > 1:
-            s += f" cp{self.cp}"
+            s += f" cp{self.cp}" + (f"({self.cp_comm})" if self.cp_comm != "p2p" else "")
         if self.ep > 1:
             s += f" ep{self.ep}"
         if self.etp > 1:

@@ -25,7 +25,7 @@ def read_plan(path: str | Path, obj=None) -> tuple[str | None, dict]:
 
 
 def plan_layout(path: str | Path, world: int, seq: int, gbs: int | None = None) -> ParallelConfig:
-    """The plan's (its best plan's) tp, pp, cp, ep, etp, vpp, ZeRO, recompute, sequence parallelism,
+    """The plan's (its best plan's) tp, pp, cp (and its cp_comm), ep, etp, vpp, ZeRO, recompute, sequence parallelism,
     schedule and micro-batch size on ``world`` ranks: dp fills them; the global batch keeps the
     plan's micro-batch count (at least pp, for the pipeline; at most 4 pp, to stay a proxy) unless
     ``gbs`` is given."""
@@ -49,7 +49,8 @@ def layout_of(p: dict, world: int, seq: int, gbs: int | None = None, source: str
                           f"replica; use --nproc as a multiple of {tp * pp * cp}")
     dp = world // (tp * pp * cp)
     m = max(pp, min(micro, 4 * pp))
-    return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs or mbs * dp * m,
+    return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=p.get("cp_comm", "p2p"), ep=ep, etp=etp, vpp=vpp,
+                          mbs=mbs, gbs=gbs or mbs * dp * m,
                           seq=seq, zero=zero, recompute=p.get("recompute", "none"),
                           recompute_modules=tuple(p.get("recompute_modules") or ()),
                           sequence_parallel=bool(p.get("sequence_parallel")), schedule=p.get("schedule", "1f1b"))
