@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dayzero.cli.app import main
-from dayzero.errors import LayoutError
+from dayzero.errors import ConfigError, LayoutError
 from dayzero.export import deepspeed, megatron
 from dayzero.specs.parallel import ParallelConfig as P
 from dayzero.specs.registry import load_model
@@ -17,6 +17,7 @@ MEGATRON_PLANS = [
     ("llama-3.1-8b", P(tp=1, pp=4, dp=2, vpp=2, gbs=32, recompute="full", zero=1)),  # interleaved PP
     ("llama-3.1-8b", P(tp=2, pp=1, dp=4, cp=2, gbs=8, sequence_parallel=True, zero=3)),  # ZeRO-3 (Megatron FSDP)
     ("deepseek-v3", P(tp=1, pp=4, dp=4, ep=4, gbs=64, zero=1, precision="fp8", recompute="selective")),  # FP8, MLA
+    ("llama-3.1-8b", P(tp=2, dp=2, cp=2, cp_comm="a2a", gbs=8, sequence_parallel=True, zero=1)),  # --cp-comm-type a2a
 ]
 DEEPSPEED_PLANS = [
     ("llama-3.1-8b", P(dp=8, zero=1, gbs=32, mbs=2)),  # dense
@@ -24,6 +25,7 @@ DEEPSPEED_PLANS = [
     ("llama-3.1-8b", P(pp=4, dp=2, gbs=16, zero=1, recompute="full")),  # pipeline
     ("llama-3.1-8b", P(dp=8, zero=3, gbs=32, mbs=2, recompute="full")),  # ZeRO-3
     ("llama-3.1-8b", P(tp=2, dp=4, zero=2, gbs=8)),  # AutoTP
+    ("llama-3.1-8b", P(dp=2, cp=4, cp_comm="a2a", zero=3, gbs=8)),  # Ulysses (sequence_parallel_size)
 ]
 
 
@@ -74,6 +76,25 @@ def test_what_an_engine_cannot_express_is_listed():
     exp = deepspeed.export(load_model("llama-3.1-8b"), P(dp=8, recompute="selective"))
     assert any("selective recompute" in u for u in exp.unexpressed)
     assert any("attention sinks" in u for u in megatron.export(load_model("gpt-oss-120b"), P(dp=8, ep=8)).unexpressed)
+
+
+def test_context_parallel_exchanges_are_written_as_each_engine_spells_them():
+    """Megatron: --cp-comm-type a2a (the ring is its default, p2p, left unwritten); DeepSpeed: the
+    Ulysses degree as sequence_parallel_size, and what the training script must add said; a mix of
+    types per layer, or allgather, is refused on import (one exchange per layout is modelled)."""
+    llama = load_model("llama-3.1-8b")
+    a2a = P(tp=2, dp=2, cp=2, cp_comm="a2a", gbs=8, sequence_parallel=True, zero=1)
+    assert "--cp-comm-type a2a" in "".join(megatron.export(llama, a2a).files.values()).replace("\n", " ")
+    assert "--cp-comm-type" not in "".join(megatron.export(llama, P(tp=2, dp=2, cp=2, gbs=8)).files.values())
+    ulysses = deepspeed.export(llama, P(dp=2, cp=4, cp_comm="a2a", zero=3, gbs=8))
+    assert json.loads(ulysses.files[deepspeed.CONFIG_FILE])["sequence_parallel_size"] == 4
+    assert any("DistributedAttention" in u for u in ulysses.unexpressed)
+    with pytest.raises(LayoutError, match="not ring attention"):
+        deepspeed.export(llama, P(dp=2, cp=4, zero=3, gbs=8))
+    with pytest.raises(ConfigError, match="allgather"):
+        megatron.parallel_from_args(["--context-parallel-size", "2", "--cp-comm-type", "allgather"], 8)
+    with pytest.raises(ConfigError, match="mix"):
+        megatron.parallel_from_args(["--context-parallel-size", "2", "--cp-comm-type", "p2p", "a2a"], 8)
 
 
 def test_cli_export_then_import_is_the_same_layout(tmp_path, capsys):

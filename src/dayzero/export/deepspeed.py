@@ -2,9 +2,13 @@
 and its launch line, and the reverse.
 
 The JSON holds the batch (``train_batch_size`` = micro-batch x accumulation x dp), ZeRO, bf16,
-clipping, AutoTP (``tensor_parallel.autotp_size``) and the pipeline stages; what DeepSpeed sets in
-the model's code instead, the expert-parallel size of ``deepspeed.moe.layer.MoE(ep_size=...)`` and
-the sequence length, travels as arguments of the training script in the launch line.
+clipping, AutoTP (``tensor_parallel.autotp_size``), the pipeline stages and the Ulysses degree
+(``sequence_parallel_size``, context parallelism by all-to-all: DeepSpeed-Ulysses, Jacobs et al.
+2023; the key DeepSpeed's own Ulysses/ALST tests set, tests/unit/ulysses_alst); what DeepSpeed sets
+in the model's code instead, the expert-parallel size of ``deepspeed.moe.layer.MoE(ep_size=...)``,
+the Ulysses attention wrapper (``deepspeed.sequence.layer.DistributedAttention``, or
+``UlyssesSPAttentionHF`` for Hugging Face models) and the sequence length, travels as arguments of
+the training script in the launch line.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def config(parallel: ParallelConfig, grad_clip: float = 1.0) -> dict:
     }
     if p.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": p.tp}
+    if p.cp > 1:  # Ulysses (cp_comm a2a, the only context parallelism DeepSpeed runs: planner.engines)
+        cfg["sequence_parallel_size"] = p.cp
     if p.pp > 1:
         cfg["pipeline"] = {"stages": p.pp, "partition": "parameters",
                            "activation_checkpoint_interval": 1 if p.recompute == "full" else 0}
@@ -51,6 +57,11 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
         missing.append("selective recompute (DeepSpeed checkpoints whole layers: recompute full or none)")
     if parallel.layer_split:
         missing.append(f"layer split {parallel.layer_split} (PipelineModule partitions by 'parameters' or 'uniform')")
+    if parallel.cp > 1:  # the JSON sets the group; the script wraps its attention and shards the batch
+        missing.append(f"Ulysses attention over sequence_parallel_size {parallel.cp}: train.py must wrap its core "
+                       "attention in deepspeed.sequence.layer.DistributedAttention (Hugging Face models: "
+                       "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF) and feed each rank "
+                       "its 1/cp of every sequence")
     nnodes = nodes or max(1, parallel.world // devices_per_node)
     script = ["train.py", "--deepspeed_config", CONFIG_FILE, "--seq-length", str(parallel.seq),
               "--ep-size", str(parallel.ep), "--model", spec.name]
@@ -78,14 +89,16 @@ def parallel_from_config(cfg: dict, world: int, seq: int = 4096, ep: int = 1) ->
 
     tp = num("autotp_size", "tensor_parallel", 1) or 1  # 0: DeepSpeed's "no tensor parallelism"
     pp = num("stages", "pipeline", 1) or 1
-    if world % (tp * pp):
-        raise ConfigError("deepspeed config", None, f"{world} ranks are not divisible by tp*pp = {tp * pp}")
-    dp = world // (tp * pp)
+    cp = num("sequence_parallel_size", None, 1) or 1  # Ulysses: context parallelism by all-to-all
+    if world % (tp * pp * cp):
+        raise ConfigError("deepspeed config", None, f"{world} ranks are not divisible by tp*pp*sequence_parallel_size "
+                                                    f"= {tp * pp * cp}")
+    dp = world // (tp * pp * cp)
     mbs = num("train_micro_batch_size_per_gpu", None, 1)
     gbs = num("train_batch_size", None, None) or mbs * dp * num("gradient_accumulation_steps", None, 1)
     full = ("activation_checkpointing" in cfg) or num("activation_checkpoint_interval", "pipeline", 0) > 0
     offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer") or {}
-    return ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, mbs=mbs, gbs=gbs, seq=seq,
+    return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm="a2a", ep=ep, mbs=mbs, gbs=gbs, seq=seq,
                           zero=num("stage", "zero_optimization", 0), recompute="full" if full else "none",
                           optimizer_offload=isinstance(offload, dict) and offload.get("device") == "cpu")
 
@@ -109,6 +122,6 @@ def import_file(path: str | Path, world: int) -> tuple[ParallelConfig, list[str]
         notes.append(f"no {LAUNCH_FILE} beside it: seq 4096 and ep 1 assumed")
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
              "bf16", "fp16", "communication_data_type", "zero_optimization", "tensor_parallel", "pipeline",
-             "activation_checkpointing"}
+             "activation_checkpointing", "sequence_parallel_size"}
     notes += [f"{k}: not a layout setting, not read" for k in cfg if k not in known]
     return parallel_from_config(cfg, world, seq, ep), notes

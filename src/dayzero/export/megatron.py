@@ -71,6 +71,8 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
     a = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
          "--context-parallel-size", p.cp, "--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp,
          "--micro-batch-size", p.mbs, "--global-batch-size", p.gbs, "--seq-length", p.seq, "--bf16"]
+    if p.cp > 1 and p.cp_comm != "p2p":  # Ulysses all-to-all (Megatron-LM arguments.py --cp-comm-type; default p2p)
+        a += ["--cp-comm-type", p.cp_comm]
     if p.vpp > 1:
         a += ["--num-virtual-stages-per-pipeline-rank", p.vpp]
     if p.sequence_parallel:
@@ -227,6 +229,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--optimizer-offload-fraction", default=None)
     ap.add_argument("--fp8-format", default=None)
     ap.add_argument("--fp4-format", default=None)
+    ap.add_argument("--cp-comm-type", nargs="+", default=["p2p"])  # one type, or one per layer
     return ap
 
 
@@ -250,7 +253,12 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
     precision = "fp8" if ns.fp8_format else "fp4" if ns.fp4_format else "bf16"
     dp = world // (tp * pp * cp)
     vpp = ns.num_virtual_stages_per_pipeline_rank or 1
-    p = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ns.expert_model_parallel_size,
+    comm = set(ns.cp_comm_type)
+    if not comm <= {"p2p", "a2a"} or len(comm) > 1:
+        raise ConfigError("megatron arguments", "--cp-comm-type", f"{' '.join(ns.cp_comm_type)}: dayzero models one "
+                          "context-parallel exchange for every layer, p2p or a2a (not allgather, a2a+p2p or a mix); "
+                          "give one of them")
+    p = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=comm.pop(), ep=ns.expert_model_parallel_size,
                        etp=ns.expert_tensor_parallel_size or 1,
                        vpp=vpp, mbs=ns.micro_batch_size, gbs=ns.global_batch_size or 0, seq=ns.seq_length, zero=zero,
                        recompute=recompute, recompute_modules=tuple(ns.recompute_modules or ()),
@@ -295,6 +303,8 @@ def core_configs(spec: ModelSpec, parallel: ParallelConfig) -> dict:
               sequence_parallel=p.sequence_parallel, bf16=True, params_dtype=torch.bfloat16,
               pipeline_dtype=torch.bfloat16 if p.pp > 1 else None,
               gated_linear_unit=spec.mlp.gated, normalization="RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm")
+    if p.cp > 1:  # TransformerConfig.cp_comm_type (one type for every layer)
+        kw.update(cp_comm_type=p.cp_comm)
     if p.recompute == "selective":
         kw.update(recompute_granularity="selective")
     elif p.recompute == "full" and p.recompute_layers is not None:
