@@ -157,3 +157,21 @@ def test_an_unpinned_plan_chooses_a2a_where_it_is_faster_and_labels_its_engines(
     assert "torchtitan" not in best["engines"] and {"megatron", "deepspeed"} <= set(best["engines"])
     pinned = plan(GPT3, H100, 4, 8192, space=replace(space, engine="torchtitan"))["plans"][0]
     assert pinned["parallel"]["cp_comm"] == "p2p"
+
+
+def test_the_searchs_a2a_peak_is_the_ring_peak_plus_the_buffers_difference():
+    """The search prices an open row's a2a peak as its ring peak plus (cp_a2a - cp_ring) x (1 +
+    fragmentation budget): both buffers are the same on every pipeline rank, so this is exactly the
+    memory model's a2a peak, over layouts with pipelines, recompute, ZeRO-3 and experts."""
+    from dayzero.planner.memory import MemoryOptions, a2a_extra_batch, peak_memory_batch
+
+    opts = MemoryOptions()
+    for spec in (LLAMA, load_model("mixtral-8x7b")):
+        ps = [ParallelConfig(tp=tp, cp=cp, pp=pp, dp=64 // (tp * cp * pp), mbs=mbs, gbs=64, seq=32768, zero=z,
+                             recompute=rc, ep=8 if spec.moe else 1)
+              for tp in (1, 2) for cp in (1, 2, 4) for pp in (1, 2) for mbs in (1, 2) for z in (1, 3)
+              for rc in ("none", "full") if z == 1 or pp == 1]
+        ring = peak_memory_batch(spec, encode(ps), H100.memory_bytes, opts)
+        a2a = peak_memory_batch(spec, encode([replace(p, cp_comm="a2a") for p in ps]), H100.memory_bytes, opts)
+        assert a2a == pytest.approx(ring + a2a_extra_batch(spec, encode(ps), opts), rel=1e-12)
+        assert (a2a_extra_batch(spec, encode(ps), opts) > 0).sum() == sum(p.cp > 1 for p in ps)

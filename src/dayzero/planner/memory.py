@@ -257,6 +257,28 @@ def _batches(spec: ModelSpec, cols: dict[str, np.ndarray]):
         yield rows, c, _stacked([feats[i] for i in ids], local[group[rows]]), int(w)
 
 
+def a2a_extra_batch(spec: ModelSpec, grid: dict[str, np.ndarray],
+                    options: MemoryOptions = MemoryOptions()) -> np.ndarray:
+    """(N,) bytes by which each row's peak (:func:`peak_memory_batch`) grows when its context
+    parallelism exchanges by all-to-all instead of the ring: the all-to-all's buffers less the
+    ring's (:func:`dayzero.planner.memory_terms.cp_buffers`), and the fragmentation budget on
+    them. Both are the same on every pipeline rank (the attention's q, k, v of one micro-batch),
+    so the busiest rank stays the busiest and the peak moves by exactly this (0 where cp = 1)."""
+    from dayzero.planner.activations import Dims, attention_terms
+    from dayzero.planner.memory_terms import cp_buffers
+    from dayzero.specs.grid import BF16
+
+    n = len(np.ravel(grid["tp"]))
+    c = {k: np.asarray(grid[k], dtype=np.int64).reshape(n) for k in ("tp", "cp", "etp", "seq", "mbs",
+                                                                      "sequence_parallel", "precision")}
+    d = Dims(seq=c["seq"], mbs=c["mbs"], tp=c["tp"], cp=c["cp"], etp=c["etp"], sp=c["sequence_parallel"] > 0,
+             fp8=c["precision"] != BF16)
+    attn = attention_terms(spec, options, d)
+    ring, _ = cp_buffers(attn, c["cp"], False)
+    _, a2a = cp_buffers(attn, c["cp"], True)
+    return (a2a - ring) * spec.has_attention * (1 + options.fragmentation_budget)
+
+
 def optimizer_host_batch(spec: ModelSpec, grid: dict[str, np.ndarray],
                          options: MemoryOptions = MemoryOptions()) -> np.ndarray:
     """Host bytes per device (busiest rank, even layer split) each candidate of ``grid`` would keep

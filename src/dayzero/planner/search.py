@@ -148,6 +148,18 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                    for dropped in without]
             return host_capped(grid, peaks), [host_capped(_with(grid, **on), pk) for on, pk in zip(ons, less)]
 
+    # the peaks of ring rows exchanged by all-to-all instead (planner.cp_choice): with the default
+    # memory model their peaks plus the a2a buffers' difference (memory.a2a_extra_batch, exact), else
+    # the memory function's own
+    if default_memory:
+        from dayzero.planner.memory import a2a_extra_batch
+
+        def a2a_memory(grid: dict, p2p_peaks: np.ndarray) -> np.ndarray:
+            return p2p_peaks + a2a_extra_batch(spec, grid, memory_options)
+    else:
+        def a2a_memory(grid: dict, p2p_peaks: np.ndarray) -> np.ndarray:
+            return memory({**grid, "cp_comm": np.full(len(p2p_peaks), A2A)})
+
     switches = switch_plan(spec, cluster, options, memory_options, space)
     zeros, levels = codes["zero"], space.levels(spec, options.switches())
     if not levels:  # the engine runs none of the recompute modes asked for with the run's switches
@@ -203,7 +215,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         else:
             cand, peaks = off, off_peaks
         n_timed += len(peaks)
-        cand, a2a_peaks = _open_cp(spec, cand, memory, limit, space.engine, options.switches())
+        cand, a2a_peaks = _open_cp(spec, cand, peaks, a2a_memory, limit, space.engine, options.switches())
         ev = evaluate(spec, cand, cluster, options)
         if CP_OPEN in cand:  # the exchange each open row was timed with (comm.choose_cp_comm), and its peak
             peaks = np.where(cand[CP_OPEN] & (ev.cp_comm == A2A), a2a_peaks, peaks)
@@ -238,16 +250,17 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                         rejected=rejected, timed=n_timed)
 
 
-def _open_cp(spec: ModelSpec, cand: dict, memory, limit: float, engine: str | None, switches: dict):
+def _open_cp(spec: ModelSpec, cand: dict, peaks: np.ndarray, a2a_memory, limit: float, engine: str | None,
+             switches: dict):
     """``cand`` with the ring rows that could run a2a instead and still fit marked
     :data:`~dayzero.specs.grid.CP_OPEN` (planner.cp_choice.open_rows), and those rows' a2a peaks
-    (inf elsewhere); unchanged without such rows."""
+    (``a2a_memory(rows, their ring peaks)``; inf elsewhere); unchanged without such rows."""
     rows = open_rows(spec, cand, engine, switches)
     a2a_peaks = np.full(len(rows), np.inf)
     if not rows.any():
         return cand, a2a_peaks
     idx = np.flatnonzero(rows)
-    a2a_peaks[idx] = memory({**{k: v[idx] for k, v in cand.items()}, "cp_comm": np.full(len(idx), A2A)})
+    a2a_peaks[idx] = a2a_memory({k: v[idx] for k, v in cand.items()}, peaks[idx])
     return {**cand, CP_OPEN: rows & (a2a_peaks <= limit)}, a2a_peaks
 
 
