@@ -175,3 +175,15 @@ def test_the_searchs_a2a_peak_is_the_ring_peak_plus_the_buffers_difference():
         a2a = peak_memory_batch(spec, encode([replace(p, cp_comm="a2a") for p in ps]), H100.memory_bytes, opts)
         assert a2a == pytest.approx(ring + a2a_extra_batch(spec, encode(ps), opts), rel=1e-12)
         assert (a2a_extra_batch(spec, encode(ps), opts) > 0).sum() == sum(p.cp > 1 for p in ps)
+
+
+def test_the_cp_comm_flag_reaches_the_layout_verbs(capsys):
+    """``--cp-comm a2a`` on ``dayzero memory`` prices the all-to-all's buffers (160 MiB, as above)."""
+    import json
+
+    from dayzero.cli.app import main
+
+    main(["memory", "llama-3.1-70b", "--accelerator", "h100", "--devices", "64", "--tp", "2", "--cp", "4",
+          "--cp-comm", "a2a", "--seq", "32768", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["parallel"]["cp_comm"] == "a2a" and '"temporary:cp_a2a": 167772160' in json.dumps(out)
