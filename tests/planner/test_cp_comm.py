@@ -187,3 +187,19 @@ def test_the_cp_comm_flag_reaches_the_layout_verbs(capsys):
           "--cp-comm", "a2a", "--seq", "32768", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["parallel"]["cp_comm"] == "a2a" and '"temporary:cp_a2a": 167772160' in json.dumps(out)
+
+
+def test_a_pinned_exchange_is_the_only_one_searched():
+    """``--cp-comm a2a`` (SearchSpace.cp_comm): every cp > 1 layout exchanges by all-to-all, those
+    whose heads do not split are not considered; ``--cp-comm p2p``: none does; an unknown name is
+    one line naming the valid ones."""
+    space = SearchSpace(tp=(1, 2, 8), pp=(1,), cp=(1, 2, 4, 8, 16), mbs=(1,), zero=(3,), recompute=("full",))
+    res = search(GPT3, H100, 4, 8192, space=replace(space, cp_comm=("a2a",)), top_k=50)
+    layouts = decode(res.candidates)
+    assert any(p.cp > 1 for p in layouts) and all(p.cp_comm == "a2a" for p in layouts if p.cp > 1)
+    free = search(GPT3, H100, 4, 8192, space=space, top_k=50)
+    assert res.considered < free.considered  # cp 16 with tp 8: 12 heads per tp rank do not split 16 ways
+    ring = decode(search(GPT3, H100, 4, 8192, space=replace(space, cp_comm=("p2p",)), top_k=50).candidates)
+    assert all(p.cp_comm == "p2p" for p in ring)
+    with pytest.raises(LayoutError, match="cp_comm must be p2p|a2a"):
+        search(GPT3, H100, 4, 8192, space=replace(space, cp_comm=("ring",)))

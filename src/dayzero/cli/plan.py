@@ -155,6 +155,8 @@ def plan_cmd(
     pp: ListOpt("--pp", "pipeline degrees", "--pipeline-model-parallel-size") = None,
     dp: ListOpt("--dp", "data-parallel degrees (dp = devices / (tp*pp*cp))") = None,
     cp: ListOpt("--cp", "context-parallel degrees", "--context-parallel-size") = None,
+    cp_comm: ListOpt("--cp-comm", "context-parallel exchanges (p2p: ring attention, a2a: Ulysses all-to-all; "
+                     "default: every one the engine runs, the faster per layout)", "--cp-comm-type") = None,
     ep: ListOpt("--ep", "expert-parallel degrees", "--expert-model-parallel-size") = None,
     mbs: ListOpt("--mbs", "micro-batch sizes", "--micro-batch-size") = None,
     zero: ListOpt("--zero", "ZeRO stages") = None,
@@ -222,6 +224,7 @@ def plan_cmd(
                             ("etp", _ints(etp, "--etp")), ("vpp", _ints(vpp, "--vpp")), ("dp", _ints(dp, "--dp")),
                             ("schedule", _words(schedule.lower() if schedule else None)),
                             ("recompute", _words(recompute)), ("recompute_modules", _module_sets(recompute_modules)),
+                            ("cp_comm", _words(cp_comm)),
                             ("sequence_parallel", _bools(sequence_parallel, "--sequence-parallel")))
           if v is not None}
     if placement:  # a placement is for one EP size: search only that one

@@ -25,6 +25,7 @@ import numpy as np
 from dayzero.errors import FitError
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.cp_choice import open_rows, with_cp_comm
+from dayzero.planner.cp_choice import runs as runs_cp
 from dayzero.planner.engines import engine_mask, pipelined_fsdp
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
@@ -108,8 +109,11 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
     engine_bases = engine_zero = 0  # full layouts the engine cannot run: by their base, by their ZeRO stage
     # the cp exchange of each base: the only one the engine runs, else the ring, opened below (planner.cp_choice)
-    bases, heads_split = with_cp_comm(spec, bases, devices, space.engine, options.switches())
-    engine_bases += heads_split * variants
+    bases, left_out = with_cp_comm(spec, bases, devices, space.engine, options.switches(), space.cp_comm)
+    if runs_cp(space.engine, options.switches())[0]:  # the engine runs the ring: left out by the --cp-comm pin
+        considered -= left_out * variants
+    else:  # by what the engine runs
+        engine_bases += left_out * variants
     if space.engine:  # the engine's limits on every column but zero (applied per ZeRO stage below)
         runs = engine_mask(space.engine, bases, options.switches())  # with the run's switches (engines.RUN_SWITCHES)
         engine_bases = int((~runs).sum()) * variants
@@ -215,7 +219,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         else:
             cand, peaks = off, off_peaks
         n_timed += len(peaks)
-        cand, a2a_peaks = _open_cp(spec, cand, peaks, a2a_memory, limit, space.engine, options.switches())
+        cand, a2a_peaks = _open_cp(spec, cand, peaks, a2a_memory, limit, space, options.switches())
         ev = evaluate(spec, cand, cluster, options)
         if CP_OPEN in cand:  # the exchange each open row was timed with (comm.choose_cp_comm), and its peak
             peaks = np.where(cand[CP_OPEN] & (ev.cp_comm == A2A), a2a_peaks, peaks)
@@ -250,12 +254,12 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                         rejected=rejected, timed=n_timed)
 
 
-def _open_cp(spec: ModelSpec, cand: dict, peaks: np.ndarray, a2a_memory, limit: float, engine: str | None,
+def _open_cp(spec: ModelSpec, cand: dict, peaks: np.ndarray, a2a_memory, limit: float, space: SearchSpace,
              switches: dict):
     """``cand`` with the ring rows that could run a2a instead and still fit marked
     :data:`~dayzero.specs.grid.CP_OPEN` (planner.cp_choice.open_rows), and those rows' a2a peaks
     (``a2a_memory(rows, their ring peaks)``; inf elsewhere); unchanged without such rows."""
-    rows = open_rows(spec, cand, engine, switches)
+    rows = open_rows(spec, cand, space.engine, switches, space.cp_comm)
     a2a_peaks = np.full(len(rows), np.inf)
     if not rows.any():
         return cand, a2a_peaks

@@ -110,6 +110,9 @@ class SearchSpace:
     # pinned pipeline schedules (None: interleaved 1F1B with vpp > 1, else 1F1B); 1f1b keeps vpp 1,
     # interleaved vpp > 1 (with one chunk per rank it runs as 1F1B), gpipe any vpp
     schedule: tuple[str, ...] | None = None
+    # pinned context-parallel exchanges (None: every one the engine runs, the faster chosen per row;
+    # planner.cp_choice)
+    cp_comm: tuple[str, ...] | None = None
 
     def pins(self) -> str:
         """The options set away from the defaults, as the plan flags that set them (``--tp 4,8
