@@ -91,6 +91,10 @@ def test_context_parallel_exchanges_are_written_as_each_engine_spells_them():
     assert any("DistributedAttention" in u for u in ulysses.unexpressed)
     with pytest.raises(LayoutError, match="not ring attention"):
         deepspeed.export(llama, P(dp=2, cp=4, zero=3, gbs=8))
+    from dayzero.export import torchtitan
+
+    with pytest.raises(LayoutError, match="not Ulysses"):
+        torchtitan.export(llama, P(dp=2, cp=4, cp_comm="a2a", zero=3, gbs=8))
     with pytest.raises(ConfigError, match="allgather"):
         megatron.parallel_from_args(["--context-parallel-size", "2", "--cp-comm-type", "allgather"], 8)
     with pytest.raises(ConfigError, match="mix"):
