@@ -121,6 +121,8 @@ def memory_columns(grid: dict, shape) -> dict[str, np.ndarray]:
         raise LayoutError(f"memory planner: grid lacks {', '.join(missing)}; give equal-length arrays for "
                           f"{', '.join(CANDIDATE_KEYS)} (dayzero.specs.grid.encode builds them)")
     cols = {k: np.asarray(grid[k], dtype=np.int64).reshape(shape) for k in CANDIDATE_KEYS}
+    if "cp_comm" in grid and np.any(np.asarray(grid["cp_comm"]) != 0):  # an a2a row (memory_terms.cp_buffers)
+        cols["cp_comm"] = np.asarray(grid["cp_comm"], dtype=np.int64).reshape(shape)
     if OFFLOAD_COLUMN in grid:  # a per-row activation offload (planner.activation_offload)
         cols[OFFLOAD_COLUMN] = np.asarray(grid[OFFLOAD_COLUMN], dtype=np.int64).reshape(shape)
     cols["schedule"] = effective_schedule(cols["schedule"], cols["vpp"])

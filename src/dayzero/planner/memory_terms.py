@@ -27,7 +27,7 @@ from dayzero.planner.activations import (
 from dayzero.planner.memory_options import MemoryOptions
 from dayzero.planner.params import edge_params, embed_local, head_local, layer_params
 from dayzero.planner.schedule import gradient_windows, head_inflight, held_zero, inflight_microbatches
-from dayzero.specs.grid import A2A, BF16, DUALPIPE, FIELDS, FULL, MODULE_BIT, SELECTIVE, cp_comm_of, flag, recompute_modules
+from dayzero.specs.grid import A2A, BF16, DUALPIPE, FIELDS, FULL, MODULE_BIT, SELECTIVE, flag, recompute_modules
 from dayzero.specs.model import ModelSpec, split_layer_type
 from dayzero.specs.parallel import expert_data_parallel, microbatches, zero_sharded, zero_shards
 
@@ -35,7 +35,8 @@ CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "
 KINDS = ("dense", "moe")
 # where the ranks sit changes no byte; the activation offload column is optional (a grid without it
 # takes the run's option: planner.activation_offload.offload_layers_of)
-CANDIDATE_KEYS = tuple(f for f in FIELDS if f not in ("rank_order", "activation_offload_layers"))
+CANDIDATE_KEYS = tuple(f for f in FIELDS if f not in ("rank_order", "activation_offload_layers", "cp_comm"))
+# the cp exchange is optional too: a grid without it (or without an a2a row) exchanges by the ring
 # Not a term of any report: the bytes (with their fragmentation share) a row's recompute level holds
 # beyond the least that any level it is above (planner.search_space.level_order) can hold, the rest of
 # the row unchanged (:func:`_activation_terms`). ``peak_memory_batch(..., without=((RECOMPUTE_EXCESS,),))``
@@ -119,7 +120,7 @@ def _candidates(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures) 
                        fp8_w=opts.fp8_cache_bytes(d.fp8, flag(c, "fp8_param_gather")),
                        layer_pb=opts.layer_param_bytes(d.fp8, flag(c, "fp8_param_gather")),
                        opt_offload=opts.optimizer_offload | flag(c, "optimizer_offload"),
-                       a2a=cp_comm_of(c) == A2A)
+                       a2a=(np.asarray(c["cp_comm"]) == A2A) if "cp_comm" in c else np.False_)
 
 
 def stage_terms(spec: ModelSpec, opts: MemoryOptions, c: dict, f: RankFeatures,
@@ -288,8 +289,11 @@ def cp_buffers(attn: dict, cp, a2a):
     tensors are the same bytes either way (its log-sum-exp, or the s x s scores of an eager
     kernel, over s/cp queries x heads/tp or s queries x heads/(tp cp))."""
     on = np.asarray(cp) > 1
-    ring = np.where(on & ~np.asarray(a2a, dtype=bool), 2 * (attn["k"] + attn["v"]), 0)
-    return ring, np.where(on & np.asarray(a2a, dtype=bool), 2 * (attn["q"] + attn["k"] + attn["v"]), 0)
+    if not np.any(a2a):  # every row on the ring
+        return np.where(on, 2 * (attn["k"] + attn["v"]), 0), 0.0
+    a2a = np.asarray(a2a, dtype=bool)
+    return (np.where(on & ~a2a, 2 * (attn["k"] + attn["v"]), 0),
+            np.where(on & a2a, 2 * (attn["q"] + attn["k"] + attn["v"]), 0))
 
 
 def _overhead_terms(opts: MemoryOptions, x: _Candidates, f: RankFeatures, capacity_bytes: float, t: dict) -> None:
