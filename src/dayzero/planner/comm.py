@@ -351,7 +351,11 @@ def _context_parallel(L: _Layer) -> list[LayerComm]:
     """The cp exchange of each row's ``cp_comm``: the ring's K/V hops (p2p rows) and the Q/K/V/O
     all-to-alls (a2a rows); each item counts no ops on the other rows."""
     a2a = cp_comm_of(L.g) == A2A
-    ring, alltoall = _ring_attention(L), _ulysses(L)
+    ring = _ring_attention(L)
+    if not a2a.any():  # every row on the ring (the search's usual case): no all-to-all to price
+        zero = L.kn(0.0)
+        return [ring, LayerComm("cp all-to-all Q/K/V/O", "all_to_all", "cp", zero, zero, zero, zero, "")]
+    alltoall = _ulysses(L)
     return [replace(ring, ops=ring.ops * ~a2a, exposed=ring.exposed * ~a2a),
             replace(alltoall, ops=alltoall.ops * a2a, exposed=alltoall.exposed * a2a)]
 
