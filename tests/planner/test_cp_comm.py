@@ -203,3 +203,16 @@ def test_a_pinned_exchange_is_the_only_one_searched():
     assert all(p.cp_comm == "p2p" for p in ring)
     with pytest.raises(LayoutError, match="cp_comm must be p2p|a2a"):
         search(GPT3, H100, 4, 8192, space=replace(space, cp_comm=("ring",)))
+
+
+def test_the_allocator_replay_holds_the_exchange_buffers_of_the_layouts_cp_comm():
+    """The one-step replay (planner.replay) allocates the same cp buffers as the memory model
+    (memory_terms.cp_buffers): its analytic bytes move by 160 - 32 = 128 MiB from ring to a2a, and
+    its requested peak by at most that."""
+    from dayzero.planner.memory import MemoryOptions
+    from dayzero.planner.replay import simulate_step
+
+    ring, a2a = (simulate_step(LLAMA, p, H100.memory_bytes, MemoryOptions()) for p in (a2a_layout(cp_comm="p2p"),
+                                                                                      a2a_layout()))
+    assert a2a.analytic_allocated - ring.analytic_allocated == pytest.approx(128 * MIB, abs=1024)
+    assert 0 <= a2a.peak_requested - ring.peak_requested <= 128 * MIB + 1024
