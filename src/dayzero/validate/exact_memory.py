@@ -513,7 +513,7 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
     t = lambda k: float(terms.get(f"temporary:{k}", 0))  # noqa: E731
     exact = {k: sum(v) + (small if k == "layer backward" else 0) for k, v in cls.items()}
     scores_planned = min(t("layer_transient"), score) if cls["attention backward"] else 0.0
-    comm = {k: t(k) for k in ("ep_a2a", "sp_gather", "cp_ring", "pp_p2p") if t(k)}
+    comm = {k: t(k) for k in ("ep_a2a", "sp_gather", "cp_ring", "cp_a2a", "pp_p2p") if t(k)}
     planned = {"loss backward": (0.0, "none: a fused cross-entropy"),
                "attention backward": (scores_planned, "the eager score matrix of layer_transient"),
                "parameter gathers": (t("zero3_gather"), "zero3_gather"),
