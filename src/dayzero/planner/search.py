@@ -94,7 +94,10 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     (:mod:`dayzero.planner.switches`) are set per row: FP8 parameter gather wherever an engine runs
     it (it only saves), optimizer offload only at the (base, ZeRO, level)s where nothing at or below
     that level fits without it (it only adds time), and, for a row under full recompute of N
-    layers, offloaded with fewer replayed layers (:func:`fewer_layers_up_the_ladder`)."""
+    layers, offloaded with fewer replayed layers (:func:`fewer_layers_up_the_ladder`). The
+    context-parallel exchange is set per row too (:mod:`dayzero.planner.cp_choice`): the only one
+    the engine runs, else the faster of the ring and the all-to-all where the heads split over cp
+    and the all-to-all's buffers fit."""
     default_memory = memory_fn is None
     if memory_fn is None:
         from dayzero.planner.memory import MemoryOptions
@@ -116,7 +119,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         engine_bases += left_out * variants
     if space.engine:  # the engine's limits on every column but zero (applied per ZeRO stage below)
         runs = engine_mask(space.engine, bases, options.switches())  # with the run's switches (engines.RUN_SWITCHES)
-        engine_bases = int((~runs).sum()) * variants
+        engine_bases += int((~runs).sum()) * variants
         bases = _take(bases, runs)
     n = len(bases["tp"])
     codes = space.resolve(spec, devices, seq, domain)
