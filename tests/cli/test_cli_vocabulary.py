@@ -68,7 +68,7 @@ def _kind(p) -> str:
 # flags (and their Megatron-style aliases) are comma-separated text with no default, where the other
 # verbs take one value
 CANDIDATE_LISTS = {("plan", f) for f in ("--tp", "--pp", "--dp", "--cp", "--ep", "--etp", "--vpp", "--mbs", "--zero",
-                                         "--recompute", "--schedule",
+                                         "--recompute", "--schedule", "--cp-comm",
                                          "--sequence-parallel")}
 
 

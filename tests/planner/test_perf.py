@@ -87,16 +87,55 @@ def test_fp8_and_fp4_speed_up_gemms_only_where_the_hardware_has_them():
     assert one(LLAMA, p, a100)[0]["step_s"] == pytest.approx(one(LLAMA, p.with_(precision="fp8"), a100)[0]["step_s"],
                                                              rel=0.02)
     gb300 = build_cluster("gb300", 64)
-    assert one(LLAMA, p.with_(precision="fp4"), gb300)[0]["step_s"] < one(LLAMA, p.with_(precision="fp8"),
-                                                                          gb300)[0]["step_s"]
+    # without TP overlap: with it this tp 8 layout is TP-bound on GB300, its GEMMs hidden under the
+    # collectives either way (planner.comm.tp_overlapped), so FP4 and FP8 steps tie
+    no = PerfOptions(comm=CommOptions(tp_overlap=False))
+    assert one(LLAMA, p.with_(precision="fp4"), gb300, options=no)[0]["step_s"] < one(
+        LLAMA, p.with_(precision="fp8"), gb300, options=no)[0]["step_s"]
 
 
 def test_tp_overlap_hides_tp_communication():
+    """Pinned on, TP overlap hides TP collectives behind the GEMMs; left to the model (None, the
+    default) it is on exactly where Megatron-Core runs --tp-comm-overlap: tp > 1 with sequence
+    parallelism (megatron/training/arguments.py asserts it), so without sequence parallelism the
+    default prices the all-reduces exposed."""
     p = ParallelConfig(tp=8, pp=1, dp=8, mbs=1, gbs=64, seq=8192, sequence_parallel=True)
-    off = one(LLAMA, p)[0]
+    off = one(LLAMA, p, options=PerfOptions(comm=CommOptions(tp_overlap=False)))[0]
     on = one(LLAMA, p, options=PerfOptions(comm=CommOptions(tp_overlap=True)))[0]
     assert on["comm_exposed_s"] < off["comm_exposed_s"]
     assert on["step_s"] < off["step_s"]
+    assert one(LLAMA, p)[0]["step_s"] == on["step_s"]  # searched: on under sequence parallelism
+    plain = p.with_(sequence_parallel=False)
+    assert one(LLAMA, plain)[0]["step_s"] == one(LLAMA, plain, options=PerfOptions(
+        comm=CommOptions(tp_overlap=False)))[0]["step_s"]
+
+
+def test_tp_overlap_rule_engines_and_export():
+    """comm.tp_overlapped: None -> tp > 1 and sequence parallel; True -> every tp > 1 row; False ->
+    none. A search pinned to an engine without TP overlap (DeepSpeed, dayzero's runtime) prices none
+    (engines.with_engine_overlaps), Megatron and torchtitan keep it; Megatron's export writes
+    --tp-comm-overlap where the planner priced it and reads it back as the same layout."""
+    import numpy as np
+
+    from dayzero.export import megatron
+    from dayzero.planner.comm import tp_overlapped
+    from dayzero.planner.engines import with_engine_overlaps
+    from dayzero.specs.grid import encode
+
+    rows = [ParallelConfig(tp=1, dp=8, gbs=64), ParallelConfig(tp=8, dp=1, gbs=64),
+            ParallelConfig(tp=8, dp=1, gbs=64, sequence_parallel=True)]
+    g = encode(rows)
+    assert list(tp_overlapped(g, CommOptions())) == [0, 0, 1]
+    assert list(tp_overlapped(g, CommOptions(tp_overlap=True))) == [0, 1, 1]
+    assert not np.any(tp_overlapped(g, CommOptions(tp_overlap=False)))
+    for engine, kept in (("deepspeed", False), ("dayzero", False), ("megatron", None), ("torchtitan", None),
+                         (None, None)):
+        assert with_engine_overlaps(PerfOptions(), engine).comm.tp_overlap is kept
+    assert with_engine_overlaps(PerfOptions(comm=CommOptions(tp_overlap=True)), "deepspeed").comm.tp_overlap
+    args = [str(a) for a in megatron.layout_args(rows[2])]
+    assert "--tp-comm-overlap" in args and "--tp-comm-overlap" not in [str(a) for a in megatron.layout_args(rows[1])]
+    back, rest = megatron.parallel_from_args(args, world=8)
+    assert back == rows[2] and "--tp-comm-overlap" not in rest
 
 
 def test_inventory_lists_each_parallel_dim_and_never_exposes_more_than_it_sends():

@@ -43,8 +43,10 @@ from dayzero.specs.layout_options import LayoutOptions
 
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; "
                                                                "memory as fp8).")]
-TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap TP collectives with GEMMs "
-                                                                                 "(Megatron --tp-comm-overlap).")]
+TpOverlapOpt = Annotated[Optional[bool], typer.Option(
+    "--tp-overlap/--no-tp-overlap", help="Pin the overlap of the TP collectives with the GEMMs (Megatron "
+    "--tp-comm-overlap) on or off (default: on wherever Megatron-Core runs it, tp > 1 with sequence "
+    "parallelism; a search pinned to an --engine without it prices none).")]
 EpOverlapOpt = Annotated[Optional[bool], typer.Option(
     "--ep-overlap/--no-ep-overlap", help="Pin the overlap of the EP all-to-all with another micro-batch on or off "
                                          "(default: wherever the layout's schedule runs it: DualPipe/DualPipeV, "
@@ -94,7 +96,7 @@ def predict_cmd(
                                               "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = False,
+    layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = None,
                 ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,

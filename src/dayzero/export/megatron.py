@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError
 from dayzero.export.common import Export, integer_setting, require_engine
-from dayzero.planner.comm import CommOptions, ep_overlapped
+from dayzero.planner.comm import CommOptions, ep_overlapped, tp_overlapped
 from dayzero.specs.grid import columns
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -77,6 +77,10 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
         a += ["--num-virtual-stages-per-pipeline-rank", p.vpp]
     if p.sequence_parallel:
         a.append("--sequence-parallel")
+        if tp_overlapped(columns(p), CommOptions())[()] > 0:
+            # the overlap the planner priced for this layout (planner.comm.tp_overlapped: tp > 1 with
+            # sequence parallelism, which Megatron-LM's arguments.py requires of --tp-comm-overlap)
+            a.append("--tp-comm-overlap")
     if p.zero == 1:
         a.append("--use-distributed-optimizer")
     elif p.zero >= 2:
@@ -220,7 +224,7 @@ def _parser() -> argparse.ArgumentParser:
         ap.add_argument(flag, type=functools.partial(integer_setting, "megatron arguments", flag), default=default)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16",
                  "--fp8-param-gather", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
-                 "--cpu-offloading"):
+                 "--cpu-offloading", "--tp-comm-overlap"):  # the last derived from the layout (tp_overlapped)
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--data-parallel-sharding-strategy", default="no_shard")
     ap.add_argument("--recompute-granularity", default=None)

@@ -80,7 +80,10 @@ COUNT_BYTES = 8  # one int64 token count per expert (torch.bincount/histc result
 
 @dataclass(frozen=True)
 class CommOptions:
-    tp_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
+    # TP collectives overlapped with the layer's GEMMs (Megatron-Core --tp-comm-overlap): None (the
+    # default) wherever Megatron-Core runs it (tp_overlapped: tp > 1 with sequence parallelism),
+    # True pinned on for every tp > 1 row, False pinned off
+    tp_overlap: bool | None = None
     # EP all-to-all overlapped with another micro-batch's compute: None (the default) wherever the
     # layout's schedule runs it (ep_overlapped: DualPipe/DualPipeV always, Megatron-Core's
     # --overlap-moe-expert-parallel-comm where its conditions hold), True pinned on everywhere,
@@ -315,17 +318,20 @@ def _tensor_parallel(L: _Layer) -> list[LayerComm]:
     again = np.where(kinds, (np.where(etp_gt1, 2, 0) + shared_pair) * moe_again + shared_pair * shared_again,
                      2 * L.dense_ffn * L.replays("mlp"))
     n_ops = per_fwd * (2 + full) + kn(again)
+    over = kn(tp_overlapped(g, opt)) > 0  # the rows whose TP collectives overlap the GEMMs
+    hidden = "GEMMs" if np.any(over) else ""
     for kind, name in (("all_gather", "tp all-gather"), ("reduce_scatter", "tp reduce-scatter")):
         t = coll(kind, act, groups, "tp", rates)
         ops = np.where(sp, n_ops / 2, 0.0) * (g["tp"] > 1)
-        items.append(LayerComm(name, kind, "tp", kn(act), ops, kn(t), kn(0.0), "GEMMs" if opt.tp_overlap else ""))
+        items.append(LayerComm(name, kind, "tp", kn(act), ops, kn(t), kn(0.0), hidden))
     t = coll("all_reduce", act, groups, "tp", rates)
     ops = np.where(sp, 0.0, n_ops / 2) * (g["tp"] > 1)
-    items.append(LayerComm("tp all-reduce", "all_reduce", "tp", kn(act), ops, kn(t), kn(0.0),
-                           "GEMMs" if opt.tp_overlap else ""))
+    items.append(LayerComm("tp all-reduce", "all_reduce", "tp", kn(act), ops, kn(t), kn(0.0), hidden))
     tp_total = sum(i.ops * i.time for i in items)
-    window = costs.gemm_fwd * (3 + full)
-    tp_exposed = np.maximum(0.0, tp_total - window) if opt.tp_overlap else tp_total
+    # the forward's GEMMs, the backward's two passes of them, and the GEMMs the recompute replays
+    # (each replayed module's collectives overlap its own replayed GEMMs)
+    window = costs.gemm_fwd * 3 + costs.gemm_replay
+    tp_exposed = np.where(over, np.maximum(0.0, tp_total - window), tp_total)
     share = np.where(tp_total > 0, tp_exposed / np.maximum(tp_total, 1e-30), 0.0)
     items = [LayerComm(i.name, i.collective, i.dim, i.nbytes, i.ops, i.time, i.ops * i.time * share, i.hidden_by)
              for i in items]
@@ -338,10 +344,8 @@ def _tensor_parallel(L: _Layer) -> list[LayerComm]:
     t = coll("all_gather", act, groups, "tp", rates)
     ops = np.where(sp, per_fwd / 2, 0.0) * (g["tp"] > 1)
     busy = ops * t
-    if opt.tp_overlap:
-        exp = np.maximum(0.0, tp_total + busy - window) - tp_exposed
-    else:
-        exp = np.maximum(0.0, busy - costs.gemm_in_fwd)
+    exp = np.where(over, np.maximum(0.0, tp_total + busy - window) - tp_exposed,
+                   np.maximum(0.0, busy - costs.gemm_in_fwd))
     items.append(LayerComm("tp sp re-gather (wgrad)", "all_gather", "tp", kn(act), kn(ops), kn(t), kn(exp),
                            "dgrad GEMMs"))
     return items
@@ -496,6 +500,22 @@ def dual_schedule(grid: dict) -> np.ndarray:
     shape = np.shape(grid["tp"])
     sched = np.asarray(grid["schedule"]) if "schedule" in grid else np.zeros(shape, dtype=np.int64)
     return np.broadcast_to((sched == DUALPIPE) | (sched == DUALPIPEV), shape)
+
+
+def tp_overlapped(grid: dict, opt: CommOptions) -> np.ndarray:
+    """(N,) 1.0 where the TP collectives overlap the layer's GEMMs (Megatron-Core
+    ``--tp-comm-overlap``, Transformer Engine's userbuffers: the all-gather / reduce-scatter of each
+    column / row-parallel pair pipelined with its GEMM). With ``opt.tp_overlap`` None, where
+    Megatron-Core runs it: tp > 1 with sequence parallelism (megatron/training/arguments.py asserts
+    "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is
+    enabled"), since the overlap never costs time in this model (exposed = what exceeds the GEMM
+    window, at most the collectives); True pins it on for every tp > 1 row, False off."""
+    shape = np.shape(grid["tp"])
+    tp = np.asarray(grid["tp"]) > 1
+    if opt.tp_overlap is not None:
+        return 1.0 * np.broadcast_to(tp & bool(opt.tp_overlap), shape)
+    sp = np.asarray(grid["sequence_parallel"]) > 0 if "sequence_parallel" in grid else np.zeros(shape, dtype=bool)
+    return 1.0 * np.broadcast_to(tp & sp, shape)
 
 
 def ep_overlapped(grid: dict, opt: CommOptions) -> np.ndarray:

@@ -91,6 +91,10 @@ class ComputeCosts:
     fwd: np.ndarray  # forward of one layer of each class
     bwd: np.ndarray  # backward (+ recompute) of one layer of each class
     gemm_fwd: np.ndarray  # GEMM share of fwd (what TP communication can overlap with)
+    # GEMM seconds the recompute replays in backward (full: gemm_fwd; selective: the GEMMs of the
+    # modules it replays, mla_up_proj / mlp / moe / shared_experts): the window a replayed
+    # module's own TP collectives overlap with under TP comm overlap (planner.comm._tensor_parallel)
+    gemm_replay: np.ndarray
     # forward GEMM seconds of the linears that read the layer's (sequence-parallel gathered) input:
     # QKV (MLA: the Q and KV projections), FC1, the shared experts' FC1; their backward dgrad GEMMs
     # (same FLOPs) are what the re-gather of that input for the weight gradient overlaps with
@@ -154,7 +158,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     modules = recompute_modules(g)
     H = spec.hidden
 
-    fwd, bwd, gemm_f, gemm_in, attn_f, dense_p, expert_p = [], [], [], [], [], [], []
+    fwd, bwd, gemm_f, gemm_re, gemm_in, attn_f, dense_p, expert_p = [], [], [], [], [], [], [], []
     keys = _class_keys(spec)
     for key in layer_classes(spec):
         ltype = key[0]
@@ -214,6 +218,10 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
                   "mlp": ffn_f if kind == "dense" else 0.0, "moe": ffn_f if kind == "moe" else 0.0,
                   "shared_experts": inside.get("shared_g", 0.0) + mem_s(inside.get("shared_el", 0.0))}
         re = np.where(replays_layer(g), f, np.where(recompute == SELECTIVE, module_replay(replay, modules), 0.0))
+        replay_gemm = {"mla_up_proj": up_g, "mlp": t_g - mixer_g if kind == "dense" else 0.0,
+                       "moe": t_g - mixer_g if kind == "moe" else 0.0, "shared_experts": inside.get("shared_g", 0.0)}
+        gemm_re.append(np.where(replays_layer(g), t_g, np.where(recompute == SELECTIVE,
+                                                                module_replay(replay_gemm, modules), 0.0)))
         ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
         bwd.append(2 * t_g + attn_bwd + t_mem_bwd + 2 * t_x + re + 2 * ovh / 3)
@@ -222,7 +230,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
 
     first, last, emb_params, head_params = _edges(spec, x, rates, c)
     n = T.shape
-    return ComputeCosts(fwd=_rows(fwd, n), bwd=_rows(bwd, n), gemm_fwd=_rows(gemm_f, n),
+    return ComputeCosts(fwd=_rows(fwd, n), bwd=_rows(bwd, n), gemm_fwd=_rows(gemm_f, n), gemm_replay=_rows(gemm_re, n),
                         gemm_in_fwd=_rows(gemm_in, n), attn_fwd=_rows(attn_f, n),
                         first_extra=first, last_extra=last, dense_params=_rows(dense_p, n),
                         expert_params=_rows(expert_p, n), first_params=np.broadcast_to(emb_params / tp, n),

@@ -91,6 +91,21 @@ class Engine:
     # gathered and its gradients unsharded until the step's end (MemoryOptions.pipelined_fsdp,
     # planner.schedule.held_zero), so its memory is priced that way (:func:`pipelined_fsdp`)
     pipelined_fsdp: bool = False
+    # overlaps the TP collectives with the GEMMs (planner.comm.tp_overlapped): Megatron-Core's
+    # --tp-comm-overlap (Transformer Engine userbuffers), torchtitan's async TP
+    # (parallelism.enable_async_tensor_parallel, with torch.compile); a search pinned to an engine
+    # without it prices none (:func:`with_engine_overlaps`)
+    tp_comm_overlap: bool = False
+
+
+def with_engine_overlaps(options, engine: str | None):
+    """``options`` (PerfOptions) for a search pinned to ``engine``: the TP overlap left to the
+    search (CommOptions.tp_overlap None) is off where that engine has none; unchanged otherwise."""
+    from dataclasses import replace
+
+    if not engine or options.comm.tp_overlap is not None or get_engine(engine).tp_comm_overlap:
+        return options
+    return replace(options, comm=replace(options.comm, tp_overlap=False))
 
 
 MEGATRON = Engine("megatron", "Megatron-Core", (
@@ -124,8 +139,9 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
           "megatron/core/transformer/transformer_config.py __post_init__: 'CPU offloading does not work when "
           "activation recomputation is enabled'"),
 ),  # dayzero export --to megatron writes the flex dispatcher on DeepEP (transformer_config.py
-    # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep')
-    ep_dispatcher="dedup")
+    # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep'); --tp-comm-overlap
+    # (megatron/training/arguments.py: only with --sequence-parallel, planner.comm.tp_overlapped)
+    ep_dispatcher="dedup", tp_comm_overlap=True)
 
 # torch.distributed.pipelining (torchtitan's and dayzero's pipelines) defers FSDP's gradient
 # reduce-scatter to the step's last backward (PipelineStage.backward_maybe_with_nosync:
@@ -185,8 +201,10 @@ TORCHTITAN = Engine("torchtitan", "torchtitan", (
                            "(training.enable_cpu_offload), not saved activations",
                            "torchtitan/config/job_config.py Training.enable_cpu_offload"),
 ),  # FSDP2 under torch.distributed.pipelining, which it keeps gathered after forward too (models/llama3/
-    # infra/parallelize.py apply_fsdp: reshard_after_forward_policy "default" is False when pp_enabled)
-    pipelined_fsdp=True)
+    # infra/parallelize.py apply_fsdp: reshard_after_forward_policy "default" is False when pp_enabled);
+    # async TP (parallelism.enable_async_tensor_parallel: torch's micro-pipelined all-gather/reduce-scatter
+    # matmuls, torch/distributed/_symmetric_memory, with torch.compile) overlaps the TP collectives
+    pipelined_fsdp=True, tp_comm_overlap=True)
 
 DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
     Limit(("zero", "pp"), lambda c: (c["pp"] == 1) | (c["zero"] <= 1),

@@ -93,15 +93,17 @@ class PerfOptions:
         return {"activation_offload_layers": self.activation_offload_layers}
 
     @classmethod
-    def for_run(cls, cluster=None, tp_overlap: bool = False, ep_overlap: bool | None = None, moe_imbalance: float = 1.0,
-                calibration: str | None = None, attention_kernel: str = "fused", *, moe_expert_cv: float = 0.0,
+    def for_run(cls, cluster=None, tp_overlap: bool | None = None, ep_overlap: bool | None = None,
+                moe_imbalance: float = 1.0, calibration: str | None = None, attention_kernel: str = "fused", *,
+                moe_expert_cv: float = 0.0,
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False,
                 fp8_scaling: str = "tensor", comm_sm_reserved: bool = False,
                 fp8_param_gather: bool = False, optimizer_offload: bool = False,
                 activation_offload_layers: int = 0) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
-        file's overrides, then a ``calibration`` file's), the overlap switches (``ep_overlap``
-        None: wherever the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
+        file's overrides, then a ``calibration`` file's), the overlap switches (``tp_overlap`` None:
+        wherever Megatron-Core runs it, planner.comm.tp_overlapped; ``ep_overlap`` None: wherever
+        the layout's schedule runs it, planner.comm.ep_overlapped), the MoE imbalance
         (busiest device's routed tokens over the average, >= 1, or derived per EP size from a
         per-expert load CV ``moe_expert_cv``), the EP dispatcher (``dedup`` | ``all_to_all``), FP8
         dispatch, the attention kernel, the FP8 recipe's scaling (``tensor`` | ``block``) and whether

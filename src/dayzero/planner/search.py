@@ -26,7 +26,7 @@ from dayzero.errors import FitError
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.cp_choice import open_rows, with_cp_comm
 from dayzero.planner.cp_choice import runs as runs_cp
-from dayzero.planner.engines import engine_mask, pipelined_fsdp
+from dayzero.planner.engines import engine_mask, pipelined_fsdp, with_engine_overlaps
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.search_fit import (  # noqa: F401  (the search's parts, importable from here as before)
@@ -106,8 +106,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
         options = options or PerfOptions()
         memory_options = searched_memory(memory_options or MemoryOptions.for_run(cluster.accelerator,
                                                                                  options.attention_kernel), space)
-    options = options or PerfOptions()
     space = space or SearchSpace()
+    options = with_engine_overlaps(options or PerfOptions(), space.engine)
     devices, domain = cluster.devices, scaleup_domain(cluster)
     bases, considered, indivisible, variants = enumerate_layouts(spec, devices, gbs, seq, space, domain, precision)
     engine_bases = engine_zero = 0  # full layouts the engine cannot run: by their base, by their ZeRO stage
@@ -309,7 +309,7 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     from dayzero.planner.predict import predict
     from dayzero.planner.sensitivity import POOL
 
-    options = options or PerfOptions()
+    options = with_engine_overlaps(options or PerfOptions(), (space or SearchSpace()).engine)
     t0 = time.perf_counter()
     want = max(top_k * FAMILY_POOL, cloud)
     result = search(spec, cluster, gbs, seq, precision, options, max(want, POOL) if uncertainty else want, max_memory,
