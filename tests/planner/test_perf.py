@@ -113,7 +113,8 @@ def test_tp_overlap_hides_tp_communication():
 def test_tp_overlap_rule_engines_and_export():
     """comm.tp_overlapped: None -> tp > 1 and sequence parallel; True -> every tp > 1 row; False ->
     none. A search pinned to an engine without TP overlap (DeepSpeed, dayzero's runtime) prices none
-    (engines.with_engine_overlaps), Megatron and torchtitan keep it; Megatron's export writes
+    (engines.with_engine_overlaps), Megatron and torchtitan keep it; the runtime prices no EP overlap
+    either; Megatron's export writes
     --tp-comm-overlap where the planner priced it and reads it back as the same layout."""
     import numpy as np
 
@@ -131,6 +132,9 @@ def test_tp_overlap_rule_engines_and_export():
     for engine, kept in (("deepspeed", False), ("dayzero", False), ("megatron", None), ("torchtitan", None),
                          (None, None)):
         assert with_engine_overlaps(PerfOptions(), engine).comm.tp_overlap is kept
+    # the EP overlap likewise where an engine is known to have none (dayzero's runtime: a plain all-to-all)
+    assert with_engine_overlaps(PerfOptions(), "dayzero").comm.ep_overlap is False
+    assert with_engine_overlaps(PerfOptions(), "megatron").comm.ep_overlap is None
     assert with_engine_overlaps(PerfOptions(comm=CommOptions(tp_overlap=True)), "deepspeed").comm.tp_overlap
     args = [str(a) for a in megatron.layout_args(rows[2])]
     assert "--tp-comm-overlap" in args and "--tp-comm-overlap" not in [str(a) for a in megatron.layout_args(rows[1])]

@@ -96,16 +96,26 @@ class Engine:
     # (parallelism.enable_async_tensor_parallel, with torch.compile); a search pinned to an engine
     # without it prices none (:func:`with_engine_overlaps`)
     tp_comm_overlap: bool = False
+    # overlaps the EP all-to-all with another micro-batch's compute outside DualPipe (planner.comm.
+    # ep_overlapped): True (Megatron-Core --overlap-moe-expert-parallel-comm), False (it has none: a
+    # search pinned to it prices none), None (not established here: the model's rule stands)
+    ep_overlap: bool | None = None
 
 
 def with_engine_overlaps(options, engine: str | None):
-    """``options`` (PerfOptions) for a search pinned to ``engine``: the TP overlap left to the
-    search (CommOptions.tp_overlap None) is off where that engine has none; unchanged otherwise."""
+    """``options`` (PerfOptions) for a search pinned to ``engine``: an overlap left to the search
+    (CommOptions.tp_overlap / ep_overlap None) is off where that engine has none (Engine.tp_comm_overlap
+    False, Engine.ep_overlap False); unchanged otherwise (DualPipe schedules overlap EP by construction)."""
     from dataclasses import replace
 
-    if not engine or options.comm.tp_overlap is not None or get_engine(engine).tp_comm_overlap:
+    if not engine:
         return options
-    return replace(options, comm=replace(options.comm, tp_overlap=False))
+    e, comm = get_engine(engine), options.comm
+    if comm.tp_overlap is None and not e.tp_comm_overlap:
+        comm = replace(comm, tp_overlap=False)
+    if comm.ep_overlap is None and e.ep_overlap is False:
+        comm = replace(comm, ep_overlap=False)
+    return options if comm is options.comm else replace(options, comm=comm)
 
 
 MEGATRON = Engine("megatron", "Megatron-Core", (
@@ -141,7 +151,7 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
 ),  # dayzero export --to megatron writes the flex dispatcher on DeepEP (transformer_config.py
     # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep'); --tp-comm-overlap
     # (megatron/training/arguments.py: only with --sequence-parallel, planner.comm.tp_overlapped)
-    ep_dispatcher="dedup", tp_comm_overlap=True)
+    ep_dispatcher="dedup", tp_comm_overlap=True, ep_overlap=True)
 
 # torch.distributed.pipelining (torchtitan's and dayzero's pipelines) defers FSDP's gradient
 # reduce-scatter to the step's last backward (PipelineStage.backward_maybe_with_nosync:
@@ -259,8 +269,9 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
     _no_activation_offload("the runtime", "keeps saved activations on the device (no activation offload)",
                            "dayzero runtime"),
 ),  # FSDP2 (runtime/parallel/data_parallel.py apply_fsdp) under torch.distributed.pipelining
-    # (runtime/parallel/pipeline.py)
-    pipelined_fsdp=True)
+    # (runtime/parallel/pipeline.py); its MoE layers send tokens with a plain all-to-all and nothing
+    # overlaps it (runtime/parallel/all_to_all.py, expert_parallel.py)
+    pipelined_fsdp=True, ep_overlap=False)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}
 

@@ -66,9 +66,10 @@ def compute_view(cluster: Cluster, compute_dtype: str) -> Cluster:
 def perf_options(compute_dtype: str, constants=None, **comm) -> PerfOptions:
     """Gradients are reduced in fp32: 4 bytes, or 2 counted bytes in the fp32 view; MoE tokens go
     through the runtime's plain all-to-all (planner.engines.DAYZERO.ep_dispatcher); its TP
-    collectives overlap nothing (DAYZERO.tp_comm_overlap)."""
+    and EP collectives overlap nothing (DAYZERO.tp_comm_overlap, DAYZERO.ep_overlap)."""
     grad = 2 if compute_dtype == "fp32" else 4
-    comm = {"ep_dispatcher": DAYZERO.ep_dispatcher, "tp_overlap": DAYZERO.tp_comm_overlap, **comm}
+    comm = {"ep_dispatcher": DAYZERO.ep_dispatcher, "tp_overlap": DAYZERO.tp_comm_overlap,
+            "ep_overlap": DAYZERO.ep_overlap, **comm}
     return PerfOptions(comm=CommOptions(grad_reduce_bytes=grad, **comm), constants=constants)
 
 
