@@ -63,8 +63,7 @@ def test_the_floor_bounds_every_level_below_and_is_exact_for_no_recompute():
     levels = space.levels(LLAMA)
     rows = [ParallelConfig(**SHORT, recompute="none"), ParallelConfig(**SHORT, recompute="full")]
     grid = encode(rows)
-    grid, _ = at_every_level({k: v for k, v in grid.items() if k != "zero"} | {"zero": grid["zero"]},
-                             (int(grid["zero"][0]),), levels)
+    grid, _ = at_every_level(grid, (int(grid["zero"][0]),), levels)
     peak, (low,) = peak_memory_batch(LLAMA, grid, FOUR.memory_bytes, OPTS, without=((RECOMPUTE_EXCESS,),))
     peak, low = peak[:len(levels)], low[:len(levels)]
     below = level_order(LLAMA, levels)

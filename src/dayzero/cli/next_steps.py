@@ -107,7 +107,7 @@ def run_step(model: str, p: Mapping[str, Any], engines: Sequence[str] | None, de
     (``engines``: the plan's labels, planner.engines; absent, it is not known and train is the
     step), else ``dayzero export`` to the first engine that does, with every layout flag (the
     switches included) and the ranks, so the step never asks the runtime for what it refuses."""
-    if engines is None or "dayzero" in engines or not engines:
+    if not engines or "dayzero" in engines:
         return train_step(model, p, devices, devices_per_node, why)
     engine = engines[0]
     return Step.of("dayzero", "export", model, "--to", engine, *layout_flags(p), "--devices", devices,

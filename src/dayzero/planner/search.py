@@ -131,16 +131,17 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
             return np.asarray(memory_fn(spec, grid, capacity), dtype=float)
         return host_capped(grid, np.asarray(memory_fn(spec, grid, capacity, memory_options), dtype=float))
 
-    host_short = [0]  # memory checks that fit the device but not what the host holds (for the FitError)
+    host_short = False  # some memory check fit the device but not what the host holds (for the FitError)
 
     def host_capped(grid: dict, peaks: np.ndarray) -> np.ndarray:
+        nonlocal host_short
         # a row whose switches keep more in host memory than the device's share fits nowhere (only the
         # rows that fit the device are asked: the others fit nowhere anyway)
         fits = np.flatnonzero(peaks <= limit)
         if not len(fits):
             return peaks
         ok = switches.on_host({k: np.asarray(v)[fits] for k, v in grid.items()})
-        host_short[0] += int((~ok).sum())
+        host_short = host_short or not ok.all()
         out = peaks.copy()
         out[fits[~ok]] = np.inf
         return out
@@ -239,7 +240,7 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
                        f"lower --seq, or raise --max-memory" + (left_out if space.engine else "")
                        + (f"; or change the pinned {space.pins()}" if space.pins() else "")
                        + ("; some fit the device only with more in host memory than the "
-                          f"{cluster.host.memory_text()}" if host_short[0] else ""))
+                          f"{cluster.host.memory_text()}" if host_short else ""))
     allrows = {k: np.concatenate([b[k] for b in best_rows]) for k in best_rows[0]}
     steps, peaks = np.concatenate(best_step), np.concatenate(best_peak)
     order = np.argsort(steps, kind="stable")[:top_k]
