@@ -87,7 +87,7 @@ def test_day0_default_directory_is_under_runs(tmp_path, capsys, monkeypatch):
 
 
 def test_html_is_self_contained_with_one_svg_per_chart(tmp_path, capsys):
-    from dayzero.report.day0_render import charts
+    from dayzero.report.day0_html import charts
 
     r = day0(capsys, tmp_path, str(llama_config(tmp_path)), "-a", "h100", "-n", "16", "--gbs", "64", "--no-ops")
     html = (tmp_path / "report.html").read_text()

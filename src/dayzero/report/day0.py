@@ -199,7 +199,8 @@ def default_dir(model: str, cluster: Cluster, root: Path = Path("runs")) -> Path
 def write(report: dict, out: Path) -> dict[str, Path]:
     """``report.json``, ``report.md`` and ``report.html`` in ``out`` (created); returns their paths."""
     from dayzero.errors import ConfigError
-    from dayzero.report.day0_render import to_html, to_markdown
+    from dayzero.report.day0_html import to_html
+    from dayzero.report.day0_render import to_markdown
     from dayzero.report.jsonable import dumps
 
     try:

@@ -1,16 +1,13 @@
-"""The Day-0 report (:mod:`dayzero.report.day0`) as Markdown and as one self-contained HTML page.
+"""The Day-0 report (:mod:`dayzero.report.day0`) as tables and as Markdown.
 
-Both show the same :func:`tables` (title, header, rows of text); the HTML adds :func:`charts`,
-inline SVG from :mod:`dayzero.report.svg`: no script, no stylesheet or font from elsewhere, so
-the page renders offline.
+:func:`tables` (title, header, rows of text) are what report.md shows and what report.html
+(:mod:`dayzero.report.day0_html`: the verdict and charts first) shows below its charts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from html import escape
 
-from dayzero.report import svg
 from dayzero.report.layout_text import describe
 from dayzero.report.training import count_text, training_rows
 from dayzero.report.uncertainty import uncertainty_tables
@@ -166,43 +163,6 @@ def validation_tables(v: dict) -> list[Table]:
                   f"{v['summary']['passed']} of {len(v['checks'])} pass; error = (predicted - measured) / measured")]
 
 
-def charts(r: dict) -> list[tuple[str, str]]:
-    """(title, svg) of every chart of the report."""
-    best = r["plans"][0]
-    stages = best["memory"]["stages"]
-    cap = best["memory"]["capacity_bytes"]
-    out = []
-    pb = parameter_breakdown(r["model"])
-    out.append(("Parameters by component", svg.stacked_bars(
-        "Parameters by component", ["model"], {k: [v / 1e9] for k, v in pb.items()}, "billion parameters")))
-    out.append(("Memory per stage", svg.stacked_bars(
-        "Memory per stage of the best plan", [f"stage {s['stage']}" for s in stages],
-        {c: [s[c] / 1e9 for s in stages] for c in MEMORY_CATEGORIES}, "GB",
-        marks=[(cap / 1e9, "capacity"), (r["scenario"]["max_memory"] * cap / 1e9, "target")])))
-    plans = r["plans"]
-    out.append(("Step time of the best plans", svg.stacked_bars(
-        "Step time of the best plans", [f"#{i + 1}" for i in range(len(plans))],
-        {name: [p["time"][k] for p in plans] for name, k in STEP_TERMS}, "seconds")))
-    comm = best["communication"]
-    if comm:
-        out.append(("Communication per step", svg.grouped_hbars(
-            "Communication per step (busiest stage)", [c["name"] for c in comm],
-            {"busy": [c["total_s"] for c in comm], "exposed": [c["exposed_s"] for c in comm]}, "seconds")))
-    cands = r["candidates"]
-    if cands:
-        chosen = 0  # candidates are ranked as the plans are: the best plan is the first
-        out.append(("Candidate cloud", svg.scatter(
-            f"Best {len(cands)} fitting layouts: step time vs peak "
-            "memory", [(c["peak_bytes"] / 1e9, c["step_s"]) for c in cands],
-            chosen, "peak memory, GB", "step s", xmarks=[(r["scenario"]["max_memory"] * cap / 1e9, "limit")])))
-    v = r.get("validation", {})
-    if v.get("measured", {}).get("losses"):
-        out.append(("Proxy run loss curve", svg.line(
-            f"Proxy run loss: {v['run']['model']}, {v['run']['layout']}", v["measured"]["losses"], "step",
-            "loss")))
-    return out
-
-
 def to_markdown(r: dict) -> str:
     lines = [f"# Day 0: {r['model']['name']} on {r['cluster']['name']}", ""]
     for t in tables(r):
@@ -216,35 +176,3 @@ def to_markdown(r: dict) -> str:
         lines.append("")
     lines += ["Charts: report.html (same directory).", ""]
     return "\n".join(lines)
-
-
-_CSS = ("body{font-family:sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#222}"
-        "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 8px;"
-        "text-align:left}td.n{text-align:right}th{background:#f2f2f2}.fail{color:#C00;font-weight:bold}"
-        ".pass{color:#070}figure{margin:1em 0 2em}p.note{color:#555;font-size:90%}")
-
-
-def _cell(c: str) -> str:
-    cls = ' class="fail"' if c == "FAIL" else (' class="pass"' if c == "pass" else "")
-    if not cls and c[:1].isdigit():
-        cls = ' class="n"'
-    return f"<td{cls}>{escape(c)}</td>"
-
-
-def to_html(r: dict) -> str:
-    title = f"Day 0: {r['model']['name']} on {r['cluster']['name']}"
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{escape(title)}</title>",
-             f"<style>{_CSS}</style></head><body>", f"<h1>{escape(title)}</h1>"]
-    for t in tables(r):
-        parts.append(f"<h2>{escape(t.title)}</h2><table>")
-        if any(t.header):
-            parts.append("<tr>" + "".join(f"<th>{escape(h)}</th>" for h in t.header) + "</tr>")
-        parts += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in t.rows]
-        parts.append("</table>")
-        if t.note:
-            parts.append(f'<p class="note">{escape(t.note)}</p>')
-    parts.append("<h2>Charts</h2>")
-    for name, chart in charts(r):
-        parts.append(f'<figure data-chart="{escape(name)}">{chart}</figure>')
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
