@@ -26,6 +26,7 @@ from dayzero.report.training import count_text
 
 CHART_W = 440  # viewBox width of a decision chart: three side by side in a 1,400 px window, text at ~1:1
 FOLD_ROWS = 10  # tables longer than this start folded
+NOTES_SHOWN = 4  # approximation lines in the banner before the rest fold: the charts stay on the first screen
 # the cloud's step axis ends at this multiple of the slowest plan shown: the layouts between the
 # plans are the alternatives a lead weighs; one twice as slow as all of them is not one
 ZOOM = 2.0
@@ -56,11 +57,19 @@ def _money(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def _approximations(r: dict) -> tuple[str, ...]:
+    """A derived model's approximations, under the figures they shape (step time, MFU and its band)."""
     m = r["model"]
-    if not m.get("derived_from_modeling_code"):
+    approx = m.get("approximations") or []
+    if not m.get("derived_from_modeling_code") or not approx:
         return ()
-    return tuple(f"approximation: {a}" for a in m.get("approximations", ()))
+    head = ("* derived from its modeling code: the figures above rest on these approximations, which the MFU "
+            "band (measured on catalog models) does not cover:")
+    return (head, *(f"approximation: {a}" for a in approx))
 
 
 def _operators(op: dict) -> tuple[tuple[str, str, str], tuple[str, ...]]:
@@ -81,7 +90,7 @@ def verdict(r: dict) -> Verdict:
     approx = _approximations(r)
     if not r.get("plans"):
         nf = r.get("no_fit") or {}
-        figs = [("model", f"{m['params_total'] / 1e9:,.1f} B parameters", f"{m['params_active'] / 1e9:,.1f} B active"),
+        figs = [("model", f"{count_text(m['params_total'])} parameters", f"{count_text(m['params_active'])} active"),
                 ("devices", f"{cl['devices']:,}", cl["accelerator"]["name"])]
         if nf.get("devices_needed"):
             figs.append(("needs", f"{nf['devices_needed']:,} devices", "the smallest count that fits"))
@@ -91,14 +100,13 @@ def verdict(r: dict) -> Verdict:
     sc, e, cost = r["scenario"], tr["energy"], tr["cost"]
     cap = p0["memory"]["capacity_bytes"]
     band = (r.get("uncertainty") or {}).get("error_band")
-    mfu_detail = (f"band {band['low']:.1%} to {band['high']:.1%}" + (" (catalog models; see approximations)"
-                                                                     if approx else "")) if band else ""
-    figs = [("step", f"{b['step_s']:.4g} s", f"{sc['gbs']:,} x {sc['seq']:,} tokens"),
-            ("MFU", f"{b['mfu']:.1%}", mfu_detail),
+    mfu_detail = f"band {band['low']:.1%} to {band['high']:.1%}" if band else ""
+    figs = [("step", f"{b['step_s']:.4g} s" + (" *" if approx else ""), f"{sc['gbs']:,} x {sc['seq']:,} tokens"),
+            ("MFU", f"{b['mfu']:.1%}" + (" *" if approx else ""), mfu_detail),
             ("peak memory", _gb(b["peak_bytes"]), f"{b['memory_utilization']:.1%} of {_gb(cap)} per device"),
             ("training", f"{tr['wall_days']:,.1f} days", f"{count_text(tr['tokens'])} tokens, goodput "
                                                          f"{tr['goodput']:.1%}"),
-            ("energy", f"{e['mwh']:,.0f} MWh", f"{e['cluster_mw']:.3g} MW") if e else
+            ("energy", f"{_num(e['mwh'])} MWh", f"{e['cluster_mw']:.3g} MW") if e else
             ("energy", "unknown", "no TDP in the catalog for this card"),
             ("cost", _money(cost["total"]), f"at {cost['price_per_device_hour']:g} per device-hour") if cost else
             ("cost", "not priced", "give --price-per-device-hour")]
@@ -193,7 +201,8 @@ _CSS = ("body{font-family:sans-serif;max-width:1360px;margin:0 auto;padding:8px 
         "table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:2px 8px;"
         "text-align:left}td.n{text-align:right}th{background:#f2f2f2}.fail{color:#C00;font-weight:bold}"
         ".pass{color:#070}p.note{color:#555;font-size:90%}details{margin:.4em 0}"
-        "summary{cursor:pointer;font-weight:bold;font-size:17px;padding:2px 0}h2{font-size:19px;margin:1em 0 .3em}")
+        "summary{cursor:pointer;font-weight:bold;font-size:17px;padding:2px 0}.approx summary{font-size:14px}"
+        "h2{font-size:19px;margin:1em 0 .3em}")
 
 
 def _cell(c: str) -> str:
@@ -211,7 +220,11 @@ def verdict_html(v: Verdict) -> str:
         f'<div class="fig">{escape(label)}<b>{escape(value)}</b><small>{escape(detail)}</small></div>'
         for label, value, detail in v.figures) + "</div>")
     parts += [f'<p class="finding">{escape(f)}</p>' for f in v.findings]
-    parts += [f'<p class="approx">{escape(n)}</p>' for n in v.notes]
+    shown, rest = v.notes[:NOTES_SHOWN], v.notes[NOTES_SHOWN:]
+    parts += [f'<p class="approx">{escape(n)}</p>' for n in shown]
+    if rest:
+        parts.append(f'<details class="approx"><summary>{len(rest)} more</summary>'
+                     + "".join(f"<p>{escape(n)}</p>" for n in rest) + "</details>")
     return "".join(parts) + "</header>"
 
 

@@ -139,33 +139,53 @@ def _axis(x0: float, x1: float, y: float, top: float, vmax: float, unit: str) ->
     return out
 
 
+def wrap(text: str, chars: int) -> list[str]:
+    """``text`` in lines of at most ``chars`` characters, broken between words (a longer word stands alone)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= chars:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
+HALO = 'paint-order="stroke" stroke="#fff" stroke-width="3"'  # text stays legible over points and lines
+
+
 def stacked_bars(title: str, labels: Sequence[str], series: dict[str, Sequence[float]], unit: str,
                  marks: Sequence[tuple[float, str]] = (), width: int = 680, subtitle: str = "") -> str:
     """One horizontal bar per label, stacked by series (in order, only those with a nonzero value),
     its total written at its end; ``marks`` are vertical reference lines (value, label), e.g. device
     capacity and the memory target. A label longer than the left margin's 15 characters (a layout)
-    goes above its bar, the bar then spanning the full width."""
+    goes above its bar, wrapped to the chart's width, the bar then spanning the full width."""
     names = list(present(series))
     colours = [list(series).index(n) for n in names]
     totals = [sum(series[n][i] for n in names) for i in range(len(labels))]
     vmax = _nice_max(max([*totals, *(v for v, _ in marks)], default=1.0))
     above = any(len(lb) > 15 for lb in labels)
-    left, right, bar = (12 if above else 110), width - 56, 18
-    row = bar + (20 if above else 6)
+    left, right, bar, line_h = (12 if above else 110), width - 56, 18, 14
+    heads = [wrap(lb, int((width - 8 - left) / CHAR_W)) if above else [lb] for lb in labels]
     rows = legend_rows(names, left, right)
-    top = 48 + 16 * (rows - 1) + (16 if subtitle else 0) + (14 if above else 0)
-    height = top + len(labels) * row + 40
-    out = _open(width, height, title)
+    top = 48 + 16 * (rows - 1) + (16 if subtitle else 0)
+    ys, y = [], top
+    for h in heads:
+        y += line_h * len(h) if above else 0
+        ys.append(y)
+        y += bar + 6
+    y_axis = y
+    out = _open(width, y_axis + 40, title)
     if subtitle:
         out.append(f'<text x="{width / 2}" y="32" text-anchor="middle" fill="#555">{escape(subtitle)}</text>')
     out += _legend(names, left, 36 + (16 if subtitle else 0), right, colours)
     scale = (right - left) / vmax
-    y_axis = top + len(labels) * row
-    out += _axis(left, right, y_axis, top - 4 - (14 if above else 0), vmax, unit)
+    out += _axis(left, right, y_axis, top - 4, vmax, unit)
     for i, label in enumerate(labels):
-        y = top + i * row
+        y = ys[i]
         if above:
-            out.append(f'<text x="{left}" y="{y - 4}">{escape(label)}</text>')
+            for k, text in enumerate(heads[i]):
+                out.append(f'<text x="{left}" y="{y - 4 - line_h * (len(heads[i]) - 1 - k)}" {HALO}>'
+                           f"{escape(text)}</text>")
         else:
             out.append(f'<text x="{left - 6}" y="{y + bar - 5}" text-anchor="end">{escape(label)}</text>')
         x = left
@@ -181,7 +201,8 @@ def stacked_bars(title: str, labels: Sequence[str], series: dict[str, Sequence[f
         x = left + v * scale
         out.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{y_axis}" stroke="#C00" stroke-dasharray="4 '
                    '3"/>')
-        out.append(f'<text x="{x - 3:.1f}" y="{y_axis - 4}" text-anchor="end" fill="#C00">{escape(label)}</text>')
+        out.append(f'<text x="{x - 3:.1f}" y="{y_axis - 4}" text-anchor="end" fill="#C00" {HALO}>'
+                   f"{escape(label)}</text>")
     return "\n".join(out + ["</svg>"])
 
 
@@ -207,7 +228,7 @@ def stacked_columns(title: str, labels: Sequence[str], series: dict[str, Sequenc
     out.append(f'<text x="{left - 4}" y="{top - 8}" text-anchor="end">{escape(unit)}</text>')
     n = max(len(labels), 1)
     slot = (right - left) / n
-    col = max(slot * 0.8, 1.0)
+    col = min(max(slot * 0.8, 1.0), 60.0)
     every = max(1, math.ceil(n * (CHAR_W * max((len(lb) for lb in labels), default=1) + 6) / (right - left)))
     scale = plot / vmax
     for i, label in enumerate(labels):
@@ -226,7 +247,7 @@ def stacked_columns(title: str, labels: Sequence[str], series: dict[str, Sequenc
     for v, label in marks:
         y = bottom - v * scale
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#C00" stroke-dasharray="4 3"/>')
-        out.append(f'<text x="{right - 2}" y="{y - 3:.1f}" text-anchor="end" fill="#C00">{escape(label)}</text>')
+        out.append(f'<text x="{right - 2}" y="{y - 3:.1f}" text-anchor="end" fill="#C00" {HALO}>{escape(label)}</text>')
     return "\n".join(out + ["</svg>"])
 
 
@@ -314,7 +335,7 @@ def scatter(title: str, points: Sequence[tuple[float, float]], chosen: Sequence[
     for v, label in xmarks:
         x = px(v)
         out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke="#C00" stroke-dasharray="4 3"/>')
-        out.append(f'<text x="{x - 3:.1f}" y="{top + 26}" text-anchor="end" fill="#C00">{escape(label)}</text>')
+        out.append(f'<text x="{x - 3:.1f}" y="{top + 26}" text-anchor="end" fill="#C00" {HALO}>{escape(label)}</text>')
     marks = [(i, label) for i, label in chosen if 0 <= i < len(points)]
     # (x, baseline y, width, height) of what a label must not cover: the large dots, then the labels
     taken = [(px(points[i][0]) - 5, py(points[i][1]) + 5, 10.0, 10.0) for i, _ in marks]
@@ -325,7 +346,7 @@ def scatter(title: str, points: Sequence[tuple[float, float]], chosen: Sequence[
                    f"{escape(xlabel)}</title></circle>")
     for i, label in marks:  # labels after every dot, so none is drawn under a later dot
         tx, ty = _place(px(points[i][0]), py(points[i][1]), label, taken, (left, top, right, bottom))
-        out.append(f'<text x="{tx:.1f}" y="{ty:.1f}" font-weight="bold">{escape(label)}</text>')
+        out.append(f'<text x="{tx:.1f}" y="{ty:.1f}" font-weight="bold" {HALO}>{escape(label)}</text>')
     return "\n".join(out + ["</svg>"])
 
 
