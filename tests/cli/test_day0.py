@@ -152,30 +152,63 @@ def test_predict_and_plan_carry_training(capsys):
 
 
 CHROMIUM = next((c for c in ("chromium", "chromium-browser", "google-chrome") if shutil.which(c)), None)
+SCREEN = (1400, 900)  # a laptop's browser window: the verdict and the decision charts must be in it
+# injected into the test's copy of report.html only (the report itself has no script): the boxes of
+# the verdict, every chart and every <details>, in CSS pixels from the page's top left, as the title
+MEASURE = ("<script>addEventListener('load',()=>{const q=s=>[...document.querySelectorAll(s)].map(e=>{"
+           "const b=e.getBoundingClientRect();return [e.id||e.dataset.chart||e.tagName,b.left,b.top,b.right,"
+           "b.bottom]});document.title='BOXES'+JSON.stringify({verdict:q('#verdict'),charts:q('figure[data-chart]'),"
+           "svgs:q('svg'),details:q('details')})});</script>")
 
 
+def browser(tmp_path, *args):
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--enable-logging=stderr",
+           "--v=0", f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={SCREEN[0]},{SCREEN[1]}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (CI installs Debian's: .ci/run)")
-def test_report_renders_in_a_headless_browser(tmp_path, capsys):
-    """Chromium opens report.html offline: every chart is laid out with a size, nothing is logged
-    to the console, and a screenshot is taken."""
+def test_report_reads_in_one_screen_in_a_headless_browser(tmp_path, capsys):
+    """Chromium opens report.html offline at 1400x900: the verdict and at least two of the decision
+    charts lie wholly inside the first screen, every chart is laid out with a size, nothing is
+    logged to the console, and the screenshot of that screen is not blank."""
+    import html as html_lib
+
+    from dayzero.report.day0_html import DECISION
+
     day0(capsys, tmp_path, str(llama_config(tmp_path)), "-a", "h100", "-n", "16", "--gbs", "64", "--no-ops")
     html = tmp_path / "report.html"
     probe = tmp_path / "probe.html"
-    check = ("<script>addEventListener('load',()=>{const s=[...document.querySelectorAll('svg')];"
-             "document.title='svgs:'+s.length+':'+s.filter(e=>e.getBoundingClientRect().width>100"
-             "&&e.getBoundingClientRect().height>50).length;});</script>")
-    probe.write_text(html.read_text().replace("</body>", check + "</body>"))
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
-            "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120,
-                         check=False)
-    m = re.search(r"<title>svgs:(\d+):(\d+)</title>", dom.stdout)
-    assert m and int(m.group(1)) == int(m.group(2)) == html.read_text().count("<svg"), dom.stdout[:500]
+    probe.write_text(html.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = browser(tmp_path, "--dump-dom", probe.as_uri())
+    m = re.search(r"<title>BOXES(.*?)</title>", dom.stdout, re.S)
+    assert m, dom.stdout[:500] + dom.stderr[-1000:]
+    boxes = json.loads(html_lib.unescape(m.group(1)))
+
+    def on_screen(box):
+        _, left, top, right, bottom = box
+        return left >= 0 and top >= 0 and right <= SCREEN[0] and bottom <= SCREEN[1] and right - left > 100
+
+    assert len(boxes["verdict"]) == 1 and on_screen(boxes["verdict"][0]), boxes["verdict"]
+    first = [b for b in boxes["charts"] if b[0] in DECISION and on_screen(b) and b[4] - b[2] > 150]
+    assert len(first) >= 2, boxes["charts"]
+    assert boxes["verdict"][0][4] <= min(b[2] for b in first)  # the verdict above the charts
+    assert all(b[4] > SCREEN[1] * 0.5 for b in boxes["details"])  # the tables come after
+    assert len(boxes["svgs"]) == html.read_text().count("<svg")
+    assert all(b[3] - b[1] > 100 and b[4] - b[2] > 50 for b in boxes["svgs"])
     assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
+
+    Image = pytest.importorskip("PIL.Image")  # matplotlib's dependency, in the test extra
     shot = tmp_path / "report.png"
-    subprocess.run([*base, f"--screenshot={shot}", "--window-size=1000,3000", html.as_uri()],
-                   capture_output=True, timeout=120, check=False)
-    assert shot.exists() and shot.stat().st_size > 10_000
+    browser(tmp_path, f"--screenshot={shot}", html.as_uri())
+    img = Image.open(shot).convert("RGB")
+    assert img.size == SCREEN
+    colours = img.getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 50  # text, bars and points, not a blank or one-colour page
+    white = next((n for n, c in (colours or []) if c == (255, 255, 255)), 0)
+    assert white < 0.9 * SCREEN[0] * SCREEN[1]
 
 
 def test_outputs_fit_80_columns_and_help_has_examples(tmp_path, capsys, monkeypatch):
