@@ -35,7 +35,11 @@ def _nice_max(v: float, mults: Sequence[float] = (1, 2, 2.5, 3, 4, 5, 6, 8, 10))
 
 
 def _fmt(v: float) -> str:
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    """A tick or value label: whole numbers from 100 up (187.5 keeps its half below 1,000), three
+    significant digits below."""
+    if abs(v) >= 1000 or (abs(v) >= 100 and v == round(v)):
+        return f"{v:,.0f}"
+    return f"{v:.4g}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _open(width: int, height: int, title: str) -> list[str]:
