@@ -24,6 +24,7 @@ from dayzero.report.day0_render import MEMORY_CATEGORIES, STEP_TERMS, Table, hea
 from dayzero.report.layout_text import describe
 from dayzero.report.training import count_text
 
+GIB = 2**30  # device memory in GiB, the unit HBM is sized in (an "H100 80GB" holds 80 GiB)
 CHART_W = 440  # viewBox width of a decision chart: three side by side in a 1,400 px window, text at ~1:1
 FOLD_ROWS = 10  # tables longer than this start folded
 NOTES_SHOWN = 4  # approximation lines in the banner before the rest fold: the charts stay on the first screen
@@ -46,8 +47,8 @@ class Verdict:
     notes: tuple[str, ...]
 
 
-def _gb(n: float) -> str:
-    return f"{n / 1e9:,.1f} GB"
+def _gib(n: float) -> str:
+    return f"{n / GIB:,.1f} GiB"
 
 
 def _money(x: float) -> str:
@@ -103,7 +104,7 @@ def verdict(r: dict) -> Verdict:
     mfu_detail = f"band {band['low']:.1%} to {band['high']:.1%}" if band else ""
     figs = [("step", f"{b['step_s']:.4g} s" + (" *" if approx else ""), f"{sc['gbs']:,} x {sc['seq']:,} tokens"),
             ("MFU", f"{b['mfu']:.1%}" + (" *" if approx else ""), mfu_detail),
-            ("peak memory", _gb(b["peak_bytes"]), f"{b['memory_utilization']:.1%} of {_gb(cap)} per device"),
+            ("peak memory", _gib(b["peak_bytes"]), f"{b['memory_utilization']:.1%} of {_gib(cap)} per device"),
             ("training", f"{tr['wall_days']:,.1f} days", f"{count_text(tr['tokens'])} tokens, goodput "
                                                          f"{tr['goodput']:.1%}"),
             ("energy", f"{_num(e['mwh'])} MWh", f"{e['cluster_mw']:.3g} MW") if e else
@@ -148,20 +149,20 @@ def decision_charts(r: dict) -> list[tuple[str, str]]:
         "Step time of the best plans", labels, {name: [p["time"][k] for p in plans] for name, k in STEP_TERMS},
         "seconds", width=CHART_W, subtitle=shared))]
     out.append((DECISION[1], svg.stacked_columns(
-        f"Memory per pipeline stage of #1 (GB, {len(stages)} stages)", [str(s["stage"]) for s in stages],
-        {c: [s[c] / 1e9 for s in stages] for c in MEMORY_CATEGORIES}, "GB",
-        marks=[(cap / 1e9, "capacity"), (limit / 1e9, f"target {r['scenario']['max_memory']:.0%}")],
+        f"Memory per pipeline stage of #1 (GiB, {len(stages)} stages)", [str(s["stage"]) for s in stages],
+        {c: [s[c] / GIB for s in stages] for c in MEMORY_CATEGORIES}, "GiB",
+        marks=[(cap / GIB, "capacity"), (limit / GIB, f"target {r['scenario']['max_memory']:.0%}")],
         width=CHART_W, xlabel="stage")))
     cands = r.get("candidates") or []
     if cands:
         # the plans drawn from their own figures (a plan's layout may carry a layer split its cloud point lacks)
-        pts = [(c["peak_bytes"] / 1e9, c["step_s"]) for c in cands]
-        pts += [(p["memory"]["peak_bytes"] / 1e9, p["time"]["step_s"]) for p in plans]
+        pts = [(c["peak_bytes"] / GIB, c["step_s"]) for c in cands]
+        pts += [(p["memory"]["peak_bytes"] / GIB, p["time"]["step_s"]) for p in plans]
         slowest = max(p["time"]["step_s"] for p in plans)
         out.append((DECISION[2], svg.scatter(
             f"Step time vs peak memory, {len(cands)} fitting layouts", pts,
-            [(len(cands) + n, f"#{n + 1}") for n in range(len(plans))], "peak memory, GB", "step s",
-            xmarks=[(limit / 1e9, "limit")], width=CHART_W, height=330, ycap=ZOOM * slowest)))
+            [(len(cands) + n, f"#{n + 1}") for n in range(len(plans))], "peak memory, GiB", "step s",
+            xmarks=[(limit / GIB, "limit")], width=CHART_W, height=330, ycap=ZOOM * slowest)))
     return out
 
 
