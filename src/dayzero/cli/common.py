@@ -211,10 +211,16 @@ TokensOpt = Annotated[str, typer.Option("--tokens", help="Tokens to train on: 15
                                                          "suffixes).")]
 PriceOpt = Annotated[Optional[float], typer.Option("--price-per-device-hour", help="Price of one device-hour (any "
                                                                                    "currency); adds the cost.")]
-PueOpt = Annotated[float, typer.Option("--pue", help="Data-centre power usage effectiveness (>= 1; 1: device energy "
-                                                     "only).")]
-HostOverheadOpt = Annotated[float, typer.Option("--host-overhead", help="Host power (CPUs, NICs, switches) per "
-                                                                        "device, fraction of device power.")]
+PueOpt = Annotated[Optional[float], typer.Option("--pue", help="Data-centre power usage effectiveness (>= 1; default: "
+                                                               "the Uptime Institute 2024 survey average, 1.56).")]
+HostOverheadOpt = Annotated[Optional[float], typer.Option("--host-overhead", help="Host power (CPUs, memory, NICs) per "
+                                                          "device as a fraction of device power (default: the "
+                                                          "system's documented power less its devices').")]
+ElectricityOpt = Annotated[Optional[float], typer.Option("--electricity-price", help="Price of one facility kWh "
+                                                         "(same currency as the device-hour); adds the energy cost.")]
+FailuresOpt = Annotated[Optional[str], typer.Option("--failures", help="Your incident log (CSV: timestamp,component,"
+                                                    "devices) refits the interruption rates (default: Llama 3's "
+                                                    "by component).")]
 DEFAULT_TOKENS = "1T"
 
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -236,13 +242,16 @@ def parse_tokens(text: str, flag: str = "--tokens") -> float:
     return value
 
 
-def cost_options(tokens: str = DEFAULT_TOKENS, price_per_device_hour: float | None = None, pue: float = 1.0,
-                 host_overhead: float = 0.0):
+def cost_options(tokens: str = DEFAULT_TOKENS, price_per_device_hour: float | None = None, pue: float | None = None,
+                 host_overhead: float | None = None, electricity_price: float | None = None,
+                 failures: str | None = None):
     """CostOptions from the CLI's training-cost flags (each checked there, one line on bad input)."""
+    from dayzero.planner.failures import load_incidents
     from dayzero.planner.training_cost import CostOptions
 
     return CostOptions(tokens=parse_tokens(tokens), price_per_device_hour=price_per_device_hour, pue=pue,
-                       host_overhead=host_overhead)
+                       host_overhead=host_overhead, electricity_per_kwh=electricity_price,
+                       failure_rates=load_incidents(failures) if failures else None)
 
 
 # -- what a verb did with the model's config (inspect, memory, predict, plan) ------------------

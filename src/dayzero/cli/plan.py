@@ -16,6 +16,8 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    ElectricityOpt,
+    FailuresOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
@@ -179,7 +181,8 @@ def plan_cmd(
     expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
+    pue: PueOpt = None, host_overhead: HostOverheadOpt = None,
+    electricity_price: ElectricityOpt = None, failures: FailuresOpt = None, trust_remote_code: TrustRemoteCodeOpt = False,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Only layouts this engine runs as laid out: "
                                                   "megatron | torchtitan | deepspeed | dayzero.")] = None,
     json_out: JsonOpt = False,
@@ -200,7 +203,7 @@ def plan_cmd(
     from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
 
-    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
@@ -252,7 +255,7 @@ def plan_cmd(
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
                SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw),
                memory_options=mopts, uncertainty=True)
-    obj = with_training(obj, cl.accelerator, copt)
+    obj = with_training(obj, cl, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})

@@ -17,6 +17,8 @@ from dayzero.cli.common import (
     DevicesOpt,
     DevicesPerNodeOpt,
     Fp8ParamOpt,
+    ElectricityOpt,
+    FailuresOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
@@ -105,7 +107,8 @@ def predict_cmd(
     moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
     optimizer_offload: OptimizerOffloadOpt = False, activation_offload: ActivationOffloadOpt = 0,
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
+    pue: PueOpt = None, host_overhead: HostOverheadOpt = None,
+    electricity_price: ElectricityOpt = None, failures: FailuresOpt = None, trust_remote_code: TrustRemoteCodeOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory,
@@ -120,7 +123,7 @@ def predict_cmd(
     from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
 
-    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
@@ -143,7 +146,7 @@ def predict_cmd(
     from dayzero.planner.predict import check_offload_layout, with_even_split
 
     check_offload_layout(spec, with_even_split(spec, par), activation_offload)
-    obj = with_training(predict(spec, par, cl, opts, mopts), cl.accelerator, copt)
+    obj = with_training(predict(spec, par, cl, opts, mopts), cl, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})
