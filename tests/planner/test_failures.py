@@ -34,7 +34,7 @@ def test_interval_is_youngs_where_its_assumptions_hold():
 
 def _log(hours_between: float, n: int = 9, devices: int = 512) -> list[dict]:
     causes = ["GPU HBM3 ECC error", "NIC flap", "InfiniBand cable", "NCCL timeout", "firmware upgrade (planned)"]
-    return [{"timestamp": f"2026-01-01T00:00:00+00:00" if i == 0 else
+    return [{"timestamp": "2026-01-01T00:00:00+00:00" if i == 0 else
              __import__("datetime").datetime.fromtimestamp(1767225600 + i * hours_between * 3600,
                                                            tz=__import__("datetime").timezone.utc).isoformat(),
              "component": causes[i % len(causes)], "devices": str(devices)} for i in range(n)]

@@ -68,11 +68,9 @@ def compare_cmd(
     from dayzero.cli.common import model_notes, print_model_notes
     from dayzero.errors import ConfigError
     from dayzero.planner.perf import PerfOptions
-    from dayzero.report.compare import compare
+    from dayzero.report.compare import RANK_BY, compare, ranked
     from dayzero.specs.cluster import build_cluster, get_cluster
     from dayzero.specs.registry import load_model
-
-    from dayzero.report.compare import RANK_BY, ranked
 
     if rank_by not in RANK_BY:
         raise ConfigError("--rank-by", None, f"expected one of {', '.join(RANK_BY)}, got {rank_by!r}")

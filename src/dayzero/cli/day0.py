@@ -71,6 +71,7 @@ def day0_cmd(
     --price-per-device-hour 2.5 --out runs/my-day0[/bold]; [bold]dayzero day0 tiny-llama -a h100 -n 64
     --validate[/bold]
     """
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         Progress,
@@ -78,8 +79,6 @@ def day0_cmd(
         TextColumn,
         TimeElapsedColumn,
     )
-
-    from rich.markup import escape
 
     from dayzero.errors import ConfigError
     from dayzero.report.day0 import Day0Request, ProxyOptions, default_dir, steps, write

@@ -182,7 +182,8 @@ def plan_cmd(
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = None, host_overhead: HostOverheadOpt = None,
-    electricity_price: ElectricityOpt = None, failures: FailuresOpt = None, trust_remote_code: TrustRemoteCodeOpt = False,
+    electricity_price: ElectricityOpt = None, failures: FailuresOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Only layouts this engine runs as laid out: "
                                                   "megatron | torchtitan | deepspeed | dayzero.")] = None,
     json_out: JsonOpt = False,

@@ -69,8 +69,9 @@ def train_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (also off when CI=true).")] = False,
     ckpt_dir: Annotated[Optional[Path], typer.Option("--ckpt-dir", help="Checkpoint directory: resume from its newest "
                                                                         "good version, save into it.")] = None,
-    ckpt_every: Annotated[Optional[int], typer.Option("--ckpt-every", min=0, help="Save every N steps (0: only at "
-                                                      "the end; default: the interval --plan derived, else 0).")] = None,
+    ckpt_every: Annotated[Optional[int], typer.Option(
+        "--ckpt-every", min=0, help="Save every N steps (0: only at the end; default: the interval --plan derived, "
+                                    "else 0).")] = None,
     keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints of this run's lineage to keep (the "
                                                             "newest is never deleted).")] = 3,
     prune_other_lineages: Annotated[bool, typer.Option("--ckpt-prune-other-lineages", help="Let retention also delete "
