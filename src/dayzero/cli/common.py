@@ -178,11 +178,22 @@ ActivationOffloadOpt = Annotated[int, typer.Option("--activation-offload", metav
                                                         "hide. 0: off.")]
 
 
+AllocatorOpt = Annotated[str, typer.Option("--allocator", help="PyTorch's allocator: caching (the default) | "
+                                                                "expandable (PYTORCH_CUDA_ALLOC_CONF="
+                                                                "expandable_segments:True, as Llama 3 ran): the "
+                                                                "fragmentation budget each leaves.")]
+MoeProbsOpt = Annotated[str, typer.Option("--moe-probs", help="Where the routing weights are applied: combine (every "
+                                                              "expert output kept for the weighted sum) | activation "
+                                                              "(folded into the SwiGLU, Megatron-Core "
+                                                              "--moe-apply-probs-on-input / DeepSeek-V3).")]
+
+
 def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool = False,
-                  optimizer_offload: bool = False, activation_offload: int = 0) -> dict:
+                  optimizer_offload: bool = False, activation_offload: int = 0, allocator: str = "caching",
+                  moe_probs: str = "combine") -> dict:
     """MemoryOptions keywords of ``--moments``, ``--activation-func-fp8-input-store``,
-    ``--fp8-param-gather``, ``--optimizer-offload`` and ``--activation-offload`` (the defaults give
-    none, so each verb's own defaults stay)."""
+    ``--fp8-param-gather``, ``--optimizer-offload``, ``--activation-offload``, ``--allocator`` and
+    ``--moe-probs`` (the defaults give none, so each verb's own defaults stay)."""
     from dayzero.errors import ConfigError
     from dayzero.planner.memory_options import MOMENT_BYTES
 
@@ -202,6 +213,12 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
 
         check_activation_offload(activation_offload)
         out["activation_offload_layers"] = activation_offload
+    for flag, value, allowed, key in (("--allocator", allocator, ("caching", "expandable"), "allocator"),
+                                      ("--moe-probs", moe_probs, ("combine", "activation"), "moe_probs")):
+        if value not in allowed:
+            raise ConfigError(flag, None, f"must be {' or '.join(allowed)}, got {value!r}")
+        if value != allowed[0]:
+            out[key] = value
     return out
 
 

@@ -13,6 +13,7 @@ from dayzero.cli.common import (
     AcceleratorOpt,
     ActFp8Opt,
     ActivationOffloadOpt,
+    AllocatorOpt,
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
@@ -21,6 +22,7 @@ from dayzero.cli.common import (
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
+    MoeProbsOpt,
     MomentsOpt,
     PriceOpt,
     PueOpt,
@@ -171,7 +173,8 @@ def plan_cmd(
         "one (e.g. core_attn,core_attn+moe_act+layernorm); modules: core_attn, moe_act, layernorm, mla_up_proj, "
         "mlp, moe, shared_experts. Default: core_attn; core_attn+moe_act+layernorm; + mla_up_proj, those that "
         "apply to the model.")] = None,
-    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: SearchedFp8ParamOpt = None,
+    moments: MomentsOpt = "fp32", allocator: AllocatorOpt = "caching", moe_probs: MoeProbsOpt = "combine",
+    act_fp8: ActFp8Opt = False, fp8_params: SearchedFp8ParamOpt = None,
     optimizer_offload: SearchedOffloadOpt = None, activation_offload: ActivationOffloadOpt = 0,
     no_activation_offload: NoActivationOffloadOpt = False,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
@@ -243,7 +246,8 @@ def plan_cmd(
         from dayzero.planner.engines import get_engine
 
         engine = get_engine(engine).name
-    recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload), activation_offload)
+    recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload), activation_offload,
+                           allocator, moe_probs)
     if activation_offload:  # per layout the search caps it at each chunk's layers - 1 (planner.activation_offload)
         from dayzero.planner.activation_offload import check_activation_offload
 

@@ -12,6 +12,7 @@ from dayzero.cli.common import (
     AcceleratorOpt,
     ActFp8Opt,
     ActivationOffloadOpt,
+    AllocatorOpt,
     AttentionKernelOpt,
     ClusterOpt,
     DevicesOpt,
@@ -22,6 +23,7 @@ from dayzero.cli.common import (
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
+    MoeProbsOpt,
     MomentsOpt,
     OptimizerOffloadOpt,
     PriceOpt,
@@ -104,7 +106,8 @@ def predict_cmd(
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",
-    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
+    moments: MomentsOpt = "fp32", allocator: AllocatorOpt = "caching", moe_probs: MoeProbsOpt = "combine",
+    act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
     optimizer_offload: OptimizerOffloadOpt = False, activation_offload: ActivationOffloadOpt = 0,
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = None, host_overhead: HostOverheadOpt = None,
@@ -138,7 +141,8 @@ def predict_cmd(
     # the memory switches as the layout's own (planner.switches), so its engines are those that run them
     par = par.with_(fp8_param_gather=bool(fp8_params) and precision != "bf16",
                     optimizer_offload=bool(optimizer_offload), activation_offload_layers=activation_offload)
-    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload)
+    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload,
+                           allocator, moe_probs)
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions
