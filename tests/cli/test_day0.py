@@ -15,7 +15,7 @@ from dayzero.cli.app import main
 from dayzero.cli.common import parse_tokens
 from dayzero.errors import ConfigError
 from dayzero.planner.training_cost import CostOptions, cost_of_prediction
-from dayzero.specs.hardware import get_accelerator
+from dayzero.specs.cluster import build_cluster, get_cluster
 
 SECTIONS = ("model", "cluster", "scenario", "operators", "search", "plans", "candidates", "best", "checks", "training")
 
@@ -51,8 +51,15 @@ def test_day0_seed_scenario_writes_the_report(tmp_path, capsys):
         assert s in r, s
     assert r["cluster"]["name"] == "ascend910b-8192" and r["model"]["name"] == "dense-3t"
     best = r["plans"][0]
-    expect = cost_of_prediction(best, get_accelerator("910b"), CostOptions(tokens=15e12))
+    expect = cost_of_prediction(best, get_cluster("ascend910b-8192"), CostOptions(tokens=15e12))
     assert r["training"] == json.loads(json.dumps(expect))
+    # facility energy at three levels, goodput with the interval's reason, the seed's claims
+    e, f = r["training"]["energy"], r["training"]["failures"]
+    assert e["device_mwh"] < e["node_mwh"] < e["it_mwh"] < e["mwh"] and e["pue"] > 1
+    assert "Young" in f["interval_reason"] and 0 < r["training"]["goodput"] < 1
+    assert {c["claim"] for c in r["claims"]} >= {"3T parameters in BF16 need about 600 GB",
+                                                 "ZeRO cuts memory about 8x"}
+    assert next(c for c in r["claims"] if "600 GB" in c["claim"])["holds"] is False  # 3T x 2 B = 6 TB
     assert r["training"]["tokens"] == 15e12
     assert [c["metric"] for c in r["checks"]] == ["mfu", "peak_memory_fraction", "comm_ratio"]
     assert r["candidates"][0]["step_s"] == pytest.approx(best["time"]["step_s"])
@@ -106,7 +113,8 @@ def test_compare_three_accelerators(capsys):
     out = run(capsys, argv)
     obj = json.loads(run(capsys, [*argv, "--json"]))
     rows = obj["rows"]
-    assert [r["accelerator"] for r in rows] == ["nvidia_h100_sxm", "huawei_ascend_910b", "amd_mi300x"]
+    assert obj["rank_by"] == "days" and [r["wall_days"] for r in rows] == sorted(r["wall_days"] for r in rows)
+    assert {r["accelerator"] for r in rows} == {"nvidia_h100_sxm", "huawei_ascend_910b", "amd_mi300x"}
     for r in rows:
         assert r["fits"] and r["training"]["wall_days"] == r["wall_days"] and r["hbm_gb"] > 0
         assert f"{r['step_s']:.4g}" in out and f"{r['wall_days']:,.1f}" in out
@@ -115,6 +123,19 @@ def test_compare_three_accelerators(capsys):
     assert a["training"]["ideal_days"] / b["training"]["ideal_days"] == pytest.approx(a["step_s"] / b["step_s"],
                                                                                       rel=1e-6)
     assert "dayzero day0 llama-3.1-8b --accelerator" in out.split("next:", 1)[1]
+
+
+def test_compare_rank_by(capsys):
+    argv = ["compare", "llama-3.1-8b", "--accelerators", "h100,910b,mi300x", "--devices", "16", "--gbs", "64",
+            "--json"]
+    tpj = json.loads(run(capsys, [*argv, "--rank-by", "tokens-per-joule"]))["rows"]
+    assert [r["tokens_per_joule"] for r in tpj] == sorted((r["tokens_per_joule"] for r in tpj), reverse=True)
+    cost = json.loads(run(capsys, [*argv, "--rank-by", "cost"]))["rows"]
+    priced = [r for r in cost if r["cost"] is not None]
+    assert priced and cost[:len(priced)] == priced  # cards without a public price come last
+    assert priced[0]["cost_source"].startswith("USD")
+    assert main([*argv, "--rank-by", "speed"]) == 2
+    assert "--rank-by" in capsys.readouterr().err
 
 
 def test_compare_clusters_and_a_card_that_cannot_hold_the_model(capsys):
@@ -142,8 +163,10 @@ def test_tokens_parser_rejects(bad, capsys):
 def test_predict_and_plan_carry_training(capsys):
     argv = ["llama-3.1-8b", "-a", "h100", "-n", "8", "--gbs", "64", "--tokens", "300B", "--pue", "1.2"]
     pred = json.loads(run(capsys, ["predict", *argv, "--tp", "2", "--json"]))
-    assert pred["training"] == json.loads(json.dumps(cost_of_prediction(pred, get_accelerator("h100"),
+    assert pred["training"] == json.loads(json.dumps(cost_of_prediction(pred, build_cluster("h100", 8),
                                                                         CostOptions(tokens=3e11, pue=1.2))))
+    # the H100's public price, with its source
+    assert pred["training"]["cost"]["price_per_device_hour"] > 0 and "AWS" in pred["training"]["cost"]["price_source"]
     plan = json.loads(run(capsys, ["plan", *argv, "--json"]))
     assert all(p["training"]["tokens"] == 3e11 for p in plan["plans"])
     out = run(capsys, ["plan", *argv])

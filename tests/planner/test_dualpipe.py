@@ -221,3 +221,35 @@ def test_deepseek_v3_published_degrees_search_chooses_the_ep_overlap():
                                                           act_func_fp8_input=True, moe_probs="activation"))
     tok = best["throughput"]["tokens_per_s_per_device"]
     assert one_f["throughput"]["tokens_per_s_per_device"] < tok < recipe["throughput"]["tokens_per_s_per_device"]
+
+
+def _ep_rows(ev):
+    rows = [r for r in ev.inventory_of(0) if (r["dim"] == "ep" and r["collective"] != "all_gather")
+            or r["name"] == "ep token counts"]
+    return sum(r["total_s"] for r in rows), sum(r["exposed_s"] for r in rows)
+
+
+def test_ep_overlap_needs_a_second_micro_batch():
+    """Megatron-Core's combined 1F1B hides one micro-batch's all-to-all under another's pass: with
+    one micro-batch there is nothing to pair (exposed whole, as with the overlap off); with two and
+    no pipeline one of the two forward/backward windows is hidden (half the all-to-all at most)."""
+    from dayzero.planner.comm import ep_overlap_windows, overlapped_exposed
+
+    cl = build_cluster("h100", 64)
+    one = ParallelConfig(pp=1, dp=64, ep=16, gbs=64, mbs=1, seq=4096)
+    inter = ParallelConfig(pp=4, vpp=2, dp=16, ep=16, gbs=256, mbs=1, seq=4096)
+    g = encode([one, one.with_(gbs=128), one.with_(gbs=64 * 8), inter, inter.with_(gbs=16)])
+    # interleaved, 16 micro-batches: n = 32 chunk-passes, rank 0 warms up 2 (4 - 1) + (2 - 1) 4 = 10
+    assert list(ep_overlap_windows(g)) == [0.0, 0.5, 7 / 8, (32 - 10 - 1) / 32, 0.0]
+    ev1 = evaluate(MOE, encode([one]), cl, PerfOptions())
+    total, exposed = _ep_rows(ev1)
+    assert exposed == pytest.approx(total)  # m = 1: nothing hides it
+    off = evaluate(MOE, encode([one]), cl, PerfOptions(comm=CommOptions(ep_overlap=False)))
+    assert ev1.step_s[0] == pytest.approx(off.step_s[0])
+    two = one.with_(gbs=128)
+    ev2 = evaluate(MOE, encode([two]), cl, PerfOptions())
+    total2, exposed2 = _ep_rows(ev2)
+    f = PerfConstants().comm_sm_fraction
+    layer = total2 / 2  # one window of the two at most: half the passes keep their all-to-all
+    assert exposed2 >= layer - 1e-12 and exposed2 < total2
+    assert float(overlapped_exposed(1.0, 0.0, f)) == 1.0

@@ -7,9 +7,12 @@ import math
 import pytest
 
 from dayzero.errors import ConfigError
+from dayzero.planner.facility import FacilityPower
 from dayzero.planner.training_cost import (
+    INTERRUPTIONS_PER_DEVICE_DAY,
     BatchPhase,
     CostOptions,
+    Price,
     batch_ramp,
     goodput,
     optimal_interval,
@@ -26,7 +29,8 @@ def test_dense_plan_by_hand():
     lost = 131.072 / 6834 + (3417 + 600) / 178,161 -> goodput 0.95827; wall 28.7964 days;
     707,699 device-hours; 700 W x 1024 x 691.1 h = 495.39 MWh."""
     c = training_cost(step_s=10.0, tokens_per_step=4_194_304, devices=1024, model_tflops_per_device=400.0,
-                      state_bytes_per_device=16e9, tdp_w=700, options=CostOptions(tokens=1e12))
+                      state_bytes_per_device=16e9, power=DEVICE_ONLY(700),
+                      options=CostOptions(tokens=1e12, **LLAMA3_FLAT))
     assert c["steps"] == 238_419
     assert c["ideal_days"] == pytest.approx(27.594792, rel=1e-6)
     assert c["failures"]["mtbf_hours"] == pytest.approx(49.489260, rel=1e-6)
@@ -41,14 +45,19 @@ def test_dense_plan_by_hand():
     assert c["cost"] is None
 
 
+DEVICE_ONLY = lambda w: FacilityPower(device_w=w, host_w=0.0, network_w=0.0, pue=1.0, basis=())  # noqa: E731
+LLAMA3_FLAT = dict(interruptions_per_device_day=INTERRUPTIONS_PER_DEVICE_DAY, restart_s=600.0)
+
+
 def test_moe_plan_by_hand():
     """DeepSeek-V3-like: 2,048 devices, 20 s steps of 3,840 x 4,096 tokens, 40 GB states, 14.8T
     tokens, PUE 1.2, host overhead 10 %, $2 per device-hour. Steps 940,959 (217.8146 days); MTBF
     24.7446 h; checkpoint 327.68 s; interval 7,640.67 s; goodput 0.907492; wall 240.0182 days;
     11,797,374 device-hours; 700 x 1.1 x 1.2 W x 2048 x 5760.4 h = 10,900.77 MWh; $23,594,748."""
     c = training_cost(step_s=20.0, tokens_per_step=3840 * 4096, devices=2048, model_tflops_per_device=200.0,
-                      state_bytes_per_device=40e9, tdp_w=700,
-                      options=CostOptions(tokens=14.8e12, pue=1.2, host_overhead=0.1, price_per_device_hour=2.0))
+                      state_bytes_per_device=40e9,
+                      power=FacilityPower(device_w=700, host_w=70, network_w=0.0, pue=1.2, basis=()),
+                      price=Price(2.0, "given"), options=CostOptions(tokens=14.8e12, **LLAMA3_FLAT))
     assert c["steps"] == 940_959
     assert c["failures"]["mtbf_hours"] == pytest.approx(24.744630, rel=1e-6)
     assert c["goodput"] == pytest.approx(0.90749200, rel=1e-6)
@@ -67,14 +76,15 @@ def test_young_interval_minimises_the_loss():
 
 def test_no_failures_no_loss_but_the_checkpoints():
     c = training_cost(step_s=1.0, tokens_per_step=1e6, devices=8, model_tflops_per_device=1.0,
-                      state_bytes_per_device=0.0, tdp_w=None,
+                      state_bytes_per_device=0.0, power=None,
                       options=CostOptions(tokens=1e9, interruptions_per_device_day=0.0))
     assert c["goodput"] == 1.0 and c["wall_days"] == c["ideal_days"]
     assert c["energy"] is None and any("no TDP" in a for a in c["assumptions"])
 
 
 @pytest.mark.parametrize("kw", [dict(tokens=0), dict(pue=0.9), dict(power_fraction=float("nan")),
-                                dict(price_per_device_hour=-1), dict(restart_s=float("inf")), dict(async_blocking=2)])
+                                dict(price_per_device_hour=-1), dict(restart_s=float("inf")), dict(async_blocking=2),
+                                dict(pue=True), dict(electricity_per_kwh=-0.1), dict(relaunch_s=float("nan"))])
 def test_bad_options(kw):
     with pytest.raises(ConfigError):
         CostOptions(**kw)

@@ -178,11 +178,22 @@ ActivationOffloadOpt = Annotated[int, typer.Option("--activation-offload", metav
                                                         "hide. 0: off.")]
 
 
+AllocatorOpt = Annotated[str, typer.Option("--allocator", help="PyTorch's allocator: caching (the default) | "
+                                                                "expandable (PYTORCH_CUDA_ALLOC_CONF="
+                                                                "expandable_segments:True, as Llama 3 ran): the "
+                                                                "fragmentation budget each leaves.")]
+MoeProbsOpt = Annotated[str, typer.Option("--moe-probs", help="Where the routing weights are applied: combine (every "
+                                                              "expert output kept for the weighted sum) | activation "
+                                                              "(folded into the SwiGLU, Megatron-Core "
+                                                              "--moe-apply-probs-on-input / DeepSeek-V3).")]
+
+
 def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool = False,
-                  optimizer_offload: bool = False, activation_offload: int = 0) -> dict:
+                  optimizer_offload: bool = False, activation_offload: int = 0, allocator: str = "caching",
+                  moe_probs: str = "combine") -> dict:
     """MemoryOptions keywords of ``--moments``, ``--activation-func-fp8-input-store``,
-    ``--fp8-param-gather``, ``--optimizer-offload`` and ``--activation-offload`` (the defaults give
-    none, so each verb's own defaults stay)."""
+    ``--fp8-param-gather``, ``--optimizer-offload``, ``--activation-offload``, ``--allocator`` and
+    ``--moe-probs`` (the defaults give none, so each verb's own defaults stay)."""
     from dayzero.errors import ConfigError
     from dayzero.planner.memory_options import MOMENT_BYTES
 
@@ -202,6 +213,12 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
 
         check_activation_offload(activation_offload)
         out["activation_offload_layers"] = activation_offload
+    for flag, value, allowed, key in (("--allocator", allocator, ("caching", "expandable"), "allocator"),
+                                      ("--moe-probs", moe_probs, ("combine", "activation"), "moe_probs")):
+        if value not in allowed:
+            raise ConfigError(flag, None, f"must be {' or '.join(allowed)}, got {value!r}")
+        if value != allowed[0]:
+            out[key] = value
     return out
 
 
@@ -211,10 +228,16 @@ TokensOpt = Annotated[str, typer.Option("--tokens", help="Tokens to train on: 15
                                                          "suffixes).")]
 PriceOpt = Annotated[Optional[float], typer.Option("--price-per-device-hour", help="Price of one device-hour (any "
                                                                                    "currency); adds the cost.")]
-PueOpt = Annotated[float, typer.Option("--pue", help="Data-centre power usage effectiveness (>= 1; 1: device energy "
-                                                     "only).")]
-HostOverheadOpt = Annotated[float, typer.Option("--host-overhead", help="Host power (CPUs, NICs, switches) per "
-                                                                        "device, fraction of device power.")]
+PueOpt = Annotated[Optional[float], typer.Option("--pue", help="Data-centre power usage effectiveness (>= 1; default: "
+                                                               "the Uptime Institute 2024 survey average, 1.56).")]
+HostOverheadOpt = Annotated[Optional[float], typer.Option("--host-overhead", help="Host power (CPUs, memory, NICs) per "
+                                                          "device as a fraction of device power (default: the "
+                                                          "system's documented power less its devices').")]
+ElectricityOpt = Annotated[Optional[float], typer.Option("--electricity-price", help="Price of one facility kWh "
+                                                         "(same currency as the device-hour); adds the energy cost.")]
+FailuresOpt = Annotated[Optional[str], typer.Option("--failures", help="Your incident log (CSV: timestamp,component,"
+                                                    "devices) refits the interruption rates (default: Llama 3's "
+                                                    "by component).")]
 DEFAULT_TOKENS = "1T"
 
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -236,13 +259,16 @@ def parse_tokens(text: str, flag: str = "--tokens") -> float:
     return value
 
 
-def cost_options(tokens: str = DEFAULT_TOKENS, price_per_device_hour: float | None = None, pue: float = 1.0,
-                 host_overhead: float = 0.0):
+def cost_options(tokens: str = DEFAULT_TOKENS, price_per_device_hour: float | None = None, pue: float | None = None,
+                 host_overhead: float | None = None, electricity_price: float | None = None,
+                 failures: str | None = None):
     """CostOptions from the CLI's training-cost flags (each checked there, one line on bad input)."""
+    from dayzero.planner.failures import load_incidents
     from dayzero.planner.training_cost import CostOptions
 
     return CostOptions(tokens=parse_tokens(tokens), price_per_device_hour=price_per_device_hour, pue=pue,
-                       host_overhead=host_overhead)
+                       host_overhead=host_overhead, electricity_per_kwh=electricity_price,
+                       failure_rates=load_incidents(failures) if failures else None)
 
 
 # -- what a verb did with the model's config (inspect, memory, predict, plan) ------------------

@@ -10,6 +10,8 @@ from dayzero.cli.app import app
 from dayzero.cli.common import (
     DEFAULT_TOKENS,
     DevicesOpt,
+    ElectricityOpt,
+    FailuresOpt,
     HostOverheadOpt,
     JsonOpt,
     PriceOpt,
@@ -50,8 +52,12 @@ def compare_cmd(
                                                                        "--accelerators).")] = None,
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
-    tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = 1.0,
-    host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
+    tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = None,
+    host_overhead: HostOverheadOpt = None,
+    electricity_price: ElectricityOpt = None, failures: FailuresOpt = None,
+    rank_by: Annotated[str, typer.Option("--rank-by", help="Order the cards by days, mwh, cost or tokens-per-joule "
+                                                           "(facility energy).")] = "days",
+    json_out: JsonOpt = False,
 ) -> None:
     """The best plan of MODEL on each card (or cluster), side by side: HBM capacity and bandwidth, interconnect
     bandwidth and topology, step time, MFU, wall days, energy, TFLOP/s per W and cost of training --tokens tokens.
@@ -62,11 +68,13 @@ def compare_cmd(
     from dayzero.cli.common import model_notes, print_model_notes
     from dayzero.errors import ConfigError
     from dayzero.planner.perf import PerfOptions
-    from dayzero.report.compare import compare
+    from dayzero.report.compare import RANK_BY, compare, ranked
     from dayzero.specs.cluster import build_cluster, get_cluster
     from dayzero.specs.registry import load_model
 
-    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
+    if rank_by not in RANK_BY:
+        raise ConfigError("--rank-by", None, f"expected one of {', '.join(RANK_BY)}, got {rank_by!r}")
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     if clusters and (accelerators or devices):
         raise ConfigError("--clusters", None, "give either --clusters or --accelerators with --devices, not both")
     if clusters:
@@ -83,16 +91,20 @@ def compare_cmd(
     obj = compare(spec, cls, gbs, seq, precision, copt,
                   perf_for=PerfOptions.for_run)
     print_model_notes(spec)  # after the work: an error stays one line
+    order = ranked(obj["rows"], rank_by)
+    obj = {**obj, "rank_by": rank_by, "rows": [obj["rows"][i] for i in order]}
+    names = [names[i] for i in order]
     if json_out:
         emit_json({**obj, **model_notes(spec)})
         return
     print_comparison(obj, names)
-    fit = [(n, r) for n, r in zip(names, obj["rows"]) if r["fits"]]
+    key = RANK_BY[rank_by][0]
+    fit = [(n, r) for n, r in zip(names, obj["rows"]) if r["fits"] and r.get(key) is not None]
     if fit:
-        name, best = min(fit, key=lambda nr: nr[1]["wall_days"])
+        name, best = fit[0]
         where = ["--cluster", name] if clusters else ["--accelerator", name, "--devices", best["devices"]]
         print_next(console, [Step.of("dayzero", "day0", model, *where, "--tokens", tokens,
-                                     why="the full Day-0 report on the fastest")])
+                                     why=f"the full Day-0 report on the best by {rank_by}")])
 
 
 def _v(x, fmt: str) -> str:
@@ -118,6 +130,7 @@ PLAN_LINES = (
     ("wall days", lambda r: f"{r['wall_days']:,.1f}"),
     ("MWh", lambda r: _v(r["mwh"], ",.0f")),
     ("TFLOP/s per W", lambda r: _v(r["model_tflops_per_w"], ".3f")),
+    ("tokens per J", lambda r: _v(r["tokens_per_joule"], ".3g")),
     ("cost", lambda r: _v(r["cost"], ",.0f")),
 )
 

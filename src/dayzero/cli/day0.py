@@ -14,6 +14,8 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    ElectricityOpt,
+    FailuresOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
@@ -41,8 +43,9 @@ def day0_cmd(
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
-    tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = 1.0,
-    host_overhead: HostOverheadOpt = 0.0,
+    tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = None,
+    host_overhead: HostOverheadOpt = None,
+    electricity_price: ElectricityOpt = None, failures: FailuresOpt = None,
     ops: Annotated[bool, typer.Option("--ops/--no-ops", help="Trace the modeling code for operator coverage (needs "
                                                              "torch and transformers).")] = True,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Report directory (default: "
@@ -68,6 +71,7 @@ def day0_cmd(
     --price-per-device-hour 2.5 --out runs/my-day0[/bold]; [bold]dayzero day0 tiny-llama -a h100 -n 64
     --validate[/bold]
     """
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         Progress,
@@ -90,7 +94,7 @@ def day0_cmd(
         get_cluster(str(validate_profile))  # a bad profile is one line now, not a note after the search
     from dayzero.report.day0_render import headline
 
-    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
     from dayzero.planner.perf import PerfOptions
@@ -126,6 +130,11 @@ def day0_cmd(
     op = report["operators"]
     t.add_row("operators", f"{op['coverage']:.1%} of calls on {op['manifest']}, "
                            f"{len(op['needs_kernel'])} need a kernel" if "coverage" in op else op["note"])
+    for c in report.get("claims", ()):
+        if c["formula"].startswith("Day-0 target"):
+            continue  # the checks above
+        t.add_row("  claim", ("[green]holds[/green]" if c["holds"] else "[red]does not hold[/red]")
+                  + f" {escape(c['claim'])}: {escape(c['text'])}")
     console.print(t)
     console.print(f"wrote {paths['json']}, {paths['md'].name}, {paths['html'].name}")
     print_next(console, next_steps(report, model, cl, paths["json"]))

@@ -18,6 +18,7 @@ from dayzero.cli.common import (
     Fp8ParamOpt,
     InterNodeOpt,
     JsonOpt,
+    MoeProbsOpt,
     MomentsOpt,
     OptimizerOffloadOpt,
     PrecisionOpt,
@@ -70,7 +71,8 @@ def memory_cmd(
                                                             "1).")] = False,
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
                                                                  "(ZeRO paper).")] = "fp32",
-    attention_kernel: AttentionKernelOpt = "fused", moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False,
+    attention_kernel: AttentionKernelOpt = "fused", moments: MomentsOpt = "fp32", moe_probs: MoeProbsOpt = "combine",
+    act_fp8: ActFp8Opt = False,
     fp8_params: Fp8ParamOpt = False, optimizer_offload: OptimizerOffloadOpt = False,
     activation_offload: ActivationOffloadOpt = 0,
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
@@ -122,7 +124,8 @@ def memory_cmd(
     opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
                                  dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
                                  allocator=allocator,
-                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload))
+                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload,
+                                                 moe_probs=moe_probs))
     par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
     check_offload_layout(spec, par, activation_offload)
     if exact:

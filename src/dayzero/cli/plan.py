@@ -13,12 +13,16 @@ from dayzero.cli.common import (
     AcceleratorOpt,
     ActFp8Opt,
     ActivationOffloadOpt,
+    AllocatorOpt,
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    ElectricityOpt,
+    FailuresOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
+    MoeProbsOpt,
     MomentsOpt,
     PriceOpt,
     PueOpt,
@@ -169,7 +173,8 @@ def plan_cmd(
         "one (e.g. core_attn,core_attn+moe_act+layernorm); modules: core_attn, moe_act, layernorm, mla_up_proj, "
         "mlp, moe, shared_experts. Default: core_attn; core_attn+moe_act+layernorm; + mla_up_proj, those that "
         "apply to the model.")] = None,
-    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: SearchedFp8ParamOpt = None,
+    moments: MomentsOpt = "fp32", allocator: AllocatorOpt = "caching", moe_probs: MoeProbsOpt = "combine",
+    act_fp8: ActFp8Opt = False, fp8_params: SearchedFp8ParamOpt = None,
     optimizer_offload: SearchedOffloadOpt = None, activation_offload: ActivationOffloadOpt = 0,
     no_activation_offload: NoActivationOffloadOpt = False,
     sequence_parallel: ListOpt("--sequence-parallel", "sequence-parallel settings (on, off)") = None,
@@ -179,7 +184,9 @@ def plan_cmd(
     expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
+    pue: PueOpt = None, host_overhead: HostOverheadOpt = None,
+    electricity_price: ElectricityOpt = None, failures: FailuresOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Only layouts this engine runs as laid out: "
                                                   "megatron | torchtitan | deepspeed | dayzero.")] = None,
     json_out: JsonOpt = False,
@@ -200,7 +207,7 @@ def plan_cmd(
     from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
 
-    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
@@ -239,7 +246,8 @@ def plan_cmd(
         from dayzero.planner.engines import get_engine
 
         engine = get_engine(engine).name
-    recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload), activation_offload)
+    recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload), activation_offload,
+                           allocator, moe_probs)
     if activation_offload:  # per layout the search caps it at each chunk's layers - 1 (planner.activation_offload)
         from dayzero.planner.activation_offload import check_activation_offload
 
@@ -252,7 +260,7 @@ def plan_cmd(
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
                SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw),
                memory_options=mopts, uncertainty=True)
-    obj = with_training(obj, cl.accelerator, copt)
+    obj = with_training(obj, cl, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})

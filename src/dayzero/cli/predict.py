@@ -12,14 +12,18 @@ from dayzero.cli.common import (
     AcceleratorOpt,
     ActFp8Opt,
     ActivationOffloadOpt,
+    AllocatorOpt,
     AttentionKernelOpt,
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    ElectricityOpt,
+    FailuresOpt,
     Fp8ParamOpt,
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
+    MoeProbsOpt,
     MomentsOpt,
     OptimizerOffloadOpt,
     PriceOpt,
@@ -102,10 +106,13 @@ def predict_cmd(
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp",
                 attention_kernel: AttentionKernelOpt = "fused",
-    moments: MomentsOpt = "fp32", act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
+    moments: MomentsOpt = "fp32", allocator: AllocatorOpt = "caching", moe_probs: MoeProbsOpt = "combine",
+    act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
     optimizer_offload: OptimizerOffloadOpt = False, activation_offload: ActivationOffloadOpt = 0,
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
-    pue: PueOpt = 1.0, host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False,
+    pue: PueOpt = None, host_overhead: HostOverheadOpt = None,
+    electricity_price: ElectricityOpt = None, failures: FailuresOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Predict one layout: step time (compute, exposed communication, bubble, optimizer), tokens/s, MFU, peak memory,
@@ -120,7 +127,7 @@ def predict_cmd(
     from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
 
-    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead)
+    copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
@@ -134,7 +141,8 @@ def predict_cmd(
     # the memory switches as the layout's own (planner.switches), so its engines are those that run them
     par = par.with_(fp8_param_gather=bool(fp8_params) and precision != "bf16",
                     optimizer_offload=bool(optimizer_offload), activation_offload_layers=activation_offload)
-    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload)
+    recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload,
+                           allocator, moe_probs)
     mopts = None
     if recipe:
         from dayzero.planner.memory_options import MemoryOptions
@@ -143,7 +151,7 @@ def predict_cmd(
     from dayzero.planner.predict import check_offload_layout, with_even_split
 
     check_offload_layout(spec, with_even_split(spec, par), activation_offload)
-    obj = with_training(predict(spec, par, cl, opts, mopts), cl.accelerator, copt)
+    obj = with_training(predict(spec, par, cl, opts, mopts), cl, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})

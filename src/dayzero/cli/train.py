@@ -69,8 +69,9 @@ def train_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (also off when CI=true).")] = False,
     ckpt_dir: Annotated[Optional[Path], typer.Option("--ckpt-dir", help="Checkpoint directory: resume from its newest "
                                                                         "good version, save into it.")] = None,
-    ckpt_every: Annotated[int, typer.Option("--ckpt-every", min=0, help="Save every N steps (0: only at the "
-                                                                        "end).")] = 0,
+    ckpt_every: Annotated[Optional[int], typer.Option(
+        "--ckpt-every", min=0, help="Save every N steps (0: only at the end; default: the interval --plan derived, "
+                                    "else 0).")] = None,
     keep: Annotated[int, typer.Option("--keep", min=1, help="Complete checkpoints of this run's lineage to keep (the "
                                                             "newest is never deleted).")] = 3,
     prune_other_lineages: Annotated[bool, typer.Option("--ckpt-prune-other-lineages", help="Let retention also delete "
@@ -204,6 +205,14 @@ def train_cmd(
     compute_dtype = default_dtype(acc, compute_dtype)
     torchrun, world = launch_world(nproc)
     parallel = layout.resolve(world, precision, plan, fill_pipeline=True)
+    if ckpt_every is None:
+        from dayzero.specs.plan_layout import plan_interval
+
+        derived = plan_interval(plan) if plan and ckpt_dir else None
+        ckpt_every = derived[0] if derived else 0
+        if derived:
+            err_console.print(f"dayzero: checkpoint every {derived[0]:,} steps, the plan's interval: {derived[1]}",
+                              highlight=False, markup=False)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     tmp = None
     if metrics is None and json_out and not dry_run:

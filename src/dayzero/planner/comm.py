@@ -55,7 +55,7 @@ from dayzero.planner.collectives import dedup_all_to_all, group_collective
 from dayzero.planner.compute import BF16, ComputeCosts, layer_classes, single_seq
 from dayzero.planner.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, dedup_rows, device_imbalance
 from dayzero.planner.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
-from dayzero.planner.schedule import gradient_windows
+from dayzero.planner.schedule import gradient_windows, warmup_chunks
 from dayzero.planner.topology import group_strides, span
 from dayzero.specs.grid import (
     A2A,
@@ -482,8 +482,12 @@ def _expert_parallel(L: _Layer) -> list[LayerComm]:
     # sets overlap_moe_expert_parallel_comm = False). DualPipe/DualPipeV overlap whole chunks of two
     # micro-batches, whatever a layer holds.
     overlap = np.where(L.mixers > 0, kn(ep_overlapped(g, opt)), kn(1.0 * dual_schedule(g)))
-    exposed = np.where(overlap > 0, overlapped_exposed(total, layer_fb, rates.comm_sm_fraction, opt.sm_reserved),
-                       total)
+    # the share of the passes another micro-batch's pass runs beside (ep_overlap_windows): the
+    # 1F1B overlap has nothing to pair the warm-up's forwards and the cool-down's backwards with
+    windows = np.where(dual_schedule(g), 1.0, kn(ep_overlap_windows(g)))
+    exposed = np.where(overlap > 0,
+                       windows * overlapped_exposed(total, layer_fb, rates.comm_sm_fraction, opt.sm_reserved)
+                       + (1 - windows) * total, total)
     share = exposed / np.maximum(total, 1e-30)
     hidden = "other micro-batch" if np.any((overlap > 0) & (np.asarray(kinds) > 0)) else ""
     for name, kind, nb, o, t in ep_items:
@@ -536,6 +540,24 @@ def ep_overlapped(grid: dict, opt: CommOptions) -> np.ndarray:
     megatron = ((g["ep"] > 1) & (g.get("recompute", 0) != FULL)
                 & ((g.get("pp", 1) == 1) | (g.get("vpp", 1) > 1)))
     return 1.0 * np.broadcast_to(dual | megatron, shape)
+
+
+def ep_overlap_windows(grid: dict) -> np.ndarray:
+    """(N,) The share of a rank's forward and backward chunk-passes whose EP all-to-all another
+    micro-batch's pass can hide under Megatron-Core's combined 1F1B
+    (``--overlap-moe-expert-parallel-comm``: the forward of micro-batch i + 1 runs beside the
+    backward of micro-batch i, megatron/core/pipeline_parallel/combined_1f1b.py). Of a rank's
+    ``n = m x vpp`` forwards and ``n`` backwards, the ``w`` warm-up forwards (Megatron's
+    num_warmup_microbatches, :func:`planner.schedule.warmup_chunks`, rank 0: the most) and the
+    first steady forward have no backward beside them, nor the last ``w + 1`` backwards a forward:
+    ``(n - w - 1) / n`` of the passes overlap, 0 with one micro-batch (nothing to pair), 1/2 with
+    two and no pipeline (one window of two)."""
+    g = {k: np.asarray(grid[k]) for k in ("gbs", "mbs", "dp", "pp", "vpp", "schedule") if k in grid}
+    m = g["gbs"] // (g["mbs"] * g["dp"])
+    vpp = g.get("vpp", np.ones_like(m))
+    n = m * vpp
+    w = warmup_chunks(g.get("schedule", np.zeros_like(m)), g.get("pp", np.ones_like(m)), vpp, m, 0)
+    return np.broadcast_to(np.maximum(n - w - 1, 0) / np.maximum(n, 1), np.shape(grid["tp"]))
 
 
 def overlapped_exposed(comm, compute, sm_fraction, reserved: bool = False):

@@ -43,12 +43,28 @@ def compare(spec: ModelSpec, clusters: list[Cluster], gbs: int, seq: int, precis
             rows.append({**row, "fits": False, "reason": str(e)})
             continue
         best = obj["plans"][0]
-        tr = cost_of_prediction(best, cl.accelerator, cost)
+        tr = cost_of_prediction(best, cl, cost)
         e = tr["energy"]
         rows.append({**row, "fits": True, "parallel": best["parallel"], "step_s": best["time"]["step_s"],
                      "mfu": best["throughput"]["mfu"], "comm_ratio": best["comm_ratio"],
                      "memory_utilization": best["memory"]["utilization"], "wall_days": tr["wall_days"],
                      "device_hours": tr["device_hours"], "mwh": e["mwh"] if e else None,
                      "model_tflops_per_w": e["model_tflops_per_w"] if e else None,
-                     "cost": tr["cost"]["total"] if tr["cost"] else None, "training": tr})
+                     "tokens_per_joule": e["tokens_per_joule"]["facility"] if e else None,
+                     "cost": tr["cost"]["total"] if tr["cost"] else None,
+                     "cost_source": tr["cost"].get("price_source") if tr["cost"] else None, "training": tr})
     return {"model": spec.name, "gbs": gbs, "seq": seq, "precision": precision, "tokens": cost.tokens, "rows": rows}
+
+
+# --rank-by: the row's figure and whether larger is better
+RANK_BY = {"days": ("wall_days", False), "mwh": ("mwh", False), "cost": ("cost", False),
+           "tokens-per-joule": ("tokens_per_joule", True)}
+
+
+def ranked(rows: list[dict], by: str) -> list[int]:
+    """Indices of ``rows`` best first by ``by`` (a key of :data:`RANK_BY`); rows that do not fit or
+    lack the figure (no TDP, no price) last, in their given order."""
+    key, larger = RANK_BY[by]
+    have = [i for i, r in enumerate(rows) if r["fits"] and r.get(key) is not None]
+    have.sort(key=lambda i: -rows[i][key] if larger else rows[i][key])
+    return have + [i for i in range(len(rows)) if i not in have]

@@ -128,7 +128,7 @@ def _plan(req: Day0Request, r: dict) -> None:
 
     obj = plan(load_model(req.model), req.cluster, req.gbs, req.seq, req.precision, req.perf, req.top_k,
                req.max_memory, cloud=CLOUD, uncertainty=True)
-    obj = with_training(obj, req.cluster.accelerator, req.cost)
+    obj = with_training(obj, req.cluster, req.cost)
     r["search"] = {k: obj[k] for k in ("considered", "rejected", "timed", "seconds")}
     r["plans"] = obj["plans"]
     r["candidates"] = obj["candidates"]
@@ -144,6 +144,27 @@ def _best(req: Day0Request, r: dict) -> None:
                  "tokens_per_s": b["throughput"]["tokens_per_s"], "all_pass": all(c["pass"] for c in b["checks"])}
     r["checks"] = b["checks"]
     r["training"] = b["training"]
+
+
+def _claims(req: Day0Request, r: dict) -> None:
+    """The seed's rules of thumb against this model and plan (report/claims.py); the plan's
+    recompute is priced against the same layout without it."""
+    from dayzero.errors import DayzeroError
+    from dayzero.planner.predict import predict
+    from dayzero.report.claims import claims
+    from dayzero.specs.parallel import ParallelConfig
+    from dayzero.specs.registry import load_model
+
+    best = r["plans"][0]
+    without = None
+    if best["parallel"].get("recompute", "none") != "none":
+        par = ParallelConfig.from_dict({**best["parallel"], "recompute": "none", "recompute_layers": None,
+                                        "recompute_modules": ()})
+        try:
+            without = predict(load_model(req.model), par, req.cluster, req.perf)["time"]["compute_s"]
+        except DayzeroError:
+            without = None
+    r["claims"] = claims(r["model"]["params_total"], best, without)
 
 
 def _validation(req: Day0Request, r: dict) -> None:
@@ -169,6 +190,7 @@ STEPS: tuple[tuple[str, Callable[[Day0Request, dict], None]], ...] = (
     ("cluster", _cluster),
     ("search: every layout, memory first", _plan),
     ("Day-0 checks, time, energy, cost", _best),
+    ("the seed's claims", _claims),
     ("operators: trace the modeling code", _operators),
 )
 

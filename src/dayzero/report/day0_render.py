@@ -73,9 +73,13 @@ def headline(r: dict) -> list[tuple[str, str]]:
                      f"({_pct(b['memory_utilization'])} of device memory)"),
             ("step", f"{b['step_s']:.4g} s for {r['scenario']['gbs']:,} x {r['scenario']['seq']:,} tokens; "
                      f"MFU {_pct(b['mfu'])}, comm {_pct(b['comm_ratio'])}, bubble {_pct(b['bubble_ratio'])}"),
-            ("training", f"{count_text(tr['tokens'])} tokens in {tr['wall_days']:,.1f} days"
-                         + (f", {e['mwh']:,.0f} MWh at {e['cluster_mw']:.3g} MW" if e else "")
-                         + (f", cost {cost['total']:,.0f}" if cost else "")),
+            ("training", f"{count_text(tr['tokens'])} tokens in {tr['wall_days']:,.1f} days, goodput "
+                         f"{_pct(tr['goodput'])}, a checkpoint every "
+                         f"{tr['failures']['optimal_checkpoint_interval_steps']:,} steps"),
+            ("energy", f"{e['mwh']:,.0f} MWh at the facility ({e['node_mwh']:,.0f} at the nodes, "
+                       f"{e['device_mwh']:,.0f} at the devices), {e['cluster_mw']:.3g} MW" if e else "no TDP known"),
+            ("cost", (f"{cost['total']:,.0f}" + (f" ({cost['price_source']})" if "price_source" in cost else ""))
+             if cost else "no public price for this card (--price-per-device-hour)"),
             ("Day-0 checks", "all pass" if not fails else f"fail: {', '.join(fails)}")]
     if "validation" in r:
         rows.append(("proxy run here", validation_line(r["validation"])))
@@ -137,6 +141,9 @@ def tables(r: dict) -> list[Table]:
         (c["metric"], _pct(c["value"]), c["target"], "pass" if c["pass"] else "FAIL") for c in r["checks"])))
     out.append(Table("Training: time, energy, cost", ("", ""), tuple(training_rows(r["training"])),
                      "; ".join(r["training"]["assumptions"])))
+    if r.get("claims"):
+        out.append(Table("The seed's claims, checked", ("claim", "verdict", "computed", "formula"), tuple(
+            (c["claim"], "holds" if c["holds"] else "does not hold", c["text"], c["formula"]) for c in r["claims"])))
     s = r["search"]
     out.append(Table("Search", ("", ""), (("layouts considered", f"{s['considered']:,}"),
                                          *((f"rejected: {k}", f"{v:,}") for k, v in s["rejected"].items()),

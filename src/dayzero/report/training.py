@@ -28,15 +28,29 @@ def training_rows(tr: dict) -> list[tuple[str, str]]:
             ("wall time", f"{tr['wall_days']:,.1f} days ({tr['ideal_days']:,.1f} at 100 % goodput)"),
             ("device-hours", f"{tr['device_hours']:,.0f}")]
     if e:
-        rows += [("energy", f"{_num(e['mwh'])} MWh (PUE {e['pue']:g}, host +{e['host_overhead']:.0%})"),
-                 ("cluster power", f"{_num(e['cluster_mw'])} MW ({e['device_w']:.0f} W per device)"),
-                 ("TFLOP/s per W", f"{e['model_tflops_per_w']:.3f}")]
+        tpj = e["tokens_per_joule"]
+        rows += [("energy", f"{_num(e['mwh'])} MWh at the facility (PUE {e['pue']:g}); {_num(e['node_mwh'])} MWh "
+                            f"at the nodes, {_num(e['device_mwh'])} MWh at the devices"),
+                 ("power", f"{_num(e['cluster_mw'])} MW: {e['device_w']:.0f} W device + {e['host_w']:.0f} W host + "
+                           f"{e['network_w']:.0f} W network per device, x PUE {e['pue']:g}"),
+                 ("tokens per joule", f"{tpj.get('facility', 0):.3g} facility, {tpj.get('device', 0):.3g} device"),
+                 ("TFLOP/s per W", f"{e['model_tflops_per_w']:.3f} (device)")]
     else:
         rows.append(("energy", "no TDP in the catalog for this accelerator"))
-    if tr["cost"]:
-        rows.append(("cost", f"{tr['cost']['total']:,.0f} ({tr['cost']['price_per_device_hour']:g} per device-hour)"))
-    rows += [("goodput", f"{tr['goodput']:.1%} ({_num(f['interruptions_per_day'])} interruptions a day)"),
+    c = tr["cost"]
+    if c:
+        parts = []
+        if "devices_total" in c:
+            parts.append(f"{c['devices_total']:,.0f} for devices at {c['price_per_device_hour']:g} per device-hour "
+                         f"({c['price_source']})")
+        if "energy_total" in c:
+            parts.append(f"{c['energy_total']:,.0f} for energy at {c['electricity_per_kwh']:g} per kWh")
+        rows.append(("cost", f"{c['total']:,.0f}: " + "; ".join(parts)))
+    else:
+        rows.append(("cost", "no public price for this card: give --price-per-device-hour"))
+    rows += [("goodput", f"{tr['goodput']:.1%} ({_num(f['interruptions_per_day'])} interruptions a day, a restart "
+                         f"{_duration(f['restart_s'])})"),
              ("checkpoint", f"every {f['optimal_checkpoint_interval_steps']:,} steps "
                             f"({_duration(f['optimal_checkpoint_interval_s'])}), a save blocks "
-                            f"{f['checkpoint_s']:.0f} s")]
+                            f"{f['checkpoint_s']:.0f} s: {f.get('interval_reason', '')}")]
     return rows

@@ -130,3 +130,29 @@ def with_overrides(host: HostSpec, source: str, devices_per_node: int, memory_gb
         return host
     return replace(host, **got, assumed=tuple(f for f in host.assumed if f not in got),
                    given=tuple(f for f in FIELDS if f in got))
+
+
+@dataclass(frozen=True)
+class SystemPower:
+    """A documented system's maximum power, per device (the devices' own share included), with
+    the document that states it."""
+
+    watts_per_device: float
+    system: str
+    source: str
+
+
+@lru_cache(maxsize=1)
+def _system_powers() -> dict[str, SystemPower]:
+    out = {}
+    for e in json.loads(reference_data("host_systems.json").read_text()):
+        if "system_power_w_max" in e and e.get("devices"):
+            src = next((s for s in e.get("sources", ()) if "power" in s.lower()), e["system"])
+            for acc in e["accelerators"]:
+                out[acc] = SystemPower(e["system_power_w_max"] / e["devices"], e["system"], src)
+    return out
+
+
+def system_power(accelerator_id: str) -> SystemPower | None:
+    """The maximum power per device of the system host_systems.json documents for a card, or None."""
+    return _system_powers().get(accelerator_id)

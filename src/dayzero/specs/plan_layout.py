@@ -24,6 +24,19 @@ def read_plan(path: str | Path, obj=None) -> tuple[str | None, dict]:
     return model, p
 
 
+def plan_interval(path: str | Path) -> tuple[int, str] | None:
+    """The checkpoint interval (steps, and why) a plan/predict file derived for its best plan
+    (planner/training_cost.py: Young's interval from the interruption rate), or None where it has none."""
+    obj = load_json(path, "pass the output of `dayzero plan --json` or `dayzero predict --json`")
+    if isinstance(obj, dict) and obj.get("plans"):
+        obj = obj["plans"][0]
+    f = ((obj.get("training") or {}).get("failures") or {}) if isinstance(obj, dict) else {}
+    steps = f.get("optimal_checkpoint_interval_steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        return None
+    return steps, str(f.get("interval_reason", "the plan's derived interval"))
+
+
 def plan_layout(path: str | Path, world: int, seq: int, gbs: int | None = None) -> ParallelConfig:
     """The plan's (its best plan's) tp, pp, cp (and its cp_comm), ep, etp, vpp, ZeRO, recompute, sequence parallelism,
     schedule and micro-batch size on ``world`` ranks: dp fills them; the global batch keeps the

@@ -10,7 +10,7 @@ from pathlib import Path
 from dayzero.errors import ConfigError
 
 REFERENCE_FILES = ("hardware_catalog.json", "model_configs.json", "published_runs_dev.csv", "backtest_error.json",
-                   "host_systems.json")
+                   "host_systems.json", "facility.json", "device_prices.json")
 
 
 def reference_data(name: str) -> Path:
