@@ -107,10 +107,11 @@ def verdict(r: dict) -> Verdict:
             ("peak memory", _gib(b["peak_bytes"]), f"{b['memory_utilization']:.1%} of {_gib(cap)} per device"),
             ("training", f"{tr['wall_days']:,.1f} days", f"{count_text(tr['tokens'])} tokens, goodput "
                                                          f"{tr['goodput']:.1%}"),
-            ("energy", f"{_num(e['mwh'])} MWh", f"{e['cluster_mw']:.3g} MW") if e else
+            ("energy", f"{_num(e['mwh'])} MWh", f"at the facility, {e['cluster_mw']:.3g} MW; "
+                                                 f"{_num(e['device_mwh'])} MWh at the devices") if e else
             ("energy", "unknown", "no TDP in the catalog for this card"),
-            ("cost", _money(cost["total"]), f"at {cost['price_per_device_hour']:g} per device-hour") if cost else
-            ("cost", "not priced", "give --price-per-device-hour")]
+            ("cost", _money(cost["total"]), _cost_detail(cost)) if cost else
+            ("cost", "not priced", "no public price for this card: give --price-per-device-hour")]
     fails = [c for c in r["checks"] if not c["pass"]]
     figs.append(("Day-0 checks", "all pass" if not fails else f"{len(r['checks']) - len(fails)} of "
                                                               f"{len(r['checks'])} pass", ""))
@@ -241,6 +242,15 @@ def table_html(t: Table) -> str:
     opened = " open" if len(t.rows) <= FOLD_ROWS else ""
     count = "" if opened else f" ({len(t.rows)} rows)"
     return f"<details{opened}><summary>{escape(t.title)}{count}</summary>" + "\n".join(body) + "</details>"
+
+
+def _cost_detail(cost: dict) -> str:
+    parts = []
+    if "price_per_device_hour" in cost:
+        parts.append(f"at {cost['price_per_device_hour']:g} per device-hour ({cost.get('price_source', 'given')})")
+    if "energy_total" in cost:
+        parts.append(f"energy at {cost['electricity_per_kwh']:g} per kWh")
+    return "; ".join(parts)
 
 
 def _figures(items: list[tuple[str, str]], cls: str) -> str:
