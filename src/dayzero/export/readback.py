@@ -181,19 +181,24 @@ def _without_kernel(layer) -> None:
         sub.core_attention = _CoreAttention
 
 
-def deepspeed_parameters(files: dict[str, str], world: int) -> int:
-    """``ds_config.json`` parsed by DeepSpeed's own ``DeepSpeedConfig`` on ``world`` ranks, and the
-    parameters of the model transformers builds from the written ``config.json``."""
-    import torch
+def deepspeed_parameters(files: dict[str, str], dp: int) -> int:
+    """``ds_config.json`` parsed by DeepSpeed's own ``DeepSpeedConfig`` over ``dp`` data-parallel
+    ranks (its batch arithmetic is DeepSpeed's check; it raises on a mismatch), and the parameters
+    of the model transformers builds from the written ``config.json``."""
     import transformers
-    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime import config as ds_config
 
     from dayzero.export.deepspeed import CONFIG_FILE, MODEL_FILE
 
-    with mock.patch("deepspeed.comm.get_world_size", lambda *a, **k: world), \
-            mock.patch("deepspeed.comm.is_initialized", lambda: True):
-        DeepSpeedConfig(json.loads(files[CONFIG_FILE]))
+    class _DataParallel:  # the process-group view DeepSpeed divides the batch by
+        def get_data_parallel_world_size(self):
+            return dp
+
+    with mock.patch.object(ds_config.dist, "get_rank", lambda *a, **k: 0):  # asked only to pick the world size
+        ds_config.DeepSpeedConfig(json.loads(files[CONFIG_FILE]), mpu=_DataParallel())
     cfg = transformers.AutoConfig.for_model(**json.loads(files[MODEL_FILE]))
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
-    return sum(p.numel() for p in model.parameters())
+    # the aux-loss-free routing bias is a buffer in transformers (DeepseekV3TopkRouter e_score_correction_bias)
+    extra = sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+    return sum(p.numel() for p in model.parameters()) + extra
