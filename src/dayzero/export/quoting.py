@@ -42,11 +42,18 @@ def refuse_control(where: str, value: str) -> str:
 _VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 
 
+class Ref(str):
+    """A word the exporter itself built that refers to variables of the generated file
+    (``$CKPT_DIR``, ``$MASTER_ADDR:$MASTER_PORT``): only such a word has its references expanded;
+    a user's text is always literal, whatever it holds."""
+
+
 def shell_word(value: str, where: str = "a value", expand: frozenset[str] = frozenset()) -> str:
-    """``value`` as one shell word: literal text single-quoted, and only the ``$NAME`` references
-    whose name is in ``expand`` (variables the generated script sets) left for the shell to expand."""
+    """``value`` as one shell word: literal text single-quoted; in a :class:`Ref` only the ``$NAME``
+    references whose name is in ``expand`` (variables the generated script sets) are left for the
+    shell to expand, each double-quoted."""
     refuse_control(where, value)
-    if not expand:
+    if not expand or not isinstance(value, Ref):
         return shlex.quote(value)
     out, at = [], 0
     for m in _VARIABLE.finditer(value):
@@ -64,6 +71,25 @@ def shell_word(value: str, where: str = "a value", expand: frozenset[str] = froz
 def shell_line(words: list[str], where: str = "a value", expand: frozenset[str] = frozenset()) -> str:
     """Words joined into one shell command line, each through :func:`shell_word`."""
     return " ".join(shell_word(w, where, expand) for w in words)
+
+
+_K8S_VARIABLE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def container_arg(value: str, where: str = "a value", expand: frozenset[str] = frozenset()) -> str:
+    """A container's command word: Kubernetes expands ``$(NAME)`` from the container's environment
+    and reads ``$$`` as a literal ``$`` (https://kubernetes.io/docs/tasks/inject-data-application/
+    define-interdependent-environment-variables/), so every ``$`` of literal text is doubled and only a
+    :class:`Ref`'s ``$(NAME)`` with NAME in ``expand`` stays a reference."""
+    refuse_control(where, value)
+    if not isinstance(value, Ref):
+        return value.replace("$", "$$")
+    out, at = [], 0
+    for m in _K8S_VARIABLE.finditer(value):
+        if m.group(1) in expand:
+            out += [value[at:m.start()].replace("$", "$$"), m.group(0)]
+            at = m.end()
+    return "".join(out) + value[at:].replace("$", "$$")
 
 
 def comment(text: str, where: str = "a comment") -> str:

@@ -24,9 +24,9 @@ import argparse
 import ast
 import contextlib
 import json
+from unittest import mock
 
 import torch
-from unittest import mock
 
 
 def _int_list(text: str):
@@ -65,8 +65,9 @@ def _model_parser() -> argparse.ArgumentParser:
     ap.add_argument("--window-size", type=lambda t: tuple(int(x) for x in t.strip("()").split(",")), default=None)
     for flag in ("--window-attn-skip-freq", "--moe-layer-freq"):
         ap.add_argument(flag, type=_int_list, default=None)
-    for flag in ("--group-query-attention", "--multi-latent-attention", "--swiglu", "--untie-embeddings-and-output-weights",
-                 "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling",
+    for flag in ("--group-query-attention", "--multi-latent-attention", "--swiglu",
+                 "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--add-qkv-bias",
+                 "--qk-layernorm", "--use-rope-scaling",
                  "--rotary-interleaved", "--moe-shared-expert-gate", "--moe-router-enable-expert-bias",
                  "--quick-geglu"):
         ap.add_argument(flag, action="store_true")
