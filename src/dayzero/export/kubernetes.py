@@ -191,5 +191,5 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
     if job.time_limit:
         missing.append("a warning before the time limit (pods stop at activeDeadlineSeconds; a rerun resumes from the "
                        "last checkpoint)")
-    text = yaml_documents(docs)
+    text = yaml_documents(docs, files=tuple(d["data"] for d in docs if d["kind"] == "ConfigMap"))
     return Export("kubernetes", {MANIFEST_FILE: text}, ["kubectl", "apply", "-f", MANIFEST_FILE], missing)

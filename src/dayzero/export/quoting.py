@@ -110,15 +110,17 @@ def sbatch_value(where: str, value: str) -> str:
     return value
 
 
-def yaml_documents(docs: list, where: str = "a manifest value") -> str:
-    """YAML of ``docs`` (``yaml.safe_dump_all``), after refusing a control character in any string."""
-    def walk(x):
+def yaml_documents(docs: list, where: str = "a manifest value", files: tuple[dict, ...] = ()) -> str:
+    """YAML of ``docs`` (``yaml.safe_dump_all``), after refusing a control character in any string;
+    the values of the mappings in ``files`` (a ConfigMap's file texts, which YAML writes as quoted
+    or block scalars) may hold line breaks and nothing else."""
+    def walk(x, lines=False):
         if isinstance(x, str):
-            refuse_control(where, x)
+            refuse_control(where, x.replace("\n", "") if lines else x)
         elif isinstance(x, dict):
             for k, v in x.items():
                 walk(k)
-                walk(v)
+                walk(v, any(x is f for f in files))
         elif isinstance(x, (list, tuple)):
             for v in x:
                 walk(v)

@@ -160,7 +160,7 @@ def engine_lines(run: Launch) -> list[str]:
         if default:
             lines.append(f"{name}=${{{name}:-{shell_word(default)}}}")
         else:
-            lines.append(f': "${{{name}:?set {name} to the engine\'s config for this model}}"')
+            lines.append(f': "${{{name}:?set {name} to the config of this model, as the engine names it}}"')
         lines.append(f"export {name}")
     if run.files:
         lines += ["# the engine's files, beside the checkpoints", 'ENGINE_FILES="$RUN_DIR/engine"',
