@@ -67,15 +67,15 @@ def run_path(job: JobOptions) -> str:
 ENGINE_FILES = "/etc/dayzero"  # where the ConfigMap of the engine's files is mounted
 
 
-def container_command(launch: Launch, per_node: int) -> list[str]:
+def container_command(launch: Launch, per_node: int, nodes: int) -> list[str]:
     """The container's command: torchrun, whose node count and rendezvous the operator gives (the
     ``PET_*`` variables of ``elasticPolicy``), or DeepSpeed's launcher without ssh, told its node
-    rank and the first pod's address by the operator's ``RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
-    (set on every replica of a PyTorchJob without elasticPolicy; the training operator's PyTorchJob
-    guide)."""
+    rank and the first pod's address by the operator's ``RANK`` (the pod's index in a v1 PyTorchJob),
+    ``MASTER_ADDR`` and ``MASTER_PORT`` (set on every replica of a PyTorchJob without elasticPolicy;
+    the training operator's PyTorchJob guide); the node count is the layout's."""
     if launch.launcher == "deepspeed":
         return ["deepspeed", "--no_ssh", Ref("--node_rank=$(RANK)"), Ref("--master_addr=$(MASTER_ADDR)"),
-                Ref("--master_port=$(MASTER_PORT)"), Ref("--num_nodes=$(WORLD_SIZE)"), f"--num_gpus={per_node}",
+                Ref("--master_port=$(MASTER_PORT)"), f"--num_nodes={nodes}", f"--num_gpus={per_node}",
                 *launch.program]
     return ["torchrun", f"--nproc-per-node={per_node}", *launch.program]
 
@@ -95,7 +95,9 @@ def pod_template(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, per
         limits[DEVICE_RESOURCE[job.device]] = str(per_node)
     run = run_path(job)
     started = run_launch or node_launch(spec, parallel, job, None)
-    command = [container_arg(w, "a launch argument", CONTAINER_VARS) for w in container_command(started, per_node)]
+    nodes = parallel.world // per_node
+    command = [container_arg(w, "a launch argument", CONTAINER_VARS)
+               for w in container_command(started, per_node, nodes)]
     env = [{"name": k, "value": v} for k, v in {**comm_env(job), **started.env}.items()]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
               {"name": "run", "mountPath": run if job.run_dir.startswith("/") else MOUNT}]
@@ -120,7 +122,7 @@ def pod_template(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, per
 
 
 # the container variables a word the exporter built may refer to (quoting.Ref): the operator's and the launch's
-CONTAINER_VARS = frozenset(("RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", MEGATRON_HOME, TORCHTITAN_CONFIG))
+CONTAINER_VARS = frozenset(("RANK", "MASTER_ADDR", "MASTER_PORT", MEGATRON_HOME, TORCHTITAN_CONFIG))
 
 
 def claim(job: JobOptions) -> str:
