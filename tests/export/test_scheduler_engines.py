@@ -214,3 +214,17 @@ def test_megatron_argument_file_quotes_a_hostile_model_name(tmp_path):
     text = slurm.export(spec, FSDP, job=_job("dayzero")).files[slurm.SCRIPT_FILE]
     assert shlex.quote(spec.name) in text
     assert megatron.export(spec, P(dp=8, gbs=8)).files[megatron.ARGS_FILE]
+
+
+def test_the_runtimes_ranks_load_the_model_as_it_was_given(tmp_path):
+    """A model from a config directory is trained from that directory, not from a preset of the
+    same base name."""
+    d = tmp_path / "llama-3.1-8b"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dict(
+        model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=512, max_position_embeddings=128)))
+    out = tmp_path / "job"
+    assert main(["export", str(d), "--to", "slurm", "--devices", "16", "--zero", "3", "-o", str(out)]) == 0
+    words = _srun_words((out / slurm.SCRIPT_FILE).read_text())
+    assert words[words.index("train") + 1] == str(d)

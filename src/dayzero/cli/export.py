@@ -174,7 +174,7 @@ def export_cmd(
             name=job_name, devices_per_node=devices_per_node, device=device, run_dir=run_dir, steps=steps,
             ckpt_every=ckpt_every, max_requeues=max_requeues, partition=partition, time_limit=time_limit,
             exclude=tuple(dict.fromkeys(hosts)), memory_gb=mem_per_node, cpus_per_node=cpus_per_node, image=image,
-            volume_claim=volume_claim, rank_table=rank_table, engine=engine, data=data).items()
+            volume_claim=volume_claim, rank_table=rank_table, engine=engine, data=data, model=config_of).items()
             if v not in (None, ())})
         result = writer.export(spec, parallel, job=job, model_config=hf)
     else:

@@ -106,12 +106,13 @@ class JobOptions:
     rank_table: str | None = None  # npu: an HCCL rank table (JSON) on every node; None: torchrun's rendezvous
     engine: str = "dayzero"  # what every node launches: dayzero's runtime, or an engine's (ENGINES)
     data: str | None = None  # the training corpus on the shared file system; None: the engine's synthetic data
+    model: str | None = None  # the MODEL the ranks load (a preset, or the config's path as given); None: spec.name
 
     def __post_init__(self):
         for flag, value in (("--job-name", self.name), ("--run-dir", self.run_dir), ("--partition", self.partition),
                             ("--time", self.time_limit), ("--image", self.image),
                             ("--volume-claim", self.volume_claim), ("--rank-table", self.rank_table),
-                            ("--data", self.data), *(("--exclude", h) for h in self.exclude)):
+                            ("--data", self.data), ("MODEL", self.model), *(("--exclude", h) for h in self.exclude)):
             if value is not None:
                 refuse_control(flag, value)
         if self.engine not in ENGINES:
@@ -224,7 +225,7 @@ def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_
     from dayzero.cli.next_steps import layout_flags, train_layout
 
     layout = layout_flags(train_layout(parallel.to_dict()))  # what train's flags cannot carry: see unexpressed
-    out = ["dayzero", "train", spec.name, *layout, "--steps", str(job.steps),
+    out = ["dayzero", "train", job.model or spec.name, *layout, "--steps", str(job.steps),
            "--ckpt-dir", ckpt_dir, "--ckpt-every", str(job.ckpt_every), "--resume", "auto", "--metrics", metrics,
            "--quiet"]
     if job.data:
