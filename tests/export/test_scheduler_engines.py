@@ -164,8 +164,8 @@ def _stubs(bin_dir, record):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ENGINES)
-def test_hostile_values_run_no_payload_in_the_sbatch_script(engine, tmp_path):
+@pytest.mark.parametrize("engine, device", [(e, "cuda") for e in ENGINES] + [("dayzero", "npu")])
+def test_hostile_values_run_no_payload_in_the_sbatch_script(engine, device, tmp_path):
     """Every free-text option holds shell syntax; the script passes `bash -n`, then runs with srun,
     scontrol and the launchers replaced by stubs: the launcher receives each value as one literal
     word and no payload file appears."""
@@ -175,7 +175,8 @@ def test_hostile_values_run_no_payload_in_the_sbatch_script(engine, tmp_path):
     t = str(tmp_path)
     run_dir = f"{t}/run$(touch${{IFS}}{t}/P1)`touch${{IFS}}{t}/P2`;touch${{IFS}}{t}/P3"
     data = f"{t}/data $(touch {t}/P4) \"'; touch {t}/P5 `touch {t}/P6` $HOME"
-    job = _job(engine, run_dir=run_dir, data=data, partition=f"p;touch${{IFS}}{t}/P7", name="dz")
+    extra = {"device": "npu", "rank_table": f"{t}/table $(touch {t}/P8)`touch {t}/P9`.json"} if device == "npu" else {}
+    job = _job(engine, run_dir=run_dir, data=data, partition=f"p;touch${{IFS}}{t}/P7", name="dz", **extra)
     exp = slurm.export(load_model(MODEL), FSDP, job=job, model_config=model_config(MODEL))
     script = tmp_path / "job.sbatch"
     script.write_text(exp.files[slurm.SCRIPT_FILE])
@@ -183,7 +184,7 @@ def test_hostile_values_run_no_payload_in_the_sbatch_script(engine, tmp_path):
     _stubs(tmp_path / "bin", tmp_path / "argv")
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "localhost",
            "SLURM_JOB_ID": "1", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "TORCHTITAN_CONFIG": "llama3_debugmodel",
-           "MEGATRON_LM": "/opt/megatron"}
+           "MEGATRON_LM": "/opt/megatron", "CANN_SET_ENV": f"{t}/no-such-set_env.sh"}
     done = subprocess.run([bash, str(script)], cwd=t, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("P")]
