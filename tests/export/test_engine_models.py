@@ -108,3 +108,15 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_and_said(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     exp = megatron.export(load_model(str(tmp_path)), P(tp=2, dp=4, gbs=8))
     assert any("vocab 251 padded to 256" in u for u in exp.unexpressed)
+
+
+def test_top_k_weights_without_normalisation_are_megatrons_pre_softmax(tmp_path):
+    """Qwen2-MoE style routing (softmax over every expert, top-k weights not renormalised) is
+    Megatron-Core's --moe-router-pre-softmax; the normalised top-k is its default."""
+    cfg = dict(model_type="qwen3_moe", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+               num_experts_per_tok=2, vocab_size=256, max_position_embeddings=128, norm_topk_prob=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert "--moe-router-pre-softmax" in _args(megatron.export(load_model(str(tmp_path)), P(dp=8, gbs=8)).files)
+    assert "--moe-router-pre-softmax" not in _args(megatron.export(load_model("qwen3-235b-a22b"),
+                                                                     P(dp=8, gbs=8)).files)

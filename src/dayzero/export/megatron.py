@@ -38,7 +38,7 @@ MODEL_FLAGS = frozenset((
     "--use-rope-scaling", "--rope-scaling-factor", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
     "--add-qkv-bias", "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-shared-expert-gate",
     "--moe-router-topk-scaling-factor", "--make-vocab-size-divisible-by", "--quick-geglu",
-    "--glu-linear-offset", "--activation-func-clamp-value",
+    "--glu-linear-offset", "--activation-func-clamp-value", "--moe-router-pre-softmax",
     "--overlap-moe-expert-parallel-comm"))  # derived from the layout (planner.comm.ep_overlapped), as the planner does
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 QUICK_GELU_ALPHA = 1.702  # Megatron-Core activations.quick_gelu: x * sigmoid(1.702 x)
@@ -273,6 +273,13 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
             a.append("--moe-shared-expert-gate")
         if m.scoring == "sigmoid":
             a += ["--moe-router-score-function", "sigmoid"]
+        # top-k weights: Megatron-Core's softmax after the top-k is the normalised top-k (norm_topk_prob);
+        # the softmax over every expert before it is --moe-router-pre-softmax; sigmoid scores are always
+        # normalised over the top-k (moe_utils.topk_softmax_with_capacity)
+        if m.scoring == "softmax" and not m.norm_topk_prob:
+            a.append("--moe-router-pre-softmax")
+        elif m.scoring == "sigmoid" and not m.norm_topk_prob and m.top_k > 1:
+            missing.append("sigmoid routing without normalised top-k weights (Megatron-Core normalises them)")
         if m.score_correction_bias:
             a.append("--moe-router-enable-expert-bias")
         if m.routed_scaling_factor != 1.0:
