@@ -17,8 +17,9 @@ WRITERS = ("megatron", "torchtitan", "deepspeed", "slurm", "kubernetes")
 SCHEDULERS = ("slurm", "kubernetes")
 
 
-def _plan_source(source: str, model: str | None) -> tuple[str, dict] | None:
-    """(model, parallel dict) of a ``dayzero plan/predict --json`` file, or None for a model."""
+def _plan_source(source: str, model: str | None) -> tuple[str, dict, dict] | None:
+    """(model, parallel dict, the file's contents) of a ``dayzero plan/predict --json`` file, or None
+    for a model."""
     from dayzero.inputs import load_json
     from dayzero.specs.plan_layout import read_plan
 
@@ -29,7 +30,7 @@ def _plan_source(source: str, model: str | None) -> tuple[str, dict] | None:
     if isinstance(obj, dict) and "model_type" in obj:
         return None  # a config.json: the model itself
     name, parallel = read_plan(path, obj)
-    return model or name, parallel
+    return model or name, parallel, obj
 
 
 @app.command("export")
@@ -56,14 +57,23 @@ def export_cmd(
     run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Scheduler: the run directory on the shared file "
                                                                      "system: ckpt/, metrics.jsonl, logs (default "
                                                                      "runs/dayzero).")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Scheduler: what every node launches, dayzero | "
+                                                                   "megatron | torchtitan | deepspeed (default "
+                                                                   "dayzero, its runtime).")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="Scheduler: the training corpus on the shared file "
+                                                               "system (dayzero train --data, Megatron --data-path, "
+                                                               "torchtitan dataset_path, train.py "
+                                                               "--data-path).")] = None,
     rank_table: Annotated[Optional[str], typer.Option("--rank-table", help="Scheduler, --device npu: the HCCL rank "
                                                                            "table (JSON) on every node, for "
                                                                            "RANK_TABLE_FILE (default: torchrun's "
                                                                            "rendezvous).")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Scheduler: optimizer steps of dayzero train "
-                                                                        "(default 100).")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Scheduler: optimizer steps (default: the "
+                                                                        "plan file's steps for its tokens, else "
+                                                                        "100).")] = None,
     ckpt_every: Annotated[Optional[int], typer.Option("--ckpt-every", min=1, help="Scheduler: checkpoint every N "
-                                                                                  "steps (default 50).")] = None,
+                                                      "steps (default: the plan file's optimal interval, else "
+                                                      "50).")] = None,
     max_requeues: Annotated[Optional[int], typer.Option("--max-requeues", min=0, help="Scheduler: requeues (Slurm) "
                                                         "or restarts (Kubernetes) after a failure (default "
                                                         "3).")] = None,
@@ -117,40 +127,56 @@ def export_cmd(
     if to not in WRITERS:
         raise ConfigError("--to", None, f"must be {', '.join(WRITERS)}, got {to!r}")
     found = _plan_source(source, model)
+    schedule: dict[str, int] = {}
     if found:
-        name, pdict = found
+        from dayzero.export.job import schedule_of
+
+        name, pdict, plan_obj = found
+        schedule = schedule_of(plan_obj)
         given = layout.pinned()
         if given:
             raise ConfigError("--plan", None, f"the plan file sets the layout; drop {', '.join(given)}")
         if not name:
             raise ConfigError("--model", None, "the plan file names no model; give --model")
-        spec, parallel = load_model(name), ParallelConfig.from_dict(pdict)
+        spec, parallel, config_of = load_model(name), ParallelConfig.from_dict(pdict), name
     else:
         if devices is None:
             raise ConfigError("--devices", None, "give the rank count with a model (dp fills it)")
-        spec, parallel = load_model(source), layout.parallel(devices, precision)
+        spec, parallel, config_of = load_model(source), layout.parallel(devices, precision), source
         parallel.validate(spec, devices)
     given = {"--device": device, "--job-name": job_name, "--run-dir": run_dir, "--steps": steps,
              "--ckpt-every": ckpt_every, "--max-requeues": max_requeues, "--partition": partition, "--time": time_limit,
              "--exclude-from": exclude_from, "--exclude": exclude, "--cpus-per-node": cpus_per_node,
              "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim,
-             "--rank-table": rank_table}
+             "--rank-table": rank_table, "--engine": engine, "--data": data}
     for flag, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload),
                      ("--activation-offload", activation_offload)):
         if on and to != "megatron":
             raise ConfigError(flag, None, f"only --to megatron writes it, not {to}")
     writer = _writer(to)
+    from dayzero.specs.registry import model_config
+
+    # the Hugging Face config DeepSpeed's train.py builds the model from (DeepSpeed has no model configuration)
+    hf = model_config(config_of) if "deepspeed" in (to, engine) else None
+    defaults = []
     if to in SCHEDULERS:
         from dayzero.export.job import JobOptions, hosts_to_exclude
 
         hosts = (hosts_to_exclude(exclude_from) if exclude_from else ()) + tuple(
             h.strip() for h in (exclude or "").split(",") if h.strip())
+        steps = steps or schedule.get("steps")
+        ckpt_every = ckpt_every or schedule.get("ckpt_every")
+        if steps is None or ckpt_every is None:
+            defaults.append(f"{'steps' if steps is None else 'checkpoint interval'} from dayzero's defaults "
+                            f"({'--steps 100' if steps is None else '--ckpt-every 50'}), not a plan's: export a "
+                            "`dayzero plan --tokens N --json` file, or give --steps and --ckpt-every")
         job = JobOptions(**{k: v for k, v in dict(
             name=job_name, devices_per_node=devices_per_node, device=device, run_dir=run_dir, steps=steps,
             ckpt_every=ckpt_every, max_requeues=max_requeues, partition=partition, time_limit=time_limit,
             exclude=tuple(dict.fromkeys(hosts)), memory_gb=mem_per_node, cpus_per_node=cpus_per_node, image=image,
-            volume_claim=volume_claim, rank_table=rank_table).items() if v not in (None, ())})
-        result = writer.export(spec, parallel, job=job)
+            volume_claim=volume_claim, rank_table=rank_table, engine=engine, data=data, model=config_of).items()
+            if v not in (None, ())})
+        result = writer.export(spec, parallel, job=job, model_config=hf)
     else:
         unused = [k for k, v in given.items() if v is not None]
         if unused:
@@ -159,10 +185,13 @@ def export_cmd(
                  if on}
         if activation_offload:
             extra["activation_offload_layers"] = activation_offload
+        if to == "deepspeed":
+            extra["model_config"] = hf
         result = writer.export(spec, parallel, devices_per_node=devices_per_node or 8, **extra)
     paths = result.write(out) if out else []
     if json_out:
-        emit_json({**result.to_dict(), "parallel": parallel.to_dict(), "written": [str(p) for p in paths]})
+        emit_json({**result.to_dict(), "parallel": parallel.to_dict(), "written": [str(p) for p in paths],
+                   "assumed": defaults})
         return
     console.print(f"[bold]{spec.name}[/bold] {parallel.describe()} for {to}:", highlight=False)
     for name, text in result.files.items():
@@ -171,6 +200,8 @@ def export_cmd(
     console.print("launch: " + " ".join(result.command), highlight=False, markup=False, soft_wrap=True)
     for item in result.unexpressed:
         console.print(f"  not expressible in {to}: {item}", highlight=False)
+    for item in defaults:
+        console.print(f"  assumed: {item}", highlight=False)
     if paths:
         console.print(f"wrote {', '.join(str(p) for p in paths)}")
         if to == "slurm":

@@ -19,11 +19,14 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError
 from dayzero.export.common import Export, integer_setting, require_engine
+from dayzero.export.quoting import shell_line
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
 CONFIG_FILE = "ds_config.json"
 LAUNCH_FILE = "launch.sh"
+MODEL_FILE = "config.json"  # the model's Hugging Face config, for train.py's AutoModelForCausalLM.from_config
+TRAIN_SCRIPT = "train.py"
 
 
 def config(parallel: ParallelConfig, grad_clip: float = 1.0) -> dict:
@@ -50,7 +53,12 @@ def config(parallel: ParallelConfig, grad_clip: float = 1.0) -> dict:
     return cfg
 
 
-def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8) -> Export:
+def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,
+           model_config: dict | None = None) -> Export:
+    """The DeepSpeed launch of ``parallel``; ``model_config``: the model's Hugging Face config
+    (:func:`dayzero.specs.registry.model_config`), written as ``config.json`` for the training
+    script to build with ``AutoModelForCausalLM.from_config`` (DeepSpeed itself has no model
+    configuration: it wraps the model the script builds)."""
     require_engine("deepspeed", parallel)
     missing = []
     if parallel.recompute == "selective":
@@ -62,14 +70,26 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
                        "attention in deepspeed.sequence.layer.DistributedAttention (Hugging Face models: "
                        "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF) and feed each rank "
                        "its 1/cp of every sequence")
+    files = {CONFIG_FILE: json.dumps(config(parallel), indent=1) + "\n"}
+    if model_config is not None:
+        files[MODEL_FILE] = json.dumps(model_config, indent=1) + "\n"
+        model = ["--model-config", MODEL_FILE]
+    else:
+        model = ["--model", spec.name]
+        missing.append(f"the model: no Hugging Face config of {spec.name} was given; train.py must build it")
     nnodes = nodes or max(1, parallel.world // devices_per_node)
-    script = ["train.py", "--deepspeed_config", CONFIG_FILE, "--seq-length", str(parallel.seq),
-              "--ep-size", str(parallel.ep), "--model", spec.name]
-    command = ["deepspeed", f"--num_nodes={nnodes}", f"--num_gpus={parallel.world // nnodes}", *script]
-    launch = "#!/bin/sh\n# train.py: your DeepSpeed script; --ep-size goes to deepspeed.moe.layer.MoE(ep_size=...)\n" \
-             + " ".join(shlex.quote(w) for w in command) + "\n"
-    return Export("deepspeed", {CONFIG_FILE: json.dumps(config(parallel), indent=1) + "\n", LAUNCH_FILE: launch},
-                  command, missing)
+    command = ["deepspeed", f"--num_nodes={nnodes}", f"--num_gpus={parallel.world // nnodes}",
+               *script_args(parallel, model)]
+    files[LAUNCH_FILE] = ("#!/bin/sh\n# train.py: your DeepSpeed script; --ep-size goes to "
+                          "deepspeed.moe.layer.MoE(ep_size=...)\n" + shell_line(command, "a DeepSpeed argument") + "\n")
+    return Export("deepspeed", files, command, missing)
+
+
+def script_args(parallel: ParallelConfig, model: list[str]) -> list[str]:
+    """The training script and its arguments: the config, the sequence length and the EP size DeepSpeed
+    sets in the model's code, and the model."""
+    return [TRAIN_SCRIPT, "--deepspeed_config", CONFIG_FILE, "--seq-length", str(parallel.seq),
+            "--ep-size", str(parallel.ep), *model]
 
 
 def parallel_from_config(cfg: dict, world: int, seq: int = 4096, ep: int = 1) -> ParallelConfig:

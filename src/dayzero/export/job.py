@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dayzero.errors import ConfigError, LayoutError
+from dayzero.export.quoting import Ref, refuse_control
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import DENSE_ORDER, ParallelConfig
+from dayzero.specs.parallel import ParallelConfig
 
 DEVICES = ("cuda", "npu", "cpu")
+ENGINES = ("dayzero", "megatron", "torchtitan", "deepspeed")  # what a scheduler's job can launch on each node
 # Communication-library settings of the ranks (the Slurm script lets the site's environment override them):
 COMM_ENV = {
     "cuda": {
@@ -102,8 +104,24 @@ class JobOptions:
     image: str | None = None  # Kubernetes: the container image with dayzero installed
     volume_claim: str | None = None  # Kubernetes: the ReadWriteMany PersistentVolumeClaim holding run_dir
     rank_table: str | None = None  # npu: an HCCL rank table (JSON) on every node; None: torchrun's rendezvous
+    engine: str = "dayzero"  # what every node launches: dayzero's runtime, or an engine's (ENGINES)
+    data: str | None = None  # the training corpus on the shared file system; None: the engine's synthetic data
+    model: str | None = None  # the MODEL the ranks load (a preset, or the config's path as given); None: spec.name
 
     def __post_init__(self):
+        for flag, value in (("--job-name", self.name), ("--run-dir", self.run_dir), ("--partition", self.partition),
+                            ("--time", self.time_limit), ("--image", self.image),
+                            ("--volume-claim", self.volume_claim), ("--rank-table", self.rank_table),
+                            ("--data", self.data), ("MODEL", self.model), *(("--exclude", h) for h in self.exclude)):
+            if value is not None:
+                refuse_control(flag, value)
+        if self.engine not in ENGINES:
+            raise ConfigError("--engine", None, f"must be {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.data is not None and not self.data.strip():
+            raise ConfigError("--data", None, "give the corpus' path on the shared file system")
+        for flag, n in (("--steps", self.steps), ("--ckpt-every", self.ckpt_every)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ConfigError(flag, None, f"expected a whole number >= 1, got {n!r}")
         if self.device not in DEVICES:
             raise ConfigError("--device", None, f"must be {', '.join(DEVICES)}, got {self.device!r}")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9\-_.]{0,62}", self.name):
@@ -203,17 +221,138 @@ def expand_hosts(hosts: tuple[str, ...]) -> list[str]:
 
 def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_dir: str, metrics: str) -> list[str]:
     """``dayzero train`` of the plan, as every rank runs it (after ``-m``): resumes from the newest
-    good checkpoint in ``ckpt_dir`` (``--resume auto``) and appends to ``metrics``."""
+    good checkpoint in ``ckpt_dir`` (``--resume auto``), appends to ``metrics``, reads ``job.data``."""
     from dayzero.cli.next_steps import layout_flags, train_layout
 
     layout = layout_flags(train_layout(parallel.to_dict()))  # what train's flags cannot carry: see unexpressed
-    out = ["dayzero", "train", spec.name, *layout, "--steps", str(job.steps),
+    out = ["dayzero", "train", job.model or spec.name, *layout, "--steps", str(job.steps),
            "--ckpt-dir", ckpt_dir, "--ckpt-every", str(job.ckpt_every), "--resume", "auto", "--metrics", metrics,
            "--quiet"]
+    if job.data:
+        out += ["--data", job.data]
     if job.device == "cpu":
         out += ["--device", "cpu", "--backend", "gloo"]
     elif job.device == "npu":
         out += ["--device", "npu"]
+    return out
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a scheduler's job keeps things, as its file spells them: ``ckpt`` and ``metrics`` in the
+    run directory, ``files`` the folder the engine's own files (DeepSpeed's JSON) are placed in, and
+    the variables the scheduler's file defines for the launch (``var(name)``: ``$NAME`` in a shell
+    script, ``$(NAME)`` in a container's command)."""
+
+    ckpt: str
+    metrics: str
+    files: str
+    style: str  # "shell" | "container"
+
+    def var(self, name: str) -> str:
+        return f"${name}" if self.style == "shell" else f"$({name})"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What every node runs: ``launcher`` (torchrun, or DeepSpeed's launcher started once per node)
+    and ``program`` (the script or module and its arguments); ``files``: the engine's files the
+    program reads (name -> text, placed in :attr:`Paths.files`); ``env``: variables the node needs,
+    with their defaults (the site may set them); what the launch leaves out, listed."""
+
+    launcher: str
+    program: list[str]
+    files: dict[str, str]
+    env: dict[str, str]
+    unexpressed: list[str]
+
+
+MEGATRON_HOME = "MEGATRON_LM"  # the variable naming the Megatron-LM checkout that holds pretrain_gpt.py
+MEGATRON_DEFAULT = "Megatron-LM"
+TORCHTITAN_CONFIG = "TORCHTITAN_CONFIG"  # the torchtitan config_registry function of the model
+
+
+def launch(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, paths: Paths,
+           model_config: dict | None = None) -> Launch:
+    """The node launch of ``job.engine`` with the run's data, checkpoint directory and interval and
+    step count. dayzero's runtime refuses here, with its own reason, a layout it would refuse when
+    the job starts (:func:`dayzero.runtime.checks.check_runtime`, the one place of that rule); an
+    engine refuses what its export refuses."""
+    steps, every = str(job.steps), str(job.ckpt_every)
+    if job.engine == "dayzero":
+        from dayzero.runtime.checks import check_runtime
+
+        check_runtime(spec, parallel, parallel.world)
+        program = ["-m", *train_args(spec, parallel, job, Ref(paths.ckpt), Ref(paths.metrics))]
+        return Launch("torchrun", program, {}, {}, unexpressed(parallel))
+    if job.device != "cuda":
+        raise ConfigError("--engine", None, f"{job.engine} jobs are written for --device cuda, not {job.device}")
+    if job.engine == "megatron":
+        from dayzero.export import megatron
+
+        exp = megatron.export(spec, parallel, devices_per_node=job.devices_per_node)
+        args = exp.command[exp.command.index("pretrain_gpt.py") + 1:]
+        run = ["--save", Ref(paths.ckpt), "--load", Ref(paths.ckpt), "--save-interval", every, "--train-iters", steps,
+               "--tokenizer-type", "NullTokenizer"]  # a pre-tokenized corpus: the vocabulary is --vocab-size
+        missing = list(exp.unexpressed)
+        if job.data:
+            run += ["--data-path", job.data]
+        else:
+            run.append("--mock-data")
+            missing.append("a corpus: no --data, so Megatron trains on --mock-data (synthetic tokens)")
+        program = [Ref(f"{paths.var(MEGATRON_HOME)}/pretrain_gpt.py"), *args, *run]
+        return Launch("torchrun", program, {}, {MEGATRON_HOME: MEGATRON_DEFAULT}, missing)
+    if job.engine == "torchtitan":
+        from dayzero.export import torchtitan
+
+        exp = torchtitan.export(spec, parallel, devices_per_node=job.devices_per_node, ckpt_every=job.ckpt_every)
+        args = exp.command[exp.command.index("torchtitan.train") + 1:]
+        args = [Ref(paths.var(TORCHTITAN_CONFIG)) if w == torchtitan.CONFIG_VAR else w for w in args]
+        run = ["--checkpoint.folder", Ref(paths.ckpt), "--training.steps", steps]
+        missing = list(exp.unexpressed)
+        if job.data:
+            run += ["--dataloader.dataset_path", job.data]
+        else:
+            missing.append("a corpus: no --data, so torchtitan reads the registry function's own dataset")
+        tail = [w for w in args if w.startswith("activation_checkpoint:")]  # a subcommand: after every flag
+        program = ["-m", "torchtitan.train", *[w for w in args if w not in tail], *run, *tail]
+        return Launch("torchrun", program, {}, {TORCHTITAN_CONFIG: ""}, missing)
+    from dayzero.export import deepspeed
+
+    exp = deepspeed.export(spec, parallel, devices_per_node=job.devices_per_node, model_config=model_config)
+    files = {k: v for k, v in exp.files.items() if k != deepspeed.LAUNCH_FILE}
+    model = ["--model-config", Ref(f"{paths.files}/{deepspeed.MODEL_FILE}")] if model_config is not None \
+        else ["--model", spec.name]
+    program = deepspeed.script_args(parallel, model)
+    program[program.index(deepspeed.CONFIG_FILE)] = Ref(f"{paths.files}/{deepspeed.CONFIG_FILE}")
+    program += ["--save-dir", Ref(paths.ckpt), "--save-interval", every, "--train-iters", steps]
+    missing = list(exp.unexpressed)
+    if job.data:
+        program += ["--data-path", job.data]
+    else:
+        missing.append("a corpus: no --data given to train.py")
+    missing.append("train.py: DeepSpeed runs your script; it must read --model-config, --data-path, --save-dir, "
+                   "--save-interval and --train-iters (engine.save_checkpoint / load_checkpoint)")
+    return Launch("deepspeed", program, files, {}, missing)
+
+
+def schedule_of(plan: object) -> dict[str, int]:
+    """The step count and the checkpoint interval a ``dayzero plan/predict --json`` file derived
+    (its best plan's ``training``: ``steps`` for its tokens, ``failures.optimal_checkpoint_interval_steps``,
+    the interval that minimises time lost to interruptions, :mod:`dayzero.planner.training_cost`);
+    the keys it does not hold are left out."""
+    best = plan.get("plans", [plan])[0] if isinstance(plan, dict) else None
+    training = best.get("training") if isinstance(best, dict) else None
+    if not isinstance(training, dict):
+        return {}
+    failures = training.get("failures") if isinstance(training.get("failures"), dict) else {}
+    out = {}
+    for key, value in (("steps", training.get("steps")),
+                       ("ckpt_every", failures.get("optimal_checkpoint_interval_steps"))):
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2**31:
+            out[key] = value
+    if "steps" in out and "ckpt_every" in out:
+        out["ckpt_every"] = min(out["ckpt_every"], out["steps"])
     return out
 
 
@@ -227,6 +366,4 @@ def unexpressed(parallel: ParallelConfig) -> list[str]:
     if parallel.activation_offload_layers:  # planner.engines: the runtime keeps saved activations on the device
         out.append(f"the saved activations of {parallel.activation_offload_layers} layers per chunk on the host "
                    "(the runtime keeps them on the device)")
-    if parallel.rank_order != DENSE_ORDER:
-        out.append(f"rank order {parallel.rank_order} (dayzero train numbers ranks {DENSE_ORDER})")
     return out

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError
 from dayzero.export.common import Export, integer_setting, require_engine
+from dayzero.export.quoting import argument_lines
 from dayzero.planner.comm import CommOptions, ep_overlapped, tp_overlapped
 from dayzero.specs.grid import columns
 from dayzero.specs.model import ModelSpec
@@ -33,9 +34,14 @@ MODEL_FLAGS = frozenset((
     "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
     "--moe-router-enable-expert-bias", "--moe-router-num-groups", "--moe-router-group-topk", "--moe-layer-freq",
     "--moe-flex-dispatcher-backend",
-    "--mtp-num-layers",
+    "--mtp-num-layers", "--norm-epsilon", "--rotary-base", "--rotary-interleaved", "--rope-type",
+    "--use-rope-scaling", "--rope-scaling-factor", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
+    "--add-qkv-bias", "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-shared-expert-gate",
+    "--moe-router-topk-scaling-factor", "--make-vocab-size-divisible-by", "--quick-geglu",
+    "--glu-linear-offset", "--activation-func-clamp-value", "--moe-router-pre-softmax",
     "--overlap-moe-expert-parallel-comm"))  # derived from the layout (planner.comm.ep_overlapped), as the planner does
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+QUICK_GELU_ALPHA = 1.702  # Megatron-Core activations.quick_gelu: x * sigmoid(1.702 x)
 
 
 def dispatcher_config(p: ParallelConfig) -> dict:
@@ -110,17 +116,109 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
     return [str(x) for x in a]
 
 
+def refuse_unexpressible(spec: ModelSpec) -> None:
+    """One ConfigError naming the first layer kind ``pretrain_gpt.py``'s GPT model cannot build
+    (never approximated as attention): a recurrent mixer (Gated-DeltaNet linear attention, Mamba-2),
+    a layer without a token mixer or without a feed-forward block."""
+    kinds = []
+    for i, (mixer, ffn) in enumerate(zip(spec.layer_mixers, spec.layer_kinds)):
+        if mixer != "attention":
+            what = (f"{spec.recurrent.kind} recurrent mixer" if "recurrent" in mixer and spec.recurrent
+                    else f"'{mixer}' token mixer")
+            kinds.append(f"layer {i} has a {what}")
+        elif ffn == "none":
+            kinds.append(f"layer {i} has no feed-forward block")
+    if kinds:
+        raise ConfigError("--to megatron", None, f"{spec.name}: {kinds[0]} ({len(kinds)} such layer(s)); "
+                          "Megatron-LM's pretrain_gpt.py builds attention + MLP/MoE layers only, and dayzero does "
+                          "not export Megatron's hybrid or experimental linear-attention models; export it --to "
+                          "slurm/kubernetes on dayzero's runtime instead")
+
+
+def _number(x: float) -> str:
+    """A float flag's value as Megatron's argparse reads it (``repr`` round-trips a float)."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def rope_args(spec: ModelSpec) -> tuple[list[str], list[str]]:
+    """The rotary embedding: base (``--rotary-base``, an int in Megatron-LM's arguments.py) and the
+    config's ``rope_scaling``. llama3 scaling is ``--use-rope-scaling --rope-scaling-factor F``,
+    whose other numbers Megatron-Core fixes (rotary_pos_embedding.py ``_apply_scaling``: low 1,
+    high 4, original 8192 positions); YaRN under MLA is ``--rope-type yarn`` with MLATransformerConfig's
+    fields; MLA without scaling is ``--rope-type rope`` (MLATransformerConfig defaults to yarn)."""
+    a: list = []
+    missing: list[str] = []
+    if spec.position != "rope":
+        return a, missing
+    if float(spec.rope_theta).is_integer():
+        a += ["--rotary-base", int(spec.rope_theta)]
+    else:
+        missing.append(f"rope theta {spec.rope_theta} (Megatron's --rotary-base is an integer)")
+    if spec.attention.rope_interleave and spec.attention.kind != "mla":  # MLA's rope interleaves as DeepSeek's
+        a.append("--rotary-interleaved")  # (Megatron-Core rope_utils: multi_latent_attention rearranges x)
+    scaling = spec.extra.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    mla = spec.attention.kind == "mla"
+    if kind in (None, "default"):
+        if mla:
+            a += ["--rope-type", "rope"]
+    elif kind == "llama3" and not mla:
+        a += ["--use-rope-scaling", "--rope-scaling-factor", _number(scaling.get("factor", 8.0))]
+        fixed = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}
+        off = {k: scaling[k] for k, v in fixed.items() if k in scaling and float(scaling[k]) != v}
+        if off:
+            missing.append(f"llama3 rope scaling {off} (Megatron-Core fixes low_freq_factor 1, high_freq_factor 4, "
+                           "original_max_position_embeddings 8192)")
+    elif kind == "yarn" and mla:
+        a += ["--rope-type", "yarn", "--rotary-scaling-factor", _number(scaling.get("factor", 1.0)),
+              "--mscale", _number(scaling.get("mscale", 1.0)),
+              "--mscale-all-dim", _number(scaling.get("mscale_all_dim", 0.0))]
+        fixed = {"beta_fast": 32, "beta_slow": 1, "original_max_position_embeddings": 4096}
+        off = {k: scaling[k] for k, v in fixed.items() if k in scaling and float(scaling[k]) != v}
+        if off:
+            missing.append(f"yarn rope scaling {off} (pretrain_gpt.py keeps MLATransformerConfig's beta_fast 32, "
+                           "beta_slow 1, original_max_position_embeddings 4096)")
+    else:
+        missing.append(f"{kind} rope scaling {scaling} ({'MLA' if mla else 'GQA'} attention: pretrain_gpt.py has no "
+                       "flags for it)")
+    return [str(x) for x in a], missing
+
+
+def window_args(spec: ModelSpec) -> list[str]:
+    """Sliding-window attention: ``--window-size W-1,0`` (flash-attention's (left, right), the
+    window of transformers' flash path: sliding_window - 1 keys back) and, where some layers attend
+    fully, ``--window-attn-skip-freq`` as a per-layer list, 1 = windowed, 0 = full (Megatron-LM
+    arguments.py)."""
+    windows = spec.layer_windows or ((spec.attention.sliding_window,) * spec.layers)
+    sizes = {w for w in windows if w}
+    if not sizes:
+        return []
+    if len(sizes) > 1:
+        raise ConfigError("--to megatron", None, f"{spec.name}: windows of {sorted(sizes)} tokens on different "
+                          "layers; Megatron takes one --window-size")
+    a = ["--window-size", f"{sizes.pop() - 1},0"]
+    if not all(windows):
+        a += ["--window-attn-skip-freq", "[" + ",".join("1" if w else "0" for w in windows) + "]"]
+    return a
+
+
 def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple[list[str], list[str]]:
     """The flags that state the architecture (and the token dispatcher ``parallel``'s EP needs), and
-    what the argument list cannot say about it."""
+    what the argument list cannot say about it. A layer kind the GPT model cannot build is refused
+    (:func:`refuse_unexpressible`)."""
+    refuse_unexpressible(spec)
     p = parallel or ParallelConfig()
     att, mlp = spec.attention, spec.mlp
     a: list = ["--num-layers", spec.layers, "--hidden-size", spec.hidden, "--num-attention-heads", att.heads,
                "--ffn-hidden-size", mlp.intermediate, "--max-position-embeddings", spec.max_positions,
                "--vocab-size", spec.vocab, "--position-embedding-type",
                "rope" if spec.position == "rope" else "learned_absolute",
-               "--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm", "--kv-channels", att.head_dim]
+               "--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
+               "--norm-epsilon", _number(spec.norm_eps), "--kv-channels", att.head_dim]
     missing = []
+    rope, rope_missing = rope_args(spec)
+    a += rope
+    missing += rope_missing
     if att.kind == "gqa" and att.kv_heads != att.heads:
         a += ["--group-query-attention", "--num-query-groups", att.kv_heads]
     if att.kind == "mla":
@@ -130,32 +228,62 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
             a += ["--q-lora-rank", att.q_lora_rank]
     if mlp.gated and mlp.activation == "silu":
         a.append("--swiglu")
+    elif mlp.gated and mlp.activation == "swiglu_clamped" and mlp.swiglu_alpha == QUICK_GELU_ALPHA:
+        # gpt-oss: (up + 1) * gate * sigmoid(1.702 gate), both clamped at the limit; Megatron-LM's
+        # quick GEGLU (x * sigmoid(1.702 x)) with --glu-linear-offset 1 and --activation-func-clamp-value
+        a += ["--quick-geglu", "--glu-linear-offset", "1", "--activation-func-clamp-value",
+              _number(mlp.swiglu_limit or 0.0)]
     elif mlp.gated:
         missing.append(f"gated MLP with {mlp.activation} (Megatron's gated MLP flags are --swiglu and --geglu-style "
                        "custom activations)")
     if not spec.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
-    if not att.qkv_bias:
+    # Megatron's biases: add_bias_linear for every linear (attention output, MLP, experts),
+    # add_qkv_bias for the QKV projection alone (TransformerConfig)
+    moe = spec.moe if spec.moe is not None and spec.is_moe else None
+    biases = {"attention output": att.o_bias}
+    if "dense" in spec.layer_kinds:
+        biases["MLP"] = mlp.bias
+    if moe:
+        biases.update({"experts": moe.expert.bias, "router": moe.router_bias})
+    linear_bias = set(biases.values())
+    if len(linear_bias) > 1:
+        raise ConfigError("--to megatron", None, f"{spec.name}: biases on some linear layers and not others "
+                          f"({', '.join(f'{k} {v}' for k, v in biases.items())}); Megatron's --disable-bias-linear "
+                          "sets them all")
+    if True not in linear_bias:
         a.append("--disable-bias-linear")
-    if att.qk_norm:
-        a.append("--qk-layernorm")
-    if att.sliding_window:
-        missing.append(f"sliding-window attention ({att.sliding_window} tokens on some layers)")
-    if att.sinks:
-        missing.append("attention sinks")
-    if spec.is_hybrid:  # Megatron-LM trains these with its hybrid model, not pretrain_gpt.py
-        missing.append("hybrid layers (recurrent mixers, layers without a mixer or an FFN): Megatron-LM's hybrid "
-                       "model and its --hybrid-override-pattern are not exported")
+    if att.qkv_bias and True not in linear_bias:
+        a.append("--add-qkv-bias")
+    elif not att.qkv_bias and True in linear_bias:
+        raise ConfigError("--to megatron", None, f"{spec.name}: biases on the linear layers but not on QKV; "
+                          "Megatron adds a QKV bias with every linear bias")
+    if att.qk_norm or att.kind == "mla":  # under MLA the flag builds the RMSNorms of the q and kv latents
+        a.append("--qk-layernorm")  # (Megatron-Core gpt_layer_specs: q/kv_layernorm of MLA only with it)
+    if att.sinks:  # one learned logit per head: Megatron-LM's --softmax-type learnable
+        a += ["--softmax-type", "learnable"]
+    a += window_args(spec)
     if spec.moe is not None and spec.is_moe:
         m = spec.moe
         a += ["--num-experts", m.experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert.intermediate,
               *dispatcher_args(p), "--moe-grouped-gemm"]
         if m.shared_experts:
             a += ["--moe-shared-expert-intermediate-size", m.shared_intermediate]
+        if m.shared_expert_gate:
+            a.append("--moe-shared-expert-gate")
         if m.scoring == "sigmoid":
             a += ["--moe-router-score-function", "sigmoid"]
+        # top-k weights: Megatron-Core's softmax after the top-k is the normalised top-k (norm_topk_prob);
+        # the softmax over every expert before it is --moe-router-pre-softmax; sigmoid scores are always
+        # normalised over the top-k (moe_utils.topk_softmax_with_capacity)
+        if m.scoring == "softmax" and not m.norm_topk_prob:
+            a.append("--moe-router-pre-softmax")
+        elif m.scoring == "sigmoid" and not m.norm_topk_prob and m.top_k > 1:
+            missing.append("sigmoid routing without normalised top-k weights (Megatron-Core normalises them)")
         if m.score_correction_bias:
             a.append("--moe-router-enable-expert-bias")
+        if m.routed_scaling_factor != 1.0:
+            a += ["--moe-router-topk-scaling-factor", _number(m.routed_scaling_factor)]
         if m.n_group > 1:
             a += ["--moe-router-num-groups", m.n_group, "--moe-router-group-topk", m.topk_group]
         if ep_overlapped(columns(p), CommOptions())[()] > 0:
@@ -168,7 +296,24 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
             a += ["--moe-layer-freq", pattern]
     if spec.mtp_layers:
         a += ["--mtp-num-layers", spec.mtp_layers]
+    pad, padded = vocab_padding(spec.vocab, p.tp)
+    a += ["--make-vocab-size-divisible-by", pad]
+    if padded != spec.vocab:
+        missing.append(f"vocab {spec.vocab} padded to {padded} (Megatron-LM pads it to a multiple of "
+                       f"--make-vocab-size-divisible-by x tp = {pad} x {p.tp}: {(padded - spec.vocab) * spec.hidden} "
+                       "more parameters per embedding)")
     return [str(x) for x in a], missing
+
+
+def vocab_padding(vocab: int, tp: int) -> tuple[int, int]:
+    """(``--make-vocab-size-divisible-by``, the vocabulary Megatron-LM builds): the largest power of
+    two up to Megatron's default 128 whose multiple by tp divides the vocabulary, so no row is
+    added; a vocabulary tp does not divide is padded (Megatron-LM ``_vocab_size_with_padding``:
+    the next multiple of the flag x tp)."""
+    for d in (128, 64, 32, 16, 8, 4, 2, 1):
+        if vocab % (d * tp) == 0:
+            return d, vocab
+    return 128, -(-vocab // (128 * tp)) * 128 * tp
 
 
 def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,
@@ -189,21 +334,11 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
     per_node = parallel.world // nnodes
     command = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
                "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT", "pretrain_gpt.py", *args]
-    text = "\n".join(" ".join(shlex.quote(w) for w in pair) for pair in _pairs(args)) + "\n"
+    text = argument_lines(args, "a Megatron argument")
     if parallel.layer_split:
         missing.append(f"layer split {parallel.layer_split} (Megatron splits evenly, with "
                        "--decoder-first/last-pipeline-num-layers for the ends)")
     return Export("megatron", {ARGS_FILE: text}, command, missing)
-
-
-def _pairs(args: list[str]) -> list[list[str]]:
-    out: list[list[str]] = []
-    for w in args:
-        if w.startswith("--") or not out:
-            out.append([w])
-        else:
-            out[-1].append(w)
-    return out
 
 
 class _Parser(argparse.ArgumentParser):

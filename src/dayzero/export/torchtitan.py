@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError
 from dayzero.export.common import Export, integer_setting, require_engine
+from dayzero.export.quoting import comment, shell_line
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -31,11 +32,13 @@ MODULES = {"llama": "llama3", "deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2_
 # torch.distributed.pipelining schedule names torchtitan's pipeline_parallel_schedule takes
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe",
              "dualpipev": "DualPipeV"}  # torch.distributed.pipelining get_schedule_class names
+CONFIG_VAR = "$TORCHTITAN_CONFIG"  # the config_registry function of the model, which the user names
 CHECKPOINT_EVERY = 500  # torchtitan's own default checkpoint.interval (components/checkpointer/base.py)
 
 
-def overrides(parallel: ParallelConfig, layers: int) -> list[str]:
-    """The ``<section>.<key>`` arguments of ``parallel`` (a model of ``layers`` decoder layers)."""
+def overrides(parallel: ParallelConfig, layers: int, ckpt_every: int = CHECKPOINT_EVERY) -> list[str]:
+    """The ``<section>.<key>`` arguments of ``parallel`` (a model of ``layers`` decoder layers),
+    checkpointing every ``ckpt_every`` steps."""
     p = parallel
     shard, replicate = (1, p.dp) if p.zero == 0 else (p.dp, 1)
     a: list = ["--parallelism.data_parallel_shard_degree", shard, "--parallelism.data_parallel_replicate_degree",
@@ -53,14 +56,15 @@ def overrides(parallel: ParallelConfig, layers: int) -> list[str]:
         if p.vpp > 1:
             a += ["--parallelism.pipeline_parallel_layers_per_stage", layers // (p.pp * p.vpp)]
     a += ["--training.local_batch_size", local, "--training.global_batch_size", p.gbs, "--training.seq_len", p.seq,
-          "--checkpoint.enable", "--checkpoint.interval", CHECKPOINT_EVERY]
+          "--checkpoint.enable", "--checkpoint.interval", ckpt_every]
     if p.precision == "fp8":  # torchtitan docs/float8.md: float8 runs fast only compiled
         a += ["--compile.enable", "--compile.components", "model,loss"]
     a.append(f"activation_checkpoint:{p.recompute}")  # a tyro subcommand: after every flag
     return [str(x) for x in a]
 
 
-def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8) -> Export:
+def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,
+           ckpt_every: int = CHECKPOINT_EVERY) -> Export:
     require_engine("torchtitan", parallel)
     p = parallel
     module = MODULES.get(spec.model_type)
@@ -80,13 +84,14 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
                        "pipeline_parallel_first/last_stage_less_layers at the ends)")
     if p.vpp > 1 and spec.layers % (p.pp * p.vpp):
         missing.append(f"{spec.layers} layers are not divisible into pp*vpp = {p.pp * p.vpp} even virtual stages")
-    args = overrides(p, spec.layers)
+    args = overrides(p, spec.layers, ckpt_every)
     nnodes = nodes or max(1, p.world // devices_per_node)
     command = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={p.world // nnodes}", "--rdzv-backend=c10d",
                "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT", "-m", "torchtitan.train",
-               "--module", module or spec.model_type, "--config", "$TORCHTITAN_CONFIG", *args]
-    header = f"{HEADER} precision={p.precision} layers={spec.layers} model={spec.name}\n"
-    lines = [" ".join(shlex.quote(w) for w in pair) for pair in _pairs(args)]
+               "--module", module or spec.model_type, "--config", CONFIG_VAR, *args]
+    header = comment(f"{HEADER[2:]} precision={p.precision} layers={spec.layers} model={spec.name}", "the model name")
+    header += "\n"
+    lines = [shell_line(pair, "a torchtitan override") for pair in _pairs(args)]
     return Export("torchtitan", {ARGS_FILE: header + "\n".join(lines) + "\n"}, command, missing)
 
 

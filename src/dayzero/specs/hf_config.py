@@ -160,6 +160,8 @@ def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = Non
         spec = _hybrid(f, name, mt) if hybrid else _PARSERS[mt](f, name, mt)
         check_size(spec, source)
         spec.extra["unused_config_keys"] = unused_keys(cfg, f.cfg.read | {"model_type"})
+        if isinstance(cfg.get("rope_scaling"), dict):  # not modelled (no cost), but an export writes it
+            spec.extra["rope_scaling"] = dict(cfg["rope_scaling"])
         return spec
     except ConfigError:
         raise

@@ -51,6 +51,15 @@ def load_model(model: str | Path, trust_remote_code: bool = False) -> ModelSpec:
     return spec_from_hf_config(cfg, name=name or "model", source=source)
 
 
+def model_config(model: str | Path) -> dict:
+    """The Hugging Face config dict behind MODEL (a preset's, or the file's), without dayzero's own
+    ``_dayzero`` notes: what an export writes for an engine that builds the model with transformers."""
+    text, path = str(model), Path(str(model))
+    presets = model_presets()
+    cfg = presets[text] if text in presets and not path.exists() else load_config_file(path)[0]
+    return {k: v for k, v in cfg.items() if k != "_dayzero"}
+
+
 def _derived(cfg: dict) -> bool:
     mt = cfg.get("model_type")
     return isinstance(mt, str) and mt not in SUPPORTED_MODEL_TYPES
