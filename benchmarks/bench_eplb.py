@@ -1,4 +1,4 @@
-"""Benchmark: EPLB placement (planner/eplb.py) on a DeepSeek-V3-shaped load matrix.
+"""Benchmark: EPLB placement (planner/perf/eplb.py) on a DeepSeek-V3-shaped load matrix.
 
 58 MoE layers x 256 routed experts in 8 groups (DeepSeek-V3: 61 layers, the first 3 dense,
 n_group 8; arXiv:2412.19437 section 4.2), EP 64 over 8 nodes, 64 redundant slots (one spare
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from dayzero.planner.eplb import rebalance
+from dayzero.planner.perf.eplb import rebalance
 
 
 def main() -> None:

@@ -2,8 +2,8 @@
 
 For each published run the backtest reads (``dayzero backtest``'s cases, with the memory settings
 it settles on) whose schedule the replay orders (1F1B, interleaved 1F1B, GPipe), replay one step of
-the busiest stage (:func:`dayzero.planner.replay.simulate_step`) with PyTorch's caching allocator
-and with expandable segments (:mod:`dayzero.planner.allocator`), and report the slack the
+the busiest stage (:func:`dayzero.planner.memory.replay.simulate_step`) with PyTorch's caching allocator
+and with expandable segments (:mod:`dayzero.planner.memory.allocator`), and report the slack the
 reservation carries at its peak (reserved - allocated then) as a fraction of the stage's
 activation and temporary bytes: the quantity ``MemoryOptions.fragmentation`` budgets. The mean
 over all layouts is the budget of each mode (``memory_options.FRAGMENTATION``); the split by
@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from dayzero.planner.memory import estimate_memory
-from dayzero.planner.memory_options import FRAGMENTATION
-from dayzero.planner.published import load_cases
-from dayzero.planner.replay import simulate_step
+from dayzero.planner.backtest.published import load_cases
+from dayzero.planner.memory.memory import estimate_memory
+from dayzero.planner.memory.memory_options import FRAGMENTATION
+from dayzero.planner.memory.replay import simulate_step
 
 MODES = ("caching", "expandable")
 

@@ -9,7 +9,7 @@ group is predicted with them. Prints MAPE per held-out group, per family (dense/
 precision and overall, next to the in-sample figures and the share of rows predicted to fit
 their device; writes the whole result as JSON. With ``--table`` it also writes the error table
 the plan's error band reads (``src/dayzero/specs/presets/data/backtest_error.json``, see
-:mod:`dayzero.planner.error_band`).
+:mod:`dayzero.planner.search.error_band`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dayzero.planner.backtest import leave_one_group_out, run_backtest
-from dayzero.planner.error_band import TABLE_FILE, error_table
-from dayzero.planner.published import default_runs
+from dayzero.planner.backtest.backtest import leave_one_group_out, run_backtest
+from dayzero.planner.backtest.published import default_runs
+from dayzero.planner.search.error_band import TABLE_FILE, error_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dayzero.planner.balance import balance_layers
-from dayzero.planner.memory import estimate_memory, peak_memory_batch
-from dayzero.planner.replay import simulate_step
+from dayzero.planner.memory.balance import balance_layers
+from dayzero.planner.memory.memory import estimate_memory, peak_memory_batch
+from dayzero.planner.memory.replay import simulate_step
 from dayzero.specs.grid import decode, default_schedule
 from dayzero.specs.parallel import ParallelConfig, even_split
 from dayzero.specs.registry import load_model

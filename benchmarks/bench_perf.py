@@ -40,7 +40,7 @@ def cli(args: list[str]) -> tuple[float, dict]:
 
 
 def in_process(model: str, cluster: str, gbs: int, seq: int) -> dict:
-    from dayzero.planner.search import search
+    from dayzero.planner.search.search import search
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.registry import load_model
 
@@ -72,7 +72,7 @@ def main() -> None:
                      obj["plans"][0]["parallel"], obj["plans"][0]["throughput"]["mfu"]))
         print(label, best, search)
 
-    from dayzero.planner.backtest import run_backtest
+    from dayzero.planner.backtest.backtest import run_backtest
 
     t0 = time.perf_counter()
     bt = run_backtest()

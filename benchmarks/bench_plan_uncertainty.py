@@ -4,7 +4,7 @@ Usage:  PYTHONPATH=src python benchmarks/bench_plan_uncertainty.py [--repeat N]
 
 For ``dayzero plan`` (dense-3t on ascend910b-8192; target < 2 s) and ``dayzero plan moe-3t
 --cluster dgx-h100-16384`` (target < 5 s): a fresh CLI process with ``--json``, wall clock and the
-child's CPU seconds, best of N; and in-process, :func:`dayzero.planner.search.plan` with and
+child's CPU seconds, best of N; and in-process, :func:`dayzero.planner.search.search.plan` with and
 without ``uncertainty`` (the extra cost of the band and the re-timed perturbations), CPU seconds.
 The machine is shared: the load average is printed with each timing, and CPU seconds are what a
 quiet machine would take.
@@ -39,7 +39,7 @@ def cli(args: list[str]) -> tuple[float, float, dict]:
 
 
 def in_process(model: str, cluster: str, uncertainty: bool) -> float:
-    from dayzero.planner.search import plan
+    from dayzero.planner.search.search import plan
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.registry import load_model
 

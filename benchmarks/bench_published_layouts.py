@@ -44,10 +44,10 @@ import json
 import platform
 import time
 
-from dayzero.planner.memory_options import MOMENT_BYTES, MemoryOptions
-from dayzero.planner.perf import PerfOptions
+from dayzero.planner.memory.memory_options import MOMENT_BYTES, MemoryOptions
+from dayzero.planner.perf.perf import PerfOptions
 from dayzero.planner.predict import predict
-from dayzero.planner.search import SearchSpace, plan
+from dayzero.planner.search.search import SearchSpace, plan
 from dayzero.planner.training_cost import batch_ramp, layout_wall_clock
 from dayzero.specs.cluster import build_cluster, get_cluster
 from dayzero.specs.parallel import ParallelConfig
@@ -105,7 +105,7 @@ def main() -> int:
                        sequence_parallel=True, precision="bf16")
     # Meta's own training stack, not Megatron-Core: the paper describes no TP communication/GEMM
     # overlap, so it is priced without it, as the backtest prices every source that is not
-    # Megatron-family and states no TP overlap (planner.published: tp_overlap = megatron or features)
+    # Megatron-family and states no TP overlap (planner.backtest.published: tp_overlap = megatron or features)
     meta = PerfOptions.for_run(h100, tp_overlap=False)
     for allocator in ("expandable", "caching"):
         rows.append(row(f"Llama 3.1 405B, 16,384 H100, {allocator} allocator",

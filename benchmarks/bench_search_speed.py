@@ -1,5 +1,5 @@
 """Search speed in process: CPU seconds of ``planner.search.search`` for the two Day-0 scenarios
-and for every published run with a full layout (the searches tests/planner/test_search_published.py
+and for every published run with a full layout (the searches tests/planner/search/test_search_published.py
 runs), best of N.
 
 Usage:  PYTHONPATH=src python benchmarks/bench_search_speed.py [--repeat N] [--published-repeat N]
@@ -22,7 +22,7 @@ SCENARIOS = (("moe-3t", "dgx-h100-16384"), ("dense-3t", "ascend910b-8192"))
 
 def _published_cases() -> list:
     """One case per distinct (model, cluster, layout, options), as the published-search test picks them."""
-    from dayzero.planner.published import load_cases
+    from dayzero.planner.backtest.published import load_cases
     from dayzero.specs.presets import reference_data
 
     seen = {}
@@ -34,8 +34,8 @@ def _published_cases() -> list:
 
 def _published_pass(cases: list) -> float:
     """CPU seconds of one search per case, at the memory limit of the published layout's own peak."""
-    from dayzero.planner.memory import MemoryOptions, peak_memory_batch
-    from dayzero.planner.search import search
+    from dayzero.planner.memory.memory import MemoryOptions, peak_memory_batch
+    from dayzero.planner.search.search import search
     from dayzero.specs.grid import encode
 
     cpu = 0.0
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--published-repeat", type=int, default=1)
     args = ap.parse_args()
-    from dayzero.planner.search import search
+    from dayzero.planner.search.search import search
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.registry import load_model
 

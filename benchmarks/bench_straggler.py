@@ -5,7 +5,7 @@ Usage:  PYTHONPATH=src python benchmarks/bench_straggler.py [--sigmas 0,0.002,..
 For each sigma: the backtest's MAPE with every other constant at its default, and the slope of
 log(predicted / published throughput) against ln(devices) (a missing straggler effect shows as a
 positive slope: the model too fast at scale). The straggler factor is
-planner.scale_effects.straggler_factor (1 + sigma sqrt(2 ln N), N the job's devices).
+planner.perf.scale_effects.straggler_factor (1 + sigma sqrt(2 ln N), N the job's devices).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from dayzero.planner.backtest import run_backtest
-from dayzero.planner.calibration import PerfConstants
-from dayzero.planner.published import default_runs
+from dayzero.planner.backtest.backtest import run_backtest
+from dayzero.planner.backtest.published import default_runs
+from dayzero.planner.perf.calibration import PerfConstants
 
 
 def size_trend(rows) -> tuple[float, float]:

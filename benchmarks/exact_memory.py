@@ -48,9 +48,9 @@ def best_plan(model: str, args: str, spec=None) -> tuple[ParallelConfig, float]:
     t = time.perf_counter()
     if spec is not None:  # what ``dayzero plan`` runs, for a model that is not a preset
         from dayzero.cli.common import cluster_from_options
-        from dayzero.planner.calibration import constants_for
-        from dayzero.planner.perf import PerfOptions
-        from dayzero.planner.search import SearchSpace, plan
+        from dayzero.planner.perf.calibration import constants_for
+        from dayzero.planner.perf.perf import PerfOptions
+        from dayzero.planner.search.search import SearchSpace, plan
 
         a = dict(zip(args.split()[::2], args.split()[1::2]))
         cl = cluster_from_options(None, a["-a"], int(a["-n"]))

@@ -2,7 +2,7 @@
 
 Usage:  PYTHONPATH=src python benchmarks/fit_backtest.py [CSV] [--iterations N] [--out FILE.json]
 
-The fit half is the rows with an even numeric id (see dayzero.planner.backtest.half_of); the
+The fit half is the rows with an even numeric id (see dayzero.planner.backtest.backtest.half_of); the
 held half is never looked at. Prints the fitted constants, the fit-half and held-half MAPE, and
 writes them as JSON (a calibration file `dayzero predict/plan/backtest --calibration` accepts).
 """
@@ -14,9 +14,9 @@ import json
 import time
 from pathlib import Path
 
-from dayzero.planner.backtest import FIT_FIELDS, fit_constants, run_backtest
-from dayzero.planner.calibration import PerfConstants
-from dayzero.planner.published import default_runs
+from dayzero.planner.backtest.backtest import FIT_FIELDS, fit_constants, run_backtest
+from dayzero.planner.backtest.published import default_runs
+from dayzero.planner.perf.calibration import PerfConstants
 
 ROOT = Path(__file__).resolve().parents[1]
 

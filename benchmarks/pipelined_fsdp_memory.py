@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from dayzero.planner.memory import estimate_memory
+from dayzero.planner.memory.memory import estimate_memory
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 from dayzero.validate.exact_memory import CATEGORIES, exact_memory

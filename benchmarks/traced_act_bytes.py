@@ -33,8 +33,8 @@ def main() -> None:
     from dayzero.derive.traced_flops import approximated_layers
     from dayzero.ops.hf_model import build_meta_model
     from dayzero.ops.trace import _run
-    from dayzero.planner.activations import Dims, layer_terms
-    from dayzero.planner.memory_options import MemoryOptions
+    from dayzero.planner.memory.activations import Dims, layer_terms
+    from dayzero.planner.memory.memory_options import MemoryOptions
 
     s = args.seq
     print(f"| model_type | layers | mixer, ffn | load s | eager before | traced (seq {s}) | eager after | "

@@ -106,7 +106,7 @@ def test_calibration_file_changes_the_prediction(tmp_path: Path, capsys):
 
 def test_the_ep_dispatcher_is_a_flag_and_follows_the_engine(capsys):
     """DeepSeek-V3 with EP 64 over eight 8-GPU nodes: the deduplicating dispatcher sends each token
-    to about 3.6 of 8 nodes (group-limited routing, planner.moe_dispatch), the plain all-to-all
+    to about 3.6 of 8 nodes (group-limited routing, planner.perf.moe_dispatch), the plain all-to-all
     every one of its 8 routed copies, so the dispatch costs more and the JSON says which one ran;
     plan --engine dayzero prices the runtime's all-to-all; a bad name is one line."""
     base = ["predict", "deepseek-v3", "-a", "h800", "-n", "2048", "--pp", "16", "--ep", "64", "--gbs", "15360",
@@ -128,7 +128,7 @@ def test_the_ep_dispatcher_is_a_flag_and_follows_the_engine(capsys):
 
 
 def test_deepseek_fp8_recipe_flags_slow_the_llama_fp8_layout(capsys):
-    """--fp8-scaling block multiplies the dense FP8 GEMM rate by 0.691 (planner.fp8_scaling), so
+    """--fp8-scaling block multiplies the dense FP8 GEMM rate by 0.691 (planner.perf.fp8_scaling), so
     the FP8 Llama layout gets slower; a layout without MoE has no all-to-all, so --fp8-dispatch and
     --comm-sm-reserved leave it as it was (reserved SMs cost only where there is communication to
     overlap). An unknown scaling is a one-line error."""

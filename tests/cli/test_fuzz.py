@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 import dayzero.report.jsonable as jsonable
 from dayzero.cli.app import main
-from dayzero.planner.published import read_rows
+from dayzero.planner.backtest.published import read_rows
 from dayzero.specs.registry import model_presets
 
 EXAMPLES = int(os.environ.get("DAYZERO_FUZZ_EXAMPLES", "25"))

@@ -137,8 +137,8 @@ def test_inputs_that_would_be_silently_reinterpreted(capsys, argv, needle):
 
 
 def test_a_published_row_with_an_impossible_layout_is_skipped_not_predicted(tmp_path):
-    from dayzero.planner.backtest import run_backtest
-    from dayzero.planner.published import read_rows
+    from dayzero.planner.backtest.backtest import run_backtest
+    from dayzero.planner.backtest.published import read_rows
 
     rows = [dict(r) for r in read_rows() if r["id"] in ("R0132", "R0555")]  # rows the backtest predicts
     rows[0]["tp"] = "-2"
@@ -173,8 +173,8 @@ def test_fuzz_finding_zero_pipeline_degree(capsys):
 
 def test_fuzz_finding_a_batch_beyond_int64(tmp_path):
     """A published gbs of 21 nines overflowed the grid's int64 encoding; now the row is skipped."""
-    from dayzero.planner.backtest import run_backtest
-    from dayzero.planner.published import read_rows
+    from dayzero.planner.backtest.backtest import run_backtest
+    from dayzero.planner.backtest.published import read_rows
 
     rows = [dict(r) for r in read_rows() if r["id"] == "R0132"]
     rows[0]["gbs"] = "999999999999999999999"
@@ -197,8 +197,8 @@ def test_fuzz_finding_an_inter_node_bandwidth_beyond_the_bound(capsys):
 
 def test_fuzz_finding_a_row_with_absurd_layers(tmp_path):
     """A row whose layers column is 21 digits built a 1e21-long layer tuple: now it is skipped."""
-    from dayzero.planner.backtest import run_backtest
-    from dayzero.planner.published import read_rows
+    from dayzero.planner.backtest.backtest import run_backtest
+    from dayzero.planner.backtest.published import read_rows
 
     rows = [dict(r) for r in read_rows() if r["id"] == "R0132"]
     rows[0].update(model="Unheard-of Model", layers="999999999999999999999")

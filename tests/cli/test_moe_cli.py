@@ -150,7 +150,7 @@ def test_plan_measured_imbalance_per_ep(tmp_path, capsys):
                                   "--top", "3", "--ep", "2,4", "--expert-loads", MATRIX, "--json"])
     assert code == 0, err
     plans = json.loads(out)["plans"]
-    from dayzero.planner.moe_imbalance import measured_imbalance
+    from dayzero.planner.perf.moe_imbalance import measured_imbalance
 
     m = measured_imbalance(8, read_expert_loads(MATRIX))
     for p in plans:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from dayzero.cli.app import main
-from dayzero.planner.error_band import load_table
+from dayzero.planner.search.error_band import load_table
 
 ARGS = ["plan", "llama-3.1-8b", "-a", "h100", "-n", "64", "--gbs", "256", "--top", "2"]
 

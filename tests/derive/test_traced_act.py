@@ -17,8 +17,8 @@ from dayzero.derive.traced_act import reference_bytes, stand_ins, traced_sides  
 from dayzero.derive.traced_flops import approximated_layers, trace_lengths, with_traced_flops  # noqa: E402
 from dayzero.ops.hf_model import build_meta_model  # noqa: E402
 from dayzero.ops.trace import _run  # noqa: E402
-from dayzero.planner.activations import Dims, layer_activation, layer_terms  # noqa: E402
-from dayzero.planner.memory_options import MemoryOptions  # noqa: E402
+from dayzero.planner.memory.activations import Dims, layer_activation, layer_terms  # noqa: E402
+from dayzero.planner.memory.memory_options import MemoryOptions  # noqa: E402
 from dayzero.specs.registry import load_model  # noqa: E402
 
 # llama-like layers: 4 query heads and 2 KV heads of 16, a SwiGLU MLP of 96

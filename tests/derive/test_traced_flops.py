@@ -21,9 +21,9 @@ from dayzero.derive.traced_flops import (  # noqa: E402
 )
 from dayzero.ops.hf_model import build_meta_model  # noqa: E402
 from dayzero.ops.trace import _run  # noqa: E402
-from dayzero.planner.calibration import PerfConstants  # noqa: E402
-from dayzero.planner.compute import compute_costs, layer_classes  # noqa: E402
-from dayzero.planner.perf import rates  # noqa: E402
+from dayzero.planner.perf.calibration import PerfConstants  # noqa: E402
+from dayzero.planner.perf.compute import compute_costs, layer_classes  # noqa: E402
+from dayzero.planner.perf.perf import rates  # noqa: E402
 from dayzero.specs.cluster import build_cluster  # noqa: E402
 from dayzero.specs.counting import flops_per_token, layer_forward_flops, traced_extra_flops  # noqa: E402
 from dayzero.specs.grid import encode  # noqa: E402

@@ -1,6 +1,6 @@
 """Synthetic ``dayzero validate`` measurement files, fitted exactly by the planner's own formulas."""
 
-from dayzero.planner.collectives import Link
+from dayzero.planner.perf.collectives import Link
 from dayzero.validate.profile import collective_time
 
 

@@ -7,8 +7,8 @@ tokens: 1e12 / (180e3 x 3600) = 1,543.2."""
 
 import pytest
 
-from dayzero.planner.memory_options import MOMENT_BYTES, MemoryOptions
-from dayzero.planner.perf import PerfOptions
+from dayzero.planner.memory.memory_options import MOMENT_BYTES, MemoryOptions
+from dayzero.planner.perf.perf import PerfOptions
 from dayzero.planner.predict import predict
 from dayzero.planner.training_cost import batch_ramp, layout_wall_clock
 from dayzero.specs.cluster import build_cluster

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dayzero.planner.calibration import PerfConstants
-from dayzero.planner.comm import CommOptions
-from dayzero.planner.memory import estimate_memory, peak_memory_batch
-from dayzero.planner.perf import PerfOptions, evaluate
+from dayzero.planner.memory.memory import estimate_memory, peak_memory_batch
+from dayzero.planner.perf.calibration import PerfConstants
+from dayzero.planner.perf.comm import CommOptions
+from dayzero.planner.perf.perf import PerfOptions, evaluate
 from dayzero.planner.schedule import bubble_microbatches, inflight_microbatches
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import DUALPIPE, DUALPIPEV, INTERLEAVED, ONE_F_ONE_B, encode
@@ -100,7 +100,7 @@ def test_sm_sharing_slowdown_of_overlapped_compute():
     compute they overlap runs at 112/132 while they are in flight: a pair takes max(c, C + f c).
     c = 10 ms under C = 100 ms adds 10 x 20/132 = 1.515 ms; c = 100 ms over C = 10 ms adds 90 ms
     (the unhidden part, 10 + 0.1515 x 100 = 25 < 100); with f = 0 a hidden all-to-all is free."""
-    from dayzero.planner.comm import overlapped_exposed
+    from dayzero.planner.perf.comm import overlapped_exposed
 
     f = PerfConstants().comm_sm_fraction
     assert f == pytest.approx(20 / 132)
@@ -115,7 +115,7 @@ def test_reserved_sms_slow_the_whole_overlapped_window():
     window, C = 100 ms under c = 10 ms takes 100 x 132/112 = 117.857 ms, adding 17.857 ms (not
     1.515 ms); c = 150 ms over C = 100 ms adds max(50, 17.857) = 50 ms; a layer with no
     communication to overlap adds nothing."""
-    from dayzero.planner.comm import overlapped_exposed
+    from dayzero.planner.perf.comm import overlapped_exposed
 
     f = PerfConstants().comm_sm_fraction
     assert float(overlapped_exposed(10.0, 100.0, f, reserved=True)) == pytest.approx(17.857, rel=1e-4)
@@ -132,7 +132,7 @@ def test_ep_overlap_is_on_where_the_schedule_runs_it_and_the_flag_pins_it():
     """Megatron-Core's --overlap-moe-expert-parallel-comm (transformer_config.py __post_init__)
     needs ep > 1, no full recompute and a virtual pipeline when pp > 1; DualPipe/DualPipeV overlap
     by construction, whatever the pin."""
-    from dayzero.planner.comm import ep_overlapped
+    from dayzero.planner.perf.comm import ep_overlapped
 
     rows = [dict(pp=1, vpp=1, ep=8), dict(pp=4, vpp=1, ep=8), dict(pp=4, vpp=2, ep=8), dict(pp=4, vpp=2, ep=1),
             dict(pp=4, vpp=2, ep=8, recompute="full"), dict(pp=4, vpp=1, ep=8, schedule="dualpipe")]
@@ -145,7 +145,7 @@ def test_ep_overlap_is_on_where_the_schedule_runs_it_and_the_flag_pins_it():
 def test_overlapped_ep_exposes_the_slowdown_by_default():
     """An interleaved MoE layout's EP all-to-all is overlapped by default (it was exposed whole
     before): each MoE layer's dispatch + combine + count exchange exposes max(a2a - layer, f a2a)."""
-    from dayzero.planner.comm import overlapped_exposed
+    from dayzero.planner.perf.comm import overlapped_exposed
 
     cl = build_cluster("h100", 64)
     p = ParallelConfig(pp=4, vpp=2, dp=16, ep=16, gbs=256, mbs=1, seq=4096)
@@ -168,7 +168,7 @@ def test_the_search_tries_dualpipev_where_an_engine_runs_it():
     runs it, torch.distributed.pipelining ScheduleDualPipeV) and keeps it only at the ZeRO
     stages some engine runs it with: torchtitan has no ZeRO-1, so (zero 1, dualpipev) is left out
     and (zero 3, dualpipev) kept; a 1F1B row keeps every ZeRO stage."""
-    from dayzero.planner.search import SearchSpace, _fitting_variants, enumerate_layouts
+    from dayzero.planner.search.search import SearchSpace, _fitting_variants, enumerate_layouts
 
     space = SearchSpace(tp=(1,), pp=(2,), cp=(1,), ep=(8,), etp=(1,), vpp=(1, 2), mbs=(1,))
     g, *_ = enumerate_layouts(MOE, 64, 256, 4096, space, 8)
@@ -183,7 +183,7 @@ def test_the_search_tries_dualpipev_where_an_engine_runs_it():
 
 
 def test_the_megatron_export_turns_on_the_overlap_the_planner_priced():
-    """Megatron-Core's --overlap-moe-expert-parallel-comm is written where planner.comm.ep_overlapped
+    """Megatron-Core's --overlap-moe-expert-parallel-comm is written where planner.perf.comm.ep_overlapped
     turns it on (ep > 1, no full recompute, vpp > 1 when pp > 1), not for a 1F1B pipeline."""
     from dayzero.export.megatron import model_args
 
@@ -202,9 +202,9 @@ def test_deepseek_v3_published_degrees_search_chooses_the_ep_overlap():
     degrees under 1F1B (the schedule DualPipe was built to beat: sec. 3.2.1) and the published
     layout with its memory recipe, one step, per-tensor FP8 (it holds 98 % of HBM, above the search's
     limit; its wall-clock check against Table 1 is tests/planner/test_deepseek_v3_published.py)."""
-    from dayzero.planner.memory_options import MOMENT_BYTES, MemoryOptions
+    from dayzero.planner.memory.memory_options import MOMENT_BYTES, MemoryOptions
     from dayzero.planner.predict import predict
-    from dayzero.planner.search import SearchSpace, plan
+    from dayzero.planner.search.search import SearchSpace, plan
 
     dsv3 = load_model("deepseek-v3")
     h800 = build_cluster("h800", 2048)
@@ -233,7 +233,7 @@ def test_ep_overlap_needs_a_second_micro_batch():
     """Megatron-Core's combined 1F1B hides one micro-batch's all-to-all under another's pass: with
     one micro-batch there is nothing to pair (exposed whole, as with the overlap off); with two and
     no pipeline one of the two forward/backward windows is hidden (half the all-to-all at most)."""
-    from dayzero.planner.comm import ep_overlap_windows, overlapped_exposed
+    from dayzero.planner.perf.comm import ep_overlap_windows, overlapped_exposed
 
     cl = build_cluster("h100", 64)
     one = ParallelConfig(pp=1, dp=64, ep=16, gbs=64, mbs=1, seq=4096)

@@ -67,7 +67,7 @@ def test_the_runtime_refuses_what_its_engine_label_refuses():
 
 
 def test_search_with_an_engine_returns_only_what_it_runs():
-    from dayzero.planner.search import SearchSpace, plan
+    from dayzero.planner.search.search import SearchSpace, plan
     from dayzero.specs.cluster import build_cluster
     from dayzero.specs.registry import load_model
 

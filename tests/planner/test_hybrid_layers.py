@@ -11,14 +11,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dayzero.planner.activations import Dims, layer_activation, layer_terms
-from dayzero.planner.calibration import PerfConstants
-from dayzero.planner.comm import CommOptions, layer_comm, place_groups
-from dayzero.planner.compute import compute_costs, layer_classes, mamba2_elements
-from dayzero.planner.memory import estimate_memory, peak_memory_batch
-from dayzero.planner.memory_options import MemoryOptions
-from dayzero.planner.params import layer_params
-from dayzero.planner.perf import PerfOptions, evaluate, rates
+from dayzero.planner.memory.activations import Dims, layer_activation, layer_terms
+from dayzero.planner.memory.memory import estimate_memory, peak_memory_batch
+from dayzero.planner.memory.memory_options import MemoryOptions
+from dayzero.planner.memory.params import layer_params
+from dayzero.planner.perf.calibration import PerfConstants
+from dayzero.planner.perf.comm import CommOptions, layer_comm, place_groups
+from dayzero.planner.perf.compute import compute_costs, layer_classes, mamba2_elements
+from dayzero.planner.perf.perf import PerfOptions, evaluate, rates
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.counting import flops_per_token, layer_count, params_total, recurrent_params
 from dayzero.specs.grid import encode

@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dayzero.planner.memory import estimate_memory
-from dayzero.planner.perf import mtp_class, stage_work
-from dayzero.planner.published import train_mtp
+from dayzero.planner.backtest.published import train_mtp
+from dayzero.planner.memory.memory import estimate_memory
+from dayzero.planner.perf.perf import mtp_class, stage_work
 from dayzero.specs.counting import attention_flops_per_token, layer_matmul_params, mtp_flops_per_token
 from dayzero.specs.parallel import ParallelConfig, model_split
 from dayzero.specs.registry import load_model

@@ -19,13 +19,13 @@ from dataclasses import replace
 
 import pytest
 
-from dayzero.planner.activations import Dims, layer_terms
-from dayzero.planner.calibration import PerfConstants
-from dayzero.planner.comm import CommOptions, layer_comm, place_groups
-from dayzero.planner.compute import BF16, compute_costs, layer_classes
-from dayzero.planner.memory import estimate_memory
-from dayzero.planner.params import attention_split, layer_params, recurrent_split
-from dayzero.planner.perf import rates
+from dayzero.planner.memory.activations import Dims, layer_terms
+from dayzero.planner.memory.memory import estimate_memory
+from dayzero.planner.memory.params import attention_split, layer_params, recurrent_split
+from dayzero.planner.perf.calibration import PerfConstants
+from dayzero.planner.perf.comm import CommOptions, layer_comm, place_groups
+from dayzero.planner.perf.compute import BF16, compute_costs, layer_classes
+from dayzero.planner.perf.perf import rates
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.counting import layer_count, layer_forward_flops, params_total
 from dayzero.specs.grid import encode
@@ -96,7 +96,7 @@ def test_saved_activations_share_the_normed_input_by_hand():
     norm input and out_proj's input 16,384 each, the norm's rstd 4 x 128 x 2 = 1,024: 101,376. MLP:
     its pre-norm and FC1 inputs 16,384 each, SwiGLU input 2 x 128 x 192 = 49,152, FC2 input 2 x 128 x
     96 = 24,576: 106,496. Total 291,840."""
-    from dayzero.planner.memory_options import MemoryOptions
+    from dayzero.planner.memory.memory_options import MemoryOptions
 
     terms = layer_terms(spec(), f"{PAR}+dense", MemoryOptions(), Dims(seq=128, mbs=1, tp=1, cp=1))
     assert "rec_in" not in terms and terms["attn_in"] == 16_384

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from dayzero.planner.engines import ENGINES, Engine, pipelined_fsdp
-from dayzero.planner.memory import estimate_memory
-from dayzero.planner.memory_options import MemoryOptions
+from dayzero.planner.memory.memory import estimate_memory
+from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.schedule import held_zero
 from dayzero.specs.parallel import ParallelConfig as P
 from dayzero.specs.registry import load_model
@@ -70,7 +70,7 @@ def test_each_engine_prices_its_own_memory(monkeypatch):
 
 
 def test_for_run_and_the_search_take_the_engine():
-    from dayzero.planner.search import SearchSpace, searched_memory
+    from dayzero.planner.search.search import SearchSpace, searched_memory
     from dayzero.specs.hardware import get_accelerator
 
     acc = get_accelerator("h100")
@@ -85,7 +85,7 @@ def test_for_run_and_the_search_take_the_engine():
 def test_a_torchtitan_search_reports_zero3_pp_memory_as_torchtitan_holds_it():
     """Pinned to ZeRO-3 with pp 2, --engine torchtitan's plans carry the pipelined peak, above the
     as-laid-out ZeRO-3 peak of the same layout (its gradients are not sharded)."""
-    from dayzero.planner.search import SearchSpace, plan
+    from dayzero.planner.search.search import SearchSpace, plan
     from dayzero.specs.cluster import build_cluster
 
     spec, cl = load_model("llama-3.1-8b"), build_cluster("h100", 16, 8)
@@ -147,10 +147,10 @@ def test_the_label_drops_an_engine_whose_memory_the_layout_does_not_fit():
 
 
 def test_the_allocator_replay_holds_what_the_memory_model_holds():
-    """The replay (planner.replay.simulate_step) of ZeRO-3 + pp 2 under pipelined FSDP allocates
+    """The replay (planner.memory.replay.simulate_step) of ZeRO-3 + pp 2 under pipelined FSDP allocates
     ZeRO-1's weights and gradients, as held_zero says: the same events as the ZeRO-1 layout, more
     than ZeRO-3 as laid out (its gradients are unsharded)."""
-    from dayzero.planner.replay import simulate_step
+    from dayzero.planner.memory.replay import simulate_step
 
     spec, held = load_model("tiny-llama"), MemoryOptions(pipelined_fsdp=(1, 2, 3))
     ours = simulate_step(spec, LAYOUT, 80 * 2**30, held)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from dayzero.planner.comm import CommOptions
-from dayzero.planner.perf import PerfOptions
+from dayzero.planner.perf.comm import CommOptions
+from dayzero.planner.perf.perf import PerfOptions
 from dayzero.planner.predict import predict
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.parallel import ParallelConfig
@@ -43,7 +43,7 @@ def test_single_member_groups_cost_nothing_and_warn_nothing():
 
     import numpy as np
 
-    from dayzero.planner.collectives import all_to_all_mesh
+    from dayzero.planner.perf.collectives import all_to_all_mesh
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

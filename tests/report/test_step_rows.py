@@ -1,10 +1,10 @@
 """The Day-0 report's step table lists terms that add up to the step, the straggler term
-(planner.scale_effects) only when a sigma is set."""
+(planner.perf.scale_effects) only when a sigma is set."""
 
 import pytest
 
-from dayzero.planner.calibration import PerfConstants
-from dayzero.planner.perf import PerfOptions
+from dayzero.planner.perf.calibration import PerfConstants
+from dayzero.planner.perf.perf import PerfOptions
 from dayzero.planner.predict import predict
 from dayzero.report.day0_render import step_rows
 from dayzero.specs.cluster import build_cluster

@@ -199,7 +199,7 @@ def test_device_mesh_groups_are_view_groups_and_the_planners(p, rank):
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers the "fake" backend
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from dayzero.planner.topology import group_ranks
+    from dayzero.planner.perf.topology import group_ranks
     from dayzero.runtime.parallel.mesh import build_meshes, view_groups
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=p.world)

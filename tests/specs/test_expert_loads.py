@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dayzero.errors import DayzeroError
-from dayzero.planner.moe_imbalance import measured_imbalance
+from dayzero.planner.perf.moe_imbalance import measured_imbalance
 from dayzero.specs.expert_loads import read_expert_loads, read_telemetry
 from dayzero.specs.placement import Placement
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from dayzero.errors import ConfigError
-from dayzero.planner.offload import offloaded_optimizer_s
-from dayzero.planner.perf import PerfOptions, evaluate
+from dayzero.planner.memory.offload import offloaded_optimizer_s
+from dayzero.planner.perf.perf import PerfOptions, evaluate
 from dayzero.specs.cluster import build_cluster, cluster_from_dict, get_cluster
 from dayzero.specs.grid import encode
 from dayzero.specs.host import FALLBACK, PCIE_GEN4_X16_BW, PCIE_GEN5_X16_BW, default_host
@@ -118,7 +118,7 @@ def test_predict_and_plan_name_an_assumed_host():
     """predict states the host share an offloading layout is held to and, where it is the
     fallback, the one-line assumption; plan states the cluster's host and its assumption."""
     from dayzero.planner.predict import predict
-    from dayzero.planner.search import SearchSpace, plan
+    from dayzero.planner.search.search import SearchSpace, plan
 
     spec = load_model("tiny-llama")
     p = ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq=4096, zero=1, optimizer_offload=True)

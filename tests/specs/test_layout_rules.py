@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dayzero.cli.app import main
 from dayzero.errors import LayoutError
 from dayzero.planner.predict import with_even_split
-from dayzero.planner.search import VARIANT_COLUMNS, SearchSpace, enumerate_layouts, search, space_mask
+from dayzero.planner.search.search import VARIANT_COLUMNS, SearchSpace, enumerate_layouts, search, space_mask
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import FIELDS, RANK_ORDERS, columns, decode, encode
 from dayzero.specs.layout_rules import DEGREES, mask

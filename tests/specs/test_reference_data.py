@@ -7,7 +7,7 @@ import pytest
 
 from dayzero.cli.app import main
 from dayzero.errors import ConfigError
-from dayzero.planner.published import default_runs, read_rows
+from dayzero.planner.backtest.published import default_runs, read_rows
 from dayzero.specs.presets import REFERENCE_FILES, reference_data
 from helpers.paths import REPO
 

@@ -119,7 +119,7 @@ def test_full_recompute_moe_transient_is_the_largest_phase():
     nested in the checkpointed layer): the tracker counts the experts' recomputed tensors as
     temporaries (validate.torch_tools.category_tracker; FSDPMemTracker filed them as activations
     while the nested unit's forward ran), and the planner's layer transient is the largest phase
-    of the backward (planner.activations.full_recompute_transient), not the largest gradient set
+    of the backward (planner.memory.activations.full_recompute_transient), not the largest gradient set
     plus the whole rebuilt layer. Before both: temporary +78 %, peak +20 %; after: +16 %, +11 %
     (this small width's fixed buffers weigh more than at full size, where mixtral is +8 %)."""
     spec = load_model("mixtral-8x7b").shrink(layers=2, hidden=256, experts=8, vocab=512)

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from dayzero.errors import ConfigError
-from dayzero.planner.collectives import Link
+from dayzero.planner.perf.collectives import Link
 from dayzero.specs.cluster import cluster_from_dict
 from dayzero.validate.nccl_tests import import_runs, parse
 from dayzero.validate.profile import collective_time
@@ -75,7 +75,7 @@ def test_single_node_import_recovers_the_link(tmp_path):
 
 
 def test_multi_node_import_fits_the_scale_out_tier(tmp_path):
-    from dayzero.planner.calibration import constants_for, rates
+    from dayzero.planner.perf.calibration import constants_for, rates
     from dayzero.specs.cluster import build_cluster
 
     ref = build_cluster("h100", 16, 8)

@@ -44,8 +44,8 @@ def backtest_cmd(
     import json
     from pathlib import Path
 
-    from dayzero.planner.backtest import GROUP_BY, fit_constants, leave_one_group_out, run_backtest
-    from dayzero.planner.calibration import load_calibration
+    from dayzero.planner.backtest.backtest import GROUP_BY, fit_constants, leave_one_group_out, run_backtest
+    from dayzero.planner.perf.calibration import load_calibration
 
     if by not in GROUP_BY:
         raise typer.BadParameter(f"{by!r}; one of: {', '.join(GROUP_BY)}", param_hint="--by")

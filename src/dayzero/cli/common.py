@@ -195,7 +195,7 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
     ``--fp8-param-gather``, ``--optimizer-offload``, ``--activation-offload``, ``--allocator`` and
     ``--moe-probs`` (the defaults give none, so each verb's own defaults stay)."""
     from dayzero.errors import ConfigError
-    from dayzero.planner.memory_options import MOMENT_BYTES
+    from dayzero.planner.memory.memory_options import MOMENT_BYTES
 
     if moments not in MOMENT_BYTES:
         raise ConfigError("--moments", None, f"must be {' or '.join(MOMENT_BYTES)}, got {moments!r}")
@@ -209,7 +209,7 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
     if optimizer_offload:
         out["optimizer_offload"] = True
     if activation_offload:
-        from dayzero.planner.activation_offload import check_activation_offload
+        from dayzero.planner.memory.activation_offload import check_activation_offload
 
         check_activation_offload(activation_offload)
         out["activation_offload_layers"] = activation_offload

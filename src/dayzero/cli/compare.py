@@ -67,7 +67,7 @@ def compare_cmd(
     """
     from dayzero.cli.common import model_notes, print_model_notes
     from dayzero.errors import ConfigError
-    from dayzero.planner.perf import PerfOptions
+    from dayzero.planner.perf.perf import PerfOptions
     from dayzero.report.compare import RANK_BY, compare, ranked
     from dayzero.specs.cluster import build_cluster, get_cluster
     from dayzero.specs.registry import load_model

@@ -97,7 +97,7 @@ def day0_cmd(
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
-    from dayzero.planner.perf import PerfOptions
+    from dayzero.planner.perf.perf import PerfOptions
 
     req = Day0Request(model=model, cluster=cl, gbs=gbs, seq=seq, precision=precision, cost=copt,
                       perf=PerfOptions.for_run(cl), operators=ops,

@@ -111,8 +111,8 @@ def memory_cmd(
     if timeline:
         prepare_output(timeline, "--timeline")
     from dayzero.errors import ConfigError
-    from dayzero.planner.memory import MemoryOptions
-    from dayzero.planner.memory_breakdown import memory_breakdown, memory_layout
+    from dayzero.planner.memory.memory import MemoryOptions
+    from dayzero.planner.memory.memory_breakdown import memory_breakdown, memory_layout
     from dayzero.planner.predict import check_offload_layout
     from dayzero.specs.registry import load_model
 
@@ -142,7 +142,7 @@ def memory_cmd(
     mb = memory_breakdown(spec, cl, par, opts, simulate, record_timeline=bool(timeline))
     report, states, zrows, sim = mb.report, mb.states, mb.zero_rows, mb.allocator
     if timeline:
-        from dayzero.planner.replay import plot_timeline
+        from dayzero.planner.memory.replay import plot_timeline
 
         plot_timeline(sim, timeline, f"{spec.name}, {par.describe()}: stage {sim.rank}")
 
@@ -163,7 +163,7 @@ def _print_held(spec, cl, par, report, opts) -> None:
     """Where the engines that run this layout hold memory otherwise than laid out (FSDP under
     torch.distributed.pipelining, planner.schedule.held_zero), their peak, in one line."""
     from dayzero.planner.engines import ENGINES, engines_for, pipelined_fsdp
-    from dayzero.planner.memory import estimate_memory
+    from dayzero.planner.memory.memory import estimate_memory
     from dayzero.planner.schedule import held_zero
 
     names = [n for n in engines_for(par) if held_zero(par.zero, par.pp, pipelined_fsdp(n)) != held_zero(
@@ -201,7 +201,7 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
         print_next(console, [Step.of("dayzero", "predict", *where, *layout_flags(par.to_dict()), *carry,
                                      why="step time, MFU and communication of this layout")])
         return
-    from dayzero.planner.remedies import single_changes
+    from dayzero.planner.search.remedies import single_changes
 
     fixes = single_changes(spec, par, cl.devices, report.capacity_bytes, opts, TARGET)
     if fixes:
@@ -221,7 +221,7 @@ def _next(spec, cl, par, report, opts, where: list[str], extra: list[str]) -> No
 
 
 def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
-    from dayzero.planner.memory import zero_state_bytes
+    from dayzero.planner.memory.memory import zero_state_bytes
 
     cap = report.capacity_bytes
     console.print(f"[bold]{spec.name}[/bold] on [bold]{cl.name}[/bold]: {cl.devices:,} x {cl.accelerator.id}, "

@@ -46,7 +46,7 @@ def place_cmd(
     runs/moe/placement.json[/bold]
     """
     from dayzero.outputs import prepare_output
-    from dayzero.planner.eplb import rebalance_loads
+    from dayzero.planner.perf.eplb import rebalance_loads
     from dayzero.report.jsonable import dumps
     from dayzero.specs.expert_loads import read_expert_loads
 

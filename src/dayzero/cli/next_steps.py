@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from rich.console import Console
 from rich.text import Text
 
-# The memory switches (ParallelConfig fields the search sets, planner.switches) as the flags of
+# The memory switches (ParallelConfig fields the search sets, planner.search.switches) as the flags of
 # memory, predict and plan; dayzero train has none (its runtime keeps the optimizer on the device
 # and trains bf16), so :func:`train_layout` leaves them out
 SWITCH_FLAGS = (("fp8_param_gather", "--fp8-param-gather"), ("optimizer_offload", "--optimizer-offload"))
@@ -55,10 +55,10 @@ def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
         out += ["--recompute-layers", str(p["recompute_layers"])]
     if p.get("sequence_parallel"):
         out.append("--sequence-parallel")
-    for switch, flag in SWITCH_FLAGS:  # the memory switches a plan chose (planner.switches)
+    for switch, flag in SWITCH_FLAGS:  # the memory switches a plan chose (planner.search.switches)
         if p.get(switch):
             out.append(flag)
-    if p.get("activation_offload_layers"):  # the plan's own offloaded layers per chunk (planner.activation_offload)
+    if p.get("activation_offload_layers"):  # the plan's own offloaded layers per chunk (planner.memory.activation_offload)
         out += ["--activation-offload", str(p["activation_offload_layers"])]
     if precision and p.get("precision", "bf16") != "bf16":
         out += ["--precision", p["precision"]]
@@ -136,7 +136,7 @@ def after_train(cfg, world: int) -> list[Step]:
 def starter_devices(spec, accelerator) -> int:
     """Smallest power-of-two device count whose memory holds the model states (weights, gradients,
     FP32 master weights and AdamW moments) in half of it, leaving the rest to activations."""
-    from dayzero.planner.memory import MemoryOptions, model_states
+    from dayzero.planner.memory.memory import MemoryOptions, model_states
     from dayzero.specs.counting import params_total
 
     states = model_states(params_total(spec), MemoryOptions.for_accelerator(accelerator)).total

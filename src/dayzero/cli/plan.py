@@ -71,7 +71,7 @@ ScenarioGbsOpt = Annotated[int, typer.Option("--gbs", "--global-batch-size", min
                                              help="Global batch size, sequences.")]
 ScenarioSeqOpt = Annotated[int, typer.Option("--seq", "--seq-length", min=1, help="Sequence length, tokens.")]
 
-# The memory switches the search tries (planner.switches): unset, the search decides per layout;
+# The memory switches the search tries (planner.search.switches): unset, the search decides per layout;
 # --X forces it on, --no-X keeps it off
 SearchedFp8ParamOpt = Annotated[Optional[bool], typer.Option(
     "--fp8-param-gather/--no-fp8-param-gather",
@@ -83,7 +83,7 @@ SearchedOffloadOpt = Annotated[Optional[bool], typer.Option(
          "ZeRO-Offload). Default: searched, only where a layout does not fit at its recompute level without it (it "
          "adds the host Adam and PCIe to the step); --optimizer-offload forces it on, --no- keeps it off.")]
 
-# activation offload (planner.activation_offload) is searched by default where nothing fits without it;
+# activation offload (planner.memory.activation_offload) is searched by default where nothing fits without it;
 # --activation-offload N pins it (cli.common), --no-activation-offload keeps it off
 NoActivationOffloadOpt = Annotated[bool, typer.Option(
     "--no-activation-offload",
@@ -202,8 +202,8 @@ def plan_cmd(
     Example: [bold]dayzero plan[/bold]; [bold]dayzero plan moe-3t --cluster dgx-h100-16384 --json[/bold]; [bold]dayzero
     plan llama-3.1-70b -a h100 -n 64 --gbs 128 --seq 8192 --precision fp8 --tp-overlap[/bold]
     """
-    from dayzero.planner.perf import PerfOptions
-    from dayzero.planner.search import SearchSpace, plan
+    from dayzero.planner.perf.perf import PerfOptions
+    from dayzero.planner.search.search import SearchSpace, plan
     from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
 
@@ -219,7 +219,7 @@ def plan_cmd(
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     asked = (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
     no_switches = tuple(name for name, on in asked if on is False)  # --no-X: kept off
-    if no_activation_offload:  # the searched activation offload kept off (planner.search_fit.offloaded_variants)
+    if no_activation_offload:  # the searched activation offload kept off (planner.search.search_fit.offloaded_variants)
         if activation_offload:
             from dayzero.errors import ConfigError
 
@@ -248,13 +248,13 @@ def plan_cmd(
         engine = get_engine(engine).name
     recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload), activation_offload,
                            allocator, moe_probs)
-    if activation_offload:  # per layout the search caps it at each chunk's layers - 1 (planner.activation_offload)
-        from dayzero.planner.activation_offload import check_activation_offload
+    if activation_offload:  # per layout the search caps it at each chunk's layers - 1 (planner.memory.activation_offload)
+        from dayzero.planner.memory.activation_offload import check_activation_offload
 
         check_activation_offload(activation_offload, spec.layers)
     mopts = None
     if recipe:
-        from dayzero.planner.memory_options import MemoryOptions
+        from dayzero.planner.memory.memory_options import MemoryOptions
 
         mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
     obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,

@@ -122,7 +122,7 @@ def predict_cmd(
     Example: [bold]dayzero predict llama-3.1-70b --accelerator h100 --devices 64 --tp 4 --pp 4 --vpp 5 --gbs 128 --seq
     8192 --sequence-parallel --precision fp8 --tp-overlap[/bold]
     """
-    from dayzero.planner.perf import PerfOptions
+    from dayzero.planner.perf.perf import PerfOptions
     from dayzero.planner.predict import predict
     from dayzero.planner.training_cost import with_training
     from dayzero.specs.registry import load_model
@@ -138,14 +138,14 @@ def predict_cmd(
                                optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
-    # the memory switches as the layout's own (planner.switches), so its engines are those that run them
+    # the memory switches as the layout's own (planner.search.switches), so its engines are those that run them
     par = par.with_(fp8_param_gather=bool(fp8_params) and precision != "bf16",
                     optimizer_offload=bool(optimizer_offload), activation_offload_layers=activation_offload)
     recipe = memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload,
                            allocator, moe_probs)
     mopts = None
     if recipe:
-        from dayzero.planner.memory_options import MemoryOptions
+        from dayzero.planner.memory.memory_options import MemoryOptions
 
         mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
     from dayzero.planner.predict import check_offload_layout, with_even_split
@@ -229,9 +229,9 @@ def host_limit_words(memory: dict) -> str:
 def dispatcher_option(flag: str | None, engine: str | None = None) -> str:
     """``--ep-dispatcher`` as the planner names it; unset: the engine's dispatcher, else the planner's default."""
     from dayzero.errors import ConfigError, DayzeroError
-    from dayzero.planner.comm import CommOptions
     from dayzero.planner.engines import get_engine
-    from dayzero.planner.moe_dispatch import check_dispatcher
+    from dayzero.planner.perf.comm import CommOptions
+    from dayzero.planner.perf.moe_dispatch import check_dispatcher
 
     if flag is None:
         return get_engine(engine).ep_dispatcher if engine else CommOptions().ep_dispatcher

@@ -26,7 +26,7 @@ def print_uncertainty(console, obj: dict) -> None:
     """The error band line and the sensitivity table of a plan object, when it has them."""
     band = obj.get("error_band")
     if band:
-        from dayzero.planner.error_band import ErrorBand
+        from dayzero.planner.search.error_band import ErrorBand
 
         console.print(f"error band: {ErrorBand(**band).text()}", highlight=False)
     if obj.get("sensitivity"):

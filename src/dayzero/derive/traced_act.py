@@ -8,7 +8,7 @@ storage; parameters, buffers and the rotary tables / masks every layer shares le
 they are fitted as ``linear + quadratic x seq`` from the two lengths, exactly as the FLOPs are
 (an s x s score matrix is the quadratic term), against what the planner's activation terms give
 for the same layer, and the difference goes into ``ModelSpec.layer_act_extra``, which
-planner.activations adds to the layer as the ``traced_extra`` term.
+planner.memory.activations adds to the layer as the ``traced_extra`` term.
 
 Like with like: the trace runs the reference eager code, so the layer is compared with the
 planner's eager terms (``MemoryOptions(kernels="eager", attention="eager")``: norms' fp32 copies,
@@ -45,8 +45,8 @@ from dataclasses import replace
 
 from dayzero.derive.describe import ModelDescription
 from dayzero.derive.to_spec import ranges
-from dayzero.planner.activations import LAYER_INPUT, TRACED, Dims, layer_terms, mlp_terms
-from dayzero.planner.memory_options import MemoryOptions
+from dayzero.planner.memory.activations import LAYER_INPUT, TRACED, Dims, layer_terms, mlp_terms
+from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.specs.counting import layer_matmul_params
 from dayzero.specs.model import ModelSpec, mixer_parts, split_layer_type
 

@@ -48,7 +48,7 @@ def config(parallel: ParallelConfig, grad_clip: float = 1.0) -> dict:
                            "activation_checkpoint_interval": 1 if p.recompute == "full" else 0}
     elif p.recompute == "full":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
-    if p.optimizer_offload:  # ZeRO-Offload (planner.offload): the optimizer states and Adam on the CPU
+    if p.optimizer_offload:  # ZeRO-Offload (planner.memory.offload): the optimizer states and Adam on the CPU
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return cfg
 

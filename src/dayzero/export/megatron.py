@@ -18,7 +18,7 @@ from pathlib import Path
 from dayzero.errors import ConfigError
 from dayzero.export.common import Export, integer_setting, require_engine
 from dayzero.export.quoting import argument_lines
-from dayzero.planner.comm import CommOptions, ep_overlapped, tp_overlapped
+from dayzero.planner.perf.comm import CommOptions, ep_overlapped, tp_overlapped
 from dayzero.specs.grid import columns
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -39,7 +39,7 @@ MODEL_FLAGS = frozenset((
     "--add-qkv-bias", "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-shared-expert-gate",
     "--moe-router-topk-scaling-factor", "--make-vocab-size-divisible-by", "--quick-geglu",
     "--glu-linear-offset", "--activation-func-clamp-value", "--moe-router-pre-softmax",
-    "--overlap-moe-expert-parallel-comm"))  # derived from the layout (planner.comm.ep_overlapped), as the planner does
+    "--overlap-moe-expert-parallel-comm"))  # derived from the layout (planner.perf.comm.ep_overlapped), as the planner does
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 QUICK_GELU_ALPHA = 1.702  # Megatron-Core activations.quick_gelu: x * sigmoid(1.702 x)
 
@@ -69,7 +69,7 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
     (MemoryOptions.activation_offload_layers), ``--cpu-offloading --cpu-offloading-num-layers N``
     (TransformerConfig cpu_offloading_activations defaults to True, cpu_offloading_weights to False:
     activations only)."""
-    # the memory switches the plan chose (ParallelConfig fields, planner.switches) or the export's flags
+    # the memory switches the plan chose (ParallelConfig fields, planner.search.switches) or the export's flags
     fp8_param_gather = fp8_param_gather or p.fp8_param_gather
     optimizer_offload = optimizer_offload or p.optimizer_offload
     # the layout's own N (a searched plan's, ParallelConfig.activation_offload_layers), at least the export's flag
@@ -84,7 +84,7 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
     if p.sequence_parallel:
         a.append("--sequence-parallel")
         if tp_overlapped(columns(p), CommOptions())[()] > 0:
-            # the overlap the planner priced for this layout (planner.comm.tp_overlapped: tp > 1 with
+            # the overlap the planner priced for this layout (planner.perf.comm.tp_overlapped: tp > 1 with
             # sequence parallelism, which Megatron-LM's arguments.py requires of --tp-comm-overlap)
             a.append("--tp-comm-overlap")
     if p.zero == 1:
@@ -287,7 +287,7 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
         if m.n_group > 1:
             a += ["--moe-router-num-groups", m.n_group, "--moe-router-group-topk", m.topk_group]
         if ep_overlapped(columns(p), CommOptions())[()] > 0:
-            # the overlap the planner priced for this layout (planner.comm.ep_overlapped: Megatron-Core's
+            # the overlap the planner priced for this layout (planner.perf.comm.ep_overlapped: Megatron-Core's
             # conditions, ep > 1, no full recompute, a virtual pipeline when pp > 1)
             a.append("--overlap-moe-expert-parallel-comm")
         dense = [i for i, k in enumerate(spec.layer_kinds) if k != "moe"]
@@ -404,11 +404,11 @@ def parallel_from_args(argv: list[str], world: int | None = None) -> tuple[Paral
                        recompute_layers=(ns.recompute_num_layers
                                          if recompute == "full" and ns.recompute_method == "block" else None),
                        sequence_parallel=ns.sequence_parallel, precision=precision,
-                       # the memory switches (planner.switches); a partial offload fraction is not the
+                       # the memory switches (planner.search.switches); a partial offload fraction is not the
                        # whole-optimizer offload the planner models, so it reads as off
                        fp8_param_gather=ns.fp8_param_gather and precision != "bf16",
                        optimizer_offload=ns.optimizer_cpu_offload and float(ns.optimizer_offload_fraction or 1) >= 1,
-                       # activation offload of the first N layers of each chunk (planner.activation_offload)
+                       # activation offload of the first N layers of each chunk (planner.memory.activation_offload)
                        activation_offload_layers=ns.cpu_offloading_num_layers if ns.cpu_offloading else 0)
     return p, [w for w in rest if w.startswith("--") and w not in MODEL_FLAGS]
 

@@ -40,7 +40,7 @@ OFFLOAD = "activation_offload_layers"
 def with_run(cols: dict, switches: dict | None) -> dict:
     """``cols`` (one layout's ints or a grid's arrays) with the run's ``switches`` read in: a
     column the layout has takes the larger of its value and the run's (the run's
-    ``--activation-offload N`` is a floor, planner.activation_offload.offload_layers_of), one it
+    ``--activation-offload N`` is a floor, planner.memory.activation_offload.offload_layers_of), one it
     lacks the run's where on (a switch that is off reads as absent: no limit forbids it off)."""
     out = dict(cols)
     n = len(next(iter(cols.values()))) if cols and np.ndim(next(iter(cols.values()))) else None
@@ -67,7 +67,7 @@ def _modules_limit(engine: str, source: str) -> Limit:
 
 def _no_switch(name: str, engine: str, says: str, source: str) -> Limit:
     """``engine`` has no equivalent of the memory switch ``name`` (a ParallelConfig flag,
-    planner.switches) as the planner models it."""
+    planner.search.switches) as the planner models it."""
     return Limit((name,), lambda c: c[name] == 0, f"{engine} {says}", source)
 
 
@@ -84,19 +84,19 @@ class Engine:
     name: str
     title: str
     limits: tuple[Limit, ...]
-    # how its MoE layers send tokens to the experts (planner.comm.CommOptions.ep_dispatcher): "dedup" sends a
+    # how its MoE layers send tokens to the experts (planner.perf.comm.CommOptions.ep_dispatcher): "dedup" sends a
     # token once per rank (and once per remote node) it reaches, "all_to_all" every routed copy
     ep_dispatcher: str = "all_to_all"
     # FSDP under torch.distributed.pipelining: with pp > 1 a ZeRO-2/3 stage keeps its parameters
     # gathered and its gradients unsharded until the step's end (MemoryOptions.pipelined_fsdp,
     # planner.schedule.held_zero), so its memory is priced that way (:func:`pipelined_fsdp`)
     pipelined_fsdp: bool = False
-    # overlaps the TP collectives with the GEMMs (planner.comm.tp_overlapped): Megatron-Core's
+    # overlaps the TP collectives with the GEMMs (planner.perf.comm.tp_overlapped): Megatron-Core's
     # --tp-comm-overlap (Transformer Engine userbuffers), torchtitan's async TP
     # (parallelism.enable_async_tensor_parallel, with torch.compile); a search pinned to an engine
     # without it prices none (:func:`with_engine_overlaps`)
     tp_comm_overlap: bool = False
-    # overlaps the EP all-to-all with another micro-batch's compute outside DualPipe (planner.comm.
+    # overlaps the EP all-to-all with another micro-batch's compute outside DualPipe (planner.perf.comm.
     # ep_overlapped): True (Megatron-Core --overlap-moe-expert-parallel-comm), False (it has none: a
     # search pinned to it prices none), None (not established here: the model's rule stands)
     ep_overlap: bool | None = None
@@ -139,7 +139,7 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
           "megatron/core/optimizer/distrib_optimizer.py (HybridDeviceOptimizer); "
           "megatron/core/optimizer/cpu_offloading/README.md"),
     # --cpu-offloading --cpu-offloading-num-layers N (TransformerConfig.__post_init__ also asks
-    # N < num_layers: the one-layout check, planner.activation_offload.check_activation_offload)
+    # N < num_layers: the one-layout check, planner.memory.activation_offload.check_activation_offload)
     Limit((OFFLOAD, "pp"), lambda c: (c[OFFLOAD] == 0) | (c["pp"] == 1),
           "Megatron-Core's activation offload (--cpu-offloading) runs without pipeline parallelism",
           "megatron/core/transformer/transformer_config.py __post_init__: 'Currently there is no support for "
@@ -150,7 +150,7 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
           "activation recomputation is enabled'"),
 ),  # dayzero export --to megatron writes the flex dispatcher on DeepEP (transformer_config.py
     # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep'); --tp-comm-overlap
-    # (megatron/training/arguments.py: only with --sequence-parallel, planner.comm.tp_overlapped)
+    # (megatron/training/arguments.py: only with --sequence-parallel, planner.perf.comm.tp_overlapped)
     ep_dispatcher="dedup", tp_comm_overlap=True, ep_overlap=True)
 
 # torch.distributed.pipelining (torchtitan's and dayzero's pipelines) defers FSDP's gradient

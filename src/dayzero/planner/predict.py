@@ -7,10 +7,10 @@ above 50 %, peak memory below 85 % of device capacity, exposed communication bel
 from __future__ import annotations
 
 from dayzero.planner.engines import engines_for, pipelined_fsdp
-from dayzero.planner.perf import Evaluation, PerfOptions, evaluate
+from dayzero.planner.perf.perf import Evaluation, PerfOptions, evaluate
+from dayzero.planner.perf.topology import process_groups
 from dayzero.planner.schedule import held_zero
 from dayzero.planner.targets import MEMORY_TARGET, Targets
-from dayzero.planner.topology import process_groups
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
 from dayzero.specs.grid import encode
@@ -55,7 +55,7 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "time": {"step_s": f("step_s"), "compute_s": f("compute_s"), "comm_exposed_s": f("comm_exposed_s"),
                  "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s"),
                  "straggler_s": f("straggler_s"),
-                 # activation-offload copies no compute hides (in compute's micro-batches; planner.activation_offload)
+                 # activation-offload copies no compute hides (in compute's micro-batches; planner.memory.activation_offload)
                  **({"activation_offload_s": float(ev.offload_s[i])}
                     if max(options.activation_offload_layers, parallel.activation_offload_layers) else {})},
         "throughput": {"tokens_per_s": f("tokens_per_s"), "tokens_per_s_per_device": f("tokens_per_s_per_device"),
@@ -71,11 +71,11 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "engines": engines_for(parallel, options.switches()) if engines is None else engines,
         # the run's switches the engine labels read, where one is on (planner.engines.RUN_SWITCHES)
         **({"switches": options.switches()} if any(options.switches().values()) else {}),
-        # the routing imbalance the MoE terms used, and where it came from (planner.moe_imbalance)
+        # the routing imbalance the MoE terms used, and where it came from (planner.perf.moe_imbalance)
         **({"moe_imbalance": options.comm.describe_imbalance(parallel.ep, spec.moe.experts),
             # how tokens reach their experts: dedup (once per rank and remote node) or all_to_all (every copy)
             "moe_dispatch": {"dispatcher": options.comm.ep_dispatcher, "fp8": options.comm.fp8_dispatch,
-                             # the EP all-to-all overlapped with another micro-batch (planner.comm.ep_overlapped)
+                             # the EP all-to-all overlapped with another micro-batch (planner.perf.comm.ep_overlapped)
                              "ep_overlap": bool(ev.ep_overlap[i]) if ev.ep_overlap is not None else False}}
            if spec.is_moe else {}),
     }
@@ -84,8 +84,8 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
 def check_offload_layout(spec: ModelSpec, parallel: ParallelConfig, layers: int) -> None:
     """``--activation-offload layers`` (or the layout's own, if more: ParallelConfig.
     activation_offload_layers) fits the layout: fewer than the smallest model chunk's layers
-    (planner.activation_offload.check_activation_offload)."""
-    from dayzero.planner.activation_offload import check_activation_offload
+    (planner.memory.activation_offload.check_activation_offload)."""
+    from dayzero.planner.memory.activation_offload import check_activation_offload
 
     layers = max(layers, parallel.activation_offload_layers)
     if layers:
@@ -96,7 +96,7 @@ def check_offload_layout(spec: ModelSpec, parallel: ParallelConfig, layers: int)
 def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options: PerfOptions | None = None,
             memory_options=None) -> dict:
     """Predict one layout (raises LayoutError when it is impossible)."""
-    from dayzero.planner.memory import MemoryOptions, estimate_memory
+    from dayzero.planner.memory.memory import MemoryOptions, estimate_memory
 
     options = options or PerfOptions()
     parallel = with_even_split(spec, parallel).validate(spec, cluster.devices)
@@ -110,13 +110,13 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
 
 def host_memory(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, memory_options, report) -> dict:
     """What the host holds per device for an offloading layout (empty without offload): the offloaded
-    optimizer's FP32 master, moments and gradient copy (:func:`dayzero.planner.offload.host_bytes`) plus
+    optimizer's FP32 master, moments and gradient copy (:func:`dayzero.planner.memory.offload.host_bytes`) plus
     the saved activations offloaded layers send down (the busiest stage's activations without offload
     less with it), against the device's share of the cluster's host memory
     (:attr:`dayzero.specs.host.HostSpec.memory_bytes`, the same cap the search puts on offload), with
     the host figures the cluster assumed (``host_assumed``: the DGX H100's, where no document states one)."""
-    from dayzero.planner.memory import estimate_memory
-    from dayzero.planner.offload import host_bytes
+    from dayzero.planner.memory.memory import estimate_memory
+    from dayzero.planner.memory.offload import host_bytes
 
     opt = bool(parallel.optimizer_offload or memory_options.optimizer_offload)
     act = bool(parallel.activation_offload_layers or memory_options.activation_offload_layers)
@@ -147,7 +147,7 @@ def fitting_engines(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: i
     not fit it: FSDP under torch.distributed.pipelining keeps ZeRO-3's parameters gathered and
     gradients unsharded under pp > 1 (MemoryOptions.pipelined_fsdp, planner.schedule.held_zero),
     so a ZeRO-3 + pp layout priced as laid out can fit where torchtitan and the runtime cannot run it."""
-    from dayzero.planner.memory import estimate_memory
+    from dayzero.planner.memory.memory import estimate_memory
 
     out = []
     for name in engines_for(parallel, switches):  # with the run's switches (planner.engines.RUN_SWITCHES)

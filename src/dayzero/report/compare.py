@@ -1,6 +1,6 @@
 """The best plan of one model on several clusters, side by side: what a different card changes.
 
-:func:`compare` plans the model on each cluster (:func:`dayzero.planner.search.plan`, its best
+:func:`compare` plans the model on each cluster (:func:`dayzero.planner.search.search.plan`, its best
 layout with :func:`~dayzero.planner.training_cost.cost_of_prediction`) and returns one row per
 cluster: the card (HBM capacity and bandwidth, scale-up and scale-out bandwidth and topology,
 TDP), the plan (layout, step time, MFU) and training (wall days, MWh, TFLOP/s per W, cost). A
@@ -10,7 +10,7 @@ cluster where no layout fits gets a row with ``fits: false`` and the reason, not
 from __future__ import annotations
 
 from dayzero.errors import FitError, LayoutError
-from dayzero.planner.perf import PerfOptions
+from dayzero.planner.perf.perf import PerfOptions
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.training_cost import CostOptions, cost_of_prediction
 from dayzero.specs.cluster import Cluster
@@ -32,7 +32,7 @@ def compare(spec: ModelSpec, clusters: list[Cluster], gbs: int, seq: int, precis
             cost: CostOptions = CostOptions(), perf_for=lambda cluster: PerfOptions(),
             max_memory: float = MEMORY_TARGET) -> dict:
     """One row per cluster, in the order given; ``perf_for(cluster)`` gives its PerfOptions."""
-    from dayzero.planner.search import plan
+    from dayzero.planner.search.search import plan
 
     rows = []
     for cl in clusters:

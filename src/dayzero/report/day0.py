@@ -12,8 +12,8 @@ caller can show progress between them); :func:`build` runs them all. The report 
   full predictions (memory per stage, step time, every collective, checks), each with its
   ``training`` (time, energy, cost: :func:`planner.training_cost.cost_of_prediction`);
   ``candidates``: step time and peak memory of the best fitting layouts (the cloud);
-  ``uncertainty``: the best plan's ``error_band`` and ``sensitivity`` table (planner/error_band.py,
-  planner/sensitivity.py);
+  ``uncertainty``: the best plan's ``error_band`` and ``sensitivity`` table (planner/search/error_band.py,
+  planner/search/sensitivity.py);
 * ``best``: the first plan's figures and the Day-0 ``checks`` (planner/targets.py);
 * ``validation`` (with ``validate``): the best plan's proxy run on this machine
   (:func:`dayzero.validate.proxy_plan.run_proxy`: ``dayzero validate``'s result object, measured vs
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dayzero.planner.perf import PerfOptions
+from dayzero.planner.perf.perf import PerfOptions
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.planner.training_cost import CostOptions, with_training
 from dayzero.specs.cluster import Cluster
@@ -123,7 +123,7 @@ def _operators(req: Day0Request, r: dict) -> None:
 
 
 def _plan(req: Day0Request, r: dict) -> None:
-    from dayzero.planner.search import plan
+    from dayzero.planner.search.search import plan
     from dayzero.specs.registry import load_model
 
     obj = plan(load_model(req.model), req.cluster, req.gbs, req.seq, req.precision, req.perf, req.top_k,

@@ -16,7 +16,7 @@ from dayzero.report.validation import TARGET_COLUMNS, target_rows
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 STEP_TERMS = (("compute", "compute_s"), ("exposed comm", "comm_exposed_s"), ("bubble", "bubble_s"),
               ("optimizer", "optimizer_s"), ("stragglers", "straggler_s"))
-OPTIONAL_TERMS = ("straggler_s",)  # listed only when nonzero (planner.scale_effects, sigma 0 by default)
+OPTIONAL_TERMS = ("straggler_s",)  # listed only when nonzero (planner.perf.scale_effects, sigma 0 by default)
 COMPONENTS = ("attention", "recurrent", "dense_mlp", "routed_experts", "shared_experts", "router", "norms")
 
 

@@ -1,12 +1,12 @@
 """The Day-0 report's error band and sensitivity sections (the plan object's ``error_band`` and
-``sensitivity``: :mod:`dayzero.planner.error_band`, :mod:`dayzero.planner.sensitivity`)."""
+``sensitivity``: :mod:`dayzero.planner.search.error_band`, :mod:`dayzero.planner.search.sensitivity`)."""
 
 from __future__ import annotations
 
 
 def uncertainty_tables(r: dict) -> list:
     """The two tables, or none for a report without them (one written before they existed)."""
-    from dayzero.planner.error_band import ErrorBand
+    from dayzero.planner.search.error_band import ErrorBand
     from dayzero.report.day0_render import Table
 
     u = r.get("uncertainty")

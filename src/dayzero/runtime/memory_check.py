@@ -81,7 +81,7 @@ def device_available_bytes() -> tuple[int, str] | None:
 
 def peak_per_rank(spec: ModelSpec, parallel: ParallelConfig, compute_dtype: str, device: str) -> int:
     """The planner's peak bytes of the busiest rank for the runtime running ``parallel``."""
-    from dayzero.planner.memory import estimate_memory
+    from dayzero.planner.memory.memory import estimate_memory
     from dayzero.validate.predicted import memory_options, runtime_layout
 
     eff = runtime_layout(parallel)

@@ -201,7 +201,7 @@ class ClusterFile(BaseModel):
     hbm_gb: float | None = Field(default=None, ge=MIN_HBM_GB, le=1e6)
     hbm_tbytes_per_s: float | None = Field(default=None, gt=0, le=1e4)
     gemm_tflops_measured: dict[str, PositiveFloat] | None = None
-    efficiency: dict[str, float] = Field(default_factory=dict)  # ranges: planner/calibration.py CONSTANT_BOUNDS
+    efficiency: dict[str, float] = Field(default_factory=dict)  # ranges: planner/perf/calibration.py CONSTANT_BOUNDS
     runtime_context_mib: float | None = Field(default=None, **MIB)  # measured per device (dayzero calibrate)
     comm_buffer_mib: float | None = Field(default=None, **MIB)
     measurements: dict | None = None  # raw calibration tables (dayzero calibrate); informational

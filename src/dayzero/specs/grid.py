@@ -18,9 +18,9 @@ their index in ParallelConfig's tables:
                        ParallelConfig's None, every layer
     fp8_param_gather   0 / 1: FP8 parameter storage and FP8 ZeRO all-gathers (a memory switch,
     optimizer_offload  0 / 1: the optimizer on the host; both chosen per row by the search:
-                       dayzero.planner.switches); a grid without them reads as 0
+                       dayzero.planner.search.switches); a grid without them reads as 0
     activation_offload_layers  the first N layers of each chunk with their saved activations on
-                       the host (planner.activation_offload; 0: off; the search sets it where
+                       the host (planner.memory.activation_offload; 0: off; the search sets it where
                        nothing fits without it); a grid without it takes the run's option
 
 ``layer_split`` is not a column: a grid row stands for the near-even split
@@ -62,7 +62,7 @@ NOT_COLUMNS = ("layer_split",)
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelConfig) if f.name not in NOT_COLUMNS)
 
 MASKS: dict[str, tuple[str, ...]] = {"recompute_modules": RECOMPUTE_MODULES}  # tuple fields coded as bitmasks
-SWITCHES: tuple[str, ...] = ("fp8_param_gather", "optimizer_offload")  # the memory switches (planner.switches)
+SWITCHES: tuple[str, ...] = ("fp8_param_gather", "optimizer_offload")  # the memory switches (planner.search.switches)
 BOOLS: tuple[str, ...] = ("sequence_parallel", *SWITCHES)  # 0 / 1 columns
 
 # codes the models test against
@@ -135,7 +135,7 @@ def partial_layers(g: dict) -> np.ndarray:
 
 
 # a grid key (not a field): rows whose full recompute replays none of the layers a per-layer model
-# prices, the copy planner.perf.partial_recompute prices the layers past the first N of a chunk by
+# prices, the copy planner.perf.perf.partial_recompute prices the layers past the first N of a chunk by
 UNREPLAYED = "unreplayed"
 
 

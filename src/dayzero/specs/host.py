@@ -1,7 +1,7 @@
 """The host side of a device: its share of host memory, its link to host memory, and its share of
-host DRAM bandwidth. Offloading prices them (planner.offload: the optimizer on the host;
-planner.activation_offload: the saved activations' copies) and the search caps what an
-offloading layout keeps on the host at the device's share (planner.search_fit).
+host DRAM bandwidth. Offloading prices them (planner.memory.offload: the optimizer on the host;
+planner.memory.activation_offload: the saved activations' copies) and the search caps what an
+offloading layout keeps on the host at the device's share (planner.search.search_fit).
 
 The figures belong to a system, not a card: a DGX H100 has 2 TB and a PCIe Gen5 x16 link per
 GPU, an Atlas 800T A2 four Kunpeng 920 and PCIe 4.0 x16 per NPU, a GB200 superchip one Grace for

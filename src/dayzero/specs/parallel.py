@@ -46,7 +46,7 @@ CP_COMMS: tuple[str, ...] = get_args(CpComm)
 # shared_experts use normal checkpointing (the module's inputs are kept, its insides rebuilt in
 # backward); moe_act, layernorm and mla_up_proj are output-discarding checkpoints (the module's
 # output is dropped and rebuilt from its kept input). "selective" alone means core_attn, Megatron's
-# default. planner.activations.MODULE_TERMS says which saved tensors each one drops.
+# default. planner.memory.activations.MODULE_TERMS says which saved tensors each one drops.
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                                       "shared_experts")
 DEFAULT_MODULES: tuple[str, ...] = ("core_attn",)
@@ -94,17 +94,17 @@ class ParallelConfig:
     schedule: Schedule = "1f1b"
     layer_split: tuple[int, ...] | None = None  # layers per (virtual) stage, first to last
     rank_order: str = DENSE_ORDER  # dense dims, fastest-varying first (the expert order is etp-ep-edp)
-    # The memory switches (planner.switches: which the search tries, where): FP8 parameter storage
+    # The memory switches (planner.search.switches: which the search tries, where): FP8 parameter storage
     # and FP8 ZeRO parameter all-gathers under an FP8 recipe (Megatron-LM --fp8-param-gather;
-    # planner.memory_options.MemoryOptions.fp8_params), and the optimizer states + FP32 master on
-    # the host with Adam on the CPU (Megatron-Core --optimizer-cpu-offload; planner.offload)
+    # planner.memory.memory_options.MemoryOptions.fp8_params), and the optimizer states + FP32 master on
+    # the host with Adam on the CPU (Megatron-Core --optimizer-cpu-offload; planner.memory.offload)
     fp8_param_gather: bool = False
     optimizer_offload: bool = False
     # the saved activations of the first N layers of each model chunk in host memory between their
     # forward and backward (Megatron-Core --cpu-offloading --cpu-offloading-num-layers N;
-    # planner.activation_offload), a count the search sets per layout where nothing fits without
-    # it (planner.search_fit.offloaded_variants); 0: off. The run's --activation-offload N is a floor
-    # over it (planner.activation_offload.offload_layers_of)
+    # planner.memory.activation_offload), a count the search sets per layout where nothing fits without
+    # it (planner.search.search_fit.offloaded_variants); 0: off. The run's --activation-offload N is a floor
+    # over it (planner.memory.activation_offload.offload_layers_of)
     activation_offload_layers: int = 0
     # how context parallelism exchanges the sequence (CpComm above); cp 1 exchanges nothing: p2p
     cp_comm: CpComm = "p2p"

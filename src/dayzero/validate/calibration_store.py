@@ -3,7 +3,7 @@
 A profile (``dayzero calibrate``'s cluster YAML) keeps every run it was validated with under
 ``measurements.validation_runs`` (one record per layout label; a newer run replaces an older
 one) and the last fit under ``measurements.calibration``; the fitted values themselves go to
-``efficiency``, where the planner reads them (planner/calibration.py ``CLUSTER_KEYS``), and the
+``efficiency``, where the planner reads them (planner/perf/calibration.py ``CLUSTER_KEYS``), and the
 fitted process baseline to ``runtime_context_mib`` (the planner's runtime-context memory term).
 """
 

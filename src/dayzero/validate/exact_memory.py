@@ -356,7 +356,7 @@ def exact_memory(spec, parallel, compute_dtype: str = "bf16", stages: list[int] 
 def analytic_for_runtime(spec, parallel, compute_dtype: str = "bf16", capacity_bytes: int = 10**15, cluster=None):
     """The planner's report for what the runtime actually runs (validate.predicted: FSDP2
     semantics, eager kernels, the runtime's dtypes, no MTP modules); capacity only sets utilization."""
-    from dayzero.planner.memory import estimate_memory
+    from dayzero.planner.memory.memory import estimate_memory
     from dayzero.validate.predicted import memory_options, runtime_layout, runtime_spec
 
     eff, spec = runtime_layout(parallel), runtime_spec(spec)
@@ -433,7 +433,7 @@ def attention_saved(spec, parallel, compute_dtype: str = "bf16", seqs: tuple[int
 def _attention_planned(spec, parallel, compute_dtype: str) -> float:
     """What the planner's runtime model counts for the same tensors: q, k, v and the scores (eager
     attention) or the log-sum-exp (a fused kernel), one layer and micro-batch."""
-    from dayzero.planner.activations import Dims, attention_terms
+    from dayzero.planner.memory.activations import Dims, attention_terms
     from dayzero.validate.predicted import memory_options, runtime_layout
 
     p = runtime_layout(parallel)
@@ -547,7 +547,7 @@ def temporary_terms(e: ExactStage, terms: dict, spec, parallel, compute_dtype: s
 def _widths(buffers, module: str, spec, parallel, compute_dtype: str) -> str:
     """A dense layer's backward buffers in the units the planner's eager backward term counts: one
     micro-batch's tensors of the MLP width and of the hidden width (it assumes 4 and 2 of them for
-    a gated MLP, :func:`dayzero.planner.activations.eager_backward_transient`)."""
+    a gated MLP, :func:`dayzero.planner.memory.activations.eager_backward_transient`)."""
     if ".layers." not in f".{module}." or "moe" in module or not spec.mlp.gated:
         return ""
     p, b = parallel, 2 if compute_dtype == "bf16" else 4

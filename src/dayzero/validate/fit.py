@@ -5,7 +5,7 @@ training step uses them: the fraction of the GEMM rate a step reaches, the fixed
 and micro-batch (kernel launches, Python dispatch, FSDP hooks), how well collectives run under
 the step's contention, and how many bytes memory-bound kernels really move. Those are the
 cluster-file efficiency keys ``gemm_bf16``, ``layer_overhead_s``, ``intra`` and ``memory_scale``
-(planner/calibration.py ``CLUSTER_KEYS`` and ``GEMM_KEYS``),
+(planner/perf/calibration.py ``CLUSTER_KEYS`` and ``GEMM_KEYS``),
 fitted here by Nelder-Mead on their logarithms, minimising the mean squared log error of the
 predicted step times over the validation runs, and stored in the profile's ``efficiency``.
 With fewer runs than keys only the first ``len(runs)`` keys are fitted.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.calibration import CLUSTER_KEYS, MEASURED_FRACTION_MAX, constants_for, rates
-from dayzero.planner.minimize import nelder_mead
+from dayzero.planner.perf.calibration import CLUSTER_KEYS, MEASURED_FRACTION_MAX, constants_for, rates
+from dayzero.planner.perf.minimize import nelder_mead
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -53,7 +53,7 @@ def observation_from_record(rec: dict) -> Observation:
 
 def predict_steps(observations: list[Observation], cluster: Cluster) -> np.ndarray:
     """The planner's step time for each observation on ``cluster`` (its efficiency applied)."""
-    from dayzero.planner.perf import evaluate
+    from dayzero.planner.perf.perf import evaluate
     from dayzero.planner.predict import with_even_split
     from dayzero.specs.grid import encode
 
@@ -166,7 +166,7 @@ def fit_memory(records: list[dict], cluster: Cluster) -> dict | None:
         rows.append((rec.get("label"), float(rec["peak_memory_bytes"]), float(pred)))
     if not rows:
         return None
-    from dayzero.planner.memory_options import MemoryOptions
+    from dayzero.planner.memory.memory_options import MemoryOptions
 
     current = MemoryOptions.for_accelerator(cluster.accelerator).runtime_context_bytes
     offset = float(np.median([m - p for _, m, p in rows]))

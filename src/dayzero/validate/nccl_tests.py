@@ -97,7 +97,7 @@ def import_runs(paths: list[str | Path], accelerator: str | None = None, base: s
     ``dayzero calibrate`` profile; multi-node runs take its scale-up tier)."""
     import yaml
 
-    from dayzero.planner.calibration import constants_for, rates
+    from dayzero.planner.perf.calibration import constants_for, rates
     from dayzero.specs.cluster import get_cluster
     from dayzero.specs.hardware import get_accelerator, resolve_accelerator
     from dayzero.validate.profile import fit_link

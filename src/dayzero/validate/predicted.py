@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dayzero.errors import ConfigError
-from dayzero.planner.comm import CommOptions
 from dayzero.planner.engines import DAYZERO, pipelined_fsdp
-from dayzero.planner.memory_options import MemoryOptions
-from dayzero.planner.perf import PerfOptions
+from dayzero.planner.memory.memory_options import MemoryOptions
+from dayzero.planner.perf.comm import CommOptions
+from dayzero.planner.perf.perf import PerfOptions
 from dayzero.planner.schedule import held_zero
 from dayzero.runtime.memory_check import ACCELERATOR
 from dayzero.specs.cluster import Cluster
@@ -102,7 +102,7 @@ def runtime_spec(spec: ModelSpec) -> ModelSpec:
 def largest_unit(spec: ModelSpec, parallel: ParallelConfig) -> float:
     """Parameters of the largest FSDP2 unit (a decoder block) on one rank: what one
     reduce-scatter of gradients carries."""
-    from dayzero.planner.params import layer_params
+    from dayzero.planner.memory.params import layer_params
 
     kv = spec.attention.kv_heads
     return max(layer_params(spec, k).local_dense(parallel.tp, kv) + layer_params(spec, k).local_expert(parallel.ep,

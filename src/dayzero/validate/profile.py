@@ -4,14 +4,14 @@ Every number the planner needs is fitted with the planner's own formulas, so the
 the planner reproduce the measurements it came from:
 
 * **GEMM**: the planner runs a GEMM at ``peak x eff x d / (d + half_dim)``, ``d`` its smallest
-  dimension (planner/compute.py); the asymptotic rate ``R`` and ``half_dim`` of each dtype
+  dimension (planner/perf/compute.py); the asymptotic rate ``R`` and ``half_dim`` of each dtype
   minimise the mean squared log error of ``R d / (d + half_dim)`` over the measured shapes.
   Where the rate is still rising at the largest size measured, ``R`` and ``half_dim`` are not
   both determined (only their ratio is) and the free fit runs off to absurd asymptotes; the fit
   is then bounded: ``R`` = ``EXTRAPOLATION`` x the fastest GEMM measured, ``half_dim``
   fitted under it, and the profile records ``bounded`` (a warning says so when it is written).
 * **Links**: one (bandwidth, latency) pair for the scale-up tier that best reproduces every
-  measured collective through ``planner.collectives`` (mean squared log error over all kinds,
+  measured collective through ``planner.perf.collectives`` (mean squared log error over all kinds,
   sizes and group sizes, each kind weighted equally), and the point-to-point bandwidth from
   send/recv.
 * **Memory bandwidth**: the triad's bytes per second. **Attention**: the planner counts
@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from dayzero.errors import ConfigError
-from dayzero.planner.collectives import Link, group_collective
-from dayzero.planner.minimize import nelder_mead
+from dayzero.planner.perf.collectives import Link, group_collective
+from dayzero.planner.perf.minimize import nelder_mead
 from dayzero.runtime.device import auto_compute_dtype
 from dayzero.specs.hardware import HBM_GB
 

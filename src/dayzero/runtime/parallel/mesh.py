@@ -18,7 +18,7 @@ Each view numbers the world's ranks row-major over its dims, slowest first (the 
 fastest): rank r of a view (pp, ..., tp) sits at ``np.arange(world).reshape(sizes)`` == r, which
 is what ``DeviceMesh`` unflattening a 1-D world mesh does. :func:`view_groups` computes a view's
 groups that way without torch; tests hold them equal to the planner's
-``dayzero.planner.topology.group_ranks`` (dense order ``tp-cp-dp-pp``, experts ``etp-ep-edp-pp``
+``dayzero.planner.perf.topology.group_ranks`` (dense order ``tp-cp-dp-pp``, experts ``etp-ep-edp-pp``
 with etp 1) and to the real DeviceMesh.
 
 Worked example, 8 ranks, tp2 pp2 dp2, ep2: stage 0 is ranks 0-3, stage 1 ranks 4-7; tp groups
