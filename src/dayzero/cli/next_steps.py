@@ -58,7 +58,7 @@ def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
     for switch, flag in SWITCH_FLAGS:  # the memory switches a plan chose (planner.search.switches)
         if p.get(switch):
             out.append(flag)
-    if p.get("activation_offload_layers"):  # the plan's own offloaded layers per chunk (planner.memory.activation_offload)
+    if p.get("activation_offload_layers"):  # the plan's offloaded layers per chunk (planner.memory.activation_offload)
         out += ["--activation-offload", str(p["activation_offload_layers"])]
     if precision and p.get("precision", "bf16") != "bf16":
         out += ["--precision", p["precision"]]

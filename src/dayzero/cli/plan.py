@@ -248,7 +248,7 @@ def plan_cmd(
         engine = get_engine(engine).name
     recipe = memory_recipe(moments, act_fp8, bool(fp8_params), bool(optimizer_offload), activation_offload,
                            allocator, moe_probs)
-    if activation_offload:  # per layout the search caps it at each chunk's layers - 1 (planner.memory.activation_offload)
+    if activation_offload:  # per layout the search caps it at a chunk's layers - 1 (planner.memory.activation_offload)
         from dayzero.planner.memory.activation_offload import check_activation_offload
 
         check_activation_offload(activation_offload, spec.layers)

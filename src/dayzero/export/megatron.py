@@ -39,7 +39,7 @@ MODEL_FLAGS = frozenset((
     "--add-qkv-bias", "--softmax-type", "--window-size", "--window-attn-skip-freq", "--moe-shared-expert-gate",
     "--moe-router-topk-scaling-factor", "--make-vocab-size-divisible-by", "--quick-geglu",
     "--glu-linear-offset", "--activation-func-clamp-value", "--moe-router-pre-softmax",
-    "--overlap-moe-expert-parallel-comm"))  # derived from the layout (planner.perf.comm.ep_overlapped), as the planner does
+    "--overlap-moe-expert-parallel-comm"))  # from the layout (planner.perf.comm.ep_overlapped), as the planner does
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 QUICK_GELU_ALPHA = 1.702  # Megatron-Core activations.quick_gelu: x * sigmoid(1.702 x)
 

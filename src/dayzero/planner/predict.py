@@ -55,7 +55,7 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
         "time": {"step_s": f("step_s"), "compute_s": f("compute_s"), "comm_exposed_s": f("comm_exposed_s"),
                  "bubble_s": f("bubble_s"), "optimizer_s": f("optimizer_s"),
                  "straggler_s": f("straggler_s"),
-                 # activation-offload copies no compute hides (in compute's micro-batches; planner.memory.activation_offload)
+                 # activation-offload copies no compute hides (in compute's micro-batches; memory.activation_offload)
                  **({"activation_offload_s": float(ev.offload_s[i])}
                     if max(options.activation_offload_layers, parallel.activation_offload_layers) else {})},
         "throughput": {"tokens_per_s": f("tokens_per_s"), "tokens_per_s_per_device": f("tokens_per_s_per_device"),

@@ -1,4 +1,5 @@
-"""planner.memory.memory_breakdown: the layout dayzero memory reads and everything it reports of it, as one library call."""
+"""planner.memory.memory_breakdown: the layout dayzero memory reads and everything it reports of it, as one
+library call."""
 
 from __future__ import annotations
 

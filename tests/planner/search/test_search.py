@@ -37,7 +37,8 @@ def brute_force(spec, cluster, gbs, seq, space, limit, options=None, precision="
     opts = searched_memory(MemoryOptions.for_accelerator(cluster.accelerator), space)
     fits, best = np.zeros(len(full["tp"]), dtype=bool), np.inf
     runs_any = np.zeros(len(full["tp"]), dtype=bool)
-    # and at every count of offloaded activation layers, 1 .. layers - 1, without recompute (planner.memory.activation_offload)
+    # and at every count of offloaded activation layers, 1 .. layers - 1, without recompute
+    # (planner.memory.activation_offload)
     for state, off in product(product((0, 1), repeat=len(SWITCHES)), range(spec.layers)):
         sel = np.flatnonzero((full["recompute"] == 0) if off else np.ones(len(full["tp"]), dtype=bool))
         g = {**{k: v[sel] for k, v in full.items()},

@@ -354,7 +354,7 @@ class _StepReplay:
                 # the gradients on top reach the backward's largest phase (activations.full_recompute_transient)
                 dgrad = max(0.0, self.recomputing[kind] - rebuilt)
             else:
-                if self.modules(kind):  # the module rebuilding most, as planner.memory.activations.LayerActivation.rebuilding
+                if self.modules(kind):  # the module rebuilding most (activations.LayerActivation.rebuilding)
                     for n in max(self.modules(kind), key=lambda names: sum(t[x] for x in names)):
                         tr.new(("re", n), t[n], "temporary")
                 dgrad = max(t.values())

@@ -220,7 +220,7 @@ class Evaluation:
     inventory: list = field(repr=False)  # [(item, ops, bytes, busy seconds, exposed seconds) per step, (N,) each]
     # (N,) 1.0 where the EP all-to-all overlaps another micro-batch (planner.perf.comm.ep_overlapped; 0 without MoE)
     ep_overlap: np.ndarray | None = field(default=None, repr=False)
-    # (N,) seconds per step of activation-offload copies no compute hides (in microbatch_s; planner.memory.activation_offload)
+    # (N,) seconds per step of activation-offload copies no compute hides (in microbatch_s; memory.activation_offload)
     offload_s: np.ndarray | None = field(default=None, repr=False)
     # (N,) the cp_comm code each row was timed with (specs.grid.CP_COMMS; the rows the search left
     # open, specs.grid.CP_OPEN, take the faster: planner.perf.comm.choose_cp_comm)
