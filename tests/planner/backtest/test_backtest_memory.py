@@ -137,7 +137,7 @@ def test_recompute_module_sets_are_the_distinct_ones_that_drop_something():
     (planner.memory.activations.MODULE_TERMS), so the sets are {core_attn, layernorm} subsets (4) x
     {-, moe_act, moe} (3), less the empty one: 11. Llama 3.1 70B (dense, GQA): core_attn,
     layernorm, mlp, all 7 non-empty subsets; mla_up_proj drops nothing without MLA."""
-    from dayzero.planner.backtest.row_memory import recompute_modules_sets
+    from dayzero.planner.memory.activations import recompute_modules_sets
 
     qwen = recompute_modules_sets(load_model("qwen3-235b-a22b"))
     assert len(qwen) == 11 and ("moe",) in qwen and ("moe_act", "moe") not in qwen

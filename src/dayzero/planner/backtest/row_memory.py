@@ -30,15 +30,15 @@ default) settings and is reported as not fitting: the memory model, not the run,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations
 
 import numpy as np
 
+from dayzero.planner.memory.activations import recompute_modules_sets
 from dayzero.planner.memory.memory import estimate_memory
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import RECOMPUTE_MODULES, ParallelConfig, zero_shards
+from dayzero.specs.parallel import ParallelConfig, zero_shards
 
 FUSED_LOSS_LOGITS_BYTES = 2  # BF16 logits, gradient in place (Engine.fused_loss)
 BF16_GRAD_BYTES = 2  # the engine default is MemoryOptions.grad_bytes: FP32 (Megatron-LM: bf16 implies fp32 grad reduce)
@@ -88,30 +88,10 @@ def engine_memory(cluster: Cluster, engine: Engine, zero: int, grad_bytes: int |
     return MemoryOptions.for_run(cluster.accelerator, engine.attention_kernel, **kw)
 
 
-def recompute_modules_sets(spec: ModelSpec) -> list[tuple[str, ...]]:
-    """Every set of Megatron-Core recompute modules that drops a different set of ``spec``'s saved
-    tensors (:data:`dayzero.planner.memory.activations.MODULE_TERMS`): modules that drop nothing on this
-    model are left out, and of sets that drop the same tensors only the smallest is kept (``moe``
-    already drops what ``moe_act`` and ``shared_experts`` drop)."""
-    from dayzero.planner.memory.activations import Dims, layer_terms, module_terms
-
-    names = set()
-    for k in set(spec.layer_types):
-        names |= set(layer_terms(spec, k, MemoryOptions(), Dims(seq=1, mbs=1, tp=1, cp=1)))
-    useful = [m for m in RECOMPUTE_MODULES if module_terms(spec, m, names)]
-    out, seen = [], set()
-    for n in range(1, len(useful) + 1):
-        for ms in combinations(useful, n):
-            dropped = frozenset(t for m in ms for t in module_terms(spec, m, names))
-            if dropped not in seen:
-                seen.add(dropped)
-                out.append(ms)
-    return out
-
-
 def recompute_levels(spec: ModelSpec, parallel: ParallelConfig, engine: Engine) -> list[ParallelConfig]:
     """The recompute settings of ``parallel`` the engine runs, beyond none: selective recompute of
-    the attention core, of every :func:`recompute_modules_sets` set (Megatron family only:
+    the attention core, of every
+    :func:`~dayzero.planner.memory.activations.recompute_modules_sets` set (Megatron family only:
     ``recompute_modules`` is Megatron-Core's), and full recompute."""
     sets = recompute_modules_sets(spec) if engine.megatron else []
     if ("core_attn",) not in sets:

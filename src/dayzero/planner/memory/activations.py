@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import combinations
 
 import numpy as np
 
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.specs.model import ModelSpec, mixer_parts, split_layer_type
+from dayzero.specs.parallel import RECOMPUTE_MODULES
 
 # Terms selective recompute drops (Megatron's "core_attn" recompute: softmax, its dropout, and
 # FlashAttention's log-sum-exp are recomputed in backward from the saved Q, K, V).
@@ -339,6 +341,25 @@ def module_terms(spec: ModelSpec, module: str, names) -> tuple[str, ...]:
     if module == "mla_up_proj" and (not spec.has_attention or spec.attention.kind != "mla"):
         return ()
     return tuple(n for n in MODULE_TERMS[module] if n in names)
+
+
+def recompute_modules_sets(spec: ModelSpec) -> list[tuple[str, ...]]:
+    """Every set of Megatron-Core recompute modules that drops a different set of ``spec``'s saved
+    tensors (:data:`dayzero.planner.memory.activations.MODULE_TERMS`): modules that drop nothing on this
+    model are left out, and of sets that drop the same tensors only the smallest is kept (``moe``
+    already drops what ``moe_act`` and ``shared_experts`` drop)."""
+    names = set()
+    for k in set(spec.layer_types):
+        names |= set(layer_terms(spec, k, MemoryOptions(), Dims(seq=1, mbs=1, tp=1, cp=1)))
+    useful = [m for m in RECOMPUTE_MODULES if module_terms(spec, m, names)]
+    out, seen = [], set()
+    for n in range(1, len(useful) + 1):
+        for ms in combinations(useful, n):
+            dropped = frozenset(t for m in ms for t in module_terms(spec, m, names))
+            if dropped not in seen:
+                seen.add(dropped)
+                out.append(ms)
+    return out
 
 
 @dataclass(frozen=True)

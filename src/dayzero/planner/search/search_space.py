@@ -42,7 +42,7 @@ VARIANT_COLUMNS = ("zero", "recompute", "recompute_modules", "recompute_layers",
                    *SWITCH_COLUMNS, OFFLOAD)  # set per base by the search
 # The selective recompute module sets the search tries by default: every set of Megatron-Core's
 # recompute modules (megatron/core/transformer/transformer_config.py ``recompute_modules``) that
-# drops a different set of the model's saved tensors (planner.backtest.row_memory.recompute_modules_sets, the
+# drops a different set of the model's saved tensors (planner.memory.activations.recompute_modules_sets, the
 # rule the backtest settles blank recompute with), not a nested ladder: Megatron-Bridge's presets
 # recompute mla_up_proj alone on DeepSeek-V3 and Kimi-K2, mlp + moe_act on GB300
 # (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py), which no ladder holds.
@@ -135,9 +135,9 @@ class SearchSpace:
         """The recompute variants as (recompute code, module bitmask), in an order where a level
         comes after every level it recomputes less than (:func:`level_order`): none, selective with
         each module set (``self.recompute_modules``, by default every distinct set that drops
-        something on ``spec``: :func:`dayzero.planner.backtest.row_memory.recompute_modules_sets`), fewest
+        something on ``spec``: :func:`dayzero.planner.memory.activations.recompute_modules_sets`), fewest
         dropped tensors first, full; only the recompute modes in ``self.recompute``."""
-        from dayzero.planner.backtest.row_memory import recompute_modules_sets
+        from dayzero.planner.memory.activations import recompute_modules_sets
 
         out = []
         for rc in sorted(code("recompute", r) for r in self.recompute):
