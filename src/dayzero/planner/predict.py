@@ -15,7 +15,7 @@ from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
 from dayzero.specs.grid import encode
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig, even_split_fills, model_split
+from dayzero.specs.parallel import ParallelConfig, model_split, with_even_split
 
 __all__ = ["MEMORY_TARGET", "Targets", "checks", "predict", "prediction", "with_even_split"]
 
@@ -28,16 +28,6 @@ def checks(mfu: float, memory_utilization: float, comm_ratio: float, targets: Ta
         {"metric": "comm_ratio", "target": f"< {targets.comm_ratio:.0%}", "value": comm_ratio,
          "pass": bool(comm_ratio < targets.comm_ratio)},
     ]
-
-
-def with_even_split(spec: ModelSpec, p: ParallelConfig) -> ParallelConfig:
-    """The layout with an explicit near-even layer split when pp x vpp does not divide the layers
-    and the split fills every stage (Megatron's rule, ``even_split_fills``); otherwise the layout
-    as given, which validation then refuses (no prediction with empty stages)."""
-    stages = p.pp * p.vpp
-    if stages >= 1 and p.layer_split is None and spec.layers % stages and even_split_fills(spec.layers, stages):
-        return p.with_(layer_split=model_split(spec.layers, p.pp * p.vpp, spec.mtp_layers))
-    return p
 
 
 def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: Evaluation, i: int,

@@ -287,6 +287,16 @@ def model_split(layers: int, stages: int, mtp: int = 0) -> tuple[int, ...]:
     return tuple(split)
 
 
+def with_even_split(spec: ModelSpec, p: ParallelConfig) -> ParallelConfig:
+    """The layout with an explicit near-even layer split when pp x vpp does not divide the layers
+    and the split fills every stage (Megatron's rule, ``even_split_fills``); otherwise the layout
+    as given, which validation then refuses (no prediction with empty stages)."""
+    stages = p.pp * p.vpp
+    if stages >= 1 and p.layer_split is None and spec.layers % stages and even_split_fills(spec.layers, stages):
+        return p.with_(layer_split=model_split(spec.layers, p.pp * p.vpp, spec.mtp_layers))
+    return p
+
+
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
     """Layers per stage as even as possible; the remainder goes to the middle stages, keeping the
     first (embedding) and last (head + loss) stages light."""

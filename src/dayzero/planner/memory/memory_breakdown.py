@@ -14,17 +14,15 @@ from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import params_total
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import ParallelConfig
+from dayzero.specs.parallel import ParallelConfig, with_even_split
 
 
 def memory_layout(spec: ModelSpec, parallel: ParallelConfig, devices: int, capacity_bytes: int,
                   options: MemoryOptions, balance: bool = False) -> ParallelConfig:
     """The layout whose stages are reported, validated: the near-even split predict applies too
-    (:func:`dayzero.planner.predict.with_even_split`), or with ``balance`` the split that minimises
+    (:func:`dayzero.specs.parallel.with_even_split`), or with ``balance`` the split that minimises
     the peak (:func:`dayzero.planner.memory.balance.balance_layers`)."""
     if not balance:
-        from dayzero.planner.predict import with_even_split
-
         par = with_even_split(spec, parallel)
         par.validate(spec, devices)
         return par
