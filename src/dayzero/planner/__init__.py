@@ -1,18 +1,19 @@
 """The planner: pure functions over specs (numpy, never torch at import time).
 
-Memory: :mod:`memory` (per-device, per-stage bytes for a parallel layout), :mod:`activations`
-(per-layer saved tensors), :mod:`schedule` (pipeline orders and in-flight micro-batches),
-:mod:`params` (what each rank holds of each layer), :mod:`allocator` and :mod:`replay` (a caching
-block allocator replaying one training step), :mod:`memory_breakdown` (all of it for one layout,
-as ``dayzero memory`` reports it).
+Four rooms, each a package whose ``__init__`` gives its reading order and exports the names its
+callers use (lazily: importing one module of a room costs that module alone):
 
-Performance: :mod:`topology` (rank layout, process groups and the tiers they span),
-:mod:`collectives` (alpha-beta collective costs on switches and full meshes), :mod:`comm` (every
-collective of a step and what hides it), :mod:`compute` (per-layer FLOPs and bytes -> time),
-:mod:`perf` (step time, MFU), :mod:`predict` (the contract object with checks against
-:mod:`targets`), :mod:`search` (vectorised search over the whole layout space), :mod:`published`
-and :mod:`backtest` (predicting published training runs), :mod:`calibration` (efficiency
-constants), :mod:`minimize` (Nelder-Mead for the fits).
+- :mod:`~dayzero.planner.memory`: per-device, per-stage bytes of a training step (parameters,
+  activations, offload, the allocator replay, ``dayzero memory``'s breakdown);
+- :mod:`~dayzero.planner.perf`: step time (topology, collectives, compute, communication, the
+  efficiency constants and their fits);
+- :mod:`~dayzero.planner.search`: the fastest layouts that fit, over the whole layout space;
+- :mod:`~dayzero.planner.backtest`: published training runs read, predicted and scored.
+
+At the top, the modules every room uses: :mod:`engines` (who runs a layout, with sources),
+:mod:`schedule` (pipeline orders and in-flight micro-batches), :mod:`targets` (the Day-0 targets),
+:mod:`predict` (one layout's prediction: memory, time, checks) and :mod:`training_cost` (time,
+energy and cost to train N tokens with a plan). :mod:`exports` makes the rooms' lazy exports.
 
 Many layouts at once are the grid of :mod:`dayzero.specs.grid`; which layouts are valid is
 :mod:`dayzero.specs.layout_rules`.
