@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from dayzero.derive.traced_act import fit_extra  # noqa: E402
 from dayzero.derive.traced_flops import (  # noqa: E402
     approximated_layers,
-    fit_extra,
     reference_spec,
     trace_lengths,
     with_traced_flops,

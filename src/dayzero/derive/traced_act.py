@@ -108,6 +108,15 @@ def reference_bytes(spec: ModelSpec, index: int, seq: int, stand_in: bool = Fals
     return (total - ffn) / seq, ffn / seq
 
 
+def fit_extra(traced: tuple[float, float], modelled: tuple[float, float],
+              seqs: tuple[int, int]) -> tuple[float, float]:
+    """(linear, quadratic) of the difference traced - modelled, per token, from two lengths ``seqs``."""
+    (t1, t2), (m1, m2), (s1, s2) = traced, modelled, seqs
+    d1, d2 = t1 - m1, t2 - m2
+    quad = (d2 - d1) / (s2 - s1)
+    return d1 - quad * s1, quad
+
+
 def act_extra(desc: ModelDescription, spec: ModelSpec, layers: list[int], traced: list, seqs) -> ModelSpec:
     """``spec`` with the traced layers' differences, fitted as the FLOPs are, in
     ModelSpec.layer_act_extra, or layer_act_reference for a stand-in mixer (module docstring).
@@ -116,8 +125,6 @@ def act_extra(desc: ModelDescription, spec: ModelSpec, layers: list[int], traced
     planner's terms: the difference is the mixer side's alone (what the reference's MoE code saves
     differs from the runtimes' the terms follow, but not with the model), unless the block has no
     MLP shape."""
-    from dayzero.derive.traced_flops import fit_extra  # traced_flops imports this module
-
     standin, unread, ref_only = stand_ins(desc), unread_ffns(desc), reference_only(desc, spec)
     extra, reference = list(spec.layer_act_extra), list(spec.layer_act_reference)
     for i in layers:

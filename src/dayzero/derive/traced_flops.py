@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from dayzero.derive.describe import ModelDescription
 from dayzero.derive.to_spec import ranges
-from dayzero.derive.traced_act import act_extra, act_notes, traced_sides
+from dayzero.derive.traced_act import act_extra, act_notes, fit_extra, traced_sides
 from dayzero.errors import DayzeroError
 from dayzero.specs.counting import layer_forward_flops, layer_matmul_params
 from dayzero.specs.model import ModelSpec
@@ -71,14 +71,6 @@ def trace_lengths(max_positions: int) -> tuple[int, int]:
     while s2 > max(max_positions, 4) and s1 > 1:
         s1, s2 = s1 // 2, s2 // 2
     return s1, s2
-
-
-def fit_extra(traced: tuple[float, float], modelled: tuple[float, float], seqs=SEQS) -> tuple[float, float]:
-    """(linear, quadratic) of the difference traced - modelled, per token, from two lengths."""
-    (t1, t2), (m1, m2), (s1, s2) = traced, modelled, seqs
-    d1, d2 = t1 - m1, t2 - m2
-    quad = (d2 - d1) / (s2 - s1)
-    return d1 - quad * s1, quad
 
 
 def with_traced_flops(model: str, desc: ModelDescription, spec: ModelSpec, trust_remote_code: bool = False,
