@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from dayzero.report.layout_text import describe
+from dayzero.report.table import Table
 from dayzero.report.training import count_text, training_rows
 from dayzero.report.uncertainty import uncertainty_tables
 from dayzero.report.validation import TARGET_COLUMNS, target_rows
@@ -18,14 +18,6 @@ STEP_TERMS = (("compute", "compute_s"), ("exposed comm", "comm_exposed_s"), ("bu
               ("optimizer", "optimizer_s"), ("stragglers", "straggler_s"))
 OPTIONAL_TERMS = ("straggler_s",)  # listed only when nonzero (planner.perf.scale_effects, sigma 0 by default)
 COMPONENTS = ("attention", "recurrent", "dense_mlp", "routed_experts", "shared_experts", "router", "norms")
-
-
-@dataclass(frozen=True)
-class Table:
-    title: str
-    header: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    note: str = ""
 
 
 def _gb(n: float) -> str:

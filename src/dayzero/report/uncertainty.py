@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from dayzero.report.table import Table
+
 
 def uncertainty_tables(r: dict) -> list:
     """The two tables, or none for a report without them (one written before they existed)."""
     from dayzero.planner.search.error_band import ErrorBand
-    from dayzero.report.day0_render import Table
 
     u = r.get("uncertainty")
     if not u:
