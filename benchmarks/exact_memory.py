@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+from dayzero.runtime.planner_view import runtime_spec
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 from dayzero.validate.exact_memory import CATEGORIES, compare, exact_memory
-from dayzero.validate.predicted import runtime_spec
 
 # family, preset, plan arguments, reduction (layers: decoder layers kept; stages: pipeline stages measured)
 PRESETS = [
@@ -75,7 +75,7 @@ def run_one(family: str, model: str, args: str | None, reduce: dict) -> dict:
     if "layers" in reduce and spec.layers > reduce["layers"]:
         spec = spec.shrink(layers=reduce["layers"])
         note = f"{reduce['layers']} of {load_model(model).layers} layers, full width"
-    # a reduced model is planned as the runtime trains it (validate.predicted.runtime_spec: no MTP)
+    # a reduced model is planned as the runtime trains it (runtime.planner_view.runtime_spec: no MTP)
     par, plan_s = (HELP_EXAMPLE, 0.0) if args is None else best_plan(model, args, runtime_spec(spec)
                                                                      if reduce.get("plan") else None)
     print(f"{family}: {model} {par.describe()} ({note})", file=sys.stderr, flush=True)

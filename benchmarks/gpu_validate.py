@@ -11,7 +11,7 @@ one GPU (targets for one H200: memory within 5 %, step time within 10 %).
    the CUDA context holds; measured step time = median of the unprofiled steady steps.
 3. Step time is judged two ways: the profile as measured, and leave-one-out (constants fitted on
    the other layouts); memory against the analytic model with the runtime's semantics
-   (``validate.predicted.memory_options``, device cuda).
+   (``runtime.planner_view.memory_options``, device cuda).
 
 Writes ``$OUT/gpu_validate.json`` and ``$OUT/gpu_validate.md`` (``--out`` without $OUT). Exits 0
 when it ran; the JSON says which targets were met. Skips cleanly (exit 0, a note) without CUDA.

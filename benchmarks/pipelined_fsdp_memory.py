@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 
 from dayzero.planner.memory.memory import estimate_memory
+from dayzero.runtime.planner_view import memory_options, runtime_spec
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 from dayzero.validate.exact_memory import CATEGORIES, exact_memory
-from dayzero.validate.predicted import memory_options, runtime_spec
 
 MIB = 2**20
 

@@ -105,8 +105,8 @@ def test_the_runtime_holds_what_the_planner_prices():
     ZeRO-3. Its gradients at their largest are the unsharded fp32 ones the pipelined price counts
     (as laid out they would be half), and its peak is within 5 % of the pipelined model-state +
     activation + temporary bytes (benchmarks/RESULTS_exact_memory.md, benchmarks/pipelined_fsdp_memory.py)."""
+    from dayzero.runtime.planner_view import memory_options, runtime_spec
     from dayzero.validate.exact_memory import CATEGORIES, exact_memory
-    from dayzero.validate.predicted import memory_options, runtime_spec
 
     spec = runtime_spec(load_model("tiny-llama"))
     ex = exact_memory(spec, LAYOUT, "bf16")

@@ -138,7 +138,7 @@ def test_the_peak_is_explained_term_by_term_or_left_off():
 def test_the_analytic_side_drops_the_mtp_modules_the_runtime_does_not_build():
     """DeepSeek-V3 has an MTP module (ModelSpec.mtp_layers 1), which the planner places on the last
     stage and the runtime does not build: memory --exact's analytic side plans the runtime's model
-    (validate.predicted.runtime_spec). Measured (benchmarks/RESULTS_exact_memory.md, 4 of 61
+    (runtime.planner_view.runtime_spec). Measured (benchmarks/RESULTS_exact_memory.md, 4 of 61
     layers, tp1 dp16 ep16 zero2 mbs4): weights 8,668 MiB; the planner 8,662 without MTP, 10,451
     with it."""
     spec = load_model("deepseek-v3").shrink(layers=4)

@@ -6,8 +6,9 @@ from dayzero.errors import ConfigError
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.perf.calibration import constants_for, rates
 from dayzero.planner.perf.collectives import Link
+from dayzero.runtime.planner_view import memory_options
 from dayzero.specs.cluster import cluster_from_dict, get_cluster
-from dayzero.validate.predicted import compute_view, memory_options
+from dayzero.validate.predicted import compute_view
 from dayzero.validate.profile import build_profile, fit_gemm, fit_link, write_profile
 from helpers.measurements import coll_rows, gemm_rows, measurements
 

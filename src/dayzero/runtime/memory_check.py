@@ -3,7 +3,7 @@ before any rank starts, so a model too large for the host is one line with the n
 proxy flags that would fit, not a process the kernel's OOM killer ends a minute later.
 
 * Per rank: the analytic peak of the runtime's own layout and dtypes
-  (``validate.predicted.memory_options``: FSDP2 mixed precision, eager kernels), busiest stage.
+  (``runtime.planner_view.memory_options``: FSDP2 mixed precision, eager kernels), busiest stage.
 * Where ranks share memory (CPU: every rank is a process on this host) the need is ranks x per
   rank against the host's available memory (``MemAvailable``); on an accelerator each rank has
   its own device and the need is one rank's peak against that device's free memory.
@@ -82,7 +82,7 @@ def device_available_bytes() -> tuple[int, str] | None:
 def peak_per_rank(spec: ModelSpec, parallel: ParallelConfig, compute_dtype: str, device: str) -> int:
     """The planner's peak bytes of the busiest rank for the runtime running ``parallel``."""
     from dayzero.planner.memory.memory import estimate_memory
-    from dayzero.validate.predicted import memory_options, runtime_layout
+    from dayzero.runtime.planner_view import memory_options, runtime_layout
 
     eff = runtime_layout(parallel)
     opts = memory_options(None, compute_dtype, spec, eff, device)

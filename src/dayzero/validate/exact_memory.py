@@ -357,7 +357,7 @@ def analytic_for_runtime(spec, parallel, compute_dtype: str = "bf16", capacity_b
     """The planner's report for what the runtime actually runs (validate.predicted: FSDP2
     semantics, eager kernels, the runtime's dtypes, no MTP modules); capacity only sets utilization."""
     from dayzero.planner.memory.memory import estimate_memory
-    from dayzero.validate.predicted import memory_options, runtime_layout, runtime_spec
+    from dayzero.runtime.planner_view import memory_options, runtime_layout, runtime_spec
 
     eff, spec = runtime_layout(parallel), runtime_spec(spec)
     return estimate_memory(spec, eff, capacity_bytes, memory_options(cluster, compute_dtype, spec, eff, "cpu"))
@@ -434,7 +434,7 @@ def _attention_planned(spec, parallel, compute_dtype: str) -> float:
     """What the planner's runtime model counts for the same tensors: q, k, v and the scores (eager
     attention) or the log-sum-exp (a fused kernel), one layer and micro-batch."""
     from dayzero.planner.memory.activations import Dims, attention_terms
-    from dayzero.validate.predicted import memory_options, runtime_layout
+    from dayzero.runtime.planner_view import memory_options, runtime_layout
 
     p = runtime_layout(parallel)
     opts = memory_options(None, compute_dtype, spec, p, "cpu")
@@ -645,7 +645,7 @@ def compare(spec, parallel, compute_dtype: str = "bf16", stages: list[int] | Non
     analytic figure; ``explained`` is true when that residual is within the tolerance. A temporary
     row also holds ``terms``: the exact maximum's live buffers against the planner's transient
     terms, one by one (:func:`temporary_terms`)."""
-    from dayzero.validate.predicted import runtime_layout
+    from dayzero.runtime.planner_view import runtime_layout
 
     exact = exact if exact is not None else exact_memory(spec, parallel, compute_dtype, stages)
     analytic = analytic_for_runtime(spec, parallel, compute_dtype)

@@ -88,7 +88,7 @@ def proxy_shrink(spec: ModelSpec, parallel: ParallelConfig, given: dict, capacit
     if any(v is not None for v in given.values()):
         return {k: v for k, v in given.items() if v is not None}
     from dayzero.planner.memory.memory import estimate_memory
-    from dayzero.validate.predicted import memory_options, runtime_layout
+    from dayzero.runtime.planner_view import memory_options, runtime_layout
 
     eff = runtime_layout(parallel)
     try:
