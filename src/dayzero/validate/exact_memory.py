@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from dayzero.errors import LayoutError
 from dayzero.specs.parallel import zero_shards
+from dayzero.validate.torch_tools import local_tensor
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -119,10 +120,6 @@ class _Complete:
                 self.values[c] = max(self.values.get(c, 0), cats[c])
 
 
-def _local(t):
-    return t._local_tensor if hasattr(t, "_local_tensor") else t
-
-
 def shard_excess(module) -> tuple:
     """Parameters whose FSDP2 shard on this rank holds more than an even 1/n of them: FSDP2 splits
     dim 0 in chunks of ceil(d0 / n) rows (torch.chunk), so with fewer rows than ranks (e.g. one
@@ -135,8 +132,8 @@ def shard_excess(module) -> tuple:
         group = mod._get_fsdp_state()._fsdp_param_group if isinstance(mod, FSDPModule) else None
         for fp in (group.fsdp_params if group else ()):
             n = fp.mesh_info.shard_mesh_size
-            even = _local(fp._unsharded_param).numel() / n
-            extra = _local(fp.sharded_param).numel() - even
+            even = local_tensor(fp._unsharded_param).numel() / n
+            extra = local_tensor(fp.sharded_param).numel() - even
             if extra >= 1:
                 out.append((fp._param_fqn, int(extra)))
     return tuple(out)
@@ -159,9 +156,10 @@ def grad_excess(module) -> tuple:
                 grad = param.grad
             if grad is None or param is None:
                 continue
-            extra = _local(grad).numel() - _local(param).numel()
+            extra = local_tensor(grad).numel() - local_tensor(param).numel()
             if extra > 0:
-                out.append((fp._param_fqn, extra * _local(grad).element_size(), str(getattr(grad, "placements", ""))))
+                out.append((fp._param_fqn, extra * local_tensor(grad).element_size(),
+                            str(getattr(grad, "placements", ""))))
     return tuple(out)
 
 

@@ -11,6 +11,11 @@ from __future__ import annotations
 import contextlib
 
 
+def local_tensor(t):
+    """This rank's shard of a DTensor (its private ``_local_tensor``), or ``t`` itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
 def fake_store():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -90,8 +95,6 @@ def category_tracker(module, optimizer, categorize, transient_refs=frozenset(), 
             reduce-scatter), which the tracker files as temporaries."""
             from torch.distributed.fsdp import FSDPModule
 
-            from dayzero.validate.exact_memory import _local
-
             ids = set()
             for mod in self._root_mod.modules():
                 group = mod._get_fsdp_state()._fsdp_param_group if isinstance(mod, FSDPModule) else None
@@ -99,7 +102,7 @@ def category_tracker(module, optimizer, categorize, transient_refs=frozenset(), 
                     param = getattr(fp, "_unsharded_param", None)
                     grad = getattr(param, "grad", None) if param is not None else None
                     if grad is not None:
-                        ids.add(id(_local(grad).untyped_storage()))
+                        ids.add(id(local_tensor(grad).untyped_storage()))
             return ids
 
         def _live(self) -> list[tuple[str, int]]:
