@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import dayzero.report.jsonable as jsonable
+import dayzero.jsonable as jsonable
 from dayzero.cli.app import main
 from dayzero.planner.backtest.published import read_rows
 from dayzero.specs.registry import model_presets

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dayzero.report.jsonable import dumps  # noqa: E402
+from dayzero.jsonable import dumps  # noqa: E402
 from dayzero.runtime.metrics import MetricsWriter, last_attempt, read_metrics  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from dayzero.report.jsonable import dumps
+from dayzero.jsonable import dumps
 from dayzero.specs.cluster import Cluster, resolve_cluster
 
 console = Console()

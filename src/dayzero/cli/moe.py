@@ -45,9 +45,9 @@ def place_cmd(
     Example: [bold]dayzero moe place --loads runs/moe/metrics.jsonl --ep 8 --nodes 2 --redundant 8 --out
     runs/moe/placement.json[/bold]
     """
+    from dayzero.jsonable import dumps
     from dayzero.outputs import prepare_output
     from dayzero.planner.perf.eplb import rebalance_loads
-    from dayzero.report.jsonable import dumps
     from dayzero.specs.expert_loads import read_expert_loads
 
     if policy is not None and policy not in POLICIES:

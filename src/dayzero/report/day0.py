@@ -221,9 +221,9 @@ def default_dir(model: str, cluster: Cluster, root: Path = Path("runs")) -> Path
 def write(report: dict, out: Path) -> dict[str, Path]:
     """``report.json``, ``report.md`` and ``report.html`` in ``out`` (created); returns their paths."""
     from dayzero.errors import ConfigError
+    from dayzero.jsonable import dumps
     from dayzero.report.day0_html import to_html
     from dayzero.report.day0_render import to_markdown
-    from dayzero.report.jsonable import dumps
 
     try:
         out.mkdir(parents=True, exist_ok=True)

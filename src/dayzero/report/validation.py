@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dayzero.report.jsonable import dumps
+from dayzero.jsonable import dumps
 
 
 def value_text(x, unit: str = "") -> str:

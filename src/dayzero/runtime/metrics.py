@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from dayzero.report.jsonable import record_line
+from dayzero.jsonable import record_line
 from dayzero.runtime.device import is_comm_event, peak_allocated_bytes, profiler_activities
 
 STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "step_time_s", "tokens_per_s", "peak_mem_bytes",

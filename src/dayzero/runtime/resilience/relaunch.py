@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from dayzero.report.jsonable import record_line
+from dayzero.jsonable import record_line
 from dayzero.runtime.config import TrainConfig
 from dayzero.runtime.metrics import last_attempt
 from dayzero.runtime.resilience.exclusion import reshape
