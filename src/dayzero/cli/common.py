@@ -291,14 +291,3 @@ def print_model_notes(spec) -> None:
     keys = notes["unused_config_keys"]
     if keys:
         err_console.print(f"[yellow]config keys not used:[/yellow] {', '.join(keys)}", highlight=False, soft_wrap=True)
-
-
-def require_runtime_family(spec, verb: str) -> None:
-    """The runtime's model zoo implements the parsed families only; a model derived from its own
-    modeling code is planned, never trained as a look-alike of another architecture."""
-    if spec.extra.get("derived"):
-        from dayzero.errors import DayzeroError
-
-        raise DayzeroError(f"{spec.name}: model_type '{spec.model_type}' is derived from its own modeling code for "
-                           f"planning (inspect, memory, predict, plan); dayzero {verb} runs only the families its "
-                           "runtime implements (see 'dayzero models')")

@@ -94,7 +94,7 @@ def validate_cmd(
         return
     if runs and not calibrate:
         raise ConfigError("--runs", None, "only applies with --calibrate")
-    from dayzero.cli.common import require_runtime_family
+    from dayzero.runtime.checks import require_runtime_family
     from dayzero.specs.registry import load_model
 
     require_runtime_family(load_model(model), "validate")

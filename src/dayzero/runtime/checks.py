@@ -3,7 +3,7 @@ bad request costs one line and exit code 2, never a hung rank."""
 
 from __future__ import annotations
 
-from dayzero.errors import LayoutError
+from dayzero.errors import DayzeroError, LayoutError
 from dayzero.planner.engines import DAYZERO, engine_problems
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -48,3 +48,12 @@ def check_runtime(spec: ModelSpec, parallel: ParallelConfig, world: int | None) 
     if problems:
         raise LayoutError(f"cannot train {spec.name} with {parallel.describe()} on {world} rank(s): "
                           + "; ".join(problems))
+
+
+def require_runtime_family(spec: ModelSpec, verb: str) -> None:
+    """The runtime's model zoo implements the parsed families only; a model derived from its own
+    modeling code is planned, never trained as a look-alike of another architecture."""
+    if spec.extra.get("derived"):
+        raise DayzeroError(f"{spec.name}: model_type '{spec.model_type}' is derived from its own modeling code for "
+                           f"planning (inspect, memory, predict, plan); dayzero {verb} runs only the families its "
+                           "runtime implements (see 'dayzero models')")

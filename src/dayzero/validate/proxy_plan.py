@@ -70,7 +70,7 @@ def run_proxy(req: ProxyPlan, announce: Callable[[str], None] = lambda _: None) 
     """Run the proxy of ``req`` on this machine: ``dayzero validate``'s result object (checks,
     summary, run, measured, prediction, record) plus ``proxy`` (the rule's choices, the plan's
     layout it was cut from, wall seconds)."""
-    from dayzero.cli.common import require_runtime_family
+    from dayzero.runtime.checks import require_runtime_family
     from dayzero.runtime.config import ModelSection
     from dayzero.runtime.device import compute_dtype, resolve
     from dayzero.specs.plan_layout import layout_of
