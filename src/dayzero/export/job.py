@@ -222,7 +222,7 @@ def expand_hosts(hosts: tuple[str, ...]) -> list[str]:
 def train_args(spec: ModelSpec, parallel: ParallelConfig, job: JobOptions, ckpt_dir: str, metrics: str) -> list[str]:
     """``dayzero train`` of the plan, as every rank runs it (after ``-m``): resumes from the newest
     good checkpoint in ``ckpt_dir`` (``--resume auto``), appends to ``metrics``, reads ``job.data``."""
-    from dayzero.cli.next_steps import layout_flags, train_layout
+    from dayzero.specs.layout_flags import layout_flags, train_layout
 
     layout = layout_flags(train_layout(parallel.to_dict()))  # what train's flags cannot carry: see unexpressed
     out = ["dayzero", "train", job.model or spec.name, *layout, "--steps", str(job.steps),
