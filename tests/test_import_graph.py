@@ -1,0 +1,189 @@
+"""Imports point one way: no cycle among dayzero's modules, and no import up the layer order.
+
+Every ``import`` is read with ``ast`` (nothing is imported), at module level *and* inside
+functions: a deferred import still ties two modules into one unit that cannot be read, tested or
+moved apart, so hiding a cycle in a function does not break it. Imports under ``if
+TYPE_CHECKING:`` are left out (annotations only, they never run).
+
+The layers, lowest first (docs/architecture.md, "Layers"): a module imports only from its own
+layer or below. The one exception is :data:`ALLOWED`, each edge with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import dayzero
+
+ROOT = Path(dayzero.__file__).parent
+
+# Top-level modules and packages of dayzero, lowest layer first; a module may import its own layer
+# and the layers below. Packages in one layer do not import each other's layer above.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("dayzero", "errors", "torch_version"),  # the package root (its version), one-line errors, the torch floor
+    ("inputs", "outputs", "jsonable"),  # reading user files, checking output paths, the one JSON encoding
+    ("specs",),  # what is given: models, clusters, hardware, ParallelConfig and its rules
+    ("planner",),  # pure numpy: memory, perf, search, backtest
+    ("monitor",),  # alert rules and the exporter (no torch): the planner's targets
+    ("derive", "ops"),  # the model's own modeling code, traced (torch and transformers)
+    ("runtime",),  # training on torch.distributed
+    ("validate",),  # runs of the runtime checked against the planner
+    ("report",),  # day0 and compare reports
+    ("export",),  # a plan as an engine's launch
+    ("cli", "__main__"),  # parse -> one library call -> render
+)
+
+# (importer, imported): the edges allowed against the rules above, each with its reason.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("dayzero.specs.registry", "dayzero.derive.describe"): "the optional-torch hook: load_model derives a "
+    "ModelSpec from a model's own modeling code (torch, transformers) only for a model_type without a "
+    "hand-written parser; every parsed model loads without them",
+    ("dayzero.specs.registry", "dayzero.derive.to_spec"): "the optional-torch hook (see describe)",
+    ("dayzero.specs.registry", "dayzero.derive.traced_flops"): "the optional-torch hook (see describe)",
+}
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the package at ``root`` it imports anywhere in its file."""
+    paths = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _type_checking(block.test)
+                       for stmt in block.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{anchor}.{base}" if base else anchor
+                for a in node.names:  # ``from pkg import mod`` imports a module; ``from mod import obj`` the module
+                    targets.add(f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base)
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]``, or None when the graph is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...]) -> int:
+    """The index of the layer ``module`` (``dayzero.x.y``) belongs to by its top-level name."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else parts[0]
+    for i, names in enumerate(layers):
+        if top in names:
+            return i
+    raise AssertionError(f"{module}: its top-level name {top!r} is in no layer; add it to LAYERS")
+
+
+def upward_edges(graph: dict[str, set[str]], layers, allowed) -> list[str]:
+    """Every import of a module from a higher layer than its own, except the allowed ones."""
+    return [f"{a} -> {b}" for a in sorted(graph) for b in sorted(graph[a])
+            if layer_of(b, layers) > layer_of(a, layers) and (a, b) not in allowed]
+
+
+def checked_graph(root: Path, allowed) -> dict[str, set[str]]:
+    """The import graph without the allowed edges (the cycle check sees the rest)."""
+    return {a: {b for b in bs if (a, b) not in allowed} for a, bs in import_graph(root).items()}
+
+
+@lru_cache(maxsize=1)
+def dayzero_graph() -> dict[str, set[str]]:
+    return import_graph(ROOT)
+
+
+def test_no_import_cycle():
+    graph = {a: {b for b in bs if (a, b) not in ALLOWED} for a, bs in dayzero_graph().items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_up_the_layers():
+    up = upward_edges(dayzero_graph(), LAYERS, ALLOWED)
+    assert not up, "imports up the layer order:\n" + "\n".join(up)
+
+
+def test_every_allowed_edge_exists():
+    """An allowed edge nobody needs any more is taken off the list."""
+    graph = dayzero_graph()
+    stale = [f"{a} -> {b}" for a, b in ALLOWED if b not in graph.get(a, set())]
+    assert not stale, "allowed edges that no longer exist: " + ", ".join(stale)
+
+
+def fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "dayzero"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_checker_finds_a_cycle_through_a_deferred_import(tmp_path):
+    root = fake_package(tmp_path, {
+        "specs/__init__.py": "", "planner/__init__.py": "",
+        "specs/model.py": "import numpy\n",
+        "planner/memory.py": "from dayzero.specs.model import X\nfrom dayzero.planner import perf\n",
+        "planner/perf.py": "def f():\n    from dayzero.planner.memory import g\n",
+        "planner/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .memory import T\n",
+    })
+    graph = import_graph(root)
+    assert graph["dayzero.planner.memory"] == {"dayzero.specs.model", "dayzero.planner.perf"}
+    assert graph["dayzero.planner.typed"] == set()
+    assert find_cycle(graph) == ["dayzero.planner.memory", "dayzero.planner.perf", "dayzero.planner.memory"]
+    allowed = {("dayzero.planner.perf", "dayzero.planner.memory"): "a test"}
+    assert find_cycle(checked_graph(root, allowed)) is None
+
+
+def test_the_checker_finds_an_import_up_the_layers(tmp_path):
+    root = fake_package(tmp_path, {
+        "specs/__init__.py": "", "cli/__init__.py": "",
+        "specs/model.py": "def f():\n    from dayzero.cli import common\n",
+        "cli/common.py": "from dayzero.specs.model import f\n",
+    })
+    graph = import_graph(root)
+    assert upward_edges(graph, LAYERS, {}) == ["dayzero.specs.model -> dayzero.cli.common"]
+    assert upward_edges(graph, LAYERS, {("dayzero.specs.model", "dayzero.cli.common"): "a test"}) == []
+    with pytest.raises(AssertionError, match="'newpkg' is in no layer"):
+        layer_of("dayzero.newpkg.x", LAYERS)
