@@ -24,6 +24,7 @@ import numpy as np
 from dayzero.planner.memory.balance import balance_layers
 from dayzero.planner.memory.memory import estimate_memory, peak_memory_batch
 from dayzero.planner.memory.replay import simulate_step
+from dayzero.specs import layout_rules
 from dayzero.specs.grid import decode, default_schedule
 from dayzero.specs.parallel import ParallelConfig, even_split
 from dayzero.specs.registry import load_model
@@ -78,13 +79,13 @@ def main() -> None:
         peaks = peak_memory_batch(spec, g, CAP)
         checked = 0
         for i, p in zip(range(2000), configs(spec, g, range(2000))):
-            if p.problems(spec) or checked >= 200:
+            if layout_rules.problems(p, spec) or checked >= 200:
                 continue
             want = estimate_memory(spec, p, CAP).peak_bytes
             assert abs(peaks[i] - want) <= 8 + 1e-12 * want, (name, p.describe(), peaks[i], want)
             checked += 1
         dt = best_of(lambda: peak_memory_batch(spec, g, CAP), args.repeat)
-        valid = [p for p in configs(spec, g, range(500)) if not p.problems(spec)][:50]
+        valid = [p for p in configs(spec, g, range(500)) if not layout_rules.problems(p, spec)][:50]
         scalar = best_of(lambda: [estimate_memory(spec, p, CAP) for p in valid], 3) / len(valid)
         rows.append((name, args.n, dt, args.n / dt, checked, scalar * 1e3))
         print(f"{name}: {args.n / dt:,.0f} configurations/s (checked {checked} against estimate_memory); "

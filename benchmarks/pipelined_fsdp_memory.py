@@ -16,6 +16,7 @@ import argparse
 
 from dayzero.planner.memory.memory import estimate_memory
 from dayzero.runtime.planner_view import memory_options, runtime_spec
+from dayzero.specs import layout_rules
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
 from dayzero.validate.exact_memory import CATEGORIES, exact_memory
@@ -33,7 +34,7 @@ def main() -> None:
     if a.layers and spec.layers > a.layers:
         spec = spec.shrink(layers=a.layers)
     p = ParallelConfig(pp=2, dp=2, zero=3, gbs=8, mbs=1, seq=a.seq)
-    p.validate(spec)
+    layout_rules.validate(p, spec)
     exact = exact_memory(spec, p, "bf16")
     opts = memory_options(None, "bf16", spec, p, "cpu")
     priced = {"pipelined": estimate_memory(spec, p, 10**15, opts),

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from dayzero.cli.app import main
+from dayzero.specs import layout_rules
 from dayzero.specs.registry import model_presets
 
 
@@ -168,7 +169,7 @@ def test_fuzz_finding_zero_pipeline_degree(capsys):
     from dayzero.specs.registry import load_model
 
     p = ParallelConfig(pp=0)
-    assert with_even_split(load_model("tiny-moe"), p) is p and p.problems()
+    assert with_even_split(load_model("tiny-moe"), p) is p and layout_rules.problems(p)
 
 
 def test_fuzz_finding_a_batch_beyond_int64(tmp_path):

@@ -11,6 +11,7 @@ from dayzero.planner.perf.calibration import PerfConstants
 from dayzero.planner.perf.comm import CommOptions
 from dayzero.planner.perf.perf import PerfOptions, evaluate
 from dayzero.planner.schedule import bubble_microbatches, inflight_microbatches
+from dayzero.specs import layout_rules
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import DUALPIPE, DUALPIPEV, INTERLEAVED, ONE_F_ONE_B, encode
 from dayzero.specs.parallel import ParallelConfig, stage_ranks
@@ -72,12 +73,12 @@ def test_dualpipe_holds_two_copies_of_each_stage_and_dualpipev_one():
 def test_layout_rules():
     """dualpipe.py asserts num_ranks % 2 == 0 and an even num_chunks >= 2 num_ranks; dualpipev.py
     num_chunks >= 2 num_ranks and two chunks per rank."""
-    assert ParallelConfig(pp=3, dp=2, gbs=24, schedule="dualpipe").problems(LLAMA)
-    assert ParallelConfig(pp=4, dp=2, gbs=14, schedule="dualpipe").problems(LLAMA)  # 7 micro-batches < 8
-    assert not ParallelConfig(pp=4, dp=2, gbs=16, schedule="dualpipe").problems(LLAMA)
+    assert layout_rules.problems(ParallelConfig(pp=3, dp=2, gbs=24, schedule="dualpipe"), LLAMA)
+    assert layout_rules.problems(ParallelConfig(pp=4, dp=2, gbs=14, schedule="dualpipe"), LLAMA)  # 7 micro-batches < 8
+    assert not layout_rules.problems(ParallelConfig(pp=4, dp=2, gbs=16, schedule="dualpipe"), LLAMA)
     assert ParallelConfig(pp=4, dp=2, gbs=8, schedule="dualpipev").vpp == 2
-    assert ParallelConfig(pp=4, dp=2, gbs=14, schedule="dualpipev").problems(LLAMA)
-    assert not ParallelConfig(pp=4, dp=2, gbs=16, schedule="dualpipev").problems(LLAMA)
+    assert layout_rules.problems(ParallelConfig(pp=4, dp=2, gbs=14, schedule="dualpipev"), LLAMA)
+    assert not layout_rules.problems(ParallelConfig(pp=4, dp=2, gbs=16, schedule="dualpipev"), LLAMA)
 
 
 def test_dualpipe_hides_the_ep_all_to_all_behind_the_other_micro_batch():

@@ -17,6 +17,7 @@ from dayzero.cli.app import main
 from dayzero.errors import LayoutError
 from dayzero.planner.predict import with_even_split
 from dayzero.planner.search.search import VARIANT_COLUMNS, SearchSpace, enumerate_layouts, search, space_mask
+from dayzero.specs import layout_rules
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import FIELDS, RANK_ORDERS, columns, decode, encode
 from dayzero.specs.layout_rules import DEGREES, mask
@@ -32,16 +33,17 @@ GOLDEN = DATA / "golden"
 
 def valid_everywhere(spec, p: ParallelConfig, devices: int | None) -> bool:
     """What a grid row means: the layout with the near-even layer split (as plan() predicts it)."""
-    if p.problems():
+    if layout_rules.problems(p):
         return False
-    return not with_even_split(spec, p).problems(spec, devices)
+    return not layout_rules.problems(with_even_split(spec, p), spec, devices)
 
 
 # -- the drifted rule --------------------------------------------------------------------------------
 
 def test_etp_must_divide_tp_in_problems_and_in_the_search():
     p = ParallelConfig(tp=4, etp=3, dp=3)
-    assert p.problems() == ["etp 3 must divide tp 4 (each expert's tensor-parallel group lies inside a tp group)"]
+    assert layout_rules.problems(p) == [
+        "etp 3 must divide tp 4 (each expert's tensor-parallel group lies inside a tp group)"]
     assert not mask(encode([p]))[0]
     assert mask(encode([p.with_(etp=2)]))[0] and mask(encode([p.with_(etp=1)]))[0]
     # the search never builds it: with tp 4 and etp 3 every layout is indivisible, and the error says
@@ -88,12 +90,12 @@ def test_problems_and_the_vectorised_mask_agree_on_every_layout(layouts, model, 
     got = mask(encode(layouts), spec, devices)
     assert got.tolist() == [valid_everywhere(spec, p, devices) for p in layouts]
     # without a model or devices, only the layout's own rules
-    assert mask(encode(layouts)).tolist() == [not p.problems() for p in layouts]
+    assert mask(encode(layouts)).tolist() == [not layout_rules.problems(p) for p in layouts]
 
 
 def test_names_outside_their_tables_are_reported_not_encoded():
     p = ParallelConfig(recompute="most", precision="fp16", schedule="zb", rank_order="tp-dp-pp")
-    assert p.problems() == ["recompute must be none|selective|full, got 'most'",
+    assert layout_rules.problems(p) == ["recompute must be none|selective|full, got 'most'",
                             "schedule must be 1f1b|interleaved|gpipe|dualpipe|dualpipev, got 'zb'",
                             "precision must be bf16|fp8|fp4, got 'fp16'",
                             "rank order 'tp-dp-pp' must name each of tp, cp, dp, pp exactly once, fastest first "
@@ -104,15 +106,15 @@ def test_names_outside_their_tables_are_reported_not_encoded():
 
 
 def test_degrees_below_one_are_the_only_messages():
-    assert ParallelConfig(tp=0, gbs=-4).problems() == ["tp must be >= 1, got 0", "gbs must be >= 1, got -4"]
+    assert layout_rules.problems(ParallelConfig(tp=0, gbs=-4)) == ["tp must be >= 1, got 0", "gbs must be >= 1, got -4"]
     assert set(DEGREES) <= set(FIELDS)
 
 
 def test_rank_order_is_part_of_the_layout():
     p = ParallelConfig(tp=2, dp=4, rank_order=" DP-cp-TP-pp")
-    assert p.rank_order == "dp-cp-tp-pp" and not p.problems()
+    assert p.rank_order == "dp-cp-tp-pp" and not layout_rules.problems(p)
     assert ParallelConfig.from_dict(p.to_dict()) == p
-    assert ParallelConfig(rank_order="dp-tp-cp-pp").problems() == [
+    assert layout_rules.problems(ParallelConfig(rank_order="dp-tp-cp-pp")) == [
         "rank order 'dp-tp-cp-pp': cp and dp must be adjacent (gradients are reduced over dp x cp)"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dayzero.errors import ConfigError, LayoutError
+from dayzero.specs import layout_rules
 from dayzero.specs.cluster import build_cluster, cluster_from_dict, get_cluster
 from dayzero.specs.hardware import catalog, get_accelerator, resolve_accelerator
 from dayzero.specs.parallel import ParallelConfig, even_split
@@ -61,18 +62,18 @@ def test_build_cluster_from_accelerator():
 
 def test_parallel_validation_messages():
     spec = load_model("tiny-moe")  # 8 heads, 8 experts, 4 layers
-    ParallelConfig(tp=2, pp=2, dp=2, ep=2).validate(spec, devices=8)
+    layout_rules.validate(ParallelConfig(tp=2, pp=2, dp=2, ep=2), spec, devices=8)
     with pytest.raises(LayoutError, match=r"must equal the 16 devices"):
-        ParallelConfig(tp=2, pp=2, dp=2).validate(spec, devices=16)
+        layout_rules.validate(ParallelConfig(tp=2, pp=2, dp=2), spec, devices=16)
     with pytest.raises(LayoutError, match=r"heads \(8\) must be divisible by tp \(3\)"):
-        ParallelConfig(tp=3).validate(spec)
+        layout_rules.validate(ParallelConfig(tp=3), spec)
     with pytest.raises(LayoutError, match=r"experts \(8\) must be divisible by ep \(3\)"):
-        ParallelConfig(dp=3, ep=3).validate(spec)
+        layout_rules.validate(ParallelConfig(dp=3, ep=3), spec)
     with pytest.raises(LayoutError, match=r"layers \(4\) must be divisible by pp\*vpp"):
-        ParallelConfig(pp=3).validate(spec)
+        layout_rules.validate(ParallelConfig(pp=3), spec)
     with pytest.raises(LayoutError, match=r"gbs 6 must be divisible by mbs\*dp"):
-        ParallelConfig(dp=4, gbs=6).validate(spec)
-    ParallelConfig(pp=3, layer_split=(1, 2, 1)).validate(spec)
+        layout_rules.validate(ParallelConfig(dp=4, gbs=6), spec)
+    layout_rules.validate(ParallelConfig(pp=3, layer_split=(1, 2, 1)), spec)
 
 
 def test_layer_assignment_interleaved():

@@ -11,6 +11,7 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, takes_layout
 from dayzero.cli.next_steps import Step, layout_flags, print_next
+from dayzero.specs import layout_rules
 from dayzero.specs.layout_options import LayoutOptions
 
 WRITERS = ("megatron", "torchtitan", "deepspeed", "slurm", "kubernetes")
@@ -143,7 +144,7 @@ def export_cmd(
         if devices is None:
             raise ConfigError("--devices", None, "give the rank count with a model (dp fills it)")
         spec, parallel, config_of = load_model(source), layout.parallel(devices, precision), source
-        parallel.validate(spec, devices)
+        layout_rules.validate(parallel, spec, devices)
     given = {"--device": device, "--job-name": job_name, "--run-dir": run_dir, "--steps": steps,
              "--ckpt-every": ckpt_every, "--max-requeues": max_requeues, "--partition": partition, "--time": time_limit,
              "--exclude-from": exclude_from, "--exclude": exclude, "--cpus-per-node": cpus_per_node,

@@ -11,6 +11,7 @@ from dayzero.planner.perf.perf import Evaluation, PerfOptions, evaluate
 from dayzero.planner.perf.topology import process_groups
 from dayzero.planner.schedule import held_zero
 from dayzero.planner.targets import MEMORY_TARGET, Targets
+from dayzero.specs import layout_rules
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import flops_per_token, mtp_flops_per_token
 from dayzero.specs.grid import encode
@@ -89,7 +90,7 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
     from dayzero.planner.memory.memory import MemoryOptions, estimate_memory
 
     options = options or PerfOptions()
-    parallel = with_even_split(spec, parallel).validate(spec, cluster.devices)
+    parallel = layout_rules.validate(with_even_split(spec, parallel), spec, cluster.devices)
     memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from dayzero.errors import ConfigError
 from dayzero.planner.facility import FacilityPower, PowerOptions, facility_power
 from dayzero.planner.failures import FailureRates, default_rates, restart_seconds
+from dayzero.specs import layout_rules
 from dayzero.specs.presets import reference_data
 
 SECONDS_PER_DAY = 86_400.0
@@ -335,7 +336,7 @@ def runnable_gbs(parallel, gbs: int, devices: int | None = None) -> int:
     unit = parallel.dp * parallel.mbs
     g = max(unit, -(-gbs // unit) * unit)
     for _ in range(100_000):
-        if not replace(parallel, gbs=g).problems(None, devices):
+        if not layout_rules.problems(replace(parallel, gbs=g), None, devices):
             return g
         g += unit
     raise ConfigError("training schedule", None, f"no batch >= {gbs} runs on {parallel.describe()}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dayzero.errors import DayzeroError, LayoutError
 from dayzero.planner.engines import DAYZERO, engine_problems
+from dayzero.specs import layout_rules
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -13,7 +14,7 @@ BYTE_VOCAB = 257  # runtime.data: 256 bytes + end of document
 
 def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | None) -> list[str]:
     """Every reason the runtime cannot train ``spec`` with ``parallel`` on ``world`` ranks."""
-    p = parallel.problems(spec, world)
+    p = layout_rules.problems(parallel, spec, world)
     a = spec.attention
     p += engine_problems(DAYZERO, parallel)  # the layout limits of the runtime, as the planner labels them
     if a.sinks and a.kind == "mla":
@@ -37,7 +38,7 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
 def check_layout(parallel: ParallelConfig, world: int | None = None) -> None:
     """The layout's own rules, before any model is sized for it (degrees and batch sizes >= 1,
     their products against ``world``)."""
-    problems = parallel.problems(None, world)
+    problems = layout_rules.problems(parallel, None, world)
     if problems:
         where = f" on {world} rank(s)" if world else ""
         raise LayoutError(f"cannot run {parallel.describe()}{where}: " + "; ".join(problems))

@@ -101,7 +101,7 @@ class LayoutOptions:
 
     def parallel(self, devices: int | None, precision: str = "bf16", rank_order: str | None = None,
                  fill_pipeline: bool = False) -> ParallelConfig:
-        """The ParallelConfig on ``devices`` (checked where it is used: ``ParallelConfig.validate``);
+        """The ParallelConfig on ``devices`` (checked where it is used: ``layout_rules.validate``);
         ``fill_pipeline``: a default global batch holds pp micro-batches (what a runtime needs)."""
         extra: dict = {"schedule": self.schedule} if self.schedule else {}
         if rank_order:

@@ -2,12 +2,12 @@
 
 Each :class:`Rule` is a predicate over the grid's columns (:mod:`dayzero.specs.grid`): plain
 arithmetic and comparisons, so the same expression takes Python ints (one layout) or numpy
-arrays (a whole search space). ``ParallelConfig.problems()`` turns the failures into messages that
+arrays (a whole search space). ``problems(p)`` turns the failures into messages that
 print the degrees involved (:func:`problems`); the search ANDs the predicates into a mask
 (:func:`mask`), applying each rule as soon as the columns it reads are expanded.
 
 Worked example: ``ParallelConfig(tp=4, etp=3, dp=3)`` breaks "etp divides tp" (each expert's
-tensor-parallel group must nest inside a tp group), so ``problems()`` names it and the search
+tensor-parallel group must nest inside a tp group), so ``problems(p)`` names it and the search
 never builds that layout.
 
 Rules that read ``layer_split`` apply to one layout only: a grid row stands for the near-even
@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dayzero.errors import LayoutError
 from dayzero.specs.grid import (
     A2A,
     BF16,
@@ -233,15 +234,25 @@ def _applies(rule: Rule, where: Where) -> bool:
     return not rule.needs or getattr(where, rule.needs) is not None
 
 
-def problems(p, spec: ModelSpec | None = None, devices: int | None = None) -> list[str]:
-    """The message of every rule ``p`` (a ParallelConfig) breaks, in table order; only the degree
-    rules when a degree is below 1 (the others would divide by it)."""
+def problems(p: ParallelConfig, spec: ModelSpec | None = None, devices: int | None = None) -> list[str]:
+    """Every reason the layout ``p`` is invalid (for ``spec`` on ``devices`` when given), each with the
+    degrees involved, in table order; empty when it is valid. Only the degree rules when a degree is
+    below 1 (the others would divide by it)."""
     where = Where(spec, devices)
     c = {**columns(p), "layer_split": p.layer_split}
     out = [r.says(p, where) for r in RULES if r.degree and not r.ok(c, where)]
     if out:
         return out
     return [r.says(p, where) for r in RULES if not r.degree and _applies(r, where) and not bool(r.ok(c, where))]
+
+
+def validate(p: ParallelConfig, spec: ModelSpec | None = None, devices: int | None = None) -> ParallelConfig:
+    """``p``, or one LayoutError (one line, all degrees printed) with every message of
+    :func:`problems` when the layout is impossible (for ``spec`` on ``devices`` when given)."""
+    found = problems(p, spec, devices)
+    if found:
+        raise LayoutError(f"invalid parallel layout ({p.describe()}, world {p.world}): " + "; ".join(found))
+    return p
 
 
 def rules_reading(present, spec: ModelSpec | None = None, devices: int | None = None) -> tuple[Rule, ...]:

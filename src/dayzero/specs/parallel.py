@@ -119,7 +119,7 @@ class ParallelConfig:
         if self.vpp == 1 and self.schedule == "dualpipev":  # DualPipeV's V: two chunks per rank
             object.__setattr__(self, "vpp", 2)
         dims = order_dims(self.rank_order)
-        if dims is not None:  # canonical spelling; a malformed order is kept for problems() to name
+        if dims is not None:  # canonical spelling; a malformed order is kept for layout_rules.problems to name
             object.__setattr__(self, "rank_order", "-".join(dims))
         object.__setattr__(self, "recompute_modules", canonical_modules(self.recompute, self.recompute_modules))
         if self.cp == 1 and self.cp_comm in CP_COMMS:  # nothing is exchanged: one spelling
@@ -182,24 +182,6 @@ class ParallelConfig:
     def with_(self, **kw) -> "ParallelConfig":
         return replace(self, **kw)
 
-    # -- validation ------------------------------------------------------------------------
-    def validate(self, spec: ModelSpec | None = None, devices: int | None = None) -> "ParallelConfig":
-        """Raise LayoutError (one line, all degrees printed) if the layout is impossible."""
-        problems = self.problems(spec, devices)
-        if problems:
-            raise LayoutError(f"invalid parallel layout ({self.describe()}, world {self.world}): "
-                              + "; ".join(problems))
-        return self
-
-    def problems(self, spec: ModelSpec | None = None, devices: int | None = None) -> list[str]:
-        """Every reason this layout is invalid (for ``spec`` on ``devices`` when given), each
-        with the degrees involved; empty when it is valid. The rules are
-        :data:`dayzero.specs.layout_rules.RULES`, the same arithmetic the planner's search
-        applies to whole arrays of layouts."""
-        from dayzero.specs.layout_rules import problems  # the rules read this module's tables
-
-        return problems(self, spec, devices)
-
     # -- layer assignment ------------------------------------------------------------------
     def stage_layers(self, spec: ModelSpec) -> list[range]:
         """Decoder layers of each virtual stage, in model order (the ranks holding each:
@@ -225,7 +207,7 @@ class ParallelConfig:
 def canonical_modules(recompute: str, modules) -> tuple[str, ...]:
     """The module set of a layout, in one spelling: selective recompute without modules is
     core_attn (Megatron's default); known names in :data:`RECOMPUTE_MODULES` order, once each, and
-    unknown names after them (kept for ``problems()`` to name); a comma/plus-separated string is split."""
+    unknown names after them (kept for ``layout_rules.problems`` to name); a comma/plus-separated string is split."""
     if isinstance(modules, str):
         modules = [m for m in modules.replace("+", ",").split(",") if m.strip()]
     names = [str(m).strip() for m in (modules or ())]

@@ -17,6 +17,7 @@ from dayzero.planner.memory.memory import (
     zero_state_bytes,
 )
 from dayzero.planner.memory.params import layer_params
+from dayzero.specs import layout_rules
 from dayzero.specs.counting import layer_count, params_total
 from dayzero.specs.grid import encode
 from dayzero.specs.parallel import ParallelConfig, even_split, model_split
@@ -224,8 +225,9 @@ def test_batch_reads_recompute_layers_as_estimate_memory_does():
     got = peak_memory_batch(spec, encode(layouts), 80 * GB)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=8)
     beyond = layouts[-1].with_(recompute_layers=5)  # pp16: ceil(61 / 16) = 4 layers a chunk
-    assert any("exceed the 4 layers of a model chunk" in m for m in beyond.problems(spec))
-    assert any("need recompute full" in m for m in layouts[-1].with_(recompute="selective").problems(spec))
+    assert any("exceed the 4 layers of a model chunk" in m for m in layout_rules.problems(beyond, spec))
+    selective = layouts[-1].with_(recompute="selective")
+    assert any("need recompute full" in m for m in layout_rules.problems(selective, spec))
 
 
 def test_recompute_layers_memory_is_linear_in_n():

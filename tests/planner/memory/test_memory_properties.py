@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dayzero.planner.memory.memory import estimate_memory, peak_memory_batch
+from dayzero.specs import layout_rules
 from dayzero.specs.grid import encode
 from dayzero.specs.parallel import ParallelConfig
 from dayzero.specs.registry import load_model
@@ -38,7 +39,7 @@ def layouts(draw):
                        sequence_parallel=draw(st.booleans()) and tp > 1,
                        precision=draw(st.sampled_from(["bf16", "fp8", "fp4"])),
                        schedule=draw(st.sampled_from(["1f1b", "gpipe"])) if vpp == 1 else "interleaved")
-    assume(not p.problems(spec))
+    assume(not layout_rules.problems(p, spec))
     return spec, p
 
 
@@ -48,7 +49,7 @@ def _max_by_category(spec, p) -> dict[str, int]:
 
 
 def _valid(spec, p) -> bool:
-    return not p.problems(spec)
+    return not layout_rules.problems(p, spec)
 
 
 @SETTINGS

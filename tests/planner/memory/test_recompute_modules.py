@@ -17,6 +17,7 @@ from dayzero.planner.memory.memory import MemoryOptions, estimate_memory
 from dayzero.planner.perf.calibration import PerfConstants, rates
 from dayzero.planner.perf.compute import BF16, compute_costs, layer_classes
 from dayzero.planner.search.search import SearchSpace
+from dayzero.specs import layout_rules
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import MODULE_BIT, decode, encode, module_mask
 from dayzero.specs.layout_options import LayoutOptions
@@ -120,7 +121,7 @@ def test_module_sets_encode_validate_and_parse():
     assert int(g["recompute_modules"][0]) == module_mask(("core_attn", "moe_act")) == 3
     assert decode(g) == [p] and ParallelConfig.from_dict(p.to_dict()) == p
     assert "selective(core_attn+moe_act)" in p.describe()
-    assert ParallelConfig(recompute="full", recompute_modules=("moe",)).problems() == [
+    assert layout_rules.problems(ParallelConfig(recompute="full", recompute_modules=("moe",))) == [
         "recompute modules (moe) need recompute selective, got full"]
     assert LayoutOptions(recompute_modules="moe_act,layernorm").parallel(1).recompute == "selective"
     with pytest.raises(LayoutError, match="bogus not among core_attn, moe_act"):

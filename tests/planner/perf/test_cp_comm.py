@@ -19,6 +19,7 @@ from dayzero.planner.perf.calibration import constants_for, rates
 from dayzero.planner.perf.perf import evaluate
 from dayzero.planner.search.search import plan, search
 from dayzero.planner.search.search_space import SearchSpace
+from dayzero.specs import layout_rules
 from dayzero.specs.cluster import build_cluster
 from dayzero.specs.grid import A2A, CP_OPEN, P2P, decode, encode
 from dayzero.specs.parallel import ParallelConfig
@@ -82,14 +83,14 @@ def test_a2a_buffers_replace_the_rings_and_the_activations_stay_the_same():
 def test_a2a_needs_each_tp_ranks_heads_divisible_by_cp():
     """TE's AttnFuncWithCPAndQKVOA2A asserts the local query and key heads divisible by cp: tp 2
     leaves 4 KV heads (cp 4 splits them, cp 8 does not); tp 8 leaves one (no cp > 1 splits it)."""
-    assert a2a_layout().problems(LLAMA, 64) == []
-    bad = a2a_layout(tp=2, cp=8, dp=4).problems(LLAMA, 64)
+    assert layout_rules.problems(a2a_layout(), LLAMA, 64) == []
+    bad = layout_rules.problems(a2a_layout(tp=2, cp=8, dp=4), LLAMA, 64)
     assert len(bad) == 1 and "32 query heads and 4 key/value heads" in bad[0] and "cp 8" in bad[0]
-    assert a2a_layout(tp=8, cp=2, dp=4).problems(LLAMA, 64)
-    assert a2a_layout(tp=8, cp=2, dp=4, cp_comm="p2p").problems(LLAMA, 64) == []
-    assert "cp_comm must be p2p|a2a" in a2a_layout(cp_comm="ring").problems(LLAMA, 64)[0]
+    assert layout_rules.problems(a2a_layout(tp=8, cp=2, dp=4), LLAMA, 64)
+    assert layout_rules.problems(a2a_layout(tp=8, cp=2, dp=4, cp_comm="p2p"), LLAMA, 64) == []
+    assert "cp_comm must be p2p|a2a" in layout_rules.problems(a2a_layout(cp_comm="ring"), LLAMA, 64)[0]
     with pytest.raises(LayoutError, match="cp_comm"):
-        a2a_layout(tp=8, cp=2, dp=4).validate(LLAMA, 64)
+        layout_rules.validate(a2a_layout(tp=8, cp=2, dp=4), LLAMA, 64)
 
 
 def test_the_layout_says_and_round_trips_its_exchange():
@@ -145,7 +146,7 @@ def test_deepspeed_pinned_search_runs_context_parallelism_as_ulysses():
     res = search(LLAMA, H100, 64, 32768, space=space, top_k=50)
     layouts = decode(res.candidates)
     assert any(p.cp > 1 for p in layouts)
-    assert all(p.cp_comm == "a2a" and p.problems(LLAMA, 64) == [] for p in layouts if p.cp > 1)
+    assert all(p.cp_comm == "a2a" and layout_rules.problems(p, LLAMA, 64) == [] for p in layouts if p.cp > 1)
 
 
 def test_an_unpinned_plan_chooses_a2a_where_it_is_faster_and_labels_its_engines():

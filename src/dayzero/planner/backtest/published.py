@@ -56,6 +56,7 @@ from dayzero.planner.backtest.run_features import Features, read_features
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.perf.comm import CommOptions
 from dayzero.planner.perf.perf import PerfOptions
+from dayzero.specs import layout_rules
 from dayzero.specs.cluster import Cluster, build_cluster
 from dayzero.specs.counting import flops_per_token
 from dayzero.specs.hardware import Accelerator, resolve_accelerator
@@ -379,7 +380,7 @@ def case_of(row: dict) -> Case:
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
                               zero=_zero(row, feats), recompute=recompute or "none", sequence_parallel=sp,
                               precision=prec, layer_split=split)
-    problems = parallel.problems(spec, devices)
+    problems = layout_rules.problems(parallel, spec, devices)
     if problems:
         raise Unpredictable("inconsistent layout", "layout inconsistent: " + "; ".join(problems))
     options = _options(row, recipe, feats)

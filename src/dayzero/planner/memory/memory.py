@@ -34,6 +34,7 @@ from dayzero.planner.memory.memory_terms import (
     stage_terms,
 )
 from dayzero.planner.schedule import PLACEMENTS, effective_schedule, pipeline_groups, placement_code
+from dayzero.specs import layout_rules
 from dayzero.specs.grid import SWITCHES, encode, flag, partial_layers, recompute_layers, recompute_modules
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, model_split, stage_ranks, zero_sharded
@@ -182,7 +183,7 @@ def _features(spec: ModelSpec, p: ParallelConfig) -> tuple[RankFeatures, list[li
 def estimate_memory(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int,
                     options: MemoryOptions = MemoryOptions()) -> MemoryReport:
     """Bytes per device on every pipeline stage. Raises LayoutError for an impossible layout."""
-    parallel.validate(spec)
+    layout_rules.validate(parallel, spec)
     feats, ranks = _features(spec, parallel)
     terms, _ = _stage_terms(spec, options, candidate(parallel), feats, float(capacity_bytes))
     cats = category_totals(terms)
@@ -204,7 +205,7 @@ def peak_memory_batch(spec: ModelSpec, grid: dict[str, np.ndarray], capacity_byt
     ParallelConfig's field names, names coded; ``rank_order`` may be absent). Returns a float64
     array equal (to rounding) to ``estimate_memory(...).peak_bytes`` of each candidate. Layout
     validity is not checked here: filter candidates with :func:`dayzero.specs.layout_rules.mask`
-    (ParallelConfig.problems) first.
+    (layout_rules.problems) first.
 
     With ``without`` (term-name sets, e.g. the optimizer states a switch moves to the host:
     planner.search.switches.Switch.drops) it returns (peaks, [the peaks with each set's terms left out on

@@ -11,6 +11,7 @@ from dayzero.planner.memory.memory import MemoryReport, ModelStates, estimate_me
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.memory.replay import StepSimulation, simulate_step
 from dayzero.planner.targets import MEMORY_TARGET
+from dayzero.specs import layout_rules
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.counting import params_total
 from dayzero.specs.model import ModelSpec
@@ -24,11 +25,11 @@ def memory_layout(spec: ModelSpec, parallel: ParallelConfig, devices: int, capac
     the peak (:func:`dayzero.planner.memory.balance.balance_layers`)."""
     if not balance:
         par = with_even_split(spec, parallel)
-        par.validate(spec, devices)
+        layout_rules.validate(par, spec, devices)
         return par
     from dayzero.planner.memory.balance import balance_layers
 
-    parallel.with_(layer_split=None).validate(None, devices)
+    layout_rules.validate(parallel.with_(layer_split=None), None, devices)
     return parallel.with_(layer_split=balance_layers(spec, parallel, capacity_bytes, options))
 
 

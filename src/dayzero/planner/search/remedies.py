@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dayzero.planner.memory.memory import MemoryOptions, estimate_memory
+from dayzero.specs import layout_rules
 from dayzero.specs.grid import module_mask, module_names
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -74,7 +75,7 @@ def single_changes(spec: ModelSpec, parallel: ParallelConfig, devices: int, capa
     if not options.optimizer_offload:
         tried.append((("--optimizer-offload",), parallel, options.with_(optimizer_offload=True), True))
     for change, q, opts, option in tried:
-        if q.problems(spec, devices):
+        if layout_rules.problems(q, spec, devices):
             continue
         rep = estimate_memory(spec, q, capacity_bytes, opts)
         if rep.utilization <= target:
@@ -96,7 +97,7 @@ def fewest_offloaded_layers(spec: ModelSpec, parallel: ParallelConfig, capacity_
     from dayzero.planner.memory.activation_offload import fewest_offloaded_layers as bisect
     from dayzero.specs.parallel import model_split
 
-    if parallel.problems(spec) or not engines_for(parallel, {"activation_offload_layers": 1}):
+    if layout_rules.problems(parallel, spec) or not engines_for(parallel, {"activation_offload_layers": 1}):
         return 0
     split = parallel.layer_split or model_split(spec.layers, parallel.pp * parallel.vpp, spec.mtp_layers)
     floor = max(options.activation_offload_layers, parallel.activation_offload_layers)  # the layout's own too

@@ -6,7 +6,7 @@ mbs, zero, recompute, sequence parallelism, rank order; dp = devices / (tp pp cp
 is one of the pinned dp degrees when those are given), held as the planner's grid
 (:mod:`dayzero.specs.grid`). Enumeration is staged with numpy so a rejected prefix is counted
 (times the size of the dims not yet expanded) without being materialised: after each dim is
-expanded, every layout rule (:mod:`dayzero.specs.layout_rules`, the rules ParallelConfig.problems
+expanded, every layout rule (:mod:`dayzero.specs.layout_rules`, the rules layout_rules.problems
 reports) whose columns are now present is ANDed into a mask, together with the few limits that
 define the space itself (:func:`space_mask`). Survivors are checked against device memory in one
 vectorised call (:func:`dayzero.planner.memory.memory.peak_memory_batch`), and only layouts that fit are

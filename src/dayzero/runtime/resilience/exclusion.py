@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
+from dayzero.specs import layout_rules
 from dayzero.specs.exclusions import Exclusion, ExclusionError, excluded_hosts
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
@@ -89,7 +90,7 @@ def reshape(parallel: ParallelConfig, active: tuple[int, ...], spares: tuple[int
         cand = parallel.with_(dp=dp)
         why = [] if parallel.gbs % (parallel.mbs * dp) == 0 else [
             f"gbs {parallel.gbs} is not a multiple of mbs {parallel.mbs} x dp {dp}"]
-        why = why or cand.problems(spec, dp * per_replica)
+        why = why or layout_rules.problems(cand, spec, dp * per_replica)
         if not why:
             return Reshape(cand, tuple(pool[:cand.world]), tuple(s for s in pool[:cand.world] if s in spares))
         tried.append(f"dp{dp}: {why[0]}")
