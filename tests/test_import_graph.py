@@ -21,13 +21,20 @@ import dayzero
 
 ROOT = Path(dayzero.__file__).parent
 
-# Top-level modules and packages of dayzero, lowest layer first; a module may import its own layer
-# and the layers below. Packages in one layer do not import each other's layer above.
+# Modules and packages of dayzero (by their dotted name under dayzero; the longest that names a
+# module's package decides), lowest layer first; a module may import its own layer and the layers
+# below.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("dayzero", "errors", "torch_version"),  # the package root (its version), one-line errors, the torch floor
     ("inputs", "outputs", "jsonable"),  # reading user files, checking output paths, the one JSON encoding
     ("specs",),  # what is given: models, clusters, hardware, ParallelConfig and its rules
-    ("planner",),  # pure numpy: memory, perf, search, backtest
+    # the planner, pure numpy: the modules every room uses, then its rooms in order
+    ("planner", "planner.exports", "planner.engines", "planner.schedule", "planner.targets"),
+    ("planner.memory",),  # bytes per device
+    ("planner.perf",),  # step time (reads memory's offload and options)
+    ("planner.predict", "planner.training_cost"),  # one layout's prediction, and its cost
+    ("planner.search",),  # the best layouts (memory + perf + predict)
+    ("planner.backtest",),  # published runs, predicted and scored
     ("monitor",),  # alert rules and the exporter (no torch): the planner's targets
     ("derive", "ops"),  # the model's own modeling code, traced (torch and transformers)
     ("runtime",),  # training on torch.distributed
@@ -109,13 +116,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def layer_of(module: str, layers: tuple[tuple[str, ...], ...]) -> int:
-    """The index of the layer ``module`` (``dayzero.x.y``) belongs to by its top-level name."""
-    parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else parts[0]
-    for i, names in enumerate(layers):
-        if top in names:
-            return i
-    raise AssertionError(f"{module}: its top-level name {top!r} is in no layer; add it to LAYERS")
+    """The index of the layer ``module`` (``dayzero.x.y``) belongs to: the layer naming the longest
+    of ``x.y``, ``x`` (``dayzero`` itself for the package root)."""
+    index = {name: i for i, names in enumerate(layers) for name in names}
+    parts = module.split(".")[1:] or ["dayzero"]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in index:
+            return index[".".join(parts[:n])]
+    raise AssertionError(f"{module}: its top-level name {parts[0]!r} is in no layer; add it to LAYERS")
 
 
 def upward_edges(graph: dict[str, set[str]], layers, allowed) -> list[str]:
@@ -187,3 +195,5 @@ def test_the_checker_finds_an_import_up_the_layers(tmp_path):
     assert upward_edges(graph, LAYERS, {("dayzero.specs.model", "dayzero.cli.common"): "a test"}) == []
     with pytest.raises(AssertionError, match="'newpkg' is in no layer"):
         layer_of("dayzero.newpkg.x", LAYERS)
+    assert layer_of("dayzero.planner.memory.replay", LAYERS) < layer_of("dayzero.planner.search.search", LAYERS)
+    assert layer_of("dayzero.planner.schedule", LAYERS) == layer_of("dayzero.planner", LAYERS)

@@ -5,9 +5,8 @@ dayzero architectures, with ``data/published_models.json``), ``row_arch`` (a row
 ``interconnect_text`` (a row's interconnect statement -> the two tiers' bandwidth),
 ``run_features`` (training features stated in words -> options), ``row_memory`` (what a run kept
 in memory, and the settings a row leaves blank chosen so it fits), ``published`` (rows -> cases:
-spec, cluster, layout, options, measured tokens/s), ``backtest`` (:func:`run_backtest`, the
-error per row and group, and the fit of the efficiency constants) and ``error_band`` (how far a
-plan of this kind has been from measurement).
+spec, cluster, layout, options, measured tokens/s) and ``backtest`` (:func:`run_backtest`, the
+error per row and group, and the fit of the efficiency constants).
 """
 
 from dayzero.planner.exports import lazy_exports
@@ -15,7 +14,6 @@ from dayzero.planner.exports import lazy_exports
 EXPORTS = {
     "GROUP_BY": "backtest", "fit_constants": "backtest", "leave_one_group_out": "backtest",
     "run_backtest": "backtest",
-    "ErrorBand": "error_band", "load_table": "error_band",
 }
 __all__ = sorted(EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

@@ -3,14 +3,16 @@
 Reading order: ``search_space`` (what the search enumerates, dim by dim), ``switches`` (the
 memory switches tried per layout), ``cp_choice`` (which context-parallel exchange a layout gets),
 ``search_fit`` (which variants of each base layout fit, and the fewest that need trying),
-``explain`` (a plan's family and its binding constraint), ``search`` (:func:`plan`: enumerate,
-prune by memory, rank by step time), ``sensitivity`` (how the best plan moves when uncertain
-inputs move) and ``remedies`` (every single-flag change that makes a layout fit). Memory and step
+``explain`` (a plan's family and its binding constraint), ``error_band`` (how far the backtest says a
+plan of this kind has been from measurement), ``search`` (:func:`plan`: enumerate, prune by
+memory, rank by step time), ``sensitivity`` (how the best plan moves when uncertain inputs move)
+and ``remedies`` (every single-flag change that makes a layout fit). Memory and step
 time come from :mod:`dayzero.planner.memory` and :mod:`dayzero.planner.perf`.
 """
 
 from dayzero.planner.exports import lazy_exports
 
-EXPORTS = {"SearchSpace": "search", "plan": "search", "single_changes": "remedies"}
+EXPORTS = {"SearchSpace": "search", "plan": "search", "single_changes": "remedies", "ErrorBand": "error_band",
+           "load_table": "error_band"}
 __all__ = sorted(EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
