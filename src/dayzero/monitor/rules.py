@@ -116,7 +116,7 @@ class Rule:
 
 # -- thresholds ------------------------------------------------------------------------------
 
-_TARGETS = "dayzero.planner.targets (DESIGN.md's Day-0 targets)"
+_TARGETS = "dayzero.planner.targets (the Day-0 targets)"
 _DAY0 = Targets()  # the planner's targets are the alerts' thresholds: one value each
 _OURS = "dayzero default (issue #19); tune per job"
 

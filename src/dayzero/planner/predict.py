@@ -1,4 +1,4 @@
-"""One layout's prediction as the DESIGN.md contract object: memory, time, throughput, checks.
+"""One layout's prediction as the ``dayzero predict --json`` object: memory, time, throughput, checks.
 
 The checks are the targets a Day-0 adaptation is judged by (:mod:`dayzero.planner.targets`): MFU
 above 50 %, peak memory below 85 % of device capacity, exposed communication below 15 % of the step.

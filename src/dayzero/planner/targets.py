@@ -1,5 +1,5 @@
-"""The Day-0 targets a layout is judged by (DESIGN.md): MFU above 50 %, peak memory below 85 % of
-device memory, exposed communication below 15 % of the step.
+"""The Day-0 targets a layout is judged by (docs/performance.md, ``checks``): MFU above 50 %, peak
+memory below 85 % of device memory, exposed communication below 15 % of the step.
 
 :data:`MEMORY_TARGET` is also the search's default memory limit (``dayzero plan --max-memory``),
 the memory report's target and the size above which validation runs a proxy model.

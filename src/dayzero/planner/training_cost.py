@@ -240,7 +240,7 @@ def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_
 
 
 def cost_of_prediction(pred: dict, cluster, options: CostOptions = CostOptions()) -> dict:
-    """:func:`training_cost` of a ``predict`` object (DESIGN.md contract) on its cluster."""
+    """:func:`training_cost` of a ``predict`` object (the ``dayzero predict --json`` object) on its cluster."""
     p = pred["parallel"]
     busiest = max(pred["memory"]["stages"], key=lambda s: s["total"])
     return training_cost(step_s=pred["time"]["step_s"], tokens_per_step=p["gbs"] * p["seq"], devices=pred["devices"],

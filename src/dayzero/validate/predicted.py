@@ -69,7 +69,7 @@ def perf_options(compute_dtype: str, constants=None, **comm) -> PerfOptions:
 
 def predict_run(spec, parallel, cluster: Cluster, compute_dtype: str, constants=None,
                 device: str | None = None) -> dict:
-    """The planner's prediction (DESIGN.md predict object) for the runtime running ``parallel``
+    """The planner's prediction (the ``dayzero predict --json`` object) for the runtime running ``parallel``
     on ``cluster`` in ``compute_dtype``; memory is per device at the cluster's capacity."""
     from dayzero.planner.predict import predict
 

@@ -104,8 +104,9 @@ def group_of(row: dict, by: str) -> str:
 
 
 def run_backtest(path: str | Path | None = None, constants: PerfConstants | None = None, by: str = "source") -> dict:
-    """The DESIGN.md backtest object, plus per-half and per-source summaries, ``by_group`` in the
-    summary (one of :data:`GROUP_BY`), skip reasons counted by kind, and the assumptions made."""
+    """The ``dayzero backtest --json`` object (rows, summary, skipped), plus per-half and per-source
+    summaries, ``by_group`` in the summary (one of :data:`GROUP_BY`), skip reasons counted by kind,
+    and the assumptions made."""
     if by not in GROUP_BY:
         raise ConfigError("--by", None, f"{by!r} is not a grouping; one of: {', '.join(GROUP_BY)}")
     cases, skips = load_cases(path)

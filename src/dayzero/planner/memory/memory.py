@@ -95,7 +95,7 @@ class MemoryReport:
         return self.peak_bytes <= self.capacity_bytes
 
     def to_dict(self, terms: bool = False) -> dict:
-        """The DESIGN.md ``memory`` object (plus ``fits``)."""
+        """The ``memory`` object of ``dayzero predict --json`` (plus ``fits``)."""
         return {"peak_bytes": self.peak_bytes, "capacity_bytes": self.capacity_bytes,
                 "utilization": self.utilization, "stages": [s.to_dict(terms) for s in self.stages],
                 "fits": self.fits}

@@ -297,7 +297,7 @@ def candidate_layouts(result: SearchResult) -> list[ParallelConfig]:
 def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
          options: PerfOptions | None = None, top_k: int = 5, max_memory: float = MEMORY_TARGET,
          space: SearchSpace | None = None, memory_options=None, cloud: int = 0, uncertainty: bool = False) -> dict:
-    """The DESIGN.md plan object: the best layouts as full predictions, best first, with how
+    """The ``dayzero plan --json`` object: the best layouts as full predictions, best first, with how
     many layouts were considered and why the others were rejected. With ``cloud`` > 0 it also
     holds ``candidates``: the step time and peak memory of the best ``cloud`` fitting layouts
     (the search's own vectorised figures, no extra prediction), the plans among them. With

@@ -40,7 +40,7 @@ def apply_fsdp(model: Transformer, meshes, param_dtype: torch.dtype, zero: int, 
         m = module[0] if isinstance(module, list) else module
         if divide_by is not None:
             m.set_gradient_divide_factor(float(divide_by))
-        # gloo: guard against averaging inside its collectives (see STYLE.md, CPU facts). Not where
+        # gloo: guard against averaging inside its collectives (torch 2.13 on gloo; docs/runtime.md, FSDP2). Not where
         # the shard dim has one rank and a divide factor is set: no reduce-scatter runs there, and
         # torch 2.13's FSDP2 (_fsdp_collectives.foreach_reduce, its world_size == 1 branch) then
         # divides by the factor once while copying and again after the all-reduce, i.e. by its

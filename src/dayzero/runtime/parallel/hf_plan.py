@@ -168,7 +168,7 @@ def apply_fsdp(model, mesh, param_dtype: torch.dtype, zero: int, gloo: bool) -> 
         units.append(layer)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     units.append(model)
-    if gloo:  # guard against averaging inside gloo collectives (see STYLE.md, CPU facts)
+    if gloo:  # guard against averaging inside gloo collectives (torch 2.13; docs/runtime.md, FSDP2)
         for m in units:
             m.set_force_sum_reduction_for_comms(True)
     return units
