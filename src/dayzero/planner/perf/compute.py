@@ -133,12 +133,11 @@ class _Shard:
     mbs: np.ndarray | float = 1.0  # sequences per micro-batch (layout copies of (seq, batch) tensors)
 
 
-def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, moe_imbalance: float = 1.0,
-                  attention_kernel: str = "fused") -> ComputeCosts:
-    g = {k: np.asarray(v) for k, v in grid.items()}
+def _shard(g: dict, rates: Rates, c: PerfConstants) -> tuple[_Shard, np.ndarray]:
+    """What one device sees of a micro-batch of each row of grid ``g`` (:class:`_Shard`), and the
+    cast elements per input element of a GEMM (1.5 where it runs in FP8/FP4, else 0)."""
     tp, cp, ep, etp = (g[k].astype(float) for k in ("tp", "cp", "ep", "etp"))
-    seq = single_seq(g)
-    T = g["mbs"] * seq / cp  # tokens of one micro-batch on this device's CP shard, (N,)
+    T = g["mbs"] * single_seq(g) / cp  # tokens of one micro-batch on this device's CP shard, (N,)
     sp = (g["sequence_parallel"] > 0) & (g["tp"] > 1)
     T_el = np.where(sp, T / tp, T)  # tokens seen by hidden-size elementwise kernels
     prec = g["precision"]  # GEMM precision code (dayzero.specs.grid: 0 bf16, 1 fp8, 2 fp4)
@@ -153,7 +152,59 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
     # BF16-element units); a card without those units runs the GEMM in BF16 and casts nothing
     low = (prec != BF16_CODE) & np.asarray(rates.native)[prec]
     cast = np.where(low, 1.5, 0.0)
-    x = _Shard(T, T_el, tp, ep, etp, rate_lo, rate_expert, rate_bf16, c.gemm_half_dim, g["mbs"].astype(float))
+    return _Shard(T, T_el, tp, ep, etp, rate_lo, rate_expert, rate_bf16, c.gemm_half_dim, g["mbs"].astype(float)), cast
+
+
+@dataclass(frozen=True)
+class _MixerCosts:
+    """One layer class's token mixer(s) and block edges on one device, forward, per candidate."""
+
+    gemm_s: object  # projection GEMMs
+    cast_el: object  # elements cast before low-precision GEMMs
+    mem_el: object  # memory-bound elements moved (norms, residual adds, the mixers' sum)
+    gemm_in_s: object  # GEMMs reading the layer input
+    attn_s: object  # attention core or recurrent scan
+    attn_bwd_s: object
+    bwd_el: object  # memory-bound elements the backward moves beyond twice the forward's
+    core_s: object  # what selective recompute of core_attn replays
+    up_gemm_s: object  # MLA up-projections (mla_up_proj), GEMMs
+    up_el: object  # and their memory-bound elements
+    blocks: int  # pre-norm blocks of the layer (mixer, FFN)
+
+
+def _mixer_costs(spec: ModelSpec, x: _Shard, index: int, mixer: str, kind: str, seq, mbs, cp, rates: Rates,
+                 c: PerfConstants, attention_kernel: str) -> _MixerCosts:
+    H = spec.hidden
+    parts = mixer_parts(mixer)
+    bwd_el = 0.0
+    if "attention" in parts:
+        t_g, cast_el, mem_el, t_in, (up_g, up_el) = _projections(spec, x)
+        # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
+        attn, attn_bwd = _attention(spec, index, seq, x.T, x.tp, mbs, cp, rates, c, attention_kernel, x.rate_bf16)
+        core = attn
+    else:
+        zero = np.zeros_like(x.T)
+        t_g, cast_el, mem_el, t_in, attn, attn_bwd = zero, zero, x.T_el * 10 * H, zero, zero, zero
+        core = 0.0  # selective recompute replays softmax attention's core only (Megatron's core_attn)
+        up_g, up_el = 0.0, 0.0
+    if "recurrent" in parts:  # alone, or beside attention on the same normed input (summed)
+        r_g, r_cast, r_mem, r_in, scan, scan_bwd, bwd_el = _recurrent_mixer(spec, x, seq, rates)
+        t_g, cast_el, mem_el, t_in = t_g + r_g, cast_el + r_cast, mem_el + r_mem, t_in + r_in
+        attn, attn_bwd = attn + scan, attn_bwd + scan_bwd
+    if len(parts) > 1:  # the mixers' outputs added (read both, write one; FalconH1DecoderLayer.forward)
+        mem_el = mem_el + x.T * 3 * H
+    # _projections counts both blocks' pre-norms and residual adds (5 H elements each); a
+    # hybrid layer has one block
+    blocks = (mixer != "none") + (kind != "none")
+    mem_el = mem_el + x.T_el * 5 * H * (blocks - 2)
+    return _MixerCosts(t_g, cast_el, mem_el, t_in, attn, attn_bwd, bwd_el, core, up_g, up_el, blocks)
+
+
+def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, moe_imbalance: float = 1.0,
+                  attention_kernel: str = "fused") -> ComputeCosts:
+    g = {k: np.asarray(v) for k, v in grid.items()}
+    x, cast = _shard(g, rates, c)
+    tp, cp, seq, T, rate_bf16 = x.tp, g["cp"].astype(float), single_seq(g), x.T, x.rate_bf16
     recompute = g["recompute"]
     modules = recompute_modules(g)
     H = spec.hidden
@@ -164,28 +215,9 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         ltype = key[0]
         index = keys.index(key)
         mixer, kind = split_layer_type(ltype)
-        parts = mixer_parts(mixer)
-        bwd_el = 0.0  # memory-bound elements the backward moves beyond twice the forward's
-        if "attention" in parts:
-            t_g, cast_el, mem_el, t_in, (up_g, up_el) = _projections(spec, x)
-            # -- attention core (BF16 FlashAttention, causal, heads split by tp, work split by cp)
-            attn, attn_bwd = _attention(spec, index, seq, T, tp, g["mbs"], cp, rates, c, attention_kernel, rate_bf16)
-            core = attn
-        else:
-            zero = np.zeros_like(T)
-            t_g, cast_el, mem_el, t_in, attn, attn_bwd = zero, zero, x.T_el * 10 * H, zero, zero, zero
-            core = 0.0  # selective recompute replays softmax attention's core only (Megatron's core_attn)
-            up_g, up_el = 0.0, 0.0
-        if "recurrent" in parts:  # alone, or beside attention on the same normed input (summed)
-            r_g, r_cast, r_mem, r_in, scan, scan_bwd, bwd_el = _recurrent_mixer(spec, x, seq, rates)
-            t_g, cast_el, mem_el, t_in = t_g + r_g, cast_el + r_cast, mem_el + r_mem, t_in + r_in
-            attn, attn_bwd = attn + scan, attn_bwd + scan_bwd
-        if len(parts) > 1:  # the mixers' outputs added (read both, write one; FalconH1DecoderLayer.forward)
-            mem_el = mem_el + x.T * 3 * H
-        # _projections counts both blocks' pre-norms and residual adds (5 H elements each); a
-        # hybrid layer has one block
-        blocks = (mixer != "none") + (kind != "none")
-        mem_el = mem_el + x.T_el * 5 * H * (blocks - 2)
+        m = _mixer_costs(spec, x, index, mixer, kind, seq, g["mbs"], cp, rates, c, attention_kernel)
+        t_g, cast_el, mem_el, t_in, attn, attn_bwd = m.gemm_s, m.cast_el, m.mem_el, m.gemm_in_s, m.attn_s, m.attn_bwd_s
+        bwd_el, core, up_g, up_el, blocks = m.bwd_el, m.core_s, m.up_gemm_s, m.up_el, m.blocks
         mixer_g, mixer_mem, mixer_cast = t_g, mem_el, cast_el
         inside = {}  # forward seconds of parts of the FFN one recompute module replays
         if kind == "moe":
@@ -222,7 +254,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
                        "moe": t_g - mixer_g if kind == "moe" else 0.0, "shared_experts": inside.get("shared_g", 0.0)}
         gemm_re.append(np.where(replays_layer(g), t_g, np.where(recompute == SELECTIVE,
                                                                 module_replay(replay_gemm, modules), 0.0)))
-        ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / ep if kind == "moe" else 0.0)
+        ovh = c.layer_overhead_s + (c.moe_expert_overhead_s * spec.moe.experts / x.ep if kind == "moe" else 0.0)
         fwd.append(f + ovh / 3)
         bwd.append(2 * t_g + attn_bwd + t_mem_bwd + 2 * t_x + re + 2 * ovh / 3)
         gemm_f.append(t_g)
