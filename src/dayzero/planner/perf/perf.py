@@ -404,6 +404,24 @@ def tied_embedding_params(spec: ModelSpec, grid: dict) -> np.ndarray:
     return tied * spec.vocab * spec.hidden / np.asarray(grid["tp"], dtype=float)
 
 
+def _optimizer_s(g: dict, groups: Groups, dense_params, expert_params, consts: PerfConstants, r, options: PerfOptions,
+                 cluster: Cluster):
+    """Seconds of the optimizer step on the slowest rank: its ZeRO-sharded share of the parameters
+    at ``optimizer_bytes_per_param`` over HBM, or, with optimizer offload (the options' or the
+    layout's), the host Adam over its DRAM share and the copies over its link (specs/host.py)."""
+    zero = g["zero"]
+    edp = groups["edp"][0]
+    upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer",
+                                                                                           zero, edp)
+    optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
+    offload = options.optimizer_offload | flag(g, "optimizer_offload")
+    if offload.any():
+        host = cluster.host
+        optimizer_s = np.where(offload, offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes, host.link_bw,
+                                                              host.memory_bw), optimizer_s)
+    return optimizer_s
+
+
 def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions | None = None,
              layer_split: tuple[int, ...] | None = None, placed: Groups | None = None,
              inventory: bool = True) -> Evaluation:
@@ -454,16 +472,7 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
                        tied_params=tied_embedding_params(spec, g),
                        edge_params=slow.first * costs.first_params + slow.last * costs.last_params)
 
-    zero = g["zero"]
-    edp = groups["edp"][0]
-    upd = zero_sharded(dense_params, "optimizer", zero, groups["dp_cp"][0]) + zero_sharded(expert_params, "optimizer",
-                                                                                           zero, edp)
-    optimizer_s = upd * consts.optimizer_bytes_per_param / r.hbm_bw
-    offload = options.optimizer_offload | flag(g, "optimizer_offload")  # the options' or the layout's
-    if offload.any():
-        host = cluster.host  # the host Adam over its DRAM share, the copies over its link (specs/host.py)
-        optimizer_s = np.where(offload, offloaded_optimizer_s(upd, options.comm.grad_reduce_bytes, host.link_bw,
-                                                              host.memory_bw), optimizer_s)
+    optimizer_s = _optimizer_s(g, groups, dense_params, expert_params, consts, r, options, cluster)
     # the exposed per-layer communication and offload copies, half with each of F and B
     comm_share = (comm_mb + offload_mb) / 2
     bubble_s = bubble_microbatches(effective_schedule(g["schedule"], g["vpp"]), g["pp"], g["vpp"], fwd_mb + comm_share,
