@@ -449,6 +449,31 @@ def smallest_chunk(spec: ModelSpec, pp: np.ndarray, vpp: np.ndarray) -> np.ndarr
     return out
 
 
+def _offloaded_layers(memory, g: dict, cand: np.ndarray, limit: float, top: np.ndarray):
+    """For the rows ``cand`` of ``g`` (no recompute): the layers offloaded per chunk that make each
+    fit (0: it fits without offload; -1: no offload row, as for every row outside ``cand``), first
+    checked at the most layers (``top`` - 1: a row that does not fit there fits at none), and the
+    rows whose peak without offload was computed, with those peaks."""
+    from dayzero.planner.memory.activation_offload import fewest_offloaded_layers
+
+    got = np.full(len(cand), -1, dtype=np.int64)
+    idx = np.flatnonzero(cand)
+    checked, peaks = idx[:0], np.zeros(0)
+    if len(idx):
+        sub = {k: v[idx] for k, v in g.items()}
+        most = memory({**sub, OFFLOAD: top[idx] - 1}) <= limit
+        idx, sub = idx[most], {k: v[most] for k, v in sub.items()}
+    if len(idx):
+        checked, peaks = idx, memory({**sub, OFFLOAD: np.zeros(len(idx), dtype=np.int64)})
+        fits = peaks <= limit
+        got[idx[fits]] = 0
+        idx, sub = idx[~fits], {k: v[~fits] for k, v in sub.items()}
+        if len(idx):
+            k = fewest_offloaded_layers(memory, sub, limit, top[idx])
+            got[idx] = np.where(k > 0, k, -1)
+    return got, checked, peaks
+
+
 def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limit: float,
                        switches: SwitchPlan, engine=None, run_switches: dict | None = None,
                        host_bytes: float | None = None) -> tuple[dict, np.ndarray, np.ndarray, int]:
@@ -467,10 +492,9 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
     ``switches.host_limit``: the cluster's, :attr:`dayzero.specs.host.HostSpec.memory_bytes`): the
     fewest layers hold the least, so a row whose fewest do not fit there is dropped.
 
-    Returns (the rows as a grid with every variant column set, their peaks, their rungs, the (base,
-    ZeRO stage) layouts without recompute that only offload makes fit, which the caller counts as
-    fitting)."""
-    from dayzero.planner.memory.activation_offload import COLUMN, fewest_offloaded_layers
+    Returns (the rows as a grid with every variant column set, their peaks, their rungs, the count of
+    (base, ZeRO stage) layouts without recompute that only offload makes fit: the caller's fitting)."""
+    from dayzero.planner.memory.activation_offload import COLUMN
 
     host_bytes = switches.host_limit if host_bytes is None else host_bytes
     none = [i for i, (rc, _) in enumerate(levels) if RECOMPUTES[rc] == "none"]
@@ -495,20 +519,9 @@ def offloaded_variants(spec: ModelSpec, bases: dict, zeros, levels, memory, limi
             same = None
             if z == 2 and (1, pi) in taken:  # ZeRO-1 with no fewer held switches, at this pass
                 same = np.logical_and.reduce([held_at[1][s] >= held[s] for s in SWITCH_COLUMNS])
-            got = np.full(n, -1, dtype=np.int64)  # layers offloaded; 0: fits without; -1: no offload row
-            idx = np.flatnonzero(cand)
-            if len(idx):  # first at the most layers offloaded: a row that does not fit there fits at none
-                sub = {k: v[idx] for k, v in g.items()}
-                most = memory({**sub, COLUMN: top[idx] - 1}) <= limit
-                idx, sub = idx[most], {k: v[most] for k, v in sub.items()}
-            if len(idx):
-                plain[idx] = memory({**sub, COLUMN: np.zeros(len(idx), dtype=np.int64)})
-                fits = plain[idx] <= limit
-                none_fits[idx[fits]] = True
-                idx, sub = idx[~fits], {k: v[~fits] for k, v in sub.items()}
-                if len(idx):
-                    k = fewest_offloaded_layers(memory, sub, limit, top[idx])
-                    got[idx] = np.where(k > 0, k, -1)
+            got, checked, checked_peaks = _offloaded_layers(memory, g, cand, limit, top)
+            plain[checked] = checked_peaks
+            none_fits |= got == 0
             got[none_fits] = 0
             keep = got > 0
             if pi:  # strictly fewer layers than one rung down (else that row takes no more time and fits)
