@@ -36,6 +36,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.search",),  # the best layouts (memory + perf + predict)
     ("planner.backtest",),  # published runs, predicted and scored
     ("monitor",),  # alert rules and the exporter (no torch): the planner's targets
+    # the one place that knows device types and backends (tests/runtime/test_device.py holds every
+    # device name to it); it imports only errors (torch lazily), so ops' manifests and validate read it
+    ("runtime.device",),
     ("derive", "ops"),  # the model's own modeling code, traced (torch and transformers)
     ("runtime",),  # training on torch.distributed
     ("validate",),  # runs of the runtime checked against the planner
@@ -197,3 +200,4 @@ def test_the_checker_finds_an_import_up_the_layers(tmp_path):
         layer_of("dayzero.newpkg.x", LAYERS)
     assert layer_of("dayzero.planner.memory.replay", LAYERS) < layer_of("dayzero.planner.search.search", LAYERS)
     assert layer_of("dayzero.planner.schedule", LAYERS) == layer_of("dayzero.planner", LAYERS)
+    assert layer_of("dayzero.runtime.device", LAYERS) < layer_of("dayzero.ops.manifest", LAYERS)
