@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-
 from dayzero.report.layout_text import describe
 from dayzero.report.table import Table
 from dayzero.report.training import count_text, training_rows
