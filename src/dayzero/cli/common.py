@@ -254,17 +254,21 @@ TrustRemoteCodeOpt = Annotated[bool, typer.Option(
 
 
 def print_model_notes(spec) -> None:
-    """The same, as lines on stderr (stdout keeps the verb's own output)."""
+    """The same, as lines on stderr (stdout keeps the verb's own output), each wrapped to the
+    console at spaces under a hanging indent (a path or a key is never broken)."""
+    from dayzero.cli.render import hanging
+
     notes = model_notes(spec)
+    width = err_console.width
     if notes["derived_from_modeling_code"]:
-        err_console.print(f"[dim]{spec.name}: model_type '{spec.model_type}' derived from its own modeling code "
-                          f"(transformers, meta device): {notes['params_module_tree']:,} parameters[/dim]",
-                          highlight=False, soft_wrap=True)
+        err_console.print(hanging("", f"{spec.name}: model_type '{spec.model_type}' derived from its own modeling "
+                                  f"code (transformers, meta device): {notes['params_module_tree']:,} parameters",
+                                  width, "dim"), highlight=False)
         for a in notes["approximations"]:
-            err_console.print(f"[yellow]approximation:[/yellow] {a}", highlight=False, soft_wrap=True)
+            err_console.print(hanging("approximation: ", a, width), highlight=False)
     keys = notes["unused_config_keys"]
     if keys:
-        err_console.print(f"[yellow]config keys not used:[/yellow] {', '.join(keys)}", highlight=False, soft_wrap=True)
+        err_console.print(hanging("config keys not used: ", ", ".join(keys), width), highlight=False)
 
 
 def require_runtime_family(spec, verb: str) -> None:

@@ -15,6 +15,7 @@ from dayzero.cli.common import (
     PriceOpt,
     PueOpt,
     TokensOpt,
+    TrustRemoteCodeOpt,
     console,
     cost_options,
     emit_json,
@@ -51,7 +52,7 @@ def compare_cmd(
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = 1.0,
-    host_overhead: HostOverheadOpt = 0.0, json_out: JsonOpt = False,
+    host_overhead: HostOverheadOpt = 0.0, trust_remote_code: TrustRemoteCodeOpt = False, json_out: JsonOpt = False,
 ) -> None:
     """The best plan of MODEL on each card (or cluster), side by side: HBM capacity and bandwidth, interconnect
     bandwidth and topology, step time, MFU, wall days, energy, TFLOP/s per W and cost of training --tokens tokens.
@@ -79,7 +80,7 @@ def compare_cmd(
         cls = [build_cluster(a, devices) for a in names]
     for cl in cls:
         check_precision(precision, cl)
-    spec = load_model(model)
+    spec = load_model(model, trust_remote_code)
     obj = compare(spec, cls, gbs, seq, precision, copt,
                   perf_for=PerfOptions.for_run)
     print_model_notes(spec)  # after the work: an error stays one line

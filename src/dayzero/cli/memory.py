@@ -31,7 +31,7 @@ from dayzero.cli.common import (
     takes_layout,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, styled
 from dayzero.planner.targets import MEMORY_TARGET as TARGET
 from dayzero.specs.layout_options import LayoutOptions
 
@@ -235,8 +235,8 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
                            ("master weights, FP32", states.master, opts.master_bytes),
                            ("AdamW moments (exp_avg, exp_avg_sq), FP32", states.moments, opts.optim_bytes)):
         t.add_row(f"{name} ({per} B/param)", tb(val))
-    t.add_row(f"[bold]total ({opts.bytes_per_param} B/param)[/bold]",
-              f"[bold]{tb(states.total)}[/bold] = {states.total / cap:,.0f} x {cap / 1e9:g} GB")
+    t.add_row(styled(f"total ({opts.bytes_per_param} B/param)", "bold"),
+              styled(tb(states.total), "bold") + f" = {states.total / cap:,.0f} x {cap / 1e9:g} GB")
     console.print(t)
 
     z = FitTable(title=f"ZeRO on this layout: model states per device (stage with the most; shards over dp*cp = "
@@ -246,7 +246,7 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     shards = ("none", "optimizer", "+ gradients", "+ parameters")
     for r in zrows:
         mark = "bold" if r["zero"] == par.zero else ""
-        z.add_row(*[f"[{mark}]{x}[/{mark}]" if mark else x for x in (
+        z.add_row(*[styled(x, mark) for x in (
             str(r["zero"]), shards[r["zero"]], gb(r["weights"]), gb(r["gradients"]), gb(r["optimizer"]),
             gb(r["model_states"]), f"{r['cut_factor']:.2f}x", gb(r["peak_bytes"]), "yes" if r["fits"] else "no")])
     console.print(z)

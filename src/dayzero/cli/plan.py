@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from dayzero.cli.app import app
 from dayzero.cli.common import (
@@ -53,7 +54,7 @@ from dayzero.cli.predict import (
     next_for_layout,
     print_prediction,
 )
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, styled
 from dayzero.cli.uncertainty import print_uncertainty
 from dayzero.planner.targets import MEMORY_TARGET
 
@@ -273,8 +274,8 @@ def plan_cmd(
         tm, th = p["time"], p["throughput"]
         ok = {c["metric"]: c["pass"] for c in p["checks"]}
 
-        def mark(text: str, metric: str) -> str:
-            return f"[green]{text}[/green]" if ok[metric] else f"[red]{text}[/red]"
+        def mark(text: str, metric: str) -> Text:
+            return styled(text, "green" if ok[metric] else "red")
 
         t.add_row(describe(p["parallel"]), f"{tm['step_s']:.4g}", "best" if i == 1 else f"{p['vs_best']:+.1%}",
                   _per_device(th["tokens_per_s_per_device"]),

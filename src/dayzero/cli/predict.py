@@ -37,7 +37,7 @@ from dayzero.cli.common import (
     takes_layout,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, run_step
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, styled
 from dayzero.report.layout_text import describe  # plan uses it from here too
 from dayzero.specs.layout_options import LayoutOptions
 
@@ -180,7 +180,7 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
         if k in ("straggler_s", "activation_offload_s") and not t.get(k):
             continue
         s.add_row(k[:-2].replace("_", " "), f"{t[k]:.3f}", f"{t[k] / t['step_s']:.1%}")
-    s.add_row("[bold]step[/bold]", f"[bold]{t['step_s']:.3f}[/bold]", "")
+    s.add_row(styled("step", "bold"), styled(f"{t['step_s']:.3f}", "bold"), "")
     console.print(s)
     console.print(f"tokens/s {human(th['tokens_per_s'])} ({th['tokens_per_s_per_device']:,.0f} per device); "
                   f"model {th['model_tflops_per_device']:.0f} TFLOP/s per device; MFU {th['mfu']:.1%}; "

@@ -9,6 +9,9 @@ table picks the first layout that shows every cell whole:
    onto the next line;
 3. vertical: one ``field  value`` block per row, when even that cannot fit.
 
+A cell given as ``str`` is literal text, never rich markup: a finding such as ``pip install
+'dayzero[ops]'`` prints as written. A cell meant to be styled is a rich ``Text`` (:func:`styled`).
+
 Number columns (``num=True``, and ``wrap=False`` text such as labels) are never wrapped or cut:
 they get at least their widest cell, and a number column's header wraps at spaces instead. Room
 left over is shared in proportion to how much each column would like to grow (as HTML tables
@@ -86,9 +89,11 @@ class FitTable:
         self.columns.append(_Column(header, num, wrap and not num, style))
 
     def add_row(self, *cells: RenderableType | None, style: str | None = None) -> None:
+        """A ``str`` cell is literal text (brackets and all); style one with :func:`styled`."""
         if len(cells) != len(self.columns):
             raise ValueError(f"row of {len(cells)} cells for {len(self.columns)} columns")
-        self.rows.append(_Row([MISSING if c is None else c for c in cells], style))
+        self.rows.append(_Row([Text(MISSING) if c is None else Text(c) if isinstance(c, str) else c for c in cells],
+                              style))
 
     # -- rendering ------------------------------------------------------------------------------
 
@@ -159,6 +164,31 @@ class FitTable:
         if self.caption:
             parts.append(Text.from_markup(self.caption, style="dim"))
         return Group(*parts)
+
+
+def styled(text: str, style: str | None) -> Text:
+    """A table cell in a rich style ("green", "bold"; None: plain), its text literal."""
+    return Text(text, style=style or "")
+
+
+def pass_fail(ok: bool, passed: str = "pass", failed: str = "fail") -> Text:
+    """A check's result: green ``passed`` or red ``failed``."""
+    return styled(passed, "green") if ok else styled(failed, "red")
+
+
+def hanging(label: str, text: str, width: int, style: str | None = None, label_style: str = "yellow",
+            indent: int = 2) -> Text:
+    """``label`` then ``text``, wrapped at spaces to ``width`` cells with the lines after the
+    first indented by ``indent``; a word longer than a line is kept whole, never cut. Literal text
+    (no markup)."""
+    import textwrap
+
+    body = textwrap.fill(label + text, width=max(width, 20), subsequent_indent=" " * indent,
+                         break_long_words=False, break_on_hyphens=False)
+    out = Text(body, style=style or "")
+    if label:
+        out.stylize(label_style, 0, len(label))
+    return out
 
 
 def _grow(widths: list[int], hi: list[int], group: list[int], spare: int) -> None:

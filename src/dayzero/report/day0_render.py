@@ -113,6 +113,10 @@ def headline(r: dict) -> list[tuple[str, str]]:
             ("Day-0 checks", "all pass" if not fails else f"fail: {', '.join(fails)}")]
     if "validation" in r:
         rows.append(("proxy run here", validation_line(r["validation"])))
+    # every number above rests on these: shown wherever they are (inspect, plan, the report)
+    rows += [("approximation", a) for a in r["model"].get("approximations", ())]
+    if r["model"].get("unused_config_keys"):
+        rows.append(("config keys not used", cell_text(r["model"]["unused_config_keys"])))
     return rows
 
 
