@@ -250,9 +250,14 @@ def plan_cmd(
         from dayzero.planner.memory_options import MemoryOptions
 
         mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
-    obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
-               SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw),
-               memory_options=mopts, uncertainty=True)
+    from dayzero.errors import FitError
+
+    try:
+        obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
+                   SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw),
+                   memory_options=mopts, uncertainty=True)
+    except FitError as e:  # this verb alone has the memory limit as a flag
+        raise FitError(f"{e}; or raise --max-memory (now {max_memory:.0%})") from None
     obj = with_training(obj, cl.accelerator, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
