@@ -68,7 +68,9 @@ def test_missing_file_and_unknown_preset(tmp_path, capsys):
 
 def test_unknown_accelerator(capsys):
     code, _, err = run_cli(["hardware", "tpu-v9"], capsys)
-    assert_one_line_error(code, err, "unknown accelerator 'tpu-v9'", "h100")
+    assert_one_line_error(code, err, "tpu-v9: no such accelerator or cluster preset", "did you mean tpu-v4")
+    code, _, err = run_cli(["plan", "-a", "tpu-v9", "-n", "8"], capsys)
+    assert_one_line_error(code, err, "unknown accelerator 'tpu-v9'", "did you mean tpu-v4")
 
 
 @pytest.mark.parametrize("yaml_text,needles", [

@@ -187,7 +187,10 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
     from dayzero.planner.memory_options import MOMENT_BYTES
 
     if moments not in MOMENT_BYTES:
-        raise ConfigError("--moments", None, f"must be {' or '.join(MOMENT_BYTES)}, got {moments!r}")
+        from dayzero.names import did_you_mean
+
+        raise ConfigError("--moments", None, f"must be {' or '.join(MOMENT_BYTES)}, got {moments!r}"
+                          f"{did_you_mean(moments, MOMENT_BYTES)}")
     out: dict = {}
     if moments != "fp32":
         out["optim_bytes"] = MOMENT_BYTES[moments]

@@ -115,7 +115,9 @@ def export_cmd(
     if out:
         prepare_output(out, "--out", "dir")
     if to not in WRITERS:
-        raise ConfigError("--to", None, f"must be {', '.join(WRITERS)}, got {to!r}")
+        from dayzero.names import did_you_mean
+
+        raise ConfigError("--to", None, f"must be {', '.join(WRITERS)}, got {to!r}{did_you_mean(to, WRITERS)}")
     found = _plan_source(source, model)
     if found:
         name, pdict = found

@@ -41,6 +41,21 @@ CLUSTER_FIELDS = (
 )
 
 
+def _accelerator(name: str):
+    """The accelerator ``name``, or one line naming the nearest accelerators and cluster presets."""
+    from dayzero.errors import ConfigError
+    from dayzero.names import nearest
+    from dayzero.specs.cluster import cluster_presets
+    from dayzero.specs.hardware import ALIASES, accelerator_names, catalog, get_accelerator
+
+    try:
+        return get_accelerator(name)
+    except ConfigError:
+        near = accelerator_names(nearest(name, [*ALIASES, *catalog(), *cluster_presets()], n=6))[:3]
+        raise ConfigError(name, None, "no such accelerator or cluster preset" + (
+            f" (did you mean {', '.join(near)}?)" if near else "") + "; 'dayzero hardware' lists them all") from None
+
+
 @app.command("hardware")
 def hardware_cmd(
     name: Annotated[Optional[str], typer.Argument(help="An accelerator (h100, 910b, ...) or cluster preset to show in "
@@ -58,7 +73,7 @@ def hardware_cmd(
 
     if name:
         is_cluster = name in cluster_presets()
-        obj = get_cluster(name).summary() if is_cluster else get_accelerator(name).summary()
+        obj = get_cluster(name).summary() if is_cluster else _accelerator(name).summary()
         if json_out:
             emit_json(obj)
             return

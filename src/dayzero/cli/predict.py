@@ -84,7 +84,10 @@ def check_precision(precision: str, cluster=None) -> None:
     from dayzero.specs.parallel import PRECISIONS
 
     if precision not in PRECISIONS:
-        raise ConfigError("--precision", None, f"must be {', '.join(PRECISIONS)}, got {precision!r}")
+        from dayzero.names import did_you_mean
+
+        raise ConfigError("--precision", None, f"must be {', '.join(PRECISIONS)}, got {precision!r}"
+                          f"{did_you_mean(precision, PRECISIONS)}")
     if cluster is not None:
         cluster.accelerator.require_native(precision)
 

@@ -359,8 +359,12 @@ def get_cluster(name_or_path: str) -> Cluster:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         return load_cluster_yaml(p)
-    raise ConfigError("--cluster", None, f"unknown cluster {name_or_path!r}; presets: {', '.join(sorted(presets))}, "
-                      "or a YAML file, or --accelerator NAME --devices N")
+    from dayzero.names import nearest
+
+    near = nearest(name_or_path, presets)
+    known = f"did you mean {', '.join(near)}?" if near else f"presets: {', '.join(sorted(presets))}"
+    raise ConfigError("--cluster", None, f"unknown cluster {name_or_path!r}; {known}; or a YAML file, or "
+                      "--accelerator NAME --devices N")
 
 
 def resolve_cluster(cluster: str | None, accelerator: str | None, devices: int | None,
