@@ -103,7 +103,7 @@ def _v(x, fmt: str) -> str:
 # (label, row -> text); a card that does not fit shows only the card's own lines
 CARD_LINES = (
     ("devices", lambda r: f"{r['devices']:,}"),
-    ("HBM GB", lambda r: _v(r["hbm_gb"], ",.0f")),
+    ("HBM GiB", lambda r: _v(r["hbm_gib"], ",.4g")),
     ("HBM TB/s", lambda r: _v(r["hbm_tbytes_per_s"], ".3g")),
     ("scale-up GB/s", lambda r: _v(r["scaleup_gbytes_per_s"], ",.0f")),
     ("scale-up", lambda r: f"{r['scaleup_topology']} x{r['scaleup_size']}"),

@@ -17,7 +17,7 @@ ACCELERATOR_FIELDS = (
     Field("peak_tflops", "Compute", "dense peak", "TFLOP/s"),
     Field("gemm_tflops_measured", "Compute", "best measured GEMM", "TFLOP/s"),
     Field("tdp_w", "Compute", "TDP", "W"),
-    Field("hbm_gb", "Memory", "HBM capacity", "GB"), Field("hbm_tbytes_per_s", "Memory", "HBM bandwidth", "TB/s"),
+    Field("hbm_gib", "Memory", "HBM capacity", "GiB"), Field("hbm_tbytes_per_s", "Memory", "HBM bandwidth", "TB/s"),
     Field("devices_per_node", "Interconnect", "devices per node"),
     Field("scaleup_domain", "Interconnect", "scale-up domain", "devices"),
     Field("topology", "Interconnect", "intra-node topology"),
@@ -32,7 +32,7 @@ CLUSTER_FIELDS = (
     Field("name", "Cluster", "name"), Field("description", "Cluster", "description"),
     Field("accelerator", "Cluster", "accelerator"), Field("nodes", "Cluster", "nodes"),
     Field("devices_per_node", "Cluster", "devices per node"), Field("devices", "Cluster", "devices"),
-    Field("memory_gb_per_device", "Cluster", "memory per device", "GB"),
+    Field("memory_gib_per_device", "Cluster", "memory per device", "GiB"),
     Field("tiers", "Network tiers (GB/s per direction per device)", "network tiers", columns=(
         ("name", "tier"), ("size", "devices"), ("gbytes_per_s", "GB/s"), ("p2p_gbytes_per_s", "to one peer GB/s"),
         ("latency_us", "latency us"), ("topology", "topology"))),
@@ -99,11 +99,11 @@ def hardware_cmd(
         return value_text(x)
 
     t = FitTable(title="Accelerators: compute and memory (dense peak)")
-    for col in ("id", "vendor", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W"):
+    for col in ("id", "vendor", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GiB", "HBM TB/s", "TDP W"):
         t.add_column(col, num=col not in ("id", "vendor"))
     for a in accs:
         pk = a["peak_tflops"]
-        t.add_row(a["id"], a["vendor"], f(pk.get("bf16")), f(pk.get("fp8")), f(a["hbm_gb"]),
+        t.add_row(a["id"], a["vendor"], f(pk.get("bf16")), f(pk.get("fp8")), f(a["hbm_gib"]),
                   f(a["hbm_tbytes_per_s"]), f(a["tdp_w"]))
     console.print(t)
     n = FitTable(title=f"Accelerators: interconnect ({PER_DIRECTION})")

@@ -40,6 +40,7 @@ from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
 from dayzero.cli.render import FitTable, styled
 from dayzero.report.layout_text import describe  # plan uses it from here too
 from dayzero.specs.layout_options import LayoutOptions
+from dayzero.units import capacity, gib
 
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; "
                                                                "memory as fp8).")]
@@ -187,8 +188,7 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
     console.print(s)
     console.print(f"tokens/s {human(th['tokens_per_s'])} ({th['tokens_per_s_per_device']:,.0f} per device); "
                   f"model {th['model_tflops_per_device']:.0f} TFLOP/s per device; MFU {th['mfu']:.1%}; "
-                  f"peak memory {obj['memory']['peak_bytes'] / 1e9:.1f} GB of "
-                  f"{obj['memory']['capacity_bytes'] / 1e9:.1f} GB"
+                  f"peak memory {gib(obj['memory']['peak_bytes'])} of {capacity(obj['memory']['capacity_bytes'])}"
                   + (f"; host memory {obj['memory']['host_bytes'] / 1e9:.1f} GB per device for what is offloaded, "
                      + ("within" if obj["memory"]["host_fits"] else "[red]beyond[/red]") + " the "
                      + host_limit_words(obj["memory"]) if "host_bytes" in obj["memory"] else ""),

@@ -63,7 +63,8 @@ def cell_text(v) -> str:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:,.1f}"
+    """Device memory, in GiB (dayzero.units)."""
+    return f"{n / 2**30:,.1f}"
 
 
 def _pct(x: float) -> str:
@@ -103,7 +104,7 @@ def headline(r: dict) -> list[tuple[str, str]]:
     rows = [("model", f"{r['model']['name']} ({r['model']['model_type']}), {_big(r['model']['params_total'])} "
                       f"parameters, {_big(r['model']['params_active'])} active"),
             ("cluster", f"{cl['name']}: {cl['devices']:,} x {cl['accelerator']['name']}"),
-            ("fits", f"yes: {describe(b['parallel'])}, peak {_gb(b['peak_bytes'])} GB "
+            ("fits", f"yes: {describe(b['parallel'])}, peak {_gb(b['peak_bytes'])} GiB "
                      f"({_pct(b['memory_utilization'])} of device memory)"),
             ("step", f"{b['step_s']:.4g} s for {r['scenario']['gbs']:,} x {r['scenario']['seq']:,} tokens; "
                      f"MFU {_pct(b['mfu'])}, comm {_pct(b['comm_ratio'])}, bubble {_pct(b['bubble_ratio'])}"),
@@ -163,7 +164,7 @@ def tables(r: dict) -> list[Table]:
          f"{p['training']['wall_days']:,.1f}",
          f"{p['training']['energy']['mwh']:,.0f}" if p["training"]["energy"] else "—") for p in r["plans"])))
     out += uncertainty_tables(r)
-    out.append(Table("Memory per stage of the best plan (GB)", ("stage", *MEMORY_CATEGORIES, "total"), tuple(
+    out.append(Table("Memory per stage of the best plan (GiB)", ("stage", *MEMORY_CATEGORIES, "total"), tuple(
         (str(s["stage"]), *(_gb(s[c]) for c in MEMORY_CATEGORIES), _gb(s["total"])) for s in best["memory"]["stages"])))
     t = best["time"]
     out.append(Table("Step time of the best plan", ("term", "seconds", "share"), step_rows(t)))

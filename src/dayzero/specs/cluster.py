@@ -115,7 +115,7 @@ class Cluster:
     def summary(self) -> dict:
         return {"name": self.name, "accelerator": self.accelerator.id, "nodes": self.nodes,
                 "devices_per_node": self.devices_per_node, "devices": self.devices,
-                "memory_gb_per_device": self.memory_bytes / 1e9,
+                "memory_gib_per_device": self.memory_bytes / HBM_GB,
                 "tiers": [{"name": t.name, "size": t.size, "gbytes_per_s": t.bw / 1e9,
                            "p2p_gbytes_per_s": t.p2p_bw / 1e9, "latency_us": t.latency_s * 1e6,
                            "topology": t.topology} for t in self.tiers],

@@ -83,7 +83,7 @@ class Accelerator:
     def summary(self) -> dict:
         return {"id": self.id, "name": self.name, "vendor": self.vendor,
                 "peak_tflops": {k: v / 1e12 for k, v in self.peak_flops.items()},
-                "hbm_gb": self.hbm_bytes / HBM_GB,
+                "hbm_gib": self.hbm_bytes / HBM_GB,
                 "hbm_tbytes_per_s": None if self.hbm_bw is None else self.hbm_bw / 1e12,
                 "devices_per_node": self.devices_per_node, "scaleup_domain": self.scaleup_domain,
                 "topology": self.topology,
