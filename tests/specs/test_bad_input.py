@@ -136,3 +136,18 @@ def test_mutated_real_configs(cfg, mutations):
         from dayzero.specs import counting
 
         assert counting.params_total(spec) > 0
+
+
+def test_every_catalog_source_is_one_a_person_can_open():
+    """issue 34: ``hardware 910b`` cited an internal index id. Every source of the accelerator
+    catalog and the host systems names a document (its title, URL or repository), never a search
+    index's internal id."""
+    import json
+    import re
+
+    from dayzero.specs.presets import reference_data
+
+    for name in ("hardware_catalog.json", "host_systems.json"):
+        for entry in json.loads(reference_data(name).read_text()):
+            for s in entry.get("sources", ()):
+                assert (len(s.split()) >= 3 or s.startswith("http")) and not re.search(r"index id|code[- ]index", s, re.IGNORECASE), (name, s)

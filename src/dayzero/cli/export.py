@@ -169,7 +169,8 @@ def export_cmd(
     console.print(f"[bold]{spec.name}[/bold] {parallel.describe()} for {to}:", highlight=False)
     for name, text in result.files.items():
         console.print(f"--- {name}", highlight=False)
-        console.print(text, end="", highlight=False, markup=False)
+        # as written, never wrapped: a script copied from the terminal must run (lines wider than it stay whole)
+        console.print(text, end="", highlight=False, markup=False, soft_wrap=True)
     console.print("launch: " + " ".join(result.command), highlight=False, markup=False, soft_wrap=True)
     for item in result.unexpressed:
         console.print(f"  not expressible in {to}: {item}", highlight=False)
