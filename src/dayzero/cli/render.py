@@ -5,8 +5,8 @@ table picks the first layout that shows every cell whole:
 
 1. boxed (rich's default look), then compact (a rule under the header, two spaces between
    columns), each with text wrapped at spaces and no word broken;
-2. the same two, now letting tokens longer than :data:`FOLD_AT` cells (paths, ids, URLs) fold
-   onto the next line;
+2. the same two, now letting tokens longer than :data:`FOLD_AT` cells that are paths, ids or URLs
+   (:data:`FOLDABLE`) fold onto the next line; other words (a class name) stay whole;
 3. vertical: one ``field  value`` block per row, when even that cannot fit.
 
 A cell given as ``str`` is literal text, never rich markup: a finding such as ``pip install
@@ -22,10 +22,12 @@ values and nothing left out.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
@@ -120,7 +122,8 @@ class FitTable:
             if not col.wrap:  # cells whole on one line, the header may wrap at spaces
                 lo.append(max(widest_cell, head.minimum, 1))
             else:
-                lo.append(max(min(max(m.minimum for m in cells), cap), min(head.minimum, cap), 1))
+                whole = max((_unfoldable(r.cells[i]) for r in self.rows), default=0)  # words never folded
+                lo.append(max(min(max(m.minimum for m in cells), cap), min(head.minimum, cap), whole, 1))
             hi.append(max(widest_cell, head.maximum, lo[-1]))
         if sum(lo) > room:
             return None
@@ -207,6 +210,18 @@ def _grow(widths: list[int], hi: list[int], group: list[int], spare: int) -> Non
         add[i] += 1  # cells lost to rounding, neediest first
     for i, a in add.items():
         widths[i] += a
+
+
+FOLDABLE = re.compile(r"[/\\.:_=]")  # a token with these is a path, id or URL: it may fold over lines
+
+
+def _unfoldable(cell: RenderableType) -> int:
+    """Cells of the longest word of a cell that must stay whole when long tokens fold: anything
+    but a path, id or URL (:data:`FOLDABLE`), so that a class name such as
+    ``Qwen3NextGatedDeltaNet`` is never broken mid-word (the table goes vertical instead)."""
+    if not isinstance(cell, Text):
+        return 0
+    return max((cell_len(w) for w in cell.plain.split() if not FOLDABLE.search(w)), default=0)
 
 
 def _measure(console: Console, options: ConsoleOptions, cell: RenderableType) -> Measurement:
