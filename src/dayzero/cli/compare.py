@@ -140,4 +140,4 @@ def print_comparison(obj: dict, names: list[str]) -> None:
     console.print(t)
     for r in obj["rows"]:
         if not r["fits"]:
-            console.print(f"{r['cluster']}: {r['reason']}")
+            console.print(f"{r['cluster']}: {r['reason']}", highlight=False, markup=False)

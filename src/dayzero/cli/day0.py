@@ -101,7 +101,7 @@ def day0_cmd(
                       perf=PerfOptions.for_run(cl), operators=ops, trust_remote_code=trust_remote_code,
                       validate=ProxyOptions(validate_nproc, validate_steps,
                                             str(validate_profile) if validate_profile else None) if validate else None,
-                      announce=lambda text: err_console.print(f"dayzero: {text}", highlight=False))
+                      announce=lambda text: err_console.print(f"dayzero: {text}", highlight=False, markup=False))
     out_dir = out or default_dir(model, cl)
     report: dict = {}
     todo = steps(req)
