@@ -5,8 +5,8 @@ table picks the first layout that shows every cell whole:
 
 1. boxed (rich's default look), then compact (a rule under the header, two spaces between
    columns), each with text wrapped at spaces and no word broken;
-2. the same two, now letting tokens longer than :data:`FOLD_AT` cells that are paths, ids or URLs
-   (:data:`FOLDABLE`) fold onto the next line; other words (a class name) stay whole;
+2. the same two, now letting tokens longer than :data:`FOLD_AT` cells (flags, paths, ids, URLs)
+   fold onto the next line; a plain word or class name (:data:`WORD`) stays whole;
 3. vertical: one ``field  value`` block per row, when even that cannot fit.
 
 A cell given as ``str`` is literal text, never rich markup: a finding such as ``pip install
@@ -212,16 +212,17 @@ def _grow(widths: list[int], hi: list[int], group: list[int], spare: int) -> Non
         widths[i] += a
 
 
-FOLDABLE = re.compile(r"[/\\.:_=]")  # a token with these is a path, id or URL: it may fold over lines
+WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")  # a word or a class name: never folded (a flag, path, id or URL may be)
 
 
 def _unfoldable(cell: RenderableType) -> int:
-    """Cells of the longest word of a cell that must stay whole when long tokens fold: anything
-    but a path, id or URL (:data:`FOLDABLE`), so that a class name such as
-    ``Qwen3NextGatedDeltaNet`` is never broken mid-word (the table goes vertical instead)."""
+    """Cells of the longest word of a cell that must stay whole when long tokens fold: a plain
+    word or class name (letters and digits only, :data:`WORD`), so that ``Qwen3NextGatedDeltaNet``
+    is never broken mid-word (the table goes vertical instead); flags, paths, ids and URLs may fold."""
     if not isinstance(cell, Text):
         return 0
-    return max((cell_len(w) for w in cell.plain.split() if not FOLDABLE.search(w)), default=0)
+    words = (w.strip("()[]{},;:'\"") for w in cell.plain.split())
+    return max((cell_len(w) for w in words if WORD.fullmatch(w)), default=0)
 
 
 def _measure(console: Console, options: ConsoleOptions, cell: RenderableType) -> Measurement:
