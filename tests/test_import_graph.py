@@ -25,7 +25,8 @@ ROOT = Path(dayzero.__file__).parent
 # module's package decides), lowest layer first; a module may import its own layer and the layers
 # below.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("dayzero", "errors", "torch_version"),  # the package root (its version), one-line errors, the torch floor
+    ("dayzero", "errors", "torch_version", "names", "units"),  # the package root, one-line errors, the torch floor,
+    # name suggestions by edit distance, the one unit vocabulary (GB and GiB)
     ("inputs", "outputs", "jsonable"),  # reading user files, checking output paths, the one JSON encoding
     ("specs",),  # what is given: models, clusters, hardware, ParallelConfig and its rules
     # the planner, pure numpy: the modules every room uses, then its rooms in order

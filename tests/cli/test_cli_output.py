@@ -197,13 +197,13 @@ def test_tables_show_the_json_numbers(capsys, width):
     out = run(capsys, ["hardware"])
     toks = numbers(out)
     for a in json_of(capsys, ["hardware"])["accelerators"]:
-        for v in (a["peak_tflops"].get("bf16"), a["hbm_gb"], a["intra_node_p2p_gbytes_per_s"]):
+        for v in (a["peak_tflops"].get("bf16"), a["hbm_gib"], a["intra_node_p2p_gbytes_per_s"]):
             assert v is None or value_text(v) in toks, (a["id"], v)
 
     seed = VERB_ARGS[9]
     out, obj = run(capsys, seed), json_of(capsys, seed)
     for st in obj["stages"]:
-        assert f"{st['total'] / 1e9:,.2f}" in numbers(out) and f"{st['total'] / obj['capacity_bytes']:.1%}" in out
+        assert f"{st['total'] / 2**30:,.2f}" in numbers(out) and f"{st['total'] / obj['capacity_bytes']:.1%}" in out
 
     argv = VERB_ARGS[13]
     out, obj = run(capsys, argv), json_of(capsys, argv)

@@ -116,7 +116,7 @@ def test_compare_three_accelerators(capsys):
     assert obj["rank_by"] == "days" and [r["wall_days"] for r in rows] == sorted(r["wall_days"] for r in rows)
     assert {r["accelerator"] for r in rows} == {"nvidia_h100_sxm", "huawei_ascend_910b", "amd_mi300x"}
     for r in rows:
-        assert r["fits"] and r["training"]["wall_days"] == r["wall_days"] and r["hbm_gb"] > 0
+        assert r["fits"] and r["training"]["wall_days"] == r["wall_days"] and r["hbm_gib"] > 0
         assert f"{r['step_s']:.4g}" in out and f"{r['wall_days']:,.1f}" in out
     # a faster step trains the same tokens in proportionally fewer ideal days
     a, b = rows[0], rows[1]

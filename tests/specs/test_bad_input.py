@@ -68,7 +68,9 @@ def test_missing_file_and_unknown_preset(tmp_path, capsys):
 
 def test_unknown_accelerator(capsys):
     code, _, err = run_cli(["hardware", "tpu-v9"], capsys)
-    assert_one_line_error(code, err, "unknown accelerator 'tpu-v9'", "h100")
+    assert_one_line_error(code, err, "tpu-v9: no such accelerator or cluster preset", "did you mean tpu-v4")
+    code, _, err = run_cli(["plan", "-a", "tpu-v9", "-n", "8"], capsys)
+    assert_one_line_error(code, err, "unknown accelerator 'tpu-v9'", "did you mean tpu-v4")
 
 
 @pytest.mark.parametrize("yaml_text,needles", [
@@ -134,3 +136,19 @@ def test_mutated_real_configs(cfg, mutations):
         from dayzero.specs import counting
 
         assert counting.params_total(spec) > 0
+
+
+def test_every_catalog_source_is_one_a_person_can_open():
+    """issue 34: ``hardware 910b`` cited an internal index id. Every source of the accelerator
+    catalog and the host systems names a document (its title, URL or repository), never a search
+    index's internal id."""
+    import json
+    import re
+
+    from dayzero.specs.presets import reference_data
+
+    for name in ("hardware_catalog.json", "host_systems.json"):
+        for entry in json.loads(reference_data(name).read_text()):
+            for s in entry.get("sources", ()):
+                names_a_document = len(s.split()) >= 3 or s.startswith("http")
+                assert names_a_document and not re.search(r"index id|code[- ]index", s, re.IGNORECASE), (name, s)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from dayzero.cli.app import app
 from dayzero.cli.common import BackendOpt, DeviceOpt, JsonOpt, console, emit_json
@@ -131,6 +132,6 @@ def print_summary(result: dict) -> None:
                       f"{r['busbw_gbytes_per_s']:.3g}", f"{r['fitted_seconds'] * 1e3:.3g}")
         console.print(c)
     for w in result.get("warnings", []):
-        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
     if result.get("path"):
         console.print(f"wrote {result['path']} (use as --cluster {result['path']})")

@@ -10,7 +10,7 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, human
 from dayzero.cli.next_steps import Step, print_next
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, pass_fail
 from dayzero.runtime.checkpoint.manifest import DEFAULT_CHECKSUM
 from dayzero.specs.model import SHRINK_KEYS
 
@@ -71,7 +71,7 @@ def verify_cmd(
         for c in ("step", "ok", "problems", "path"):
             t.add_column(c, num=c == "step")
         for r in rows:
-            t.add_row(str(r["step"]), "[green]ok[/green]" if r["ok"] else "[red]FAIL[/red]",
+            t.add_row(str(r["step"]), pass_fail(r["ok"], "ok", "FAIL"),
                       "; ".join(r["problems"]) or "-", Path(r["path"]).name)
         console.print(t)
         print_next(console, _after_verify(path, rows))

@@ -198,7 +198,10 @@ def memory_recipe(moments: str = "fp32", act_fp8: bool = False, fp8_params: bool
     from dayzero.planner.memory.memory_options import MOMENT_BYTES
 
     if moments not in MOMENT_BYTES:
-        raise ConfigError("--moments", None, f"must be {' or '.join(MOMENT_BYTES)}, got {moments!r}")
+        from dayzero.names import did_you_mean
+
+        raise ConfigError("--moments", None, f"must be {' or '.join(MOMENT_BYTES)}, got {moments!r}"
+                          f"{did_you_mean(moments, MOMENT_BYTES)}")
     out: dict = {}
     if moments != "fp32":
         out["optim_bytes"] = MOMENT_BYTES[moments]
@@ -280,14 +283,18 @@ TrustRemoteCodeOpt = Annotated[bool, typer.Option(
 
 
 def print_model_notes(spec) -> None:
-    """The same, as lines on stderr (stdout keeps the verb's own output)."""
+    """The same, as lines on stderr (stdout keeps the verb's own output), each wrapped to the
+    console at spaces under a hanging indent (a path or a key is never broken)."""
+    from dayzero.cli.render import hanging
+
     notes = model_notes(spec)
+    width = err_console.width
     if notes["derived_from_modeling_code"]:
-        err_console.print(f"[dim]{spec.name}: model_type '{spec.model_type}' derived from its own modeling code "
-                          f"(transformers, meta device): {notes['params_module_tree']:,} parameters[/dim]",
-                          highlight=False, soft_wrap=True)
+        err_console.print(hanging("", f"{spec.name}: model_type '{spec.model_type}' derived from its own modeling "
+                                  f"code (transformers, meta device): {notes['params_module_tree']:,} parameters",
+                                  width, "dim"), highlight=False)
         for a in notes["approximations"]:
-            err_console.print(f"[yellow]approximation:[/yellow] {a}", highlight=False, soft_wrap=True)
+            err_console.print(hanging("approximation: ", a, width), highlight=False)
     keys = notes["unused_config_keys"]
     if keys:
-        err_console.print(f"[yellow]config keys not used:[/yellow] {', '.join(keys)}", highlight=False, soft_wrap=True)
+        err_console.print(hanging("config keys not used: ", ", ".join(keys), width), highlight=False)

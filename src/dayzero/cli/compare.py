@@ -17,6 +17,7 @@ from dayzero.cli.common import (
     PriceOpt,
     PueOpt,
     TokensOpt,
+    TrustRemoteCodeOpt,
     console,
     cost_options,
     emit_json,
@@ -53,7 +54,7 @@ def compare_cmd(
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None, pue: PueOpt = None,
-    host_overhead: HostOverheadOpt = None,
+    host_overhead: HostOverheadOpt = None, trust_remote_code: TrustRemoteCodeOpt = False,
     electricity_price: ElectricityOpt = None, failures: FailuresOpt = None,
     rank_by: Annotated[str, typer.Option("--rank-by", help="Order the cards by days, mwh, cost or tokens-per-joule "
                                                            "(facility energy).")] = "days",
@@ -87,7 +88,7 @@ def compare_cmd(
         cls = [build_cluster(a, devices) for a in names]
     for cl in cls:
         check_precision(precision, cl)
-    spec = load_model(model)
+    spec = load_model(model, trust_remote_code)
     obj = compare(spec, cls, gbs, seq, precision, copt,
                   perf_for=PerfOptions.for_run)
     print_model_notes(spec)  # after the work: an error stays one line
@@ -114,7 +115,7 @@ def _v(x, fmt: str) -> str:
 # (label, row -> text); a card that does not fit shows only the card's own lines
 CARD_LINES = (
     ("devices", lambda r: f"{r['devices']:,}"),
-    ("HBM GB", lambda r: _v(r["hbm_gb"], ",.0f")),
+    ("HBM GiB", lambda r: _v(r["hbm_gib"], ",.4g")),
     ("HBM TB/s", lambda r: _v(r["hbm_tbytes_per_s"], ".3g")),
     ("scale-up GB/s", lambda r: _v(r["scaleup_gbytes_per_s"], ",.0f")),
     ("scale-up", lambda r: f"{r['scaleup_topology']} x{r['scaleup_size']}"),
@@ -152,4 +153,4 @@ def print_comparison(obj: dict, names: list[str]) -> None:
     console.print(t)
     for r in obj["rows"]:
         if not r["fits"]:
-            console.print(f"{r['cluster']}: {r['reason']}")
+            console.print(f"{r['cluster']}: {r['reason']}", highlight=False, markup=False)

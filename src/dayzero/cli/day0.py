@@ -22,6 +22,7 @@ from dayzero.cli.common import (
     PriceOpt,
     PueOpt,
     TokensOpt,
+    TrustRemoteCodeOpt,
     cluster_from_options,
     console,
     cost_options,
@@ -29,10 +30,10 @@ from dayzero.cli.common import (
     err_console,
 )
 from dayzero.cli.compare import DEFAULT_ACCELERATORS
-from dayzero.cli.next_steps import Step, print_next, run_step
+from dayzero.cli.next_steps import Step, for_model, print_next, run_step
 from dayzero.cli.plan import DEFAULT_CLUSTER, DEFAULT_GBS, DEFAULT_MODEL, ScenarioGbsOpt, ScenarioSeqOpt
 from dayzero.cli.predict import PrecisionOpt, check_precision
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, pass_fail
 
 
 @app.command("day0")
@@ -48,6 +49,7 @@ def day0_cmd(
     electricity_price: ElectricityOpt = None, failures: FailuresOpt = None,
     ops: Annotated[bool, typer.Option("--ops/--no-ops", help="Trace the modeling code for operator coverage (needs "
                                                              "torch and transformers).")] = True,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Report directory (default: "
                                                                     "runs/day0-MODEL-CLUSTER).")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the best plan at proxy scale on this machine "
@@ -81,7 +83,7 @@ def day0_cmd(
     )
 
     from dayzero.errors import ConfigError
-    from dayzero.report.day0 import Day0Request, ProxyOptions, default_dir, steps, write
+    from dayzero.report.day0 import Day0Request, ProxyOptions, default_dir, finished, steps, write
 
     if not validate:
         given = [f for f, v in (("--validate-nproc", validate_nproc), ("--validate-steps", validate_steps),
@@ -100,10 +102,10 @@ def day0_cmd(
     from dayzero.planner.perf.perf import PerfOptions
 
     req = Day0Request(model=model, cluster=cl, gbs=gbs, seq=seq, precision=precision, cost=copt,
-                      perf=PerfOptions.for_run(cl), operators=ops,
+                      perf=PerfOptions.for_run(cl), operators=ops, trust_remote_code=trust_remote_code,
                       validate=ProxyOptions(validate_nproc, validate_steps,
                                             str(validate_profile) if validate_profile else None) if validate else None,
-                      announce=lambda text: err_console.print(f"dayzero: {text}", highlight=False))
+                      announce=lambda text: err_console.print(f"dayzero: {text}", highlight=False, markup=False))
     out_dir = out or default_dir(model, cl)
     report: dict = {}
     todo = steps(req)
@@ -115,7 +117,7 @@ def day0_cmd(
             progress.update(task, description=label)
             run(report)
             progress.advance(task)
-    paths = write(report, out_dir)
+    paths = write(finished(report), out_dir)
     if json_out:
         emit_json({**report, "files": {k: str(v) for k, v in paths.items()}})
         return
@@ -125,8 +127,7 @@ def day0_cmd(
     for label, value in headline(report):
         t.add_row(label, value)
     for c in report["checks"]:
-        t.add_row(f"  {c['metric']}", ("[green]pass[/green]" if c["pass"] else "[red]fail[/red]")
-                  + f" {c['value']:.1%} (target {c['target']})")
+        t.add_row(f"  {c['metric']}", pass_fail(c["pass"]) + f" {c['value']:.1%} (target {c['target']})")
     op = report["operators"]
     t.add_row("operators", f"{op['coverage']:.1%} of calls on {op['manifest']}, "
                            f"{len(op['needs_kernel'])} need a kernel" if "coverage" in op else op["note"])
@@ -137,12 +138,16 @@ def day0_cmd(
                   + f" {escape(c['claim'])}: {escape(c['text'])}")
     console.print(t)
     console.print(f"wrote {paths['json']}, {paths['md'].name}, {paths['html'].name}")
-    print_next(console, next_steps(report, model, cl, paths["json"]))
+    todo, left_out = for_model(next_steps(report, model, cl, paths["json"]), report["model"])
+    print_next(console, todo)
+    for line in left_out:
+        console.print(line, highlight=False)
 
 
 def next_steps(report: dict, model: str, cl, report_json: Path) -> list[Step]:
     """Validate the best plan at proxy scale on this machine (the layout the proxy run had, or would
-    have: dayzero.validate.proxy_plan), train it, and ask what other cards would change."""
+    have: dayzero.validate.proxy_plan), train it, and ask what other cards would change. Every step
+    as for a parsed model: :func:`dayzero.cli.next_steps.for_model` keeps those that run for this one."""
     from dayzero.cli.next_steps import layout_flags
     from dayzero.specs.plan_layout import layout_of
     from dayzero.validate.proxy_plan import PROXY_SEQ, default_ranks, proxy_parallel

@@ -126,7 +126,9 @@ def export_cmd(
     if out:
         prepare_output(out, "--out", "dir")
     if to not in WRITERS:
-        raise ConfigError("--to", None, f"must be {', '.join(WRITERS)}, got {to!r}")
+        from dayzero.names import did_you_mean
+
+        raise ConfigError("--to", None, f"must be {', '.join(WRITERS)}, got {to!r}{did_you_mean(to, WRITERS)}")
     found = _plan_source(source, model)
     schedule: dict[str, int] = {}
     if found:
@@ -197,7 +199,8 @@ def export_cmd(
     console.print(f"[bold]{spec.name}[/bold] {parallel.describe()} for {to}:", highlight=False)
     for name, text in result.files.items():
         console.print(f"--- {name}", highlight=False)
-        console.print(text, end="", highlight=False, markup=False)
+        # as written, never wrapped: a script copied from the terminal must run (lines wider than it stay whole)
+        console.print(text, end="", highlight=False, markup=False, soft_wrap=True)
     console.print("launch: " + " ".join(result.command), highlight=False, markup=False, soft_wrap=True)
     for item in result.unexpressed:
         console.print(f"  not expressible in {to}: {item}", highlight=False)

@@ -17,7 +17,7 @@ ACCELERATOR_FIELDS = (
     Field("peak_tflops", "Compute", "dense peak", "TFLOP/s"),
     Field("gemm_tflops_measured", "Compute", "best measured GEMM", "TFLOP/s"),
     Field("tdp_w", "Compute", "TDP", "W"),
-    Field("hbm_gb", "Memory", "HBM capacity", "GB"), Field("hbm_tbytes_per_s", "Memory", "HBM bandwidth", "TB/s"),
+    Field("hbm_gib", "Memory", "HBM capacity", "GiB"), Field("hbm_tbytes_per_s", "Memory", "HBM bandwidth", "TB/s"),
     Field("devices_per_node", "Interconnect", "devices per node"),
     Field("scaleup_domain", "Interconnect", "scale-up domain", "devices"),
     Field("topology", "Interconnect", "intra-node topology"),
@@ -32,13 +32,28 @@ CLUSTER_FIELDS = (
     Field("name", "Cluster", "name"), Field("description", "Cluster", "description"),
     Field("accelerator", "Cluster", "accelerator"), Field("nodes", "Cluster", "nodes"),
     Field("devices_per_node", "Cluster", "devices per node"), Field("devices", "Cluster", "devices"),
-    Field("memory_gb_per_device", "Cluster", "memory per device", "GB"),
+    Field("memory_gib_per_device", "Cluster", "memory per device", "GiB"),
     Field("tiers", "Network tiers (GB/s per direction per device)", "network tiers", columns=(
         ("name", "tier"), ("size", "devices"), ("gbytes_per_s", "GB/s"), ("p2p_gbytes_per_s", "to one peer GB/s"),
         ("latency_us", "latency us"), ("topology", "topology"))),
     Field("efficiency", "Efficiency constants (— : the planner's defaults)", "efficiency"),
     Field("host", "Host side per device (GB, GB/s per direction; assumed: a DGX H100's)", "host"),
 )
+
+
+def _accelerator(name: str):
+    """The accelerator ``name``, or one line naming the nearest accelerators and cluster presets."""
+    from dayzero.errors import ConfigError
+    from dayzero.names import nearest
+    from dayzero.specs.cluster import cluster_presets
+    from dayzero.specs.hardware import ALIASES, accelerator_names, catalog, get_accelerator
+
+    try:
+        return get_accelerator(name)
+    except ConfigError:
+        near = accelerator_names(nearest(name, [*ALIASES, *catalog(), *cluster_presets()], n=6))[:3]
+        raise ConfigError(name, None, "no such accelerator or cluster preset" + (
+            f" (did you mean {', '.join(near)}?)" if near else "") + "; 'dayzero hardware' lists them all") from None
 
 
 @app.command("hardware")
@@ -58,7 +73,7 @@ def hardware_cmd(
 
     if name:
         is_cluster = name in cluster_presets()
-        obj = get_cluster(name).summary() if is_cluster else get_accelerator(name).summary()
+        obj = get_cluster(name).summary() if is_cluster else _accelerator(name).summary()
         if json_out:
             emit_json(obj)
             return
@@ -84,11 +99,11 @@ def hardware_cmd(
         return value_text(x)
 
     t = FitTable(title="Accelerators: compute and memory (dense peak)")
-    for col in ("id", "vendor", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W"):
+    for col in ("id", "vendor", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GiB", "HBM TB/s", "TDP W"):
         t.add_column(col, num=col not in ("id", "vendor"))
     for a in accs:
         pk = a["peak_tflops"]
-        t.add_row(a["id"], a["vendor"], f(pk.get("bf16")), f(pk.get("fp8")), f(a["hbm_gb"]),
+        t.add_row(a["id"], a["vendor"], f(pk.get("bf16")), f(pk.get("fp8")), f(a["hbm_gib"]),
                   f(a["hbm_tbytes_per_s"]), f(a["tdp_w"]))
     console.print(t)
     n = FitTable(title=f"Accelerators: interconnect ({PER_DIRECTION})")

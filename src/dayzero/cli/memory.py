@@ -32,19 +32,22 @@ from dayzero.cli.common import (
     takes_layout,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, styled
 from dayzero.planner.targets import MEMORY_TARGET as TARGET
 from dayzero.specs.layout_options import LayoutOptions
+from dayzero.units import capacity, gib, gib_number
 
 CATS = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 HEADS = ("weights", "grads", "optim", "activ", "temp", "ovhd")  # the per-stage table's column heads
 
 
 def gb(n: float) -> str:
-    return f"{n / 1e9:,.2f}"
+    """Device memory, in GiB (dayzero.units): the unit is in the column or the sentence."""
+    return gib_number(n)
 
 
 def tb(n: float) -> str:
+    """Model states before sharding, in decimal TB (parameters x bytes per parameter)."""
     return f"{n / 1e12:,.2f} TB"
 
 
@@ -172,7 +175,7 @@ def _print_held(spec, cl, par, report, opts) -> None:
         return
     held = estimate_memory(spec, par, cl.memory_bytes, opts.with_(pipelined_fsdp=pipelined_fsdp(names[0])))
     who = " and ".join(ENGINES[n].title for n in names)
-    console.print(f"{who} {'hold' if len(names) > 1 else 'holds'} {held.peak_bytes / 1e9:.2f} GB on stage "
+    console.print(f"{who} {'hold' if len(names) > 1 else 'holds'} {gib(held.peak_bytes, 2)} on stage "
                   f"{held.busiest_stage} ({held.utilization:.1%}) here: FSDP under torch.distributed.pipelining keeps "
                   f"the stage's parameters gathered and gradients unsharded until the step's end under pp > 1 "
                   f"(docs/memory.md)", highlight=False)
@@ -225,7 +228,7 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
 
     cap = report.capacity_bytes
     console.print(f"[bold]{spec.name}[/bold] on [bold]{cl.name}[/bold]: {cl.devices:,} x {cl.accelerator.id}, "
-                  f"{cap / 1e9:g} GB each")
+                  f"{capacity(cap)} each")
     console.print(f"layout {par.describe()}, {par.microbatches} micro-batch(es) per step, schedule {par.schedule}, "
                   f"seq {par.seq}, {par.precision}")
 
@@ -238,18 +241,19 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
                            ("master weights, FP32", states.master, opts.master_bytes),
                            ("AdamW moments (exp_avg, exp_avg_sq), FP32", states.moments, opts.optim_bytes)):
         t.add_row(f"{name} ({per} B/param)", tb(val))
-    t.add_row(f"[bold]total ({opts.bytes_per_param} B/param)[/bold]",
-              f"[bold]{tb(states.total)}[/bold] = {states.total / cap:,.0f} x {cap / 1e9:g} GB")
+    t.add_row(styled(f"total ({opts.bytes_per_param} B/param)", "bold"),
+              styled(tb(states.total), "bold") + f" = {states.total / cap:,.0f} x {capacity(cap)}")
     console.print(t)
 
     z = FitTable(title=f"ZeRO on this layout: model states per device (stage with the most; shards over dp*cp = "
                     f"{par.dp * par.cp}{f', experts over edp = {par.edp}' if spec.is_moe else ''})")
-    for col in ("zero", "shards", "weights GB", "grads GB", "optim GB", "states GB", "cut vs 0", "peak GB", "fits"):
+    for col in ("zero", "shards", "weights GiB", "grads GiB", "optim GiB", "states GiB", "cut vs 0", "peak GiB",
+                "fits"):
         z.add_column(col, num=col != "shards")
     shards = ("none", "optimizer", "+ gradients", "+ parameters")
     for r in zrows:
         mark = "bold" if r["zero"] == par.zero else ""
-        z.add_row(*[f"[{mark}]{x}[/{mark}]" if mark else x for x in (
+        z.add_row(*[styled(x, mark) for x in (
             str(r["zero"]), shards[r["zero"]], gb(r["weights"]), gb(r["gradients"]), gb(r["optimizer"]),
             gb(r["model_states"]), f"{r['cut_factor']:.2f}x", gb(r["peak_bytes"]), "yes" if r["fits"] else "no")])
     console.print(z)
@@ -265,7 +269,7 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
                   f"with BF16 gradients); ZeRO-3 {o.bytes_per_param}/{n} = {per[3]:.3g} B plus the gathered "
                   f"layers in flight (temporary).")
 
-    s = FitTable(title=f"Per stage, GB per device (capacity {cap / 1e9:g} GB; red above {TARGET:.0%}): weights, "
+    s = FitTable(title=f"Per stage, GiB per device (capacity {capacity(cap)}; red above {TARGET:.0%}): weights, "
                        "gradients, optimizer states, activations, temporary buffers, overhead", compact=True)
     for col in ("stage", "layers", *HEADS, "total", "% HBM"):
         s.add_column(col, num=True)
@@ -279,7 +283,7 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
     busiest = report.stages[report.busiest_stage]
     b = FitTable(title=f"Stage {busiest.stage} (busiest) by term", show_header=False)
     b.add_column("term")
-    b.add_column("GB", num=True)
+    b.add_column("GiB", num=True)
     for k, v in sorted(busiest.terms.items(), key=lambda kv: -kv[1]):
         if v:
             b.add_row(k, gb(v))
@@ -289,7 +293,7 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
         oom = f"; [red]allocator OOM at event {sim.oom_at}[/red]" if sim.oom_at is not None else ""
         console.print(f"Allocator replay of stage {sim.rank} ({sim.microbatches} micro-batches, {sim.events:,} "
                       "events): "
-                      f"peak allocated {gb(sim.peak_allocated)} GB, peak reserved {gb(sim.peak_reserved)} GB, "
+                      f"peak allocated {gib(sim.peak_allocated, 2)}, peak reserved {gib(sim.peak_reserved, 2)}, "
                       f"fragmentation {sim.fragmentation:.1%} (budgeted {opts.fragmentation_budget:.1%} of "
                       "activations and temporaries)"
                       f"{oom}")
@@ -297,5 +301,5 @@ def _print(spec, cl, par, report, states, zrows, sim, opts, timeline) -> None:
             console.print(f"timeline written to {timeline}")
     verdict = "[green]fits[/green]" if report.fits else "[red]does not fit[/red]"
     target = "within" if report.utilization <= TARGET else "[red]above[/red]"
-    console.print(f"Peak {gb(report.peak_bytes)} GB on stage {report.busiest_stage} = {report.utilization:.1%} of "
-                  f"{cap / 1e9:g} GB: {verdict}, {target} the {TARGET:.0%} target.")
+    console.print(f"Peak {gib(report.peak_bytes, 2)} on stage {report.busiest_stage} = {report.utilization:.1%} of "
+                  f"{capacity(cap)}: {verdict}, {target} the {TARGET:.0%} target.")

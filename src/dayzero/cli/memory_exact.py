@@ -4,7 +4,7 @@ stage under fake tensors, next to the analytic model (dayzero.validate.exact_mem
 from __future__ import annotations
 
 from dayzero.cli.common import console, emit_json, err_console
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, styled
 
 
 def run_exact(spec, parallel, compute_dtype: str, json_out: bool, stages: list[int] | None = None) -> None:
@@ -32,7 +32,7 @@ def run_exact(spec, parallel, compute_dtype: str, json_out: bool, stages: list[i
         err = "—" if r["rel_error"] is None else f"{r['rel_error']:+.1%}"
         mark = "" if not r["compared"] else ("ok" if r["within"] else
                                              f"explained ({r['residual']:+.1%} left)" if r["explained"] else
-                                             "[red]off[/red]")
+                                             styled("off", "red"))
         t.add_row(str(r["stage"]), r["category"], f"{r['analytic'] / 2**20:,.1f}", f"{r['exact'] / 2**20:,.1f}", err,
                   mark, r["explanation"])
     console.print(t)

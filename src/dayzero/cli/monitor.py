@@ -58,7 +58,7 @@ def monitor_cmd(
     if json_out:
         emit_json(view().to_dict())
         return
-    from dayzero.monitor.dashboard import frame
+    from dayzero.cli.monitor_dashboard import frame
 
     if once:
         console.print(frame(view()))
@@ -107,11 +107,11 @@ def _rules(thresholds: dict, write: Path | None, json_out: bool) -> None:
     if write is not None:
         console.print(f"wrote {len(RULES)} alert rules to {write}", highlight=False)
         return
-    from rich.table import Table
+    from dayzero.cli.render import FitTable
 
-    table = Table(title="Alert rules (Prometheus: dayzero/monitor/alerts.yml; in process: dayzero train --alerts)")
+    table = FitTable(title="Alert rules (Prometheus: dayzero/monitor/alerts.yml; in process: dayzero train --alerts)")
     for c in ("rule", "severity", "summary", "thresholds (source)"):
-        table.add_column(c)
+        table.add_column(c, wrap=c != "rule")
     for r in doc:
         table.add_row(r["name"], r["severity"], r["summary"],
                       "\n".join(f"{x['key']}={x['value']:g} {x['unit']} ({x['source']})" for x in r["thresholds"]))

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, TrustRemoteCodeOpt, console, emit_json, human
 from dayzero.cli.next_steps import Step, print_next, starter_devices
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, styled
 from dayzero.errors import DayzeroError
 from dayzero.ops.manifest import DEFAULT_MANIFEST, SHIPPED
 
@@ -173,8 +174,8 @@ def _print(r: dict, top: int) -> None:
     for o in rows:
         where = ", ".join(list(o["categories"])[:2])
         decomposes = o["decomposition"] and o["decomposition"]["complete"]
-        ok = ("[green]yes[/green]" if o["supported"] else
-              "[yellow]decomposes[/yellow]" if decomposes else "[red]no[/red]")
+        ok = (styled("yes", "green") if o["supported"] else
+              styled("decomposes", "yellow") if decomposes else styled("no", "red"))
         ot.add_row(_short(o["op"]), f"{o['count']:,}", human(o["flops"]) if o["flops"] else "·",
                    human(o["bytes"], "B") if o["bytes"] else "·",
                    _dts(o["dtypes"]), where, ok)
@@ -192,10 +193,11 @@ def _print(r: dict, top: int) -> None:
             why = "" if u["reason"] == "not in manifest" else f"{u['reason']}; "
             if u["needs_kernel"]:
                 missing = [m for m in d.get("missing", []) if m != u["op"]]
-                dec = why + "[red]needs a kernel[/red]" + (f" (missing {_ops_list(missing)})" if missing else "")
+                dec = (Text(why) + styled("needs a kernel", "red")
+                       + (f" (missing {_ops_list(missing)})" if missing else ""))
             else:
-                dec = why + _ops_list(d["ops"])
-            chk = {True: "[green]ok[/green]", False: "[red]mismatch[/red]", None: "—"}[d.get("verified")]
+                dec = Text(why + _ops_list(d["ops"]))
+            chk = {True: styled("ok", "green"), False: styled("mismatch", "red"), None: "—"}[d.get("verified")]
             share = f"{100 * u['flops_share']:.1f}/{100 * u['bytes_share']:.1f}"
             ut.add_row(_short(u["op"]), f"{u['unsupported_count']:,}", share, dec, chk)
         console.print(ut)
@@ -209,5 +211,5 @@ def _print(r: dict, top: int) -> None:
         for f in r["fusions"][: max(top, 1) if top > 0 else None]:
             ft.add_row(f["pattern"], f"{f['where']} / {f['category']}", str(f["kernels"]), f"{f['occurrences']:,}",
                        f"{f['launches_saved']:,}", human(f["bytes_saved"], "B"),
-                       f"[green]{f['provided_by']}[/green]" if f["provided"] else "[yellow]not in manifest[/yellow]")
+                       styled(f["provided_by"], "green") if f["provided"] else styled("not in manifest", "yellow"))
         console.print(ft)

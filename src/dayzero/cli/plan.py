@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from dayzero.cli.app import app
 from dayzero.cli.common import (
@@ -57,7 +58,7 @@ from dayzero.cli.predict import (
     next_for_layout,
     print_prediction,
 )
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, styled
 from dayzero.cli.uncertainty import print_uncertainty
 from dayzero.planner.targets import MEMORY_TARGET
 
@@ -257,9 +258,14 @@ def plan_cmd(
         from dayzero.planner.memory.memory_options import MemoryOptions
 
         mopts = MemoryOptions.for_run(cl.accelerator, attention_kernel, **recipe)
-    obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
-               SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw),
-               memory_options=mopts, uncertainty=True)
+    from dayzero.errors import FitError
+
+    try:
+        obj = plan(spec, cl, gbs, seq, precision, opts, top_k, max_memory,
+                   SearchSpace(rank_order=(rank_order,), engine=engine, no_switches=no_switches, **kw),
+                   memory_options=mopts, uncertainty=True)
+    except FitError as e:  # this verb alone has the memory limit as a flag
+        raise FitError(f"{e}; or raise --max-memory (now {max_memory:.0%})") from None
     obj = with_training(obj, cl, copt)
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
@@ -281,8 +287,8 @@ def plan_cmd(
         tm, th = p["time"], p["throughput"]
         ok = {c["metric"]: c["pass"] for c in p["checks"]}
 
-        def mark(text: str, metric: str) -> str:
-            return f"[green]{text}[/green]" if ok[metric] else f"[red]{text}[/red]"
+        def mark(text: str, metric: str) -> Text:
+            return styled(text, "green" if ok[metric] else "red")
 
         t.add_row(describe(p["parallel"]), f"{tm['step_s']:.4g}", "best" if i == 1 else f"{p['vs_best']:+.1%}",
                   _per_device(th["tokens_per_s_per_device"]),

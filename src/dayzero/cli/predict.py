@@ -41,9 +41,10 @@ from dayzero.cli.common import (
     takes_layout,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, run_step
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, styled
 from dayzero.report.layout_text import describe  # plan uses it from here too
 from dayzero.specs.layout_options import LayoutOptions
+from dayzero.units import capacity, gib
 
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="GEMM precision: bf16 | fp8 | fp4 (NVFP4/MXFP4 GEMMs; "
                                                                "memory as fp8).")]
@@ -88,7 +89,10 @@ def check_precision(precision: str, cluster=None) -> None:
     from dayzero.specs.parallel import PRECISIONS
 
     if precision not in PRECISIONS:
-        raise ConfigError("--precision", None, f"must be {', '.join(PRECISIONS)}, got {precision!r}")
+        from dayzero.names import did_you_mean
+
+        raise ConfigError("--precision", None, f"must be {', '.join(PRECISIONS)}, got {precision!r}"
+                          f"{did_you_mean(precision, PRECISIONS)}")
     if cluster is not None:
         cluster.accelerator.require_native(precision)
 
@@ -188,12 +192,11 @@ def print_prediction(obj: dict, title: str | None = None, inventory: bool = True
         if k in ("straggler_s", "activation_offload_s") and not t.get(k):
             continue
         s.add_row(k[:-2].replace("_", " "), f"{t[k]:.3f}", f"{t[k] / t['step_s']:.1%}")
-    s.add_row("[bold]step[/bold]", f"[bold]{t['step_s']:.3f}[/bold]", "")
+    s.add_row(styled("step", "bold"), styled(f"{t['step_s']:.3f}", "bold"), "")
     console.print(s)
     console.print(f"tokens/s {human(th['tokens_per_s'])} ({th['tokens_per_s_per_device']:,.0f} per device); "
                   f"model {th['model_tflops_per_device']:.0f} TFLOP/s per device; MFU {th['mfu']:.1%}; "
-                  f"peak memory {obj['memory']['peak_bytes'] / 1e9:.1f} GB of "
-                  f"{obj['memory']['capacity_bytes'] / 1e9:.1f} GB"
+                  f"peak memory {gib(obj['memory']['peak_bytes'])} of {capacity(obj['memory']['capacity_bytes'])}"
                   + (f"; host memory {obj['memory']['host_bytes'] / 1e9:.1f} GB per device for what is offloaded, "
                      + ("within" if obj["memory"]["host_fits"] else "[red]beyond[/red]") + " the "
                      + host_limit_words(obj["memory"]) if "host_bytes" in obj["memory"] else ""),

@@ -5,9 +5,12 @@ table picks the first layout that shows every cell whole:
 
 1. boxed (rich's default look), then compact (a rule under the header, two spaces between
    columns), each with text wrapped at spaces and no word broken;
-2. the same two, now letting tokens longer than :data:`FOLD_AT` cells (paths, ids, URLs) fold
-   onto the next line;
+2. the same two, now letting tokens longer than :data:`FOLD_AT` cells (flags, paths, ids, URLs)
+   fold onto the next line; a plain word or class name (:data:`WORD`) stays whole;
 3. vertical: one ``field  value`` block per row, when even that cannot fit.
+
+A cell given as ``str`` is literal text, never rich markup: a finding such as ``pip install
+'dayzero[ops]'`` prints as written. A cell meant to be styled is a rich ``Text`` (:func:`styled`).
 
 Number columns (``num=True``, and ``wrap=False`` text such as labels) are never wrapped or cut:
 they get at least their widest cell, and a number column's header wraps at spaces instead. Room
@@ -19,10 +22,12 @@ values and nothing left out.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
@@ -86,9 +91,11 @@ class FitTable:
         self.columns.append(_Column(header, num, wrap and not num, style))
 
     def add_row(self, *cells: RenderableType | None, style: str | None = None) -> None:
+        """A ``str`` cell is literal text (brackets and all); style one with :func:`styled`."""
         if len(cells) != len(self.columns):
             raise ValueError(f"row of {len(cells)} cells for {len(self.columns)} columns")
-        self.rows.append(_Row([MISSING if c is None else c for c in cells], style))
+        self.rows.append(_Row([Text(MISSING) if c is None else Text(c) if isinstance(c, str) else c for c in cells],
+                              style))
 
     # -- rendering ------------------------------------------------------------------------------
 
@@ -115,7 +122,8 @@ class FitTable:
             if not col.wrap:  # cells whole on one line, the header may wrap at spaces
                 lo.append(max(widest_cell, head.minimum, 1))
             else:
-                lo.append(max(min(max(m.minimum for m in cells), cap), min(head.minimum, cap), 1))
+                whole = max((_unfoldable(r.cells[i]) for r in self.rows), default=0)  # words never folded
+                lo.append(max(min(max(m.minimum for m in cells), cap), min(head.minimum, cap), whole, 1))
             hi.append(max(widest_cell, head.maximum, lo[-1]))
         if sum(lo) > room:
             return None
@@ -161,6 +169,31 @@ class FitTable:
         return Group(*parts)
 
 
+def styled(text: str, style: str | None) -> Text:
+    """A table cell in a rich style ("green", "bold"; None: plain), its text literal."""
+    return Text(text, style=style or "")
+
+
+def pass_fail(ok: bool, passed: str = "pass", failed: str = "fail") -> Text:
+    """A check's result: green ``passed`` or red ``failed``."""
+    return styled(passed, "green") if ok else styled(failed, "red")
+
+
+def hanging(label: str, text: str, width: int, style: str | None = None, label_style: str = "yellow",
+            indent: int = 2) -> Text:
+    """``label`` then ``text``, wrapped at spaces to ``width`` cells with the lines after the
+    first indented by ``indent``; a word longer than a line is kept whole, never cut. Literal text
+    (no markup)."""
+    import textwrap
+
+    body = textwrap.fill(label + text, width=max(width, 20), subsequent_indent=" " * indent,
+                         break_long_words=False, break_on_hyphens=False)
+    out = Text(body, style=style or "")
+    if label:
+        out.stylize(label_style, 0, len(label))
+    return out
+
+
 def _grow(widths: list[int], hi: list[int], group: list[int], spare: int) -> None:
     """Widen the columns of ``group`` towards ``hi`` by ``spare`` cells in all, in proportion to
     how much each still wants."""
@@ -177,6 +210,19 @@ def _grow(widths: list[int], hi: list[int], group: list[int], spare: int) -> Non
         add[i] += 1  # cells lost to rounding, neediest first
     for i, a in add.items():
         widths[i] += a
+
+
+WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")  # a word or a class name: never folded (a flag, path, id or URL may be)
+
+
+def _unfoldable(cell: RenderableType) -> int:
+    """Cells of the longest word of a cell that must stay whole when long tokens fold: a plain
+    word or class name (letters and digits only, :data:`WORD`), so that ``Qwen3NextGatedDeltaNet``
+    is never broken mid-word (the table goes vertical instead); flags, paths, ids and URLs may fold."""
+    if not isinstance(cell, Text):
+        return 0
+    words = (w.strip("()[]{},;:'\"") for w in cell.plain.split())
+    return max((cell_len(w) for w in words if WORD.fullmatch(w)), default=0)
 
 
 def _measure(console: Console, options: ConsoleOptions, cell: RenderableType) -> Measurement:

@@ -12,7 +12,7 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import BackendOpt, ClusterOpt, DeviceOpt, JsonOpt, console, emit_json, err_console, takes_layout
 from dayzero.cli.next_steps import Step, layout_flags, print_next
-from dayzero.cli.render import FitTable
+from dayzero.cli.render import FitTable, pass_fail
 from dayzero.specs.layout_options import LayoutOptions
 
 
@@ -217,7 +217,7 @@ def print_result(result: dict) -> None:
 
             err = "—" if c["rel_error"] is None else f"{c['rel_error']:+.0%}"
             t.add_row(c["metric"], c["target"], fmt(c["measured"]), fmt(c["predicted"]), err,
-                      "[green]pass[/green]" if c["pass"] else "[red]fail[/red]")
+                      pass_fail(c["pass"]))
         console.print(t)
         for c in result["checks"]:
             if c["metric"] in ("loss_trend", "peak_memory"):

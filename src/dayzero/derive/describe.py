@@ -123,6 +123,7 @@ class ModelDescription:
     norm_eps: float
     unused_config_keys: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
+    remote_code: bool = False  # built from the modeling_*.py its directory ships (--trust-remote-code)
 
     @property
     def num_layers(self) -> int:
@@ -226,7 +227,7 @@ def describe(model: str | Path, trust_remote_code: bool = False) -> ModelDescrip
     with _quiet_transformers():
         used = config_keys_used(cfg, config, read, rebuild)
     unused = unused_keys(cfg, used | {"model_type"})
-    return _with(desc, unused_config_keys=tuple(unused))
+    return _with(desc, unused_config_keys=tuple(unused), remote_code=remote)
 
 
 def _with(desc: ModelDescription, **kw) -> ModelDescription:

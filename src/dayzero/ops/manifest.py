@@ -147,7 +147,10 @@ def load_manifest(ref: str | BackendManifest) -> BackendManifest:
         except OSError as e:
             raise ConfigError(source, None, f"cannot read: {e.strerror or e}") from None
     else:
-        raise ConfigError(ref, None, f"no such manifest; use one of {', '.join(SHIPPED)} or a YAML file "
+        from dayzero.names import did_you_mean
+
+        raise ConfigError(ref, None, f"no such manifest{did_you_mean(ref, SHIPPED)}; use one of {', '.join(SHIPPED)} "
+                          "or a YAML file "
                           "(dayzero ops --emit-manifest KEY writes one)")
     return parse_manifest(text, source)
 

@@ -281,7 +281,10 @@ def get_engine(name: str) -> Engine:
     for e in ENGINES.values():
         if key in (e.name, e.title.lower().replace("-core", "").replace(" ", "").replace("-", "")):
             return e
-    raise ConfigError("--engine", None, f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
+    from dayzero.names import did_you_mean
+
+    raise ConfigError("--engine", None, f"unknown engine {name!r}{did_you_mean(name, ENGINES)}; one of "
+                      f"{', '.join(ENGINES)}")
 
 
 def engine_problems(engine: Engine | str, parallel: ParallelConfig, switches: dict | None = None) -> list[str]:

@@ -22,7 +22,7 @@ def card(cluster: Cluster) -> dict:
     a = cluster.accelerator
     up, out = cluster.tiers[0], cluster.tiers[-1]
     return {"cluster": cluster.name, "accelerator": a.id, "name": a.name, "devices": cluster.devices,
-            "hbm_gb": a.hbm_bytes / HBM_GB, "hbm_tbytes_per_s": None if a.hbm_bw is None else a.hbm_bw / 1e12,
+            "hbm_gib": a.hbm_bytes / HBM_GB, "hbm_tbytes_per_s": None if a.hbm_bw is None else a.hbm_bw / 1e12,
             "scaleup_gbytes_per_s": up.bw / 1e9, "scaleup_size": up.size, "scaleup_topology": up.topology,
             "scaleout_gbytes_per_s": out.bw / 1e9 if len(cluster.tiers) > 1 else None, "tdp_w": a.tdp_w,
             "peak_tflops_bf16": a.peak("bf16") / 1e12}

@@ -36,6 +36,7 @@ from dayzero.specs.cluster import Cluster
 from dayzero.validate.proxy_plan import ProxyPlan
 
 CLOUD = 500  # fitting layouts drawn in the candidate cloud
+_SPEC = "_spec"  # the report's ModelSpec while it is built (:func:`_spec`); build() drops it
 # the PyTorch dispatch key a vendor's cards run under: ROCm builds register HIP as CUDA
 CUDA_VENDORS = ("nvidia", "amd")
 
@@ -61,6 +62,7 @@ class Day0Request:
     top_k: int = 5
     max_memory: float = MEMORY_TARGET
     operators: bool = True  # trace the modeling code (needs torch and transformers)
+    trust_remote_code: bool = False  # run the modeling_*.py a model directory ships
     validate: ProxyOptions | None = None  # run the best plan at proxy scale here
     announce: Callable[[str], None] = field(default=lambda _: None, compare=False)  # progress notes
 
@@ -80,12 +82,22 @@ def manifest_for(accelerator) -> tuple[str, str]:
                            "dayzero ops --manifest FILE")
 
 
+def _spec(req: Day0Request, r: dict):
+    """The request's ModelSpec, loaded once per report (a derived model builds its modeling code on
+    the meta device: seconds): kept beside the report, never written with it."""
+    from dayzero.specs.registry import load_model
+
+    key = (req.model, req.trust_remote_code)
+    if r.get(_SPEC, (None,))[0] != key:
+        r[_SPEC] = (key, load_model(req.model, req.trust_remote_code))
+    return r[_SPEC][1]
+
+
 def _model(req: Day0Request, r: dict) -> None:
     from dayzero.report.model_notes import model_report
     from dayzero.specs.counting import summarize
-    from dayzero.specs.registry import load_model
 
-    spec = load_model(req.model)
+    spec = _spec(req, r)
     r["model"] = model_report(spec, summarize(spec, req.seq))
 
 
@@ -111,7 +123,8 @@ def _operators(req: Day0Request, r: dict) -> None:
 
     try:
         # decompositions listed, not checked numerically here: `dayzero ops` checks them
-        ops = analyze(req.model, manifest=manifest, seq=req.seq, check=False).to_dict()
+        ops = analyze(req.model, manifest=manifest, seq=req.seq, check=False,
+                      trust_remote_code=req.trust_remote_code).to_dict()
     except Exception as e:  # noqa: BLE001 - an optional section: its failure is reported, not raised
         r["operators"] = {"manifest": manifest, "note": f"not traced: {one_line(e, None)}"}
         return
@@ -124,9 +137,8 @@ def _operators(req: Day0Request, r: dict) -> None:
 
 def _plan(req: Day0Request, r: dict) -> None:
     from dayzero.planner.search.search import plan
-    from dayzero.specs.registry import load_model
 
-    obj = plan(load_model(req.model), req.cluster, req.gbs, req.seq, req.precision, req.perf, req.top_k,
+    obj = plan(_spec(req, r), req.cluster, req.gbs, req.seq, req.precision, req.perf, req.top_k,
                req.max_memory, cloud=CLOUD, uncertainty=True)
     obj = with_training(obj, req.cluster, req.cost)
     r["search"] = {k: obj[k] for k in ("considered", "rejected", "timed", "seconds")}
@@ -206,6 +218,12 @@ def build(req: Day0Request) -> dict:
     report: dict = {}
     for _, run in steps(req):
         run(report)
+    return finished(report)
+
+
+def finished(report: dict) -> dict:
+    """The report as written: without the ModelSpec its steps shared."""
+    report.pop(_SPEC, None)
     return report
 
 

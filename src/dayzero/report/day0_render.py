@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dayzero.report.layout_text import describe
-from dayzero.report.table import Table
+from dayzero.report.table import Table, cell_text
 from dayzero.report.training import count_text, training_rows
 from dayzero.report.uncertainty import uncertainty_tables
 from dayzero.report.validation import TARGET_COLUMNS, target_rows
@@ -20,7 +20,8 @@ COMPONENTS = ("attention", "recurrent", "dense_mlp", "routed_experts", "shared_e
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:,.1f}"
+    """Device memory, in GiB (dayzero.units)."""
+    return f"{n / 2**30:,.1f}"
 
 
 def _pct(x: float) -> str:
@@ -60,7 +61,7 @@ def headline(r: dict) -> list[tuple[str, str]]:
     rows = [("model", f"{r['model']['name']} ({r['model']['model_type']}), {_big(r['model']['params_total'])} "
                       f"parameters, {_big(r['model']['params_active'])} active"),
             ("cluster", f"{cl['name']}: {cl['devices']:,} x {cl['accelerator']['name']}"),
-            ("fits", f"yes: {describe(b['parallel'])}, peak {_gb(b['peak_bytes'])} GB "
+            ("fits", f"yes: {describe(b['parallel'])}, peak {_gb(b['peak_bytes'])} GiB "
                      f"({_pct(b['memory_utilization'])} of device memory)"),
             ("step", f"{b['step_s']:.4g} s for {r['scenario']['gbs']:,} x {r['scenario']['seq']:,} tokens; "
                      f"MFU {_pct(b['mfu'])}, comm {_pct(b['comm_ratio'])}, bubble {_pct(b['bubble_ratio'])}"),
@@ -74,6 +75,10 @@ def headline(r: dict) -> list[tuple[str, str]]:
             ("Day-0 checks", "all pass" if not fails else f"fail: {', '.join(fails)}")]
     if "validation" in r:
         rows.append(("proxy run here", validation_line(r["validation"])))
+    # every number above rests on these: shown wherever they are (inspect, plan, the report)
+    rows += [("approximation", a) for a in r["model"].get("approximations", ())]
+    if r["model"].get("unused_config_keys"):
+        rows.append(("config keys not used", cell_text(r["model"]["unused_config_keys"])))
     return rows
 
 
@@ -107,7 +112,7 @@ def tables(r: dict) -> list[Table]:
     if "coverage" in op:
         rows = [("manifest", op["manifest"]), ("coverage by calls", _pct(op["coverage"])),
                 ("coverage by FLOPs", _pct(op["coverage_flops"])),
-                ("operators needing a kernel", ", ".join(op["needs_kernel"]) or "none")]
+                ("operators needing a kernel", cell_text(op["needs_kernel"]) or "none")]
         rows += [(f"unsupported: {u['op']}", f"{u['calls']:,} calls/step, {_pct(u['flops_share'])} of FLOPs"
                   + (", needs a kernel" if u["needs_kernel"] else ", decomposes (not checked here; dayzero ops checks "
                                                                   "it)")) for u in op["unsupported"]]
@@ -120,7 +125,7 @@ def tables(r: dict) -> list[Table]:
          f"{p['training']['wall_days']:,.1f}",
          f"{p['training']['energy']['mwh']:,.0f}" if p["training"]["energy"] else "—") for p in r["plans"])))
     out += uncertainty_tables(r)
-    out.append(Table("Memory per stage of the best plan (GB)", ("stage", *MEMORY_CATEGORIES, "total"), tuple(
+    out.append(Table("Memory per stage of the best plan (GiB)", ("stage", *MEMORY_CATEGORIES, "total"), tuple(
         (str(s["stage"]), *(_gb(s[c]) for c in MEMORY_CATEGORIES), _gb(s["total"])) for s in best["memory"]["stages"])))
     t = best["time"]
     out.append(Table("Step time of the best plan", ("term", "seconds", "share"), step_rows(t)))

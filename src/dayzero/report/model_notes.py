@@ -14,6 +14,7 @@ def model_notes(spec) -> dict:
         out["approximations"] = list(extra.get("approximations", []))
         out["params_module_tree"] = extra.get("params_module_tree")
         desc = extra["description"]
+        out["remote_code"] = desc.remote_code
         out["layer_kinds_derived"] = [
             {"name": k.name, "layers": list(k.layers), "params_per_layer": k.params,
              "mixer": _mixer(k.mixer), "mixer_beside": _mixer(k.beside),

@@ -13,11 +13,14 @@ def uncertainty_tables(r: dict) -> list:
     u = r.get("uncertainty")
     if not u:
         return []
-    b = ErrorBand(**u["error_band"])
+    b = ErrorBand(**{**u["error_band"], "extrapolates": tuple(u["error_band"].get("extrapolates", ()))})
+    evidence = (("rows it rests on", b.evidence),
+                ("this plan", "extrapolates: " + "; ".join(b.extrapolates) if b.extrapolates
+                 else "within those rows")) if b.evidence else ()
     out = [Table("Error band of the best plan", ("", ""), (
         ("predicted MFU", f"{b.mfu:.1%}"), ("band (x (1 -/+ MAPE))", f"{b.low:.1%} to {b.high:.1%}"),
         ("cross-source MAPE", f"{b.mape:.1%} over {b.n} held-out {b.key} rows"),
-        ("bias (median; + = predicted faster)", f"{b.bias:+.1%}")),
+        ("bias (median; + = predicted faster)", f"{b.bias:+.1%}"), *evidence),
         "leave-one-source-group-out backtest (benchmarks/bench_holdout.py --table)" + (f"; {b.note}" if b.note
                                                                                         else ""))]
     s = u["sensitivity"]

@@ -115,7 +115,7 @@ class Cluster:
     def summary(self) -> dict:
         return {"name": self.name, "accelerator": self.accelerator.id, "nodes": self.nodes,
                 "devices_per_node": self.devices_per_node, "devices": self.devices,
-                "memory_gb_per_device": self.memory_bytes / 1e9,
+                "memory_gib_per_device": self.memory_bytes / HBM_GB,
                 "tiers": [{"name": t.name, "size": t.size, "gbytes_per_s": t.bw / 1e9,
                            "p2p_gbytes_per_s": t.p2p_bw / 1e9, "latency_us": t.latency_s * 1e6,
                            "topology": t.topology} for t in self.tiers],
@@ -251,6 +251,30 @@ def build_cluster(accelerator: str | Accelerator, devices: int, devices_per_node
     return _from_file(spec, acc)
 
 
+def with_nodes(cluster: Cluster, nodes: int) -> Cluster:
+    """``cluster`` with ``nodes`` nodes of the same devices, fabrics, host and calibration: the
+    scale-up domain as the cluster has it (the card's own where one node bounded it), a scale-out
+    tier over all devices at the cluster's rate (the card's where it had none). ConfigError when
+    the card has no scale-out rate to add a tier with, or past :data:`MAX_DEVICES`."""
+    devices = nodes * cluster.devices_per_node
+    if not 1 <= devices <= MAX_DEVICES:
+        raise ConfigError(cluster.name, "nodes", f"{devices:,} devices is outside [1, {MAX_DEVICES:,}]")
+    acc, up = cluster.accelerator, cluster.tiers[0]
+    bounded = len(cluster.tiers) == 1 and up.size == cluster.devices  # one node's devices were the domain
+    domain = min(max(acc.scaleup_domain, cluster.devices_per_node) if bounded else up.size, devices)
+    tiers = [replace(up, size=domain)]
+    if devices > domain:
+        if len(cluster.tiers) > 1:
+            tiers.append(replace(cluster.tiers[-1], size=devices))
+        elif acc.inter_node_bw is None:
+            raise ConfigError(cluster.name, "inter_node_gbytes_per_s", f"the catalog has no inter-node bandwidth "
+                              f"for {acc.id}; set it in a cluster YAML (or --inter-node-gbps)")
+        else:
+            tiers.append(Tier("scale-out", devices, acc.inter_node_bw, acc.inter_node_bw, acc.inter_latency_s,
+                              "switch"))
+    return replace(cluster, nodes=nodes, tiers=tuple(tiers))
+
+
 def _from_file(f: ClusterFile, acc: Accelerator | None = None) -> Cluster:
     if acc is None:
         acc = f.accelerator.build() if isinstance(f.accelerator, AcceleratorFile) else get_accelerator(f.accelerator)
@@ -335,8 +359,12 @@ def get_cluster(name_or_path: str) -> Cluster:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         return load_cluster_yaml(p)
-    raise ConfigError("--cluster", None, f"unknown cluster {name_or_path!r}; presets: {', '.join(sorted(presets))}, "
-                      "or a YAML file, or --accelerator NAME --devices N")
+    from dayzero.names import nearest
+
+    near = nearest(name_or_path, presets)
+    known = f"did you mean {', '.join(near)}?" if near else f"presets: {', '.join(sorted(presets))}"
+    raise ConfigError("--cluster", None, f"unknown cluster {name_or_path!r}; {known}; or a YAML file, or "
+                      "--accelerator NAME --devices N")
 
 
 def resolve_cluster(cluster: str | None, accelerator: str | None, devices: int | None,

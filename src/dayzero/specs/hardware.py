@@ -83,7 +83,7 @@ class Accelerator:
     def summary(self) -> dict:
         return {"id": self.id, "name": self.name, "vendor": self.vendor,
                 "peak_tflops": {k: v / 1e12 for k, v in self.peak_flops.items()},
-                "hbm_gb": self.hbm_bytes / HBM_GB,
+                "hbm_gib": self.hbm_bytes / HBM_GB,
                 "hbm_tbytes_per_s": None if self.hbm_bw is None else self.hbm_bw / 1e12,
                 "devices_per_node": self.devices_per_node, "scaleup_domain": self.scaleup_domain,
                 "topology": self.topology,
@@ -183,8 +183,24 @@ def get_accelerator(name: str) -> Accelerator:
     found = resolve_accelerator(name)
     if found is not None:
         return found
-    raise ConfigError("--accelerator", None, f"unknown accelerator {name!r}; known: {', '.join(sorted(ALIASES))} "
-                      "(or a catalog id from 'dayzero hardware')")
+    from dayzero.names import nearest
+
+    near = accelerator_names(nearest(name, [*ALIASES, *cat], n=6))[:3]
+    known = f"did you mean {', '.join(near)}?" if near else f"known: {', '.join(sorted(ALIASES))}"
+    raise ConfigError("--accelerator", None, f"unknown accelerator {name!r}; {known} ('dayzero hardware' lists "
+                      "every catalog id)")
+
+
+def accelerator_names(names: list[str]) -> list[str]:
+    """``names`` (aliases and catalog ids) with one name per accelerator, the first given."""
+    seen: set[str] = set()
+    out = []
+    for n in names:
+        acc_id = ALIASES.get(n, n)
+        if acc_id not in seen:
+            seen.add(acc_id)
+            out.append(n)
+    return out
 
 
 def resolve_accelerator(text: str) -> Accelerator | None:

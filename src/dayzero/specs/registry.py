@@ -40,8 +40,9 @@ def load_model(model: str | Path, trust_remote_code: bool = False) -> ModelSpec:
             return derived_model(text, cfg, f"preset {text}", trust_remote_code)
         return spec_from_hf_config(cfg, name=text, source=f"preset {text}")
     if not path.exists():
-        near = [n for n in presets if text.lower() in n or n in text.lower()]
-        hint = f" (did you mean {', '.join(near[:3])}?)" if near else ""
+        from dayzero.names import did_you_mean
+
+        hint = did_you_mean(text, presets)
         raise ConfigError(text, None, f"no such preset or file{hint}; see 'dayzero models', or pass a "
                           "config.json or a directory holding one")
     cfg, source = load_config_file(path)

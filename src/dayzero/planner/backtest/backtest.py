@@ -25,6 +25,7 @@ from dayzero.planner.perf.calibration import CONSTANT_BOUNDS, PerfConstants
 from dayzero.planner.perf.comm import Groups
 from dayzero.planner.perf.minimize import first_simplex, nelder_mead
 from dayzero.planner.perf.perf import evaluate, placement
+from dayzero.specs.counting import params_total
 from dayzero.specs.grid import encode
 
 GROUP_BY = ("source", "model", "accelerator", "precision")  # precision groups on the recipe: bf16 fp8 mxfp8 fp4
@@ -233,7 +234,10 @@ def hold_out(cases: list[Case], g: str, start: PerfConstants, iterations: int, s
     rows = [{"id": case.id, "group": g, "family": "moe" if case.spec.is_moe else "dense",
              "precision": case.recipe or case.gemm_precision, "gemm_precision": case.gemm_precision,
              "published": case.published, "predicted": float(pred),
-             "rel_error": (float(pred) - case.published) / case.published}
+             "rel_error": (float(pred) - case.published) / case.published,
+             # what the row covers, for the error band's evidence (planner.error_band.evidence)
+             "accelerator": case.cluster.accelerator.id, "devices": case.cluster.devices,
+             "params": params_total(case.spec)}
             for case, pred in zip(held, predict_cases(held, constants))]
     return rows, {f: getattr(constants, f) for f in FIT_FIELDS}, free
 

@@ -39,6 +39,8 @@ class ErrorBand:
     low: float
     high: float
     note: str
+    evidence: str = ""  # the rows behind it: their cards, device counts, model sizes (:func:`evidence_text`)
+    extrapolates: tuple[str, ...] = ()  # where the plan lies outside those rows (:func:`outside`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,7 +48,10 @@ class ErrorBand:
     def text(self) -> str:
         return (f"MFU {self.mfu:.1%} +- {self.mape:.1%} relative ({self.low:.1%} to {self.high:.1%}): cross-source "
                 f"MAPE of {self.n} held-out {self.key} rows, bias {self.bias:+.1%}" + (f"; {self.note}" if self.note
-                                                                                     else ""))
+                                                                                     else "")
+                + (f"; rows: {self.evidence}" if self.evidence else "") + (
+                    f"; this plan extrapolates: {', '.join(self.extrapolates)}" if self.extrapolates else
+                    "; this plan lies within them" if self.evidence else ""))
 
 
 def summary(errors) -> dict:
@@ -58,20 +63,56 @@ def summary(errors) -> dict:
             "p90_abs_rel_error": float(np.percentile(np.abs(a), 90))}
 
 
+def evidence(rows: list[dict]) -> dict:
+    """What rows (each with ``accelerator``, ``devices``, ``params``) cover: rows per card, the
+    device counts and the model sizes (total parameters), least to most."""
+    accs: dict[str, int] = {}
+    for r in rows:
+        accs[r["accelerator"]] = accs.get(r["accelerator"], 0) + 1
+    return {"accelerators": dict(sorted(accs.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "devices": [min(r["devices"] for r in rows), max(r["devices"] for r in rows)],
+            "params": [min(r["params"] for r in rows), max(r["params"] for r in rows)]}
+
+
+def evidence_text(ev: dict) -> str:
+    """:func:`evidence` in words: the cards (rows each), device counts and model sizes."""
+    accs = ", ".join(f"{a} {n}" for a, n in ev["accelerators"].items())
+    (d0, d1), (p0, p1) = ev["devices"], ev["params"]
+    return f"{accs}; {d0:,}-{d1:,} devices; models of {p0 / 1e9:.3g}-{p1 / 1e9:.4g} B parameters"
+
+
+def outside(ev: dict, accelerator: str, devices: int, params: float) -> tuple[str, ...]:
+    """Where a plan (its card, device count, model size) lies outside the rows of ``ev``."""
+    out = []
+    if accelerator not in ev["accelerators"]:
+        out.append(f"{accelerator} is in none of them")
+    if not ev["devices"][0] <= devices <= ev["devices"][1]:
+        out.append(f"{devices:,} devices is outside {ev['devices'][0]:,}-{ev['devices'][1]:,}")
+    if not ev["params"][0] <= params <= ev["params"][1]:
+        out.append(f"{params / 1e9:.4g} B parameters is outside {ev['params'][0] / 1e9:.3g}-"
+                   f"{ev['params'][1] / 1e9:.4g} B")
+    return tuple(out)
+
+
 def error_table(rows: list[dict], iterations: int, command: str, date: str) -> dict:
     """The shipped table from the held-out rows of ``leave_one_group_out`` (each with ``family``,
-    ``gemm_precision``, ``group`` and ``rel_error``): overall, per family/precision and per group."""
+    ``gemm_precision``, ``group`` and ``rel_error``; with ``accelerator``, ``devices`` and
+    ``params`` also each cell's :func:`evidence`): overall, per family/precision and per group."""
     cells: dict[str, list[float]] = {}
     groups: dict[str, list[float]] = {}
     for r in rows:
         cells.setdefault(f"{r['family']}/{r['gemm_precision']}", []).append(r["rel_error"])
         groups.setdefault(r["group"], []).append(r["rel_error"])
+    evidences = {}
+    if rows and all("accelerator" in r for r in rows):
+        evidences = {"overall": evidence(rows), **{k: evidence([r for r in rows if f"{r['family']}/"
+                                                                f"{r['gemm_precision']}" == k]) for k in cells}}
     return {"schema": SCHEMA, "definition": "leave-one-source-group-out relative error of tokens/s per device "
             "((predicted - published) / published); mape = mean |error|, bias = median error", "date": date,
             "command": command, "iterations": iterations, "min_rows": MIN_ROWS,
             "overall": summary(r["rel_error"] for r in rows),
             "by_family_precision": {k: summary(v) for k, v in sorted(cells.items())},
-            "by_group": {k: summary(v) for k, v in sorted(groups.items())}}
+            "by_group": {k: summary(v) for k, v in sorted(groups.items())}, "evidence": evidences}
 
 
 def check_table(table: dict, where: str = TABLE_FILE) -> dict:
@@ -106,9 +147,12 @@ def load_table(path=None) -> dict:
     return check_table(table, str(p))
 
 
-def error_band(table: dict, family: str, precision: str, mfu: float) -> ErrorBand:
+def error_band(table: dict, family: str, precision: str, mfu: float, accelerator: str | None = None,
+               devices: int | None = None, params: float | None = None) -> ErrorBand:
     """The band of a plan of ``family`` (dense | moe) in GEMM ``precision`` with predicted ``mfu``;
-    see the module docstring."""
+    see the module docstring. With the plan's ``accelerator`` (catalog id), ``devices`` and
+    ``params`` (total), and the table's per-cell ``evidence``, it says which rows it rests on and
+    where the plan lies outside them."""
     key = f"{family}/{precision}"
     cell = table["by_family_precision"].get(key, {"n": 0})
     note = ""
@@ -117,5 +161,11 @@ def error_band(table: dict, family: str, precision: str, mfu: float) -> ErrorBan
                 f"{table['overall']['n']} rows is used")
         key, cell = "overall", table["overall"]
     mape = float(cell["mape"])
+    ev = table.get("evidence", {}).get(key)
+    told, beyond = "", ()
+    if ev:
+        told = evidence_text(ev)
+        if accelerator is not None and devices is not None and params is not None:
+            beyond = outside(ev, accelerator, devices, params)
     return ErrorBand(key=key, n=int(cell["n"]), mape=mape, bias=float(cell["bias"]), mfu=mfu,
-                     low=mfu * (1 - mape), high=mfu * (1 + mape), note=note)
+                     low=mfu * (1 - mape), high=mfu * (1 + mape), note=note, evidence=told, extrapolates=beyond)

@@ -236,8 +236,8 @@ def search(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str
     if n_fit == 0:
         left_out = f" ({engine_bases + engine_zero:,} layouts {space.engine} cannot run were left out)"
         raise FitError(f"no layout of {spec.name} fits in {max_memory:.0%} of {capacity / 2**30:.1f} GiB per device on "
-                       f"{devices} devices (gbs {gbs}, seq {seq}; {considered:,} layouts considered); add devices, "
-                       f"lower --seq, or raise --max-memory" + (left_out if space.engine else "")
+                       f"{devices} devices (gbs {gbs}, seq {seq}; {considered:,} layouts considered); lower --seq or "
+                       "add devices" + (left_out if space.engine else "")
                        + (f"; or change the pinned {space.pins()}" if space.pins() else "")
                        + ("; some fit the device only with more in host memory than the "
                           f"{cluster.host.memory_text()}" if host_short else ""))
@@ -296,14 +296,17 @@ def candidate_layouts(result: SearchResult) -> list[ParallelConfig]:
 
 def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str = "bf16",
          options: PerfOptions | None = None, top_k: int = 5, max_memory: float = MEMORY_TARGET,
-         space: SearchSpace | None = None, memory_options=None, cloud: int = 0, uncertainty: bool = False) -> dict:
+         space: SearchSpace | None = None, memory_options=None, cloud: int = 0, uncertainty: bool = False,
+         smallest_fit: bool = True) -> dict:
     """The ``dayzero plan --json`` object: the best layouts as full predictions, best first, with how
     many layouts were considered and why the others were rejected. With ``cloud`` > 0 it also
     holds ``candidates``: the step time and peak memory of the best ``cloud`` fitting layouts
     (the search's own vectorised figures, no extra prediction), the plans among them. With
     ``uncertainty`` it also holds ``error_band`` (the backtest's cross-source error for the best
     plan's family and precision, :mod:`dayzero.planner.search.error_band`) and ``sensitivity`` (the best
-    plan under perturbed inputs, :mod:`dayzero.planner.search.sensitivity`)."""
+    plan under perturbed inputs, :mod:`dayzero.planner.search.sensitivity`). When nothing fits, the
+    FitError says the smallest device count that does (:func:`smallest_fitting`; not with
+    ``smallest_fit=False``)."""
     import time
 
     from dayzero.planner.memory.memory_options import MemoryOptions
@@ -313,8 +316,15 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     options = with_engine_overlaps(options or PerfOptions(), (space or SearchSpace()).engine)
     t0 = time.perf_counter()
     want = max(top_k * FAMILY_POOL, cloud)
-    result = search(spec, cluster, gbs, seq, precision, options, max(want, POOL) if uncertainty else want, max_memory,
-                    space, memory_options=memory_options)
+    try:
+        result = search(spec, cluster, gbs, seq, precision, options, max(want, POOL) if uncertainty else want,
+                        max_memory, space, memory_options=memory_options)
+    except FitError as e:
+        if not smallest_fit:
+            raise
+        found, searched = smallest_fitting(spec, cluster, gbs, seq, precision, options, max_memory, space,
+                                           memory_options)
+        raise FitError(f"{e}; {fit_text(found, searched, cluster)}") from None
     t_search = time.perf_counter() - t0
     pool = candidate_layouts(result)
     layouts = pool[:want]
@@ -338,7 +348,10 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
         from dayzero.planner.search.sensitivity import sensitivity
 
         kind = "moe" if spec.is_moe else "dense"
-        extra["error_band"] = error_band(load_table(), kind, precision, plans[0]["throughput"]["mfu"]).to_dict()
+        from dayzero.specs.counting import params_total
+
+        extra["error_band"] = error_band(load_table(), kind, precision, plans[0]["throughput"]["mfu"],
+                                         cluster.accelerator.id, cluster.devices, params_total(spec)).to_dict()
         extra["sensitivity"] = sensitivity(spec, cluster, options, result.candidates)
     if cloud:
         extra["candidates"] = [{"layout": p.to_dict(), "step_s": float(t), "peak_bytes": float(m)}
@@ -350,3 +363,42 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
             "host": {**cluster.host.to_dict(), **({"assumption": cluster.host.assumption()}
                                                    if cluster.host.assumed else {})},
             "seconds": {"search": t_search, "total": time.perf_counter() - t0}, **extra}
+
+
+FIT_DOUBLINGS = 10  # a cluster too small is searched up to 2**10 times its nodes (then: none found)
+
+
+def smallest_fitting(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str, options: PerfOptions,
+                     max_memory: float, space: SearchSpace | None = None,
+                     memory_options=None) -> tuple[int | None, tuple[int, ...]]:
+    """The smallest device count, of the cluster's shape doubled node by node (its card, fabrics
+    and host: :func:`dayzero.specs.cluster.with_nodes`), at which some layout of the scenario fits
+    by the search's own memory check; and the counts searched. None when none up to
+    :data:`FIT_DOUBLINGS` doublings (or the largest cluster) fits."""
+    from dayzero.errors import ConfigError, LayoutError
+    from dayzero.specs.cluster import with_nodes
+
+    searched: list[int] = []
+    nodes = cluster.nodes
+    for _ in range(FIT_DOUBLINGS):
+        nodes *= 2
+        try:
+            bigger = with_nodes(cluster, nodes)
+        except ConfigError:  # past the largest cluster, or no scale-out rate to add nodes with
+            break
+        searched.append(bigger.devices)
+        try:
+            search(spec, bigger, gbs, seq, precision, options, 1, max_memory, space, memory_options=memory_options)
+        except (FitError, LayoutError):  # nothing fits, or no layout of gbs passes the rules there
+            continue
+        return bigger.devices, tuple(searched)
+    return None, tuple(searched)
+
+
+def fit_text(found: int | None, searched: tuple[int, ...], cluster: Cluster) -> str:
+    """:func:`smallest_fitting`'s answer in words, saying what was searched."""
+    how = (f"searched {', '.join(f'{d:,}' for d in searched)} devices, doubling the "
+           f"{cluster.devices_per_node}-device nodes" if searched else "no larger cluster of this shape to search")
+    if found is None:
+        return f"no larger cluster fits either ({how})"
+    return f"the smallest device count that fits is {found:,} ({how})"

@@ -73,10 +73,12 @@ def frame(view: View, width: int = 60):
     tps = list(view.tokens_per_s)
     curves.add_row("tokens/s", sparkline(tps, width) + (f"  {min(tps):,.0f} .. {max(tps):,.0f}" if tps else ""))
 
-    ranks = Table(title="ranks (newest step)" + ("" if view.per_rank else ": max over ranks, from the step records"),
-                  title_justify="left", expand=False)
+    from dayzero.cli.render import FitTable  # fits the console: headers wrap, nothing is cut
+
+    ranks = FitTable(title="ranks (newest step)" + ("" if view.per_rank else ": max over ranks, from the step "
+                                                                           "records"), compact=True)
     for c in ("rank", "step s", "comm s", "busy s", "tokens/s", "peak mem", "of capacity", "temp C", "power W"):
-        ranks.add_column(c, justify="right")
+        ranks.add_column(c, num=True)
     busiest = max((r.busy_s for r in view.ranks), default=None)
     for r in view.ranks:
         cap = f"{r.mem_peak_bytes / r.mem_capacity_bytes:.0%}" if r.mem_capacity_bytes else "-"
@@ -86,9 +88,9 @@ def frame(view: View, width: int = 60):
                       _num(r.power_w, ".0f"), style=style)
 
     if view.alerts:
-        alerts = Table(title="active alerts", title_justify="left", show_header=True)
+        alerts = FitTable(title="active alerts", compact=True)
         for c in ("alert", "severity", "ranks", "message"):
-            alerts.add_column(c)
+            alerts.add_column(c, wrap=c != "alert")
         for a in view.alerts:
             alerts.add_row(a.name, Text(a.severity, style="bold red" if a.severity == "critical" else "yellow"),
                            (", ".join(map(str, a.ranks)) or "job") if view.per_rank else "all", a.message)

@@ -10,7 +10,7 @@ from importlib import resources
 import pytest
 
 from dayzero.cli.app import main
-from dayzero.monitor.dashboard import sparkline
+from dayzero.cli.monitor_dashboard import sparkline
 from dayzero.monitor.names import BY_NAME
 from dayzero.monitor.prometheus_rules import shipped_rules_path
 from dayzero.monitor.rank_values import RankValues, ranks_event
