@@ -109,3 +109,22 @@ def test_a_small_csv_round_trips(tmp_path: Path):
     r = run_backtest(out)
     assert r["summary"]["n"] == 2 and r["summary"]["skipped"] == 1
     assert {x["id"] for x in r["rows"]} == {"R0127", "R0555"}
+
+
+@pytest.mark.parametrize("framework,year,overlap,sp,kernel", [
+    ("NeMo (Megatron-Core)", "2025", True, True, "fused"),
+    ("Megatron-LM", "2022", False, True, "unfused"),  # Korthikanti et al.: no TE userbuffers, SP on
+    ("Megatron-LM", "2024", True, True, "fused"),  # Megatron-Core and TE by then
+    ("Megatron-DeepSpeed", "2023", False, False, "flash2"),  # DeepSpeed's fork of 2021 Megatron
+    ("torchtitan (FSDP2, eager)", "2025", False, False, "flash2"),
+    ("MaxText (JAX)", "2025", False, False, "fused"),
+])
+def test_row_defaults_are_what_the_named_engine_runs(framework, year, overlap, sp, kernel):
+    """A row that states no overlap, sequence parallelism or attention kernel is priced with what
+    its engine ran then (issue #35: the 2022 engine and Megatron-DeepSpeed have no TP overlap)."""
+    row = {**_row("R0132"), "framework": framework, "year": year, "sequence_parallel": "", "notes": "",
+           "source": "a held-out report", "source_group": "held-out"}
+    c = case_of(row)
+    assert c.options.comm.tp_overlap is overlap
+    assert c.parallel.sequence_parallel is sp
+    assert c.options.attention_kernel == kernel

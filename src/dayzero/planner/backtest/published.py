@@ -19,8 +19,12 @@ the row does not state is a documented default, returned with the case as an
   ``zero_or_dist_optimizer``, then to FSDP/ZeRO words in the text (:mod:`run_features`), then
   ZeRO-1 (Megatron's distributed optimizer). Sequence parallelism is on with tp > 1 unless
   ``sequence_parallel`` says no (the NeMo/Megatron-Bridge recipes' default); TP communication
-  overlap is on for Megatron-family sources (their performance recipes enable it) or where the
-  text says async TP; routing is force-balanced (imbalance 1.0, per the data README).
+  overlap is on where Megatron-Core with Transformer Engine ran (NeMo, Megatron-Bridge, Megatron-LM
+  from 2024: their performance recipes enable it; not Megatron-DeepSpeed nor 2022 Megatron-LM) or
+  where the text says async TP; a blank ``sequence_parallel`` is off outside Megatron; a row that
+  names no attention kernel ran Megatron-Core's fused attention, llm-foundry's FlashAttention-2,
+  cuDNN's fused attention under JAX, FlashAttention-2 elsewhere from 2023 and the unfused softmax
+  before; routing is force-balanced (imbalance 1.0, per the data README).
   Interleaved 1F1B stated without ``vp``: 2 virtual stages per rank (torchtitan's default for
   looped schedules).
 * batch: blank ``mbs`` is 1; blank ``gbs`` is total tokens/s x step time / seq when published,
@@ -375,7 +379,11 @@ def case_of(row: dict) -> Case:
         raise Unpredictable("inconsistent layout", f"{spec.layers} layers cannot fill pp*vp = {pp * vpp} stages")
     split = None if spec.layers % (pp * vpp) == 0 else model_split(spec.layers, pp * vpp, spec.mtp_layers)
     sp_text = text(row, "sequence_parallel").lower()
-    sp = tp > 1 and not re.fullmatch(r"no|false|off|0|n", sp_text)
+    sp_blank = not sp_text
+    sp = tp > 1 and not re.fullmatch(r"no|false|off|0|n", sp_text) and (not sp_blank or megatron_sp(row))
+    if tp > 1 and sp_blank and not sp:
+        assumed.append(Assumption("layout", f"sequence parallelism off: {text(row, 'framework') or 'the framework'} "
+                                            "has no Megatron sequence parallelism"))
     recompute = _recompute(row, feats)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
                               zero=_zero(row, feats), recompute=recompute or "none", sequence_parallel=sp,
@@ -418,7 +426,6 @@ def fused_loss(row: dict) -> bool:
 
 def _options(row: dict, recipe: str, feats: Features) -> PerfOptions:
     framework = text(row, "framework").lower()
-    megatron = megatron_family(row)
     # Megatron-Bridge overlaps the EP all-to-all with another micro-batch's compute in its MXFP8 MoE
     # presets (moe_a2a_overlap=True in scripts/performance/configs/*/..._workload_base_configs.py,
     # *_FP8_MX_* for DeepSeek-V3 and GPT-OSS); its BF16, FP8-CS and NVFP4 presets leave it off. A
@@ -432,9 +439,59 @@ def _options(row: dict, recipe: str, feats: Features) -> PerfOptions:
     # gpt-oss (August 2025) postdates it, and its 8K-sequence rows run nearly as fast per token as the
     # 4K ones, which unfused attention (quadratic work on every layer) cannot
     foundry = "foundry" in framework or "mosaic" in text(row, "source").lower()
-    kernel = feats.kernel or ("flash2" if foundry else "fused")
-    return PerfOptions(comm=CommOptions(tp_overlap=megatron or feats.tp_overlap, ep_overlap=bridge or feats.ep_overlap),
+    kernel = feats.kernel or ("flash2" if foundry else "fused" if megatron_core(row) else default_kernel(row))
+    return PerfOptions(comm=CommOptions(tp_overlap=userbuffers(row) or feats.tp_overlap,
+                                        ep_overlap=bridge or feats.ep_overlap),
                        attention_kernel=kernel)
+
+
+def _year(row: dict) -> int | None:
+    m = re.match(r"\s*(\d{4})", text(row, "year"))
+    return int(m.group(1)) if m else None
+
+
+def megatron_core(row: dict) -> bool:
+    """The run used Megatron-Core with Transformer Engine as NeMo and Megatron-Bridge ship it (their
+    performance recipes), or Megatron-LM from 2024 on (built on Megatron-Core and TE by then)."""
+    framework = text(row, "framework").lower()
+    if "deepspeed" in framework:
+        return False
+    if any(w in framework for w in ("megatron-core", "mcore", "nemo", "bridge")):
+        return True
+    year = _year(row)
+    return "megatron" in framework and year is not None and year >= 2024
+
+
+def userbuffers(row: dict) -> bool:
+    """TP communication overlap on by default: only where the engine has it and its recipes turn it
+    on. Megatron-Core's ``--tp-comm-overlap`` runs Transformer Engine's userbuffers (NeMo's and
+    Megatron-Bridge's performance recipes set tp_comm_overlap); Megatron-DeepSpeed (DeepSpeed's fork
+    of 2021 Megatron-LM, no TE) and Megatron-LM before TE have none: 2022 Megatron overlapped only the
+    backward's TP all-reduce with the weight-gradient GEMM (Korthikanti et al. 2022, sec. 4.2.3), a
+    partial overlap this model does not credit. Other engines: where the row's text says so."""
+    return megatron_core(row)
+
+
+def megatron_sp(row: dict) -> bool:
+    """A blank ``sequence_parallel`` column means on for Megatron-LM (it has Megatron sequence
+    parallelism since 2022, Korthikanti et al.) and Megatron-Core recipes; off for Megatron-DeepSpeed
+    (its Megatron predates it; DeepSpeed's sequence parallelism is Ulysses, stated as such) and
+    for other engines."""
+    framework = text(row, "framework").lower()
+    return "megatron" in framework and "deepspeed" not in framework or megatron_core(row)
+
+
+def default_kernel(row: dict) -> str:
+    """The attention kernel a row that names none ran: under JAX (MaxText, Pax) cuDNN's fused flash
+    attention, MaxText's GPU default (``attention: cudnn_flash_te``, MaxText base.yml); elsewhere
+    FlashAttention-2 from 2023 on (Megatron-LM's ``--use-flash-attn``, January 2023; PyTorch's SDPA
+    flash backend, torch 2.0, March 2023), the unfused softmax that materialises the score matrix
+    before (Megatron-LM 2022's fused scale-mask-softmax still writes the s x s scores)."""
+    framework = text(row, "framework").lower()
+    if any(w in framework for w in ("jax", "maxtext", "pax")):
+        return "fused"
+    year = _year(row)
+    return "unfused" if year is not None and year <= 2022 else "flash2"
 
 
 def load_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skip]]:
