@@ -73,7 +73,6 @@ def day0_cmd(
     --price-per-device-hour 2.5 --out runs/my-day0[/bold]; [bold]dayzero day0 tiny-llama -a h100 -n 64
     --validate[/bold]
     """
-    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         Progress,
@@ -134,8 +133,7 @@ def day0_cmd(
     for c in report.get("claims", ()):
         if c["formula"].startswith("Day-0 target"):
             continue  # the checks above
-        t.add_row("  claim", ("[green]holds[/green]" if c["holds"] else "[red]does not hold[/red]")
-                  + f" {escape(c['claim'])}: {escape(c['text'])}")
+        t.add_row("  claim", pass_fail(c["holds"], "holds", "does not hold") + f" {c['claim']}: {c['text']}")
     console.print(t)
     console.print(f"wrote {paths['json']}, {paths['md'].name}, {paths['html'].name}")
     todo, left_out = for_model(next_steps(report, model, cl, paths["json"]), report["model"])

@@ -21,6 +21,8 @@ plan's own recompute against the same layout without it from the planner's compu
 
 from __future__ import annotations
 
+from dayzero.units import gib
+
 ABOUT = 0.25  # "about": within a quarter of the claimed figure
 BF16_BYTES = 2
 ADAM_K = 12
@@ -67,8 +69,8 @@ def mixed_precision_claim(stage: dict) -> dict:
     return _claim("mixed precision cuts memory about 50 %", 100 * cut, 50, "%",
                   "1 - (states + activations) / (states x 16/18 + 2 x activations): 18 B a parameter with FP32 "
                   "master weights and gradients vs 16 B in FP32; activations halve",
-                  f"{cut:.0%} on the busiest stage ({states / 1e9:,.1f} GB model states, {acts / 1e9:,.1f} GB "
-                  "activations): model states grow 16 -> 18 B a parameter, only activations halve")
+                  f"{cut:.0%} on the busiest stage ({gib(states)} model states, {gib(acts)} activations): model "
+                  "states grow 16 -> 18 B a parameter, only activations halve")
 
 
 def recompute_claim(recompute: str, compute_s: float | None, compute_without_s: float | None) -> dict:
