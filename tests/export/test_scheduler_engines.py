@@ -27,6 +27,8 @@ from dayzero.specs.registry import load_model, model_config
 # a layout every engine runs: FSDP (ZeRO-3) over 16 ranks, no tensor parallelism
 FSDP = P(dp=16, zero=3, gbs=32)
 MODEL = "tiny-llama"
+# torchtitan runs only the models its config registry builds (export/torchtitan_models.py): the smallest one
+MODELS = {"torchtitan": "llama-3.1-8b"}
 DATA = "/shared/corpus"
 
 
@@ -51,8 +53,9 @@ def _value(words: list[str], flag: str) -> str:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_slurm_wraps_each_engine_with_data_checkpoints_interval_and_steps(engine):
-    spec = load_model(MODEL)
-    exp = slurm.export(spec, FSDP, job=_job(engine), model_config=model_config(MODEL))
+    model = MODELS.get(engine, MODEL)
+    spec = load_model(model)
+    exp = slurm.export(spec, FSDP, job=_job(engine), model_config=model_config(model))
     words = _srun_words(exp.files[slurm.SCRIPT_FILE])
     launcher = "deepspeed" if engine == "deepspeed" else "torchrun"
     assert words[0] == launcher
@@ -79,7 +82,8 @@ def test_slurm_wraps_each_engine_with_data_checkpoints_interval_and_steps(engine
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_kubernetes_wraps_each_engine_with_data_checkpoints_interval_and_steps(engine):
-    exp = kubernetes.export(load_model(MODEL), FSDP, job=_job(engine), model_config=model_config(MODEL))
+    model = MODELS.get(engine, MODEL)
+    exp = kubernetes.export(load_model(model), FSDP, job=_job(engine), model_config=model_config(model))
     docs = list(yaml.safe_load_all(exp.files[kubernetes.MANIFEST_FILE]))
     job = docs[-1]
     command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
@@ -108,7 +112,7 @@ def test_a_layout_the_runtime_refuses_is_refused_at_export_with_the_runtimes_rea
 
 
 def test_the_plans_steps_and_checkpoint_interval_are_the_jobs(tmp_path):
-    plan = {"model": MODEL, "plans": [{"parallel": FSDP.to_dict(), "training": {
+    plan = {"model": MODELS["torchtitan"], "plans": [{"parallel": FSDP.to_dict(), "training": {
         "steps": 1234, "failures": {"optimal_checkpoint_interval_steps": 77}}}]}
     assert schedule_of(plan) == {"steps": 1234, "ckpt_every": 77}
     assert schedule_of({"plans": [{"training": {"steps": 10, "failures": {

@@ -26,9 +26,6 @@ from dayzero.specs.parallel import ParallelConfig
 
 ARGS_FILE = "torchtitan_args.txt"
 HEADER = "# dayzero:"  # the facts the overrides cannot carry: `# dayzero: precision=fp8 layers=32`
-# HF model_type -> torchtitan 0.3 model module (torchtitan/models/*/config_registry.py)
-MODULES = {"llama": "llama3", "deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2_7", "qwen3": "qwen3",
-           "qwen3_moe": "qwen3", "gpt_oss": "gpt_oss"}
 # torch.distributed.pipelining schedule names torchtitan's pipeline_parallel_schedule takes
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe",
              "dualpipev": "DualPipeV"}  # torch.distributed.pipelining get_schedule_class names
@@ -67,10 +64,7 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
            ckpt_every: int = CHECKPOINT_EVERY) -> Export:
     require_engine("torchtitan", parallel)
     p = parallel
-    module = MODULES.get(spec.model_type)
-    missing = [f"the model: torchtitan picks it with --module/--config from a config_registry function; "
-               f"set $TORCHTITAN_CONFIG to the one of {spec.name}"
-               + ("" if module else f" (torchtitan 0.3 has no module for model_type {spec.model_type!r})")]
+    module, config, missing = _model(spec)
     if p.precision == "fp8":
         missing.append("fp8: torchtitan 0.3 sets float8 with a Float8LinearConverter in the config_registry "
                        "function (as llama3_debugmodel_float8 does), not with an override")
@@ -88,11 +82,30 @@ def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, 
     nnodes = nodes or max(1, p.world // devices_per_node)
     command = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={p.world // nnodes}", "--rdzv-backend=c10d",
                "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT", "-m", "torchtitan.train",
-               "--module", module or spec.model_type, "--config", CONFIG_VAR, *args]
+               "--module", module, "--config", config, *args]
     header = comment(f"{HEADER[2:]} precision={p.precision} layers={spec.layers} model={spec.name}", "the model name")
     header += "\n"
     lines = [shell_line(pair, "a torchtitan override") for pair in _pairs(args)]
     return Export("torchtitan", {ARGS_FILE: header + "\n".join(lines) + "\n"}, command, missing)
+
+
+def _model(spec: ModelSpec) -> tuple[str, str, list[str]]:
+    """(module, config, notes): torchtitan's registered config whose model equals ``spec``
+    (export/torchtitan_models.py: built by torchtitan on the meta device; a model none equals is
+    refused there); without torchtitan installed, the model's module and ``$TORCHTITAN_CONFIG``
+    for the user to set, said in a note."""
+    import importlib.util
+
+    from dayzero.export.torchtitan_models import MODULES as TT_MODULES
+    from dayzero.export.torchtitan_models import model_config
+
+    module = TT_MODULES.get(spec.model_type)
+    if importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("torch") is None:
+        return module or spec.model_type, CONFIG_VAR, [
+            f"the model: torchtitan is not installed here, so the config_registry function whose model equals "
+            f"{spec.name} was not looked up; set $TORCHTITAN_CONFIG (pip install 'dayzero[engines]' finds it)"]
+    r = model_config(spec)
+    return r.module, r.config, []
 
 
 def _pairs(args: list[str]) -> list[list[str]]:
