@@ -32,6 +32,7 @@ from typing import Any
 from dayzero.errors import ConfigError
 
 MAX_FILE_BYTES = 64 * 2**20  # a config, cluster file or CSV is kilobytes; refuse before reading gigabytes
+STREAM_BYTES = 512 * 2**20  # a metrics stream: ~300 bytes a step, so over a million steps
 MAX_DEPTH = 64  # nesting of a JSON/YAML document (real configs nest 3-4 levels)
 MAX_YAML_NODES = 100_000  # a cluster or calibration file holds a few hundred values; expanded aliases included
 _CHUNK = 1 << 20
@@ -306,7 +307,10 @@ def parse_yaml(text: str, source: str) -> Any:
     except ConfigError:
         raise
     except yaml.YAMLError as e:
-        raise ConfigError(source, None, f"malformed YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(source, None, f"malformed YAML{where}: {problem}") from None
     except _Duplicate as e:
         raise ConfigError(source, str(e.args[0]), "appears twice in one mapping; keep one (YAML readers "
                           "disagree on which wins)") from None

@@ -46,17 +46,17 @@ PCIE_X16_GBYTES = {3: 16, 4: 32, 5: 64, 6: 128}  # per direction
 
 _PREFIX = {"t": 1000.0, "g": 1.0, "m": 0.001}
 _FIGURE = re.compile(
-    r"(?:(?P<count>\d+)\s*[x×]\s*(?i:(?:ib|infiniband|hdr|ndr|edr|xdr|connectx-?\d*|cx-?\d|roce|ethernet|nics?)\s+){0,2})?"
-    r"(?P<num>\d+(?:\.\d+)?)\s*(?P<prefix>[TGMtgm])(?P<rest>i?B(?:ytes?)?/s|i?B(?:ytes?)?ps|BPS|b(?:its?)?/s|bits?\b"
+    r"(?:(?<!\d)(?P<count>\d+)\s*[x×]\s*(?i:(?:ib|infiniband|hdr|ndr|edr|xdr|connectx-?\d*|cx-?\d|roce|ethernet|nics?)\s+){0,2})?"
+    r"(?<!\d)(?P<num>\d+(?:\.\d+)?)\s*(?P<prefix>[TGMtgm])(?P<rest>i?B(?:ytes?)?/s|i?B(?:ytes?)?ps|BPS|b(?:its?)?/s|bits?\b"
     r"|bps|bE\b|b\b|(?![A-Za-z]))(?:\s*[x×]\s*(?P<count_after>\d+)\b)?")
-_COUNT_WORDS = re.compile(r"\b(\d+)\s*(?:x\s*)?(?:\w+\s+)?(?:nics?|hcas?|ports?|links?|rails?|adapters?)\b", re.I)
-_IB_GEN = re.compile(r"(?:(?P<count>\d+)\s*[x×]\s*)?\b(?P<gen>edr|hdr100|hdr|ndr200|ndr|xdr)\b", re.I)
+_COUNT_WORDS = re.compile(r"\b(\d++)\s*(?:x\s*)?(?:\w+\s+)?(?:nics?|hcas?|ports?|links?|rails?|adapters?)\b", re.I)
+_IB_GEN = re.compile(r"(?:(?<!\d)(?P<count>\d+)\s*[x×]\s*)?\b(?P<gen>edr|hdr100|hdr|ndr200|ndr|xdr)\b", re.I)
 _NVLINK_GEN = re.compile(r"nvlink\s*(?:gen\s*)?(?P<a>[2-5])(?:\.0)?\b|(?P<b>[2-5])(?:st|nd|rd|th)[- "
                          r"]gen\w*\s+nvlink", re.I)
 _PCIE_GEN = re.compile(r"pcie\s*(?:gen\s*)?(?P<gen>[3-6])(?:\.0)?\b", re.I)
-_DPN = re.compile(r"(\d+)\s*(?:x\s*)?(?:gpus?|devices?|accelerators?|cards?|chips?)\s*(?:per|/|each|in a)\s*"
-                  r"(?:node|server|host)|(\d+)-(?:gpu|device|accelerator)\s+(?:nodes?|servers?|hosts?)|nodes? of "
-                  r"(\d+)", re.I)
+_DPN = re.compile(r"(?<!\d)(\d+)\s*(?:x\s*)?(?:gpus?|devices?|accelerators?|cards?|chips?)\s*(?:per|/|each|in a)\s*"
+                  r"(?:node|server|host)|(?<!\d)(\d+)-(?:gpu|device|accelerator)\s+(?:nodes?|servers?|hosts?)|"
+                  r"nodes? of (\d+)", re.I)
 _UP_WORDS = re.compile(r"nvlink|nvswitch|xgmi|infinity fabric|hccs|\bici\b|intra[- ]?node|\bintra\b|scale[- ]?up|"
                        r"within (?:a|the|each) node|\bnvl\d+", re.I)
 _OUT_WORDS = re.compile(r"infiniband|\bib\b|\b(?:edr|hdr|ndr|xdr)\d*\b|roce|ethernet|gbe\b|\befa\b|slingshot|"

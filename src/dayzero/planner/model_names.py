@@ -41,7 +41,7 @@ SIZE_UNITS = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 PRESET_SIZE_TOLERANCE = 0.15  # nominal sizes round: Llama 2 "7B" is 6.74e9, gpt-oss "120B" 116.8e9
 
 _TOKEN = re.compile(r"\d+(?:\.\d+)?(?:x\d+(?:\.\d+)?)?[a-z]*|[a-z]+")
-_SIZE = re.compile(r"(?:(\d+)x)?(\d+(?:\.\d+)?)([kmbt])")
+_SIZE = re.compile(r"(?:(?<!\d)(\d+)x)?(?<!\d)(\d+(?:\.\d+)?)([kmbt])")
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,14 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        from dayzero.inputs import load_json
+
+        obj = load_json(path, "a train config JSON (dayzero train --save-config writes one)")
+        if not isinstance(obj, dict):
+            from dayzero.errors import ConfigError
+
+            raise ConfigError(str(path), None, f"expected a JSON object, got {type(obj).__name__}")
+        return cls.from_dict(obj)
 
     def with_(self, **kw) -> "TrainConfig":
         """A copy with run-level fields or whole sections replaced, and ``section={field: value}``

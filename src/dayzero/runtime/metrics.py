@@ -147,10 +147,11 @@ class MetricsWriter:
 def _records(path: str | Path):
     """The JSON objects of a metrics file, in order; a line that is not a JSON object (a record cut
     by a crash mid-write) is skipped."""
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    from dayzero.inputs import STREAM_BYTES, read_text
+
+    if not Path(path).exists():
         return
+    text = read_text(path, "a metrics stream (JSONL)", STREAM_BYTES, errors="replace")
     for line in text.splitlines():
         if line.strip():
             try:

@@ -113,7 +113,7 @@ def _records(text: str, source: str) -> list[dict]:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             raise LoadsError(source, None, f"line {n} is not JSON; {HINT}") from None
         step = obj.get("step") if isinstance(obj, dict) else None
         if isinstance(step, int) and not isinstance(step, bool) and "event" not in obj:
@@ -168,7 +168,7 @@ def _parse(path: str | Path) -> tuple[Any, str, str]:
     first = next((line for line in text.splitlines() if line.strip()), "")
     try:
         head = json.loads(first)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
         head = None
     if isinstance(head, dict) and ("step" in head or "event" in head):
         return None, text, source

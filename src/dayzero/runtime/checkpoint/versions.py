@@ -107,7 +107,9 @@ def next_seq(root: Path, versions: list[Version]) -> int:
     """The next write sequence number of ``root``: one more than any manifest's and than the
     counter's, so numbers never repeat even after versions are deleted. Call under the lock."""
     try:
-        last = int((Path(root) / SEQUENCE).read_text())
+        from dayzero.inputs import read_text
+
+        last = int(read_text(Path(root) / SEQUENCE, limit=64))
     except (OSError, ValueError):
         last = 0
     seq = max([last] + [v.record.seq for v in versions if v.record is not None]) + 1
