@@ -97,11 +97,16 @@ def failure_model(*, step_s: float, ideal_s: float, devices: int, state_bytes_pe
     o = options
     rate = o.interruptions_per_device_day * devices / SECONDS_PER_DAY
     mtbf_s = 1.0 / rate if rate > 0 else math.inf
+    if not math.isfinite(step_s) or step_s >= mtbf_s:
+        raise ConfigError("training cost", None, f"one step is predicted to take {step_s:.3g} s, no shorter than the "
+                          f"{mtbf_s:.3g} s between interruptions, so no step would finish; the step time follows from "
+                          "the cluster's rates and the efficiency constants: check for a bandwidth, peak or "
+                          "efficiency near zero")
     ckpt_s = state_bytes_per_device / o.storage_bytes_per_s_per_device * o.async_blocking
     interval = optimal_interval(ckpt_s, mtbf_s) if mtbf_s < math.inf else ideal_s
     interval = max(interval, step_s)  # a checkpoint at most every step
     g = goodput(ckpt_s, interval, o.restart_s, mtbf_s)
-    if g <= 0:
+    if not g > 0:
         raise ConfigError("training cost", None, f"interruptions every {mtbf_s / 60:.1f} min with {o.restart_s:.0f} s "
                           "restarts leave no time to train; lower --restart-s or the interruption rate")
     return {"rate": rate, "mtbf_s": mtbf_s, "checkpoint_s": ckpt_s, "interval_s": interval, "goodput": g}

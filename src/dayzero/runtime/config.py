@@ -103,8 +103,9 @@ class MoESection:
                         ("--moe-z-loss", self.z_loss)):
             if v is not None and not v >= 0:
                 out.append(f"{name} {v}: must be >= 0")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            out.append(f"--moe-capacity-factor {self.capacity_factor}: must be > 0 (omit it for dropless routing)")
+        if self.capacity_factor is not None and not 0 < self.capacity_factor < float("inf"):
+            out.append(f"--moe-capacity-factor {self.capacity_factor}: must be a finite number > 0 (omit it for "
+                       "dropless routing)")
         if self.loads_every < 1:
             out.append(f"--moe-loads-every {self.loads_every}: must be >= 1")
         return out
