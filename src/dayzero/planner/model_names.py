@@ -59,14 +59,15 @@ class NameKey:
 
 def strip_annotations(name: str) -> str:
     """``Llama 3.1 8B [FSDP2, compile] (NeMo)`` -> ``Llama 3.1 8B``; ``org/Model`` -> ``Model``."""
-    s = re.sub(r"\[[^\]]*\]|\([^)]*\)|\{[^}]*\}", " ", name)
+    s = re.sub(r"\[[^\[\]]*\]|\([^()]*\)|\{[^{}]*\}", " ", name)
     s = s.strip().rsplit("/", 1)[-1] if re.fullmatch(r"[\w.\-]+/[\w.\-]+", s.strip()) else s
     return " ".join(s.split())
 
 
 def annotations(name: str) -> list[str]:
     """The bracketed and parenthesised parts of a name (``[FSDP2, compile]`` -> ``FSDP2, compile``)."""
-    return [m.group(1) or m.group(2) or m.group(3) for m in re.finditer(r"\[([^\]]*)\]|\(([^)]*)\)|\{([^}]*)\}", name)]
+    found = re.finditer(r"\[([^\[\]]*)\]|\(([^()]*)\)|\{([^{}]*)\}", name)
+    return [m.group(1) or m.group(2) or m.group(3) for m in found]
 
 
 def size_value(size: str | None) -> float | None:
