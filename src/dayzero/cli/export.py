@@ -207,6 +207,7 @@ def _import(engine: str, file: Path, devices: int):
     """The layout of an engine's launch file (and the notes on what was assumed), checked by the same
     rules as the flags: a launch whose values no engine could run (ep -4, seq 0, ZeRO stage 7)
     is refused with the field, never returned."""
+    import re
     from dataclasses import asdict
 
     from dayzero.errors import ConfigError, DayzeroError, one_line
@@ -221,8 +222,11 @@ def _import(engine: str, file: Path, devices: int):
             _launch_text(launch)  # a special file or a bomb beside the config: refused before it is split
     try:
         parallel, notes = _writer(engine).import_file(file, devices)
-    except DayzeroError:
-        raise
+    except DayzeroError as e:
+        if "functools.partial(" not in str(e):
+            raise
+        # argparse quotes its type converter's repr: say the value was refused, not which Python object refused it
+        raise DayzeroError(re.sub(r"invalid functools\.partial\(.*?\) value:", "invalid value", str(e))) from None
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError) as e:
         raise ConfigError(str(file), None, f"cannot be read as a {engine} launch: {one_line(e, 200)}") from None
     d = asdict(parallel)  # not to_dict: it divides by mbs, which the rules check first

@@ -44,6 +44,9 @@ def checked_fields(p: dict, source: str) -> dict:
     for k in INT_FIELDS:
         if k in p:
             _int(p[k], source, k)
+    if p.get("activation_offload_layers", 0) < 0:
+        raise ConfigError(source, "activation_offload_layers", f"must be >= 0 layers per model chunk (0: off), got "
+                          f"{p['activation_offload_layers']}")
     if "recompute_layers" in p:
         _int(p["recompute_layers"], source, "recompute_layers", optional=True)
     for k in STR_FIELDS:
