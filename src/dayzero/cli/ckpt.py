@@ -1,4 +1,4 @@
-"""``dayzero ckpt list|verify|export|import``: inspect, check and convert checkpoints."""
+"""``dayzero ckpt list|verify|gc|export|import``: inspect, check and convert checkpoints."""
 
 from __future__ import annotations
 

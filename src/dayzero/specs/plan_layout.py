@@ -137,4 +137,9 @@ def layout_of(p: dict, world: int, seq: int, gbs: int | None = None, source: str
                          seq=seq, zero=zero, recompute=f.get("recompute", "none"),
                          recompute_modules=tuple(f.get("recompute_modules") or ()),
                          sequence_parallel=bool(f.get("sequence_parallel")), schedule=f.get("schedule", "1f1b"))
-    return checked_layout(par, source)
+    # the rules that need the model and the ranks (ep x etp within a stage, heads over tp) are the
+    # consumer's: the run's pre-flight validates the fitted layout against both
+    bad = [x for x in par.problems() if x.split()[0] in ("recompute", "schedule", "cp_comm", "zero")]
+    if bad:
+        raise LayoutError(f"{source}: invalid parallel layout: " + "; ".join(bad))
+    return par
