@@ -385,6 +385,12 @@ def test_derived_models_are_checked_before_they_are_built(tmp_path, cfg, needle)
     assert time.perf_counter() - t < 20
 
 
+def test_exact_memory_refuses_an_expert_count_it_cannot_run(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(dict(T, model_type="mixtral", num_local_experts=2**20, num_experts_per_tok=2)))
+    refused(["memory", f, "-a", "h100", "-n", "8", "--exact"], "1,048,576 experts x 4 MoE layers")
+
+
 def test_routing_groups_that_do_not_divide_the_experts(tmp_path):
     mla = dict(q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
                n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
