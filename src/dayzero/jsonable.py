@@ -34,21 +34,21 @@ def finite(obj: Any, path: str = "", found: list[str] | None = None) -> Any:
     return obj
 
 
-def _plain(obj: Any) -> Any:
+def plain(obj: Any) -> Any:
     """``obj`` as plain JSON types (``to_dict``, numpy scalars, sets and tuples converted)."""
     return json.loads(json.dumps(obj, default=json_default))
 
 
 def dumps(obj: Any, indent: int | None = 1) -> str:
     """Strict JSON text of ``obj`` (non-finite numbers as ``null``)."""
-    return json.dumps(finite(_plain(obj)), indent=indent, allow_nan=False)
+    return json.dumps(finite(plain(obj)), indent=indent, allow_nan=False)
 
 
 def record_line(obj: dict) -> str:
     """One compact line of a JSONL stream: strict JSON; a record whose values were not finite
     names them under ``nonfinite`` (the value itself is written as ``null``)."""
     found: list[str] = []
-    clean = finite(_plain(obj), found=found)
+    clean = finite(plain(obj), found=found)
     if found:
         clean["nonfinite"] = found
     return json.dumps(clean, allow_nan=False)

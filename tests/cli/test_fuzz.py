@@ -286,6 +286,137 @@ def test_fuzz_metrics_streams(tmp_path_factory, records, verb):
     check([*verb.split(), f, *(["--once"] if verb == "monitor" else []), "--json"])
 
 
+# -- round 3: special files, bombs, hand-edited plans, foreign launch files, edge numbers ---------------
+
+SMALL = settings(FUZZ, max_examples=max(5, EXAMPLES // 3))
+EDGE_TEXT = ("0", "-1", "1e308", "5e-324", "1e-300", "inf", "nan", "9" * 300, str(2**53 + 1), "2.0", "1:30", "yes",
+             "", "0x10")
+FILE_VERBS = (("inspect", "{p}"), ("plan", "llama-3.1-8b", "--cluster", "{p}"),
+              ("predict", "llama-3.1-8b", "-a", "h100", "-n", "8", "--calibration", "{p}"), ("backtest", "{p}"),
+              ("moe", "place", "--loads", "{p}", "--ep", "4"), ("import", "{p}", "--devices", "8"),
+              ("export", "{p}", "--to", "megatron", "-n", "8"), ("monitor", "{p}", "--once"), ("moe", "loads", "{p}"))
+
+
+def _edge_json(text: str):
+    for conv in (int, float):
+        with contextlib.suppress(ValueError):
+            return conv(text)
+    return text
+
+
+@SMALL
+@given(kind=st.sampled_from(["fifo", "/dev/zero", "/dev/urandom", "dir", "dir-fifo"]), verb=st.sampled_from(FILE_VERBS),
+       name=st.sampled_from(["config.json", "cluster.yaml", "runs.csv", "metrics.jsonl", "megatron_args.txt"]))
+def test_fuzz_special_files(tmp_path_factory, kind, verb, name):
+    p = tmp_path_factory.mktemp("special") / name
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind.startswith("dir"):
+        p.mkdir()
+        if kind == "dir-fifo":
+            os.mkfifo(p / "config.json")
+    else:
+        p = kind
+    argv = [str(p) if a == "{p}" else a for a in verb]
+    code, _, err, _ = run(argv)
+    assert code == 2 and "Traceback" not in err and err.startswith("dayzero: error: "), (argv, err)
+
+
+@SMALL
+@given(levels=st.integers(1, 10), width=st.integers(1, 12), extra=st.sampled_from(
+    ["", "nodes: 2\n", "host: &h {x: [*h]}\n", "nodes: 1:30\n", "nodes: yes\n", "devices_per_node: on\n"]),
+    target=st.sampled_from(["cluster", "calibration"]))
+def test_fuzz_yaml_bombs(tmp_path_factory, levels, width, extra, target):
+    doc = "a0: &a0 [" + ",".join(["1"] * width) + "]\n" + "".join(
+        f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * width) + "]\n" for i in range(1, levels))
+    f = tmp_path_factory.mktemp("bomb") / "f.yaml"
+    f.write_text(doc + "accelerator: h100\nnodes: 1\n" + extra)
+    argv = (["plan", "llama-3.1-8b", "--cluster", f, "--top", "1"] if target == "cluster" else
+            ["predict", "llama-3.1-8b", "-a", "h100", "-n", "8", "--calibration", f])
+    code, _, err, _ = run(argv)
+    # every draw here carries keys a cluster or calibration file does not have, or a bomb: refused
+    assert code == 2 and "Traceback" not in err, (argv, err)
+
+
+@pytest.fixture(scope="module")
+def plan_file_doc():
+    code, out, err, _ = run(["plan", "llama-3.1-8b", "-a", "h100", "-n", "16", "--json", "--top", "1"])
+    assert code == 0, err
+    return json.loads(out)
+
+
+@SMALL
+@given(edits=st.dictionaries(st.sampled_from(["tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "seq", "zero",
+                                              "recompute", "recompute_modules", "layer_split", "schedule",
+                                              "sequence_parallel", "microbatches", "activation_offload_layers"]),
+                             st.one_of(odd_values(), st.sampled_from(EDGE_TEXT).map(_edge_json)), min_size=1,
+                             max_size=3),
+       to=st.sampled_from(["megatron", "torchtitan", "deepspeed", "slurm", "kubernetes"]))
+def test_fuzz_plan_files(tmp_path_factory, plan_file_doc, edits, to):
+    doc = json.loads(json.dumps(plan_file_doc))
+    doc["plans"][0]["parallel"].update(edits)
+    f = tmp_path_factory.mktemp("plan") / "plan.json"
+    f.write_text(json.dumps(doc, allow_nan=True))
+    check(["export", f, "--to", to, "--json"])
+    code, out, _, _ = run(["export", f, "--to", to, "--json"])
+    if code == 0:  # what was written is what the rules accept: no float degree, no zero
+        par = json.loads(out)["parallel"]
+        assert all(isinstance(par[k], int) and par[k] >= 1 for k in ("tp", "pp", "dp", "cp", "ep", "mbs")), par
+
+
+@SMALL
+@given(kind=st.sampled_from(["megatron", "torchtitan", "deepspeed"]), words=st.lists(st.one_of(
+    st.sampled_from(["'", '"', "\\", "'x", "--x", "#", "bogus", "full", "-4", "0"]), st.sampled_from(EDGE_TEXT)),
+    min_size=1, max_size=8), stage=st.one_of(odd_values(), st.sampled_from(EDGE_TEXT).map(_edge_json)))
+def test_fuzz_foreign_launch_files(tmp_path_factory, kind, words, stage):
+    d = tmp_path_factory.mktemp("launch")
+    if kind == "deepspeed":
+        f = d / "ds_config.json"
+        f.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": stage,
+                                 "zero_optimization": {"stage": stage}}, allow_nan=True))
+        (d / "launch.sh").write_text("deepspeed pretrain.py --seq-length " + " ".join(words) + "\n")
+    else:
+        lead = "--tensor-model-parallel-size 2 --seq-length" if kind == "megatron" else \
+            "--parallelism.tensor_parallel_degree 2 --training.seq_len"
+        f = d / f"{kind}_args.txt"
+        f.write_text(lead + " " + " ".join(words) + "\n")
+    check(["import", f, "--devices", "8", "--json"])
+
+
+@SMALL
+@given(value=st.sampled_from(EDGE_TEXT), where=st.sampled_from(["capacity", "loads", "hidden_size",
+                                                                 "tokens_per_sec_per_gpu", "num_accelerators",
+                                                                 "inter_node_gbytes_per_s", "attention_eff"]))
+def test_fuzz_edge_numbers(tmp_path_factory, value, where):
+    d = tmp_path_factory.mktemp("edge")
+    if where == "capacity":
+        argv = ["memory", "mixtral-8x7b", "-a", "h100", "-n", "8", "--ep", "8", "--capacity-factor", value, "--json"]
+    elif where == "loads":
+        f = d / "loads.json"
+        f.write_text(json.dumps([[_edge_json(value), 1, 2, 3]], allow_nan=True))
+        argv = ["moe", "place", "--loads", f, "--ep", "2", "--json"]
+    elif where in ("hidden_size", "tokens_per_sec_per_gpu", "num_accelerators"):
+        rows = [dict(r) for r in read_rows() if r["id"] == "R0127"]
+        rows[0][where] = value
+        f = d / "runs.csv"
+        with open(f, "w", newline="") as fh:
+            import csv
+
+            w = csv.DictWriter(fh, list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        argv = ["backtest", f, "--json"]
+    elif where == "inter_node_gbytes_per_s":
+        f = d / "c.yaml"
+        f.write_text(f"accelerator: h100\nnodes: 2\n{where}: {value or 0}\n")
+        argv = ["predict", "llama-3.1-8b", "--cluster", f, "--json"]
+    else:
+        f = d / "cal.json"
+        f.write_text(json.dumps({where: _edge_json(value)}, allow_nan=True))
+        argv = ["predict", "llama-3.1-8b", "-a", "h100", "-n", "16", "--calibration", f, "--json"]
+    check(argv)
+
+
 # -- pre-flight of train and validate (--dry-run) ----------------------------------------------------
 
 @pytest.fixture(scope="module")

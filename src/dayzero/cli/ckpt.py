@@ -1,4 +1,4 @@
-"""``dayzero ckpt list|verify|export|import``: inspect, check and convert checkpoints."""
+"""``dayzero ckpt list|verify|gc|export|import``: inspect, check and convert checkpoints."""
 
 from __future__ import annotations
 
@@ -71,12 +71,34 @@ def verify_cmd(
         for c in ("step", "ok", "problems", "path"):
             t.add_column(c, num=c == "step")
         for r in rows:
-            t.add_row(str(r["step"]), pass_fail(r["ok"], "ok", "FAIL"),
-                      "; ".join(r["problems"]) or "-", Path(r["path"]).name)
+            mark = "skipped" if r.get("skipped") else pass_fail(r["ok"], "ok", "FAIL")
+            t.add_row(str(r["step"]), mark, r.get("skipped") or "; ".join(r["problems"]) or "-", Path(r["path"]).name)
         console.print(t)
         print_next(console, _after_verify(path, rows))
     if not all(r["ok"] for r in rows):
         raise typer.Exit(1)
+
+
+@ckpt_app.command("gc")
+def gc_cmd(
+    path: Annotated[Path, typer.Argument(help="Checkpoint directory (a --ckpt-dir).")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Remove what interrupted saves and deletions left: step-N.partial and step-N.deleting directories. Takes the
+    directory's lock first, so it refuses while a job writes there (a job's own start removes them too).
+
+    Example: [bold]dayzero ckpt gc runs/llama/ckpt[/bold]
+    """
+    from dayzero.runtime.checkpoint.inventory import collect_garbage
+
+    removed = collect_garbage(path)
+    if json_out:
+        emit_json({"path": str(path), "removed": removed, "bytes": sum(r["bytes"] for r in removed)})
+        return
+    for r in removed:
+        console.print(f"removed {r['path']} ({human(r['bytes'], 'B')})", highlight=False)
+    console.print(f"{len(removed)} abandoned director{'y' if len(removed) == 1 else 'ies'} removed from {path}, "
+                  f"{human(sum(r['bytes'] for r in removed), 'B')} freed", highlight=False)
 
 
 @ckpt_app.command("export")
@@ -181,9 +203,12 @@ def _after_list(root: Path, rows: list[dict]) -> list[Step]:
 
 
 def _after_verify(path: Path, rows: list[dict]) -> list[Step]:
-    ok = [r for r in rows if r["ok"]]
-    if len(ok) < len(rows):
+    versions = [r for r in rows if not r.get("skipped")]
+    ok = [r for r in versions if r["ok"]]
+    if len(ok) < len(versions):
         return [Step.of("dayzero", "ckpt", "list", path, why="every version's state; resume skips the failed ones")]
+    if not ok:
+        return [Step.of("dayzero", "ckpt", "gc", path, why="remove what interrupted saves left")]
     newest = max(ok, key=lambda r: r["step"])
     return [_export_step(newest["path"], Path(newest["path"]).parent)]
 

@@ -17,8 +17,19 @@ err_console = Console(stderr=True)
 
 
 def emit_json(obj: Any) -> None:
-    """Print one JSON document on stdout (no rich markup, no wrapping)."""
-    sys.stdout.write(dumps(obj) + "\n")
+    """Print one JSON document on stdout (no rich markup, no wrapping). A document holding a
+    non-finite number is refused (one line naming the field) rather than printed with ``null``
+    in its place: an output that cannot be trusted is not written."""
+    from dayzero.errors import DayzeroError
+    from dayzero.jsonable import finite, plain
+
+    found: list[str] = []
+    clean = finite(plain(obj), found=found)
+    if found:
+        raise DayzeroError(f"the result's {found[0]} is not a finite number"
+                           + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+                           + "; an input is out of range: check the sizes, rates and counts given")
+    sys.stdout.write(dumps(clean) + "\n")
 
 
 def human(n: float, unit: str = "") -> str:

@@ -120,7 +120,7 @@ def export_cmd(
     """
     from dayzero.errors import ConfigError
     from dayzero.outputs import prepare_output
-    from dayzero.specs.parallel import ParallelConfig
+    from dayzero.specs.plan_layout import parallel_from_plan
     from dayzero.specs.registry import load_model
 
     if out:
@@ -141,7 +141,8 @@ def export_cmd(
             raise ConfigError("--plan", None, f"the plan file sets the layout; drop {', '.join(given)}")
         if not name:
             raise ConfigError("--model", None, "the plan file names no model; give --model")
-        spec, parallel, config_of = load_model(name), ParallelConfig.from_dict(pdict), name
+        spec, config_of = load_model(name), name
+        parallel = parallel_from_plan(pdict, f"{source}: parallel", spec)
     else:
         if devices is None:
             raise ConfigError("--devices", None, "give the rank count with a model (dp fills it)")
@@ -225,11 +226,63 @@ def _writer(engine: str):
     return importlib.import_module(f"dayzero.export.{engine}")
 
 
+# An engine's launch file is kilobytes (a Megatron argument list of ~100 flags is ~4 KB): these
+# bounds refuse a 40 MB line before the shell-word splitter walks it character by character.
+LAUNCH_FILE_BYTES = 1 << 20
+LAUNCH_LINE_CHARS = 1 << 16
+
+
+def _launch_text(path: Path) -> str:
+    from dayzero.inputs import read_lines
+
+    return "\n".join(read_lines(path, "an engine's launch file", LAUNCH_LINE_CHARS, LAUNCH_FILE_BYTES))
+
+
+def _import(engine: str, file: Path, devices: int):
+    """The layout of an engine's launch file (and the notes on what was assumed), checked by the same
+    rules as the flags: a launch whose values no engine could run (ep -4, seq 0, ZeRO stage 7)
+    is refused with the field, never returned."""
+    import re
+    from dataclasses import asdict
+
+    from dayzero.errors import ConfigError, DayzeroError, one_line
+    from dayzero.specs.parallel import ParallelConfig
+    from dayzero.specs.plan_layout import checked_fields, checked_layout
+
+    if engine == "deepspeed":
+        from dayzero.export.deepspeed import LAUNCH_FILE
+
+        launch = file.with_name(LAUNCH_FILE)
+        if launch.exists() or launch.is_symlink():
+            _launch_text(launch)  # a special file or a bomb beside the config: refused before it is split
+    try:
+        parallel, notes = _writer(engine).import_file(file, devices)
+    except DayzeroError as e:
+        if "functools.partial(" not in str(e):
+            raise
+        # argparse quotes its type converter's repr: say the value was refused, not which Python object refused it
+        raise DayzeroError(re.sub(r"invalid functools\.partial\(.*?\) value:", "invalid value", str(e))) from None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError) as e:
+        raise ConfigError(str(file), None, f"cannot be read as a {engine} launch: {one_line(e, 200)}") from None
+    d = asdict(parallel)  # not to_dict: it divides by mbs, which the rules check first
+    checked_fields(d, str(file))
+    try:
+        checked_layout(ParallelConfig.from_dict(d), str(file), devices=devices)
+    except (TypeError, ValueError, ArithmeticError) as e:
+        if isinstance(e, DayzeroError):
+            raise
+        raise ConfigError(str(file), None, f"holds values no layout has: {one_line(e, 200)}") from None
+    if parallel.microbatches < 1:
+        raise ConfigError(str(file), "microbatches", f"gives {parallel.microbatches} micro-batches per step; "
+                          "the global batch must hold at least mbs x dp sequences")
+    return parallel, notes
+
+
 def _detect(path: Path) -> str:
     from dayzero.errors import ConfigError
-    from dayzero.inputs import parse_json, read_text
+    from dayzero.inputs import parse_json
 
-    text = read_text(path)
+    text = _launch_text(path)
     if path.suffix == ".json":
         obj = parse_json(text, str(path))
         if isinstance(obj, dict) and ("zero_optimization" in obj or "train_batch_size" in obj):
@@ -257,7 +310,7 @@ def import_cmd(
     Example: [bold]dayzero import runs/export/megatron/megatron_args.txt --devices 64[/bold]
     """
     engine = _detect(file)
-    parallel, notes = _writer(engine).import_file(file, devices)
+    parallel, notes = _import(engine, file, devices)
     if json_out:
         emit_json({"engine": engine, "parallel": parallel.to_dict(), "notes": notes})
         return

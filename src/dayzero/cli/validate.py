@@ -3,7 +3,6 @@ judge it by the Day-0 targets, and calibrate the planner to this machine."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -189,7 +188,9 @@ def _next(result: dict, written: Path | None, cluster: str | None, runs: list[Pa
     if cal:
         record = result.get("record")
         if record is None and runs:
-            record = json.loads(Path(runs[-1]).read_text())["record"]
+            from dayzero.inputs import load_json
+
+            record = load_json(runs[-1])["record"]
         ranks = result.get("run", {}).get("ranks") or record["parallel"]["world"]
         return [Step.of(*_rerun(record, cal["profile"], ranks), why="the fitted profile against a new run")]
     run = result["run"]

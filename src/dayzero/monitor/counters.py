@@ -31,7 +31,9 @@ class Counters:
         if path is None or not path.is_file():
             return cls()
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
+            from dayzero.inputs import read_text
+
+            d = json.loads(read_text(path, limit=1 << 20))
         except (OSError, ValueError):
             return cls()
         if not isinstance(d, dict) or d.get("format") != FORMAT:

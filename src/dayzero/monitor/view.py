@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 from dayzero.errors import DayzeroError
+from dayzero.inputs import STREAM_BYTES, read_text
 from dayzero.monitor.evaluator import Alert, RuleEvaluator
 from dayzero.monitor.rank_values import RankValues, rows_from_event, step_sample
 
@@ -87,7 +88,7 @@ def from_stream(path: str | Path, thresholds: Mapping[str, float] | None = None,
     """The view of a metrics stream; ``now_s`` (unix time) also judges a hang while it runs."""
     path = metrics_file(path)
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_text(path, "a metrics stream (JSONL)", STREAM_BYTES, errors="replace")
     except OSError as e:
         raise SourceError(f"{path}: cannot read ({e.strerror or e})") from None
     records = []

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
 from dayzero.errors import ConfigError, DayzeroError
+from dayzero.inputs import parse_yaml, read_text
 from dayzero.runtime.device import REFERENCE_DEVICE_TYPE
 
 # fused kernels a manifest may name, and what each replaces (the patterns ops/fusion.py detects)
@@ -142,10 +143,7 @@ def load_manifest(ref: str | BackendManifest) -> BackendManifest:
         text, source = (resources.files("dayzero.ops") / "manifests" / f"{ref}.yaml").read_text(), f"manifest {ref}"
     elif path.exists():
         source = str(path)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise ConfigError(source, None, f"cannot read: {e.strerror or e}") from None
+        text = read_text(path, "a backend manifest YAML (dayzero ops --emit-manifest KEY writes one)")
     else:
         from dayzero.names import did_you_mean
 
@@ -156,12 +154,7 @@ def load_manifest(ref: str | BackendManifest) -> BackendManifest:
 
 
 def parse_manifest(text: str, source: str = "manifest") -> BackendManifest:
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise ConfigError(source, None, f"malformed YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    raw = parse_yaml(text, source)
     if not isinstance(raw, dict):
         raise ConfigError(source, None, f"expected a mapping with 'name' and 'ops', got {type(raw).__name__}")
     try:

@@ -150,6 +150,11 @@ def failure_model(*, step_s: float, ideal_s: float, devices: int, state_bytes_pe
         rates_text = (f"interruptions by component from {rates.source} ({rates.fitted_on})"
                       + ("" if o.failure_rates else "; no published breakdown for other cards: these rates assumed"))
     mtbf_s = 1.0 / rate if rate > 0 else math.inf
+    if not math.isfinite(step_s) or step_s >= mtbf_s:
+        raise ConfigError("training cost", None, f"one step is predicted to take {step_s:.3g} s, no shorter than the "
+                          f"{mtbf_s:.3g} s between interruptions, so no step would finish; the step time follows from "
+                          "the cluster's rates and the efficiency constants: check for a bandwidth, peak or "
+                          "efficiency near zero")
     write_s = state_bytes_per_device / o.storage_bytes_per_s_per_device
     ckpt_s = write_s * o.async_blocking
     restart_s = (o.restart_s if o.restart_s is not None
@@ -164,7 +169,7 @@ def failure_model(*, step_s: float, ideal_s: float, devices: int, state_bytes_pe
         interval = max(ideal_s, step_s)
         reason = "no interruptions expected: one checkpoint at the end"
     g = goodput(ckpt_s, interval, restart_s, mtbf_s)
-    if g <= 0:
+    if not g > 0:
         raise ConfigError("training cost", None, f"interruptions every {mtbf_s / 60:.1f} min with {restart_s:.0f} s "
                           "restarts leave no time to train; check the interruption rate, the storage bandwidth and "
                           "the relaunch time")

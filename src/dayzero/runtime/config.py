@@ -103,8 +103,9 @@ class MoESection:
                         ("--moe-z-loss", self.z_loss)):
             if v is not None and not v >= 0:
                 out.append(f"{name} {v}: must be >= 0")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            out.append(f"--moe-capacity-factor {self.capacity_factor}: must be > 0 (omit it for dropless routing)")
+        if self.capacity_factor is not None and not 0 < self.capacity_factor < float("inf"):
+            out.append(f"--moe-capacity-factor {self.capacity_factor}: must be a finite number > 0 (omit it for "
+                       "dropless routing)")
         if self.loads_every < 1:
             out.append(f"--moe-loads-every {self.loads_every}: must be >= 1")
         return out
@@ -211,7 +212,14 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        from dayzero.inputs import load_json
+
+        obj = load_json(path, "a train config JSON (dayzero train --save-config writes one)")
+        if not isinstance(obj, dict):
+            from dayzero.errors import ConfigError
+
+            raise ConfigError(str(path), None, f"expected a JSON object, got {type(obj).__name__}")
+        return cls.from_dict(obj)
 
     def with_(self, **kw) -> "TrainConfig":
         """A copy with run-level fields or whole sections replaced, and ``section={field: value}``

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dayzero.errors import DayzeroError
+from dayzero.errors import ConfigError, DayzeroError
+from dayzero.inputs import check_regular
 
 EOS = 256
 VOCAB = 257  # 256 byte values + end of document
@@ -91,6 +92,10 @@ class TokenStream:
         self.files, self.seq, self.seed = list(files), seq, seed
         self._maps = []
         for f in self.files:
+            try:
+                check_regular(f, "--data takes text files or directories of them")
+            except ConfigError as e:  # a FIFO or /dev/zero read as an empty file would be a silent wrong answer
+                raise DataError(f"--data: {e}") from None
             try:
                 self._maps.append(np.memmap(f, dtype=np.uint8, mode="r") if f.stat().st_size else np.zeros(0, np.uint8))
             except OSError as e:

@@ -177,9 +177,13 @@ def _run_agent(lc, argv: list[str], nproc: int) -> None:
 
 def _keep(log: Path) -> Path:
     """A copy of ``log`` that outlives the launch directory."""
-    fd, kept = tempfile.mkstemp(prefix="dayzero-ranks-", suffix=".log")
-    with os.fdopen(fd, "w") as out:
-        out.write(log.read_text())
+    try:
+        fd, kept = tempfile.mkstemp(prefix="dayzero-ranks-", suffix=".log")
+        with os.fdopen(fd, "w") as out:
+            out.write(log.read_text())
+    except OSError as e:  # a full disk must not hide the ranks' failure
+        print(f"dayzero: warning: cannot copy the ranks' log {log} ({e.strerror or e})", file=sys.stderr, flush=True)
+        return log
     return Path(kept)
 
 

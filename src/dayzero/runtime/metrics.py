@@ -21,6 +21,7 @@ gloo's ``gloo:*`` work items, on an accelerator its communication library's kern
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -134,23 +135,54 @@ class MetricsWriter:
             self._f = self.path.open("a" if append else "w", encoding="utf-8")
 
     def write(self, obj: dict) -> None:
-        if self._f is not None:
-            self._f.write(record_line({**obj, "attempt": self.attempt}) + "\n")
+        if self._f is None:
+            return
+        line = record_line({**obj, "attempt": self.attempt})
+        try:
+            self._f.write(line + "\n")
             self._f.flush()
+        except OSError as e:  # a full or failed disk: records go to stderr from here on, the run goes on
+            import sys
+
+            print(f"dayzero: warning: cannot write {self.path} ({e.strerror or e}); its records follow on stderr",
+                  file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):
+                self._f.close()
+            self._f = _Stderr()
+            print(line, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
+            with contextlib.suppress(OSError):
+                self._f.close()
             self._f = None
+
+
+class _Stderr:
+    """Where a metrics stream goes once its file cannot be written."""
+
+    def write(self, text: str) -> None:
+        import sys
+
+        sys.stderr.write(text)
+
+    def flush(self) -> None:
+        import sys
+
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        pass
 
 
 def _records(path: str | Path):
     """The JSON objects of a metrics file, in order; a line that is not a JSON object (a record cut
     by a crash mid-write) is skipped."""
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    from dayzero.inputs import STREAM_BYTES, read_text
+
+    if not Path(path).exists():
         return
+    text = read_text(path, "a metrics stream (JSONL)", STREAM_BYTES, errors="replace")
     for line in text.splitlines():
         if line.strip():
             try:

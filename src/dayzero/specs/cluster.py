@@ -126,7 +126,7 @@ class AcceleratorFile(BaseModel):
     """An accelerator defined inside a cluster YAML (units as in the catalog: TFLOP/s, GB, TB/s,
     GB/s per direction, microseconds)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     id: str
     name: str = ""
     vendor: str = ""
@@ -174,7 +174,7 @@ class AcceleratorFile(BaseModel):
 class HostFile(BaseModel):
     """A cluster file's ``host:`` section (decimal GB and GB/s per device; specs/host.py)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     memory_gb: float | None = Field(default=None, gt=0, le=1e6)  # per device
     memory_gb_per_node: float | None = Field(default=None, gt=0, le=1e7)  # shared by devices_per_node
     link_gbytes_per_s: float | None = Field(default=None, **BANDWIDTH)  # per direction
@@ -184,7 +184,7 @@ class HostFile(BaseModel):
 class ClusterFile(BaseModel):
     """The YAML schema above, validated."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     name: str = "cluster"
     description: str = ""
     accelerator: str | AcceleratorFile

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from dayzero.errors import DayzeroError
+from dayzero.inputs import load_json
 
 FILE = "exclusions.json"
 FORMAT = "dayzero-exclusions/1"
@@ -46,7 +47,7 @@ def read_exclusions(path: str | Path) -> tuple[Exclusion, ...]:
     if not p.exists():
         return ()
     try:
-        doc = json.loads(p.read_text())
+        doc = load_json(p, "a dayzero exclusion list (JSON)")
         if doc.get("format") != FORMAT:
             raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT!r}")
         return tuple(Exclusion(**e) for e in doc["excluded"])

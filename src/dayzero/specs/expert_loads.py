@@ -24,6 +24,7 @@ from typing import Any
 from dayzero.errors import ConfigError
 from dayzero.inputs import parse_json, read_text
 
+MAX_LOAD = 2.0**53  # float64's largest run of exact integers (IEEE 754 binary64: 53-bit significand)
 HINT = "pass a run's metrics.jsonl (with expert_loads records) or a layer x expert JSON matrix"
 
 
@@ -76,6 +77,9 @@ def _row(values: Any, source: str, where: str, experts: int | None) -> tuple[flo
             raise LoadsError(source, where, f"expert {e} has load {v!r}; loads are finite numbers")
         if v < 0:
             raise LoadsError(source, where, f"expert {e} has negative load {v}; loads count routed tokens")
+        if v > MAX_LOAD:
+            raise LoadsError(source, where, f"expert {e} has load {v:g}; a token count is at most 2^53 (beyond it "
+                             "float64 cannot count tokens one by one, and sums over experts overflow)")
         out.append(float(v))
     if experts is not None and len(out) != experts:
         raise LoadsError(source, where, f"has {len(out)} experts but the first row has {experts}; "
@@ -113,7 +117,7 @@ def _records(text: str, source: str) -> list[dict]:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             raise LoadsError(source, None, f"line {n} is not JSON; {HINT}") from None
         step = obj.get("step") if isinstance(obj, dict) else None
         if isinstance(step, int) and not isinstance(step, bool) and "event" not in obj:
@@ -168,7 +172,7 @@ def _parse(path: str | Path) -> tuple[Any, str, str]:
     first = next((line for line in text.splitlines() if line.strip()), "")
     try:
         head = json.loads(first)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
         head = None
     if isinstance(head, dict) and ("step" in head or "event" in head):
         return None, text, source

@@ -181,7 +181,40 @@ def check_bounds(cfg: dict, source: str) -> None:
         if isinstance(v, int) and v > INT_LIMITS.get(key, MAX_INT_FIELD):
             top = INT_LIMITS.get(key, MAX_INT_FIELD)
             f._fail(key, f"{v:,} exceeds {top:,}, the largest dayzero plans for (a typo?)")
-    f.int("num_hidden_layers", default=None, minimum=1, alt=("n_layer", "num_layers"))
+    layers = f.int("num_hidden_layers", default=None, minimum=1, alt=("n_layer", "num_layers"))
+    _check_derived_shapes(f, cfg, layers)
+
+
+# A model's code builds one module per expert per MoE layer; Kimi K2 (moonshotai/Kimi-K2-Instruct
+# config.json: n_routed_experts 384, num_hidden_layers 61) builds 23,424, the most of any released
+# model. 2^17 (5x that) builds on the meta device in seconds; 2^24 experts would take hours.
+MAX_EXPERT_MODULES = 2**17
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "moe_k")
+
+
+def _count(cfg: dict, keys: tuple[str, ...]) -> tuple[str, int] | None:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return k, v
+    return None
+
+
+def _check_derived_shapes(f: "_Fields", cfg: dict, layers: int | None) -> None:
+    """The shape rules dayzero's own parsers apply, checked on a config before its modeling code
+    builds it: the expert module count bounded, top-k within the experts, whole attention heads."""
+    experts, top_k = _count(cfg, EXPERT_KEYS), _count(cfg, TOP_K_KEYS)
+    if experts and top_k and top_k[1] > experts[1]:
+        f._fail(top_k[0], f"top-k ({top_k[1]}) exceeds the number of experts ({experts[1]})")
+    if experts and layers and experts[1] * layers > MAX_EXPERT_MODULES:
+        f._fail(experts[0], f"{experts[1]:,} experts x {layers:,} layers = {experts[1] * layers:,} expert modules to "
+                f"build; dayzero builds at most {MAX_EXPERT_MODULES:,} (5x the largest released model)")
+    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    if (isinstance(hidden, int) and isinstance(heads, int) and not isinstance(hidden, bool)
+            and not isinstance(heads, bool) and heads > 0 and hidden % heads and cfg.get("head_dim") is None):
+        f._fail("num_attention_heads", f"hidden_size ({hidden}) must be divisible by num_attention_heads ({heads}) "
+                "when no head_dim is given")
 
 
 MAX_PARAMS = 10**15  # 1,000 T parameters: 300x the largest model planned today; beyond it int64 FLOP counts overflow
@@ -193,7 +226,8 @@ def check_size(spec: ModelSpec, source: str) -> None:
 
     n = params_total(spec, with_mtp=True)
     if n > MAX_PARAMS:
-        raise ConfigError(source, None, f"{n:.3g} parameters exceeds {MAX_PARAMS:.0e}, the largest model dayzero "
+        size = f"{n:.3g}" if n < 10**300 else f"a {len(str(int(n)))}-digit number of"
+        raise ConfigError(source, None, f"{size} parameters exceeds {MAX_PARAMS:.0e}, the largest model dayzero "
                           "plans for; check hidden_size, num_hidden_layers and the expert counts")
 
 
@@ -329,8 +363,7 @@ def _deepseek(f: _Fields, name: str, mt: str) -> ModelSpec:
                       # defaults are transformers' config-class defaults for each family
                       norm_topk_prob=f.bool("norm_topk_prob", mt != "deepseek_v2"),
                       routed_scaling_factor=f.float("routed_scaling_factor", 1.0 if mt == "deepseek_v2" else 2.5),
-                      n_group=f.int("n_group", default=1 if mt == "deepseek_v2" else 8),
-                      topk_group=f.int("topk_group", default=1 if mt == "deepseek_v2" else 4))
+                      **_groups(f, experts, *((1, 1) if mt == "deepseek_v2" else (8, 4))))
     fp8 = _fp8_block(f)
     return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe, layer_kinds=kinds,
                      mtp_layers=f.int("num_nextn_predict_layers", default=0, minimum=0), fp8_block=fp8,
@@ -351,7 +384,7 @@ def _glm4_moe(f: _Fields, name: str, mt: str) -> ModelSpec:
                   score_correction_bias=True, scoring="sigmoid",
                   norm_topk_prob=f.bool("norm_topk_prob", True),
                   routed_scaling_factor=f.float("routed_scaling_factor", 1.0),
-                  n_group=f.int("n_group", default=1), topk_group=f.int("topk_group", default=1))
+                  **_groups(f, experts, 1, 1))
     return ModelSpec(attention=att, mlp=MLPSpec(f.int("intermediate_size")), moe=moe, layer_kinds=kinds,
                      mtp_layers=f.int("num_nextn_predict_layers", default=0, minimum=0),
                      **_common(f, name, mt))
@@ -517,8 +550,7 @@ def _hybrid(f: _Fields, name: str, mt: str) -> ModelSpec:
                       scoring="sigmoid" if scoring == "sigmoid" else "softmax",
                       norm_topk_prob=f.bool("norm_topk_prob", True),
                       routed_scaling_factor=f.float("routed_scaling_factor", 1.0),
-                      n_group=f.int("n_group", default=1), topk_group=f.int("topk_group", default=1),
-                      latent_size=latent or 0)
+                      **_groups(f, experts, 1, 1), latent_size=latent or 0)
     rec = _recurrent(f, hidden, types) if "recurrent" in mixers else None
     att = _gqa_attention(f, hidden, qkv_bias=f.bool("attention_bias", False), o_bias=f.bool("attention_bias", False))
     common = _common(f, name, mt)
@@ -528,6 +560,21 @@ def _hybrid(f: _Fields, name: str, mt: str) -> ModelSpec:
     if approx:
         spec.extra["approximations"] = approx
     return spec
+
+
+def _groups(f: _Fields, experts: int, n_group: int, topk_group: int) -> dict:
+    """``n_group`` and ``topk_group`` of group-limited routing (DeepSeek-V3: the experts split into
+    ``n_group`` equal groups, ``topk_group`` of them chosen per token; transformers'
+    DeepseekV3MoE.route_tokens_to_experts views the scores as ``[tokens, n_group, experts // n_group]``),
+    checked: the groups divide the experts and at most all of them are chosen."""
+    n = f.int("n_group", default=n_group)
+    k = f.int("topk_group", default=min(topk_group, n))
+    if experts % n:
+        f._fail("n_group", f"{experts} experts cannot be split into {n} equal routing groups; give an n_group that "
+                           "divides n_routed_experts")
+    if k > n:
+        f._fail("topk_group", f"chooses {k} of {n} routing groups; at most n_group")
+    return {"n_group": n, "topk_group": k}
 
 
 def _top_k(f: _Fields, experts: int, alt: tuple[str, ...] = ()) -> int:

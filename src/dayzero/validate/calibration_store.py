@@ -12,9 +12,8 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
-import yaml
-
 from dayzero.errors import ConfigError
+from dayzero.inputs import load_yaml
 from dayzero.specs.cluster import cluster_from_dict
 from dayzero.validate.fit import FIT_KEYS, fit, fit_memory, observation_from_record
 from dayzero.validate.profile import write_profile
@@ -25,10 +24,7 @@ def calibrate_profile(profile_path: str | Path, records: list[dict], keys=FIT_KE
     """Add ``records`` to the profile's runs, fit ``keys`` on all of them, write the profile
     (to ``out``, default in place). Returns the fit report plus ``profile`` (the path written)."""
     path = Path(profile_path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(str(path), None, f"cannot read the profile: {str(e).splitlines()[0]}") from None
+    raw = load_yaml(path, "a cluster profile YAML (dayzero calibrate writes one)")
     if not isinstance(raw, dict):
         raise ConfigError(str(path), None, "expected a cluster YAML mapping")
     meas = dict(raw.get("measurements") or {})

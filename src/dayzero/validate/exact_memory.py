@@ -205,6 +205,14 @@ def _check_exact(spec, p) -> None:
     from dayzero.runtime.checks import check_runtime
 
     check_runtime(spec, p, p.world)
+    if spec.moe is not None:  # the runtime runs one GEMM per local expert and the measurement per-expert lists
+        from dayzero.specs.hf_config import MAX_EXPERT_MODULES
+
+        moe_layers = sum(k == "moe" for k in spec.layer_kinds)
+        if spec.moe.experts * moe_layers > MAX_EXPERT_MODULES:
+            raise LayoutError(f"--exact: {spec.moe.experts:,} experts x {moe_layers:,} MoE layers = "
+                              f"{spec.moe.experts * moe_layers:,} experts to run under fake tensors; it measures at "
+                              f"most {MAX_EXPERT_MODULES:,} (5x the largest released model); use the analytic model")
     if p.vpp > 1:
         raise LayoutError(f"--exact measures vpp 1 pipelines; got vpp {p.vpp} (interleaved stages hold several "
                           "FSDP roots); use the analytic model for interleaved layouts")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dayzero.errors import ConfigError
+from dayzero.inputs import load_yaml, read_text
 
 BINARIES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
             "alltoall": "all_to_all", "sendrecv": "send_recv"}
@@ -95,7 +96,6 @@ def import_runs(paths: list[str | Path], accelerator: str | None = None, base: s
     ``accelerator``: catalog name (default: from the device name the tests print);
     ``base``: a cluster YAML or preset whose other fields the profile keeps (e.g. a previous
     ``dayzero calibrate`` profile; multi-node runs take its scale-up tier)."""
-    import yaml
 
     from dayzero.planner.perf.calibration import constants_for, rates
     from dayzero.specs.cluster import get_cluster
@@ -105,10 +105,7 @@ def import_runs(paths: list[str | Path], accelerator: str | None = None, base: s
     runs = []
     for p in paths:
         p = Path(p)
-        try:
-            runs.append(parse(p.read_text(), p.name))
-        except OSError:
-            raise ConfigError(str(p), None, "file not found") from None
+        runs.append(parse(read_text(p, "nccl-tests output"), p.name))
     hosts = {h for r in runs for h in r.hosts}
     per_host = {r.per_host for r in runs if r.collective != "send_recv"} or {runs[0].per_host}
     if len(per_host) > 1:
@@ -122,7 +119,7 @@ def import_runs(paths: list[str | Path], accelerator: str | None = None, base: s
     rows = [row for r in runs for row in r.rows]
     if base:
         cluster = get_cluster(base)
-        prof = yaml.safe_load(Path(base).read_text()) if Path(base).exists() else {"accelerator": acc.id}
+        prof = load_yaml(base) if Path(base).exists() else {"accelerator": acc.id}
     else:
         cluster, prof = None, {"accelerator": acc.id}
     prof = dict(prof)

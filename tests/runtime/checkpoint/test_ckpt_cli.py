@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ def ckdir(tmp_path):
         m(torch.randn(2, 6)).sum().backward()
         opt.step()
         ck.save(s, m, opt, data={"batch": s})
+    ck.close()  # the lock released: as after the job that wrote them
     prepare_partial(tmp_path / "ck", 3)
     return tmp_path / "ck", m
 
@@ -62,7 +64,8 @@ def test_verify_exit_codes_and_problems(ckdir, capsys):
     res = json.loads(out)
     assert code == 1 and not res["ok"]
     by_step = {r["step"]: r for r in res["versions"]}
-    assert by_step[1]["ok"] and "xxh3-128 checksum mismatch" in by_step[2]["problems"][0] and not by_step[3]["ok"]
+    assert by_step[1]["ok"] and "xxh3-128 checksum mismatch" in by_step[2]["problems"][0]
+    assert "never resumed" in by_step[3]["skipped"]  # the .partial is no version: listed, not failed
     code, _, _ = run_cli(capsys, "ckpt", "verify", str(root / version_name(2)), "--sizes-only")
     assert code == 0  # a flipped bit keeps the size
     code, _, err = run_cli(capsys, "ckpt", "verify", str(root / "nope"))
@@ -139,3 +142,51 @@ def test_bad_options_are_one_line_errors(capsys):
     assert code == 2 and "--keep" in err
     code, _, err = run_cli(capsys, "train", "tiny-llama", "--inject-fault", "step=1,rank=0,kind=melt")
     assert code == 2 and "--inject-fault" in err
+
+
+def test_abandoned_versions_do_not_fail_verify_and_gc_removes_them(ckdir, capsys):
+    """A .partial (an interrupted save) and a .deleting (an interrupted deletion) are skipped by
+    ckpt verify and removed by ckpt gc, which holds the directory lock while it works."""
+    root = ckdir[0]
+    (root / (version_name(4) + ".deleting")).mkdir()
+    (root / (version_name(4) + ".deleting") / "x.distcp").write_bytes(b"0" * 1000)
+    code, out, _ = run_cli(capsys, "ckpt", "verify", str(root), "--json")
+    res = json.loads(out)
+    assert code == 0 and res["ok"] and sum(1 for r in res["versions"] if r.get("skipped")) == 2
+    code, out, _ = run_cli(capsys, "ckpt", "gc", str(root), "--json")
+    res = json.loads(out)
+    assert code == 0 and sorted(Path(r["path"]).name for r in res["removed"]) == [
+        version_name(3) + ".partial", version_name(4) + ".deleting"] and res["bytes"] >= 1000
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == [version_name(1), version_name(2)]
+
+
+@pytest.mark.slow
+def test_ckpt_gc_refuses_while_another_job_holds_the_lock(ckdir, capsys):
+    import subprocess
+    import sys
+
+    root = ckdir[0]
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl,sys,time; f=open(sys.argv[1],'a+'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(30)",
+                               str(root / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, _, err = run_cli(capsys, "ckpt", "gc", str(root))
+        assert code == 2 and "in use by another job" in err and (root / (version_name(3) + ".partial")).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_new_checkpointer_removes_abandoned_directories(ckdir):
+    """The next start that holds the lock removes what a crash left (before its first save)."""
+    root = ckdir[0]
+    (root / (version_name(5) + ".deleting")).mkdir()
+    events = []
+    ck = Checkpointer(root, model_name="m", on_event=events.append)
+    try:
+        assert not any(p.name.endswith((".partial", ".deleting")) for p in root.iterdir())
+        assert {Path(e["path"]).name for e in events if e["event"] == "checkpoint_abandoned_removed"} == {
+            version_name(3) + ".partial", version_name(5) + ".deleting"}
+    finally:
+        ck.close()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 
 from dayzero.errors import DayzeroError
+
+MAX_WHOLE = 2**53  # float64's exact integers (IEEE 754 binary64); no size, degree or count is larger
 
 
 def whole(row: dict, key: str, default: int | None = None, strict: bool = True) -> int | None:
@@ -20,16 +23,20 @@ def whole(row: dict, key: str, default: int | None = None, strict: bool = True) 
         if strict:
             raise DayzeroError(f"{key} {v!r} is not a positive whole number")
         return default
+    if x > MAX_WHOLE:
+        raise DayzeroError(f"{key} {v[:20]}{'...' if len(v) > 20 else ''} ({len(v)} characters) is beyond any "
+                           "size, degree or count of a training run (at most 2^53)")
     return int(x)
 
 
 def positive(row: dict, key: str) -> float | None:
-    """A positive finite number, or None (blank or not a number)."""
+    """A positive finite number, or None (blank, not a number, or subnormal: below 2.2e-308 a ratio
+    to it overflows, and no measured rate is that small)."""
     try:
         v = float((row.get(key) or "").strip().replace(",", ""))
     except ValueError:
         return None
-    return v if math.isfinite(v) and v > 0 else None
+    return v if math.isfinite(v) and v >= sys.float_info.min else None
 
 
 def text(row: dict, key: str) -> str:

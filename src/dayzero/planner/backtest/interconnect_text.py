@@ -44,19 +44,22 @@ IB_GBITS = {"edr": 100, "hdr100": 100, "hdr": 200, "ndr200": 200, "ndr": 400, "x
 NVLINK_GBYTES = {2: 150, 3: 300, 4: 450, 5: 900}  # per GPU per direction
 PCIE_X16_GBYTES = {3: 16, 4: 32, 5: 64, 6: 128}  # per direction
 
+# a statement is a phrase (the published runs' longest is 26 characters); a longer text is not read, so
+# a pasted log or a hostile cell costs nothing
+MAX_TEXT = 2000
 _PREFIX = {"t": 1000.0, "g": 1.0, "m": 0.001}
 _FIGURE = re.compile(
-    r"(?:(?P<count>\d+)\s*[x×]\s*(?i:(?:ib|infiniband|hdr|ndr|edr|xdr|connectx-?\d*|cx-?\d|roce|ethernet|nics?)\s+){0,2})?"
-    r"(?P<num>\d+(?:\.\d+)?)\s*(?P<prefix>[TGMtgm])(?P<rest>i?B(?:ytes?)?/s|i?B(?:ytes?)?ps|BPS|b(?:its?)?/s|bits?\b"
+    r"(?:(?<!\d)(?P<count>\d+)\s*[x×]\s*(?i:(?:ib|infiniband|hdr|ndr|edr|xdr|connectx-?\d*|cx-?\d|roce|ethernet|nics?)\s+){0,2})?"
+    r"(?<!\d)(?P<num>\d+(?:\.\d+)?)\s*(?P<prefix>[TGMtgm])(?P<rest>i?B(?:ytes?)?/s|i?B(?:ytes?)?ps|BPS|b(?:its?)?/s|bits?\b"
     r"|bps|bE\b|b\b|(?![A-Za-z]))(?:\s*[x×]\s*(?P<count_after>\d+)\b)?")
-_COUNT_WORDS = re.compile(r"\b(\d+)\s*(?:x\s*)?(?:\w+\s+)?(?:nics?|hcas?|ports?|links?|rails?|adapters?)\b", re.I)
-_IB_GEN = re.compile(r"(?:(?P<count>\d+)\s*[x×]\s*)?\b(?P<gen>edr|hdr100|hdr|ndr200|ndr|xdr)\b", re.I)
+_COUNT_WORDS = re.compile(r"\b(\d++)\s*(?:x\s*)?(?:\w+\s+)?(?:nics?|hcas?|ports?|links?|rails?|adapters?)\b", re.I)
+_IB_GEN = re.compile(r"(?:(?<!\d)(?P<count>\d+)\s*[x×]\s*)?\b(?P<gen>edr|hdr100|hdr|ndr200|ndr|xdr)\b", re.I)
 _NVLINK_GEN = re.compile(r"nvlink\s*(?:gen\s*)?(?P<a>[2-5])(?:\.0)?\b|(?P<b>[2-5])(?:st|nd|rd|th)[- "
                          r"]gen\w*\s+nvlink", re.I)
 _PCIE_GEN = re.compile(r"pcie\s*(?:gen\s*)?(?P<gen>[3-6])(?:\.0)?\b", re.I)
-_DPN = re.compile(r"(\d+)\s*(?:x\s*)?(?:gpus?|devices?|accelerators?|cards?|chips?)\s*(?:per|/|each|in a)\s*"
-                  r"(?:node|server|host)|(\d+)-(?:gpu|device|accelerator)\s+(?:nodes?|servers?|hosts?)|nodes? of "
-                  r"(\d+)", re.I)
+_DPN = re.compile(r"(?<!\d)(\d+)\s*(?:x\s*)?(?:gpus?|devices?|accelerators?|cards?|chips?)\s*(?:per|/|each|in a)\s*"
+                  r"(?:node|server|host)|(?<!\d)(\d+)-(?:gpu|device|accelerator)\s+(?:nodes?|servers?|hosts?)|"
+                  r"nodes? of (\d+)", re.I)
 _UP_WORDS = re.compile(r"nvlink|nvswitch|xgmi|infinity fabric|hccs|\bici\b|intra[- ]?node|\bintra\b|scale[- ]?up|"
                        r"within (?:a|the|each) node|\bnvl\d+", re.I)
 _OUT_WORDS = re.compile(r"infiniband|\bib\b|\b(?:edr|hdr|ndr|xdr)\d*\b|roce|ethernet|gbe\b|\befa\b|slingshot|"
@@ -226,8 +229,15 @@ def _read_figure(words: _Words, f: _Figure, dpn: int) -> tuple[str, float, str, 
 def read_interconnect(text: str, devices_per_node: int) -> InterconnectReading:
     """Per-device bandwidths of the two tiers stated in ``text`` (rules: module docstring);
     ``devices_per_node`` converts a node's figure unless the text states its own."""
+    if len(text or "") > MAX_TEXT:
+        return InterconnectReading(None, None, None, unread=(f"{len(text):,} characters: longer than any interconnect "
+                                                             f"statement (at most {MAX_TEXT:,}); not read",))
+    if re.search(r"\d{13}", text or ""):  # 10^12 Gb/s, 10^12 NICs: no figure has 13 digits
+        return InterconnectReading(None, None, None, unread=("a number of 13 or more digits: not a bandwidth "
+                                                             "statement; not read",))
     m = _DPN.search(text or "")
-    stated_dpn = int(next(g for g in m.groups() if g)) if m else None
+    stated = next(g for g in m.groups() if g) if m else None
+    stated_dpn = int(stated) if stated and len(stated) <= 7 else None  # beyond 10^7 devices a node: not a count
     dpn = stated_dpn or devices_per_node
     got: dict[str, list[float]] = {SCALE_UP: [], SCALE_OUT: []}
     named: dict[str, str] = {}

@@ -41,7 +41,7 @@ SIZE_UNITS = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 PRESET_SIZE_TOLERANCE = 0.15  # nominal sizes round: Llama 2 "7B" is 6.74e9, gpt-oss "120B" 116.8e9
 
 _TOKEN = re.compile(r"\d+(?:\.\d+)?(?:x\d+(?:\.\d+)?)?[a-z]*|[a-z]+")
-_SIZE = re.compile(r"(?:(\d+)x)?(\d+(?:\.\d+)?)([kmbt])")
+_SIZE = re.compile(r"(?:(?<!\d)(\d+)x)?(?<!\d)(\d+(?:\.\d+)?)([kmbt])")
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,15 @@ class NameKey:
 
 def strip_annotations(name: str) -> str:
     """``Llama 3.1 8B [FSDP2, compile] (NeMo)`` -> ``Llama 3.1 8B``; ``org/Model`` -> ``Model``."""
-    s = re.sub(r"\[[^\]]*\]|\([^)]*\)|\{[^}]*\}", " ", name)
+    s = re.sub(r"\[[^\[\]]*\]|\([^()]*\)|\{[^{}]*\}", " ", name)
     s = s.strip().rsplit("/", 1)[-1] if re.fullmatch(r"[\w.\-]+/[\w.\-]+", s.strip()) else s
     return " ".join(s.split())
 
 
 def annotations(name: str) -> list[str]:
     """The bracketed and parenthesised parts of a name (``[FSDP2, compile]`` -> ``FSDP2, compile``)."""
-    return [m.group(1) or m.group(2) or m.group(3) for m in re.finditer(r"\[([^\]]*)\]|\(([^)]*)\)|\{([^}]*)\}", name)]
+    found = re.finditer(r"\[([^\[\]]*)\]|\(([^()]*)\)|\{([^{}]*)\}", name)
+    return [m.group(1) or m.group(2) or m.group(3) for m in found]
 
 
 def size_value(size: str | None) -> float | None:

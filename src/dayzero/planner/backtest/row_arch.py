@@ -76,7 +76,7 @@ STYLE_HINTS = {"relu2": r"squared[- ]?relu|relu\^?2|relu²",
                "llama": r"swiglu|geglu|\bglu\b|llama|rms[- ]?norm|\bsilu\b|gated|mistral|mixtral|qwen"}
 _UNSUPPORTED = re.compile(r"mamba|\bssm\b|state[- ]space|rwkv|linear[- ]attention|retention|hyena|recurren|xlstm", re.I)
 _DENSE_PREFIX = re.compile(r"first\s+(\d+)\s+(?:layers?\s+)?(?:are\s+)?dense|"
-                           r"(\d+)\s+dense\s*(?:layers?)?\s*(?:\+|,|then|followed|and)|"
+                           r"(?<!\d)(\d+)\s+dense\s*(?:layers?)?\s*(?:\+|,|then|followed|and)|"
                            r"first[_ ]k[_ ]dense(?:[_ ]replace)?\s*[=:]?\s*(\d+)", re.I)
 _WINDOW = re.compile(r"(?:sliding[- ]?window|\bswa\b|local attention)\D{0,12}?(\d+)", re.I)
 

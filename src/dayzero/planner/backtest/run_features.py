@@ -78,9 +78,10 @@ class Features:
 
 def _on(pattern: str, text: str) -> re.Match | None:
     """A match of ``pattern`` that is not negated (``no X``, ``X = False``)."""
-    if re.search(_NEGATED.format(p=pattern), text, re.I):
+    m = re.search(pattern, text, re.I)
+    if m is None or re.search(_NEGATED.format(p=pattern), text, re.I):
         return None
-    return re.search(pattern, text, re.I)
+    return m
 
 
 def _settings(text: str, prose: bool) -> str:

@@ -283,9 +283,13 @@ def routed_tokens(spec: ModelSpec, opts: MemoryOptions, d: Dims):
     A stage's tp*cp*dp ranks hold dp*b*s distinct tokens (each TP rank routes its own 1/t slice, as
     Megatron requires SP with MoE); their k assignments spread over ep*edp = tp*cp*dp/etp expert
     shards, and the etp ranks of one shard see the same tokens: b*s*k*etp/(t*c) per rank, times the
-    capacity factor (1.0: balanced and dropless).
+    capacity factor (1.0: balanced and dropless). An expert's capacity is ``T k / E`` times the factor
+    (Megatron-Core moe_utils.get_capacity, called with ``num_tokens * topk``) but no expert receives
+    more than the ``T`` tokens themselves (a token picks an expert once), so a factor above ``E / k``
+    holds no more than ``E / k`` does.
     """
-    return d.tok * spec.moe.top_k * np.asarray(d.etp) / d.tp * opts.moe_capacity_factor
+    factor = min(opts.moe_capacity_factor, spec.moe.experts / spec.moe.top_k)
+    return d.tok * spec.moe.top_k * np.asarray(d.etp) / d.tp * factor
 
 
 def layer_terms(spec: ModelSpec, kind: str, opts: MemoryOptions, d: Dims) -> dict[str, object]:

@@ -163,7 +163,7 @@ class MemoryOptions:
                               f"must be >= 0 layers per model chunk (0: off), got {self.activation_offload_layers}")
         if any(z not in (0, 1, 2, 3) for z in self.pipelined_fsdp):
             raise ConfigError("memory options", "pipelined_fsdp", f"ZeRO stages 0-3, got {self.pipelined_fsdp!r}")
-        if self.moe_capacity_factor <= 0:
+        if not 0 < self.moe_capacity_factor < float("inf"):
             raise ConfigError("memory options", "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")
 
     @property

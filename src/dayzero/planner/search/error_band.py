@@ -13,7 +13,6 @@ published; positive: the planner predicted faster than the run went). With fewer
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -140,10 +139,9 @@ def load_table(path=None) -> dict:
     from dayzero.specs.presets import reference_data
 
     p = Path(path) if path else reference_data(TABLE_FILE)
-    try:
-        table = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(p), None, f"cannot read the backtest error table: {e}") from None
+    from dayzero.inputs import load_json
+
+    table = load_json(p, "the backtest error table (JSON)")
     return check_table(table, str(p))
 
 

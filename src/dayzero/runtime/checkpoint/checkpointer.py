@@ -70,6 +70,7 @@ from dayzero.runtime.checkpoint.verification import inspect_version, usable
 from dayzero.runtime.checkpoint.version_files import OPTIM_GROUPS, TRAIN_STATE, rng_file
 from dayzero.runtime.checkpoint.versions import (
     Version,
+    collect_abandoned,
     prepare_partial,
     purge,
     scan,
@@ -236,6 +237,9 @@ class Checkpointer:
         if self.rank == 0:
             try:
                 self._lock.acquire()
+                # under the lock, before any save of this job: what an interrupted save or deletion left
+                for path, size in collect_abandoned(self.root):
+                    self._event({"event": "checkpoint_abandoned_removed", "path": str(path), "bytes": size})
                 head = ("ok", new_lineage_id())
             except CheckpointError as e:
                 head = ("error", str(e))

@@ -55,7 +55,9 @@ class Holder:
 def read_holder(root: str | Path) -> Holder | None:
     """Who the lock file says holds the lock (None: no file, or no details written)."""
     try:
-        raw = json.loads((Path(root) / LOCK_FILE).read_text() or "null")
+        from dayzero.inputs import read_text
+
+        raw = json.loads(read_text(Path(root) / LOCK_FILE, limit=1 << 16) or "null")
         return Holder(**raw) if isinstance(raw, dict) else None
     except (OSError, ValueError, TypeError):
         return None

@@ -159,7 +159,11 @@ class HFCheckpoint:
 def checkpoint_config(path: str | Path) -> dict:
     p = Path(path)
     cfg = (p if p.is_dir() else p.parent) / "config.json"
+    from dayzero.inputs import load_json
+
+    if not cfg.exists():
+        raise ConfigError(str(cfg), None, "cannot read the checkpoint's config.json: file not found")
     try:
-        return json.loads(cfg.read_text())
+        return load_json(cfg, "the checkpoint's config.json")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ConfigError(str(cfg), None, f"cannot read the checkpoint's config.json: {_reason(e)}") from None

@@ -251,7 +251,9 @@ def _hf_files(hf_dir: Path) -> list[Path]:
     index = hf_dir / INDEX
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            from dayzero.inputs import read_text
+
+            weight_map = json.loads(read_text(index))["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index}: unreadable index ({e})") from None
         names = sorted(set(weight_map.values()))

@@ -43,14 +43,39 @@ def list_checkpoints(root: Path) -> list[dict]:
     return rows
 
 
+NOT_VERSIONS = {
+    "partial": "a save in progress or cut short: never resumed; removed at the next start or by dayzero ckpt gc",
+    "deleting": "a retired version being deleted: never resumed; removed at the next start or by dayzero ckpt gc",
+    "replaced": "moved aside by ckpt import --force: not a version",
+}
+
+
+def collect_garbage(root: Path) -> list[dict]:
+    """Python API of ``dayzero ckpt gc``: take ``root``'s lock (refused while another job holds it)
+    and remove the abandoned ``.partial`` and ``.deleting`` directories; one dict per removal."""
+    from dayzero.runtime.checkpoint.dirlock import DirLock
+    from dayzero.runtime.checkpoint.manifest import CheckpointError
+    from dayzero.runtime.checkpoint.versions import collect_abandoned
+
+    root = Path(root)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: no such checkpoint directory")
+    with DirLock(root) as lock:
+        if not lock.owned:
+            raise CheckpointError(f"{root} is in use by this job's launcher; run dayzero ckpt gc after it exits (its "
+                                  "next start removes them too)")
+        return [{"path": str(p), "bytes": n} for p, n in collect_abandoned(root)]
+
+
 def verify_checkpoints(path: Path, checksums: bool = True) -> list[dict]:
     """Python API of ``dayzero ckpt verify``: marker, manifest, sizes and the checksum of every file."""
     from dayzero.runtime.checkpoint.manifest import verify_version
 
     out = []
     for v in _versions_of(Path(path)):
-        if v.state in ("partial", "replaced"):
-            out.append({"path": str(v.path), "step": v.step, "ok": False, "problems": [f"{v.state}: not committed"]})
+        if v.state in ("partial", "deleting", "replaced"):  # not versions: nothing resumes from them
+            out.append({"path": str(v.path), "step": v.step, "ok": True, "problems": [],
+                        "skipped": NOT_VERSIONS[v.state]})
             continue
         verdict = verify_version(v.path, checksums=checksums)
         if verdict.ok and checksums:

@@ -293,13 +293,18 @@ def fsync_dir(path: Path) -> None:
 
 def read_manifest(version_dir: Path) -> CheckpointManifest:
     """Parse ``manifest.json``; raise CheckpointError naming the directory on any problem."""
+    from dayzero.errors import ConfigError
+    from dayzero.inputs import read_text
+
     p = Path(version_dir) / MANIFEST
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
+    if not p.exists() and not p.is_symlink():
         raise CheckpointError(f"{version_dir}: no {MANIFEST}; not a dayzero checkpoint, or its save was "
-                              "interrupted") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                              "interrupted")
+    try:
+        raw = json.loads(read_text(p))
+    except ConfigError as e:
+        raise CheckpointError(f"{e}; the checkpoint is corrupt, resume from an older one") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"{p}: unreadable manifest ({e}); the checkpoint is corrupt, resume from an "
                               "older one") from None
     try:
@@ -311,7 +316,13 @@ def read_manifest(version_dir: Path) -> CheckpointManifest:
 
 
 def manifest_digest(version_dir: Path) -> str:
-    return hashlib.sha256((Path(version_dir) / MANIFEST).read_bytes()).hexdigest()
+    from dayzero.errors import ConfigError
+    from dayzero.inputs import read_bytes
+
+    try:
+        return hashlib.sha256(read_bytes(Path(version_dir) / MANIFEST)).hexdigest()
+    except ConfigError as e:
+        raise OSError(str(e)) from None
 
 
 def write_marker(version_dir: Path) -> None:
@@ -344,7 +355,9 @@ def check_marker(version_dir: Path) -> list[str]:
     if not m.exists():
         return [f"no {MARKER} marker (incomplete: its save was interrupted or is still running)"]
     try:
-        want = json.loads(m.read_text())["manifest_sha256"]
+        from dayzero.inputs import read_text
+
+        want = json.loads(read_text(m, limit=4096))["manifest_sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return [f"{MARKER} marker unreadable"]
     try:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from dayzero.errors import ConfigError
+from dayzero.inputs import read_text
 from dayzero.runtime.checkpoint.json_state import from_json, restore_rng
 from dayzero.runtime.checkpoint.manifest import CheckpointError, CheckpointManifest, safe_join
 
@@ -29,8 +31,12 @@ def read_json_file(version: Path, rel: str, *, decode: bool = True) -> Any:
     """``rel`` of ``version`` parsed as JSON (UTF-8); ``decode``: its tagged tuples and tensors rebuilt."""
     p = safe_join(version, rel)
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
+        if not p.exists() and not p.is_symlink():
+            raise FileNotFoundError(p)
+        raw = json.loads(read_text(p))
         return from_json(raw) if decode else raw
+    except ConfigError as e:
+        raise CheckpointError(f"{e}; {_HINT}") from None
     except FileNotFoundError:
         raise CheckpointError(f"{p}: missing; the checkpoint is incomplete, resume from another version") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:

@@ -20,6 +20,7 @@ Torch-free, like :mod:`dayzero.runtime.checkpoint.manifest`.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -107,7 +108,9 @@ def next_seq(root: Path, versions: list[Version]) -> int:
     """The next write sequence number of ``root``: one more than any manifest's and than the
     counter's, so numbers never repeat even after versions are deleted. Call under the lock."""
     try:
-        last = int((Path(root) / SEQUENCE).read_text())
+        from dayzero.inputs import read_text
+
+        last = int(read_text(Path(root) / SEQUENCE, limit=64))
     except (OSError, ValueError):
         last = 0
     seq = max([last] + [v.record.seq for v in versions if v.record is not None]) + 1
@@ -195,6 +198,34 @@ def purge(root: Path) -> None:
     for v in scan(root, records=False):
         if v.state == "deleting":
             shutil.rmtree(v.path, ignore_errors=True)
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def collect_abandoned(root: Path) -> list[tuple[Path, int]]:
+    """Delete every ``.partial`` (a save a crash cut short) and ``.deleting`` (a retired version
+    whose deletion was cut short) directory under ``root``; (path, bytes freed) of each removed.
+
+    Call only while holding ``root``'s directory lock and before this job's first save: then no
+    writer can still own them (a save writes under the lock, and every process of an earlier
+    attempt has exited before the next one starts)."""
+    out = []
+    for v in scan(root, records=False):
+        if v.state in ("partial", "deleting"):
+            size = _tree_bytes(v.path)
+            shutil.rmtree(v.path, ignore_errors=True)
+            if not v.path.exists():
+                out.append((v.path, size))
+    return out
 
 
 def apply_retention(root: Path, keep: int) -> list[Version]:

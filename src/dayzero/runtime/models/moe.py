@@ -217,7 +217,8 @@ class MoE(nn.Module):
         cf = self.routing.capacity_factor
         if cf is None:
             return torch.argsort(flat, stable=True), routed
-        capacity = math.ceil(flat.numel() / self.spec.experts * cf)
+        # no expert receives more than every routed slot, however large the factor
+        capacity = min(flat.numel(), math.ceil(flat.numel() / self.spec.experts * cf))
         by_weight = torch.argsort(weights.detach().reshape(-1), descending=True, stable=True)
         order = by_weight[torch.argsort(flat[by_weight], stable=True)]  # by expert, heaviest first
         starts = torch.cumsum(routed, 0) - routed

@@ -271,7 +271,9 @@ def read_request(launch_dir: str | Path) -> dict | None:
     if not p.is_file():
         return None
     try:
-        return json.loads(p.read_text())
+        from dayzero.inputs import read_text
+
+        return json.loads(read_text(p, limit=1 << 16))
     except ValueError:
         return None
 

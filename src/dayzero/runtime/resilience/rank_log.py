@@ -213,10 +213,16 @@ def append_attempt(log: Path, launch_dir: str | Path, attempt: int, nproc: int,
     """Append each rank's output of ``attempt`` to ``log``, under one header per rank."""
     by_rank = {f.rank: f for f in failures}
     d = attempt_dir(launch_dir, attempt)
-    with open(log, "a", encoding="utf-8") as out:
-        for rank in range(nproc):
-            f = by_rank.get(rank)
-            out.write(f"===== attempt {attempt}, {f.line() if f else f'rank {rank}: ok'} =====\n")
-            with contextlib.suppress(OSError):
-                text = (d / f"rank{rank}.log").read_text(errors="replace")
+    try:
+        with open(log, "a", encoding="utf-8") as out:
+            for rank in range(nproc):
+                f = by_rank.get(rank)
+                out.write(f"===== attempt {attempt}, {f.line() if f else f'rank {rank}: ok'} =====\n")
+                try:
+                    text = (d / f"rank{rank}.log").read_text(errors="replace")
+                except OSError:
+                    continue
                 out.write(text if not text or text.endswith("\n") else text + "\n")
+    except OSError as e:  # a full or failed disk: the failure's own cause is what the user must see
+        print(f"dayzero: warning: cannot write the ranks' log {log} ({e.strerror or e}); each rank's output stays in "
+              f"{d}", file=sys.stderr, flush=True)

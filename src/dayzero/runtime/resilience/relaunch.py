@@ -107,8 +107,13 @@ class Relauncher:
         path = self.configs[0].metrics
         if not path or not Path(path).exists():
             return
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(record_line({**ev, "attempt": max(1, last_attempt(path))}) + "\n")
+        line = record_line({**ev, "attempt": max(1, last_attempt(path))})
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:  # a full disk: the record goes to stderr, the run's own error stays the one reported
+            print(f"dayzero: warning: cannot append to {path} ({e.strerror or e}): {line}", file=sys.stderr,
+                  flush=True)
 
     def _write(self) -> None:
         for c, p in zip(self.configs, self.paths):
