@@ -11,13 +11,13 @@ layer or below. The one exception is :data:`ALLOWED`, each edge with its reason.
 
 from __future__ import annotations
 
-import ast
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
 import dayzero
+from helpers.imports import find_cycle, import_graph
 
 ROOT = Path(dayzero.__file__).parent
 
@@ -56,67 +56,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("dayzero.specs.registry", "dayzero.derive.to_spec"): "the optional-torch hook (see describe)",
     ("dayzero.specs.registry", "dayzero.derive.traced_flops"): "the optional-torch hook (see describe)",
 }
-
-
-def module_name(root: Path, path: Path) -> str:
-    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the package at ``root`` it imports anywhere in its file."""
-    paths = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
-    graph: dict[str, set[str]] = {}
-    for name, path in paths.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        targets: set[str] = set()
-        tree = ast.parse(path.read_text(), str(path))
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _type_checking(block.test)
-                       for stmt in block.body for n in ast.walk(stmt)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
-            if isinstance(node, ast.Import):
-                targets |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                    base = f"{anchor}.{base}" if base else anchor
-                for a in node.names:  # ``from pkg import mod`` imports a module; ``from mod import obj`` the module
-                    targets.add(f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base)
-        graph[name] = {t for t in targets if t in paths and t != name}
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as ``[a, b, ..., a]``, or None when the graph is acyclic."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
 
 
 def layer_of(module: str, layers: tuple[tuple[str, ...], ...]) -> int:
