@@ -106,7 +106,7 @@ def test_the_shrink_keeps_ratios_and_every_layer_kind(tmp_path):
 
 def test_the_tp_plan_is_derived_from_names_and_shapes(tmp_path):
     def plan(model_type):
-        config, name = proxy_config(ModelSection(config_dir(tmp_path, model_type)))
+        config, name, _ = proxy_config(ModelSection(config_dir(tmp_path, model_type)))
         layer = CausalLM(_build(config, name)).net.model.layers[0]
         entries, allreduce = layer_plan(layer, 2, "layers.0")
         return {e.name: e.style for e in entries}, len(allreduce)
@@ -120,7 +120,7 @@ def test_the_tp_plan_is_derived_from_names_and_shapes(tmp_path):
     assert phi3["self_attn.qkv_proj"] == "colwise_gather" and phi3["mlp.gate_up_proj"] == "colwise_gather"
     assert phi3["mlp.down_proj"] == "rowwise_split"
     with pytest.raises(DayzeroError, match=r"linear_attn\.conv1d: a Conv1d over the channels is not split"):
-        config, name = proxy_config(ModelSection(config_dir(tmp_path, "qwen3_next")))
+        config, name, _ = proxy_config(ModelSection(config_dir(tmp_path, "qwen3_next")))
         layer_plan(CausalLM(_build(config, name)).net.model.layers[0], 2, "layers.0")
 
 

@@ -198,7 +198,7 @@ def check_derived(config) -> list[str]:
     problems = derived_problems(config)
     if problems:
         raise LayoutError("; ".join(problems))
-    config_obj, name = proxy_config(config.model)
+    config_obj, name, _ = proxy_config(config.model)
     model = CausalLM(_build(config_obj, name))
     tp_note = "tp: column/row-parallel plan derived from q/k/v/o and gate/up/down projections"
     try:
