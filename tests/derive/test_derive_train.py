@@ -100,8 +100,9 @@ def test_the_shrink_keeps_ratios_and_every_layer_kind(tmp_path):
     gemma = config_dir(tmp_path, "gemma3_text")  # 3 sliding-window layers, then a full-attention one
     spec = ModelSection(gemma, hidden=32, layers=4).spec()
     assert spec.hidden == 32 and spec.layers == 4 and spec.vocab == 512
-    with pytest.raises(DayzeroError, match="keeps 1 of its 2 layer kinds"):
-        ModelSection(gemma, layers=2).spec()
+    two = ModelSection(gemma, layers=2).spec()  # below the kinds: the first sliding layer and the full one
+    assert two.layers == 2 and two.extra["proxy_notes"] == ["--layers 2 keeps one layer of each of its 2 layer "
+                                                            "kinds: 2 layers (of 4: 0, 3)"]
 
 
 def test_the_tp_plan_is_derived_from_names_and_shapes(tmp_path):

@@ -1,18 +1,11 @@
 """A model derived from its own modeling code, trained as itself: transformers' module on dayzero's runtime.
 
 For a ``model_type`` dayzero has no hand-written family for (:mod:`dayzero.derive`), the runtime
-trains ``transformers.AutoModelForCausalLM.from_config`` of a proxy config: the same keys shrunk
-generically by the runtime's proxy flags (``--layers``, ``--hidden``, ``--experts``, ``--vocab``),
-never per family:
-
-- ``--layers N``: ``num_hidden_layers`` and every per-layer list of the same length (``layer_types``,
-  ...) cut to the first N; refused when that loses a layer kind (the layers grouped by structure).
-- ``--hidden H``: ``hidden_size``; every ``*heads`` count and ``*intermediate_size`` / ``*lora_rank``
-  width scaled by H / hidden (at least 1); kv heads lowered to a divisor of the heads; ``head_dim``
-  kept (written out when H / heads would change it).
-- ``--experts E``: every ``num_experts`` / ``num_local_experts`` / ``n_routed_experts`` key, top-k
-  capped at E, expert groups dropped when E does not split into them.
-- ``--vocab V``: ``vocab_size`` (special token ids beyond it dropped).
+trains ``transformers.AutoModelForCausalLM.from_config`` of a proxy config: the runtime's proxy flags
+(``--layers``, ``--hidden``, ``--experts``, ``--vocab``) applied so the model keeps its structure (one
+layer of each kind, widths with the products the modeling code checks, fields the config class
+computes left to it), checked by the modeling code before any rank starts
+(:mod:`dayzero.runtime.models.proxy_shape`), never per family.
 
 The model is built on CPU in fp32 under the run's seed (transformers' own initialisation), so every
 rank builds the same weights; its forward returns the logits, which the runtime's loss, optimizer,

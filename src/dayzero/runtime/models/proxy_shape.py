@@ -60,8 +60,8 @@ def _width(v: int, r: float) -> int:
 
 
 def computed_fields(cfg: dict, make) -> set[str]:
-    """Int fields the config class recomputes from the hidden size (left out, hidden doubled: the
-    value follows)."""
+    """Int fields the config class recomputes from the hidden size (left out: the same value; left
+    out with the hidden size doubled: another)."""
     old = cfg.get("hidden_size")
     if not isinstance(old, int):
         return set()
@@ -70,12 +70,12 @@ def computed_fields(cfg: dict, make) -> set[str]:
         if k in ("hidden_size", *_NOT_SIZES) or k.endswith("heads"):
             continue
         trial = {x: y for x, y in cfg.items() if x != k}
-        trial["hidden_size"] = 2 * old
         try:
-            got = getattr(make(trial), k, None)
+            same = getattr(make(trial), k, None)
+            got = getattr(make(dict(trial, hidden_size=2 * old)), k, None)
         except Exception:  # noqa: BLE001 - a config class may reject the doubled size; then not computed
             continue
-        if isinstance(got, int) and got != v:
+        if same == v and isinstance(got, int) and got != v:
             out.add(k)
     return out
 
@@ -99,8 +99,8 @@ def shrink_hidden(cfg: dict, hidden: int, computed: set[str] = frozenset(), para
     for k, v in ints.items():
         if k in scaled or k == "hidden_size" or v < 2:
             continue
-        for c in counts:  # width = a scaled head count x a kept per-head size
-            if ints[c] > 1 and v % ints[c] == 0 and v // ints[c] > 1 and any(
+        for c in counts:  # a width (>= hidden / 8) = a scaled head count x a kept per-head size (>= 8)
+            if v >= old // 8 and ints[c] > 1 and v % ints[c] == 0 and v // ints[c] >= 8 and any(
                     ints[b] == v // ints[c] for b in ints if b not in scaled and b != k):
                 scaled[k] = scaled[c] * (v // ints[c])
                 break
