@@ -117,3 +117,20 @@ def test_a_shape_the_code_rejects_tries_a_smaller_one_then_names_the_reason(tmp_
     assert proxy.cfg["hidden_size"] == 64 and "the proxy uses hidden 64" in proxy.notes[0]
     with pytest.raises(DayzeroError, match="no proxy of this shape .* too wide for this code"):
         fit(cfg, never, None, 128, None, None, "t")
+
+
+@pytest.mark.slow  # trains the proxy in a rank process
+def test_validate_compares_the_derived_spec_with_the_proxy_run(tmp_path, capsys):
+    from dayzero.cli.app import main
+    from dayzero.validate.profile import build_profile, write_profile
+    from helpers.measurements import measurements
+
+    profile = str(write_profile(build_profile(measurements(ranks=1)), tmp_path / "host.yaml"))
+    path = config_dir(tmp_path, "qwen3_next", **HYBRIDS["qwen3_next"])
+    assert main(["validate", path, "--cluster", profile, "--nproc", "1", "--layers", "2", "--vocab", "512",
+                 "--seq", "32", "--gbs", "4", "--steps", "6", "--out", str(tmp_path / "v")]) == 0
+    res = json.loads((tmp_path / "v" / "validation.json").read_text())
+    rows = {c["metric"]: c for c in res["checks"]}
+    assert rows["peak_memory"]["predicted"] and rows["step_time"]["predicted"] and rows["peak_memory"]["measured"]
+    assert res["run"]["derived_from_modeling_code"] and isinstance(res["run"]["approximations"], list)
+    assert "approximation" in capsys.readouterr().out

@@ -58,8 +58,8 @@ def proxy_spec(section):
     config, name, notes = proxy_config(section)
     net = _build(config, name)
     desc = describe_module(net, config, name, config.model_type)
-    spec = spec_from_description(desc)[0]
-    spec.extra.update(derived=True, description=desc, proxy_notes=list(notes))
+    spec, approximations = spec_from_description(desc)
+    spec.extra.update(derived=True, description=desc, proxy_notes=list(notes), approximations=approximations)
     return spec
 
 
