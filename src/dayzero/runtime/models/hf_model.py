@@ -70,8 +70,48 @@ def build_proxy(section, seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = _build(config, name, "cpu")
+    if section.hf_weights:
+        load_by_name(net, section.hf_weights)
     _probe(net, config, name)
     return CausalLM(net)
+
+
+def load_by_name(net: nn.Module, path: str) -> int:
+    """Copy every tensor of the safetensors files at ``path`` into ``net``'s parameter or buffer of the
+    same name (transformers' names, as ``save_pretrained`` writes them); one line naming the first
+    tensor the model lacks, has a different shape, or the files lack. Returns how many were copied."""
+    from pathlib import Path
+
+    from dayzero.errors import ConfigError
+    from dayzero.runtime.checkpoint.hf_weights import open_safetensors, read_tensor
+
+    root = Path(path)
+    files = sorted(root.glob("*.safetensors")) if root.is_dir() else [root]
+    if not files or not all(f.exists() for f in files):
+        raise ConfigError(path, None, "no *.safetensors files found; pass the checkpoint directory "
+                          "(config.json + model*.safetensors)")
+    own = dict(net.state_dict(keep_vars=True))
+    seen = set()
+    with torch.no_grad():
+        for f in files:
+            handle = open_safetensors(f)
+            for k in handle.keys():
+                if k not in own:
+                    raise ConfigError(str(f), k, f"the model ({type(net).__name__}) has no tensor of this name; the "
+                                      "weights are not of this model_type (or use a converted layout)")
+                t = read_tensor(handle, f, k)
+                if tuple(t.shape) != tuple(own[k].shape):
+                    raise ConfigError(str(f), k, f"checkpoint shape {tuple(t.shape)} != model shape "
+                                      f"{tuple(own[k].shape)}; a proxy (--layers/--hidden/--experts/--vocab) cannot "
+                                      "load full-size weights; drop the proxy flags or export weights of this shape")
+                own[k].copy_(t.to(own[k].dtype))
+                seen.add(k)
+    tied = {k for k, v in own.items() for j in seen if own[j] is v}
+    missing = [k for k, v in net.named_parameters() if k not in seen and k not in tied]
+    if missing:
+        raise ConfigError(path, missing[0], f"missing from the checkpoint ({len(missing)} parameters in all); "
+                          "the weights are not of this config")
+    return len(seen)
 
 
 class CausalLM(nn.Module):

@@ -183,12 +183,6 @@ def derived_problems(config) -> list[str]:
     if p.cp > 1:
         out.append(f"cp {p.cp} is not supported for a model derived from its own code: transformers' attention "
                    "needs the whole sequence on each rank (no ring or all-to-all exchange); use --dp/--tp/--pp")
-    if config.checkpoint.dir:
-        out.append("--ckpt-dir is not supported for a model derived from its own code (its state dict is "
-                   "transformers', not the runtime's checkpoint layout); train without it")
-    if config.model.hf_weights:
-        out.append("--hf-weights is not supported for a model derived from its own code (the proxy starts from "
-                   "transformers' own initialisation)")
     if p.recompute == "selective":
         out.append("--recompute selective is not supported for a model derived from its own code (transformers' "
                    "attention computes its core inside its forward); use --recompute full")
@@ -221,7 +215,8 @@ def check_derived(config) -> list[str]:
         pp_note = f"pp: not applicable ({e})"
     return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note,
             "recompute full: per decoder layer",
-            "ep, cp, --ckpt-dir, --hf-weights: refused for a model derived from its own code"]
+            "checkpoints: transformers' parameter names (resume and reshard across layouts)",
+            "--hf-weights: loaded by transformers' names", "ep, cp: refused for a model derived from its own code"]
 
 
 def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch.dtype):
