@@ -13,6 +13,8 @@ table per family:
   head_dim``) is recomputed from that product; a field that is a whole multiple of the hidden size
   and the size of some parameter of the full model scales with it; per-head sizes (``head_dim``,
   SSM state, convolution kernels) are kept.
+- **Key names** are the config class's standard ones (its ``attribute_map`` read first: GPT-2's
+  ``n_embd`` is shrunk as ``hidden_size``).
 - **Layer kinds** (the decoder layers grouped by structure, :mod:`dayzero.derive.structure`):
   ``--layers N`` keeps the first N layers when they hold every kind; else every per-layer list
   (``layer_types``, a hybrid pattern string) keeps the first layer of each kind plus the earliest
@@ -153,14 +155,15 @@ def recomputed_lists(cfg: dict, make) -> set[str]:
 
 
 def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozenset()) -> dict:
-    """``cfg`` with ``keep`` (layer indices) of its ``n`` layers: every per-layer list / string of
-    length n subset to them, the fields in ``drop`` left to the config class."""
+    """``cfg`` with ``keep`` (layer indices) of its ``n`` layers: every per-layer list, and every
+    pattern string of length n (at most 4 symbols, e.g. ``M-M*``), subset to them, the fields in
+    ``drop`` left to the config class."""
     cfg = {k: v for k, v in cfg.items() if k not in drop}
     out = dict(cfg, num_hidden_layers=len(keep))
     for k, v in cfg.items():
         if isinstance(v, list) and len(v) == n:
             out[k] = [v[i] for i in keep]
-        elif isinstance(v, str) and len(v) == n and n > 2 and k != "model_type":
+        elif isinstance(v, str) and len(v) == n and n > 2 and len(set(v)) <= 4:  # a pattern, one symbol a layer
             out[k] = "".join(v[i] for i in keep)
     return out
 
@@ -181,6 +184,22 @@ def shrink_config(cfg: dict, layers: int | None = None, hidden: int | None = Non
     return out
 
 
+def layer_kinds(layers) -> list[list[int]]:
+    """Indices of the layers of each kind (:func:`dayzero.derive.structure.layer_signature`), a scalar
+    that differs on every layer (a layer number or seed, n > 2 layers) not making a kind."""
+    from dayzero.derive import structure as st
+
+    sigs = [st.layer_signature(layer) for layer in layers]
+    scal = [{(q, k): v for q, _, attrs, _, _ in sig for k, v in attrs} for sig in sigs]
+    keys = set().union(*scal) if scal else set()
+    per_layer = {k for k in keys if len(sigs) > 2 and len({repr(d.get(k)) for d in scal}) == len(sigs)}
+    groups: dict[tuple, list[int]] = {}
+    for i, sig in enumerate(sigs):
+        key = tuple((q, c, tuple(a for a in attrs if (q, a[0]) not in per_layer), p, b) for q, c, attrs, p, b in sig)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
 def layer_candidates(cfg: dict, layers: int, kinds: list[list[int]]) -> list[tuple[list[int], str]]:
     """(layer indices, how) to try for ``--layers``: the first N; one of each kind from the per-layer
     lists; then the fewest leading layers holding every kind."""
@@ -199,12 +218,21 @@ def layer_candidates(cfg: dict, layers: int, kinds: list[list[int]]) -> list[tup
     return out
 
 
+def standard_names(cfg: dict, make) -> dict:
+    """``cfg`` with the keys the config class aliases (its ``attribute_map``: GPT-2's ``n_embd`` is
+    ``hidden_size``) under their standard names, so the flags find them."""
+    amap = getattr(type(make(cfg)), "attribute_map", None) or {}
+    moved = {std: cfg[key] for std, key in amap.items() if key in cfg and std not in cfg}
+    return {**{k: v for k, v in cfg.items() if k not in {amap[s] for s in moved}}, **moved}
+
+
 def fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | None, vocab: int | None,
         name: str) -> Proxy:
     """The proxy config (see module): the flags applied, the structure kept, checked by the modeling
     code; raises DayzeroError naming what the modeling code rejected when no candidate builds."""
     from dayzero.derive import structure as st
 
+    cfg = standard_names(cfg, make)
     n = cfg.get("num_hidden_layers")
     full = None
     if (layers is not None and isinstance(n, int) and layers < n) or hidden is not None:
@@ -213,7 +241,7 @@ def fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | 
     lists: set[str] = set()
     kinds: list[list[int]] = []
     if full is not None and layers is not None and isinstance(n, int) and layers < n:
-        kinds = st.group_layers(st.find_layer_list(full)[1])
+        kinds = layer_kinds(st.find_layer_list(full)[1])
         layer_opts = layer_candidates(cfg, layers, kinds)
         lists = recomputed_lists(cfg, make)
     computed: set[str] = set()
@@ -236,7 +264,7 @@ def fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | 
             try:
                 config = make(small)
                 net = build(config, name)
-                if kinds and len(st.group_layers(st.find_layer_list(net)[1])) < len(kinds):
+                if kinds and len(layer_kinds(st.find_layer_list(net)[1])) < len(kinds):
                     last = f"the first {len(keep)} layers keep fewer than its {len(kinds)} layer kinds"
                     break
                 if sum(p.numel() for p in net.parameters()) <= FORWARD_PROBE_MAX:
