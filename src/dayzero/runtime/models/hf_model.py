@@ -15,6 +15,9 @@ are not added: the runtime trains next-token cross-entropy.
 
 from __future__ import annotations
 
+import functools
+import json
+
 import torch
 from torch import nn
 
@@ -43,10 +46,27 @@ def proxy_config(section):
             except Exception as e:  # a config class validates in any way; one line
                 raise DayzeroError(f"{name}: transformers rejects the proxy config: {one_line(e)}") from None
 
-    proxy = fit(cfg, make, section.layers, section.hidden, section.experts, section.vocab, name)
+    key = (json.dumps(cfg, sort_keys=True, default=str), name, type(full), section.layers, section.hidden,
+           section.experts, section.vocab)
+    proxy = _fitted(key, make)
     config = make(proxy.cfg)
     config.use_cache = False
     return config, name, proxy.notes
+
+
+@functools.lru_cache(maxsize=8)
+def _fitted_key(key: tuple) -> list:
+    return []  # one slot per key: the fitted proxy, filled by _fitted (the key holds the whole config)
+
+
+def _fitted(key: tuple, make):
+    """The fitted proxy of a config and flags, computed once per process (a run asks for it from the
+    preflight, the layout check and each stage it builds; the key is the config's whole text)."""
+    slot = _fitted_key(key)
+    if not slot:
+        cfg_text, name, _, layers, hidden, experts, vocab = key
+        slot.append(fit(json.loads(cfg_text), make, layers, hidden, experts, vocab, name))
+    return slot[0]
 
 
 def proxy_spec(section):
