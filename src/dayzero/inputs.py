@@ -171,12 +171,17 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
 
 
 def _no_constant(name: str) -> Any:
+    """``Infinity`` is read as the float Python's json writes it as: Hugging Face configs carry it
+    (transformers' FalconH1Config.time_step_limit defaults to (0.0, inf), saved as ``Infinity``), and
+    every field dayzero reads checks its own range; ``NaN`` never means anything."""
+    if name in ("Infinity", "-Infinity"):
+        return float(name.replace("Infinity", "inf"))
     raise ValueError(f"holds {name}, which is not a JSON number; write a finite number")
 
 
 def parse_json(text: str, source: str) -> Any:
-    """JSON text -> data, with one-line errors (syntax, depth, duplicate keys, NaN/Infinity,
-    integers beyond 4300 digits)."""
+    """JSON text -> data, with one-line errors (syntax, depth, duplicate keys, NaN, integers beyond
+    4300 digits); ``Infinity`` stays a float (:func:`_no_constant`)."""
     try:
         return _checked(json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant), source)
     except json.JSONDecodeError as e:

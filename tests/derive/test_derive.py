@@ -100,7 +100,7 @@ def test_described_structure_of_hybrid_and_moe_models(tmp_path):
 def test_linear_attention_is_stated_as_an_approximation(tmp_path, capsys):
     path = write_config(tmp_path, "minimax", NEW_TYPES["minimax"])
     assert main(["inspect", path]) == 0
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())  # the notes wrap at the terminal's width
     assert "approximation" in err and "linear attention / SSM" in err and "MiniMaxLightningAttention" in err
 
 
@@ -231,12 +231,3 @@ def test_a_directory_with_its_own_modeling_code_needs_trust(tmp_path, capsys):
     with torch.device("meta"):
         net = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=True)
     assert obj["params_total"] == sum(p.numel() for p in net.parameters()) and obj["layers"] == 3
-
-
-def test_validate_refuses_a_derived_model(tmp_path, capsys):
-    # train runs it as transformers' own module (test_derive_train.py); validate compares the runtime
-    # against the planner's prediction, and the planner's spec of a derived model is an approximation
-    path = write_config(tmp_path, "olmo2", NEW_TYPES["olmo2"])
-    assert main(["validate", path]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "derived from its own modeling code" in err[0], err

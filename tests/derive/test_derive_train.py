@@ -78,14 +78,44 @@ def test_tp2_matches_single_process(model_type, tmp_path, capsys):
     assert abs(tp[0] - single[0]) < 1e-5 and abs(tp[-1] - single[-1]) < 1e-4, (tp, single)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["qwen3_next", "glm4_moe_lite"])  # hybrid linear/full + shared experts; MLA
+def test_pp2_matches_single_process(model_type, tmp_path, capsys):
+    """Stages cut at decoder-layer boundaries: the same seed, data and losses as one process."""
+    path = config_dir(tmp_path, model_type)
+    single = [s["loss"] for s in train_json(path, capsys)["steps"]]
+    pp = [r["loss"] for r in train_ranks(path, tmp_path, capsys, "--pp", "2")]
+    assert len(pp) == 8 and falling(pp), pp
+    assert abs(pp[0] - single[0]) < 1e-5 and abs(pp[-1] - single[-1]) < 1e-4, (pp, single)
+
+
+@pytest.mark.slow  # eight steps in this process
+def test_recompute_full_per_decoder_layer_matches_no_recompute(tmp_path, capsys):
+    path = config_dir(tmp_path, "qwen3_next")
+    plain = [s["loss"] for s in train_json(path, capsys)["steps"]]
+    again = [s["loss"] for s in train_json(path, capsys, "--recompute", "full")["steps"]]
+    assert again == pytest.approx(plain, abs=1e-6)
+
+
+def test_tied_embeddings_refuse_pipeline_stages_naming_the_head(tmp_path):
+    from dayzero.errors import LayoutError
+    from dayzero.runtime.parallel.hf_stages import check_pp
+
+    config, name, _ = proxy_config(ModelSection(config_dir(tmp_path, "gemma3_text")))
+    model = CausalLM(_build(config, name))
+    assert model.net.get_output_embeddings().weight is model.net.get_input_embeddings().weight  # gemma ties them
+    with pytest.raises(LayoutError, match="lm_head: tied to the input embedding"):
+        check_pp(model)
+
+
 @pytest.mark.parametrize("extra, expect", [
-    (["--pp", "2", "--nproc", "2"], "pp 2 is not supported for a model derived from its own code; use --dp/--tp"),
+    (["--ep", "2", "--dp", "2", "--nproc", "2"], "ep 2 is not supported for a model derived from its own code: "
+                                                 "transformers' expert modules route every token"),
+    (["--recompute", "selective"], "--recompute selective is not supported for a model derived from its own code"),
     (["--tp", "2", "--nproc", "2"], "model.layers.0.mlp.experts: routed experts are not split by tp 2"),
-    (["--ckpt-dir", "CKPT"], "--ckpt-dir is not supported for a model derived from its own code"),
 ])
 def test_what_cannot_run_is_refused_in_one_line(extra, expect, tmp_path, capsys):
     path = config_dir(tmp_path, "phimoe")
-    extra = [str(tmp_path / "ckpt") if a == "CKPT" else a for a in extra]
     assert main(["train", path, *RUN, *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expect in err[0], err
@@ -100,13 +130,14 @@ def test_the_shrink_keeps_ratios_and_every_layer_kind(tmp_path):
     gemma = config_dir(tmp_path, "gemma3_text")  # 3 sliding-window layers, then a full-attention one
     spec = ModelSection(gemma, hidden=32, layers=4).spec()
     assert spec.hidden == 32 and spec.layers == 4 and spec.vocab == 512
-    with pytest.raises(DayzeroError, match="keeps 1 of its 2 layer kinds"):
-        ModelSection(gemma, layers=2).spec()
+    two = ModelSection(gemma, layers=2).spec()  # below the kinds: the first sliding layer and the full one
+    assert two.layers == 2 and two.extra["proxy_notes"] == ["--layers 2 keeps one layer of each of its 2 layer "
+                                                            "kinds: 2 layers (of 4: 0, 3)"]
 
 
 def test_the_tp_plan_is_derived_from_names_and_shapes(tmp_path):
     def plan(model_type):
-        config, name = proxy_config(ModelSection(config_dir(tmp_path, model_type)))
+        config, name, _ = proxy_config(ModelSection(config_dir(tmp_path, model_type)))
         layer = CausalLM(_build(config, name)).net.model.layers[0]
         entries, allreduce = layer_plan(layer, 2, "layers.0")
         return {e.name: e.style for e in entries}, len(allreduce)
@@ -120,7 +151,7 @@ def test_the_tp_plan_is_derived_from_names_and_shapes(tmp_path):
     assert phi3["self_attn.qkv_proj"] == "colwise_gather" and phi3["mlp.gate_up_proj"] == "colwise_gather"
     assert phi3["mlp.down_proj"] == "rowwise_split"
     with pytest.raises(DayzeroError, match=r"linear_attn\.conv1d: a Conv1d over the channels is not split"):
-        config, name = proxy_config(ModelSection(config_dir(tmp_path, "qwen3_next")))
+        config, name, _ = proxy_config(ModelSection(config_dir(tmp_path, "qwen3_next")))
         layer_plan(CausalLM(_build(config, name)).net.model.layers[0], 2, "layers.0")
 
 
@@ -132,3 +163,41 @@ def test_a_config_the_modeling_code_cannot_run_is_one_line_before_training(tmp_p
     with pytest.raises(DayzeroError, match="the model's own code fails a forward pass of the proxy"):
         build_proxy(ModelSection(bad), seed=0)
     build_proxy(ModelSection(config_dir(tmp_path, "glm4_moe_lite")), seed=0)  # the consistent config builds
+
+
+@pytest.mark.slow  # three short trainings in this process
+def test_a_checkpoint_resumes_exactly_by_transformers_names(tmp_path, capsys):
+    """Save at step 3 of 5, resume to 5: the same losses as the uninterrupted run."""
+    path, ckpt = config_dir(tmp_path, "qwen3_next"), str(tmp_path / "ckpt")
+    five = ["--steps", "5", "--seq", "32", "--gbs", "4", "--compute-dtype", "fp32", "--quiet", "--json"]
+    whole = [s["loss"] for s in json.loads(_train(five + ["--ckpt-dir", ckpt, "--ckpt-every", "3"], path, capsys))
+             ["steps"]]
+    import shutil
+
+    shutil.rmtree(tmp_path / "ckpt" / "step-00000005")
+    resumed = [s["loss"] for s in json.loads(_train(five + ["--ckpt-dir", ckpt], path, capsys))["steps"]]
+    assert resumed == pytest.approx(whole[3:], abs=1e-6)
+
+
+def _train(args: list[str], path: str, capsys) -> str:
+    assert main(["train", path, *args]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def test_hf_weights_load_by_transformers_names(tmp_path):
+    from safetensors.torch import save_file
+
+    from dayzero.errors import ConfigError
+
+    path = config_dir(tmp_path, "qwen3_next")
+    source = build_proxy(ModelSection(path), seed=1).net
+    (tmp_path / "w").mkdir()
+    save_file({k: v.contiguous() for k, v in source.state_dict().items() if "rotary" not in k},
+              str(tmp_path / "w" / "model.safetensors"))
+    loaded = build_proxy(ModelSection(path, hf_weights=str(tmp_path / "w")), seed=0).net
+    fresh = build_proxy(ModelSection(path), seed=0).net
+    name = "model.layers.0.linear_attn.in_proj_qkvz.weight"
+    assert torch.equal(loaded.get_parameter(name), source.get_parameter(name))
+    assert not torch.equal(fresh.get_parameter(name), source.get_parameter(name))
+    with pytest.raises(ConfigError, match="a proxy .* cannot load full-size weights"):
+        build_proxy(ModelSection(path, hidden=32, hf_weights=str(tmp_path / "w")), seed=0)

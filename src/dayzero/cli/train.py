@@ -253,6 +253,8 @@ def train_cmd(
         return
     if (note := layout.gbs_note(parallel)) and not torchrun:
         err_console.print(f"dayzero: {note}", highlight=False)
+    for note in spec.extra.get("proxy_notes", ()) if not torchrun else ():  # what the proxy kept beyond the flags
+        err_console.print(f"{spec.name}: {note}", highlight=False, soft_wrap=True)
     if not torchrun and not quiet and not json_out:
         console.print(f"[bold]{spec.name}[/bold]: {parallel.describe()} on {world} rank(s); "
                       f"{parallel.gbs * parallel.seq:,} tokens per step ({parallel.gbs} x {parallel.seq}), "

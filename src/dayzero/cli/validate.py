@@ -93,10 +93,6 @@ def validate_cmd(
         return
     if runs and not calibrate:
         raise ConfigError("--runs", None, "only applies with --calibrate")
-    from dayzero.runtime.checks import require_runtime_family
-    from dayzero.specs.registry import load_model
-
-    require_runtime_family(load_model(model), "validate")
     from dayzero.runtime.config import ModelSection, OptimizerSection
     from dayzero.runtime.device import compute_dtype as resolve_dtype
     from dayzero.runtime.device import resolve
@@ -168,6 +164,14 @@ def _finish(result: dict, out: Path | None, json_out: bool, strict: bool = False
         emit_json(result)
     else:
         print_result(result)
+        run = result.get("run") or {}
+        if run.get("derived_from_modeling_code"):  # the spec is the planner's description of transformers' module
+            console.print(f"{run['model']}: predicted from the spec derived from its own modeling code (proxy "
+                          "described on the meta device); the approximations it makes (their share of the differences "
+                          "above is not separated):",
+                          highlight=False, soft_wrap=True)
+            for a in run.get("approximations") or ["none (every term read from the modules)"]:
+                console.print(f"  approximation: {a}", highlight=False, soft_wrap=True)
         if paths:
             console.print(f"wrote {paths[0]} and {paths[1]}")
         print_next(console, _next(result, paths[0] if paths else None, cluster, runs or []))

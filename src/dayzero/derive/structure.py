@@ -40,15 +40,18 @@ def _is_conv(mod) -> bool:
 
 def find_layer_list(net) -> tuple[str, object]:
     """(qualified name, ModuleList) of the decoder layers: the list of repeated blocks (one class,
-    at least half of them with the same parameter shapes) holding the most parameters."""
+    at least half of them with the same parameter shapes) holding the most parameters; a list of
+    ``config.num_hidden_layers`` blocks counts even when its classes differ (a proxy that keeps one
+    layer of each kind)."""
     from torch import nn
 
+    n_layers = getattr(getattr(net, "config", None), "num_hidden_layers", None)
     best = None
     for qual, mod in net.named_modules():
         if not isinstance(mod, nn.ModuleList) or not len(mod):
             continue
         classes = {type(m).__name__ for m in mod}
-        if len(classes) > max(1, len(mod) // 2):  # a list of unrelated modules, not repeated blocks
+        if len(classes) > max(1, len(mod) // 2) and len(mod) != n_layers:  # unrelated modules, not blocks
             continue
         size = sum(p.numel() for p in mod.parameters())
         if size and (best is None or size > best[0] or (size == best[0] and qual.count(".") < best[1].count("."))):

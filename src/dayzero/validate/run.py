@@ -246,6 +246,10 @@ def evaluate_run(request: ValidationRequest, cluster: Cluster, ranks: list[dict]
            "parallel": request.parallel.to_dict(),
            "ranks": len(ranks), "device": device, "compute_dtype": request.compute_dtype, "steps": request.steps,
            "cluster": cluster.name, "seed": request.seed, "lr": request.optimizer.lr}
+    if spec.extra.get("derived"):  # the planner's spec of a model derived from its own code: what it approximates
+        run["derived_from_modeling_code"] = True
+        run["approximations"] = list(spec.extra.get("approximations", ()))
+        run["proxy_notes"] = list(spec.extra.get("proxy_notes", ()))
     return {"checks": rows, "summary": summary(rows), "run": run, "measured": measured, "prediction": prediction,
             "record": record_of(request, spec, measured)}
 

@@ -5,7 +5,8 @@ attention), ``mlp`` (the dense feed-forward block and its activations), ``groupe
 routed experts' GEMMs: one grouped kernel where the device has it, a loop elsewhere), ``moe`` (router,
 grouped routed experts, shared experts, balance losses, capacity), ``model`` (the blocks and the ``Transformer``,
 deterministic initial weights), ``recompute`` (activation checkpointing of whole blocks or of the
-attention core), and ``hf_model`` (a model nobody taught dayzero: its config shrunk by key name and
-built as transformers' own module, trained as it is). Nothing here knows about parallelism;
+attention core), ``proxy_shape`` (the proxy config of a model nobody taught dayzero: the flags
+applied with its layer kinds and the ratios its code checks kept) and ``hf_model`` (that proxy built
+as transformers' own module, trained as it is). Nothing here knows about parallelism;
 :mod:`dayzero.runtime.parallel` shards these modules in place.
 """

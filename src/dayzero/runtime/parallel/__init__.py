@@ -9,5 +9,6 @@ dispatcher), ``data_parallel`` (dp: FSDP2, ZeRO and mixed precision), and ``para
 function that applies them all, with activation checkpointing from
 :mod:`dayzero.runtime.models.recompute`, then materializes the weights). ``hf_plan`` does the same
 for transformers' own module of a derived model: FSDP2 per decoder layer and a TP plan derived from
-module names and shapes; what it cannot apply is refused.
+module names and shapes, with ``hf_stages`` (its pipeline stages cut at decoder-layer boundaries and
+per-layer recompute); what it cannot apply is refused.
 """

@@ -177,28 +177,27 @@ def apply_fsdp(model, mesh, param_dtype: torch.dtype, zero: int, gloo: bool) -> 
 def derived_problems(config) -> list[str]:
     """What the runtime cannot do for a model derived from its own code (no torch needed)."""
     p, out = config.parallel, []
-    for dim in ("pp", "ep", "cp"):
-        if getattr(p, dim) > 1:
-            out.append(f"{dim} {getattr(p, dim)} is not supported for a model derived from its own code; use --dp/--tp")
-    if config.checkpoint.dir:
-        out.append("--ckpt-dir is not supported for a model derived from its own code (its state dict is "
-                   "transformers', not the runtime's checkpoint layout); train without it")
-    if config.model.hf_weights:
-        out.append("--hf-weights is not supported for a model derived from its own code (the proxy starts from "
-                   "transformers' own initialisation)")
-    if p.recompute != "none":
-        out.append(f"--recompute {p.recompute} is not supported for a model derived from its own code")
+    if p.ep > 1:
+        out.append(f"ep {p.ep} is not supported for a model derived from its own code: transformers' expert modules "
+                   "route every token to experts held on the same rank (no all-to-all dispatch); use --dp/--tp/--pp")
+    if p.cp > 1:
+        out.append(f"cp {p.cp} is not supported for a model derived from its own code: transformers' attention "
+                   "needs the whole sequence on each rank (no ring or all-to-all exchange); use --dp/--tp/--pp")
+    if p.recompute == "selective":
+        out.append("--recompute selective is not supported for a model derived from its own code (transformers' "
+                   "attention computes its core inside its forward); use --recompute full")
     return out
 
 
 def check_derived(config) -> list[str]:
     """Raise LayoutError for what cannot run; else the dimensions that apply, as sentences."""
     from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
+    from dayzero.runtime.parallel.hf_stages import check_pp
 
     problems = derived_problems(config)
     if problems:
         raise LayoutError("; ".join(problems))
-    config_obj, name = proxy_config(config.model)
+    config_obj, name, _ = proxy_config(config.model)
     model = CausalLM(_build(config_obj, name))
     tp_note = "tp: column/row-parallel plan derived from q/k/v/o and gate/up/down projections"
     try:
@@ -207,25 +206,43 @@ def check_derived(config) -> list[str]:
         if config.parallel.tp > 1:
             raise
         tp_note = f"tp: not applicable ({e})"
-    return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note,
-            "pp, ep, cp, --ckpt-dir, --hf-weights: refused for a model derived from its own code"]
+    pp_note = "pp: stages cut at decoder-layer boundaries (transformers' forward per stage)"
+    try:
+        check_pp(model)
+    except LayoutError as e:
+        if config.parallel.pp > 1:
+            raise
+        pp_note = f"pp: not applicable ({e})"
+    return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note,
+            "recompute full: per decoder layer",
+            "checkpoints: transformers' parameter names (resume and reshard across layouts)",
+            "--hf-weights: loaded by transformers' names", "ep, cp: refused for a model derived from its own code"]
 
 
 def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch.dtype):
-    """This rank's proxy of a derived model: built by transformers under the run's seed, tensor
-    parallel by the derived plan, FSDP2 over data parallel (as the runtime skips it at one fp32 rank)."""
+    """This rank's proxy of a derived model: built by transformers under the run's seed, cut into its
+    pipeline stages, tensor parallel by the derived plan, each decoder layer recomputed when asked,
+    FSDP2 over data parallel (as the runtime skips it at one fp32 rank)."""
     from dayzero.runtime.models.hf_model import build_proxy
+    from dayzero.runtime.parallel.hf_stages import apply_recompute, split_derived
     from dayzero.runtime.parallel.parallelize import ParallelModel
 
     problems = derived_problems(config)
     if problems:
         raise LayoutError("; ".join(problems))
     p = config.parallel
-    model = build_proxy(config.model, config.seed).to(device)
-    if p.tp > 1:
-        check_tp(model, p.tp)
-        apply_tp(model, meshes.tp)
+    if p.pp > 1:
+        ranges = p.stage_layers(config.spec())
+        parts = split_derived(lambda: build_proxy(config.model, config.seed), ranges, p.pp, meshes.pp_rank)
+    else:
+        parts = [(0, build_proxy(config.model, config.seed))]
     units = []
-    if p.dp > 1 or param_dtype != torch.float32:
-        units = apply_fsdp(model, meshes.dp, param_dtype, p.zero, gloo=device.type == "cpu")
-    return ParallelModel([model], [0], units)
+    for _, model in parts:
+        model.to(device)
+        if p.tp > 1:
+            check_tp(model, p.tp)
+            apply_tp(model, meshes.tp)
+        apply_recompute(model, p.recompute, p.recompute_layers)
+        if p.dp > 1 or param_dtype != torch.float32:
+            units += apply_fsdp(model, meshes.dp, param_dtype, p.zero, gloo=device.type == "cpu")
+    return ParallelModel([m for _, m in parts], [v for v, _ in parts], units)

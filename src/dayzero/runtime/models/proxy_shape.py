@@ -1,0 +1,311 @@
+"""The proxy of a model derived from its own modeling code: the full model's structure at a smaller size.
+
+The runtime's proxy flags (``--layers``, ``--hidden``, ``--experts``, ``--vocab``) shrink the config
+dict; what stays consistent is read from the config class and the built modules, never from a
+table per family:
+
+- **Fields the config class computes** from the hidden size (a Mamba head dimension ``expand x
+  hidden / heads``, an attention width ``2 x hidden``): found by building the config class with the
+  field left out and the hidden size doubled; a field whose value follows is left out of the proxy's
+  dict, so the class recomputes it for the proxy's hidden size.
+- **Widths** (``*intermediate_size``, ``*lora_rank``, ``*heads`` counts) scale by H / hidden; a field
+  whose value is the product of a scaled head count and another field (an SSM's ``d_ssm = heads x
+  head_dim``) is recomputed from that product; a field that is a whole multiple of the hidden size
+  and the size of some parameter of the full model scales with it; per-head sizes (``head_dim``,
+  SSM state, convolution kernels) are kept.
+- **Key names** are the config class's standard ones (its ``attribute_map`` read first: GPT-2's
+  ``n_embd`` is shrunk as ``hidden_size``).
+- **Layer kinds** (the decoder layers grouped by structure, :mod:`dayzero.derive.structure`):
+  ``--layers N`` keeps the first N layers when they hold every kind; else every per-layer list
+  (``layer_types``, a hybrid pattern string) keeps the first layer of each kind plus the earliest
+  others up to N; else (kinds set by a period such as every-k-th attention, or first-k dense layers)
+  the fewest leading layers that hold every kind.
+- **The check**: each candidate is built by the config class and on the meta device, and, when small,
+  runs one CPU forward of two short sequences; a candidate the modeling code rejects gives way to the
+  next smaller consistent shape (the hidden size halved), and only then is the proxy refused with the
+  modeling code's own reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dayzero.errors import DayzeroError, one_line
+
+_EXPERTS = re.compile(r"^(num|n)_(local_|routed_)?experts$")
+_TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
+_NOT_SIZES = ("vocab_size", "num_hidden_layers")
+FORWARD_PROBE_MAX = 300_000_000  # parameters: above this the pre-launch check builds on meta only
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """A proxy config that the modeling code accepts, and what the shrink did beyond the flags."""
+
+    cfg: dict
+    notes: tuple[str, ...]
+
+
+def _ints(cfg: dict) -> dict[str, int]:
+    return {k: v for k, v in cfg.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _scaled(v: int, r: float) -> int:
+    return max(1, round(v * r))
+
+
+def _width(v: int, r: float) -> int:
+    """A scaled width, a multiple of 8 from 8 up (grouped GEMM kernels need 16-byte strides)."""
+    w = v * r
+    return max(1, round(w)) if w < 8 else 8 * max(1, round(w / 8))
+
+
+def computed_fields(cfg: dict, make) -> set[str]:
+    """Int fields the config class recomputes from the hidden size (left out: the same value; left
+    out with the hidden size doubled: another)."""
+    old = cfg.get("hidden_size")
+    if not isinstance(old, int):
+        return set()
+    out = set()
+    for k, v in _ints(cfg).items():
+        if k in ("hidden_size", *_NOT_SIZES) or k.endswith("heads"):
+            continue
+        trial = {x: y for x, y in cfg.items() if x != k}
+        try:
+            same = getattr(make(trial), k, None)
+            got = getattr(make(dict(trial, hidden_size=2 * old)), k, None)
+        except Exception:  # noqa: BLE001 - a config class may reject the doubled size; then not computed
+            continue
+        if same == v and isinstance(got, int) and got != v:
+            out.add(k)
+    return out
+
+
+def shrink_hidden(cfg: dict, hidden: int, computed: set[str] = frozenset(), param_dims: set[int] = frozenset()) -> dict:
+    """``cfg`` at hidden size ``hidden`` with every width scaled and every product kept (see module)."""
+    old = cfg["hidden_size"]
+    r = hidden / old
+    out = {k: v for k, v in cfg.items() if k not in computed}
+    ints = {k: v for k, v in _ints(cfg).items() if k not in computed and k not in _NOT_SIZES}
+    heads = cfg.get("num_attention_heads")
+    head_dim = cfg.get("head_dim") or (old // heads if isinstance(heads, int) and heads else None)
+    out["hidden_size"] = hidden
+    scaled: dict[str, int] = {}
+    for k, v in ints.items():
+        if k.endswith("heads"):
+            scaled[k] = _scaled(v, r)
+        elif "intermediate_size" in k or k.endswith("lora_rank"):
+            scaled[k] = _width(v, r)
+    counts = {k for k in scaled if k.endswith("heads")}
+    for k, v in ints.items():
+        if k in scaled or k == "hidden_size" or v < 2:
+            continue
+        for c in counts:  # a width (>= hidden / 8) = a scaled head count x a kept per-head size (>= 8)
+            if v >= old // 8 and ints[c] > 1 and v % ints[c] == 0 and v // ints[c] >= 8 and any(
+                    ints[b] == v // ints[c] for b in ints if b not in scaled and b != k):
+                scaled[k] = scaled[c] * (v // ints[c])
+                break
+        else:
+            if v >= old and v % old == 0 and v in param_dims and v // old <= 16:
+                scaled[k] = hidden * (v // old)
+    out.update(scaled)
+    h, kv = out.get("num_attention_heads"), out.get("num_key_value_heads")
+    if isinstance(h, int) and isinstance(kv, int):
+        out["num_key_value_heads"] = max(d for d in range(1, min(kv, h) + 1) if h % d == 0)
+    if isinstance(h, int) and head_dim and "head_dim" not in cfg and hidden != h * head_dim:
+        out["head_dim"] = head_dim
+    return out
+
+
+def shrink_experts(cfg: dict, experts: int) -> dict:
+    out = dict(cfg)
+    for k, v in cfg.items():
+        if _EXPERTS.match(k) and isinstance(v, int) and experts < v:
+            out[k] = experts
+            for t in _TOP_K:
+                if isinstance(cfg.get(t), int):
+                    out[t] = min(cfg[t], experts)
+            g = cfg.get("n_group")
+            if isinstance(g, int) and g > 1 and experts % g:
+                out["n_group"], out["topk_group"] = 1, 1
+    return out
+
+
+def shrink_vocab(cfg: dict, vocab: int) -> dict:
+    out = dict(cfg, vocab_size=vocab)
+    for k, v in cfg.items():
+        if k.endswith("token_id") and isinstance(v, int) and v >= vocab:
+            out[k] = None
+    return out
+
+
+def recomputed_lists(cfg: dict, make) -> set[str]:
+    """List fields the config class reproduces when left out (a layout computed from another field,
+    e.g. the indices of a hybrid's attention layers): left out of a proxy that keeps other layers."""
+    out = set()
+    for k, v in cfg.items():
+        if isinstance(v, list) and len(v) != cfg.get("num_hidden_layers"):
+            try:
+                if getattr(make({x: y for x, y in cfg.items() if x != k}), k, None) == v:
+                    out.add(k)
+            except Exception:  # noqa: BLE001 - the class needs the field: kept
+                continue
+    return out
+
+
+def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozenset()) -> dict:
+    """``cfg`` with ``keep`` (layer indices) of its ``n`` layers: every per-layer list, and every
+    pattern string of length n (at most 4 symbols, e.g. ``M-M*``), subset to them, the fields in
+    ``drop`` left to the config class."""
+    cfg = {k: v for k, v in cfg.items() if k not in drop}
+    out = dict(cfg, num_hidden_layers=len(keep))
+    for k, v in cfg.items():
+        if isinstance(v, list) and len(v) == n:
+            out[k] = [v[i] for i in keep]
+        elif isinstance(v, str) and len(v) == n and n > 2 and len(set(v)) <= 4:  # a pattern, one symbol a layer
+            out[k] = "".join(v[i] for i in keep)
+    return out
+
+
+def shrink_config(cfg: dict, layers: int | None = None, hidden: int | None = None, experts: int | None = None,
+                  vocab: int | None = None) -> dict:
+    """The proxy's config dict by the flags alone (first ``layers`` layers; no config class consulted)."""
+    out = dict(cfg)
+    n = cfg.get("num_hidden_layers")
+    if layers is not None and isinstance(n, int) and layers < n:
+        out = truncate_layers(out, n, list(range(layers)))
+    if hidden is not None and isinstance(cfg.get("hidden_size"), int) and hidden != cfg["hidden_size"]:
+        out = shrink_hidden(out, hidden)
+    if experts is not None:
+        out = shrink_experts(out, experts)
+    if vocab is not None:
+        out = shrink_vocab(out, vocab)
+    return out
+
+
+def layer_kinds(layers) -> list[list[int]]:
+    """Indices of the layers of each kind (:func:`dayzero.derive.structure.layer_signature`), a scalar
+    that differs on every layer (a layer number or seed, n > 2 layers) not making a kind."""
+    from dayzero.derive import structure as st
+
+    sigs = [st.layer_signature(layer) for layer in layers]
+    scal = [{(q, k): v for q, _, attrs, _, _ in sig for k, v in attrs} for sig in sigs]
+    keys = set().union(*scal) if scal else set()
+    per_layer = {k for k in keys if len(sigs) > 2 and len({repr(d.get(k)) for d in scal}) == len(sigs)}
+    groups: dict[tuple, list[int]] = {}
+    for i, sig in enumerate(sigs):
+        key = tuple((q, c, tuple(a for a in attrs if (q, a[0]) not in per_layer), p, b) for q, c, attrs, p, b in sig)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def layer_candidates(cfg: dict, layers: int, kinds: list[list[int]]) -> list[tuple[list[int], str]]:
+    """(layer indices, how) to try for ``--layers``: the first N; one of each kind from the per-layer
+    lists; then the fewest leading layers holding every kind."""
+    n = cfg["num_hidden_layers"]
+    first = [g[0] for g in kinds]
+    out = [(list(range(layers)), "")]
+    if max(first) >= layers:
+        others = [i for i in range(n) if i not in first][:max(0, layers - len(first))]
+        keep = sorted(set(first) | set(others))
+        note = (f"--layers {layers} keeps one layer of each of its {len(kinds)} layer kinds: "
+                f"{len(keep)} layers (of {n}: {', '.join(map(str, keep))})")
+        out.append((keep, note))
+        lead = max(first) + 1
+        out.append((list(range(lead)), f"--layers {layers} keeps one layer of each of its {len(kinds)} layer kinds: "
+                    f"the first {lead} layers (of {n}; the kinds are set by position)"))
+    return out
+
+
+def standard_names(cfg: dict, make) -> dict:
+    """``cfg`` with the keys the config class aliases (its ``attribute_map``: GPT-2's ``n_embd`` is
+    ``hidden_size``) under their standard names, so the flags find them."""
+    amap = getattr(type(make(cfg)), "attribute_map", None) or {}
+    moved = {std: cfg[key] for std, key in amap.items() if key in cfg and std not in cfg}
+    return {**{k: v for k, v in cfg.items() if k not in {amap[s] for s in moved}}, **moved}
+
+
+def fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | None, vocab: int | None,
+        name: str) -> Proxy:
+    """The proxy config (see module): the flags applied, the structure kept, checked by the modeling
+    code; raises DayzeroError naming what the modeling code rejected when no candidate builds."""
+    from dayzero.derive import structure as st
+
+    cfg = standard_names(cfg, make)
+    n = cfg.get("num_hidden_layers")
+    full = None
+    if (layers is not None and isinstance(n, int) and layers < n) or hidden is not None:
+        full = build(make(cfg), name)
+    layer_opts: list[tuple[list[int] | None, str]] = [(None, "")]
+    lists: set[str] = set()
+    kinds: list[list[int]] = []
+    if full is not None and layers is not None and isinstance(n, int) and layers < n:
+        kinds = layer_kinds(st.find_layer_list(full)[1])
+        layer_opts = layer_candidates(cfg, layers, kinds)
+        lists = recomputed_lists(cfg, make)
+    computed: set[str] = set()
+    dims: set[int] = set()
+    old = cfg.get("hidden_size")
+    hiddens: list[int | None] = [None]
+    if hidden is not None and isinstance(old, int) and hidden != old:
+        computed = computed_fields(cfg, make)
+        dims = {d for p in full.parameters() for d in p.shape}
+        hiddens = [hidden] + [h for h in (hidden // 2, hidden // 4) if h >= 16]
+    last = ""
+    for keep, note in layer_opts:
+        base = truncate_layers(cfg, n, keep, lists if note else set()) if keep is not None else dict(cfg)
+        for h in hiddens:
+            small = shrink_hidden(base, h, computed, dims) if h is not None else dict(base)
+            if experts is not None:
+                small = shrink_experts(small, experts)
+            if vocab is not None:
+                small = shrink_vocab(small, vocab)
+            try:
+                config = make(small)
+                net = build(config, name)
+                if kinds and len(layer_kinds(st.find_layer_list(net)[1])) < len(kinds):
+                    last = f"the first {len(keep)} layers keep fewer than its {len(kinds)} layer kinds"
+                    break
+                if sum(p.numel() for p in net.parameters()) <= FORWARD_PROBE_MAX:
+                    probe(build(config, name, "cpu"), config, name)
+            except DayzeroError as e:
+                last = str(e)
+                continue
+            notes = [note] if note else []
+            if h is not None and h != hidden:
+                notes.append(f"--hidden {hidden} is rejected by the modeling code ({last}); the proxy uses hidden {h}")
+            return Proxy(small, tuple(notes))
+    raise DayzeroError(f"{name}: no proxy of this shape is accepted by the model's own code: {last}; "
+                       "try other --hidden / --layers values")
+
+
+def build(config, name: str, device: str = "meta"):
+    """transformers' model of ``config`` on ``device`` in fp32; one line when the modeling code fails."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dayzero.ops.hf_model import _quiet_transformers
+
+    with _quiet_transformers(), torch.device(device):
+        try:
+            return AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        except Exception as e:  # any modeling code can fail; one line, never a traceback
+            raise DayzeroError(f"{name}: cannot build the proxy {type(config).__name__}: "
+                               f"{one_line(e)}") from None
+
+
+def probe(net, config, name: str, tokens: int = 8) -> None:
+    """One forward of two short sequences: a config the model's own code cannot run (e.g. MLA with
+    fewer key/value heads than heads) is one line here, not a traceback per rank."""
+    import torch
+
+    vocab = int(getattr(config, "vocab_size", 2) or 2)
+    ids = torch.arange(2 * tokens, dtype=torch.long).remainder(vocab).reshape(2, tokens)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            net(input_ids=ids, use_cache=False)
+    except Exception as e:  # any modeling code can fail; one line, never a traceback
+        raise DayzeroError(f"{name}: the model's own code fails a forward pass of the proxy "
+                           f"({one_line(e)}); check the config's shapes "
+                           "(heads, key/value heads, head dims) against what the modeling code expects") from None

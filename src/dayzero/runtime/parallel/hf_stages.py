@@ -1,0 +1,148 @@
+"""Pipeline stages and activation recompute for a model derived from its own modeling code
+(:mod:`dayzero.runtime.models.hf_model`), cut at decoder-layer boundaries found by structure.
+
+A stage is transformers' whole model with only its decoder layers (the list found by
+:func:`dayzero.derive.structure.find_layer_list`, original indices kept as parameter names, so a
+stage's state dict names are the unpipelined model's). The first stage feeds token ids; a later
+stage feeds the previous stage's hidden states as ``inputs_embeds`` (the model's body skips its
+embedding); a stage before the last returns the body's output before the final norm (replaced by
+the identity there) and drops the head; the last stage returns the logits. The model's own forward
+still builds its masks and position embeddings on every stage, from the sequence it is given.
+
+Refused, one line naming the module: tied input/output embeddings (the first and last stage would
+train two copies of one matrix), a body whose final norm or embedding is not found by structure.
+
+Recompute ``full`` (Chen et al. 2016) re-runs each decoder layer in backward (its ``forward``
+replaced on the instance by a checkpointed call, names unchanged); ``selective`` needs the
+attention core as a module of its own, which transformers' attention computes inside its forward:
+refused.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from dayzero.errors import LayoutError
+
+
+def _body(net) -> tuple[str, nn.Module, str]:
+    """(qualified name of the body holding the decoder layers, the body, the layer list's attribute)."""
+    from dayzero.runtime.models.hf_model import decoder_layers
+
+    qual = decoder_layers(net)[0]
+    parent, _, attr = qual.rpartition(".")
+    return parent, (net.net.get_submodule(parent) if parent else net.net), attr
+
+
+def final_norm(body: nn.Module, attr: str) -> str:
+    """The body's norm after the decoder layers: the last norm child registered after the layer list."""
+    from dayzero.derive import structure as st
+
+    names = list(dict(body.named_children()))
+    after = names[names.index(attr) + 1:] if attr in names else names
+    norms = [n for n in after if st.is_norm(n, getattr(body, n))]
+    if not norms:
+        raise LayoutError(f"{type(body).__name__}: no final norm after '{attr}' found by structure; "
+                          "pipeline stages for this model need one; use --dp/--tp")
+    return norms[-1]
+
+
+def check_pp(model) -> None:
+    """Raise LayoutError when the derived model cannot be cut into pipeline stages."""
+    net = model.net
+    emb, head = net.get_input_embeddings(), net.get_output_embeddings()
+    if head is not None and emb is not None and head.weight is emb.weight:
+        raise LayoutError(f"{type(net).__name__}.lm_head: tied to the input embedding; pipeline stages would train "
+                          "two copies of one matrix (first and last stage); use --dp/--tp")
+    _, body, attr = _body(model)
+    final_norm(body, attr)
+    if not any(m is emb for m in body.children()):
+        raise LayoutError(f"{type(body).__name__}: its input embedding is not a child of the body holding "
+                          f"'{attr}'; pipeline stages for this model are refused; use --dp/--tp")
+
+
+class _KeptLayers(nn.ModuleList):
+    """A decoder-layer list holding some layers under their original indices (names unchanged)."""
+
+    def __init__(self, layers: nn.ModuleList, keep: range):
+        super().__init__()
+        for i in keep:
+            self._modules[str(i)] = layers[i]
+
+    def __getitem__(self, idx):
+        mods = list(self._modules.values())
+        return nn.ModuleList(mods[idx]) if isinstance(idx, slice) else mods[idx]
+
+
+class DerivedStage(nn.Module):
+    """One pipeline stage of a derived proxy (see module); parameter names are ``net.<transformers name>``."""
+
+    def __init__(self, model, keep: range, first: bool, last: bool):
+        super().__init__()
+        self.net = model.net
+        self.first, self.last = first, last
+        parent, body, attr = _body(model)
+        self.body_name = parent
+        setattr(body, attr, _KeptLayers(getattr(body, attr), keep))
+        if not first:
+            emb = self.net.get_input_embeddings()
+            for n, m in list(body.named_children()):
+                if m is emb:
+                    setattr(body, n, None)
+        if not last:
+            setattr(body, final_norm(body, attr), nn.Identity())
+            for n, m in list(self.net.named_children()):
+                if m is self.net.get_output_embeddings():
+                    setattr(self.net, n, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kw = {"input_ids": x} if self.first else {"inputs_embeds": x}
+        if self.last:
+            return self.net(**kw, use_cache=False).logits
+        body = self.net.get_submodule(self.body_name) if self.body_name else self.net
+        return body(**kw, use_cache=False).last_hidden_state
+
+
+def split_derived(build, ranges: list[range], pp: int, pp_rank: int) -> list[tuple[int, nn.Module]]:
+    """(virtual stage, DerivedStage) for every virtual stage on ``pp_rank``; ``build()`` gives a fresh
+    proxy (the same weights on every call: built under the run's seed)."""
+    last = len(ranges) - 1
+    out = []
+    for v in range(pp_rank, len(ranges), pp):
+        model = build()
+        check_pp(model)
+        out.append((v, DerivedStage(model, ranges[v], v == 0, v == last)))
+    return out
+
+
+def _checkpointed(module: nn.Module) -> None:
+    inner = module.forward
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    module.forward = forward
+
+
+def apply_recompute(model: nn.Module, mode: str, layers: int | None = None) -> int:
+    """Checkpoint each decoder layer of ``model`` (a CausalLM or a DerivedStage) for ``full`` (the
+    first ``layers`` when given); refuse ``selective``. Returns how many layers were wrapped."""
+    from dayzero.derive import structure as st
+
+    if mode == "none":
+        return 0
+    qual, blocks = st.find_layer_list(model)
+    if mode == "selective":
+        attn = next((f"{qual}.{q}" for q, m in blocks[0].named_modules() if "attn" in q.rsplit(".", 1)[-1].lower()
+                     or "attention" in type(m).__name__.lower()), f"{qual}.0")
+        raise LayoutError(f"{attn}: --recompute selective needs the attention core as a module of its own; "
+                          "transformers' attention computes it inside its forward; use --recompute full")
+    chosen = list(blocks) if layers is None else list(blocks)[:layers]
+    for b in chosen:
+        _checkpointed(b)
+    return len(chosen)

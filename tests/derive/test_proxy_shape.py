@@ -1,0 +1,136 @@
+"""The proxy of a derived model keeps its structure (runtime.models.proxy_shape): the three ways a
+generic shrink broke new architectures, on configs built here from transformers' own config classes
+at small sizes (meta-device builds and one CPU forward of a tiny proxy each)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from dayzero.derive import structure as st  # noqa: E402
+from dayzero.errors import DayzeroError  # noqa: E402
+from dayzero.runtime.config import ModelSection  # noqa: E402
+from dayzero.runtime.models.hf_model import _build, proxy_config  # noqa: E402
+from dayzero.runtime.models.proxy_shape import fit  # noqa: E402
+
+
+def config_dir(tmp_path, model_type: str, **fields) -> str:
+    cfg = transformers.CONFIG_MAPPING[model_type](**fields).to_dict()
+    d = tmp_path / model_type
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def kinds(config) -> list[list[int]]:
+    return st.group_layers(st.find_layer_list(_build(config, "t"))[1])
+
+
+HYBRIDS = {  # more layer kinds than --layers 2, set by a per-layer list, a pattern string or a period
+    "qwen3_next": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
+                       linear_num_key_heads=4, linear_num_value_heads=8, moe_intermediate_size=64,
+                       shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                       vocab_size=256),
+    "gemma3_text": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=32, vocab_size=256),
+    "jamba": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=4,
+                  num_key_value_heads=2, num_experts=4, mamba_dt_rank=8, vocab_size=256),
+    "zamba2": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=4,
+                   num_key_value_heads=4, n_mamba_heads=4, mamba_d_state=16, adapter_rank=16, vocab_size=256,
+                   layers_block_type=["mamba"] * 3 + ["hybrid"] + ["mamba"] * 3 + ["hybrid"]),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRIDS))
+def test_layers_below_the_kinds_keep_one_layer_of_each_kind(model_type, tmp_path):
+    path = config_dir(tmp_path, model_type, **HYBRIDS[model_type])
+    full, _, _ = proxy_config(ModelSection(path))
+    config, _, notes = proxy_config(ModelSection(path, layers=2, hidden=64))
+    assert len(kinds(config)) == len(kinds(full)) > 1
+    assert config.num_hidden_layers < full.num_hidden_layers and config.hidden_size == 64
+    if config.num_hidden_layers > 2:  # more layers than asked: said in one line
+        assert len(notes) == 1 and "keeps one layer of each of its" in notes[0]
+    spec = ModelSection(path, layers=2, hidden=64).spec()
+    assert spec.layers == config.num_hidden_layers and spec.extra["proxy_notes"] == list(notes)
+
+
+def test_a_list_layout_keeps_one_layer_of_each_kind_at_exactly_their_count(tmp_path):
+    path = config_dir(tmp_path, "qwen3_next", **HYBRIDS["qwen3_next"])  # linear x3, full, linear x3, full
+    config, _, notes = proxy_config(ModelSection(path, layers=2))
+    assert config.num_hidden_layers == 2 and config.layer_types == ["linear_attention", "full_attention"]
+    assert "2 layers (of 8: 0, 3)" in notes[0]
+
+
+def test_a_hybrid_mamba_head_dims_follow_the_ratio(tmp_path):
+    """Falcon-H1: d_ssm = heads x head dim (the config class checks it); Zamba2: the Mamba head dim is
+    computed by the class from expand x hidden / heads, so it is left to the class."""
+    falcon = config_dir(tmp_path, "falcon_h1", hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=2, mamba_d_ssm=512, mamba_n_heads=32,
+                        mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16, vocab_size=256)
+    cls = type(transformers.CONFIG_MAPPING["falcon_h1"]())
+    with pytest.raises(Exception, match="Mamba head state do not match"):  # the invariant is the class's
+        cls(hidden_size=128, mamba_d_ssm=512, mamba_n_heads=8, mamba_d_head=16)
+    config, _, _ = proxy_config(ModelSection(falcon, hidden=128))
+    assert config.mamba_n_heads == 8 and config.mamba_d_head == 16 and config.mamba_d_ssm == 128
+    zamba = config_dir(tmp_path, "zamba2", **HYBRIDS["zamba2"])
+    config, _, _ = proxy_config(ModelSection(zamba, hidden=64))
+    assert config.mamba_headdim * config.n_mamba_heads == config.mamba_expand * 64
+
+
+def test_an_explicit_head_dim_and_expert_sizes_not_tied_to_hidden(tmp_path):
+    """Heads x head_dim != hidden and expert widths of their own: head_dim kept, widths scaled to
+    multiples of 8, the proxy runs the model's own forward."""
+    path = config_dir(tmp_path, "qwen3_moe", hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=128, moe_intermediate_size=200,
+                      num_experts=8, num_experts_per_tok=2, vocab_size=256)
+    config, _, _ = proxy_config(ModelSection(path, hidden=128, experts=4))
+    assert config.head_dim == 128 and config.num_attention_heads == 2 and config.num_key_value_heads == 1
+    assert config.moe_intermediate_size == 48 and config.intermediate_size == 384 and config.num_experts == 4
+    gpt_oss = config_dir(tmp_path, "gpt_oss", hidden_size=360, intermediate_size=360, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_local_experts=4,
+                         vocab_size=256)
+    config, _, notes = proxy_config(ModelSection(gpt_oss, layers=2, hidden=120))
+    assert config.head_dim == 64 and len(kinds(config)) == 2 and not notes  # sliding + full in the first 2
+
+
+def test_a_shape_the_code_rejects_tries_a_smaller_one_then_names_the_reason(tmp_path):
+    config_dir(tmp_path, "qwen3_moe", hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, moe_intermediate_size=256, num_experts=8,
+                      num_experts_per_tok=2, vocab_size=256)
+    cfg = json.loads((tmp_path / "qwen3_moe" / "config.json").read_text())
+    cls = type(transformers.CONFIG_MAPPING["qwen3_moe"]())
+
+    def narrow(d):  # a modeling code that accepts the full model and proxies of hidden <= 100 only
+        if 100 < d["hidden_size"] < 512:
+            raise DayzeroError(f"hidden {d['hidden_size']} is too wide for this code")
+        return cls(**{k: v for k, v in d.items() if k != "model_type"})
+
+    def never(d):
+        return narrow(dict(d, hidden_size=200) if d["hidden_size"] < 512 else d)
+
+    proxy = fit(cfg, narrow, None, 128, None, None, "t")
+    assert proxy.cfg["hidden_size"] == 64 and "the proxy uses hidden 64" in proxy.notes[0]
+    with pytest.raises(DayzeroError, match="no proxy of this shape .* too wide for this code"):
+        fit(cfg, never, None, 128, None, None, "t")
+
+
+@pytest.mark.slow  # trains the proxy in a rank process
+def test_validate_compares_the_derived_spec_with_the_proxy_run(tmp_path, capsys):
+    from dayzero.cli.app import main
+    from dayzero.validate.profile import build_profile, write_profile
+    from helpers.measurements import measurements
+
+    profile = str(write_profile(build_profile(measurements(ranks=1)), tmp_path / "host.yaml"))
+    path = config_dir(tmp_path, "qwen3_next", **HYBRIDS["qwen3_next"])
+    assert main(["validate", path, "--cluster", profile, "--nproc", "1", "--layers", "2", "--vocab", "512",
+                 "--seq", "32", "--gbs", "4", "--steps", "6", "--out", str(tmp_path / "v")]) == 0
+    res = json.loads((tmp_path / "v" / "validation.json").read_text())
+    rows = {c["metric"]: c for c in res["checks"]}
+    assert rows["peak_memory"]["predicted"] and rows["step_time"]["predicted"] and rows["peak_memory"]["measured"]
+    assert res["run"]["derived_from_modeling_code"] and isinstance(res["run"]["approximations"], list)
+    assert "approximation" in capsys.readouterr().out
