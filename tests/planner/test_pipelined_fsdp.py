@@ -160,7 +160,7 @@ def test_the_allocator_replay_holds_what_the_memory_model_holds():
 
 def test_memory_says_what_the_engines_that_run_the_layout_hold(capsys):
     """``dayzero memory`` of a bare ZeRO-3 + pp 2 layout prices it as laid out and adds one line
-    with the peak torchtitan and the runtime hold (the pipelined estimate, printed in GB)."""
+    with the peak torchtitan and the runtime hold (the pipelined estimate, device memory in GiB)."""
     from dayzero.cli.app import main
     from dayzero.specs.cluster import build_cluster
 
@@ -172,6 +172,6 @@ def test_memory_says_what_the_engines_that_run_the_layout_hold(capsys):
     p = P(pp=2, dp=32, zero=3, gbs=64, mbs=1, seq=4096, recompute="full")
     held = estimate_memory(load_model("llama-3.1-70b"), p, cl.memory_bytes,
                            MemoryOptions.for_run(cl.accelerator, engine="torchtitan"))
-    assert f"torchtitan and dayzero runtime hold {held.peak_bytes / 1e9:.2f} GB" in out
+    assert f"torchtitan and dayzero runtime hold {held.peak_bytes / 2**30:.2f} GiB" in out
     assert main(args[:-1] + ["--zero", "1", "--no-simulate"]) == 0
     assert "torch.distributed.pipelining keeps" not in " ".join(capsys.readouterr().out.split())
