@@ -26,7 +26,7 @@ from dayzero.errors import FitError
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.cp_choice import open_rows, with_cp_comm
 from dayzero.planner.cp_choice import runs as runs_cp
-from dayzero.planner.engines import engine_mask, pipelined_fsdp, with_engine_overlaps
+from dayzero.planner.engines import default_engine, engine_mask, pipelined_fsdp, with_engine_overlaps
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.search_fit import (  # noqa: F401  (the search's parts, importable from here as before)
@@ -310,7 +310,14 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     from dayzero.planner.predict import predict
     from dayzero.planner.sensitivity import POOL
 
-    options = with_engine_overlaps(options or PerfOptions(), (space or SearchSpace()).engine)
+    space = space or SearchSpace()
+    if space.engine is None and default_engine(cluster.accelerator.vendor):
+        # a vendor with an engine of its own (Huawei: MindSpeed) is searched and priced for it
+        # (planner.engines.default_engine)
+        from dataclasses import replace as _replace
+
+        space = _replace(space, engine=default_engine(cluster.accelerator.vendor))
+    options = with_engine_overlaps(options or PerfOptions(), space.engine)
     t0 = time.perf_counter()
     want = max(top_k * FAMILY_POOL, cloud)
     result = search(spec, cluster, gbs, seq, precision, options, max(want, POOL) if uncertainty else want, max_memory,
