@@ -48,7 +48,7 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
     mfu, ratio = f("mfu"), f("comm_ratio")
     groups = process_groups(parallel, cluster)
     return {
-        "model": spec.name, "cluster": cluster.name, "devices": cluster.devices,
+        "model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "vendor": cluster.accelerator.vendor,
         "parallel": {**parallel.to_dict(), "gemm_precision": parallel.precision},
         "fits": bool(memory["fits"]),
         "memory": memory,

@@ -350,7 +350,9 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     if cloud:
         extra["candidates"] = [{"layout": p.to_dict(), "step_s": float(t), "peak_bytes": float(m)}
                                for p, t, m in zip(layouts, result.evaluation.step_s, result.peak_bytes)]
-    return {"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "gbs": gbs, "seq": seq,
+    return {"model": spec.name, "cluster": cluster.name, "devices": cluster.devices,
+            # whose accelerators: an export leaves out the features their stack lacks (planner.engines.FEATURES)
+            "vendor": cluster.accelerator.vendor, "gbs": gbs, "seq": seq,
             "precision": precision, "max_memory": max_memory, "plans": plans, "considered": result.considered,
             "rejected": rejected, "timed": result.timed,
             # the host figures offload was priced and capped with (specs/host.py), and which were assumed
