@@ -243,14 +243,20 @@ def dispatcher_option(flag: str | None, engine: str | None = None) -> str:
 
 def print_engines(obj: dict) -> None:
     """Which engines run the layout as laid out, and why each other one does not."""
-    from dayzero.planner.engines import ENGINES, engine_problems
+    from dayzero.planner.engines import ALL_ENGINES, engine_problems, runs_on_vendor
     from dayzero.specs.parallel import ParallelConfig
 
     p = ParallelConfig.from_dict(obj["parallel"])
-    runs = [ENGINES[n].title for n in obj["engines"] if n in ENGINES]
+    runs = [ALL_ENGINES[n].title for n in obj["engines"] if n in ALL_ENGINES]
     console.print(f"runs on: {', '.join(runs) or 'none of the engines dayzero knows as laid out'}", highlight=False)
-    for name, e in ENGINES.items():
+    vendor = obj.get("vendor")
+    for name, e in ALL_ENGINES.items():
         if name not in obj["engines"]:
+            if not runs_on_vendor(e, vendor):  # planner.engines: the vendors each engine runs on
+                if vendor and vendor.lower().startswith("huawei"):  # the engine Ascend users would ask about
+                    console.print(f"  not {e.title}: runs on {', '.join(e.vendors)} accelerators, not {vendor}'s "
+                                  "(on Ascend the Megatron stack is MindSpeed)", highlight=False)
+                continue
             why = engine_problems(e, p, obj.get("switches")) or [
                 f"zero {p.zero}, pp {p.pp}: does not fit as it holds memory (FSDP under torch.distributed.pipelining "
                 "keeps the stage's parameters gathered and gradients unsharded until the step's end; docs/memory.md)"]

@@ -148,7 +148,7 @@ def default_engine(vendor: str | None) -> str | None:
     is given: the only engine in the table made for that vendor (Huawei: MindSpeed), else None
     (every engine, the search's default)."""
     v = (vendor or "").strip().lower()
-    own = [e.name for e in ENGINES.values() if e.vendors and v and any(v.startswith(x) for x in e.vendors)
+    own = [e.name for e in ALL_ENGINES.values() if e.vendors and v and any(v.startswith(x) for x in e.vendors)
            and not any(x == "nvidia" for x in e.vendors)]
     return own[0] if len(own) == 1 else None
 
@@ -387,15 +387,19 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
     # overlaps it (runtime/parallel/all_to_all.py, expert_parallel.py)
     pipelined_fsdp=True, ep_overlap=False)
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, MINDSPEED, TORCHTITAN, DEEPSPEED, DAYZERO)}
+# every engine dayzero knows: labels (engines_for), --engine, exports
+ALL_ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, MINDSPEED, TORCHTITAN, DEEPSPEED, DAYZERO)}
+# the engines an unpinned search keeps a layout for ("some engine runs it"): every one but those made for one
+# vendor's accelerators, whose clusters are searched pinned to them (default_engine: Huawei -> MindSpeed)
+ENGINES: dict[str, Engine] = {n: e for n, e in ALL_ENGINES.items() if not e.vendors or "nvidia" in e.vendors}
 
 
 def get_engine(name: str) -> Engine:
     key = name.strip().lower().replace("-core", "").replace("_", "").replace("-", "")
-    for e in ENGINES.values():
+    for e in ALL_ENGINES.values():
         if key in (e.name, e.title.lower().replace("-core", "").replace(" ", "").replace("-", "")):
             return e
-    raise ConfigError("--engine", None, f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
+    raise ConfigError("--engine", None, f"unknown engine {name!r}; one of {', '.join(ALL_ENGINES)}")
 
 
 def engine_problems(engine: Engine | str, parallel: ParallelConfig, switches: dict | None = None) -> list[str]:
@@ -414,7 +418,7 @@ def engine_problems(engine: Engine | str, parallel: ParallelConfig, switches: di
 def engines_for(parallel: ParallelConfig, switches: dict | None = None, vendor: str | None = None) -> list[str]:
     """The engines that run ``parallel`` as laid out (with the run's ``switches``), on ``vendor``'s
     accelerators where one is given (:func:`runs_on_vendor`)."""
-    return [name for name, e in ENGINES.items()
+    return [name for name, e in ALL_ENGINES.items()
             if runs_on_vendor(e, vendor) and not engine_problems(e, parallel, switches)]
 
 
