@@ -131,11 +131,15 @@ def predict_cmd(
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
+    from dayzero.planner.engines import default_engine, with_engine_overlaps
+
+    own = default_engine(cl.accelerator.vendor)  # Huawei: priced as MindSpeed runs it (dispatcher, overlaps)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
-                               ep_dispatcher=dispatcher_option(ep_dispatcher), fp8_dispatch=fp8_dispatch,
+                               ep_dispatcher=dispatcher_option(ep_dispatcher, own), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
                                fp8_param_gather=fp8_params,
                                optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload)
+    opts = with_engine_overlaps(opts, own)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
     # the memory switches as the layout's own (planner.switches), so its engines are those that run them
