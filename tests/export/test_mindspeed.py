@@ -192,3 +192,14 @@ def test_the_published_mindspeed_recipe_layout_is_kept_by_the_search():
     best = obj["plans"][0]
     assert best["engines"] == ["mindspeed"] and best["parallel"]["schedule"] == "dualpipev"
     assert obj["vendor"] == "Huawei"
+
+
+def test_a_plan_on_ascend_is_searched_for_mindspeed_and_refuses_megatron():
+    from dayzero.planner.search import SearchSpace, plan
+
+    spec, cl = load_model("tiny-moe"), get_cluster("atlas800t-a3-512")
+    obj = plan(spec, cl, 512, 1024, top_k=1)
+    engines = obj["plans"][0]["engines"]  # DeepSpeed and the runtime run on any PyTorch device
+    assert "mindspeed" in engines and "megatron" not in engines and obj["vendor"] == "Huawei"
+    with pytest.raises(ConfigError, match="not Huawei's"):
+        plan(spec, cl, 512, 1024, top_k=1, space=SearchSpace(engine="megatron"))

@@ -26,7 +26,14 @@ from dayzero.errors import FitError
 from dayzero.planner.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.cp_choice import open_rows, with_cp_comm
 from dayzero.planner.cp_choice import runs as runs_cp
-from dayzero.planner.engines import default_engine, engine_mask, pipelined_fsdp, with_engine_overlaps
+from dayzero.planner.engines import (
+    default_engine,
+    engine_mask,
+    get_engine,
+    pipelined_fsdp,
+    runs_on_vendor,
+    with_engine_overlaps,
+)
 from dayzero.planner.explain import binding, family
 from dayzero.planner.perf import PerfOptions, evaluate
 from dayzero.planner.search_fit import (  # noqa: F401  (the search's parts, importable from here as before)
@@ -311,6 +318,12 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     from dayzero.planner.sensitivity import POOL
 
     space = space or SearchSpace()
+    if space.engine and not runs_on_vendor(space.engine, cluster.accelerator.vendor):
+        from dayzero.errors import ConfigError
+
+        e, own = get_engine(space.engine), default_engine(cluster.accelerator.vendor)
+        raise ConfigError("--engine", None, f"{e.title} runs on {', '.join(e.vendors)} accelerators, not "
+                          f"{cluster.accelerator.vendor}'s; plan with --engine {own or 'NAME'} or without --engine")
     if space.engine is None and default_engine(cluster.accelerator.vendor):
         # a vendor with an engine of its own (Huawei: MindSpeed) is searched and priced for it
         # (planner.engines.default_engine)
