@@ -203,3 +203,33 @@ def test_a_plan_on_ascend_is_searched_for_mindspeed_and_refuses_megatron():
     assert "mindspeed" in engines and "megatron" not in engines and obj["vendor"] == "Huawei"
     with pytest.raises(ConfigError, match="not Huawei's"):
         plan(spec, cl, 512, 1024, top_k=1, space=SearchSpace(engine="megatron"))
+
+
+def test_cli_plan_export_import_on_an_a3_cluster(tmp_path, capsys):
+    """`dayzero plan` on an A3 preset -> `export --to mindspeed` -> `import`: the same layout, no CUDA-only flag,
+    and `--to megatron` of the same plan substitutes the DeepEP dispatcher with a note."""
+    import json
+
+    from dayzero.cli.app import main
+
+    def run(argv):
+        rc = main(argv)
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        return out.out
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(run(["plan", "tiny-moe", "--cluster", "atlas800t-a3-512", "--gbs", "512", "--seq", "1024",
+                              "--top", "1", "--json"]))
+    best = json.loads(plan_file.read_text())["plans"][0]
+    assert "mindspeed" in best["engines"] and best["moe_dispatch"]["dispatcher"] == "all_to_all"
+    out = json.loads(run(["export", str(plan_file), "--to", "mindspeed", "-o", str(tmp_path / "ms"), "--json"]))
+    words = set(" ".join(out["files"].values()).split())
+    assert not CUDA_ONLY & words and "--use-fused-rmsnorm" in words
+    back = json.loads(run(["import", str(tmp_path / "ms" / mindspeed.SCRIPT_FILE), "--devices", "512", "--json"]))
+    assert back["engine"] == "mindspeed"
+    assert ParallelConfig.from_dict(back["parallel"]) == ParallelConfig.from_dict(best["parallel"]).with_(
+        layer_split=None)
+    if best["parallel"]["ep"] > 1:
+        meg = json.loads(run(["export", str(plan_file), "--to", "megatron", "--json"]))
+        assert "deepep" not in meg["files"][megatron.ARGS_FILE] and any("DeepEP" in u for u in meg["unexpressed"])
