@@ -11,6 +11,12 @@ A limit reads layout columns, and the run's switches where they are given as col
 layout's own value and the run's is read, :func:`with_run`); a limit reading a column
 that is not given is not applied. What an engine cannot do for a *model* (an attention variant, a
 layer type) is the model's verdict (``dayzero ops``), not the layout's.
+
+Vendors: each engine names the accelerator vendors it runs on (:attr:`Engine.vendors`, empty: any
+PyTorch device) and :data:`FEATURES` the CUDA-only options of the Megatron stack. A vendor with an
+engine of its own (Huawei: MindSpeed, :func:`default_engine`) is planned pinned to it; the
+unpinned search of any other cluster keeps a layout some engine of :data:`ENGINES` runs, and
+:data:`ALL_ENGINES` labels plans (:func:`engines_for` with the cluster's vendor).
 """
 
 from __future__ import annotations
