@@ -201,6 +201,7 @@ def test_a_plan_on_ascend_is_searched_for_mindspeed_and_refuses_megatron():
     obj = plan(spec, cl, 512, 1024, top_k=1)
     engines = obj["plans"][0]["engines"]  # DeepSpeed and the runtime run on any PyTorch device
     assert "mindspeed" in engines and "megatron" not in engines and obj["vendor"] == "Huawei"
+    assert obj["plans"][0]["moe_dispatch"]["dispatcher"] == "all_to_all"  # MindSpeed's, without DeepEP
     with pytest.raises(ConfigError, match="not Huawei's"):
         plan(spec, cl, 512, 1024, top_k=1, space=SearchSpace(engine="megatron"))
 

@@ -330,6 +330,8 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
         from dataclasses import replace as _replace
 
         space = _replace(space, engine=default_engine(cluster.accelerator.vendor))
+        options = options or PerfOptions()  # and its dispatcher: the caller named no engine to price
+        options = _replace(options, comm=_replace(options.comm, ep_dispatcher=get_engine(space.engine).ep_dispatcher))
     options = with_engine_overlaps(options or PerfOptions(), space.engine)
     t0 = time.perf_counter()
     want = max(top_k * FAMILY_POOL, cloud)
