@@ -40,7 +40,7 @@ DEFINITIONS: dict[str, tuple[str, str]] = {
         "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--moe-grouped-gemm",
         "--moe-router-enable-expert-bias", "--moe-router-pre-softmax", "--moe-shared-expert-gate",
         "--rotary-interleaved", "--use-rope-scaling", "--quick-geglu", "--bf16", "--sequence-parallel",
-        "--use-distributed-optimizer", "--use-flash-attn", "--use-mcore-models")},
+        "--use-distributed-optimizer", "--use-flash-attn")},
     "--use-fused-rmsnorm": ("true", MS + "mindspeed/arguments.py _add_network_size_args"),
     "--use-fused-swiglu": ("true", MS + "mindspeed/arguments.py _add_network_size_args"),
     "--use-fused-rotary-pos-emb": ("true", MS + "mindspeed/arguments.py _add_network_size_args"),

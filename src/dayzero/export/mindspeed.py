@@ -77,8 +77,7 @@ def layout_args(p: ParallelConfig, layers: int) -> tuple[list[str], list[str]]:
     a: list = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
                "--context-parallel-size", p.cp, "--expert-model-parallel-size", p.ep,
                "--expert-tensor-parallel-size", p.etp, "--micro-batch-size", p.mbs, "--global-batch-size", p.gbs,
-               "--seq-length", p.seq, "--bf16", "--use-mcore-models", "--use-distributed-optimizer"
-               if p.zero == 1 else None]
+               "--seq-length", p.seq, "--bf16", "--use-distributed-optimizer" if p.zero == 1 else None]
     missing = []
     if p.cp > 1:
         a += ["--context-parallel-algo", CP_ALGO[p.cp_comm]]
@@ -240,7 +239,9 @@ def parallel_from_args(argv: list[str], world: int) -> tuple[ParallelConfig, lis
     return p, notes + [f"{flag}: not a layout or architecture flag, not read" for flag in unread]
 
 
-# flags the importer knows and deliberately leaves (kernels and overlaps: the engine's, not the layout's)
+# flags the importer knows and deliberately leaves (kernels and overlaps: the engine's, not the layout's;
+# --use-mcore-models: MindSpeed-LLM builds Megatron-Core models unless --use-legacy-models,
+# mindspeed_llm/features_manager/megatron_basic/training_basic.py)
 MINDSPEED_ONLY = frozenset(("--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu",
                             "--use-fused-rotary-pos-emb", "--use-mcore-models", "--moe-fb-overlap",
                             "--num-layers"))
