@@ -8,7 +8,7 @@ OP_PLUGIN_FUNCTIONS_YAML: op_plugin/config/op_plugin_functions.yaml of github.co
 (gitcode.com/Ascend/op-plugin upstream) at COMMIT; NATIVE_YAML: torch_npu/csrc/aten/npu_native_functions.yaml
 of github.com/Ascend/pytorch at COMMIT2. The manifest holds the ATen operators op-plugin
 builds for TORCH_VERSION (default: the installed torch's), PyTorch's backend-agnostic composite
-kernels (which run on any device), and torch_npu's fused operators (namespace ``npu``).
+kernels (which run on any device), and torch_npu's fused operators (namespace ``torch_npu``).
 """
 import pathlib
 import sys
@@ -29,7 +29,7 @@ ops = sorted(aten | composite | npu)
 m = BackendManifest(
     name="npu",
     description=(f"Ascend NPU through torch_npu (torch {version}): the ATen operators op-plugin implements, PyTorch's "
-                 "composite kernels, and torch_npu's own fused operators (npu.*); GEMMs in bf16/fp16/fp32 (the "
+                 "composite kernels, and torch_npu's own fused operators (torch_npu.*); GEMMs in bf16/fp16/fp32 (the "
                  "910B/910C have no FP8 cube)."),
     source=(f"github.com/Ascend/op-plugin op_plugin/config/op_plugin_functions.yaml @{commit[:12]} (official + "
             f"custom, built for v{version}); github.com/Ascend/pytorch torch_npu/csrc/aten/npu_native_functions.yaml "

@@ -33,7 +33,7 @@ def test_version_fields_as_op_plugin_writes_them():
 
 def test_registered_ops_per_torch_version():
     aten, npu = registered_ops(FUNCTIONS, "2.13")
-    assert aten == {"aten.mm.default", "aten.add.Tensor"} and npu == {"npu.npu_rms_norm.default"}
+    assert aten == {"aten.mm.default", "aten.add.Tensor"} and npu == {"torch_npu.npu_rms_norm.default"}
     aten, _ = registered_ops(FUNCTIONS, "2.1")
     assert aten == {"aten.mm.default", "aten.old_only.default"}
     with pytest.raises(ConfigError, match="op-plugin"):
@@ -48,7 +48,7 @@ def test_native_ops_of_torch_npu():
 def test_the_shipped_npu_manifest_names_its_source_and_mindspeeds_replacements():
     m = load_manifest("npu")
     assert "op-plugin" in m.source and "npu_native_functions.yaml" in m.source
-    assert {"aten.mm.default", "aten.view.default", "npu.npu_rms_norm.default"} <= set(m.ops)
+    assert {"aten.mm.default", "aten.view.default", "torch_npu.npu_rms_norm.default"} <= set(m.ops)
     flags = [r.flag for r in replacements(m.ops, {"attention", "rms_norm", "swiglu", "rotary_embedding"})]
     assert flags == ["--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb"]
     # a backend without torch_npu's kernels gets none

@@ -33,13 +33,13 @@ class Replacement:
 
 
 MINDSPEED_FUSED: tuple[Replacement, ...] = (
-    Replacement("attention", "npu.npu_fusion_attention.default", "--use-flash-attn",
+    Replacement("attention", "torch_npu.npu_fusion_attention.default", "--use-flash-attn",
                 "MindSpeed mindspeed/core/context_parallel/dot_product_attention.py (torch_npu.npu_fusion_attention)"),
-    Replacement("rms_norm", "npu.npu_rms_norm.default", "--use-fused-rmsnorm",
+    Replacement("rms_norm", "torch_npu.npu_rms_norm.default", "--use-fused-rmsnorm",
                 "MindSpeed mindspeed/arguments.py _add_network_size_args; mindspeed/core/fusions/fused_rms_norm.py"),
-    Replacement("swiglu", "npu.npu_swiglu.default", "--use-fused-swiglu",
+    Replacement("swiglu", "torch_npu.npu_swiglu.default", "--use-fused-swiglu",
                 "MindSpeed mindspeed/arguments.py _add_network_size_args; mindspeed/core/fusions/fused_bias_swiglu.py"),
-    Replacement("rotary_embedding", "npu.npu_rotary_mul.default", "--use-fused-rotary-pos-emb",
+    Replacement("rotary_embedding", "torch_npu.npu_rotary_mul.default", "--use-fused-rotary-pos-emb",
                 "MindSpeed mindspeed/arguments.py _add_network_size_args; mindspeed/core/fusions/fused_rope.py runs "
                 "MindSpeed's own built kernel (mindspeed/ops/npu_rotary_position_embedding.py); torch_npu's is "
                 "npu_rotary_mul"),
@@ -72,7 +72,7 @@ def _overload(func: str, namespace: str) -> str:
 
 def registered_ops(text: str, torch_version: str) -> tuple[set[str], set[str]]:
     """(the ATen operators, the torch_npu operators) op-plugin builds for ``torch_version``, as a
-    manifest names them (``aten.mm.default``, ``npu.npu_rms_norm.default``)."""
+    manifest names them (``aten.mm.default``, ``torch_npu.npu_rms_norm.default``)."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -90,7 +90,7 @@ def registered_ops(text: str, torch_version: str) -> tuple[set[str], set[str]]:
                 out.add(_overload(str(e["func"]), namespace))
         return out
 
-    return ops("official", "aten"), ops("custom", "npu")
+    return ops("official", "aten"), ops("custom", "torch_npu")
 
 
 def native_ops(text: str) -> set[str]:
