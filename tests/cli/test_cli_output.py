@@ -388,9 +388,10 @@ def test_a_big_plan_trains_under_torchrun_on_every_node(capsys, width):
     width(80)
     train = next_commands(run(capsys, ["plan", "--top", "1", "--engine", "dayzero"]))[1]
     assert train[:7] == ["torchrun", "--nnodes", "1024", "--nproc-per-node", "8", "-m", "dayzero"]
-    # the default plan (cp 8, the optimizer offloaded) is not the runtime's: its launch is exported
+    # the default plan (on Ascend 910B: searched for MindSpeed, planner.engines.default_engine) is not the
+    # runtime's: its launch is exported for MindSpeed-LLM
     export = next_commands(run(capsys, ["plan", "--top", "1"]))[1]
-    assert export[:5] == ["dayzero", "export", "dense-3t", "--to", "megatron"] and "--devices" in export
+    assert export[:5] == ["dayzero", "export", "dense-3t", "--to", "mindspeed"] and "--devices" in export
 
 
 def test_memory_that_does_not_fit_says_which_flags_to_change(capsys, width):

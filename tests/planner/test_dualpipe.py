@@ -168,7 +168,9 @@ def test_the_search_tries_dualpipev_where_an_engine_runs_it():
     """Beside each vpp's default schedule the search adds DualPipeV for vpp 2, pp > 1 (torchtitan
     runs it, torch.distributed.pipelining ScheduleDualPipeV) and keeps it only at the ZeRO
     stages some engine runs it with: torchtitan has no ZeRO-1, so (zero 1, dualpipev) is left out
-    and (zero 3, dualpipev) kept; a 1F1B row keeps every ZeRO stage."""
+    and (zero 3, dualpipev) kept; a 1F1B row keeps every ZeRO stage. MindSpeed runs (zero 1, dualpipev),
+    but an unpinned search is for no Ascend cluster (those are searched pinned to MindSpeed), so it
+    does not count here (planner.engines.ENGINES)."""
     from dayzero.planner.search.search import SearchSpace, _fitting_variants, enumerate_layouts
 
     space = SearchSpace(tp=(1,), pp=(2,), cp=(1,), ep=(8,), etp=(1,), vpp=(1, 2), mbs=(1,))

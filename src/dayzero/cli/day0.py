@@ -98,10 +98,14 @@ def day0_cmd(
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
+    from dayzero.cli.predict import dispatcher_option
+    from dayzero.planner.engines import default_engine, with_engine_overlaps
     from dayzero.planner.perf.perf import PerfOptions
 
+    own = default_engine(cl.accelerator.vendor)  # Huawei: planned and priced as MindSpeed runs it
+    perf = with_engine_overlaps(PerfOptions.for_run(cl, ep_dispatcher=dispatcher_option(None, own)), own)
     req = Day0Request(model=model, cluster=cl, gbs=gbs, seq=seq, precision=precision, cost=copt,
-                      perf=PerfOptions.for_run(cl), operators=ops, trust_remote_code=trust_remote_code,
+                      perf=perf, operators=ops, trust_remote_code=trust_remote_code,
                       validate=ProxyOptions(validate_nproc, validate_steps,
                                             str(validate_profile) if validate_profile else None) if validate else None,
                       announce=lambda text: err_console.print(f"dayzero: {text}", highlight=False, markup=False))

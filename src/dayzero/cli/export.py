@@ -14,7 +14,7 @@ from dayzero.cli.next_steps import Step, layout_flags, print_next
 from dayzero.specs import layout_rules
 from dayzero.specs.layout_options import LayoutOptions
 
-WRITERS = ("megatron", "torchtitan", "deepspeed", "slurm", "kubernetes")
+WRITERS = ("megatron", "mindspeed", "torchtitan", "deepspeed", "slurm", "kubernetes")
 SCHEDULERS = ("slurm", "kubernetes")
 
 
@@ -39,7 +39,8 @@ def _plan_source(source: str, model: str | None) -> tuple[str, dict, dict] | Non
 def export_cmd(
     source: Annotated[str, typer.Argument(help="A `dayzero plan/predict --json` file (its best plan), or a model "
                                                "(preset, config.json, directory) with layout flags.")],
-    to: Annotated[str, typer.Option("--to", help=f"Engine: {' | '.join(WRITERS)}.")],
+    to: Annotated[str, typer.Option("--to", help=f"Engine: {' | '.join(WRITERS)} (mindspeed: MindSpeed-LLM's "
+                                                 "pretrain_gpt.py arguments and an Atlas A2/A3 node's launch).")],
     layout: LayoutOptions = LayoutOptions(),
     precision: Annotated[str, typer.Option("--precision", help="GEMM precision with a model: bf16 | fp8 | "
                                                                "fp4.")] = "bf16",
@@ -65,7 +66,8 @@ def export_cmd(
                                                                "system (dayzero train --data, Megatron --data-path, "
                                                                "torchtitan dataset_path, train.py "
                                                                "--data-path).")] = None,
-    rank_table: Annotated[Optional[str], typer.Option("--rank-table", help="Scheduler, --device npu: the HCCL rank "
+    rank_table: Annotated[Optional[str], typer.Option("--rank-table", help="Scheduler with --device npu, or --to "
+                                                                           "mindspeed: the HCCL rank "
                                                                            "table (JSON) on every node, for "
                                                                            "RANK_TABLE_FILE (default: torchrun's "
                                                                            "rendezvous).")] = None,
@@ -131,11 +133,13 @@ def export_cmd(
         raise ConfigError("--to", None, f"must be {', '.join(WRITERS)}, got {to!r}{did_you_mean(to, WRITERS)}")
     found = _plan_source(source, model)
     schedule: dict[str, int] = {}
+    vendor = None  # the plan's accelerators' vendor: a Megatron export leaves out what their stack lacks
     if found:
         from dayzero.export.job import schedule_of
 
         name, pdict, plan_obj = found
         schedule = schedule_of(plan_obj)
+        vendor = plan_obj.get("vendor") if isinstance(plan_obj.get("vendor"), str) else None
         given = layout.pinned()
         if given:
             raise ConfigError("--plan", None, f"the plan file sets the layout; drop {', '.join(given)}")
@@ -182,7 +186,7 @@ def export_cmd(
             if v not in (None, ())})
         result = writer.export(spec, parallel, job=job, model_config=hf)
     else:
-        unused = [k for k, v in given.items() if v is not None]
+        unused = [k for k, v in given.items() if v is not None and not (to == "mindspeed" and k == "--rank-table")]
         if unused:
             raise ConfigError(unused[0], None, f"is a scheduler option (--to {' | '.join(SCHEDULERS)}), not {to}'s")
         extra = {k: True for k, on in (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
@@ -191,7 +195,12 @@ def export_cmd(
             extra["activation_offload_layers"] = activation_offload
         if to == "deepspeed":
             extra["model_config"] = hf
-        result = writer.export(spec, parallel, devices_per_node=devices_per_node or 8, **extra)
+        if to == "megatron" and vendor:
+            extra["vendor"] = vendor
+        if to == "mindspeed":  # an Atlas A3 node runs 16 ranks (one per 910C die), an A2 node 8
+            extra["rank_table"] = rank_table
+        result = writer.export(spec, parallel, devices_per_node=devices_per_node or (16 if to == "mindspeed" else 8),
+                               **extra)
     paths = result.write(out) if out else []
     if json_out:
         emit_json({**result.to_dict(), "parallel": parallel.to_dict(), "written": [str(p) for p in paths],
@@ -276,6 +285,11 @@ def _import(engine: str, file: Path, devices: int):
         raise ConfigError(str(file), "microbatches", f"gives {parallel.microbatches} micro-batches per step; "
                           "the global batch must hold at least mbs x dp sequences")
     return parallel, notes
+# words only a MindSpeed-LLM launch holds: its flags (github.com/Ascend/MindSpeed mindspeed/arguments.py,
+# features_manager) and the CANN environment script
+MINDSPEED_MARKS = ("--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--swap-optimizer",
+                   "--moe-fb-overlap", "--schedules-method", "--context-parallel-algo", "--use-mcore-models",
+                   "set_env.sh")
 
 
 def _detect(path: Path) -> str:
@@ -287,18 +301,21 @@ def _detect(path: Path) -> str:
         obj = parse_json(text, str(path))
         if isinstance(obj, dict) and ("zero_optimization" in obj or "train_batch_size" in obj):
             return "deepspeed"
+    elif any(w in text for w in MINDSPEED_MARKS):
+        return "mindspeed"
     elif "--tensor-model-parallel-size" in text or "--pipeline-model-parallel-size" in text:
         return "megatron"
     elif "--parallelism." in text or "torchtitan.train" in text:
         return "torchtitan"
-    raise ConfigError(str(path), None, "unknown launch format: expected a DeepSpeed config JSON, a Megatron "
-                      "argument list (--tensor-model-parallel-size ...) or torchtitan overrides (--parallelism.* ...)")
+    raise ConfigError(str(path), None, "unknown launch format: expected a DeepSpeed config JSON, a MindSpeed-LLM "
+                      "launch script, a Megatron argument list (--tensor-model-parallel-size ...) or torchtitan "
+                      "overrides (--parallelism.* ...)")
 
 
 @app.command("import")
 def import_cmd(
-    file: Annotated[Path, typer.Argument(help="A Megatron argument list, torchtitan overrides or a DeepSpeed config "
-                                              "JSON.")],
+    file: Annotated[Path, typer.Argument(help="A Megatron argument list, a MindSpeed-LLM launch script, torchtitan "
+                                              "overrides or a DeepSpeed config JSON.")],
     devices: Annotated[int, typer.Option("--devices", "-n", min=1, help="Ranks the job runs on (the launcher's world "
                                                                         "size).")],
     model: Annotated[Optional[str], typer.Option("--model", help="The model, for the next step's command.")] = None,

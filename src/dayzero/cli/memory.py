@@ -165,7 +165,7 @@ def memory_cmd(
 def _print_held(spec, cl, par, report, opts) -> None:
     """Where the engines that run this layout hold memory otherwise than laid out (FSDP under
     torch.distributed.pipelining, planner.schedule.held_zero), their peak, in one line."""
-    from dayzero.planner.engines import ENGINES, engines_for, pipelined_fsdp
+    from dayzero.planner.engines import ALL_ENGINES, engines_for, pipelined_fsdp
     from dayzero.planner.memory.memory import estimate_memory
     from dayzero.planner.schedule import held_zero
 
@@ -174,7 +174,7 @@ def _print_held(spec, cl, par, report, opts) -> None:
     if not names:
         return
     held = estimate_memory(spec, par, cl.memory_bytes, opts.with_(pipelined_fsdp=pipelined_fsdp(names[0])))
-    who = " and ".join(ENGINES[n].title for n in names)
+    who = " and ".join(ALL_ENGINES[n].title for n in names)
     console.print(f"{who} {'hold' if len(names) > 1 else 'holds'} {gib(held.peak_bytes, 2)} on stage "
                   f"{held.busiest_stage} ({held.utilization:.1%}) here: FSDP under torch.distributed.pipelining keeps "
                   f"the stage's parameters gathered and gradients unsharded until the step's end under pp > 1 "

@@ -89,10 +89,21 @@ def ops_cmd(
     report = analyze(model, manifest=manifest, seq=seq, batch=batch, dtype=dtype, experts=experts_impl,
                      trust_remote_code=trust_remote_code, check=check)
     obj = report.to_dict()
+    from dayzero.ops.manifest import load_manifest
+    from dayzero.ops.npu_ops import replacements
+
+    # MindSpeed's flags for the fused kernels the model has, where the manifest holds torch_npu's operator
+    found = {k for f in obj["fusions"] if f["provided"] for k in f["provided_by"].split("+")}
+    swaps = replacements(load_manifest(manifest).ops, found)
+    if swaps:
+        obj["mindspeed_fused"] = [{"kernel": r.kernel, "npu_op": r.npu_op, "flag": r.flag, "source": r.source}
+                                  for r in swaps]
     if json_out:
         emit_json(obj)
         return
     _print(obj, top)
+    for r in swaps:
+        console.print(f"MindSpeed: {r.flag} runs {r.kernel} as {r.npu_op} ({r.source})", highlight=False)
     steps = []
     if top > 0 and len(obj["ops"]) > top:
         again = ["dayzero", "ops", model, "--manifest", manifest, "--top", "0"]

@@ -212,6 +212,10 @@ def plan_cmd(
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
+    if not engine:  # a vendor with an engine of its own (Huawei: MindSpeed) is planned for it
+        from dayzero.planner.engines import default_engine
+
+        engine = default_engine(cl.accelerator.vendor)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
                                ep_dispatcher=dispatcher_option(ep_dispatcher, engine), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,

@@ -135,11 +135,15 @@ def predict_cmd(
     spec = load_model(model, trust_remote_code)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
     check_precision(precision, cl)
+    from dayzero.planner.engines import default_engine, with_engine_overlaps
+
+    own = default_engine(cl.accelerator.vendor)  # Huawei: priced as MindSpeed runs it (dispatcher, overlaps)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
-                               ep_dispatcher=dispatcher_option(ep_dispatcher), fp8_dispatch=fp8_dispatch,
+                               ep_dispatcher=dispatcher_option(ep_dispatcher, own), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
                                fp8_param_gather=fp8_params,
                                optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload)
+    opts = with_engine_overlaps(opts, own)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)
     # the memory switches as the layout's own (planner.search.switches), so its engines are those that run them
@@ -246,14 +250,20 @@ def dispatcher_option(flag: str | None, engine: str | None = None) -> str:
 
 def print_engines(obj: dict) -> None:
     """Which engines run the layout as laid out, and why each other one does not."""
-    from dayzero.planner.engines import ENGINES, engine_problems
+    from dayzero.planner.engines import ALL_ENGINES, engine_problems, runs_on_vendor
     from dayzero.specs.parallel import ParallelConfig
 
     p = ParallelConfig.from_dict(obj["parallel"])
-    runs = [ENGINES[n].title for n in obj["engines"] if n in ENGINES]
+    runs = [ALL_ENGINES[n].title for n in obj["engines"] if n in ALL_ENGINES]
     console.print(f"runs on: {', '.join(runs) or 'none of the engines dayzero knows as laid out'}", highlight=False)
-    for name, e in ENGINES.items():
+    vendor = obj.get("vendor")
+    for name, e in ALL_ENGINES.items():
         if name not in obj["engines"]:
+            if not runs_on_vendor(e, vendor):  # planner.engines: the vendors each engine runs on
+                if vendor and vendor.lower().startswith("huawei"):  # the engine Ascend users would ask about
+                    console.print(f"  not {e.title}: runs on {', '.join(e.vendors)} accelerators, not {vendor}'s "
+                                  "(on Ascend the Megatron stack is MindSpeed)", highlight=False)
+                continue
             why = engine_problems(e, p, obj.get("switches")) or [
                 f"zero {p.zero}, pp {p.pp}: does not fit as it holds memory (FSDP under torch.distributed.pipelining "
                 "keeps the stage's parameters gathered and gradients unsharded until the step's end; docs/memory.md)"]

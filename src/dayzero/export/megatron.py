@@ -44,21 +44,49 @@ SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 QUICK_GELU_ALPHA = 1.702  # Megatron-Core activations.quick_gelu: x * sigmoid(1.702 x)
 
 
-def dispatcher_config(p: ParallelConfig) -> dict:
+def dispatcher_config(p: ParallelConfig, vendor: str | None = None) -> dict:
     """The token dispatcher the planner priced for Megatron (:data:`dayzero.planner.engines.MEGATRON`):
     with experts across ranks the flex dispatcher on DeepEP, which sends a token once per rank and
-    once per remote node (needs the deep_ep package); within one rank the plain all-to-all."""
-    if p.ep > 1:
+    once per remote node (needs the deep_ep package, CUDA only: planner.engines.FEATURES); within one
+    rank, or on a ``vendor`` without DeepEP, the plain all-to-all."""
+    from dayzero.planner.engines import feature_runs_on
+
+    if p.ep > 1 and feature_runs_on("deepep_dispatcher", vendor):
         return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}
     return {"moe_token_dispatcher_type": "alltoall"}
 
 
-def dispatcher_args(p: ParallelConfig) -> list[str]:
-    return [x for k, v in dispatcher_config(p).items() for x in (f"--{k.replace('_', '-')}", v)]
+def dispatcher_args(p: ParallelConfig, vendor: str | None = None) -> list[str]:
+    return [x for k, v in dispatcher_config(p, vendor).items() for x in (f"--{k.replace('_', '-')}", v)]
+
+
+def vendor_notes(p: ParallelConfig, vendor: str | None) -> list[str]:
+    """What a Megatron export for ``vendor``'s accelerators substitutes for the CUDA-only features
+    the layout would otherwise get (planner.engines.FEATURES); Megatron FSDP is refused by
+    :func:`refuse_vendor`."""
+    from dayzero.planner.engines import feature_runs_on
+
+    notes = []
+    if p.ep > 1 and not feature_runs_on("deepep_dispatcher", vendor):
+        notes.append(f"MoE dispatcher: --moe-token-dispatcher-type alltoall instead of the flex dispatcher on DeepEP "
+                     f"(CUDA only; not on {vendor}): every routed copy is sent, priced as such by a plan for {vendor}")
+    if p.sequence_parallel and p.tp > 1 and not feature_runs_on("tp_comm_overlap", vendor):
+        notes.append(f"no --tp-comm-overlap (Transformer Engine userbuffers, CUDA only; not on {vendor}): the TP "
+                     "collectives run exposed")
+    return notes
+
+
+def refuse_vendor(p: ParallelConfig, vendor: str | None, target: str = "--to megatron") -> None:
+    """One ConfigError where the layout needs a CUDA-only feature with no substitute on ``vendor``."""
+    from dayzero.planner.engines import feature_runs_on
+
+    if p.zero >= 2 and not feature_runs_on("megatron_fsdp", vendor):
+        raise ConfigError(target, None, f"ZeRO-{p.zero} is Megatron FSDP (--use-megatron-fsdp), which does not run "
+                          f"on {vendor}; plan with --zero 0,1 (or --engine mindspeed on Ascend)")
 
 
 def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_offload: bool = False,
-                activation_offload_layers: int = 0) -> list[str]:
+                activation_offload_layers: int = 0, vendor: str | None = None) -> list[str]:
     """The flags that state the layout, batch and precision; ``fp8_param_gather``: FP8 parameter
     storage and all-gathers (MemoryOptions.fp8_params), Megatron's ``--fp8-param-gather``, written
     under an FP8 recipe only (the flag works with ``--fp8-format``); ``optimizer_offload``: the
@@ -69,6 +97,8 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
     (MemoryOptions.activation_offload_layers), ``--cpu-offloading --cpu-offloading-num-layers N``
     (TransformerConfig cpu_offloading_activations defaults to True, cpu_offloading_weights to False:
     activations only)."""
+    from dayzero.planner.engines import feature_runs_on
+
     # the memory switches the plan chose (ParallelConfig fields, planner.search.switches) or the export's flags
     fp8_param_gather = fp8_param_gather or p.fp8_param_gather
     optimizer_offload = optimizer_offload or p.optimizer_offload
@@ -83,7 +113,7 @@ def layout_args(p: ParallelConfig, fp8_param_gather: bool = False, optimizer_off
         a += ["--num-virtual-stages-per-pipeline-rank", p.vpp]
     if p.sequence_parallel:
         a.append("--sequence-parallel")
-        if tp_overlapped(columns(p), CommOptions())[()] > 0:
+        if tp_overlapped(columns(p), CommOptions())[()] > 0 and feature_runs_on("tp_comm_overlap", vendor):
             # the overlap the planner priced for this layout (planner.perf.comm.tp_overlapped: tp > 1 with
             # sequence parallelism, which Megatron-LM's arguments.py requires of --tp-comm-overlap)
             a.append("--tp-comm-overlap")
@@ -202,10 +232,12 @@ def window_args(spec: ModelSpec) -> list[str]:
     return a
 
 
-def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple[list[str], list[str]]:
-    """The flags that state the architecture (and the token dispatcher ``parallel``'s EP needs), and
-    what the argument list cannot say about it. A layer kind the GPT model cannot build is refused
-    (:func:`refuse_unexpressible`)."""
+def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None, vendor: str | None = None,
+               ep_overlap_flag: str | None = "--overlap-moe-expert-parallel-comm") -> tuple[list[str], list[str]]:
+    """The flags that state the architecture (and the token dispatcher ``parallel``'s EP needs on
+    ``vendor``'s accelerators), and what the argument list cannot say about it. A layer kind the GPT
+    model cannot build is refused (:func:`refuse_unexpressible`). ``ep_overlap_flag``: the flag of
+    the engine's EP overlap, written where the planner priced it (None: the caller writes its own)."""
     refuse_unexpressible(spec)
     p = parallel or ParallelConfig()
     att, mlp = spec.attention, spec.mlp
@@ -266,7 +298,7 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
     if spec.moe is not None and spec.is_moe:
         m = spec.moe
         a += ["--num-experts", m.experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert.intermediate,
-              *dispatcher_args(p), "--moe-grouped-gemm"]
+              *dispatcher_args(p, vendor), "--moe-grouped-gemm"]
         if m.shared_experts:
             a += ["--moe-shared-expert-intermediate-size", m.shared_intermediate]
         if m.shared_expert_gate:
@@ -286,10 +318,10 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None) -> tuple
             a += ["--moe-router-topk-scaling-factor", _number(m.routed_scaling_factor)]
         if m.n_group > 1:
             a += ["--moe-router-num-groups", m.n_group, "--moe-router-group-topk", m.topk_group]
-        if ep_overlapped(columns(p), CommOptions())[()] > 0:
+        if ep_overlap_flag and ep_overlapped(columns(p), CommOptions())[()] > 0:
             # the overlap the planner priced for this layout (planner.perf.comm.ep_overlapped: Megatron-Core's
             # conditions, ep > 1, no full recompute, a virtual pipeline when pp > 1)
-            a.append("--overlap-moe-expert-parallel-comm")
+            a.append(ep_overlap_flag)
         dense = [i for i, k in enumerate(spec.layer_kinds) if k != "moe"]
         if dense:
             pattern = "[" + ",".join("0" if k != "moe" else "1" for k in spec.layer_kinds) + "]"
@@ -318,15 +350,20 @@ def vocab_padding(vocab: int, tp: int) -> tuple[int, int]:
 
 def export(spec: ModelSpec, parallel: ParallelConfig, nodes: int | None = None, devices_per_node: int = 8,
            fp8_param_gather: bool = False, optimizer_offload: bool = False,
-           activation_offload_layers: int = 0) -> Export:
+           activation_offload_layers: int = 0, vendor: str | None = None) -> Export:
+    """``vendor``: the accelerators' vendor (a plan file's cluster); on one without a CUDA-only
+    feature the layout would get, the export substitutes it with a note or refuses
+    (:func:`vendor_notes`, :func:`refuse_vendor`)."""
     activation_offload_layers = max(activation_offload_layers, parallel.activation_offload_layers)  # the plan's own
     require_engine("megatron", parallel, {"activation_offload_layers": activation_offload_layers})
+    refuse_vendor(parallel, vendor)
     if activation_offload_layers:
         from dayzero.planner.predict import check_offload_layout
 
         check_offload_layout(spec, parallel, activation_offload_layers)
-    margs, missing = model_args(spec, parallel)
-    args = margs + layout_args(parallel, fp8_param_gather, optimizer_offload, activation_offload_layers)
+    margs, missing = model_args(spec, parallel, vendor)
+    args = margs + layout_args(parallel, fp8_param_gather, optimizer_offload, activation_offload_layers, vendor)
+    missing += vendor_notes(parallel, vendor)
     if (fp8_param_gather or parallel.fp8_param_gather) and (parallel.precision != "fp8" or parallel.zero < 1):
         missing.append(f"--fp8-param-gather under {parallel.precision}, ZeRO-{parallel.zero} (Megatron takes it "
                        "with --fp8-format and --use-distributed-optimizer or FSDP only)")

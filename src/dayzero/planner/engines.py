@@ -11,6 +11,12 @@ A limit reads layout columns, and the run's switches where they are given as col
 layout's own value and the run's is read, :func:`with_run`); a limit reading a column
 that is not given is not applied. What an engine cannot do for a *model* (an attention variant, a
 layer type) is the model's verdict (``dayzero ops``), not the layout's.
+
+Vendors: each engine names the accelerator vendors it runs on (:attr:`Engine.vendors`, empty: any
+PyTorch device) and :data:`FEATURES` the CUDA-only options of the Megatron stack. A vendor with an
+engine of its own (Huawei: MindSpeed, :func:`default_engine`) is planned pinned to it; the
+unpinned search of any other cluster keeps a layout some engine of :data:`ENGINES` runs, and
+:data:`ALL_ENGINES` labels plans (:func:`engines_for` with the cluster's vendor).
 """
 
 from __future__ import annotations
@@ -100,6 +106,57 @@ class Engine:
     # ep_overlapped): True (Megatron-Core --overlap-moe-expert-parallel-comm), False (it has none: a
     # search pinned to it prices none), None (not established here: the model's rule stands)
     ep_overlap: bool | None = None
+    # the accelerator vendors it runs on (catalog ``vendor``, lower case); empty: any vendor with a
+    # PyTorch device backend (:func:`runs_on_vendor`)
+    vendors: tuple[str, ...] = ()
+
+
+def runs_on_vendor(engine: Engine | str, vendor: str | None) -> bool:
+    """Whether ``engine`` runs on ``vendor``'s accelerators (no vendor given: yes)."""
+    e = get_engine(engine) if isinstance(engine, str) else engine
+    v = (vendor or "").strip().lower()
+    return not (v and e.vendors) or any(v.startswith(x) for x in e.vendors)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """An engine option the planner prices or an export writes, with the vendors whose stack has it."""
+
+    name: str
+    flag: str  # what the engine's launch writes
+    vendors: tuple[str, ...]  # catalog vendors (lower case) whose software stack runs it
+    source: str
+
+
+# CUDA-only features of the Megatron stack: none is in MindSpeed / torch_npu, so a plan on another
+# vendor's accelerators neither prices nor exports them (export.megatron substitutes or refuses, with a note)
+FEATURES: dict[str, Feature] = {f.name: f for f in (
+    Feature("deepep_dispatcher", "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep", ("nvidia",),
+            "github.com/deepseek-ai/DeepEP README (NVLink + RDMA kernels for Hopper/Blackwell GPUs); Megatron-Core "
+            "transformer_config.py moe_flex_dispatcher_backend"),
+    Feature("tp_comm_overlap", "--tp-comm-overlap", ("nvidia",),
+            "Megatron-LM megatron/training/arguments.py --tp-comm-overlap: Transformer Engine userbuffers "
+            "(transformer_engine.pytorch.module.base initialize_ub, CUDA IPC / NVLink)"),
+    Feature("megatron_fsdp", "--use-megatron-fsdp", ("nvidia", "amd"),
+            "Megatron-Core megatron/core/distributed/fsdp (Megatron FSDP); not among MindSpeed's features "
+            "(github.com/Ascend/MindSpeed docs/features; MindSpeed-LLM trains FSDP through its own fsdp2 backend)"),
+)}
+
+
+def feature_runs_on(name: str, vendor: str | None) -> bool:
+    """Whether :data:`FEATURES` ``name`` runs on ``vendor`` (no vendor given: yes)."""
+    v = (vendor or "").strip().lower()
+    return not v or any(v.startswith(x) for x in FEATURES[name].vendors)
+
+
+def default_engine(vendor: str | None) -> str | None:
+    """The engine a plan on ``vendor``'s accelerators is searched and priced for when no ``--engine``
+    is given: the only engine in the table made for that vendor (Huawei: MindSpeed), else None
+    (every engine, the search's default)."""
+    v = (vendor or "").strip().lower()
+    own = [e.name for e in ALL_ENGINES.values() if e.vendors and v and any(v.startswith(x) for x in e.vendors)
+           and not any(x == "nvidia" for x in e.vendors)]
+    return own[0] if len(own) == 1 else None
 
 
 def with_engine_overlaps(options, engine: str | None):
@@ -151,7 +208,70 @@ MEGATRON = Engine("megatron", "Megatron-Core", (
 ),  # dayzero export --to megatron writes the flex dispatcher on DeepEP (transformer_config.py
     # moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend 'deepep'); --tp-comm-overlap
     # (megatron/training/arguments.py: only with --sequence-parallel, planner.perf.comm.tp_overlapped)
-    ep_dispatcher="dedup", tp_comm_overlap=True, ep_overlap=True)
+    # runs on NVIDIA GPUs and on AMD's through ROCm's fork (github.com/ROCm/Megatron-LM); on Ascend
+    # Megatron runs patched by MindSpeed, the engine below
+    ep_dispatcher="dedup", tp_comm_overlap=True, ep_overlap=True, vendors=("nvidia", "amd"))
+
+# MindSpeed-LLM on MindSpeed-Core (Megatron-Core patched for torch_npu): the engine of Ascend plans.
+# Sources: github.com/Ascend/MindSpeed (mindspeed/arguments.py and mindspeed/features_manager/*, read
+# at commit 028de58) and github.com/Ascend/MindSpeed-LLM (examples/mcore/*, at commit c77308a);
+# gitcode.com/Ascend is the upstream of both.
+_MS = "github.com/Ascend/MindSpeed "
+MINDSPEED = Engine("mindspeed", "MindSpeed", (
+    # ZeRO-1 is --use-distributed-optimizer (swap_optimizer_feature.py validate_args asks for it); the
+    # Megatron FSDP of ZeRO-2/3 is Megatron-Core's CUDA path (FEATURES megatron_fsdp)
+    Limit(("zero",), lambda c: c["zero"] <= 1,
+          "MindSpeed shards the optimizer with --use-distributed-optimizer (ZeRO-1); Megatron FSDP (ZeRO-2/3) "
+          "is not among its features",
+          _MS + "mindspeed/features_manager/optimizer/swap_optimizer_feature.py; docs/features"),
+    Limit(("schedule",), lambda c: (c["schedule"] != GPIPE) & (c["schedule"] != DUALPIPE),
+          "MindSpeed runs Megatron's 1F1B and interleaved 1F1B and DualPipeV (--schedules-method dualpipev), "
+          "not GPipe or the bidirectional DualPipe",
+          _MS + "mindspeed/features_manager/pipeline_parallel/dualpipev_feature.py (choices ['dualpipev'])"),
+    # DualPipeV's V is two chunks per rank (ParallelConfig vpp 2), not a --num-layers-per-virtual-pipeline-stage
+    Limit(("schedule", "cp", "vpp", "pp"), lambda c: (c["schedule"] != DUALPIPEV)
+          | ((c["cp"] == 1) & (c["vpp"] == 2) & (c["pp"] > 1)),
+          "MindSpeed's DualPipeV runs with pp > 1, its V's two chunks per rank, without context parallelism or "
+          "another virtual pipeline",
+          _MS + "dualpipev_feature.py validate_args ('The dualpipev and context_parallel are incompatible', "
+          "'The dualpipev and virtual_pipeline are incompatible')"),
+    Limit(("rank_order",), lambda c: c["rank_order"] == DENSE,
+          "MindSpeed numbers ranks as Megatron does by default (tp-cp-ep-dp-pp)",
+          "megatron/core/parallel_state.py RankGenerator, as MindSpeed patches it"),
+    Limit(("ep", "etp", "tp"), lambda c: (c["etp"] == 1) | (c["etp"] == c["tp"]),
+          "MindSpeed runs experts with etp 1 or etp = tp",
+          "MindSpeed-LLM examples/mcore/* (--expert-tensor-parallel-size 1); " + _MS + "--moe-tp-extend-ep"),
+    # selective recompute: the attention core (Megatron's), MindSpeed's --recompute-activation-function
+    # (the MLP/expert activation) and --recompute-norm (the norms); mindspeed/arguments.py
+    Limit(("recompute", "recompute_modules"),
+          lambda c: (c["recompute"] != SELECTIVE)
+          | ((c["recompute_modules"] & ~(CORE_ATTN | MODULE_BIT["moe_act"] | MODULE_BIT["layernorm"])) == 0),
+          "MindSpeed recomputes whole blocks, the attention core, the MLP activation (--recompute-activation-"
+          "function) and the norms (--recompute-norm), not Megatron's other recompute modules",
+          _MS + "mindspeed/arguments.py _add_recompute_args; features_manager/recompute/activation_function.py, "
+          "norm_function.py"),
+    Limit(("precision",), lambda c: c["precision"] == BF16,
+          "MindSpeed-LLM trains the 910B/910C in bf16 (its recipes give --bf16; neither chip has FP8 or FP4 cubes)",
+          "MindSpeed-LLM examples/mcore/*/pretrain_*.sh (--bf16); hardware catalog huawei_ascend_910b/910c "
+          "fp8_tflops null"),
+    _no_switch("fp8_param_gather", "MindSpeed", "has no FP8 parameter storage on the 910B/910C",
+               "MindSpeed-LLM examples/mcore/*/pretrain_*.sh (--bf16)"),
+    # --swap-optimizer moves the distributed optimizer's FP32 states to the host between steps and
+    # swaps them in per chunk for the update: the whole-optimizer offload the planner prices
+    Limit(("optimizer_offload", "zero"), lambda c: (c["optimizer_offload"] == 0) | (c["zero"] >= 1),
+          "MindSpeed's --swap-optimizer runs with the distributed optimizer (ZeRO-1)",
+          _MS + "mindspeed/features_manager/optimizer/swap_optimizer_feature.py ('Swap-optimizer only support "
+          "use_distributed_optimizer')"),
+    _no_activation_offload("MindSpeed", "swaps the attention block's activations (--swap-attention) rather than "
+                           "N whole layers' saved activations",
+                           _MS + "mindspeed/arguments.py --swap-attention, --swap-modules"),
+),  # MoE: --moe-token-dispatcher-type alltoall (every routed copy is sent, no DeepEP); its EP overlap is
+    # --moe-fb-overlap (forward of one micro-batch against the backward of another: pp 1, a virtual
+    # pipeline or DualPipeV; etp 1, ep > 1; features_manager/moe/fb_overlap.py validate_args), the
+    # conditions planner.comm.ep_overlapped prices. TP: MindSpeed's MC2 (--use-ascend-mc2) fuses the TP
+    # collectives into the matmuls, but its recipes do not turn it on and the export does not write it,
+    # so a MindSpeed plan prices no TP overlap (Engine.tp_comm_overlap False)
+    ep_dispatcher="all_to_all", tp_comm_overlap=False, ep_overlap=True, vendors=("huawei",))
 
 # torch.distributed.pipelining (torchtitan's and dayzero's pipelines) defers FSDP's gradient
 # reduce-scatter to the step's last backward (PipelineStage.backward_maybe_with_nosync:
@@ -273,18 +393,22 @@ DAYZERO = Engine("dayzero", "dayzero runtime", (
     # overlaps it (runtime/parallel/all_to_all.py, expert_parallel.py)
     pipelined_fsdp=True, ep_overlap=False)
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, TORCHTITAN, DEEPSPEED, DAYZERO)}
+# every engine dayzero knows: labels (engines_for), --engine, exports
+ALL_ENGINES: dict[str, Engine] = {e.name: e for e in (MEGATRON, MINDSPEED, TORCHTITAN, DEEPSPEED, DAYZERO)}
+# the engines an unpinned search keeps a layout for ("some engine runs it"): every one but those made for one
+# vendor's accelerators, whose clusters are searched pinned to them (default_engine: Huawei -> MindSpeed)
+ENGINES: dict[str, Engine] = {n: e for n, e in ALL_ENGINES.items() if not e.vendors or "nvidia" in e.vendors}
 
 
 def get_engine(name: str) -> Engine:
     key = name.strip().lower().replace("-core", "").replace("_", "").replace("-", "")
-    for e in ENGINES.values():
+    for e in ALL_ENGINES.values():
         if key in (e.name, e.title.lower().replace("-core", "").replace(" ", "").replace("-", "")):
             return e
     from dayzero.names import did_you_mean
 
-    raise ConfigError("--engine", None, f"unknown engine {name!r}{did_you_mean(name, ENGINES)}; one of "
-                      f"{', '.join(ENGINES)}")
+    raise ConfigError("--engine", None, f"unknown engine {name!r}{did_you_mean(name, ALL_ENGINES)}; one of "
+                      f"{', '.join(ALL_ENGINES)}")
 
 
 def engine_problems(engine: Engine | str, parallel: ParallelConfig, switches: dict | None = None) -> list[str]:
@@ -300,9 +424,11 @@ def engine_problems(engine: Engine | str, parallel: ParallelConfig, switches: di
             for lim in e.limits if all(k in c for k in lim.reads) and not bool(lim.ok(c))]
 
 
-def engines_for(parallel: ParallelConfig, switches: dict | None = None) -> list[str]:
-    """The engines that run ``parallel`` as laid out (with the run's ``switches``)."""
-    return [name for name, e in ENGINES.items() if not engine_problems(e, parallel, switches)]
+def engines_for(parallel: ParallelConfig, switches: dict | None = None, vendor: str | None = None) -> list[str]:
+    """The engines that run ``parallel`` as laid out (with the run's ``switches``), on ``vendor``'s
+    accelerators where one is given (:func:`runs_on_vendor`)."""
+    return [name for name, e in ALL_ENGINES.items()
+            if runs_on_vendor(e, vendor) and not engine_problems(e, parallel, switches)]
 
 
 def engine_mask(engine: Engine | str, grid: dict, switches: dict | None = None) -> np.ndarray:

@@ -39,7 +39,7 @@ def prediction(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, ev: 
     mfu, ratio = f("mfu"), f("comm_ratio")
     groups = process_groups(parallel, cluster)
     return {
-        "model": spec.name, "cluster": cluster.name, "devices": cluster.devices,
+        "model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "vendor": cluster.accelerator.vendor,
         "parallel": {**parallel.to_dict(), "gemm_precision": parallel.precision},
         "fits": bool(memory["fits"]),
         "memory": memory,
@@ -94,7 +94,8 @@ def predict(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, options
     memory_options = memory_options or MemoryOptions.for_run(cluster.accelerator, options.attention_kernel)
     report = estimate_memory(spec, parallel, cluster.memory_bytes, memory_options)
     ev = evaluate(spec, encode([parallel]), cluster, options, layer_split=parallel.layer_split)
-    engines = fitting_engines(spec, parallel, cluster.memory_bytes, memory_options, report.fits, options.switches())
+    engines = fitting_engines(spec, parallel, cluster.memory_bytes, memory_options, report.fits, options.switches(),
+                              cluster.accelerator.vendor)
     memory = {**report.to_dict(), **host_memory(spec, parallel, cluster, memory_options, report)}
     return prediction(spec, parallel, cluster, ev, 0, memory, options, engines)
 
@@ -132,7 +133,7 @@ def host_memory(spec: ModelSpec, parallel: ParallelConfig, cluster: Cluster, mem
 
 
 def fitting_engines(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: int, memory_options,
-                    fits: bool, switches: dict | None = None) -> list[str]:
+                    fits: bool, switches: dict | None = None, vendor: str | None = None) -> list[str]:
     """The engines that run ``parallel`` as laid out (:func:`dayzero.planner.engines.engines_for`),
     less, when it ``fits`` under ``memory_options``, those that hold its memory otherwise and do
     not fit it: FSDP under torch.distributed.pipelining keeps ZeRO-3's parameters gathered and
@@ -141,7 +142,8 @@ def fitting_engines(spec: ModelSpec, parallel: ParallelConfig, capacity_bytes: i
     from dayzero.planner.memory.memory import estimate_memory
 
     out = []
-    for name in engines_for(parallel, switches):  # with the run's switches (planner.engines.RUN_SWITCHES)
+    # with the run's switches (planner.engines.RUN_SWITCHES), on the cluster's vendor (engines.runs_on_vendor)
+    for name in engines_for(parallel, switches, vendor):
         mine = memory_options.with_(pipelined_fsdp=pipelined_fsdp(name))
         same = held_zero(parallel.zero, parallel.pp, mine.pipelined_fsdp) == held_zero(
             parallel.zero, parallel.pp, memory_options.pipelined_fsdp)

@@ -110,7 +110,9 @@ ALIASES = {
     "mi250x": "amd_mi250x", "mi300x": "amd_mi300x", "mi325x": "amd_mi325x", "mi355x": "amd_mi355x",
     "gaudi2": "intel_gaudi2", "gaudi3": "intel_gaudi3",
     "tpu-v4": "google_tpu_v4", "tpu-v5e": "google_tpu_v5e", "tpu-v5p": "google_tpu_v5p", "tpu-v6e": "google_tpu_v6e",
-    "910b": "huawei_ascend_910b", "ascend-910b": "huawei_ascend_910b", "910c": "huawei_ascend_910c",
+    "910b": "huawei_ascend_910b", "ascend-910b": "huawei_ascend_910b", "910b3": "huawei_ascend_910b",
+    "910b2": "huawei_ascend_910b2", "910b4": "huawei_ascend_910b4", "910c": "huawei_ascend_910c",
+    "910c-die": "huawei_ascend_910c_die",
     "ascend-910c": "huawei_ascend_910c", "mlu370": "cambricon_mlu370_x8", "mlu290": "cambricon_mlu290_m5",
     "br100": "biren_br100", "s4000": "moorethreads_mtt_s4000", "mtt-s4000": "moorethreads_mtt_s4000",
 }

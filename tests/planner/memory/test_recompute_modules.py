@@ -251,13 +251,16 @@ def test_fp8_swiglu_input_cache_by_hand():
 
 
 def test_only_megatron_runs_recompute_modules_and_its_export_says_them():
-    """Megatron-Core's --recompute-modules (transformer_config.py recompute_modules); torchtitan,
-    DeepSpeed and dayzero's runtime recompute whole blocks or the attention core."""
+    """Megatron-Core's --recompute-modules (transformer_config.py recompute_modules); MindSpeed's
+    the norms and the activation; torchtitan, DeepSpeed and dayzero's runtime recompute whole
+    blocks or the attention core."""
     from dayzero.export.megatron import layout_args
     from dayzero.planner.engines import engines_for
 
     p = ParallelConfig(recompute="selective", recompute_modules=("layernorm", "moe_act"))
-    assert engines_for(p) == ["megatron"]
+    # MindSpeed recomputes the norms and the activation too (--recompute-norm, --recompute-activation-function)
+    assert engines_for(p) == ["megatron", "mindspeed"]
+    assert engines_for(p.with_(recompute_modules=("mlp",))) == ["megatron"]
     assert "torchtitan" not in engines_for(p) and "dayzero" in engines_for(p.with_(recompute_modules=()))
     args = [str(a) for a in layout_args(p)]
     i = args.index("--recompute-modules")

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dayzero.errors import FitError
-from dayzero.planner.engines import engine_mask, pipelined_fsdp, with_engine_overlaps
+from dayzero.planner.engines import (
+    default_engine,
+    engine_mask,
+    get_engine,
+    pipelined_fsdp,
+    runs_on_vendor,
+    with_engine_overlaps,
+)
 from dayzero.planner.memory.activation_offload import COLUMN as OFFLOAD
 from dayzero.planner.perf.perf import PerfOptions, evaluate
 from dayzero.planner.perf.topology import scaleup_domain
@@ -313,7 +320,22 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     from dayzero.planner.predict import predict
     from dayzero.planner.search.sensitivity import POOL
 
-    options = with_engine_overlaps(options or PerfOptions(), (space or SearchSpace()).engine)
+    space = space or SearchSpace()
+    if space.engine and not runs_on_vendor(space.engine, cluster.accelerator.vendor):
+        from dayzero.errors import ConfigError
+
+        e, own = get_engine(space.engine), default_engine(cluster.accelerator.vendor)
+        raise ConfigError("--engine", None, f"{e.title} runs on {', '.join(e.vendors)} accelerators, not "
+                          f"{cluster.accelerator.vendor}'s; plan with --engine {own or 'NAME'} or without --engine")
+    if space.engine is None and default_engine(cluster.accelerator.vendor):
+        # a vendor with an engine of its own (Huawei: MindSpeed) is searched and priced for it
+        # (planner.engines.default_engine)
+        from dataclasses import replace as _replace
+
+        space = _replace(space, engine=default_engine(cluster.accelerator.vendor))
+        options = options or PerfOptions()  # and its dispatcher: the caller named no engine to price
+        options = _replace(options, comm=_replace(options.comm, ep_dispatcher=get_engine(space.engine).ep_dispatcher))
+    options = with_engine_overlaps(options or PerfOptions(), space.engine)
     t0 = time.perf_counter()
     want = max(top_k * FAMILY_POOL, cloud)
     try:
@@ -356,7 +378,9 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
     if cloud:
         extra["candidates"] = [{"layout": p.to_dict(), "step_s": float(t), "peak_bytes": float(m)}
                                for p, t, m in zip(layouts, result.evaluation.step_s, result.peak_bytes)]
-    return {"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "gbs": gbs, "seq": seq,
+    return {"model": spec.name, "cluster": cluster.name, "devices": cluster.devices,
+            # whose accelerators: an export leaves out the features their stack lacks (planner.engines.FEATURES)
+            "vendor": cluster.accelerator.vendor, "gbs": gbs, "seq": seq,
             "precision": precision, "max_memory": max_memory, "plans": plans, "considered": result.considered,
             "rejected": rejected, "timed": result.timed,
             # the host figures offload was priced and capped with (specs/host.py), and which were assumed
