@@ -55,6 +55,7 @@ from dayzero.planner.perf.collectives import dedup_all_to_all, group_collective
 from dayzero.planner.perf.compute import BF16, ComputeCosts, layer_classes, single_seq
 from dayzero.planner.perf.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, dedup_rows, device_imbalance
 from dayzero.planner.perf.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
+from dayzero.planner.perf.overlap import shared_links, sm_floor, sm_share, tier_of
 from dayzero.planner.perf.topology import group_strides, span
 from dayzero.planner.schedule import gradient_windows, warmup_chunks
 from dayzero.specs.grid import (
@@ -116,6 +117,10 @@ class CommOptions:
     # MemoryOptions.fp8_params): under an FP8/FP4 recipe the ZeRO parameter all-gathers send the
     # decoder layers' weights in FP8, 1 B instead of 2; the embedding and head stay BF16
     fp8_param_gather: bool = False
+    # the window rules of planner.perf.overlap: collectives in one layer's window that cross one
+    # tier share its bandwidth, and every overlapped collective's SMs slow the compute it hides
+    # under; off: each collective priced against its own window alone, only EP's SMs charged
+    shared_windows: bool = True
 
     def __post_init__(self):
         check_dispatcher(self.ep_dispatcher)
@@ -278,7 +283,29 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     items += _context_parallel(L)
     if spec.moe is not None:
         items += _expert_parallel(L)
-    return items + _zero3(L)
+    items += _zero3(L)
+    return _layer_window(items, L) if opt.shared_windows else items
+
+
+# the library whose kernels run each overlapped per-layer collective (planner.perf.overlap.COMM_SMS);
+# the EP all-to-all's share is already in its own price (overlapped_exposed)
+_LIBRARY = {"tp": "userbuffers", "cp": "nccl", "dp_cp": "nccl", "edp": "nccl"}
+
+
+def _layer_window(items: list[LayerComm], L: _Layer) -> list[LayerComm]:
+    """The window rules of :mod:`dayzero.planner.perf.overlap` over one layer and micro-batch: each
+    overlapped collective's SMs slow the compute it hides under (rule 2), then the collectives
+    crossing one tier share it within the layer's forward and backward compute (rule 1)."""
+    busy = [i.ops * i.time for i in items]
+    exposed = []
+    for item, b in zip(items, busy):
+        lib = _LIBRARY.get(item.dim)
+        hidden = (b - item.exposed) > 0
+        share = sm_share(lib, L.rates.comm_sm_fraction) if lib else 0.0
+        exposed.append(np.where(hidden, sm_floor(b, item.exposed, share), item.exposed))
+    tiers = [tier_of(L.groups[i.dim][2]) for i in items]
+    exposed = shared_links(busy, exposed, tiers, L.costs.fwd + L.costs.bwd)
+    return [replace(i, exposed=e) for i, e in zip(items, exposed)]
 
 
 def _layer(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, groups: Groups,
