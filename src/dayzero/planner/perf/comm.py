@@ -675,6 +675,9 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
         ag_on = on & (zero >= 1)
         items.append(StepComm(f"dp param gather ({dim})", "all_gather", dim, pbytes, 1.0 * ag_on, t_ag,
                               np.maximum(b_ag, t_ag - fwd_mb) * ag_on, "next forward"))
+    if opt.shared_windows:  # the gradient reduces share the last backward, the gathers the next forward
+        items[0::2] = _step_window(items[0::2], groups, rates, bwd_mb)
+        items[1::2] = _step_window(items[1::2], groups, rates, fwd_mb)
     # ZeRO-3: the first layer's gather of each model chunk and micro-batch has nothing to hide
     # behind: under interleaving each of the vpp chunks a rank runs starts its own prefetch chain
     # (FSDP prefetches the next layer of the same module order, not across chunks)
@@ -689,9 +692,26 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
     t = coll("send_recv", act_bytes, groups, "pp", rates)
     ops = 2 * m * vpp * (pp > 1)
     ramp = (pp * vpp - 1) * (pp > 1)
-    items.append(StepComm("pp send/recv", "send_recv", "pp", act_bytes, ops, t, 2 * ramp * t,
+    pp_exposed = 2 * ramp * t
+    if opt.shared_windows:  # the steady-state sends run on NCCL kernels beside the compute
+        pp_exposed = sm_floor(ops * t, pp_exposed, sm_share("nccl", rates.comm_sm_fraction))
+    items.append(StepComm("pp send/recv", "send_recv", "pp", act_bytes, ops, t, pp_exposed,
                           "own stream (ramp exposed)"))
     return items
+
+
+def _step_window(items: list[StepComm], groups: Groups, rates: Rates, window) -> list[StepComm]:
+    """The window rules of :mod:`dayzero.planner.perf.overlap` over the per-step collectives that
+    hide under one window per op (the dense and expert gradient reduce under the last backward of
+    a chunk, their parameter gathers under the next forward): NCCL's SM share, then the tiers
+    shared, per op."""
+    ops = [np.asarray(i.ops, dtype=float) for i in items]
+    busy = [np.asarray(i.time, dtype=float) * (o > 0) for i, o in zip(items, ops)]
+    per_op = [np.where(o > 0, np.asarray(i.exposed) / np.maximum(o, 1e-30), 0.0) for i, o in zip(items, ops)]
+    share = sm_share("nccl", rates.comm_sm_fraction)
+    per_op = [np.where(b > e, sm_floor(b, e, share), e) for b, e in zip(busy, per_op)]
+    per_op = shared_links(busy, per_op, [tier_of(groups[i.dim][2]) for i in items], window)
+    return [replace(i, exposed=e * o) for i, e, o in zip(items, per_op, ops)]
 
 
 def grad_norm_comm(grid: dict, rates: Rates, groups: Groups) -> StepComm:
