@@ -71,7 +71,7 @@ def shared_links(busy: list, exposed: list, tiers: list, window) -> list:
     busy = [np.broadcast_to(np.asarray(b, dtype=float), shape) for b in busy]
     out = [np.broadcast_to(np.asarray(e, dtype=float), shape).copy() for e in exposed]
     tiers = [np.broadcast_to(np.asarray(t), shape) for t in tiers]
-    for t in np.unique(np.concatenate([np.ravel(x) for x in tiers])):
+    for t in (0, 1):  # tier_of's codes: scale-up, scale-out
         on = [tr == t for tr in tiers]
         load = sum(np.where(o, b, 0.0) for o, b in zip(on, busy))
         own = sum(np.where(o, e, 0.0) for o, e in zip(on, out))
