@@ -117,10 +117,12 @@ class CommOptions:
     # MemoryOptions.fp8_params): under an FP8/FP4 recipe the ZeRO parameter all-gathers send the
     # decoder layers' weights in FP8, 1 B instead of 2; the embedding and head stay BF16
     fp8_param_gather: bool = False
-    # the window rules of planner.perf.overlap: collectives in one layer's window that cross one
-    # tier share its bandwidth, and every overlapped collective's SMs slow the compute it hides
-    # under; off: each collective priced against its own window alone, only EP's SMs charged
-    shared_windows: bool = True
+    # the window rules of planner.perf.overlap. shared_links: collectives in one window that cross
+    # one tier share its bandwidth (off: each priced against its own window alone); overlap_sm:
+    # every overlapped collective's kernels take their library's SM share from the compute it hides
+    # under (off: only the EP all-to-all's, overlapped_exposed)
+    shared_links: bool = True
+    overlap_sm: bool = False
 
     def __post_init__(self):
         check_dispatcher(self.ep_dispatcher)
@@ -284,7 +286,7 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     if spec.moe is not None:
         items += _expert_parallel(L)
     items += _zero3(L)
-    return _layer_window(items, L) if opt.shared_windows else items
+    return _layer_window(items, L) if opt.shared_links or opt.overlap_sm else items
 
 
 # the library whose kernels run each overlapped per-layer collective (planner.perf.overlap.COMM_SMS);
@@ -297,14 +299,15 @@ def _layer_window(items: list[LayerComm], L: _Layer) -> list[LayerComm]:
     overlapped collective's SMs slow the compute it hides under (rule 2), then the collectives
     crossing one tier share it within the layer's forward and backward compute (rule 1)."""
     busy = [i.ops * i.time for i in items]
-    exposed = []
-    for item, b in zip(items, busy):
-        lib = _LIBRARY.get(item.dim)
-        hidden = (b - item.exposed) > 0
-        share = sm_share(lib, L.rates.comm_sm_fraction) if lib else 0.0
-        exposed.append(np.where(hidden, sm_floor(b, item.exposed, share), item.exposed))
-    tiers = [tier_of(L.groups[i.dim][2]) for i in items]
-    exposed = shared_links(busy, exposed, tiers, L.costs.fwd + L.costs.bwd)
+    exposed = [i.exposed for i in items]
+    if L.opt.overlap_sm:
+        for k, (item, b) in enumerate(zip(items, busy)):
+            lib = _LIBRARY.get(item.dim)
+            share = sm_share(lib, L.rates.comm_sm_fraction) if lib else 0.0
+            exposed[k] = np.where((b - item.exposed) > 0, sm_floor(b, item.exposed, share), item.exposed)
+    if L.opt.shared_links:
+        tiers = [tier_of(L.groups[i.dim][2]) for i in items]
+        exposed = shared_links(busy, exposed, tiers, L.costs.fwd + L.costs.bwd)
     return [replace(i, exposed=e) for i, e in zip(items, exposed)]
 
 
@@ -675,9 +678,9 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
         ag_on = on & (zero >= 1)
         items.append(StepComm(f"dp param gather ({dim})", "all_gather", dim, pbytes, 1.0 * ag_on, t_ag,
                               np.maximum(b_ag, t_ag - fwd_mb) * ag_on, "next forward"))
-    if opt.shared_windows:  # the gradient reduces share the last backward, the gathers the next forward
-        items[0::2] = _step_window(items[0::2], groups, rates, bwd_mb)
-        items[1::2] = _step_window(items[1::2], groups, rates, fwd_mb)
+    if opt.shared_links or opt.overlap_sm:  # the gradient reduces share the last backward, the gathers the next forward
+        items[0::2] = _step_window(items[0::2], groups, rates, opt, bwd_mb)
+        items[1::2] = _step_window(items[1::2], groups, rates, opt, fwd_mb)
     # ZeRO-3: the first layer's gather of each model chunk and micro-batch has nothing to hide
     # behind: under interleaving each of the vpp chunks a rank runs starts its own prefetch chain
     # (FSDP prefetches the next layer of the same module order, not across chunks)
@@ -693,14 +696,15 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
     ops = 2 * m * vpp * (pp > 1)
     ramp = (pp * vpp - 1) * (pp > 1)
     pp_exposed = 2 * ramp * t
-    if opt.shared_windows:  # the steady-state sends run on NCCL kernels beside the compute
+    if opt.overlap_sm:  # the steady-state sends run on NCCL kernels beside the compute
         pp_exposed = sm_floor(ops * t, pp_exposed, sm_share("nccl", rates.comm_sm_fraction))
     items.append(StepComm("pp send/recv", "send_recv", "pp", act_bytes, ops, t, pp_exposed,
                           "own stream (ramp exposed)"))
     return items
 
 
-def _step_window(items: list[StepComm], groups: Groups, rates: Rates, window) -> list[StepComm]:
+def _step_window(items: list[StepComm], groups: Groups, rates: Rates, opt: CommOptions,
+                 window) -> list[StepComm]:
     """The window rules of :mod:`dayzero.planner.perf.overlap` over the per-step collectives that
     hide under one window per op (the dense and expert gradient reduce under the last backward of
     a chunk, their parameter gathers under the next forward): NCCL's SM share, then the tiers
@@ -708,9 +712,11 @@ def _step_window(items: list[StepComm], groups: Groups, rates: Rates, window) ->
     ops = [np.asarray(i.ops, dtype=float) for i in items]
     busy = [np.asarray(i.time, dtype=float) * (o > 0) for i, o in zip(items, ops)]
     per_op = [np.where(o > 0, np.asarray(i.exposed) / np.maximum(o, 1e-30), 0.0) for i, o in zip(items, ops)]
-    share = sm_share("nccl", rates.comm_sm_fraction)
-    per_op = [np.where(b > e, sm_floor(b, e, share), e) for b, e in zip(busy, per_op)]
-    per_op = shared_links(busy, per_op, [tier_of(groups[i.dim][2]) for i in items], window)
+    if opt.overlap_sm:
+        share = sm_share("nccl", rates.comm_sm_fraction)
+        per_op = [np.where(b > e, sm_floor(b, e, share), e) for b, e in zip(busy, per_op)]
+    if opt.shared_links:
+        per_op = shared_links(busy, per_op, [tier_of(groups[i.dim][2]) for i in items], window)
     return [replace(i, exposed=e * o) for i, e, o in zip(items, per_op, ops)]
 
 

@@ -105,7 +105,8 @@ class PerfOptions:
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False,
                 fp8_scaling: str = "tensor", comm_sm_reserved: bool = False,
                 fp8_param_gather: bool = False, optimizer_offload: bool = False,
-                activation_offload_layers: int = 0, kernel_level: str = "fused") -> "PerfOptions":
+                activation_offload_layers: int = 0, kernel_level: str = "fused",
+                overlap_sm: bool = False) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
         file's overrides, then a ``calibration`` file's), the overlap switches (``tp_overlap`` None:
         wherever Megatron-Core runs it, planner.perf.comm.tp_overlapped; ``ep_overlap`` None: wherever
@@ -118,7 +119,9 @@ class PerfOptions:
         (``fp8_param_gather``, CommOptions.fp8_param_gather), the optimizer offloaded to the
         host (``optimizer_offload``), the saved activations of the first
         ``activation_offload_layers`` layers of each model chunk (planner.memory.activation_offload)
-        and the engine's ``kernel_level`` (planner.perf.kernel_level)."""
+        the engine's ``kernel_level`` (planner.perf.kernel_level) and whether every overlapped
+        collective takes its library's SM share from the compute (``overlap_sm``,
+        CommOptions.overlap_sm, planner.perf.overlap)."""
         from dayzero.errors import ConfigError
         from dayzero.planner.memory.memory_options import check_attention_kernel
         from dayzero.planner.perf.calibration import constants_for, load_calibration
@@ -137,7 +140,7 @@ class PerfOptions:
             constants = load_calibration(calibration, constants)
         comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance,
                            moe_expert_cv=moe_expert_cv, ep_dispatcher=ep_dispatcher, fp8_dispatch=fp8_dispatch,
-                           sm_reserved=comm_sm_reserved, fp8_param_gather=fp8_param_gather)
+                           sm_reserved=comm_sm_reserved, fp8_param_gather=fp8_param_gather, overlap_sm=overlap_sm)
         return cls(comm=comm, constants=constants, attention_kernel=attention_kernel, fp8_scaling=fp8_scaling,
                    optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload_layers,
                    kernel_level=kernel_level)
