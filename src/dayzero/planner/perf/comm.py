@@ -42,6 +42,11 @@ Per step:
 * **Gradient norm**: one FP32 scalar all-reduced before clipping (tp x pp; ZeRO >= 1: the world).
 * **Tied embedding**: its gradient all-reduced between the first and last stage (pp > 1). Both
   exposed, between the gradient reduction and the optimizer step.
+
+Then the window rules of :mod:`dayzero.planner.perf.overlap` hold in every window: collectives of
+one layer's window (and the per-step gradient reduces, and gathers) that cross one tier share its
+bandwidth (``CommOptions.shared_links``, on), and, with ``CommOptions.overlap_sm``, every
+overlapped collective takes its library's SM share from the compute it hides under.
 """
 
 from __future__ import annotations
