@@ -115,6 +115,17 @@ SplitOpt = Annotated[Optional[str], typer.Option("--layer-split", help="Layers p
 AttentionKernelOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class: "
                                                                             "saves log-sum-exp) | flash2 | unfused "
                                                                             "(saves the s x s scores).")]
+OverlapSmOpt = Annotated[bool, typer.Option("--overlap-sm/--no-overlap-sm",
+                                            help="Every overlapped collective (TP userbuffers, CP ring, "
+                                                 "ZeRO-3 prefetch, DP reduce, PP sends) takes its "
+                                                 "library's SM share from the compute it hides under "
+                                                 "(default: only the EP all-to-all's); see "
+                                                 "docs/performance.md.")]
+KernelLevelOpt = Annotated[str, typer.Option("--kernel-level", help="The engine's fusion level of norms, RoPE, "
+                                                                  "activations: fused (Megatron-Core + Transformer "
+                                                                  "Engine, MindSpeed) | compile (torch.compile) | "
+                                                                  "eager (PyTorch eager: torchtitan, HF, dayzero's "
+                                                                  "runtime); see docs/performance.md.")]
 
 
 def takes_layout(seq_default: int = 4096, seq_help: str | None = None):

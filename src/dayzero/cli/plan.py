@@ -47,7 +47,9 @@ from dayzero.cli.predict import (
     Fp8DispatchOpt,
     Fp8RecipeOpt,
     ImbalanceOpt,
+    KernelLevelOpt,
     OrderOpt,
+    OverlapSmOpt,
     PlacementOpt,
     PrecisionOpt,
     SmReservedOpt,
@@ -184,6 +186,7 @@ def plan_cmd(
     moe_imbalance: ImbalanceOpt = 1.0,
     expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp", attention_kernel: AttentionKernelOpt = "fused",
+    kernel_level: KernelLevelOpt = "fused", overlap_sm: OverlapSmOpt = False,
     calibration: CalibrationOpt = None, tokens: TokensOpt = DEFAULT_TOKENS, price_per_device_hour: PriceOpt = None,
     pue: PueOpt = None, host_overhead: HostOverheadOpt = None,
     electricity_price: ElectricityOpt = None, failures: FailuresOpt = None,
@@ -220,7 +223,8 @@ def plan_cmd(
                                ep_dispatcher=dispatcher_option(ep_dispatcher, engine), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
                                fp8_param_gather=bool(fp8_params),
-                               optimizer_offload=bool(optimizer_offload), activation_offload_layers=activation_offload)
+                               optimizer_offload=bool(optimizer_offload), activation_offload_layers=activation_offload,
+                               kernel_level=kernel_level, overlap_sm=overlap_sm)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     asked = (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
     no_switches = tuple(name for name, on in asked if on is False)  # --no-X: kept off

@@ -23,9 +23,11 @@ from dayzero.cli.common import (
     HostOverheadOpt,
     InterNodeOpt,
     JsonOpt,
+    KernelLevelOpt,
     MoeProbsOpt,
     MomentsOpt,
     OptimizerOffloadOpt,
+    OverlapSmOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -109,7 +111,8 @@ def predict_cmd(
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
     moe_imbalance: ImbalanceOpt = 1.0, expert_loads: ExpertLoadsOpt = None, placement: PlacementOpt = None,
     rank_order: OrderOpt = "tp-cp-dp-pp",
-                attention_kernel: AttentionKernelOpt = "fused",
+                attention_kernel: AttentionKernelOpt = "fused", kernel_level: KernelLevelOpt = "fused",
+    overlap_sm: OverlapSmOpt = False,
     moments: MomentsOpt = "fp32", allocator: AllocatorOpt = "caching", moe_probs: MoeProbsOpt = "combine",
     act_fp8: ActFp8Opt = False, fp8_params: Fp8ParamOpt = False,
     optimizer_offload: OptimizerOffloadOpt = False, activation_offload: ActivationOffloadOpt = 0,
@@ -142,7 +145,8 @@ def predict_cmd(
                                ep_dispatcher=dispatcher_option(ep_dispatcher, own), fp8_dispatch=fp8_dispatch,
                                fp8_scaling=fp8_scaling, comm_sm_reserved=comm_sm_reserved,
                                fp8_param_gather=fp8_params,
-                               optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload)
+                               optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload,
+                               kernel_level=kernel_level, overlap_sm=overlap_sm)
     opts = with_engine_overlaps(opts, own)
     opts = opts.with_expert_loads(spec, expert_loads, placement)
     par = layout.parallel(cl.devices, precision, rank_order)

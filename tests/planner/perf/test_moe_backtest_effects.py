@@ -97,7 +97,7 @@ def test_each_moe_layer_forward_waits_once_on_the_dispatch_host_sync():
 
     spec = load_model("deepseek-v3")
     cluster = build_cluster(get_accelerator("nvidia_h100_sxm"), 256)
-    base = ParallelConfig(tp=1, pp=16, dp=16, ep=8, mbs=1, gbs=256, seq=4096)
+    base = ParallelConfig(tp=1, pp=16, dp=16, ep=8, mbs=1, gbs=4096, seq=4096)
     layouts = [base, base.with_(recompute="full"), base.with_(recompute="selective", recompute_modules=("moe",)),
                base.with_(recompute="selective", recompute_modules=("moe_act",))]
     grid = {k: np.asarray(v) for k, v in encode(layouts).items()}
@@ -116,13 +116,10 @@ def test_each_moe_layer_forward_waits_once_on_the_dispatch_host_sync():
     np.testing.assert_allclose(on.ops[moe], [1, 2, 2, 1])
     np.testing.assert_allclose(on.exposed[moe] - off.exposed[moe], [1e-3, 2e-3, 2e-3, 1e-3], rtol=1e-9)
     assert np.all(on.ops[dense] == 0) and np.all(on.exposed[dense] == 0)
-    # with the overlap, on the passes another micro-batch runs beside (comm.ep_overlap_windows: rank 0 of a
-    # 16-stage 1F1B over 16 micro-batches has none) at most the SMs' share shows, elsewhere all of it
+    # the overlap pairs only (n - w - 1) / n of the passes (comm.ep_overlap_windows: 240 of 256 here)
     from dayzero.planner.perf.comm import ep_overlap_windows
 
     w = ep_overlap_windows(grid)
-    bound = (w * 20 / 132 + 1 - w) * np.array([1e-3, 2e-3, 2e-3, 1e-3])
     hidden = counts(1e-3, True).exposed[moe] - counts(0.0, True).exposed[moe]
-    assert np.all(hidden <= bound + 1e-12)
-    many = {k: np.asarray(v) for k, v in encode([x.with_(gbs=256 * 8) for x in layouts]).items()}
-    assert np.all(ep_overlap_windows(many) == (128 - 15 - 1) / 128)  # 128 micro-batches: most passes paired
+    assert np.all(hidden <= on.ops[moe] * 1e-3 * (w * 20 / 132 + (1 - w)) + 1e-12)
+    assert np.all(hidden < on.ops[moe] * 1e-3 / 2)

@@ -5,9 +5,11 @@ Reading order: ``topology`` (rank layout, process groups and the tiers they span
 ``collectives`` (alpha-beta times of collectives on switches and full meshes), ``calibration``
 (efficiency constants and the hardware rates they give), ``minimize`` (derivative-free
 minimisation for the fits), ``fp8_scaling`` (what an FP8 scaling recipe costs a GEMM),
-``compute`` (per-layer FLOPs and bytes -> time), ``moe_dispatch``, ``eplb`` and ``moe_imbalance``
-(the MoE all-to-all's bytes, expert placement and routing imbalance), ``comm`` (every collective
-of a step and what hides it), ``scale_effects`` (the wait for the slowest rank) and ``perf``
+``kernel_level`` (the memory-bound bytes an engine's fusion level adds), ``compute`` (per-layer
+FLOPs and bytes -> time), ``moe_dispatch``, ``eplb`` and ``moe_imbalance`` (the MoE all-to-all's
+bytes, expert placement and routing imbalance), ``overlap`` (the window rules: shared links, the
+SMs an overlapped collective takes), ``comm`` (every collective of a step and what hides it),
+``scale_effects`` (the wait for the slowest rank) and ``perf``
 (:func:`evaluate`: compute + exposed communication + bubble, for whole grids).
 """
 

@@ -42,6 +42,11 @@ Per step:
 * **Gradient norm**: one FP32 scalar all-reduced before clipping (tp x pp; ZeRO >= 1: the world).
 * **Tied embedding**: its gradient all-reduced between the first and last stage (pp > 1). Both
   exposed, between the gradient reduction and the optimizer step.
+
+Then the window rules of :mod:`dayzero.planner.perf.overlap` hold in every window: collectives of
+one layer's window (and the per-step gradient reduces, and gathers) that cross one tier share its
+bandwidth (``CommOptions.shared_links``, on), and, with ``CommOptions.overlap_sm``, every
+overlapped collective takes its library's SM share from the compute it hides under.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from dayzero.planner.perf.collectives import dedup_all_to_all, group_collective
 from dayzero.planner.perf.compute import BF16, ComputeCosts, layer_classes, single_seq
 from dayzero.planner.perf.moe_dispatch import FP8_DISPATCH_BYTES, check_dispatcher, dedup_rows, device_imbalance
 from dayzero.planner.perf.moe_imbalance import MeasuredImbalance, constant_imbalance, derived_imbalance
+from dayzero.planner.perf.overlap import shared_links, sm_floor, sm_share, tier_of
 from dayzero.planner.perf.topology import group_strides, span
 from dayzero.planner.schedule import gradient_windows, warmup_chunks
 from dayzero.specs.grid import (
@@ -116,6 +122,12 @@ class CommOptions:
     # MemoryOptions.fp8_params): under an FP8/FP4 recipe the ZeRO parameter all-gathers send the
     # decoder layers' weights in FP8, 1 B instead of 2; the embedding and head stay BF16
     fp8_param_gather: bool = False
+    # the window rules of planner.perf.overlap. shared_links: collectives in one window that cross
+    # one tier share its bandwidth (off: each priced against its own window alone); overlap_sm:
+    # every overlapped collective's kernels take their library's SM share from the compute it hides
+    # under (off: only the EP all-to-all's, overlapped_exposed)
+    shared_links: bool = True
+    overlap_sm: bool = False
 
     def __post_init__(self):
         check_dispatcher(self.ep_dispatcher)
@@ -278,7 +290,30 @@ def layer_comm(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, g
     items += _context_parallel(L)
     if spec.moe is not None:
         items += _expert_parallel(L)
-    return items + _zero3(L)
+    items += _zero3(L)
+    return _layer_window(items, L) if opt.shared_links or opt.overlap_sm else items
+
+
+# the library whose kernels run each overlapped per-layer collective (planner.perf.overlap.COMM_SMS);
+# the EP all-to-all's share is already in its own price (overlapped_exposed)
+_LIBRARY = {"tp": "userbuffers", "cp": "nccl", "dp_cp": "nccl", "edp": "nccl"}
+
+
+def _layer_window(items: list[LayerComm], L: _Layer) -> list[LayerComm]:
+    """The window rules of :mod:`dayzero.planner.perf.overlap` over one layer and micro-batch: each
+    overlapped collective's SMs slow the compute it hides under (rule 2), then the collectives
+    crossing one tier share it within the layer's forward and backward compute (rule 1)."""
+    busy = [i.ops * i.time for i in items]
+    exposed = [i.exposed for i in items]
+    if L.opt.overlap_sm:
+        for k, (item, b) in enumerate(zip(items, busy)):
+            lib = _LIBRARY.get(item.dim)
+            share = sm_share(lib, L.rates.comm_sm_fraction) if lib else 0.0
+            exposed[k] = np.where((b - item.exposed) > 0, sm_floor(b, item.exposed, share), item.exposed)
+    if L.opt.shared_links:
+        tiers = [tier_of(L.groups[i.dim][2]) for i in items]
+        exposed = shared_links(busy, exposed, tiers, L.costs.fwd + L.costs.bwd)
+    return [replace(i, exposed=e) for i, e in zip(items, exposed)]
 
 
 def _layer(spec: ModelSpec, grid: dict, rates: Rates, costs: ComputeCosts, groups: Groups,
@@ -648,6 +683,9 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
         ag_on = on & (zero >= 1)
         items.append(StepComm(f"dp param gather ({dim})", "all_gather", dim, pbytes, 1.0 * ag_on, t_ag,
                               np.maximum(b_ag, t_ag - fwd_mb) * ag_on, "next forward"))
+    if opt.shared_links or opt.overlap_sm:  # the gradient reduces share the last backward, the gathers the next forward
+        items[0::2] = _step_window(items[0::2], groups, rates, opt, bwd_mb)
+        items[1::2] = _step_window(items[1::2], groups, rates, opt, fwd_mb)
     # ZeRO-3: the first layer's gather of each model chunk and micro-batch has nothing to hide
     # behind: under interleaving each of the vpp chunks a rank runs starts its own prefetch chain
     # (FSDP prefetches the next layer of the same module order, not across chunks)
@@ -662,9 +700,29 @@ def step_comm(grid: dict, rates: Rates, groups: Groups, opt: CommOptions, *, den
     t = coll("send_recv", act_bytes, groups, "pp", rates)
     ops = 2 * m * vpp * (pp > 1)
     ramp = (pp * vpp - 1) * (pp > 1)
-    items.append(StepComm("pp send/recv", "send_recv", "pp", act_bytes, ops, t, 2 * ramp * t,
+    pp_exposed = 2 * ramp * t
+    if opt.overlap_sm:  # the steady-state sends run on NCCL kernels beside the compute
+        pp_exposed = sm_floor(ops * t, pp_exposed, sm_share("nccl", rates.comm_sm_fraction))
+    items.append(StepComm("pp send/recv", "send_recv", "pp", act_bytes, ops, t, pp_exposed,
                           "own stream (ramp exposed)"))
     return items
+
+
+def _step_window(items: list[StepComm], groups: Groups, rates: Rates, opt: CommOptions,
+                 window) -> list[StepComm]:
+    """The window rules of :mod:`dayzero.planner.perf.overlap` over the per-step collectives that
+    hide under one window per op (the dense and expert gradient reduce under the last backward of
+    a chunk, their parameter gathers under the next forward): NCCL's SM share, then the tiers
+    shared, per op."""
+    ops = [np.asarray(i.ops, dtype=float) for i in items]
+    busy = [np.asarray(i.time, dtype=float) * (o > 0) for i, o in zip(items, ops)]
+    per_op = [np.where(o > 0, np.asarray(i.exposed) / np.maximum(o, 1e-30), 0.0) for i, o in zip(items, ops)]
+    if opt.overlap_sm:
+        share = sm_share("nccl", rates.comm_sm_fraction)
+        per_op = [np.where(b > e, sm_floor(b, e, share), e) for b, e in zip(busy, per_op)]
+    if opt.shared_links:
+        per_op = shared_links(busy, per_op, [tier_of(groups[i.dim][2]) for i in items], window)
+    return [replace(i, exposed=e * o) for i, e, o in zip(items, per_op, ops)]
 
 
 def grad_norm_comm(grid: dict, rates: Rates, groups: Groups) -> StepComm:

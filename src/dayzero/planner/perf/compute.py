@@ -36,6 +36,7 @@ import numpy as np
 
 from dayzero.planner.perf.calibration import PerfConstants, Rates
 from dayzero.planner.perf.fp8_scaling import BLOCK_DENSE_RATIO, BLOCK_GROUPED_RATIO
+from dayzero.planner.perf.kernel_level import unfused_elements
 from dayzero.specs.counting import (
     attention_flops_per_token,
     attention_params,
@@ -201,7 +202,10 @@ def _mixer_costs(spec: ModelSpec, x: _Shard, index: int, mixer: str, kind: str, 
 
 
 def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, moe_imbalance: float = 1.0,
-                  attention_kernel: str = "fused") -> ComputeCosts:
+                  attention_kernel: str = "fused", kernel_level: str = "fused") -> ComputeCosts:
+    """Compute seconds per micro-batch of every layer class (module docstring); ``kernel_level``:
+    the engine's fusion level of the memory-bound ops (:mod:`dayzero.planner.perf.kernel_level`,
+    fused: the reference the constants were fitted on)."""
     g = {k: np.asarray(v) for k, v in grid.items()}
     x, cast = _shard(g, rates, c)
     tp, cp, seq, T, rate_bf16 = x.tp, g["cp"].astype(float), single_seq(g), x.T, x.rate_bf16
@@ -218,6 +222,10 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
         m = _mixer_costs(spec, x, index, mixer, kind, seq, g["mbs"], cp, rates, c, attention_kernel)
         t_g, cast_el, mem_el, t_in, attn, attn_bwd = m.gemm_s, m.cast_el, m.mem_el, m.gemm_in_s, m.attn_s, m.attn_bwd_s
         bwd_el, core, up_g, up_el, blocks = m.bwd_el, m.core_s, m.up_gemm_s, m.up_el, m.blocks
+        # the engine's unfused bytes beyond the fused count (kernel_level), mixer block and FFN block
+        extra = unfused_elements(spec, kernel_level, T, x.T_el, tp, "attention" in mixer_parts(mixer),
+                                 *_ffn_rows(spec, kind, x, moe_imbalance))
+        mem_el, bwd_el = mem_el + extra.mixer_fwd, bwd_el + extra.mixer_bwd - 2 * extra.mixer_fwd
         mixer_g, mixer_mem, mixer_cast = t_g, mem_el, cast_el
         inside = {}  # forward seconds of parts of the FFN one recompute module replays
         if kind == "moe":
@@ -227,6 +235,7 @@ def compute_costs(spec: ModelSpec, grid: dict, rates: Rates, c: PerfConstants, m
             t_g, mem_el, cast_el, ffn_p, ep_, t_in_ffn = _dense_ffn(spec, x, t_g, mem_el, cast_el)
         else:
             ffn_p, ep_, t_in_ffn = 0, 0.0, 0.0
+        mem_el, bwd_el = mem_el + extra.ffn_fwd, bwd_el + extra.ffn_bwd - 2 * extra.ffn_fwd
         # replicated over dp x cp, split by tp: the mixer, the FFN's non-expert weights, one norm per block
         dp_ = (_mixer_params(spec, mixer) + ffn_p + blocks * norm_params(spec)) / tp
         gemm_in.append(t_in + t_in_ffn)
@@ -510,6 +519,18 @@ def _attention(spec: ModelSpec, index: int, seq: int, T, tp, mbs, cp, rates: Rat
     rate = rates.flash2_flops if kernel == "flash2" else rates.attention_flops
     fwd = T / tp * attention_flops_per_token(spec, seq, index, causal=True) / rate
     return fwd, 2.5 * fwd
+
+
+def _ffn_rows(spec: ModelSpec, kind: str, x: _Shard, moe_imbalance) -> tuple:
+    """(rows, per-device width, gated) of a layer's FFN activation, as :func:`_dense_ffn` and
+    :func:`_moe_ffn` count it (routed rows at the busiest device's imbalance; a MoE layer's shared
+    experts left out: their activation is a small share); (None, 0, False) without an FFN."""
+    if kind == "dense":
+        return x.T, spec.mlp.intermediate / x.tp, spec.mlp.gated
+    if kind == "moe":
+        moe = spec.moe
+        return x.T * moe.top_k / x.tp * moe_imbalance, moe.expert.intermediate, moe.expert.gated
+    return None, 0.0, False
 
 
 def _rows(rows, shape) -> np.ndarray:

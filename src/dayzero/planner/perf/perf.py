@@ -74,9 +74,15 @@ class PerfOptions:
     # H2D copies the layers' compute does not hide (MemoryOptions.activation_offload_layers drops
     # the bytes from the device); 0: off
     activation_offload_layers: int = 0
+    # the engine's fusion level of the memory-bound ops (planner.perf.kernel_level): fused
+    # (Megatron-Core + Transformer Engine, MindSpeed: the reference) | compile | eager
+    kernel_level: str = "fused"
 
     def __post_init__(self):
         from dayzero.planner.perf.fp8_scaling import FP8_SCALINGS
+        from dayzero.planner.perf.kernel_level import check_kernel_level
+
+        check_kernel_level(self.kernel_level)
 
         if self.activation_offload_layers < 0:
             from dayzero.planner.memory.activation_offload import check_activation_offload
@@ -99,7 +105,8 @@ class PerfOptions:
                 ep_dispatcher: str = "dedup", fp8_dispatch: bool = False,
                 fp8_scaling: str = "tensor", comm_sm_reserved: bool = False,
                 fp8_param_gather: bool = False, optimizer_offload: bool = False,
-                activation_offload_layers: int = 0) -> "PerfOptions":
+                activation_offload_layers: int = 0, kernel_level: str = "fused",
+                overlap_sm: bool = False) -> "PerfOptions":
         """The options of one run on ``cluster``: its efficiency constants (defaults, the cluster
         file's overrides, then a ``calibration`` file's), the overlap switches (``tp_overlap`` None:
         wherever Megatron-Core runs it, planner.perf.comm.tp_overlapped; ``ep_overlap`` None: wherever
@@ -110,8 +117,11 @@ class PerfOptions:
         overlapped compute runs on the SMs the communication kernels leave for the whole window
         (``comm_sm_reserved``, CommOptions.sm_reserved), and FP8 parameter all-gathers
         (``fp8_param_gather``, CommOptions.fp8_param_gather), the optimizer offloaded to the
-        host (``optimizer_offload``) and the saved activations of the first
-        ``activation_offload_layers`` layers of each model chunk (planner.memory.activation_offload)."""
+        host (``optimizer_offload``), the saved activations of the first
+        ``activation_offload_layers`` layers of each model chunk (planner.memory.activation_offload)
+        the engine's ``kernel_level`` (planner.perf.kernel_level) and whether every overlapped
+        collective takes its library's SM share from the compute (``overlap_sm``,
+        CommOptions.overlap_sm, planner.perf.overlap)."""
         from dayzero.errors import ConfigError
         from dayzero.planner.memory.memory_options import check_attention_kernel
         from dayzero.planner.perf.calibration import constants_for, load_calibration
@@ -130,9 +140,10 @@ class PerfOptions:
             constants = load_calibration(calibration, constants)
         comm = CommOptions(tp_overlap=tp_overlap, ep_overlap=ep_overlap, moe_imbalance=moe_imbalance,
                            moe_expert_cv=moe_expert_cv, ep_dispatcher=ep_dispatcher, fp8_dispatch=fp8_dispatch,
-                           sm_reserved=comm_sm_reserved, fp8_param_gather=fp8_param_gather)
+                           sm_reserved=comm_sm_reserved, fp8_param_gather=fp8_param_gather, overlap_sm=overlap_sm)
         return cls(comm=comm, constants=constants, attention_kernel=attention_kernel, fp8_scaling=fp8_scaling,
-                   optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload_layers)
+                   optimizer_offload=optimizer_offload, activation_offload_layers=activation_offload_layers,
+                   kernel_level=kernel_level)
 
     def with_expert_loads(self, spec: ModelSpec, expert_loads: str | None = None,
                           placement: str | None = None) -> "PerfOptions":
@@ -443,12 +454,13 @@ def evaluate(spec: ModelSpec, grid: dict, cluster: Cluster, options: PerfOptions
     def costs_of(grid, placed_groups=groups, c=None):
         if c is None:
             c = compute_costs(spec, grid, r, consts, options.comm.imbalance(grid["ep"], experts),
-                              options.attention_kernel)
+                              options.attention_kernel, options.kernel_level)
         return c, layer_comm(spec, grid, r, c, placed_groups, options.comm)
 
     # the rows whose cp exchange the search left open take the faster (comm.choose_cp_comm); the
     # compute does not depend on it
-    c0 = compute_costs(spec, g, r, consts, options.comm.imbalance(g["ep"], experts), options.attention_kernel)
+    c0 = compute_costs(spec, g, r, consts, options.comm.imbalance(g["ep"], experts), options.attention_kernel,
+                       options.kernel_level)
     g = choose_cp_comm(spec, g, r, c0, groups, options.comm)
     costs, litems, n_classes = partial_recompute(g, *costs_of(g, c=c0),
                                                  lambda sub, rows: costs_of(sub, groups.rows(rows)))
