@@ -1,4 +1,6 @@
-"""Numbers in published-runs columns: ``4``, ``8k`` (8192), ``1m``, ``128K``; blank means unknown."""
+"""Numbers in published-runs columns: ``4``, ``8k`` (8192), ``1m``, ``128K``; blank means unknown.
+A value followed by a remark in parentheses or brackets (``250680 (padded to 250880)``) reads as
+the number it starts with: the value the source states, its remark aside."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dayzero.errors import DayzeroError
 def whole(row: dict, key: str, default: int | None = None, strict: bool = True) -> int | None:
     """A positive whole-number column (``4``, ``8k`` = 8192, ``1m``); blank -> ``default``. Any other
     text is the row's skip reason (``strict``; lenient columns such as ``fsdp`` may hold words)."""
-    v = (row.get(key) or "").strip().replace(",", "")
+    v = stated(row, key)
     if not v:
         return default
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmM]?)", v)
@@ -26,10 +28,24 @@ def whole(row: dict, key: str, default: int | None = None, strict: bool = True) 
 def positive(row: dict, key: str) -> float | None:
     """A positive finite number, or None (blank or not a number)."""
     try:
-        v = float((row.get(key) or "").strip().replace(",", ""))
+        v = float(stated(row, key))
     except ValueError:
         return None
     return v if math.isfinite(v) and v > 0 else None
+
+
+_REMARK = re.compile(r"\s*[(\[][^()\[\]]*[)\]]\s*$")
+
+
+def stated(row: dict, key: str) -> str:
+    """The cell without thousands separators and without a trailing remark in parentheses or
+    brackets (``250680 (padded to 250880)`` -> ``250680``)."""
+    v = (row.get(key) or "").strip().replace(",", "")
+    while m := _REMARK.search(v):
+        if m.start() == 0:
+            break
+        v = v[:m.start()]
+    return v.strip()
 
 
 def text(row: dict, key: str) -> str:

@@ -52,13 +52,14 @@ from dayzero.planner.backtest.interconnect_text import read_interconnect
 from dayzero.planner.backtest.model_names import Candidate, annotations, best_match, parse_name
 from dayzero.planner.backtest.row_arch import NoArchitecture, UnsupportedLayers, model_of, table
 from dayzero.planner.backtest.row_memory import Engine, settle
+from dayzero.planner.backtest.row_metric import has_metric, tokens_from_utilization
+from dayzero.planner.backtest.row_text import devices_in, tokens_per_batch_in
 from dayzero.planner.backtest.run_features import Features, read_features
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.perf.comm import CommOptions
 from dayzero.planner.perf.perf import PerfOptions
 from dayzero.specs import layout_rules
 from dayzero.specs.cluster import Cluster, build_cluster
-from dayzero.specs.counting import flops_per_token
 from dayzero.specs.hardware import Accelerator, resolve_accelerator
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, even_split_fills, model_split
@@ -172,23 +173,6 @@ def published_tokens_per_device(row: dict, devices: int) -> float | None:
     return None
 
 
-def tokens_from_tflops(row: dict, spec: ModelSpec, seq: int, recompute: str, assumed: list[Assumption]) -> float | None:
-    """tokens/s per device from ``tflops_per_gpu`` (module docstring, measured value)."""
-    tflops = positive(row, "tflops_per_gpu")
-    if not tflops:
-        return None
-    definition = text(row, "tflops_definition").lower()
-    causal = "causal" in definition and "non-causal" not in definition and "noncausal" not in definition
-    per_token = flops_per_token(spec, seq, causal=causal).train
-    hardware = re.search(r"hardware|\bhfu\b|incl\w* recomput|with recomput", definition) and recompute == "full"
-    if hardware:
-        per_token *= 4 / 3
-    assumed.append(Assumption("throughput", f"tokens/s from tflops_per_gpu {tflops:g} / {per_token / 1e9:.4g} "
-                                            f"GFLOP per token ({'causal' if causal else 'full'} attention"
-                                            f"{', with the recompute forward' if hardware else ''})"))
-    return tflops * 1e12 / per_token
-
-
 def _degree(row: dict, key: str, feats: Features, assumed: list[Assumption]) -> int:
     v = whole(row, key)
     if v is not None:
@@ -228,15 +212,31 @@ def _recompute(row: dict, feats: Features) -> str | None:
 
 
 def _devices(row: dict, assumed: list[Assumption]) -> int:
+    """num_accelerators; else tp*pp*cp*dp; else total / per-device figures; else the count the
+    row's text states (:func:`row_text.devices_in`)."""
     devices = whole(row, "num_accelerators")
     if devices:
         return devices
     dp = whole(row, "dp")
-    if not dp:
-        raise Unpredictable("no device count", "num_accelerators blank (and no dp to count them from)")
-    devices = whole(row, "tp", 1) * whole(row, "pp", 1) * whole(row, "cp", 1) * dp
-    assumed.append(Assumption("layout", f"num_accelerators blank: tp*pp*cp*dp = {devices}"))
-    return devices
+    if dp:
+        devices = whole(row, "tp", 1) * whole(row, "pp", 1) * whole(row, "cp", 1) * dp
+        assumed.append(Assumption("layout", f"num_accelerators blank: tp*pp*cp*dp = {devices}"))
+        return devices
+    for total, per, what in (("tokens_per_sec_total", "tokens_per_sec_per_gpu", "tokens/s"),
+                             ("aggregate_pflops", "tflops_per_gpu", "FLOP/s")):
+        t, p = positive(row, total), positive(row, per)
+        scale = 1e3 if total == "aggregate_pflops" else 1.0
+        if t and p and round(t * scale / p) >= 1 and abs(t * scale / p - round(t * scale / p)) < 0.05 * t * scale / p:
+            devices = round(t * scale / p)
+            assumed.append(Assumption("layout", f"num_accelerators blank: {total} / {per} = {devices} ({what})"))
+            return devices
+    words = " ; ".join(text(row, k) for k in ("notes", "interconnect", "accelerator", "other_published_metric",
+                                               "workload"))
+    if found := devices_in(words):
+        assumed.append(Assumption("layout", f"num_accelerators blank: {found[0]} from the text {found[1]!r}"))
+        return found[0]
+    raise Unpredictable("no device count", "num_accelerators blank, and neither dp, total/per-device figures nor "
+                                           "the text ('on 1,024 GPUs', '64 nodes x 8') give a count")
 
 
 def _batch(row: dict, dp: int, assumed: list[Assumption]) -> tuple[int, int, int]:
@@ -248,6 +248,10 @@ def _batch(row: dict, dp: int, assumed: list[Assumption]) -> tuple[int, int, int
     if not mbs:
         mbs = 1
         assumed.append(Assumption("batch", "mbs blank: 1"))
+    stated_tokens = tokens_per_batch_in(f"{text(row, 'notes')} ; {text(row, 'other_published_metric')}")
+    if not gbs and stated_tokens and stated_tokens[0] >= seq:
+        gbs = max(1, round(stated_tokens[0] / seq))
+        assumed.append(Assumption("batch", f"gbs blank: {gbs} from the text {stated_tokens[1]!r} / seq {seq}"))
     if not gbs:
         ga = whole(row, "grad_accum", 1)
         per_step = mbs * dp  # gbs is a whole number of micro-batches per data-parallel rank
@@ -329,8 +333,9 @@ def case_of(row: dict) -> Case:
     assumed: list[Assumption] = []
     devices = _devices(row, assumed)
     published = published_tokens_per_device(row, devices)
-    if not published and not positive(row, "tflops_per_gpu"):
-        raise Unpredictable("no throughput", "no tokens/s, total tokens/s, step time or TFLOP/s per GPU published")
+    if not published and not has_metric(row):
+        raise Unpredictable("no throughput", "no tokens/s, total tokens/s, step time, TFLOP/s per GPU, MFU or HFU "
+                                             "published")
     acc = resolve_accelerator(row["accelerator"])
     if acc is None:
         raise Unpredictable("unknown accelerator", f"accelerator {row['accelerator']!r} is not in the catalog")
@@ -389,7 +394,12 @@ def case_of(row: dict) -> Case:
     settled = settle(spec, parallel, cluster, engine, recompute_stated=recompute is not None, options=options)
     parallel = settled.parallel
     assumed.extend(Assumption("memory", a) for a in settled.assumed)
-    published = published or tokens_from_tflops(row, spec, seq, parallel.recompute, assumed)
+    if not published:
+        converted = tokens_from_utilization(row, spec, seq, parallel.recompute, acc, prec)
+        if converted is None:
+            raise Unpredictable("no throughput", "the published utilisation is not a fraction in (0, 100] %")
+        published = converted[0]
+        assumed.append(Assumption("throughput", converted[1]))
     return Case(id=rid, source=text(row, "source"), spec=spec, cluster=cluster, parallel=parallel,
                 options=options, published=published,
                 full_layout=bool(text(row, "tp") and text(row, "pp")), model=arch.name, recipe=recipe,

@@ -1,0 +1,72 @@
+"""Counts a published row states in its free text rather than its columns: the device count
+("on 1,024 GPUs", "64 nodes x 8", "128 x 8 H100"), the batch in tokens ("tokens/batch = 16M",
+"4M tokens per batch", "global batch of 2M tokens") and an MFU ("MFU over 52 %", "69.0 % MFU").
+
+Every pattern is linear: single character classes under each quantifier, no nested repeats.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9}
+_BIN_SUFFIX = {"": 1, "k": 2**10, "m": 2**20, "b": 2**30}
+_NUM = r"(\d[\d,]*(?:\.\d+)?)"
+_DEVICE_WORDS = r"(?:gpus?|npus?|tpus?|accelerators?|devices?|chips?|cards?|dies|gcds?|xpus?|hpus?)"
+_DEVICES = re.compile(rf"{_NUM}(?:\s*[x×])?\s+(?!gb\b|tb\b|gib\b)(?:[A-Za-z][\w-]{{0,20}}\s+)?{_DEVICE_WORDS}\b",
+                      re.I)
+_NODES = re.compile(rf"{_NUM}\s*(?:nodes?|servers?|hosts?|machines?)\s*(?:x|\*|×|of|with)\s*{_NUM}\b", re.I)
+_PRODUCT = re.compile(rf"{_NUM}\s*[x×*]\s*{_NUM}\s+(?:[A-Za-z][\w-]{{0,20}}\s+)?{_DEVICE_WORDS}\b", re.I)
+_NODES_EACH = re.compile(rf"{_NUM}\s*(?:nodes?|servers?|hosts?|machines?)\b[^.;]{{0,40}}?\b{_NUM}\s*"
+                         rf"(?:[A-Za-z][\w-]{{0,20}}\s+)?{_DEVICE_WORDS}\s*(?:each|per\s+(?:node|server|host))",
+                         re.I)
+_TOKENS_PER_BATCH = re.compile(
+    rf"(?:tokens?\s*(?:/|per)\s*(?:global\s+)?(?:batch|step|iteration)\s*(?:=|:|of|is)?\s*~?{_NUM}\s*([kmb]?)\b)|"
+    rf"(?:~?{_NUM}\s*([kmb]?)\s*tokens?\s*(?:/|per)\s*(?:global\s+)?(?:batch|step|iteration)\b)|"
+    rf"(?:(?:global\s+)?batch(?:\s+size)?\s*(?:of|=|:)\s*~?{_NUM}\s*([kmb]?)\s*tokens\b)", re.I)
+_MFU = re.compile(rf"(?:\bmfu\b[^0-9.;]{{0,24}}?{_NUM}\s*%)|(?:{_NUM}\s*%\s*(?:model\s+flops?\s+utili[sz]ation|mfu)\b)",
+                  re.I)
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def devices_in(text: str) -> tuple[int, str] | None:
+    """The device count the text states and the phrase it was read from; None when none.
+    Nodes x devices per node wins over a bare count (it is the more specific statement)."""
+    for pattern in (_NODES, _NODES_EACH, _PRODUCT):
+        if m := pattern.search(text):
+            nodes, per = _number(m.group(1)), _number(m.group(2))
+            if nodes.is_integer() and per.is_integer() and nodes > 0 and per > 0:
+                return int(nodes * per), m.group(0).strip()
+    best = None
+    for m in _DEVICES.finditer(text):
+        n = _number(m.group(1))
+        if n.is_integer() and n >= 1 and (best is None or n > best[0]):
+            best = (int(n), m.group(0).strip())
+    return best
+
+
+def tokens_per_batch_in(text: str) -> tuple[int, str] | None:
+    """The global batch in tokens the text states ('16M' read as 16 x 2^20: sources that write
+    tokens per batch in M count powers of two, as Llama's 4M = 4,194,304), with its phrase."""
+    m = _TOKENS_PER_BATCH.search(text)
+    if not m:
+        return None
+    groups = [g for g in m.groups()]
+    for i in range(0, len(groups), 2):
+        if groups[i] is not None:
+            value, unit = _number(groups[i]), (groups[i + 1] or "").lower()
+            tokens = value * _BIN_SUFFIX[unit]
+            return (int(tokens), m.group(0).strip()) if tokens >= 1 else None
+    return None
+
+
+def mfu_in(text: str) -> tuple[float, str] | None:
+    """An MFU the text states, as a fraction, with its phrase ('MFU over 52 %' -> 0.52)."""
+    m = _MFU.search(text)
+    if not m:
+        return None
+    value = _number(m.group(1) or m.group(2))
+    return (value / 100, m.group(0).strip()) if 0 < value <= 100 else None
