@@ -101,8 +101,9 @@ def table() -> dict:
 
 @lru_cache(maxsize=1)
 def model_candidates() -> tuple[Candidate, ...]:
-    entries = tuple(Candidate(parse_name(e["name"]), "unsupported" if "unsupported" in e else "config", e["name"], e)
-                    for e in table()["models"])
+    # an entry's ``aliases`` are other names sources give the same model ("Megatron-Turing NLG" for MT-NLG)
+    entries = tuple(Candidate(parse_name(n), "unsupported" if "unsupported" in e else "config", e["name"], e)
+                    for e in table()["models"] for n in (e["name"], *e.get("aliases", ())))
     return preset_candidates() + entries
 
 
