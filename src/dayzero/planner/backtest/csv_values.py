@@ -34,7 +34,7 @@ def positive(row: dict, key: str) -> float | None:
     return v if math.isfinite(v) and v > 0 else None
 
 
-_REMARK = re.compile(r"\s*[(\[][^()\[\]]*[)\]]\s*$")
+_REMARK = re.compile(r"\s{0,8}[(\[][^()\[\]]{0,200}[)\]]\s{0,8}$")
 
 
 def stated(row: dict, key: str) -> str:

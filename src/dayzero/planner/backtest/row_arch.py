@@ -49,6 +49,7 @@ STANDARD_FFN_RATIO = 4
 STANDARD_HEAD_DIM = 128
 PARAMS_PER_LAYER_WIDTH2 = 12
 PARAMS_WARN = 0.25  # columns whose parameter count is this far from the row's total_params get a note
+VOCAB_ROUNDING = 0.01  # a round-thousand vocab_size this close to the named model's is its size written round
 
 
 class NoArchitecture(DayzeroError):
@@ -147,19 +148,23 @@ def model_of(row: dict) -> RowModel:
     layers = whole(row, "layers")
     if layers and layers != spec.layers:
         spec = spec.shrink(layers=layers)
-    vocab = stated_vocab(row)
+    vocab = stated_vocab(row, spec.vocab)
     if vocab and vocab != spec.vocab:
         notes.append(f"vocab_size {vocab} as the row states ({cand.target} has {spec.vocab})")
         spec = dataclasses.replace(spec, vocab=vocab)
     return RowModel(spec, cand.target, tuple(notes))
 
 
-def stated_vocab(row: dict) -> int | None:
-    """The row's ``vocab_size`` when written out in full; a rounded one (``128K``, ``32k``) is a
-    label, not the tokenizer's size, and leaves the named model's."""
+def stated_vocab(row: dict, named: int) -> int | None:
+    """The row's ``vocab_size`` when it states the size the run used; a rounded label (``128K``, or
+    a round thousand within :data:`VOCAB_ROUNDING` of the named model's: ``128000`` for Llama 3's
+    128256) leaves the named model's. A padded size (``51200`` for GPT-2's 50257) is the run's."""
     if re.search(r"\d\s*[kKmM]\b", text(row, "vocab_size")):
         return None
-    return whole(row, "vocab_size", strict=False)
+    v = whole(row, "vocab_size", strict=False)
+    if v is None or (v % 1000 == 0 and abs(v - named) <= VOCAB_ROUNDING * named):
+        return None
+    return v
 
 
 def disagreements(spec: ModelSpec, row: dict) -> str:

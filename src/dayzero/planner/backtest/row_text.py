@@ -2,7 +2,8 @@
 ("on 1,024 GPUs", "64 nodes x 8", "128 x 8 H100"), the batch in tokens ("tokens/batch = 16M",
 "4M tokens per batch", "global batch of 2M tokens") and an MFU ("MFU over 52 %", "69.0 % MFU").
 
-Every pattern is linear: single character classes under each quantifier, no nested repeats.
+Every pattern is linear in the text's length: no nested repeats, and every repeat bounded, so each
+start position costs a constant.
 """
 
 from __future__ import annotations
@@ -11,21 +12,25 @@ import re
 
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9}
 _BIN_SUFFIX = {"": 1, "k": 2**10, "m": 2**20, "b": 2**30}
-_NUM = r"(\d[\d,]*(?:\.\d+)?)"
+_NUM = r"(?<![\d.,])(\d[\d,]{0,15}(?:\.\d{1,6})?)"  # bounded: each start position costs O(1)
+_S = r"\s{0,3}"  # optional blanks
+_SP = r"\s{1,3}"  # required blanks
+_WORD = rf"(?:[A-Za-z][\w-]{{0,20}}{_SP})?"  # one optional word before the noun ("H100 GPUs")
 _DEVICE_WORDS = r"(?:gpus?|npus?|tpus?|accelerators?|devices?|chips?|cards?|dies|gcds?|xpus?|hpus?)"
-_DEVICES = re.compile(rf"{_NUM}(?:\s*[x×])?\s+(?!gb\b|tb\b|gib\b)(?:[A-Za-z][\w-]{{0,20}}\s+)?{_DEVICE_WORDS}\b",
-                      re.I)
-_NODES = re.compile(rf"{_NUM}\s*(?:nodes?|servers?|hosts?|machines?)\s*(?:x|\*|×|of|with)\s*{_NUM}\b", re.I)
-_PRODUCT = re.compile(rf"{_NUM}\s*[x×*]\s*{_NUM}\s+(?:[A-Za-z][\w-]{{0,20}}\s+)?{_DEVICE_WORDS}\b", re.I)
-_NODES_EACH = re.compile(rf"{_NUM}\s*(?:nodes?|servers?|hosts?|machines?)\b[^.;]{{0,40}}?\b{_NUM}\s*"
-                         rf"(?:[A-Za-z][\w-]{{0,20}}\s+)?{_DEVICE_WORDS}\s*(?:each|per\s+(?:node|server|host))",
-                         re.I)
+_HOSTS = r"(?:nodes?|servers?|hosts?|machines?)"
+_UNIT = r"([kmb]?)"
+_BATCH = rf"(?:global{_SP})?(?:batch|step|iteration)"
+_DEVICES = re.compile(rf"{_NUM}(?:{_S}[x×])?{_SP}(?!gb\b|tb\b|gib\b){_WORD}{_DEVICE_WORDS}\b", re.I)
+_NODES = re.compile(rf"{_NUM}{_S}{_HOSTS}{_S}(?:x|\*|×|of|with){_S}{_NUM}\b", re.I)
+_PRODUCT = re.compile(rf"{_NUM}{_S}[x×*]{_S}{_NUM}{_SP}{_WORD}{_DEVICE_WORDS}\b", re.I)
+_NODES_EACH = re.compile(rf"{_NUM}{_S}{_HOSTS}\b[^.;]{{0,40}}?\b{_NUM}{_S}{_WORD}{_DEVICE_WORDS}{_S}"
+                         rf"(?:each|per{_SP}(?:node|server|host))", re.I)
 _TOKENS_PER_BATCH = re.compile(
-    rf"(?:tokens?\s*(?:/|per)\s*(?:global\s+)?(?:batch|step|iteration)\s*(?:=|:|of|is)?\s*~?{_NUM}\s*([kmb]?)\b)|"
-    rf"(?:~?{_NUM}\s*([kmb]?)\s*tokens?\s*(?:/|per)\s*(?:global\s+)?(?:batch|step|iteration)\b)|"
-    rf"(?:(?:global\s+)?batch(?:\s+size)?\s*(?:of|=|:)\s*~?{_NUM}\s*([kmb]?)\s*tokens\b)", re.I)
-_MFU = re.compile(rf"(?:\bmfu\b[^0-9.;]{{0,24}}?{_NUM}\s*%)|(?:{_NUM}\s*%\s*(?:model\s+flops?\s+utili[sz]ation|mfu)\b)",
-                  re.I)
+    rf"(?:tokens?{_S}(?:/|per){_S}{_BATCH}{_S}(?:=|:|of|is)?{_S}~?{_NUM}{_S}{_UNIT}\b)|"
+    rf"(?:~?{_NUM}{_S}{_UNIT}{_S}tokens?{_S}(?:/|per){_S}{_BATCH}\b)|"
+    rf"(?:(?:global{_SP})?batch(?:{_SP}size)?{_S}(?:of|=|:){_S}~?{_NUM}{_S}{_UNIT}{_S}tokens\b)", re.I)
+_MFU = re.compile(rf"(?:\bmfu\b[^0-9.;]{{0,24}}?{_NUM}{_S}%)|"
+                  rf"(?:{_NUM}{_S}%{_S}(?:model{_SP}flops?{_SP}utili[sz]ation|mfu)\b)", re.I)
 
 
 def _number(text: str) -> float:
