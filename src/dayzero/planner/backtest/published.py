@@ -8,9 +8,10 @@ the row does not state is a documented default, returned with the case as an
 :class:`Assumption` so the report lists it. Reading the sources' conventions (see the data README):
 
 * model: :mod:`row_arch` (names by :mod:`model_names`; else the architecture columns).
-* cluster: the accelerator from the catalog; ``interconnect`` text read by
-  :mod:`interconnect_text` into the scale-up and scale-out tiers; a tier the text leaves open
-  keeps the catalog's rate (a blank column: the catalog's standard node, e.g. a DGX).
+* cluster: the accelerator from the catalog, as the row's accelerator text says it ran (a power
+  cap "500W", a memory size "96GB", one device per die: :mod:`dayzero.specs.accelerator_variant`);
+  ``interconnect`` text read by :mod:`interconnect_text` into the scale-up and scale-out tiers;
+  a tier the text leaves open keeps the catalog's rate (a blank column: the catalog's standard node, e.g. a DGX).
 * layout: ``tp pp dp cp ep etp vp`` as published; blank means the degree the framework text or
   the model name's annotations state (``TP2``), else 1 (``dp``: devices / (tp pp cp)); a
   blank ``num_accelerators`` is tp x pp x cp x dp. ``fsdp`` (Megatron/NeMo: a shard degree,
@@ -59,6 +60,7 @@ from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.perf.comm import CommOptions
 from dayzero.planner.perf.perf import PerfOptions
 from dayzero.specs import layout_rules
+from dayzero.specs.accelerator_variant import apply_variant, read_variant
 from dayzero.specs.cluster import Cluster, build_cluster
 from dayzero.specs.hardware import Accelerator, resolve_accelerator
 from dayzero.specs.model import ModelSpec
@@ -339,6 +341,8 @@ def case_of(row: dict) -> Case:
     acc = resolve_accelerator(row["accelerator"])
     if acc is None:
         raise Unpredictable("unknown accelerator", f"accelerator {row['accelerator']!r} is not in the catalog")
+    acc, variant_notes = apply_variant(acc, read_variant(row["accelerator"]))
+    assumed.extend(Assumption("accelerator", n) for n in variant_notes)
     arch = _arch(row)
     spec = train_mtp(arch.spec, text(row, "notes"))
     assumed.extend(Assumption("model", n) for n in arch.notes)
