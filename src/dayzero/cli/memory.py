@@ -21,6 +21,7 @@ from dayzero.cli.common import (
     MoeProbsOpt,
     MomentsOpt,
     OptimizerOffloadOpt,
+    PowerLimitOpt,
     PrecisionOpt,
     TrustRemoteCodeOpt,
     cluster_from_options,
@@ -69,6 +70,7 @@ def memory_cmd(
                                               "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    power_limit: PowerLimitOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
     balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp "
                                                             "1).")] = False,
@@ -120,7 +122,8 @@ def memory_cmd(
     from dayzero.specs.registry import load_model
 
     spec = load_model(model, trust_remote_code)
-    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps,
+                              power_limit=power_limit)
     par = layout.parallel(cl.devices, precision)
     if grad_dtype not in ("fp32", "bf16"):
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")

@@ -25,6 +25,7 @@ from dayzero.cli.common import (
     JsonOpt,
     MoeProbsOpt,
     MomentsOpt,
+    PowerLimitOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -151,6 +152,7 @@ def plan_cmd(
                                               "one.")] = DEFAULT_MODEL,
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    power_limit: PowerLimitOpt = None,
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.")] = 5,
@@ -210,7 +212,8 @@ def plan_cmd(
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     spec = load_model(model, trust_remote_code)
-    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER,
+                              power_limit=power_limit)
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
                                ep_dispatcher=dispatcher_option(ep_dispatcher, engine), fp8_dispatch=fp8_dispatch,

@@ -26,6 +26,7 @@ from dayzero.cli.common import (
     MoeProbsOpt,
     MomentsOpt,
     OptimizerOffloadOpt,
+    PowerLimitOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -104,6 +105,7 @@ def predict_cmd(
                                               "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    power_limit: PowerLimitOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = None,
                 ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
@@ -133,7 +135,8 @@ def predict_cmd(
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     spec = load_model(model, trust_remote_code)
-    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps,
+                              power_limit=power_limit)
     check_precision(precision, cl)
     opts = PerfOptions.for_run(cl, tp_overlap, ep_overlap, moe_imbalance, calibration, attention_kernel,
                                ep_dispatcher=dispatcher_option(ep_dispatcher), fp8_dispatch=fp8_dispatch,
