@@ -61,6 +61,16 @@ PowerLimitOpt = Annotated[Optional[float], typer.Option(
     "(docs/performance.md, accelerator variants).")]
 
 
+DocLenOpt = Annotated[Optional[int], typer.Option(
+    "--doc-len", min=1, help="Packed sequences with per-document causal masks (reset attention mask): the mean "
+    "document length in tokens; attention is priced over documents, not the window.")]
+
+
+def with_documents(spec, doc_len: int | None):
+    """``spec`` trained on packed documents of mean length ``doc_len`` (None: unchanged)."""
+    return spec if doc_len is None else dataclasses.replace(spec, document_length=doc_len)
+
+
 def cluster_from_options(cluster: str | None, accelerator: str | None, devices: int | None,
                          devices_per_node: int | None = None, inter_node_gbps: float | None = None,
                          default: str | None = None, power_limit: float | None = None) -> Cluster:

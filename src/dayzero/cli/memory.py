@@ -15,6 +15,7 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    DocLenOpt,
     Fp8ParamOpt,
     InterNodeOpt,
     JsonOpt,
@@ -31,6 +32,7 @@ from dayzero.cli.common import (
     model_notes,
     print_model_notes,
     takes_layout,
+    with_documents,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
 from dayzero.cli.render import FitTable, styled
@@ -70,7 +72,7 @@ def memory_cmd(
                                               "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    power_limit: PowerLimitOpt = None,
+    power_limit: PowerLimitOpt = None, doc_len: DocLenOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
     balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp "
                                                             "1).")] = False,
@@ -121,7 +123,7 @@ def memory_cmd(
     from dayzero.planner.predict import check_offload_layout
     from dayzero.specs.registry import load_model
 
-    spec = load_model(model, trust_remote_code)
+    spec = with_documents(load_model(model, trust_remote_code), doc_len)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps,
                               power_limit=power_limit)
     par = layout.parallel(cl.devices, precision)

@@ -18,6 +18,7 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    DocLenOpt,
     ElectricityOpt,
     FailuresOpt,
     HostOverheadOpt,
@@ -37,6 +38,7 @@ from dayzero.cli.common import (
     memory_recipe,
     model_notes,
     print_model_notes,
+    with_documents,
 )
 from dayzero.cli.next_steps import cluster_flags, print_next
 from dayzero.cli.predict import (
@@ -152,7 +154,7 @@ def plan_cmd(
                                               "one.")] = DEFAULT_MODEL,
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    power_limit: PowerLimitOpt = None,
+    power_limit: PowerLimitOpt = None, doc_len: DocLenOpt = None,
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.")] = 5,
@@ -211,7 +213,7 @@ def plan_cmd(
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
-    spec = load_model(model, trust_remote_code)
+    spec = with_documents(load_model(model, trust_remote_code), doc_len)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER,
                               power_limit=power_limit)
     check_precision(precision, cl)

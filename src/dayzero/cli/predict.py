@@ -17,6 +17,7 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    DocLenOpt,
     ElectricityOpt,
     FailuresOpt,
     Fp8ParamOpt,
@@ -40,6 +41,7 @@ from dayzero.cli.common import (
     model_notes,
     print_model_notes,
     takes_layout,
+    with_documents,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, run_step
 from dayzero.cli.render import FitTable, styled
@@ -105,7 +107,7 @@ def predict_cmd(
                                               "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
-    power_limit: PowerLimitOpt = None,
+    power_limit: PowerLimitOpt = None, doc_len: DocLenOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = None,
                 ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
@@ -134,7 +136,7 @@ def predict_cmd(
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
-    spec = load_model(model, trust_remote_code)
+    spec = with_documents(load_model(model, trust_remote_code), doc_len)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps,
                               power_limit=power_limit)
     check_precision(precision, cl)

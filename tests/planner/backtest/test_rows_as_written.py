@@ -154,3 +154,29 @@ def test_text_patterns_are_linear():
         t = time.perf_counter()
         devices_in(s), tokens_per_batch_in(s), mfu_in(s)
         assert time.perf_counter() - t < 1.0, s[:20]
+
+
+def test_packed_documents_against_the_closed_form(rows):
+    """Causal attention over documents of length d in a window of s costs s (d + 1) / 2 keys per
+    head dimension instead of s (s + 1) / 2: the attention FLOPs shrink by (d + 1) / (s + 1)."""
+    from dataclasses import replace
+
+    from dayzero.specs.counting import attention_flops_per_token
+
+    row = edited(rows, "R0383", notes="SFT, reset attention mask, mean document length 1024")
+    case = case_of(row)
+    s, d = case.parallel.seq, 1024
+    assert case.spec.document_length == d and s == 8192
+    assert any("1024 tokens" in a for a in assumed(case, "options"))
+    window = replace(case.spec, document_length=None)
+    for i in (0, case.spec.layers - 1):
+        packed = attention_flops_per_token(case.spec, s, i, causal=True)
+        full = attention_flops_per_token(window, s, i, causal=True)
+        a = window.attention
+        assert packed == pytest.approx(2 * (d + 1) / 2 * a.heads * (a.head_dim + a.v_head_dim))
+        assert packed / full == pytest.approx((d + 1) / (s + 1))
+    base = case_of(rows["R0383"])
+    assert predict_cases([case])[0] > predict_cases([base])[0]
+    no_len = case_of(edited(rows, "R0383", notes="reset attention mask"))
+    assert no_len.spec.document_length is None
+    assert any("without a document length" in a for a in assumed(no_len, "options"))

@@ -26,6 +26,9 @@ the row does not state is a documented default, returned with the case as an
   looped schedules).
 * batch: blank ``mbs`` is 1; blank ``gbs`` is total tokens/s x step time / seq when published,
   else mbs x dp x ``grad_accum`` (1 when blank); blank ``seq_len`` is 4096.
+* packed documents: notes saying "reset attention mask"/"document masking" with a mean document
+  length price attention over documents (``ModelSpec.document_length``); without a length, over
+  the window, listed.
 * precision: FP8 in any scaling recipe (per-tensor, current, block, MXFP8) or Float8 training
   named in the text runs GEMMs at the FP8 peak, NVFP4 at the FP4 peak, everything else BF16.
 * memory: the recompute setting and (Megatron family) the gradient-buffer precision a row leaves
@@ -54,7 +57,7 @@ from dayzero.planner.backtest.model_names import Candidate, annotations, best_ma
 from dayzero.planner.backtest.row_arch import NoArchitecture, UnsupportedLayers, model_of, table
 from dayzero.planner.backtest.row_memory import Engine, settle
 from dayzero.planner.backtest.row_metric import has_metric, tokens_from_utilization
-from dayzero.planner.backtest.row_text import devices_in, tokens_per_batch_in
+from dayzero.planner.backtest.row_text import devices_in, documents_in, tokens_per_batch_in
 from dayzero.planner.backtest.run_features import Features, read_features
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.perf.comm import CommOptions
@@ -103,6 +106,7 @@ class Case:
     memory: MemoryOptions = MemoryOptions()  # what the run's engine keeps (planner.backtest.row_memory)
     memory_fraction: float = 0.0  # predicted peak / device memory of the layout as settled
     recompute_stated: bool = False  # the row (or its text) states the recompute setting
+    engine: str = ""  # the training framework family (:func:`engine_of`): the error band's engine factor
 
     @property
     def gemm_precision(self) -> str:
@@ -372,6 +376,7 @@ def case_of(row: dict) -> Case:
     if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not sharded:
         raise Unpredictable("inconsistent layout", f"dp {stated_dp} disagrees with devices / (tp*pp*cp) = {dp}")
     mbs, gbs, seq = _batch(row, dp, assumed)
+    spec = _documents(row, spec, seq, assumed)
     recipe = recipe_of(row["precision"], feats.fp8, feats.mx)
     prec = "fp8" if recipe == "mxfp8" else recipe
     if prec != precision_of(row["precision"]):
@@ -408,7 +413,39 @@ def case_of(row: dict) -> Case:
                 options=options, published=published,
                 full_layout=bool(text(row, "tp") and text(row, "pp")), model=arch.name, recipe=recipe,
                 assumed=tuple(assumed), source_group=text(row, "source_group") or text(row, "source"),
-                memory=settled.memory, memory_fraction=settled.fraction, recompute_stated=recompute is not None)
+                memory=settled.memory, memory_fraction=settled.fraction, recompute_stated=recompute is not None,
+                engine=engine_of(row))
+
+
+ENGINE_WORDS = (("megatron", ("megatron", "nemo")), ("mindspeed", ("mindspeed",)), ("torchtitan", ("torchtitan",)),
+                ("deepspeed", ("deepspeed",)), ("llm-foundry", ("llm-foundry", "llmfoundry", "composer")),
+                ("maxtext", ("maxtext",)), ("fsdp", ("fsdp",)))
+
+
+def engine_of(row: dict) -> str:
+    """The framework family a row ran (megatron | mindspeed | torchtitan | deepspeed | llm-foundry |
+    maxtext | fsdp), by the first family the ``framework`` text names; the text itself otherwise."""
+    framework = text(row, "framework").lower()
+    for name, words in ENGINE_WORDS:
+        if any(w in framework for w in words):
+            return name
+    return framework or "unstated"
+
+
+def _documents(row: dict, spec: ModelSpec, seq: int, assumed: list[Assumption]) -> ModelSpec:
+    """``spec`` over the packed documents the row's text states (:func:`row_text.documents_in`)."""
+    found = documents_in(f"{text(row, 'notes')} ; {text(row, 'workload')} ; {text(row, 'other_published_metric')}")
+    if found is None:
+        return spec
+    length, phrase = found
+    if length is None:
+        assumed.append(Assumption("options", f"{phrase!r} without a document length: attention priced over the "
+                                             f"whole {seq}-token window (state 'mean document length N' to price "
+                                             "documents)"))
+        return spec
+    assumed.append(Assumption("options", f"packed documents of {length} tokens ({phrase!r}): attention over "
+                                         "documents, not the window"))
+    return replace(spec, document_length=length)
 
 
 def megatron_family(row: dict) -> bool:

@@ -1,6 +1,7 @@
 """Counts a published row states in its free text rather than its columns: the device count
 ("on 1,024 GPUs", "64 nodes x 8", "128 x 8 H100"), the batch in tokens ("tokens/batch = 16M",
-"4M tokens per batch", "global batch of 2M tokens") and an MFU ("MFU over 52 %", "69.0 % MFU").
+"4M tokens per batch", "global batch of 2M tokens"), an MFU ("MFU over 52 %", "69.0 % MFU") and
+packed documents ("reset attention mask", "document masking", "mean document length 2K").
 
 Every pattern is linear in the text's length: no nested repeats, and every repeat bounded, so each
 start position costs a constant.
@@ -31,6 +32,11 @@ _TOKENS_PER_BATCH = re.compile(
     rf"(?:(?:global{_SP})?batch(?:{_SP}size)?{_S}(?:of|=|:){_S}~?{_NUM}{_S}{_UNIT}{_S}tokens\b)", re.I)
 _MFU = re.compile(rf"(?:\bmfu\b[^0-9.;]{{0,24}}?{_NUM}{_S}%)|"
                   rf"(?:{_NUM}{_S}%{_S}(?:model{_SP}flops?{_SP}utili[sz]ation|mfu)\b)", re.I)
+
+_PACKED = re.compile(r"reset[-_ ]attention[-_ ]mask|document[-_ ]mask|packed|per[- ]document|"
+                     r"eod[-_ ]mask|intra[- ]document", re.I)
+_DOC_LEN = re.compile(rf"(?:doc(?:ument)?s?[-_ ]{{0,2}}(?:length|len){_S}(?:=|:|of|~|is)?{_S}~?{_NUM}{_S}([k]?)\b)|"
+                      rf"(?:documents?{_SP}of{_S}~?{_NUM}{_S}([k]?){_S}tokens\b)", re.I)
 
 
 def _number(text: str) -> float:
@@ -75,3 +81,18 @@ def mfu_in(text: str) -> tuple[float, str] | None:
         return None
     value = _number(m.group(1) or m.group(2))
     return (value / 100, m.group(0).strip()) if 0 < value <= 100 else None
+
+
+def documents_in(text: str) -> tuple[int | None, str] | None:
+    """Packed sequences with per-document masks the text states: (mean document length in tokens,
+    or None when it gives none; the phrase); None when the text does not say documents are masked."""
+    packed = _PACKED.search(text)
+    length = _DOC_LEN.search(text)
+    if not packed and not length:
+        return None
+    if length:
+        value = _number(length.group(1) or length.group(3))
+        unit = (length.group(2) if length.group(1) else length.group(4)) or ""
+        tokens = int(value * _BIN_SUFFIX[unit.lower()])
+        return (tokens if tokens >= 1 else None), length.group(0).strip()
+    return None, packed.group(0).strip()
