@@ -15,8 +15,10 @@ table without it falls back to the MAPE). It is widened where the plan extrapola
 fit saw, by the spread measured when that factor was left out (:data:`FACTORS`): for each factor,
 the held-out rows whose value of it (their engine, accelerator, vendor, GEMM precision; their
 device count above every other group's largest run) appears in no other source group, so the fit
-that predicted them had never seen it. Their 80th-percentile |error| replaces the base spread in
-quadrature: half-width = sqrt(base^2 + sum over the plan's factors of max(0, spread^2 - base^2)).
+that predicted them had never seen it. The base spread is that of the rows outside the fit on no
+factor (in-distribution), and a plan outside the fit takes the largest spread measured among its
+factors: half-width = max(base, spread of each factor it extrapolates). (The factors are not
+independent, the same rows leave out an engine and a card together, so they are not added.)
 A factor the shipped rows never left out (one vendor only) widens by the largest measured factor's
 spread, said so. The output names each factor that widened the band. The table's ``coverage``
 is the share of held-out rows inside their own band, computed the same way.
@@ -76,7 +78,7 @@ def summary(errors) -> dict:
     """n, MAPE, signed bias (median) and 90th percentile of |error| of relative errors."""
     a = np.asarray(list(errors), dtype=float)
     if a.size == 0:
-        return {"n": 0, "mape": None, "bias": None, "p90_abs_rel_error": None}
+        return {"n": 0, "mape": None, "bias": None, "p80_abs_rel_error": None, "p90_abs_rel_error": None}
     return {"n": int(a.size), "mape": float(np.abs(a).mean()), "bias": float(np.median(a)),
             "p80_abs_rel_error": float(np.percentile(np.abs(a), BAND_QUANTILE)),
             "p90_abs_rel_error": float(np.percentile(np.abs(a), 90))}
@@ -114,7 +116,7 @@ def widen(base: float, spreads: dict, factors: list[str]) -> tuple[float, tuple[
     """The half-width for a plan outside the fit on ``factors`` (module docstring) and the words
     naming each widening."""
     measured = [v["p80_abs_rel_error"] for v in spreads.values() if v.get("n") and v.get("p80_abs_rel_error")]
-    extra, said = 0.0, []
+    half, said = base, []
     for f in factors:
         cell = spreads.get(f, {})
         spread = cell.get("p80_abs_rel_error") if cell.get("n") else None
@@ -124,9 +126,9 @@ def widen(base: float, spreads: dict, factors: list[str]) -> tuple[float, tuple[
             how = f"{f} +-{spread:.1%} (never left out by the shipped rows: the widest measured factor's spread)"
         if spread is None:
             continue
-        extra += max(0.0, spread**2 - base**2)
+        half = max(half, spread)
         said.append(how)
-    return (base**2 + extra) ** 0.5, tuple(said)
+    return half, tuple(said)
 
 
 def row_factors(r: dict, rows: list[dict]) -> list[str]:
@@ -186,16 +188,21 @@ def error_table(rows: list[dict], iterations: int, command: str, date: str) -> d
     ``params`` also each cell's :func:`evidence`): overall, per family/precision and per group."""
     cells: dict[str, list[float]] = {}
     groups: dict[str, list[float]] = {}
-    for r in rows:
+    factored = all("group" in r and "devices" in r for r in rows)
+    # the base spread: rows the fit saw every factor of (module docstring); all rows when none are
+    within = [r for r in rows if not row_factors(r, rows)] if factored else rows
+    within = within if len(within) >= MIN_ROWS else rows
+    for r in within:
         cells.setdefault(f"{r['family']}/{r['gemm_precision']}", []).append(r["rel_error"])
+    for r in rows:
         groups.setdefault(r["group"], []).append(r["rel_error"])
     evidences = {}
     if rows and all("accelerator" in r for r in rows):
         evidences = {"overall": evidence(rows), **{k: evidence([r for r in rows if f"{r['family']}/"
                                                                 f"{r['gemm_precision']}" == k]) for k in cells}}
     by_cell = {k: summary(v) for k, v in sorted(cells.items())}
-    overall = summary(r["rel_error"] for r in rows)
-    spreads = factor_spreads(rows) if rows and all("group" in r and "devices" in r for r in rows) else {}
+    overall = summary(r["rel_error"] for r in within)
+    spreads = factor_spreads(rows) if rows and factored else {}
     return {"schema": SCHEMA, "definition": "leave-one-source-group-out relative error of tokens/s per device "
             "((predicted - published) / published); mape = mean |error|, bias = median error, p80 = the band's "
             "half-width", "date": date,
@@ -203,6 +210,7 @@ def error_table(rows: list[dict], iterations: int, command: str, date: str) -> d
             "overall": overall, "by_family_precision": by_cell,
             "by_group": {k: summary(v) for k, v in sorted(groups.items())}, "evidence": evidences,
             "factors": spreads, "fitted": fitted_values(rows) if spreads else {},
+            "all_rows": summary(r["rel_error"] for r in rows), "within_fit_rows": len(within),
             "coverage": coverage(rows, by_cell, overall, spreads, MIN_ROWS) if spreads else None}
 
 
@@ -290,3 +298,43 @@ def fitted_values(rows: list[dict]) -> dict:
     return {**{f: sorted({str(r[f]) for r in rows if r.get(f) is not None})
                for f in ("engine", "accelerator", "vendor", "gemm_precision")},
             "max_devices": max((r["devices"] for r in rows), default=0)}
+
+
+def calibrated_band(cal: dict, mfu: float, table: dict | None = None, accelerator: str | None = None,
+                    devices: int | None = None, engine: str | None = None) -> ErrorBand:
+    """The band of a plan priced with a team's calibration (``dayzero calibrate --runs``): its
+    leave-one-out residuals' 80th-percentile |error|, widened (by the shipped table's measured
+    factor spreads) only where the plan lies outside the team's runs: another engine or card, or
+    more devices than the largest run."""
+    base = float(cal["p80_abs_rel_error"])
+    factors = []
+    if engine is not None and cal.get("engines") and engine not in cal["engines"]:
+        factors.append("engine")
+    if accelerator is not None and cal.get("accelerators") and accelerator not in cal["accelerators"]:
+        factors.append("accelerator")
+    if devices is not None and cal.get("max_devices") and devices > cal["max_devices"]:
+        factors.append("scale")
+    half, said = widen(base, (table or {}).get("factors") or {}, factors)
+    return ErrorBand(key="calibrated", n=int(cal["n"]), mape=float(cal["mape"]), bias=float(cal["bias"]), mfu=mfu,
+                     low=mfu * max(0.0, 1 - half), high=mfu * (1 + half),
+                     note=f"leave-one-out on the team's runs ({cal.get('source', 'calibrate --runs')})",
+                     half_width=half, widened_by=said)
+
+
+def read_calibrated(path) -> dict | None:
+    """The ``error_band`` a calibration file written by ``dayzero calibrate --runs`` carries (None
+    for a file of constants only)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix != ".json":
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None  # load_calibration, which ran first, reports an unreadable file
+    band = data.get("error_band") if isinstance(data, dict) else None
+    if isinstance(band, dict) and all(isinstance(band.get(k), (int, float)) for k in ("n", "mape", "bias",
+                                                                                      "p80_abs_rel_error")):
+        return band
+    return None
