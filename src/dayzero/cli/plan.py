@@ -272,13 +272,10 @@ def plan_cmd(
     except FitError as e:  # this verb alone has the memory limit as a flag
         raise FitError(f"{e}; or raise --max-memory (now {max_memory:.0%})") from None
     obj = with_training(obj, cl, copt)
-    if calibration and obj.get("error_band"):
-        from dayzero.planner.search.error_band import calibrated_band, load_table, read_calibrated
+    if calibration and obj.get("error_band"):  # a calibrated plan's band: its runs' residuals (calibrate --runs)
+        from dayzero.planner.search.error_band import band_for
 
-        cal = read_calibrated(calibration)
-        if cal:  # the band of a calibrated plan is the calibrated residuals' (dayzero calibrate --runs)
-            obj["error_band"] = calibrated_band(cal, obj["error_band"]["mfu"], load_table(), cl.accelerator.id,
-                                                cl.devices, engine).to_dict()
+        obj["error_band"] = band_for(spec, cl, precision, obj["error_band"]["mfu"], engine, calibration).to_dict()
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})

@@ -161,11 +161,15 @@ def predict_cmd(
 
     check_offload_layout(spec, with_even_split(spec, par), activation_offload)
     obj = with_training(predict(spec, par, cl, opts, mopts), cl, copt)
+    from dayzero.planner.search.error_band import ErrorBand, band_for
+
+    obj["error_band"] = band_for(spec, cl, precision, obj["throughput"]["mfu"], None, calibration).to_dict()
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})
         return
     print_prediction(obj)
+    console.print(f"error band: {ErrorBand(**obj['error_band']).text()}", highlight=False)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
     print_next(console, next_for_layout(obj, model, where, cl))
 

@@ -338,3 +338,19 @@ def read_calibrated(path) -> dict | None:
                                                                                       "p80_abs_rel_error")):
         return band
     return None
+
+
+def band_for(spec, cluster, precision: str, mfu: float, engine: str | None = None,
+             calibration: str | None = None) -> ErrorBand:
+    """The band of one prediction: a ``calibration`` file's own residuals when it carries them
+    (``dayzero calibrate --runs``), else the shipped table's, conditioned on what the plan
+    extrapolates (module docstring)."""
+    from dayzero.specs.counting import params_total
+
+    table = load_table()
+    cal = read_calibrated(calibration) if calibration else None
+    acc = cluster.accelerator
+    if cal:
+        return calibrated_band(cal, mfu, table, acc.id, cluster.devices, engine)
+    return error_band(table, "moe" if spec.is_moe else "dense", precision, mfu, acc.id, cluster.devices,
+                      params_total(spec), engine=engine, vendor=acc.vendor)
