@@ -32,11 +32,11 @@ def calibrate_cmd(
                                                                                    "device name).")] = None,
     base: Annotated[Optional[str], typer.Option("--base", help="With --import-nccl-tests: a profile or preset to "
                                                                "extend.")] = None,
-    runs: Annotated[Optional[Path], typer.Option("--runs", help="Refit the planner's efficiency constants on your own "
-                                                               "measured runs (a CSV with the published-runs "
-                                                               "columns); --out FILE.json is then a --calibration "
-                                                               "file whose band is the runs' leave-one-out "
-                                                               "error.")] = None,
+    runs: Annotated[Optional[list[Path]], typer.Option("--runs", help="Refit the planner's efficiency constants on "
+                                                                     "your own measured runs (CSV files with the "
+                                                                     "published-runs columns; repeatable); --out "
+                                                                     "FILE.json is then a --calibration file whose "
+                                                                     "band is the runs' leave-one-out error.")] = None,
     device: DeviceOpt = None, backend: BackendOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -98,7 +98,7 @@ def calibrate_cmd(
                 "runs/host.yaml", why="keep the profile")])
 
 
-def _calibrate_runs(runs: Path, out: Path | None, json_out: bool) -> None:
+def _calibrate_runs(runs: list[Path], out: Path | None, json_out: bool) -> None:
     import json
 
     from dayzero.planner.backtest.own_runs import calibrate_runs
@@ -112,7 +112,7 @@ def _calibrate_runs(runs: Path, out: Path | None, json_out: bool) -> None:
                    "rows": result["rows"], "skipped": result["skipped"], "path": None if out is None else str(out)})
         return
     loo = result["leave_one_out"]
-    console.print(f"fitted on [bold]{loo['n']}[/bold] runs of {escape(str(runs))} (in-sample MAPE "
+    console.print(f"fitted on [bold]{loo['n']}[/bold] runs of {escape(', '.join(map(str, runs)))} (in-sample MAPE "
                   f"{result['in_sample_mape']:.1%}); leave-one-out MAPE [bold]{loo['mape']:.1%}[/bold], 80 % band "
                   f"+-{loo['p80_abs_rel_error']:.1%}, bias {loo['bias']:+.1%}", highlight=False)
     for sk in result["skipped"]:

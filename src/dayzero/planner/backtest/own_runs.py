@@ -24,15 +24,21 @@ from dayzero.planner.search.error_band import summary
 MIN_RUNS = 2  # leave-one-out needs another row to fit on
 
 
-def calibrate_runs(path: str | Path, start: PerfConstants | None = None, iterations: int = 60,
+def calibrate_runs(paths, start: PerfConstants | None = None, iterations: int = 60,
                    loo_iterations: int = 20) -> dict:
-    """Fit on every row of ``path``, then leave each row out (module docstring). Returns the
-    constants, the in-sample and leave-one-out summaries, each row's held-out error and the
-    skipped rows with their reasons."""
-    if str(path).endswith((".jsonl", ".json")):
-        raise ConfigError(str(path), None, "calibrate --runs reads a published-runs CSV (the columns of "
-                                           "published_runs_dev.csv); write each run as one row")
-    cases, skips = load_cases(path)
+    """Fit on every row of ``paths`` (one CSV or several), then leave each row out (module
+    docstring). Returns the constants, the in-sample and leave-one-out summaries, each row's
+    held-out error and the skipped rows with their reasons."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    cases, skips = [], []
+    for path in paths:
+        if str(path).endswith((".jsonl", ".json")):
+            raise ConfigError(str(path), None, "calibrate --runs reads a published-runs CSV (the columns of "
+                                               "published_runs_dev.csv); write each run as one row")
+        c, s = load_cases(path)
+        cases += c
+        skips += s
+    path = ", ".join(map(str, paths))
     if len(cases) < MIN_RUNS:
         raise ConfigError(str(path), None, f"{len(cases)} predictable row(s) (skipped: "
                           f"{'; '.join(f'{s.id}: {s.reason}' for s in skips) or 'none'}); leave-one-out needs at "
