@@ -32,6 +32,11 @@ def calibrate_cmd(
                                                                                    "device name).")] = None,
     base: Annotated[Optional[str], typer.Option("--base", help="With --import-nccl-tests: a profile or preset to "
                                                                "extend.")] = None,
+    runs: Annotated[Optional[list[Path]], typer.Option("--runs", help="Refit the planner's efficiency constants on "
+                                                                     "your own measured runs (CSV files with the "
+                                                                     "published-runs columns; repeatable); --out "
+                                                                     "FILE.json is then a --calibration file whose "
+                                                                     "band is the runs' leave-one-out error.")] = None,
     device: DeviceOpt = None, backend: BackendOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -41,6 +46,8 @@ def calibrate_cmd(
 
     Example: [bold]dayzero calibrate --nproc 8 --out runs/host.yaml[/bold], then [bold]dayzero predict tiny-llama
     --cluster runs/host.yaml --dp 8[/bold].
+    Your own runs: [bold]dayzero calibrate --runs runs.csv --out runs/calibration.json[/bold], then
+    [bold]dayzero plan MODEL --calibration runs/calibration.json[/bold].
     Import nccl-tests: [bold]dayzero calibrate --import-nccl-tests all_reduce_perf.txt --import-nccl-tests
     all_gather_perf.txt --accelerator h100 --out runs/h100.yaml[/bold]
     """
@@ -50,6 +57,9 @@ def calibrate_cmd(
         prepare_output(out, "--out")
     from dayzero.errors import ConfigError
 
+    if runs:
+        _calibrate_runs(runs, out, json_out)
+        return
     if nccl_tests:
         from dayzero.validate.nccl_tests import import_runs
         from dayzero.validate.profile import write_profile
@@ -86,6 +96,31 @@ def calibrate_cmd(
                 "runs/validate/tiny-llama", why="measured vs predicted on this machine") if path else
         Step.of("dayzero", "calibrate", "--nproc", nproc, *(["--quick"] if quick else []), "--out",
                 "runs/host.yaml", why="keep the profile")])
+
+
+def _calibrate_runs(runs: list[Path], out: Path | None, json_out: bool) -> None:
+    import json
+
+    from dayzero.planner.backtest.own_runs import calibrate_runs
+
+    result = calibrate_runs(runs)
+    doc = {"constants": result["constants"].to_dict(), "error_band": result["error_band"]}
+    if out:
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+    if json_out:
+        emit_json({**doc, "in_sample_mape": result["in_sample_mape"], "leave_one_out": result["leave_one_out"],
+                   "rows": result["rows"], "skipped": result["skipped"], "path": None if out is None else str(out)})
+        return
+    loo = result["leave_one_out"]
+    console.print(f"fitted on [bold]{loo['n']}[/bold] runs of {escape(', '.join(map(str, runs)))} (in-sample MAPE "
+                  f"{result['in_sample_mape']:.1%}); leave-one-out MAPE [bold]{loo['mape']:.1%}[/bold], 80 % band "
+                  f"+-{loo['p80_abs_rel_error']:.1%}, bias {loo['bias']:+.1%}", highlight=False)
+    for sk in result["skipped"]:
+        console.print(f"  skipped {escape(sk['id'])}: {escape(sk['reason'])}", highlight=False)
+    if out:
+        console.print(f"wrote {out} (use as --calibration {out})")
+        print_next(console, [Step.of("dayzero", "plan", "--calibration", out, why="plan with your runs' constants "
+                                     "and their error band")])
 
 
 def _next(path, nccl_tests, accelerator, base, name) -> Step:

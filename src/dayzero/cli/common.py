@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from typing import Annotated, Any, Optional
@@ -10,6 +11,7 @@ import typer
 from rich.console import Console
 
 from dayzero.jsonable import dumps
+from dayzero.specs.accelerator_variant import power_capped
 from dayzero.specs.cluster import Cluster, resolve_cluster
 
 console = Console()
@@ -65,12 +67,31 @@ InterNodeOpt = Annotated[Optional[float], typer.Option("--inter-node-gbps", help
                                                                                  "--accelerator.")]
 
 
+PowerLimitOpt = Annotated[Optional[float], typer.Option(
+    "--power-limit", help="Watts each device is capped at (nvidia-smi -pl): peak FLOP/s scale as (W/TDP)^(1/3) "
+    "(docs/performance.md, accelerator variants).")]
+
+
+DocLenOpt = Annotated[Optional[int], typer.Option(
+    "--doc-len", min=1, help="Packed sequences with per-document causal masks (reset attention mask): the mean "
+    "document length in tokens; attention is priced over documents, not the window.")]
+
+
+def with_documents(spec, doc_len: int | None):
+    """``spec`` trained on packed documents of mean length ``doc_len`` (None: unchanged)."""
+    return spec if doc_len is None else dataclasses.replace(spec, document_length=doc_len)
+
+
 def cluster_from_options(cluster: str | None, accelerator: str | None, devices: int | None,
                          devices_per_node: int | None = None, inter_node_gbps: float | None = None,
-                         default: str | None = None) -> Cluster:
+                         default: str | None = None, power_limit: float | None = None) -> Cluster:
     if not cluster and not accelerator and default:
         cluster = default
-    return resolve_cluster(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
+    cl = resolve_cluster(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
+    if power_limit is None:
+        return cl
+    capped, note = power_capped(cl.accelerator, power_limit)
+    return dataclasses.replace(cl, accelerator=capped, description=f"{cl.description} {note}".strip())
 
 
 # -- parallel layout options (memory, predict, train, validate) -------------------------------

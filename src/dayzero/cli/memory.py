@@ -15,12 +15,14 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    DocLenOpt,
     Fp8ParamOpt,
     InterNodeOpt,
     JsonOpt,
     MoeProbsOpt,
     MomentsOpt,
     OptimizerOffloadOpt,
+    PowerLimitOpt,
     PrecisionOpt,
     TrustRemoteCodeOpt,
     cluster_from_options,
@@ -30,6 +32,7 @@ from dayzero.cli.common import (
     model_notes,
     print_model_notes,
     takes_layout,
+    with_documents,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
 from dayzero.cli.render import FitTable, styled
@@ -69,6 +72,7 @@ def memory_cmd(
                                               "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    power_limit: PowerLimitOpt = None, doc_len: DocLenOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16",
     balance: Annotated[bool, typer.Option("--balance", help="Split layers over stages to minimise the peak (vpp "
                                                             "1).")] = False,
@@ -119,8 +123,9 @@ def memory_cmd(
     from dayzero.planner.predict import check_offload_layout
     from dayzero.specs.registry import load_model
 
-    spec = load_model(model, trust_remote_code)
-    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
+    spec = with_documents(load_model(model, trust_remote_code), doc_len)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps,
+                              power_limit=power_limit)
     par = layout.parallel(cl.devices, precision)
     if grad_dtype not in ("fp32", "bf16"):
         raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")

@@ -18,6 +18,7 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    DocLenOpt,
     ElectricityOpt,
     FailuresOpt,
     HostOverheadOpt,
@@ -25,6 +26,7 @@ from dayzero.cli.common import (
     JsonOpt,
     MoeProbsOpt,
     MomentsOpt,
+    PowerLimitOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -36,6 +38,7 @@ from dayzero.cli.common import (
     memory_recipe,
     model_notes,
     print_model_notes,
+    with_documents,
 )
 from dayzero.cli.next_steps import cluster_flags, print_next
 from dayzero.cli.predict import (
@@ -153,6 +156,7 @@ def plan_cmd(
                                               "one.")] = DEFAULT_MODEL,
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    power_limit: PowerLimitOpt = None, doc_len: DocLenOpt = None,
     gbs: ScenarioGbsOpt = DEFAULT_GBS, seq: ScenarioSeqOpt = 4096,
     precision: PrecisionOpt = "bf16",
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.")] = 5,
@@ -212,8 +216,9 @@ def plan_cmd(
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
-    spec = load_model(model, trust_remote_code)
-    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
+    spec = with_documents(load_model(model, trust_remote_code), doc_len)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER,
+                              power_limit=power_limit)
     check_precision(precision, cl)
     if not engine:  # a vendor with an engine of its own (Huawei: MindSpeed) is planned for it
         from dayzero.planner.engines import default_engine
@@ -275,6 +280,10 @@ def plan_cmd(
     except FitError as e:  # this verb alone has the memory limit as a flag
         raise FitError(f"{e}; or raise --max-memory (now {max_memory:.0%})") from None
     obj = with_training(obj, cl, copt)
+    if calibration and obj.get("error_band"):  # a calibrated plan's band: its runs' residuals (calibrate --runs)
+        from dayzero.planner.search.error_band import band_for
+
+        obj["error_band"] = band_for(spec, cl, precision, obj["error_band"]["mfu"], engine, calibration).to_dict()
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})

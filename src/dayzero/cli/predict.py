@@ -17,6 +17,7 @@ from dayzero.cli.common import (
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
+    DocLenOpt,
     ElectricityOpt,
     FailuresOpt,
     Fp8ParamOpt,
@@ -28,6 +29,7 @@ from dayzero.cli.common import (
     MomentsOpt,
     OptimizerOffloadOpt,
     OverlapSmOpt,
+    PowerLimitOpt,
     PriceOpt,
     PueOpt,
     TokensOpt,
@@ -41,6 +43,7 @@ from dayzero.cli.common import (
     model_notes,
     print_model_notes,
     takes_layout,
+    with_documents,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next, run_step
 from dayzero.cli.render import FitTable, styled
@@ -106,6 +109,7 @@ def predict_cmd(
                                               "one.")],
     cluster: ClusterOpt = None, accelerator: AcceleratorOpt = None, devices: DevicesOpt = None,
     devices_per_node: DevicesPerNodeOpt = None, inter_node_gbps: InterNodeOpt = None,
+    power_limit: PowerLimitOpt = None, doc_len: DocLenOpt = None,
     layout: LayoutOptions = LayoutOptions(), precision: PrecisionOpt = "bf16", tp_overlap: TpOverlapOpt = None,
                 ep_overlap: EpOverlapOpt = None, ep_dispatcher: EpDispatcherOpt = None,
     fp8_scaling: Fp8RecipeOpt = "tensor", fp8_dispatch: Fp8DispatchOpt = False, comm_sm_reserved: SmReservedOpt = False,
@@ -135,8 +139,9 @@ def predict_cmd(
     from dayzero.specs.registry import load_model
 
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
-    spec = load_model(model, trust_remote_code)
-    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps)
+    spec = with_documents(load_model(model, trust_remote_code), doc_len)
+    cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps,
+                              power_limit=power_limit)
     check_precision(precision, cl)
     from dayzero.planner.engines import default_engine, with_engine_overlaps
 
@@ -164,11 +169,15 @@ def predict_cmd(
 
     check_offload_layout(spec, with_even_split(spec, par), activation_offload)
     obj = with_training(predict(spec, par, cl, opts, mopts), cl, copt)
+    from dayzero.planner.search.error_band import ErrorBand, band_for
+
+    obj["error_band"] = band_for(spec, cl, precision, obj["throughput"]["mfu"], None, calibration).to_dict()
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**obj, **model_notes(spec)})
         return
     print_prediction(obj)
+    console.print(f"error band: {ErrorBand(**obj['error_band']).text()}", highlight=False)
     where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
     print_next(console, next_for_layout(obj, model, where, cl))
 

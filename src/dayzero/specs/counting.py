@@ -261,7 +261,12 @@ def fp8_scale_elements(spec: ModelSpec) -> int:
 # -- FLOPs -------------------------------------------------------------------------------------
 
 def attention_context(spec: ModelSpec, seq: int, index: int, causal: bool) -> float:
-    """Average number of keys a query attends to in layer ``index``."""
+    """Average number of keys a query attends to in layer ``index``. Packed documents of mean
+    length d (``spec.document_length``) bound the context as a sequence of d would: causal
+    attention over documents of length d in a window of s costs s (d + 1) / 2 keys per head
+    dimension instead of s (s + 1) / 2."""
+    if spec.document_length and spec.document_length < seq:
+        seq = spec.document_length
     window = spec.layer_windows[index]
     if causal:
         if window and window < seq:  # first w queries see (i+1) keys, the rest see w

@@ -53,6 +53,7 @@ class Accelerator:
     # measured memory overheads of a profiled machine (dayzero calibrate); None: the planner's defaults
     runtime_context_bytes: int | None = None
     comm_buffer_bytes: int | None = None
+    dies_per_package: int = 1  # compute dies a device packages (the catalog's dies_per_package; 910C: 2)
 
     def peak(self, precision: str = "bf16") -> float:
         """Dense peak FLOP/s; FP8 falls back to BF16 on cards without FP8 units, FP4 (NVFP4/MXFP4)
@@ -163,7 +164,8 @@ def _from_entry(e: dict) -> Accelerator:
         intra_node_bw=None if intra is None else intra * 1e9, intra_node_p2p_bw=None if p2p is None else p2p * 1e9,
         inter_node_bw=None if inter is None else inter * 1e9 / 8, tdp_w=e.get("tdp_w"),
         gemm_flops_measured=gemm, allreduce_busbw_intra=None if busbw is None else busbw * 1e9,
-        assumptions=tuple(assumptions), sources=tuple(e.get("sources", [])))
+        assumptions=tuple(assumptions), sources=tuple(e.get("sources", [])),
+        dies_per_package=int(e.get("dies_per_package") or 1))
 
 
 @lru_cache(maxsize=1)

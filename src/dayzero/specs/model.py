@@ -244,6 +244,11 @@ class ModelSpec:
     # "recurrent" | "none"); empty means softmax attention in every layer
     recurrent: RecurrentSpec | None = None
     layer_mixers: tuple[str, ...] = ()
+    # packed sequences with per-document causal masks (Megatron --reset-attention-mask, document
+    # masking): the mean document length in tokens; a query attends within its document only, so
+    # attention works over documents, not the window (specs.counting.attention_context). None: the
+    # whole window is one sequence
+    document_length: int | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):

@@ -42,7 +42,9 @@ def test_band_uses_the_family_precision_cell_else_the_overall_figure_with_a_note
     t = error_table(_rows(), 20, "cmd", "2026-12-01")
     b = error_band(t, "dense", "bf16", 0.40)
     assert (b.key, b.n, b.note) == ("dense/bf16", 5, "") and MIN_ROWS == 5
-    assert b.low == pytest.approx(0.40 * 0.85) and b.high == pytest.approx(0.40 * 1.15)
+    # the 80 % band: the 80th percentile of |e| = .05 .1 .1 .2 .3 -> 0.2 + 0.2 x 0.1 = 0.22
+    assert b.half_width == pytest.approx(0.22) and b.mape == pytest.approx(0.15)
+    assert b.low == pytest.approx(0.40 * 0.78) and b.high == pytest.approx(0.40 * 1.22)
     f = error_band(t, "moe", "fp8", 0.30)  # 2 rows < MIN_ROWS
     assert f.key == "overall" and f.n == 7 and "only 2 held-out moe/fp8 rows" in f.note
     assert error_band(t, "dense", "fp4", 0.3).key == "overall"  # no row at all
@@ -62,7 +64,8 @@ def test_the_shipped_table_has_the_schema_and_the_command_that_made_it():
     raw = json.loads(reference_data("backtest_error.json").read_text())
     assert t == raw and t["schema"] == SCHEMA and "bench_holdout.py" in t["command"] and "--table" in t["command"]
     assert t["overall"]["n"] == sum(c["n"] for c in t["by_family_precision"].values())
-    assert t["overall"]["n"] == sum(c["n"] for c in t["by_group"].values()) and len(t["by_group"]) >= 2
+    every = t.get("all_rows", t["overall"])  # overall: the in-distribution rows the band's base rests on
+    assert every["n"] == sum(c["n"] for c in t["by_group"].values()) and len(t["by_group"]) >= 2
     assert {k.split("/")[0] for k in t["by_family_precision"]} == {"dense", "moe"}
 
 

@@ -3,10 +3,13 @@
 Reading order: ``csv_values`` (numbers as the columns write them), ``model_names`` (model names ->
 dayzero architectures, with ``data/published_models.json``), ``row_arch`` (a row's architecture),
 ``interconnect_text`` (a row's interconnect statement -> the two tiers' bandwidth),
-``run_features`` (training features stated in words -> options), ``row_memory`` (what a run kept
-in memory, and the settings a row leaves blank chosen so it fits), ``published`` (rows -> cases:
-spec, cluster, layout, options, measured tokens/s) and ``backtest`` (:func:`run_backtest`, the
-error per row and group, and the fit of the efficiency constants).
+``run_features`` (training features stated in words -> options), ``row_text`` (device counts,
+tokens per batch, MFU and packed documents stated in the notes), ``row_metric`` (any published
+metric -> tokens/s per device under its FLOP definition), ``row_memory`` (what a run kept in
+memory, and the settings a row leaves blank chosen so it fits), ``published`` (rows -> cases:
+spec, cluster, layout, options, measured tokens/s), ``backtest`` (:func:`run_backtest`, the
+error per row and group, and the fit of the efficiency constants) and ``own_runs`` (a team's runs
+refit the constants, with their leave-one-out error: ``dayzero calibrate --runs``).
 """
 
 from dayzero.planner.exports import lazy_exports

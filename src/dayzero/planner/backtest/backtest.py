@@ -237,7 +237,7 @@ def hold_out(cases: list[Case], g: str, start: PerfConstants, iterations: int, s
              "rel_error": (float(pred) - case.published) / case.published,
              # what the row covers, for the error band's evidence (planner.error_band.evidence)
              "accelerator": case.cluster.accelerator.id, "devices": case.cluster.devices,
-             "params": params_total(case.spec)}
+             "params": params_total(case.spec), "vendor": case.cluster.accelerator.vendor, "engine": case.engine}
             for case, pred in zip(held, predict_cases(held, constants))]
     return rows, {f: getattr(constants, f) for f in FIT_FIELDS}, free
 

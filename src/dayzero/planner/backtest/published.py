@@ -8,9 +8,10 @@ the row does not state is a documented default, returned with the case as an
 :class:`Assumption` so the report lists it. Reading the sources' conventions (see the data README):
 
 * model: :mod:`row_arch` (names by :mod:`model_names`; else the architecture columns).
-* cluster: the accelerator from the catalog; ``interconnect`` text read by
-  :mod:`interconnect_text` into the scale-up and scale-out tiers; a tier the text leaves open
-  keeps the catalog's rate (a blank column: the catalog's standard node, e.g. a DGX).
+* cluster: the accelerator from the catalog, as the row's accelerator text says it ran (a power
+  cap "500W", a memory size "96GB", one device per die: :mod:`dayzero.specs.accelerator_variant`);
+  ``interconnect`` text read by :mod:`interconnect_text` into the scale-up and scale-out tiers;
+  a tier the text leaves open keeps the catalog's rate (a blank column: the catalog's standard node, e.g. a DGX).
 * layout: ``tp pp dp cp ep etp vp`` as published; blank means the degree the framework text or
   the model name's annotations state (``TP2``), else 1 (``dp``: devices / (tp pp cp)); a
   blank ``num_accelerators`` is tp x pp x cp x dp. ``fsdp`` (Megatron/NeMo: a shard degree,
@@ -29,6 +30,9 @@ the row does not state is a documented default, returned with the case as an
   looped schedules).
 * batch: blank ``mbs`` is 1; blank ``gbs`` is total tokens/s x step time / seq when published,
   else mbs x dp x ``grad_accum`` (1 when blank); blank ``seq_len`` is 4096.
+* packed documents: notes saying "reset attention mask"/"document masking" with a mean document
+  length price attention over documents (``ModelSpec.document_length``); without a length, over
+  the window, listed.
 * precision: FP8 in any scaling recipe (per-tensor, current, block, MXFP8) or Float8 training
   named in the text runs GEMMs at the FP8 peak, NVFP4 at the FP4 peak, everything else BF16.
 * memory: the recompute setting and (Megatron family) the gradient-buffer precision a row leaves
@@ -56,13 +60,15 @@ from dayzero.planner.backtest.interconnect_text import read_interconnect
 from dayzero.planner.backtest.model_names import Candidate, annotations, best_match, parse_name
 from dayzero.planner.backtest.row_arch import NoArchitecture, UnsupportedLayers, model_of, table
 from dayzero.planner.backtest.row_memory import Engine, settle
+from dayzero.planner.backtest.row_metric import has_metric, tokens_from_utilization
+from dayzero.planner.backtest.row_text import devices_in, documents_in, tokens_per_batch_in
 from dayzero.planner.backtest.run_features import Features, read_features
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.perf.comm import CommOptions
 from dayzero.planner.perf.perf import PerfOptions
 from dayzero.specs import layout_rules
+from dayzero.specs.accelerator_variant import apply_variant, read_variant
 from dayzero.specs.cluster import Cluster, build_cluster
-from dayzero.specs.counting import flops_per_token
 from dayzero.specs.hardware import Accelerator, resolve_accelerator
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig, even_split_fills, model_split
@@ -104,6 +110,7 @@ class Case:
     memory: MemoryOptions = MemoryOptions()  # what the run's engine keeps (planner.backtest.row_memory)
     memory_fraction: float = 0.0  # predicted peak / device memory of the layout as settled
     recompute_stated: bool = False  # the row (or its text) states the recompute setting
+    engine: str = ""  # the training framework family (:func:`engine_of`): the error band's engine factor
 
     @property
     def gemm_precision(self) -> str:
@@ -176,23 +183,6 @@ def published_tokens_per_device(row: dict, devices: int) -> float | None:
     return None
 
 
-def tokens_from_tflops(row: dict, spec: ModelSpec, seq: int, recompute: str, assumed: list[Assumption]) -> float | None:
-    """tokens/s per device from ``tflops_per_gpu`` (module docstring, measured value)."""
-    tflops = positive(row, "tflops_per_gpu")
-    if not tflops:
-        return None
-    definition = text(row, "tflops_definition").lower()
-    causal = "causal" in definition and "non-causal" not in definition and "noncausal" not in definition
-    per_token = flops_per_token(spec, seq, causal=causal).train
-    hardware = re.search(r"hardware|\bhfu\b|incl\w* recomput|with recomput", definition) and recompute == "full"
-    if hardware:
-        per_token *= 4 / 3
-    assumed.append(Assumption("throughput", f"tokens/s from tflops_per_gpu {tflops:g} / {per_token / 1e9:.4g} "
-                                            f"GFLOP per token ({'causal' if causal else 'full'} attention"
-                                            f"{', with the recompute forward' if hardware else ''})"))
-    return tflops * 1e12 / per_token
-
-
 def _degree(row: dict, key: str, feats: Features, assumed: list[Assumption]) -> int:
     v = whole(row, key)
     if v is not None:
@@ -232,15 +222,31 @@ def _recompute(row: dict, feats: Features) -> str | None:
 
 
 def _devices(row: dict, assumed: list[Assumption]) -> int:
+    """num_accelerators; else tp*pp*cp*dp; else total / per-device figures; else the count the
+    row's text states (:func:`row_text.devices_in`)."""
     devices = whole(row, "num_accelerators")
     if devices:
         return devices
     dp = whole(row, "dp")
-    if not dp:
-        raise Unpredictable("no device count", "num_accelerators blank (and no dp to count them from)")
-    devices = whole(row, "tp", 1) * whole(row, "pp", 1) * whole(row, "cp", 1) * dp
-    assumed.append(Assumption("layout", f"num_accelerators blank: tp*pp*cp*dp = {devices}"))
-    return devices
+    if dp:
+        devices = whole(row, "tp", 1) * whole(row, "pp", 1) * whole(row, "cp", 1) * dp
+        assumed.append(Assumption("layout", f"num_accelerators blank: tp*pp*cp*dp = {devices}"))
+        return devices
+    for total, per, what in (("tokens_per_sec_total", "tokens_per_sec_per_gpu", "tokens/s"),
+                             ("aggregate_pflops", "tflops_per_gpu", "FLOP/s")):
+        t, p = positive(row, total), positive(row, per)
+        scale = 1e3 if total == "aggregate_pflops" else 1.0
+        if t and p and round(t * scale / p) >= 1 and abs(t * scale / p - round(t * scale / p)) < 0.05 * t * scale / p:
+            devices = round(t * scale / p)
+            assumed.append(Assumption("layout", f"num_accelerators blank: {total} / {per} = {devices} ({what})"))
+            return devices
+    words = " ; ".join(text(row, k) for k in ("notes", "interconnect", "accelerator", "other_published_metric",
+                                               "workload"))
+    if found := devices_in(words):
+        assumed.append(Assumption("layout", f"num_accelerators blank: {found[0]} from the text {found[1]!r}"))
+        return found[0]
+    raise Unpredictable("no device count", "num_accelerators blank, and neither dp, total/per-device figures nor "
+                                           "the text ('on 1,024 GPUs', '64 nodes x 8') give a count")
 
 
 def _batch(row: dict, dp: int, assumed: list[Assumption]) -> tuple[int, int, int]:
@@ -252,6 +258,10 @@ def _batch(row: dict, dp: int, assumed: list[Assumption]) -> tuple[int, int, int
     if not mbs:
         mbs = 1
         assumed.append(Assumption("batch", "mbs blank: 1"))
+    stated_tokens = tokens_per_batch_in(f"{text(row, 'notes')} ; {text(row, 'other_published_metric')}")
+    if not gbs and stated_tokens and stated_tokens[0] >= seq:
+        gbs = max(1, round(stated_tokens[0] / seq))
+        assumed.append(Assumption("batch", f"gbs blank: {gbs} from the text {stated_tokens[1]!r} / seq {seq}"))
     if not gbs:
         ga = whole(row, "grad_accum", 1)
         per_step = mbs * dp  # gbs is a whole number of micro-batches per data-parallel rank
@@ -333,11 +343,14 @@ def case_of(row: dict) -> Case:
     assumed: list[Assumption] = []
     devices = _devices(row, assumed)
     published = published_tokens_per_device(row, devices)
-    if not published and not positive(row, "tflops_per_gpu"):
-        raise Unpredictable("no throughput", "no tokens/s, total tokens/s, step time or TFLOP/s per GPU published")
+    if not published and not has_metric(row):
+        raise Unpredictable("no throughput", "no tokens/s, total tokens/s, step time, TFLOP/s per GPU, MFU or HFU "
+                                             "published")
     acc = resolve_accelerator(row["accelerator"])
     if acc is None:
         raise Unpredictable("unknown accelerator", f"accelerator {row['accelerator']!r} is not in the catalog")
+    acc, variant_notes = apply_variant(acc, read_variant(row["accelerator"]))
+    assumed.extend(Assumption("accelerator", n) for n in variant_notes)
     arch = _arch(row)
     spec = train_mtp(arch.spec, text(row, "notes"))
     assumed.extend(Assumption("model", n) for n in arch.notes)
@@ -367,6 +380,7 @@ def case_of(row: dict) -> Case:
     if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not sharded:
         raise Unpredictable("inconsistent layout", f"dp {stated_dp} disagrees with devices / (tp*pp*cp) = {dp}")
     mbs, gbs, seq = _batch(row, dp, assumed)
+    spec = _documents(row, spec, seq, assumed)
     recipe = recipe_of(row["precision"], feats.fp8, feats.mx)
     prec = "fp8" if recipe == "mxfp8" else recipe
     if prec != precision_of(row["precision"]):
@@ -397,12 +411,49 @@ def case_of(row: dict) -> Case:
     settled = settle(spec, parallel, cluster, engine, recompute_stated=recompute is not None, options=options)
     parallel = settled.parallel
     assumed.extend(Assumption("memory", a) for a in settled.assumed)
-    published = published or tokens_from_tflops(row, spec, seq, parallel.recompute, assumed)
+    if not published:
+        converted = tokens_from_utilization(row, spec, seq, parallel.recompute, acc, prec)
+        if converted is None:
+            raise Unpredictable("no throughput", "the published utilisation is not a fraction in (0, 100] %")
+        published = converted[0]
+        assumed.append(Assumption("throughput", converted[1]))
     return Case(id=rid, source=text(row, "source"), spec=spec, cluster=cluster, parallel=parallel,
                 options=options, published=published,
                 full_layout=bool(text(row, "tp") and text(row, "pp")), model=arch.name, recipe=recipe,
                 assumed=tuple(assumed), source_group=text(row, "source_group") or text(row, "source"),
-                memory=settled.memory, memory_fraction=settled.fraction, recompute_stated=recompute is not None)
+                memory=settled.memory, memory_fraction=settled.fraction, recompute_stated=recompute is not None,
+                engine=engine_of(row))
+
+
+ENGINE_WORDS = (("megatron", ("megatron", "nemo")), ("mindspeed", ("mindspeed",)), ("torchtitan", ("torchtitan",)),
+                ("deepspeed", ("deepspeed",)), ("llm-foundry", ("llm-foundry", "llmfoundry", "composer")),
+                ("maxtext", ("maxtext",)), ("fsdp", ("fsdp",)))
+
+
+def engine_of(row: dict) -> str:
+    """The framework family a row ran (megatron | mindspeed | torchtitan | deepspeed | llm-foundry |
+    maxtext | fsdp), by the first family the ``framework`` text names; the text itself otherwise."""
+    framework = text(row, "framework").lower()
+    for name, words in ENGINE_WORDS:
+        if any(w in framework for w in words):
+            return name
+    return framework or "unstated"
+
+
+def _documents(row: dict, spec: ModelSpec, seq: int, assumed: list[Assumption]) -> ModelSpec:
+    """``spec`` over the packed documents the row's text states (:func:`row_text.documents_in`)."""
+    found = documents_in(f"{text(row, 'notes')} ; {text(row, 'workload')} ; {text(row, 'other_published_metric')}")
+    if found is None:
+        return spec
+    length, phrase = found
+    if length is None:
+        assumed.append(Assumption("options", f"{phrase!r} without a document length: attention priced over the "
+                                             f"whole {seq}-token window (state 'mean document length N' to price "
+                                             "documents)"))
+        return spec
+    assumed.append(Assumption("options", f"packed documents of {length} tokens ({phrase!r}): attention over "
+                                         "documents, not the window"))
+    return replace(spec, document_length=length)
 
 
 def megatron_family(row: dict) -> bool:

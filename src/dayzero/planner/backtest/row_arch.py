@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -42,7 +43,13 @@ from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec
 from dayzero.specs.registry import load_model
 
 DEFAULT_VOCAB = 32000  # Llama 1/2 and Mistral tokenizers; a blank vocab_size with no family entry
+# Brown et al. 2020 (GPT-3), Table 2.1: d_ff = 4 x d_model, head dimension 128 at 13B and 175B;
+# Kaplan et al. 2020 (Scaling laws), section 2.1: non-embedding parameters ~ 12 x layers x d_model^2
+STANDARD_FFN_RATIO = 4
+STANDARD_HEAD_DIM = 128
+PARAMS_PER_LAYER_WIDTH2 = 12
 PARAMS_WARN = 0.25  # columns whose parameter count is this far from the row's total_params get a note
+VOCAB_ROUNDING = 0.01  # a round-thousand vocab_size this close to the named model's is its size written round
 
 
 class NoArchitecture(DayzeroError):
@@ -95,8 +102,9 @@ def table() -> dict:
 
 @lru_cache(maxsize=1)
 def model_candidates() -> tuple[Candidate, ...]:
-    entries = tuple(Candidate(parse_name(e["name"]), "unsupported" if "unsupported" in e else "config", e["name"], e)
-                    for e in table()["models"])
+    # an entry's ``aliases`` are other names sources give the same model ("Megatron-Turing NLG" for MT-NLG)
+    entries = tuple(Candidate(parse_name(n), "unsupported" if "unsupported" in e else "config", e["name"], e)
+                    for e in table()["models"] for n in (e["name"], *e.get("aliases", ())))
     return preset_candidates() + entries
 
 
@@ -140,7 +148,23 @@ def model_of(row: dict) -> RowModel:
     layers = whole(row, "layers")
     if layers and layers != spec.layers:
         spec = spec.shrink(layers=layers)
+    vocab = stated_vocab(row, spec.vocab)
+    if vocab and vocab != spec.vocab:
+        notes.append(f"vocab_size {vocab} as the row states ({cand.target} has {spec.vocab})")
+        spec = dataclasses.replace(spec, vocab=vocab)
     return RowModel(spec, cand.target, tuple(notes))
+
+
+def stated_vocab(row: dict, named: int) -> int | None:
+    """The row's ``vocab_size`` when it states the size the run used; a rounded label (``128K``, or
+    a round thousand within :data:`VOCAB_ROUNDING` of the named model's: ``128000`` for Llama 3's
+    128256) leaves the named model's. A padded size (``51200`` for GPT-2's 50257) is the run's."""
+    if re.search(r"\d\s*[kKmM]\b", text(row, "vocab_size")):
+        return None
+    v = whole(row, "vocab_size", strict=False)
+    if v is None or (v % 1000 == 0 and abs(v - named) <= VOCAB_ROUNDING * named):
+        return None
+    return v
 
 
 def disagreements(spec: ModelSpec, row: dict) -> str:
@@ -173,12 +197,21 @@ def from_columns(row: dict) -> tuple[ModelSpec, tuple[str, ...]]:
     layers, hidden, heads = (whole(row, k) for k in ("layers", "hidden_size", "attention_heads"))
     ffn = whole(row, "ffn_hidden_size")
     notes = []
+    experts = whole(row, "moe_num_experts", strict=False)
+    moe = experts is not None and experts > 1
+    if not moe:
+        layers, hidden = _depth_width(row, layers, hidden, notes)
     ratio = (family or {}).get("ffn_hidden_ratio")
     if not ffn and hidden and ratio:
         ffn = int(ratio * hidden)
         notes.append(f"ffn_hidden_size blank: {ratio} x hidden_size = {ffn} ({fam.candidate.target} family)")
-    experts = whole(row, "moe_num_experts", strict=False)
-    moe = experts is not None and experts > 1
+    if not ffn and hidden and not moe:
+        ffn = STANDARD_FFN_RATIO * hidden
+        notes.append(f"ffn_hidden_size blank: {STANDARD_FFN_RATIO} x hidden_size = {ffn} assumed (the GPT-3 ratio)")
+    if hidden and not heads and hidden % STANDARD_HEAD_DIM == 0:
+        heads = hidden // STANDARD_HEAD_DIM
+        notes.append(f"attention_heads blank: hidden_size / {STANDARD_HEAD_DIM} = {heads} assumed (head "
+                     f"dimension {STANDARD_HEAD_DIM}, as GPT-3 175B, Llama and most models above 10B)")
     missing = [k for k, v in (("layers", layers), ("hidden_size", hidden), ("attention_heads", heads)) if not v]
     if not moe and not ffn:
         missing.append("ffn_hidden_size")
@@ -235,6 +268,27 @@ def from_columns(row: dict) -> tuple[ModelSpec, tuple[str, ...]]:
     if stated and abs(built - stated) > PARAMS_WARN * stated:
         notes.append(f"the columns give {built / 1e9:.3g}B parameters, total_params says {text(row, 'total_params')}")
     return spec, tuple(notes)
+
+
+def _depth_width(row: dict, layers: int | None, hidden: int | None, notes: list[str]) -> tuple:
+    """A blank ``layers`` or ``hidden_size`` from the row's ``total_params`` and the other one, by
+    the standard ratio params ~ 12 x layers x hidden^2 (Kaplan et al. 2020; GPT-3's shapes), the
+    width rounded to a multiple of the head dimension; stated as assumed."""
+    if layers and hidden:
+        return layers, hidden
+    params = size_value(parse_name(f"x {text(row, 'total_params')}").size)
+    if not params or not (layers or hidden):
+        return layers, hidden
+    if hidden:
+        layers = max(1, round(params / (PARAMS_PER_LAYER_WIDTH2 * hidden**2)))
+        notes.append(f"layers blank: {layers} from total_params {text(row, 'total_params')} = "
+                     f"{PARAMS_PER_LAYER_WIDTH2} x layers x hidden^2 (assumed)")
+    else:
+        width = (params / (PARAMS_PER_LAYER_WIDTH2 * layers)) ** 0.5
+        hidden = max(1, round(width / STANDARD_HEAD_DIM)) * STANDARD_HEAD_DIM
+        notes.append(f"hidden_size blank: {hidden} from total_params {text(row, 'total_params')} = "
+                     f"{PARAMS_PER_LAYER_WIDTH2} x layers x hidden^2 (assumed)")
+    return layers, hidden
 
 
 def replace_size(mlp: MLPSpec, intermediate: int) -> MLPSpec:

@@ -373,7 +373,9 @@ def plan(spec: ModelSpec, cluster: Cluster, gbs: int, seq: int, precision: str =
         from dayzero.specs.counting import params_total
 
         extra["error_band"] = error_band(load_table(), kind, precision, plans[0]["throughput"]["mfu"],
-                                         cluster.accelerator.id, cluster.devices, params_total(spec)).to_dict()
+                                         cluster.accelerator.id, cluster.devices, params_total(spec),
+                                         engine=space.engine if space else None,
+                                         vendor=cluster.accelerator.vendor).to_dict()
         extra["sensitivity"] = sensitivity(spec, cluster, options, result.candidates)
     if cloud:
         extra["candidates"] = [{"layout": p.to_dict(), "step_s": float(t), "peak_bytes": float(m)}
