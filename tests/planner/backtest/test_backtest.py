@@ -128,3 +128,5 @@ def test_row_defaults_are_what_the_named_engine_runs(framework, year, overlap, s
     assert c.options.comm.tp_overlap is overlap
     assert c.parallel.sequence_parallel is sp
     assert c.options.attention_kernel == kernel
+    # PyTorch-native engines run the memory-bound ops unfused (planner.perf.kernel_level)
+    assert (c.options.kernel_level == "eager") is framework.startswith("torchtitan")

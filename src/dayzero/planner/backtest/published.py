@@ -65,6 +65,7 @@ from dayzero.planner.backtest.row_text import devices_in, documents_in, tokens_p
 from dayzero.planner.backtest.run_features import Features, read_features
 from dayzero.planner.memory.memory_options import MemoryOptions
 from dayzero.planner.perf.comm import CommOptions
+from dayzero.planner.perf.kernel_level import engine_kernel_level
 from dayzero.planner.perf.perf import PerfOptions
 from dayzero.specs import layout_rules
 from dayzero.specs.accelerator_variant import apply_variant, read_variant
@@ -491,9 +492,10 @@ def _options(row: dict, recipe: str, feats: Features) -> PerfOptions:
     # 4K ones, which unfused attention (quadratic work on every layer) cannot
     foundry = "foundry" in framework or "mosaic" in text(row, "source").lower()
     kernel = feats.kernel or ("flash2" if foundry else "fused" if megatron_core(row) else default_kernel(row))
+    # the memory-bound kernels as the engine runs them: fused, compiled or eager (planner.perf.kernel_level)
     return PerfOptions(comm=CommOptions(tp_overlap=userbuffers(row) or feats.tp_overlap,
                                         ep_overlap=bridge or feats.ep_overlap),
-                       attention_kernel=kernel)
+                       attention_kernel=kernel, kernel_level=engine_kernel_level(text(row, "framework")))
 
 
 def _year(row: dict) -> int | None:
