@@ -234,3 +234,14 @@ def test_cli_plan_export_import_on_an_a3_cluster(tmp_path, capsys):
     if best["parallel"]["ep"] > 1:
         meg = json.loads(run(["export", str(plan_file), "--to", "megatron", "--json"]))
         assert "deepep" not in meg["files"][megatron.ARGS_FILE] and any("DeepEP" in u for u in meg["unexpressed"])
+
+
+def test_the_plans_next_step_export_runs_with_the_optimizer_offload(tmp_path):
+    """`dayzero plan` on an Ascend cluster ends with `export --to mindspeed ... --optimizer-offload`
+    where its plan offloads the optimizer: MindSpeed writes it as --swap-optimizer."""
+    from dayzero.cli.app import main
+
+    out = tmp_path / "ms"
+    assert main(["export", "llama-3.1-8b", "--to", "mindspeed", "--tp", "8", "--pp", "2", "--dp", "4", "--gbs", "64",
+                 "--zero", "1", "--sequence-parallel", "--optimizer-offload", "--devices", "64", "-o", str(out)]) == 0
+    assert "--swap-optimizer" in (out / "mindspeed_args.txt").read_text().split()

@@ -22,7 +22,7 @@ from pathlib import Path
 from unittest import mock
 
 # one card of each family the catalog has a software stack for: CUDA, ROCm (HIP registered as
-# CUDA), Ascend (CANN, the example-npu manifest)
+# CUDA), Ascend (CANN, the npu manifest built from torch_npu's operator lists)
 FAMILIES = (("cuda", "h100"), ("rocm", "mi300x"), ("ascend", "910b"))
 DEVICES = 1024  # every preset fits on 1,024 of each (benchmarks/RESULTS.md, the sweep's row)
 SECTIONS = ("model", "cluster", "scenario", "operators", "search", "plans", "candidates", "best", "checks", "training",

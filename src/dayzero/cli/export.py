@@ -157,10 +157,13 @@ def export_cmd(
              "--exclude-from": exclude_from, "--exclude": exclude, "--cpus-per-node": cpus_per_node,
              "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim,
              "--rank-table": rank_table, "--engine": engine, "--data": data}
-    for flag, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload),
-                     ("--activation-offload", activation_offload)):
-        if on and to != "megatron":
-            raise ConfigError(flag, None, f"only --to megatron writes it, not {to}")
+    if optimizer_offload and to == "mindspeed":  # MindSpeed offloads the optimizer with --swap-optimizer
+        parallel = parallel.with_(optimizer_offload=True)
+    for flag, on, writers in (("--fp8-param-gather", fp8_params, ("megatron",)),
+                              ("--optimizer-offload", optimizer_offload, ("megatron", "mindspeed")),
+                              ("--activation-offload", activation_offload, ("megatron",))):
+        if on and to not in writers:
+            raise ConfigError(flag, None, f"only --to {' or '.join(writers)} writes it, not {to}")
     writer = _writer(to)
     from dayzero.specs.registry import model_config
 
@@ -190,7 +193,7 @@ def export_cmd(
         if unused:
             raise ConfigError(unused[0], None, f"is a scheduler option (--to {' | '.join(SCHEDULERS)}), not {to}'s")
         extra = {k: True for k, on in (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
-                 if on}
+                 if on and to == "megatron"}  # mindspeed reads the offload from the layout (set above)
         if activation_offload:
             extra["activation_offload_layers"] = activation_offload
         if to == "deepspeed":

@@ -77,6 +77,9 @@ def manifest_for(accelerator) -> tuple[str, str]:
     vendor = (accelerator.vendor or "").lower()
     if any(v in vendor for v in CUDA_VENDORS):
         return "cuda", f"{accelerator.vendor} cards run PyTorch's CUDA dispatch key (ROCm registers HIP as CUDA)"
+    if "huawei" in vendor:
+        return "npu", ("Ascend cards run torch_npu's PrivateUse1 kernels: the shipped npu manifest, built from "
+                       "torch_npu's published operator lists (ops/manifests/npu.yaml)")
     return "example-npu", (f"no shipped manifest for {accelerator.vendor or accelerator.id}: the illustrative "
                            "example-npu (Core ATen + composite kernels); give your backend's own with "
                            "dayzero ops --manifest FILE")
