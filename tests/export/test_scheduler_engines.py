@@ -181,7 +181,8 @@ def test_hostile_values_run_no_payload_in_the_sbatch_script(engine, device, tmp_
     data = f"{t}/data $(touch {t}/P4) \"'; touch {t}/P5 `touch {t}/P6` $HOME"
     extra = {"device": "npu", "rank_table": f"{t}/table $(touch {t}/P8)`touch {t}/P9`.json"} if device == "npu" else {}
     job = _job(engine, run_dir=run_dir, data=data, partition=f"p;touch${{IFS}}{t}/P7", name="dz", **extra)
-    exp = slurm.export(load_model(MODEL), FSDP, job=job, model_config=model_config(MODEL))
+    model = MODELS.get(engine, MODEL)
+    exp = slurm.export(load_model(model), FSDP, job=job, model_config=model_config(model))
     script = tmp_path / "job.sbatch"
     script.write_text(exp.files[slurm.SCRIPT_FILE])
     assert subprocess.run([bash, "-n", str(script)], capture_output=True).returncode == 0

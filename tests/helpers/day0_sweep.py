@@ -142,8 +142,10 @@ def problems(o: Outcome, json_out: bool = False) -> list[str]:
         if not o.out.lstrip().startswith("Day 0:") and "Day 0:" not in o.out:
             bad.append("no summary printed")
         # a line may pass the width only where one word (a --layer-split list of a copyable command) is longer
+        # (or one flag and its value: a copyable command breaks between pairs, never inside one)
         wide = [line for line in o.out.splitlines()
-                if len(line) > WIDTH and max(len(w) for w in line.split()) < WIDTH - 12]
+                if len(line) > WIDTH and max(len(w) for w in line.split()) < WIDTH - 12
+                and len([w for w in line.split() if w != "\\"]) > 2]
         if wide:
             bad.append(f"{len(wide)} line(s) over {WIDTH} columns: {wide[0]!r}")
     op = r.get("operators", {})
