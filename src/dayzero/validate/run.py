@@ -28,6 +28,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from dayzero.errors import LayoutError
+from dayzero.jsonable import finite as json_finite
+from dayzero.jsonable import plain as json_plain
 from dayzero.planner.targets import MEMORY_TARGET
 from dayzero.runtime.config import ModelSection, OptimizerSection, TrainConfig
 from dayzero.specs.cluster import Cluster
@@ -159,12 +161,14 @@ def measure(ranks: list[dict], spec: ModelSpec, parallel: ParallelConfig, cluste
     flops = flops_per_token(spec, parallel.seq, causal=True).train * parallel.gbs * parallel.seq
     mfu = flops / step_time / (len(ranks) * peak_flops(cluster, compute_dtype))
     losses = [r["loss"] for r in r0]
-    return {"step_time_s": step_time, "step_times_s": [r["step_time_s"] for r in r0],
-            "comm_ratio": float(statistics.mean(ratios)) if ratios else 0.0,
-            "comm_ratio_max": max(ratios) if ratios else 0.0,
-            "peak_memory_bytes": max(peaks), "peak_memory_per_rank": peaks, "mfu": mfu,
-            "model_flops_per_step": flops, "losses": losses,
-            "loss_trend": loss_trend(losses).to_dict()}
+    # a diverged run measures non-finite losses: a measurement, kept as null (the loss trend says
+    # ``finite: false`` and fails), unlike a computed number, which the strict JSON writer refuses
+    return json_finite(json_plain({
+        "step_time_s": step_time, "step_times_s": [r["step_time_s"] for r in r0],
+        "comm_ratio": float(statistics.mean(ratios)) if ratios else 0.0,
+        "comm_ratio_max": max(ratios) if ratios else 0.0,
+        "peak_memory_bytes": max(peaks), "peak_memory_per_rank": peaks, "mfu": mfu, "model_flops_per_step": flops,
+        "losses": losses, "loss_trend": loss_trend(losses).to_dict()}))
 
 
 def record_of(request: ValidationRequest, spec: ModelSpec, measured: dict, label: str | None = None) -> dict:
