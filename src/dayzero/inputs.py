@@ -54,16 +54,21 @@ def _refuse(p: Path, mode: int, hint: str) -> ConfigError:
     return ConfigError(str(p), None, f"is {kind}; {what}" + (f" ({hint})" if hint else ""))
 
 
+def _stat(p: Path, kind: str, hint: str) -> os.stat_result:
+    """``os.stat`` of ``p`` (symlinks followed), or a one-line ConfigError: ``kind`` not found, or unreadable."""
+    try:
+        return os.stat(p)
+    except FileNotFoundError:
+        raise ConfigError(str(p), None, f"{kind} not found" + (f"; {hint}" if hint else "")) from None
+    except OSError as e:
+        raise ConfigError(str(p), None, f"cannot read: {e.strerror or e}") from None
+
+
 def check_regular(path: str | Path, hint: str = "") -> os.stat_result:
     """``os.stat`` of ``path`` when it is a regular file (symlinks followed); a one-line
     ConfigError naming the path and its type otherwise. Nothing is opened."""
     p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise ConfigError(str(p), None, "file not found" + (f"; {hint}" if hint else "")) from None
-    except OSError as e:
-        raise ConfigError(str(p), None, f"cannot read: {e.strerror or e}") from None
+    st = _stat(p, "file", hint)
     if not stat.S_ISREG(st.st_mode):
         raise _refuse(p, st.st_mode, hint)
     return st
@@ -72,12 +77,7 @@ def check_regular(path: str | Path, hint: str = "") -> os.stat_result:
 def check_directory(path: str | Path, hint: str = "") -> None:
     """A one-line ConfigError unless ``path`` is a directory (symlinks followed)."""
     p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise ConfigError(str(p), None, "directory not found" + (f"; {hint}" if hint else "")) from None
-    except OSError as e:
-        raise ConfigError(str(p), None, f"cannot read: {e.strerror or e}") from None
+    st = _stat(p, "directory", hint)
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(str(p), None, f"is {file_type(st.st_mode)}; expected a directory"
                           + (f" ({hint})" if hint else ""))
