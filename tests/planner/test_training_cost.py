@@ -126,3 +126,49 @@ def test_schedule_wall_clock_by_hand():
     assert w["failures"]["checkpoint_interval_s"] == pytest.approx(math.sqrt(2 * 30 * 10800))
     assert w["goodput"] == pytest.approx(0.919909, rel=1e-5)
     assert w["tokens_per_s_per_device"] == pytest.approx(4e6 / (60 / 0.919909) / 8, rel=1e-5)
+
+
+def test_a_purchase_offer_is_amortized_straight_line():
+    """A purchase of P over Y years costs P / (Y x 8,760) a device-hour: 43,800 over 5 years is 1.0."""
+    from dayzero.planner.training_cost import offer_rate
+
+    assert offer_rate({"purchase_usd_per_device": 43_800, "amortization_years": 5}) == pytest.approx(1.0)
+    assert offer_rate({"usd_per_device_hour": 2.5, "purchase_usd_per_device": 1}) == 2.5  # a rate is taken as given
+
+
+def test_every_catalog_price_names_its_offer_source_and_date_and_the_others_come_beside_it():
+    import json
+
+    from dayzero.planner.training_cost import device_price, offer_rate
+    from dayzero.specs.presets import reference_data
+
+    prices = json.loads(reference_data("device_prices.json").read_text())["prices"]
+    for card, offers in prices.items():
+        names = [o["offer"] for o in offers]
+        assert len(set(names)) == len(names), card
+        for o in offers:
+            assert o["source"].startswith("https://") and o["date"] and o["basis"]
+            p = device_price(card, None, o["offer"])
+            assert p.per_device_hour == pytest.approx(offer_rate(o)) and p.per_device_hour > 0 and p.url == o["source"]
+            assert sorted(n for n, _, _ in p.others) == sorted(n for n in names if n != o["offer"])
+        assert device_price(card, None).offer == names[0]  # the first offer is the default
+    assert device_price("nvidia_h100_sxm", 3.0).source.startswith("given")  # a given price beats the catalog's
+
+
+def test_an_offer_the_card_lacks_is_refused_with_those_it_has():
+    from dayzero.planner.training_cost import device_price
+
+    with pytest.raises(ConfigError, match="reserved"):
+        device_price("nvidia_h100_sxm", None, "spot")
+    with pytest.raises(ConfigError, match="--price-per-device-hour"):
+        device_price("no_such_card", None, "on-demand")
+    assert device_price("no_such_card", None) is None
+
+
+def test_the_cost_lists_the_other_offers_with_their_totals():
+    p = Price(2.0, "given", offer="reserved", others=(("on-demand", 5.0, "src"),))
+    out = training_cost(step_s=10.0, tokens_per_step=4 * 2**20, devices=1024, model_tflops_per_device=400,
+                        state_bytes_per_device=16e9, power=None, price=p, options=CostOptions())
+    c = out["cost"]
+    assert c["price_offer"] == "reserved" and c["other_offers"][0]["offer"] == "on-demand"
+    assert c["other_offers"][0]["devices_total"] == pytest.approx(c["devices_total"] * 2.5)

@@ -6,9 +6,10 @@ cluster. Every default below is a published figure or a stated convention; each 
 * **Power** at the device, node (host share) and facility (switches, PUE): planner/facility.py,
   each figure with its source; ``host_overhead`` (a fraction of device power), ``pue`` and the
   others of :class:`~dayzero.planner.facility.PowerOptions` override them.
-* **Price**: ``price_per_device_hour`` where given, else the card's public price in
-  ``presets/data/device_prices.json`` (its source and date in the output), else no cost; energy
-  costs ``electricity_per_kwh`` x facility kWh where given.
+* **Price**: ``price_per_device_hour`` where given, else the card's public offer (``price_offer``,
+  by default its first) in ``presets/data/device_prices.json``: a rental rate or a purchase
+  amortized straight-line over stated years, with its source and date in the output and the card's
+  other offers beside it; else no cost; energy costs ``electricity_per_kwh`` x facility kWh where given.
 * **Interruptions** by component (accelerator, network, software per device-hour; host and
   planned maintenance per node-hour), Llama 3's 466 in 54 days on 16,384 H100 by default, or a
   team's incident log (planner/failures.py); ``interruptions_per_device_day`` replaces them with
@@ -58,6 +59,7 @@ class CostOptions:
     host_overhead: float | None = None  # host power per device, fraction of device power (None: the system's)
     pue: float | None = None  # None: facility.json's survey average
     price_per_device_hour: float | None = None  # currency per device-hour (None: the card's public price)
+    price_offer: str | None = None  # which of the card's public offers (None: its first; device_prices.json)
     electricity_per_kwh: float | None = None  # currency per facility kWh
     interruptions_per_device_day: float | None = None  # one flat rate instead of the component rates
     failure_rates: FailureRates | None = None  # a team's own (planner/failures.py); None: Llama 3's
@@ -93,24 +95,51 @@ class CostOptions:
         return PowerOptions(power_fraction=self.power_fraction, pue=self.pue, host_overhead=self.host_overhead)
 
 
+HOURS_PER_YEAR = 8_760
+
+
 @dataclass(frozen=True)
 class Price:
-    """One device-hour's price and where it came from."""
+    """One device-hour's price and where it came from; ``others``: the card's other public offers
+    (name, price per device-hour, source), listed beside it."""
 
     per_device_hour: float
     source: str
     url: str = ""
+    offer: str = "given"
+    others: tuple[tuple[str, float, str], ...] = ()
 
 
-def device_price(accelerator_id: str, given: float | None) -> Price | None:
-    """The price of one device-hour: the one given, else the card's public price
-    (``device_prices.json``, with its source and date), else None."""
+def offer_rate(entry: dict) -> float:
+    """USD per device-hour of one ``device_prices.json`` offer: its rental rate, or its purchase
+    price amortized straight-line over ``amortization_years`` of 8,760 hours."""
+    if "usd_per_device_hour" in entry:
+        return float(entry["usd_per_device_hour"])
+    return float(entry["purchase_usd_per_device"]) / (float(entry["amortization_years"]) * HOURS_PER_YEAR)
+
+
+def _offer_text(e: dict) -> str:
+    return f"USD {e['offer']}, {e['basis']}, {e['date']}"
+
+
+def device_price(accelerator_id: str, given: float | None, offer: str | None = None) -> Price | None:
+    """The price of one device-hour: the one given, else the card's public offer named ``offer``
+    (None: its first) from ``device_prices.json`` with its source and date and the card's other
+    offers beside it, else None. An offer the card lacks is a one-line ConfigError naming those it has."""
     if given is not None:
         return Price(given, "given (--price-per-device-hour)")
-    e = json.loads(reference_data("device_prices.json").read_text())["prices"].get(accelerator_id)
-    if e is None:
+    offers = json.loads(reference_data("device_prices.json").read_text())["prices"].get(accelerator_id)
+    if not offers:
+        if offer is not None:
+            raise ConfigError("price offer", offer, f"no public price for {accelerator_id}; give "
+                              "--price-per-device-hour")
         return None
-    return Price(e["usd_per_device_hour"], f"USD, {e['basis']}, {e['date']}", e["source"])
+    names = [e["offer"] for e in offers]
+    if offer is not None and offer not in names:
+        raise ConfigError("price offer", offer, f"{accelerator_id} has {', '.join(names)}")
+    chosen = offers[names.index(offer) if offer is not None else 0]
+    others = tuple((e["offer"], offer_rate(e), f"{_offer_text(e)} ({e['source']})") for e in offers if e is not chosen)
+    return Price(offer_rate(chosen), _offer_text(chosen), chosen["source"], chosen["offer"], others)
 
 
 def goodput(checkpoint_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> float:
@@ -232,7 +261,10 @@ def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_
     cost = {}
     if price is not None:
         cost.update(price_per_device_hour=price.per_device_hour, price_source=price.source, price_url=price.url,
-                    devices_total=device_hours * price.per_device_hour)
+                    price_offer=price.offer, devices_total=device_hours * price.per_device_hour)
+        if price.others:  # the card's other public offers, each with the total it would give
+            cost["other_offers"] = [{"offer": name, "price_per_device_hour": rate, "source": src,
+                                     "devices_total": device_hours * rate} for name, rate, src in price.others]
     if o.electricity_per_kwh is not None and out["energy"]:
         cost.update(electricity_per_kwh=o.electricity_per_kwh,
                     energy_total=out["energy"]["mwh"] * 1000 * o.electricity_per_kwh)
@@ -252,7 +284,7 @@ def cost_of_prediction(pred: dict, cluster, options: CostOptions = CostOptions()
                          model_tflops_per_device=pred["throughput"]["model_tflops_per_device"],
                          state_bytes_per_device=busiest["weights"] + busiest["optimizer"],
                          power=facility_power(cluster, options.power),
-                         price=device_price(cluster.accelerator.id, options.price_per_device_hour),
+                         price=device_price(cluster.accelerator.id, options.price_per_device_hour, options.price_offer),
                          devices_per_node=cluster.devices_per_node, options=options)
 
 

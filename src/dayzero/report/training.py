@@ -46,6 +46,9 @@ def training_rows(tr: dict) -> list[tuple[str, str]]:
         if "energy_total" in c:
             parts.append(f"{c['energy_total']:,.0f} for energy at {c['electricity_per_kwh']:g} per kWh")
         rows.append(("cost", f"{c['total']:,.0f}: " + "; ".join(parts)))
+        for o in c.get("other_offers", ()):  # the card's other public offers (device_prices.json)
+            rows.append((f"cost, {o['offer']}", f"{o['devices_total']:,.0f} for devices at "
+                                                 f"{o['price_per_device_hour']:.4g} per device-hour ({o['source']})"))
     else:
         rows.append(("cost", "no public price for this card: give --price-per-device-hour"))
     rows += [("goodput", f"{tr['goodput']:.1%} ({_num(f['interruptions_per_day'])} interruptions a day, a restart "
