@@ -483,4 +483,17 @@ def end_record(state: TrainState, wall_s: float) -> dict:
             "peak_mem_bytes": max((r.peak_mem_bytes for r in h), default=0),
             "comm_time_s": sum(r.comm_time_s for r in h), "wall_s": wall_s,
             "world": dist.get_world_size(), "parallel": p.describe(), "model": state.spec.name,
-            "compute_dtype": state.config.compute_dtype, "device": state.device.type}
+            "compute_dtype": state.config.compute_dtype, "device": state.device.type,
+            # what `dayzero calibrate --runs METRICS.jsonl` reads back as a measured run (planner.backtest.own_runs)
+            "layout": p.to_dict(), "accelerator": devices.device_name(state.device),
+            "architecture": run_architecture(state.spec)}
+
+
+def run_architecture(spec) -> dict:
+    """The model as the published-runs columns state one (planner.backtest.row_arch reads them back)."""
+    moe = spec.moe
+    return {"layers": spec.layers, "hidden_size": spec.hidden, "attention_heads": spec.attention.heads,
+            "kv_heads": spec.attention.kv_heads, "ffn_hidden_size": spec.mlp.intermediate, "vocab_size": spec.vocab,
+            "moe_num_experts": moe.experts if moe else None, "moe_top_k": moe.top_k if moe else None,
+            "moe_expert_ffn": moe.expert.intermediate if moe else None,
+            "moe_shared_experts": moe.shared_experts if moe else None}

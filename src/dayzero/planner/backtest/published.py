@@ -548,8 +548,14 @@ def default_kernel(row: dict) -> str:
 
 
 def load_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skip]]:
+    """The predictable rows of a published-runs CSV (the shipped one when ``path`` is None) and the skipped."""
+    return cases_of(read_rows(path))
+
+
+def cases_of(rows) -> tuple[list[Case], list[Skip]]:
+    """The rows (dicts of published-runs columns) read as cases, and the skipped with their reasons."""
     cases, skips = [], []
-    for row in read_rows(path):
+    for row in rows:
         try:
             cases.append(case_of(row))
         except Unpredictable as e:
