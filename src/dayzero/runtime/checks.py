@@ -35,6 +35,23 @@ def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | Non
     return p
 
 
+def document_problems(spec: ModelSpec, parallel: ParallelConfig) -> list[str]:
+    """What per-document attention (``--reset-attention-mask``) cannot run with: the documents are
+    read from the token ids, which only the first pipeline stage holds, and a context-parallel rank
+    holds a slice of the sequence (the ring would need the documents' boundaries per block)."""
+    out = []
+    if parallel.pp > 1:
+        out.append(f"--reset-attention-mask with pp {parallel.pp}: the documents are read from the token ids, which "
+                   "only the first stage holds; use pp 1")
+    if parallel.cp > 1:
+        out.append(f"--reset-attention-mask with cp {parallel.cp}: context parallelism splits the sequence across "
+                   "ranks and its exchange does not follow document boundaries; use cp 1")
+    if spec.extra.get("derived"):
+        out.append(f"--reset-attention-mask on {spec.name}: a model derived from its own code runs transformers' "
+                   "attention, which takes no per-document mask from dayzero")
+    return out
+
+
 def check_layout(parallel: ParallelConfig, world: int | None = None) -> None:
     """The layout's own rules, before any model is sized for it (degrees and batch sizes >= 1,
     their products against ``world``)."""

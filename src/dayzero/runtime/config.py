@@ -179,6 +179,9 @@ class TrainConfig:
     seed: int = 0
     compute_dtype: str = "bf16"
     data: str | None = None  # file, directory or glob; None: the built-in corpus
+    # packed documents: attention within each document of a window (Megatron --reset-attention-mask;
+    # runtime.models.attention.document_ids), documents ending at the data's end-of-document token
+    reset_attention_mask: bool = False
     metrics: str | None = None  # JSONL path (rank 0 writes)
     quiet: bool = False
     # time inside collectives through the profiler (comm_time_s); costs a few % of step time

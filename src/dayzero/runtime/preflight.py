@@ -120,7 +120,7 @@ def preflight_train(cfg: TrainConfig, world: int, *, cpu: bool, torchrun: bool =
                     skip_memory_check: bool = False, dry: bool = False) -> TrainPreflight:
     """Every check ``dayzero train`` makes before starting ranks (raises DayzeroError: one line,
     exit 2); what the run would do otherwise. ``dry``: touch nothing (``--dry-run``)."""
-    from dayzero.runtime.checks import check_runtime
+    from dayzero.runtime.checks import check_runtime, document_problems
     from dayzero.runtime.data import resolve_data
     from dayzero.runtime.resilience.actions import check_alert_options
     from dayzero.runtime.resilience.loop import resilience_config
@@ -128,6 +128,10 @@ def preflight_train(cfg: TrainConfig, world: int, *, cpu: bool, torchrun: bool =
     parallel = cfg.parallel
     spec = cfg.spec()
     check_runtime(spec, parallel, world)
+    if cfg.reset_attention_mask and (problems := document_problems(spec, parallel)):
+        from dayzero.errors import LayoutError
+
+        raise LayoutError("; ".join(problems))
     if spec.extra.get("derived"):  # transformers' own module: the dimensions it cannot apply, refused here
         from dayzero.errors import LayoutError
         from dayzero.runtime.parallel.hf_plan import derived_problems

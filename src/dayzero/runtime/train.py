@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dayzero.errors import LayoutError
 from dayzero.runtime import device as devices
-from dayzero.runtime.checks import check_runtime
+from dayzero.runtime.checks import check_runtime, document_problems
 from dayzero.runtime.config import TrainConfig
-from dayzero.runtime.data import DataError, TokenStream, resolve_data
+from dayzero.runtime.data import EOS, DataError, TokenStream, resolve_data
 from dayzero.runtime.distributed import init_distributed, restart_attempt
 from dayzero.runtime.metrics import CommTimer, MetricsWriter, StepRecord, peak_memory_bytes
 from dayzero.runtime.models.model import build_model
@@ -95,6 +96,8 @@ def build_state(config: TrainConfig, device: torch.device | None = None) -> Trai
     device = device or init_distributed()
     spec, parallel = config.spec(), config.parallel
     check_runtime(spec, parallel, dist.get_world_size())
+    if config.reset_attention_mask and (problems := document_problems(spec, parallel)):
+        raise LayoutError("; ".join(problems))
     files = resolve_data(config.data)
     data = TokenStream(files, parallel.seq, config.seed, spec.vocab)
     torch.manual_seed(config.seed)
@@ -129,7 +132,7 @@ def _parallelize_zoo(config: TrainConfig, spec: ModelSpec, meshes: Meshes, devic
                      param_dtype: torch.dtype) -> ParallelModel:
     """The runtime's own model of ``spec``, parallelized and materialized (seeded or HF weights)."""
     parallel = config.parallel
-    model = build_model(spec, parallel.seq)
+    model = build_model(spec, parallel.seq, EOS if config.reset_attention_mask else None)
     weights, buffers = seeded_weights(config.seed, device), None
     if config.model.hf_weights:
         from dayzero.runtime.checkpoint.hf_weights import HFCheckpoint

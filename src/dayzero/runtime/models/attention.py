@@ -52,8 +52,27 @@ class CoreAttention(nn.Module):
         self.window = window
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                sinks: torch.Tensor | None = None) -> torch.Tensor:
+                sinks: torch.Tensor | None = None, docs: torch.Tensor | None = None) -> torch.Tensor:
         # q: (B, h, S, d), k: (B, kv_h, S, d), v: (B, kv_h, S, dv), sinks: (h,) -> (B, h, S, dv)
+        # docs: (B, S) document ids of packed sequences (document_ids): a query attends within its document only
+        if docs is not None:
+            spans = document_spans(docs)
+            if any(len(s) > 1 for s in spans):
+                return self._per_document(q, k, v, sinks, spans)
+        return self._window(q, k, v, sinks)
+
+    def _per_document(self, q, k, v, sinks, spans) -> torch.Tensor:
+        """Each document of each sequence as a sequence of its own (varlen attention, as FlashAttention's
+        cu_seqlens: Megatron --reset-attention-mask): the work is the sum over documents of their
+        length squared, not the window's, which is what the planner prices for packed documents."""
+        rows = []
+        for b, bounds in enumerate(spans):
+            parts = [self._window(q[b:b + 1, :, a:e], k[b:b + 1, :, a:e], v[b:b + 1, :, a:e], sinks)
+                     for a, e in bounds]
+            rows.append(torch.cat(parts, dim=2))
+        return torch.cat(rows, dim=0)
+
+    def _window(self, q, k, v, sinks) -> torch.Tensor:
         seq = q.shape[2]
         gqa = k.shape[1] != q.shape[1]
         windowed = self.window is not None and self.window < seq
@@ -66,6 +85,25 @@ class CoreAttention(nn.Module):
         if sinks is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
         return sink_attention(q, k, v, mask, self.scale, sinks)
+
+
+def document_ids(tokens: torch.Tensor, separator: int) -> torch.Tensor:
+    """(B, S) token ids -> (B, S) document ids of packed sequences: a document ends at (and
+    includes) its ``separator`` token and the next one starts after it (Megatron-LM
+    ``get_ltor_masks_and_position_ids`` with reset_attention_mask: tokens after an EOD do not
+    attend to tokens before it)."""
+    ends = (tokens == separator).to(torch.int32)
+    return torch.cumsum(ends, dim=1) - ends
+
+
+def document_spans(docs: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """(B, S) document ids -> per sequence, the [start, end) of each of its documents, in order."""
+    out = []
+    for row in docs.detach().to("cpu"):
+        cuts = (torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist()
+        edges = [0, *cuts, int(row.numel())]
+        out.append(list(zip(edges[:-1], edges[1:])))
+    return out
 
 
 def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
@@ -117,7 +155,8 @@ class GroupedQueryAttention(nn.Module):
     def rope_dim(self) -> int:
         return self.head_dim
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                docs: torch.Tensor | None = None) -> torch.Tensor:
         bs, seq, _ = x.shape  # (B, S, H), the full sequence (TP gathers it before attention)
         q = self.wq(x).view(bs, seq, -1, self.head_dim)  # (B, S, h_local, d)
         k = self.wk(x).view(bs, seq, -1, self.head_dim)
@@ -127,7 +166,7 @@ class GroupedQueryAttention(nn.Module):
         if cos is not None:  # (learned absolute positions were added to the embedding instead)
             q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         sinks = None if self.sinks is None else _local(self.sinks)  # (h_local,)
-        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks)  # (B, h_local, S, dv)
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks, docs)  # (B, h_local, S, dv)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
 
@@ -167,7 +206,8 @@ class MultiHeadLatentAttention(nn.Module):
     def rope_dim(self) -> int:
         return self.rope
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                docs: torch.Tensor | None = None) -> torch.Tensor:
         bs, seq, _ = x.shape
         q = self.wq(x) if self.wq is not None else self.wq_b(self.q_norm(self.wq_a(x)))
         q = q.view(bs, seq, -1, self.nope + self.rope)  # (B, S, h_local, nope + rope)
@@ -181,7 +221,7 @@ class MultiHeadLatentAttention(nn.Module):
         k_rot = apply_rope(k_rot.view(bs, seq, 1, self.rope), cos, sin, self.interleave)
         q = torch.cat([q_nope, q_rot], dim=-1)
         k = torch.cat([k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, h_local, S, dv)
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, docs)  # (B, h_local, S, dv)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
 

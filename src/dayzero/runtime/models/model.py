@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dayzero.errors import ConfigError
-from dayzero.runtime.models.attention import RMSNorm, build_attention, rope_cache
+from dayzero.runtime.models.attention import RMSNorm, build_attention, document_ids, rope_cache
 from dayzero.runtime.models.mlp import MLP
 from dayzero.runtime.models.moe import MoE
 from dayzero.specs.model import ModelSpec
@@ -42,17 +42,22 @@ class TransformerBlock(nn.Module):
         else:
             self.moe, self.mlp = None, MLP(spec.hidden, spec.mlp)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                docs: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, docs=docs)
         ffn = self.moe if self.moe is not None else self.mlp
         return x + ffn(self.ffn_norm(x))
 
 
 class Transformer(nn.Module):
-    """The full model, or one pipeline stage of it (parts set to None are absent)."""
+    """The full model, or one pipeline stage of it (parts set to None are absent). With a
+    ``document_separator`` the sequences are packed documents: attention stays within each document
+    (:func:`~dayzero.runtime.models.attention.document_ids`, read from the token ids, so only the stage
+    holding the embedding can run it)."""
 
-    def __init__(self, spec: ModelSpec, max_seq: int | None = None):
+    def __init__(self, spec: ModelSpec, max_seq: int | None = None, document_separator: int | None = None):
         super().__init__()
+        self.document_separator = document_separator
         if spec.is_hybrid:
             raise ConfigError(spec.name, None, "has recurrent (state-space / linear-attention) layers or layers "
                               "without a mixer or FFN; dayzero's model zoo builds transformer layers only (plan it, "
@@ -78,8 +83,14 @@ class Transformer(nn.Module):
         if self.pos_embeddings is not None and self.tok_embeddings is not None:
             h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
         cos, sin = (self.rope_cos, self.rope_sin) if self.rope_dim else (None, None)
+        docs = None
+        if self.document_separator is not None:
+            if self.tok_embeddings is None:
+                raise ConfigError("--reset-attention-mask", None, "a pipeline stage after the first has no token "
+                                  "ids to read the documents from; run it with pp 1")
+            docs = document_ids(x, self.document_separator)
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin) if docs is None else layer(h, cos, sin, docs=docs)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
@@ -114,7 +125,8 @@ def initial_value(fqn: str, shape: tuple[int, ...], seed: int, device: torch.dev
     return torch.randn(shape, generator=g, device=device) * INIT_STD
 
 
-def build_model(spec: ModelSpec, max_seq: int | None = None) -> Transformer:
-    """The whole model on the meta device (no memory); parallelize, then materialize."""
+def build_model(spec: ModelSpec, max_seq: int | None = None, document_separator: int | None = None) -> Transformer:
+    """The whole model on the meta device (no memory); parallelize, then materialize.
+    ``document_separator``: the token that ends a packed document (per-document attention)."""
     with torch.device("meta"):
-        return Transformer(spec, max_seq)
+        return Transformer(spec, max_seq, document_separator)
