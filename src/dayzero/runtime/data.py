@@ -30,6 +30,18 @@ EOS = 256
 VOCAB = 257  # 256 byte values + end of document
 
 
+def document_context(window: np.ndarray, separator: int = EOS) -> float:
+    """The document length ``d`` at which the planner's causal attention over packed documents
+    (``specs.counting.attention_context``: (d + 1) / 2 keys per query) equals this window's: documents
+    end at (and include) ``separator``; a window of documents of lengths l_i attends
+    sum l_i (l_i + 1) / 2 keys, so d = sum l_i (l_i + 1) / s - 1 (s = the window's length). One
+    document fills the window: d = s."""
+    s = len(window)
+    cuts = np.flatnonzero(window[:-1] == separator) + 1
+    lengths = np.diff(np.concatenate([[0], cuts, [s]]))
+    return float((lengths * (lengths + 1)).sum() / s - 1)
+
+
 class DataError(DayzeroError):
     """The training data cannot be used."""
 
@@ -147,6 +159,16 @@ class TokenStream:
         rows = np.stack([self._sample(first + i) for i in range(local)])  # (local, seq + 1)
         self.samples += gbs
         return rows[:, :-1], rows[:, 1:]
+
+    def document_length(self, samples: int, first: int = 0) -> float:
+        """The packed-document length the planner prices (``ModelSpec.document_length``) of samples
+        ``[first, first + samples)`` trained with per-document attention: each window's documents end at
+        EOS (:func:`document_context`), averaged over the windows. The stream's position is unchanged."""
+        keep = (self._perm_epoch, self._perm)
+        try:
+            return float(np.mean([document_context(self._sample(first + i)[:-1]) for i in range(samples)]))
+        finally:
+            self._perm_epoch, self._perm = keep
 
     # -- resume --------------------------------------------------------------------------
     def position(self) -> DataPosition:

@@ -25,7 +25,7 @@ one-time setup and is not measured.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from dayzero.errors import LayoutError
 from dayzero.jsonable import finite as json_finite
@@ -52,6 +52,7 @@ class ValidationRequest:
     seed: int = 0
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     data: str | None = None
+    reset_attention_mask: bool = False  # packed documents, attention within each (TrainConfig's)
 
     @property
     def shrink(self) -> dict:
@@ -64,7 +65,7 @@ class ValidationRequest:
         """The TrainConfig every rank builds its state from (quiet, communication timed)."""
         return TrainConfig(model=self.model, parallel=self.parallel, optimizer=self.optimizer, steps=self.steps,
                            seed=self.seed, compute_dtype=self.compute_dtype, data=self.data, quiet=True,
-                           measure_comm=True)
+                           measure_comm=True, reset_attention_mask=self.reset_attention_mask)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -235,7 +236,7 @@ def evaluate_run(request: ValidationRequest, cluster: Cluster, ranks: list[dict]
     """The result object: checks (the issue's contract), run, measured, prediction, record."""
     from dayzero.validate.predicted import predict_run
 
-    spec = request.spec()
+    spec = with_trained_documents(request, request.spec())
     cluster = local_cluster(cluster, len(ranks))
     device = ranks[0]["device"]
     measured = measure(ranks, spec, request.parallel, cluster, request.compute_dtype)
@@ -250,12 +251,27 @@ def evaluate_run(request: ValidationRequest, cluster: Cluster, ranks: list[dict]
            "parallel": request.parallel.to_dict(),
            "ranks": len(ranks), "device": device, "compute_dtype": request.compute_dtype, "steps": request.steps,
            "cluster": cluster.name, "seed": request.seed, "lr": request.optimizer.lr}
+    if spec.document_length is not None:  # what the prediction priced: the trained windows' documents
+        run["document_length"] = spec.document_length
     if spec.extra.get("derived"):  # the planner's spec of a model derived from its own code: what it approximates
         run["derived_from_modeling_code"] = True
         run["approximations"] = list(spec.extra.get("approximations", ()))
         run["proxy_notes"] = list(spec.extra.get("proxy_notes", ()))
     return {"checks": rows, "summary": summary(rows), "run": run, "measured": measured, "prediction": prediction,
             "record": record_of(request, spec, measured)}
+
+
+def with_trained_documents(request: ValidationRequest, spec: ModelSpec) -> ModelSpec:
+    """``spec`` priced as the run trained it: with per-document attention, the document length of the
+    windows the run consumed (steps x gbs samples from the start of the stream:
+    :meth:`~dayzero.runtime.data.TokenStream.document_length`), rounded to a token; else unchanged."""
+    if not request.reset_attention_mask:
+        return spec
+    from dayzero.runtime.data import TokenStream, resolve_data
+
+    p = request.parallel
+    stream = TokenStream(resolve_data(request.data), p.seq, request.seed, spec.vocab)
+    return replace(spec, document_length=max(1, round(stream.document_length(request.steps * p.gbs))))
 
 
 def _proxy_text(shrink: dict) -> str:

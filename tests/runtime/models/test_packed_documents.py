@@ -53,3 +53,22 @@ def test_a_later_pipeline_stage_cannot_read_the_documents():
     m.tok_embeddings = None
     with pytest.raises(ConfigError, match="pp 1"):
         m(torch.zeros(1, 8, 64))
+
+
+def test_the_document_length_the_planner_prices_equals_the_windows_attention():
+    """Documents of 3, 4 and 1 tokens in a window of 8: 3*4/2 + 4*5/2 + 1*2/2 = 17 keys, so
+    (d + 1) / 2 = 17 / 8 and d = 3.25; one document fills the window: d = 8."""
+    import numpy as np
+
+    from dayzero.runtime.data import document_context
+    from dayzero.specs.counting import attention_context
+
+    w = np.array([5, 6, SEP, 7, 8, 9, SEP, 1])
+    d = document_context(w, SEP)
+    assert d == 3.25
+    spec = load_model("llama-3.1-8b")
+    import dataclasses
+
+    packed = dataclasses.replace(spec, document_length=d)
+    assert attention_context(packed, 8, 0, causal=True) * 8 == 17  # the planner's keys equal the window's
+    assert document_context(np.arange(8), SEP) == 8
