@@ -145,7 +145,25 @@ def config_object(cfg: dict, name: str, source: str, directory: Path | None, tru
         except Exception as e:
             raise ConfigError(source, None, f"transformers rejects this config: {type(e).__name__}: "
                               f"{str(e)[:300]}") from None
-    return config, notes, False
+    return language_model_config(config, notes), notes, False
+
+
+def language_model_config(config, notes: list[str]):
+    """``config`` itself where transformers builds it as a causal LM; else, for a multimodal config
+    whose language model is a sub-config (``text_config``: Mistral3, LLaVA-style wrappers), that
+    sub-config, with a note naming the towers left out (the planner plans the language model)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is config or type(text) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return config  # building it fails with transformers' own sentence
+    towers = sorted(k for k, v in vars(config).items() if k.endswith("_config") and v is not text
+                    and hasattr(v, "to_dict"))
+    notes.append(f"{type(config).__name__} is not a causal LM transformers builds alone: its language model "
+                 f"({text.model_type}, text_config) is planned; {', '.join(towers) or 'the other towers'} not")
+    return text
 
 
 def resolve_config(model: str, trust_remote_code: bool = False):

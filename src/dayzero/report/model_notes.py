@@ -12,6 +12,9 @@ def model_notes(spec) -> dict:
            "derived_from_modeling_code": bool(extra.get("derived"))}
     if extra.get("derived"):
         out["approximations"] = list(extra.get("approximations", []))
+        # how the config was read: the architecture traced, remote code trusted, the language model of a
+        # multimodal config (ops.hf_model.config_object)
+        out["config_notes"] = list(extra.get("notes", []))
         out["params_module_tree"] = extra.get("params_module_tree")
         desc = extra["description"]
         out["remote_code"] = desc.remote_code

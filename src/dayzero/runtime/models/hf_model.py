@@ -35,6 +35,7 @@ def proxy_config(section):
     cfg, name, source, directory = read_model_config(section.name)
     with _quiet_transformers():
         full = config_object(cfg, name, source, directory)[0]
+    cfg = language_model_dict(cfg, full)
     if not section.shrink:
         full.use_cache = False
         return full, name, ()
@@ -52,6 +53,17 @@ def proxy_config(section):
     config = make(proxy.cfg)
     config.use_cache = False
     return config, name, proxy.notes
+
+
+def language_model_dict(cfg: dict, config) -> dict:
+    """The part of the config.json ``config`` was built from: the whole dict, or the language model's
+    sub-dict of a multimodal config (``text_config``: ops.hf_model.language_model_config), which the
+    proxy shrinks."""
+    for v in cfg.values():
+        inner = isinstance(v, dict) and v.get("model_type") == config.model_type
+        if inner and cfg.get("model_type") != v["model_type"]:
+            return v
+    return cfg
 
 
 @functools.lru_cache(maxsize=8)
