@@ -26,3 +26,9 @@ def gib_number(n: float, digits: int = 2) -> str:
 def capacity(n: float) -> str:
     """A card's memory, ``n`` bytes: ``'64 GiB'`` (whole where it is, as catalogs list it)."""
     return f"{n / GIB:,.4g} GiB"
+
+
+def figure(x: float) -> str:
+    """A quantity in a sentence: whole with thousands separators from 100 up (``'1,234'``), else three
+    significant digits (``'0.876'``, ``'12.5'``)."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"

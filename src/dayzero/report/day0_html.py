@@ -23,6 +23,7 @@ from dayzero.report import svg
 from dayzero.report.day0_render import MEMORY_CATEGORIES, STEP_TERMS, Table, headline, parameter_breakdown, tables
 from dayzero.report.layout_text import describe
 from dayzero.report.training import count_text
+from dayzero.units import figure
 
 GIB = 2**30  # device memory in GiB, the unit HBM is sized in (an "H100 80GB" holds 80 GiB)
 CHART_W = 440  # viewBox width of a decision chart: three side by side in a 1,400 px window, text at ~1:1
@@ -56,10 +57,6 @@ def _money(x: float) -> str:
         if abs(x) >= div:
             return f"{x / div:.3g}{s}"
     return f"{x:,.0f}"
-
-
-def _num(x: float) -> str:
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def _approximations(r: dict) -> tuple[str, ...]:
@@ -107,8 +104,8 @@ def verdict(r: dict) -> Verdict:
             ("peak memory", _gib(b["peak_bytes"]), f"{b['memory_utilization']:.1%} of {_gib(cap)} per device"),
             ("training", f"{tr['wall_days']:,.1f} days", f"{count_text(tr['tokens'])} tokens, goodput "
                                                          f"{tr['goodput']:.1%}"),
-            ("energy", f"{_num(e['mwh'])} MWh", f"at the facility, {e['cluster_mw']:.3g} MW; "
-                                                 f"{_num(e['device_mwh'])} MWh at the devices") if e else
+            ("energy", f"{figure(e['mwh'])} MWh", f"at the facility, {e['cluster_mw']:.3g} MW; "
+                                                 f"{figure(e['device_mwh'])} MWh at the devices") if e else
             ("energy", "unknown", "no TDP in the catalog for this card"),
             ("cost", _money(cost["total"]), _cost_detail(cost)) if cost else
             ("cost", "not priced", "no public price for this card: give --price-per-device-hour")]

@@ -4,6 +4,8 @@ report show, in one place."""
 
 from __future__ import annotations
 
+from dayzero.units import figure
+
 
 def count_text(n: float) -> str:
     """1.5e13 -> '15T', 3e11 -> '300B', 2.5e6 -> '2.5M' (the form ``--tokens`` accepts)."""
@@ -11,10 +13,6 @@ def count_text(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.4g}{suffix}"
     return f"{n:.4g}"
-
-
-def _num(v: float) -> str:
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _duration(s: float) -> str:
@@ -29,9 +27,9 @@ def training_rows(tr: dict) -> list[tuple[str, str]]:
             ("device-hours", f"{tr['device_hours']:,.0f}")]
     if e:
         tpj = e["tokens_per_joule"]
-        rows += [("energy", f"{_num(e['mwh'])} MWh at the facility (PUE {e['pue']:g}); {_num(e['node_mwh'])} MWh "
-                            f"at the nodes, {_num(e['device_mwh'])} MWh at the devices"),
-                 ("power", f"{_num(e['cluster_mw'])} MW: {e['device_w']:.0f} W device + {e['host_w']:.0f} W host + "
+        rows += [("energy", f"{figure(e['mwh'])} MWh at the facility (PUE {e['pue']:g}); {figure(e['node_mwh'])} MWh "
+                            f"at the nodes, {figure(e['device_mwh'])} MWh at the devices"),
+                 ("power", f"{figure(e['cluster_mw'])} MW: {e['device_w']:.0f} W device + {e['host_w']:.0f} W host + "
                            f"{e['network_w']:.0f} W network per device, x PUE {e['pue']:g}"),
                  ("tokens per joule", f"{tpj.get('facility', 0):.3g} facility, {tpj.get('device', 0):.3g} device"),
                  ("TFLOP/s per W", f"{e['model_tflops_per_w']:.3f} (device)")]
@@ -51,7 +49,7 @@ def training_rows(tr: dict) -> list[tuple[str, str]]:
                                                  f"{o['price_per_device_hour']:.4g} per device-hour ({o['source']})"))
     else:
         rows.append(("cost", "no public price for this card: give --price-per-device-hour"))
-    rows += [("goodput", f"{tr['goodput']:.1%} ({_num(f['interruptions_per_day'])} interruptions a day, a restart "
+    rows += [("goodput", f"{tr['goodput']:.1%} ({figure(f['interruptions_per_day'])} interruptions a day, a restart "
                          f"{_duration(f['restart_s'])})"),
              ("checkpoint", f"every {f['optimal_checkpoint_interval_steps']:,} steps "
                             f"({_duration(f['optimal_checkpoint_interval_s'])}), a save blocks "
