@@ -55,6 +55,18 @@ def calibration_markdown(cal: dict) -> str:
     return "\n".join(lines)
 
 
+def share_lines(run: dict) -> list[str]:
+    """A derived model's approximated terms against the measured difference, one sentence per metric
+    (validate.run.approximation_share)."""
+    out = []
+    for metric, d in (run.get("approximation_share") or {}).items():
+        unit, scale = ("s", 1.0) if metric == "step_time" else ("MiB", 2**20)
+        out.append(f"{metric.replace('_', ' ')}: the approximated terms add {d['terms'] / scale:+.4g} {unit} to the "
+                   f"shapes' {d['predicted_shapes_only'] / scale:.4g} {unit}; predicted - measured = "
+                   f"{d['difference'] / scale:+.4g} {unit}, so they can account for at most {d['share']:.0%} of it")
+    return out
+
+
 def _sp(x):
     return "—" if x is None else f"{x:.2f}"
 
@@ -85,6 +97,9 @@ def to_markdown(result: dict) -> str:
                 "- peak memory per rank (MiB): "
                 f"{', '.join(f'{x / 2**20:,.0f}' for x in meas.get('peak_memory_per_rank', []))}",
                 ""]
+    if run.get("approximation_share"):
+        out += ["## Approximations (a model derived from its own code)", ""]
+        out += [f"- {a}" for a in run.get("approximations", ())] + [f"- {line}" for line in share_lines(run)] + [""]
     if result.get("calibration"):
         out += [calibration_markdown(result["calibration"]), ""]
     return "\n".join(out).rstrip() + "\n"

@@ -257,8 +257,34 @@ def evaluate_run(request: ValidationRequest, cluster: Cluster, ranks: list[dict]
         run["derived_from_modeling_code"] = True
         run["approximations"] = list(spec.extra.get("approximations", ()))
         run["proxy_notes"] = list(spec.extra.get("proxy_notes", ()))
+        shapes = predict_run(shapes_only(spec), request.parallel, cluster, request.compute_dtype, device=device)
+        run["approximation_share"] = approximation_share(measured, prediction, shapes)
     return {"checks": rows, "summary": summary(rows), "run": run, "measured": measured, "prediction": prediction,
             "record": record_of(request, spec, measured)}
+
+
+def shapes_only(spec: ModelSpec) -> ModelSpec:
+    """A derived model's spec without what its shapes do not give: the per-layer and outside parameters
+    the module tree holds beyond them, and the traced FLOPs and activations (dayzero.derive)."""
+    return replace(spec, layer_extra=(), outside_extra=0, layer_flops_extra=(), layer_act_extra=(),
+                   layer_act_reference=())
+
+
+def approximation_share(measured: dict, prediction: dict, shapes: dict) -> dict:
+    """How much of a derived model's measured-vs-predicted difference its approximated terms can
+    account for, per metric (step time, peak memory): the terms are what the prediction adds to the
+    planner's own shapes (``terms`` = predicted - shapes-only predicted); the difference is
+    predicted - measured; ``share`` = min(1, |terms| / |difference|) bounds the part of the difference
+    that an error in those terms could explain (1: all of it; 0: the terms are nothing)."""
+    out = {}
+    for metric, m, p, q in (("step_time", measured["step_time_s"], prediction["time"]["step_s"],
+                             shapes["time"]["step_s"]),
+                            ("peak_memory", measured["peak_memory_bytes"], prediction["memory"]["peak_bytes"],
+                             shapes["memory"]["peak_bytes"])):
+        terms, diff = p - q, p - m
+        out[metric] = {"measured": m, "predicted": p, "predicted_shapes_only": q, "terms": terms, "difference": diff,
+                       "share": min(1.0, abs(terms) / abs(diff)) if diff else (0.0 if not terms else 1.0)}
+    return out
 
 
 def with_trained_documents(request: ValidationRequest, spec: ModelSpec) -> ModelSpec:
