@@ -13,7 +13,7 @@ from rich.console import Console
 from dayzero.jsonable import dumps
 from dayzero.specs.accelerator_variant import power_capped
 from dayzero.specs.cluster import Cluster, resolve_cluster
-from dayzero.specs.layout_fields import BOOL, BY_NAME, INT, INT_OR_NULL, layout_fields
+from dayzero.specs.layout_fields import BOOL, BY_NAME, INT, INT_OR_NULL, layout_fields, searched
 
 console = Console()
 err_console = Console(stderr=True)
@@ -124,28 +124,23 @@ KernelLevelOpt = Annotated[str, typer.Option("--kernel-level", help="The engine'
                                                                   "runtime); see docs/performance.md.")]
 
 
-def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
-    """Decorator for a verb that takes a layout: its ``layout`` parameter becomes the layout flags
-    (``--tp`` ... ``--layer-split``, the same names, help and defaults on every verb, as
-    dayzero.specs.layout_fields declares them) and reaches the verb as one
-    :class:`~dayzero.specs.layout_options.LayoutOptions`."""
+def expands(param: str, flags: list[tuple[str, Any, Any]], pack):
+    """Decorator: the verb's parameter ``param`` becomes the keyword options ``flags`` ((name,
+    annotation, default), in that order, where ``param`` stood), given back to the verb packed into
+    one value by ``pack`` (a callable of the options' keywords)."""
     import functools
     import inspect
 
-    from dayzero.specs.layout_options import LayoutOptions
-
-    flags = [(f.name, field_option(f.name, seq_help if f.name == "seq" else None),
-              seq_default if f.name == "seq" else f.flag.default) for f in layout_fields()]
     names = [n for n, _, _ in flags]
 
     def wrap(fn):
         sig = inspect.signature(fn, eval_str=True)
-        if "layout" not in sig.parameters:
-            raise TypeError(f"{fn.__name__} has no `layout` parameter")
+        if param not in sig.parameters:
+            raise TypeError(f"{fn.__name__} has no `{param}` parameter")
         params, keyword = [], False
         for p in sig.parameters.values():
-            keyword = keyword or p.default is not p.empty or p.name == "layout"
-            if p.name == "layout":
+            keyword = keyword or p.default is not p.empty or p.name == param
+            if p.name == param:
                 params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d)
                            for n, a, d in flags]
             else:
@@ -153,14 +148,37 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
 
         @functools.wraps(fn)
         def verb(*args, **kwargs):
-            layout = LayoutOptions(**{n: kwargs.pop(n) for n in names if n in kwargs})
-            return fn(*args, layout=layout, **kwargs)
+            return fn(*args, **{param: pack(**{n: kwargs.pop(n) for n in names if n in kwargs})}, **kwargs)
 
         verb.__signature__ = sig.replace(parameters=params)
         verb.__annotations__ = {p.name: p.annotation for p in params}
         return verb
 
     return wrap
+
+
+def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
+    """Decorator for a verb that takes a layout: its ``layout`` parameter becomes the layout flags
+    (``--tp`` ... ``--layer-split``, the same names, help and defaults on every verb, as
+    dayzero.specs.layout_fields declares them) and reaches the verb as one
+    :class:`~dayzero.specs.layout_options.LayoutOptions`."""
+    from dayzero.specs.layout_options import LayoutOptions
+
+    return expands("layout", [(f.name, field_option(f.name, seq_help if f.name == "seq" else None),
+                               seq_default if f.name == "seq" else f.flag.default) for f in layout_fields()],
+                   LayoutOptions)
+
+
+def takes_pins():
+    """Decorator for ``dayzero plan``: its ``pins`` parameter becomes a comma-separated option per
+    searched field (layout_fields.searched), under the flag and aliases the other verbs give that
+    field's single value, and reaches the verb as {field: text or None}
+    (layout_fields.search_pins reads them)."""
+    def pin(f):
+        help = f.search.help or f"Only these {f.search.what} (comma-separated)."
+        return Annotated[Optional[str], typer.Option(*(n.split("/")[0] for n in f.flag.names), help=help)]
+
+    return expands("pins", [(f.name, pin(f), None) for f in searched() if f.search.what or f.search.help], dict)
 
 
 # -- the memory recipe (memory, predict, plan) --------------------------------------------------

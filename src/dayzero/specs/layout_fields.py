@@ -84,10 +84,10 @@ class Field:
     """One ParallelConfig field. ``json``: its value kind in a plan file; ``json_min``: the least
     value a plan file may hold where the layout rules do not say; ``writes``: how the next-step
     commands write it (``implied``: values the other fields already imply, left out); ``search``:
-    None where ``dayzero plan`` does not pin it; ``runtime``: why ``dayzero train`` / ``validate``
-    cannot run a value away from the default, and what to do (empty: they carry it; the values the
-    runtime refuses within a carried field are planner.engines.DAYZERO's limits, checked before any
-    rank starts)."""
+    None where ``dayzero plan`` does not pin it; ``runtime``: what a value away from the default
+    asks that ``dayzero train`` / ``validate`` cannot run (:attr:`keep_off` says how to plan without
+    it); empty: they carry the field (the values the runtime refuses within a carried field, cp > 1
+    or an FP8 recipe, are planner.engines.DAYZERO's limits, checked before any rank starts)."""
 
     name: str
     json: str
@@ -97,6 +97,11 @@ class Field:
     runtime: str = ""
     json_min: int | None = None
     implied: Callable[[Mapping[str, Any]], tuple] | None = None
+
+    @property
+    def keep_off(self) -> str:
+        """The ``dayzero plan`` flag that keeps the field at its default (``--no-optimizer-offload``)."""
+        return f"--no-{self.flag.long[2:]}"
 
     @property
     def default(self) -> Any:
@@ -167,21 +172,17 @@ FIELDS: tuple[Field, ...] = (
         ("--fp8-param-gather/--no-fp8-param-gather",), "Under --precision fp8/fp4, keep the decoder layers' weights "
         "in FP8 (1 B/param, no separate FP8 copy; FP32 master as before) and all-gather them in FP8 (Megatron's flag, "
         "TE fp8_model_init).", False, layout=False),
-          runtime="dayzero's runtime has no FP8 parameter storage (it trains bf16); re-plan with "
-                  "--no-fp8-param-gather, or export the plan to an engine that runs it (dayzero export PLAN.json --to "
-                  "megatron)"),
+          runtime="FP8 parameter storage and gathers (the runtime trains bf16)"),
     Field("optimizer_offload", BOOL, Flag(
         ("--optimizer-offload/--no-optimizer-offload",), "FP32 master weights and AdamW moments in host memory, Adam "
         "on the CPU (Megatron --optimizer-cpu-offload, ZeRO-Offload); the step pays the host Adam and PCIe.", False,
         layout=False),
-          runtime="dayzero's runtime keeps the optimizer on the device; re-plan with --no-optimizer-offload, or "
-                  "export the plan to an engine that runs it (dayzero export PLAN.json --to megatron)"),
+          runtime="the optimizer on the host (the runtime keeps it on the device)"),
     Field("activation_offload_layers", INT, Flag(
         ("--activation-offload",), "Keep the saved activations of the first N layers of each model chunk in host "
         "memory between forward and backward (Megatron --cpu-offloading --cpu-offloading-num-layers N); each "
         "micro-batch pays the PCIe copies compute does not hide. 0: off.", 0, metavar="N", layout=False),
-          runtime="dayzero's runtime keeps saved activations on the device; re-plan with --no-activation-offload, "
-                  "or export the plan to an engine that runs it (dayzero export PLAN.json --to megatron)", json_min=0),
+          runtime="saved activations on the host (the runtime keeps them on the device)", json_min=0),
     Field("precision", STR, Flag(("--precision",), "Compute precision: bf16 | fp8.", "bf16", layout=False)),
     Field("schedule", STR, Flag(("--schedule",), "Pipeline schedule: 1f1b | interleaved | gpipe."),
           search=Search(None, PIN_LOWER_WORDS, "pipeline schedules (1f1b: vpp 1, interleaved: vpp > 1, gpipe)"),

@@ -147,7 +147,9 @@ def runnable(par: ParallelConfig, source: str) -> ParallelConfig:
     for f in runtime_refused():
         value = getattr(par, f.name)
         if value != f.default:
-            raise LayoutError(f"{source}: {f.name} {json.dumps(value)}: {f.runtime}")
+            raise LayoutError(f"{source}: {f.name} {json.dumps(value)}: dayzero's runtime does not run {f.runtime}; "
+                              f"re-plan with {f.keep_off}, or export the plan to an engine that runs it "
+                              f"(dayzero export {source} --to ENGINE)")
     return par
 
 
