@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError, LayoutError
 from dayzero.export.quoting import Ref, refuse_control
-from dayzero.specs.layout_fields import runtime_refused
+from dayzero.specs.layout_fields import not_train_flags
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -358,6 +358,6 @@ def schedule_of(plan: object) -> dict[str, int]:
 
 
 def unexpressed(parallel: ParallelConfig) -> list[str]:
-    """Settings of the plan that ``dayzero train``'s flags do not carry (layout_fields.runtime_refused)."""
-    return [f"{f.runtime} ({f.name} {getattr(parallel, f.name)})" for f in runtime_refused()
+    """Settings of the plan that ``dayzero train``'s flags do not carry (layout_fields.not_train_flags)."""
+    return [f"{f.runtime} ({f.name} {getattr(parallel, f.name)})" for f in not_train_flags()
             if getattr(parallel, f.name) != f.default]

@@ -50,7 +50,8 @@ class Flag:
     spellings); a switch is ``--x/--no-x``. ``default``: the flag's default (None: derived, e.g. dp
     from the devices). ``layout``: one of the layout flags every layout verb takes (LayoutOptions,
     ``cli.common.takes_layout``); else a flag some verbs declare themselves (``--precision``,
-    ``--rank-order``, the memory switches). A tuple field is given as comma-separated text."""
+    ``--rank-order``, the memory switches). ``train``: ``dayzero train`` takes the flag (the layout
+    flags and ``--precision``). A tuple field is given as comma-separated text."""
 
     names: tuple[str, ...]
     help: str
@@ -59,6 +60,7 @@ class Flag:
     max: int | None = None
     metavar: str | None = None
     layout: bool = True
+    train: bool = True
 
     @property
     def long(self) -> str:
@@ -85,9 +87,10 @@ class Field:
     value a plan file may hold where the layout rules do not say; ``writes``: how the next-step
     commands write it (``implied``: values the other fields already imply, left out); ``search``:
     None where ``dayzero plan`` does not pin it; ``runtime``: what a value away from the default
-    asks that ``dayzero train`` / ``validate`` cannot run (:attr:`keep_off` says how to plan without
-    it); empty: they carry the field (the values the runtime refuses within a carried field, cp > 1
-    or an FP8 recipe, are planner.engines.DAYZERO's limits, checked before any rank starts)."""
+    asks that dayzero's runtime (``dayzero train`` / ``validate``) does not run, and ``keep_off``
+    the ``dayzero plan`` flag that plans without it; empty: the runtime runs the field (the values
+    it refuses within such a field, cp > 1 or etp > 1, are planner.engines.DAYZERO's limits,
+    checked before any rank starts)."""
 
     name: str
     json: str
@@ -95,13 +98,9 @@ class Field:
     writes: str = WHEN_SET
     search: Search | None = None
     runtime: str = ""
+    keep_off: str = ""
     json_min: int | None = None
     implied: Callable[[Mapping[str, Any]], tuple] | None = None
-
-    @property
-    def keep_off(self) -> str:
-        """The ``dayzero plan`` flag that keeps the field at its default (``--no-optimizer-offload``)."""
-        return f"--no-{self.flag.long[2:]}"
 
     @property
     def default(self) -> Any:
@@ -171,27 +170,32 @@ FIELDS: tuple[Field, ...] = (
     Field("fp8_param_gather", BOOL, Flag(
         ("--fp8-param-gather/--no-fp8-param-gather",), "Under --precision fp8/fp4, keep the decoder layers' weights "
         "in FP8 (1 B/param, no separate FP8 copy; FP32 master as before) and all-gather them in FP8 (Megatron's flag, "
-        "TE fp8_model_init).", False, layout=False),
-          runtime="FP8 parameter storage and gathers (the runtime trains bf16)"),
+        "TE fp8_model_init).", False, layout=False, train=False),
+          runtime="FP8 parameter storage and gathers (it trains bf16)", keep_off="--no-fp8-param-gather"),
     Field("optimizer_offload", BOOL, Flag(
         ("--optimizer-offload/--no-optimizer-offload",), "FP32 master weights and AdamW moments in host memory, Adam "
         "on the CPU (Megatron --optimizer-cpu-offload, ZeRO-Offload); the step pays the host Adam and PCIe.", False,
-        layout=False),
-          runtime="the optimizer on the host (the runtime keeps it on the device)"),
+        layout=False, train=False),
+          runtime="the optimizer on the host (it keeps it on the device)", keep_off="--no-optimizer-offload"),
     Field("activation_offload_layers", INT, Flag(
         ("--activation-offload",), "Keep the saved activations of the first N layers of each model chunk in host "
         "memory between forward and backward (Megatron --cpu-offloading --cpu-offloading-num-layers N); each "
-        "micro-batch pays the PCIe copies compute does not hide. 0: off.", 0, metavar="N", layout=False),
-          runtime="saved activations on the host (the runtime keeps them on the device)", json_min=0),
-    Field("precision", STR, Flag(("--precision",), "Compute precision: bf16 | fp8.", "bf16", layout=False)),
+        "micro-batch pays the PCIe copies compute does not hide. 0: off.", 0, metavar="N", layout=False,
+        train=False),
+          runtime="saved activations on the host (it keeps them on the device)", keep_off="--no-activation-offload",
+          json_min=0),
+    Field("precision", STR, Flag(("--precision",), "Compute precision: bf16 | fp8.", "bf16", layout=False),
+          runtime="an FP8 or FP4 recipe (it computes in bf16 or fp32)", keep_off="--precision bf16"),
     Field("schedule", STR, Flag(("--schedule",), "Pipeline schedule: 1f1b | interleaved | gpipe."),
           search=Search(None, PIN_LOWER_WORDS, "pipeline schedules (1f1b: vpp 1, interleaved: vpp > 1, gpipe)"),
           implied=_pipeline_default),
     Field("layer_split", INTS, Flag(("--layer-split",), "Layers per (virtual) stage, comma-separated, e.g. "
                                     "5,6,6,5.")),
-    # only predict, plan and export take --rank-order; the runtime numbers ranks tp-cp-dp-pp (planner.engines)
-    Field("rank_order", STR, Flag(("--rank-order",), "Rank layout, fastest dim first.", DENSE_ORDER, layout=False),
-          NEVER, Search((DENSE_ORDER,), PIN_WORDS)),
+    # only predict, plan and export take --rank-order (so the next steps leave it out)
+    Field("rank_order", STR, Flag(("--rank-order",), "Rank layout, fastest dim first.", DENSE_ORDER, layout=False,
+                                  train=False),
+          NEVER, Search((DENSE_ORDER,), PIN_WORDS), keep_off=f"--rank-order {DENSE_ORDER}",
+          runtime=f"ranks numbered other than {DENSE_ORDER} (its device mesh)"),
 )
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 # the value sets a string field takes (the rules name a bad one: layout_rules)
@@ -209,8 +213,13 @@ def searched() -> tuple[Field, ...]:
 
 
 def runtime_refused() -> tuple[Field, ...]:
-    """The fields ``dayzero train`` / ``validate`` cannot run away from their defaults."""
+    """The fields dayzero's runtime (``dayzero train`` / ``validate``) runs only at their defaults."""
     return tuple(f for f in FIELDS if f.runtime)
+
+
+def not_train_flags() -> tuple[Field, ...]:
+    """The fields ``dayzero train`` has no flag for (the memory switches, activation offload, rank order)."""
+    return tuple(f for f in FIELDS if not f.flag.train)
 
 
 def with_fields(decls: Mapping[str, tuple[str, Any]]):

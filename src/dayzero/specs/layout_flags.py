@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dayzero.specs.layout_fields import FIELDS, runtime_refused, written
+from dayzero.specs.layout_fields import FIELDS, not_train_flags, written
 
 
 def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
@@ -23,7 +23,7 @@ def layout_flags(p: Mapping[str, Any], precision: bool = True) -> list[str]:
 
 
 def train_layout(p: Mapping[str, Any]) -> dict:
-    """A plan's layout as ``dayzero train`` takes it: the fields its runtime cannot run
-    (layout_fields.runtime_refused: the memory switches and activation offload) at their defaults
-    (export.job.unexpressed names what was left out)."""
-    return {**p, **{f.name: f.default for f in runtime_refused()}}
+    """A plan's layout as ``dayzero train``'s flags take it: the fields it has no flag for
+    (layout_fields.not_train_flags: the memory switches, activation offload, rank order) at their
+    defaults (export.job.unexpressed names what was left out)."""
+    return {**p, **{f.name: f.default for f in not_train_flags()}}

@@ -16,9 +16,9 @@ The sizing rule (:func:`default_ranks`, :func:`proxy_parallel`):
   the proxy's dp x cp and tp hold; a proxy without a pipeline runs 1F1B without virtual stages;
 * what the cut changes or dayzero's runtime does not run is left at ParallelConfig's default
   (:data:`RESET`): the layer counts (the layer split and the recompute layers per chunk, which
-  the cut pipeline and the shrunk proxy model no longer hold), the precision and rank order (the
-  runtime runs bf16 on tp-cp-dp-pp) and the fields the runtime cannot run
-  (layout_fields.runtime_refused: the memory switches and activation offload);
+  the cut pipeline and the shrunk proxy model no longer hold) and the fields the runtime runs
+  only at their defaults (layout_fields.runtime_refused: precision, rank order, the memory
+  switches and activation offload);
 * steps: :data:`DEFAULT_STEPS` (the loss-trend test needs at least 4), sequence :data:`PROXY_SEQ`
   (``dayzero validate``'s default).
 """
@@ -37,7 +37,7 @@ MAX_RANKS = 4  # gloo ranks on one CPU host (the runtime's multi-rank tests use 
 DEFAULT_STEPS = 8
 PROXY_SEQ = 256
 # the plan's fields a proxy leaves at their defaults (the module docstring's rule)
-RESET = ("layer_split", "recompute_layers", "precision", "rank_order", *(f.name for f in runtime_refused()))
+RESET = ("layer_split", "recompute_layers", *(f.name for f in runtime_refused()))
 
 
 @dataclass(frozen=True)
