@@ -22,17 +22,15 @@ from typing import Any, Callable, Mapping
 
 from dayzero.errors import ConfigError
 from dayzero.specs.parallel import (
-    CP_COMMS,
     DEFAULT_MODULES,
     DENSE_ORDER,
-    PRECISIONS,
     RECOMPUTE_MODULES,
     RECOMPUTES,
-    SCHEDULES,
     ParallelConfig,
 )
 
-# the JSON value kinds of a plan file's ``parallel`` object (plan_layout.checked_fields)
+# the JSON value kinds of a plan file's ``parallel`` object (plan_layout.checked_fields); the values a
+# string field takes are specs.parallel's tables (RECOMPUTES, SCHEDULES, ...), which layout_rules checks
 INT, INT_OR_NULL, STR, BOOL, INTS, STRS = "int", "int or null", "str", "bool", "ints", "strs"
 # how layout_flags writes a field back: always, when away from its default (and from what the
 # other fields imply), or never (no verb it writes for takes the flag)
@@ -198,8 +196,6 @@ FIELDS: tuple[Field, ...] = (
           runtime=f"ranks numbered other than {DENSE_ORDER} (its device mesh)"),
 )
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
-# the value sets a string field takes (the rules name a bad one: layout_rules)
-CHOICES = {"cp_comm": CP_COMMS, "recompute": RECOMPUTES, "precision": PRECISIONS, "schedule": SCHEDULES}
 
 
 def layout_fields() -> tuple[Field, ...]:
