@@ -27,7 +27,7 @@ class LayoutOptions:
             if f.name in ("seq", "gbs"):
                 continue
             if getattr(self, f.name) != f.default:
-                out.append("--" + f.name.replace("_", "-"))
+                out.append(BY_NAME[f.name].flag.long)
         return out
 
     def modules(self) -> tuple[str, tuple[str, ...]]:
