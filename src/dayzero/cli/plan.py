@@ -67,6 +67,7 @@ from dayzero.cli.predict import (
 from dayzero.cli.render import FitTable, styled
 from dayzero.cli.uncertainty import print_uncertainty
 from dayzero.planner.targets import MEMORY_TARGET
+from dayzero.specs.layout_fields import BY_NAME
 
 DEFAULT_MODEL = "dense-3t"
 DEFAULT_CLUSTER = "ascend910b-8192"
@@ -78,14 +79,14 @@ ScenarioGbsOpt = Annotated[int, typer.Option("--gbs", "--global-batch-size", min
                                              help="Global batch size, sequences.")]
 ScenarioSeqOpt = Annotated[int, typer.Option("--seq", "--seq-length", min=1, help="Sequence length, tokens.")]
 
-# The memory switches the search tries (planner.search.switches): unset, the search decides per layout;
-# --X forces it on, --no-X keeps it off
+# The memory switches the search tries (planner.search.switches), under their declared flags
+# (specs.layout_fields): unset, the search decides per layout; --X forces it on, --no-X keeps it off
 SearchedFp8ParamOpt = Annotated[Optional[bool], typer.Option(
-    "--fp8-param-gather/--no-fp8-param-gather",
+    *BY_NAME["fp8_param_gather"].flag.names,
     help="FP8 parameter storage and FP8 ZeRO all-gathers (Megatron --fp8-param-gather), under --precision fp8/fp4. "
          "Default: searched, on wherever the engine runs it (it only saves memory and time); --no- keeps it off.")]
 SearchedOffloadOpt = Annotated[Optional[bool], typer.Option(
-    "--optimizer-offload/--no-optimizer-offload",
+    *BY_NAME["optimizer_offload"].flag.names,
     help="FP32 master weights and AdamW moments in host memory, Adam on the CPU (Megatron --optimizer-cpu-offload, "
          "ZeRO-Offload). Default: searched, only where a layout does not fit at its recompute level without it (it "
          "adds the host Adam and PCIe to the step); --optimizer-offload forces it on, --no- keeps it off.")]
@@ -93,7 +94,7 @@ SearchedOffloadOpt = Annotated[Optional[bool], typer.Option(
 # activation offload (planner.memory.activation_offload) is searched by default where nothing fits without it;
 # --activation-offload N pins it (cli.common), --no-activation-offload keeps it off
 NoActivationOffloadOpt = Annotated[bool, typer.Option(
-    "--no-activation-offload",
+    BY_NAME["activation_offload_layers"].keep_off,
     help="Keep activation offload off. Default: searched, the fewest layers per chunk that fit only where a layout "
          "does not fit without recompute and the engine runs it (Megatron: pp 1, no recompute); "
          "--activation-offload N pins it to N.")]
