@@ -13,6 +13,7 @@ from rich.console import Console
 from dayzero.jsonable import dumps
 from dayzero.specs.accelerator_variant import power_capped
 from dayzero.specs.cluster import Cluster, resolve_cluster
+from dayzero.specs.layout_fields import BOOL, BY_NAME, INT, INT_OR_NULL, layout_fields, searched
 
 console = Console()
 err_console = Console(stderr=True)
@@ -96,43 +97,17 @@ def cluster_from_options(cluster: str | None, accelerator: str | None, devices: 
 
 # -- parallel layout options (memory, predict, train, validate) -------------------------------
 
-TpOpt = Annotated[int, typer.Option("--tp", "--tensor-model-parallel-size", min=1, help="Tensor-parallel degree.")]
-PpOpt = Annotated[int, typer.Option("--pp", "--pipeline-model-parallel-size", min=1, help="Pipeline-parallel degree.")]
-DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: devices / (tp*pp*cp)).")]
-CpOpt = Annotated[int, typer.Option("--cp", "--context-parallel-size", min=1, help="Context-parallel degree.")]
-CpCommOpt = Annotated[str, typer.Option("--cp-comm", "--cp-comm-type", help="How context parallelism exchanges the "
-                                        "sequence (Megatron --cp-comm-type): p2p (ring attention, overlapped) | a2a "
-                                        "(DeepSpeed-Ulysses all-to-all of Q/K/V/O, heads split over cp).")]
-EpOpt = Annotated[int, typer.Option("--ep", "--expert-model-parallel-size", min=1, help="Expert-parallel degree "
-                                                                                        "(folded over dp x cp).")]
-EtpOpt = Annotated[int, typer.Option("--etp", "--expert-tensor-parallel-size", min=1, help="Tensor-parallel degree "
-                                                                                           "inside experts.")]
-VppOpt = Annotated[int, typer.Option("--vpp", "--virtual-pipeline-model-parallel-size", min=1, help="Virtual pipeline "
-                                                                                                    "stages per rank "
-                                                                                                    "(interleaved "
-                                                                                                    "1F1B).")]
-MbsOpt = Annotated[int, typer.Option("--mbs", "--micro-batch-size", min=1, help="Micro-batch size (sequences).")]
-GbsOpt = Annotated[Optional[int], typer.Option("--gbs", "--global-batch-size", min=1, help="Global batch size "
-                                                                                           "(sequences; default "
-                                                                                           "mbs*dp).")]
-SeqOpt = Annotated[int, typer.Option("--seq", "--seq-length", min=1, help="Sequence length (tokens).")]
-ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 "
-                                                                   "+parameters.")]
-RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recompute: none | selective | full.")]
-RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
-    "--recompute-modules", help="With selective recompute, the modules recomputed, comma-separated (Megatron "
-    "--recompute-modules): core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts. Default core_attn; "
-    "giving modules implies --recompute selective.")]
-RecomputeLayersOpt = Annotated[Optional[int], typer.Option(
-    "--recompute-layers", min=1, help="With --recompute full: only the first N layers of each model chunk (Megatron "
-    "--recompute-method block --recompute-num-layers N).")]
-SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence "
-                                                                                        "parallelism with TP.")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="Compute precision: bf16 | fp8.")]
-ScheduleOpt = Annotated[Optional[str], typer.Option("--schedule", help="Pipeline schedule: 1f1b | interleaved | "
-                                                                       "gpipe.")]
-SplitOpt = Annotated[Optional[str], typer.Option("--layer-split", help="Layers per (virtual) stage, comma-separated, "
-                                                                       "e.g. 5,6,6,5.")]
+def field_option(name: str, help: str | None = None):
+    """The typer option of a layout field's flag, as declared (dayzero.specs.layout_fields.FIELDS):
+    its names and aliases, help, bounds; ``help`` replaces the declared help."""
+    f = BY_NAME[name]
+    kind = bool if f.json == BOOL else int if f.json in (INT, INT_OR_NULL) else str
+    bounds = {k: v for k, v in (("min", f.flag.min), ("max", f.flag.max), ("metavar", f.flag.metavar)) if v is not None}
+    option = typer.Option(*f.flag.names, help=help or f.flag.help, **bounds)
+    return Annotated[kind if f.flag.default is not None else Optional[kind], option]
+
+
+PrecisionOpt = field_option("precision")
 AttentionKernelOpt = Annotated[str, typer.Option("--attention-kernel", help="fused (cuDNN / FlashAttention-3 class: "
                                                                             "saves log-sum-exp) | flash2 | unfused "
                                                                             "(saves the s x s scores).")]
@@ -149,34 +124,23 @@ KernelLevelOpt = Annotated[str, typer.Option("--kernel-level", help="The engine'
                                                                   "runtime); see docs/performance.md.")]
 
 
-def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
-    """Decorator for a verb that takes a layout: its ``layout`` parameter becomes the layout flags
-    (``--tp`` ... ``--layer-split``, the same names, help and defaults on every verb) and reaches
-    the verb as one :class:`~dayzero.specs.layout_options.LayoutOptions`."""
+def expands(param: str, flags: list[tuple[str, Any, Any]], pack):
+    """Decorator: the verb's parameter ``param`` becomes the keyword options ``flags`` ((name,
+    annotation, default), in that order, where ``param`` stood), given back to the verb packed into
+    one value by ``pack`` (a callable of the options' keywords)."""
     import functools
     import inspect
 
-    from dayzero.specs.layout_options import LayoutOptions
-
-    seq_opt = SeqOpt if seq_help is None else Annotated[int, typer.Option("--seq", "--seq-length", min=1,
-                                                                          help=seq_help)]
-    flags = [("tp", TpOpt, 1), ("pp", PpOpt, 1), ("dp", DpOpt, None), ("cp", CpOpt, 1), ("cp_comm", CpCommOpt, "p2p"),
-             ("ep", EpOpt, 1),
-             ("etp", EtpOpt, 1), ("vpp", VppOpt, 1), ("mbs", MbsOpt, 1), ("gbs", GbsOpt, None),
-             ("seq", seq_opt, seq_default), ("zero", ZeroOpt, 1), ("recompute", RecomputeOpt, "none"),
-             ("recompute_modules", RecomputeModulesOpt, None), ("recompute_layers", RecomputeLayersOpt, None),
-             ("sequence_parallel", SpOpt, False),
-             ("schedule", ScheduleOpt, None), ("layer_split", SplitOpt, None)]
     names = [n for n, _, _ in flags]
 
     def wrap(fn):
         sig = inspect.signature(fn, eval_str=True)
-        if "layout" not in sig.parameters:
-            raise TypeError(f"{fn.__name__} has no `layout` parameter")
+        if param not in sig.parameters:
+            raise TypeError(f"{fn.__name__} has no `{param}` parameter")
         params, keyword = [], False
         for p in sig.parameters.values():
-            keyword = keyword or p.default is not p.empty or p.name == "layout"
-            if p.name == "layout":
+            keyword = keyword or p.default is not p.empty or p.name == param
+            if p.name == param:
                 params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d)
                            for n, a, d in flags]
             else:
@@ -184,14 +148,37 @@ def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
 
         @functools.wraps(fn)
         def verb(*args, **kwargs):
-            layout = LayoutOptions(**{n: kwargs.pop(n) for n in names if n in kwargs})
-            return fn(*args, layout=layout, **kwargs)
+            return fn(*args, **{param: pack(**{n: kwargs.pop(n) for n in names if n in kwargs})}, **kwargs)
 
         verb.__signature__ = sig.replace(parameters=params)
         verb.__annotations__ = {p.name: p.annotation for p in params}
         return verb
 
     return wrap
+
+
+def takes_layout(seq_default: int = 4096, seq_help: str | None = None):
+    """Decorator for a verb that takes a layout: its ``layout`` parameter becomes the layout flags
+    (``--tp`` ... ``--layer-split``, the same names, help and defaults on every verb, as
+    dayzero.specs.layout_fields declares them) and reaches the verb as one
+    :class:`~dayzero.specs.layout_options.LayoutOptions`."""
+    from dayzero.specs.layout_options import LayoutOptions
+
+    return expands("layout", [(f.name, field_option(f.name, seq_help if f.name == "seq" else None),
+                               seq_default if f.name == "seq" else f.flag.default) for f in layout_fields()],
+                   LayoutOptions)
+
+
+def takes_pins():
+    """Decorator for ``dayzero plan``: its ``pins`` parameter becomes a comma-separated option per
+    searched field (layout_fields.searched), under the flag and aliases the other verbs give that
+    field's single value, and reaches the verb as {field: text or None}
+    (layout_fields.search_pins reads them)."""
+    def pin(f):
+        help = f.search.help or f"Only these {f.search.what} (comma-separated)."
+        return Annotated[Optional[str], typer.Option(*(n.split("/")[0] for n in f.flag.names), help=help)]
+
+    return expands("pins", [(f.name, pin(f), None) for f in searched() if f.search.what or f.search.help], dict)
 
 
 # -- the memory recipe (memory, predict, plan) --------------------------------------------------
@@ -202,23 +189,9 @@ MomentsOpt = Annotated[str, typer.Option("--moments", help="Dtype of AdamW's two
 ActFp8Opt = Annotated[bool, typer.Option("--activation-func-fp8-input-store/--no-activation-func-fp8-input-store",
                                          help="Under --precision fp8, cache the SwiGLU inputs in FP8 too (Megatron's "
                                               "flag; DeepSeek-V3 sec. 3.3.3).")]
-Fp8ParamOpt = Annotated[bool, typer.Option("--fp8-param-gather/--no-fp8-param-gather",
-                                           help="Under --precision fp8/fp4, keep the decoder layers' weights in FP8 "
-                                                "(1 B/param, no separate FP8 copy; FP32 master as before) and "
-                                                "all-gather them in FP8 (Megatron's flag, TE fp8_model_init).")]
-
-OptimizerOffloadOpt = Annotated[bool, typer.Option("--optimizer-offload/--no-optimizer-offload",
-                                                   help="FP32 master weights and AdamW moments in host memory, "
-                                                        "Adam on the CPU (Megatron --optimizer-cpu-offload, "
-                                                        "ZeRO-Offload); the step pays the host Adam and PCIe.")]
-
-
-ActivationOffloadOpt = Annotated[int, typer.Option("--activation-offload", metavar="N",
-                                                   help="Keep the saved activations of the first N layers of each "
-                                                        "model chunk in host memory between forward and backward "
-                                                        "(Megatron --cpu-offloading --cpu-offloading-num-layers N); "
-                                                        "each micro-batch pays the PCIe copies compute does not "
-                                                        "hide. 0: off.")]
+Fp8ParamOpt = field_option("fp8_param_gather")
+OptimizerOffloadOpt = field_option("optimizer_offload")
+ActivationOffloadOpt = field_option("activation_offload_layers")
 
 
 AllocatorOpt = Annotated[str, typer.Option("--allocator", help="PyTorch's allocator: caching (the default) | "

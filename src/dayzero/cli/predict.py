@@ -38,6 +38,7 @@ from dayzero.cli.common import (
     console,
     cost_options,
     emit_json,
+    field_option,
     human,
     memory_recipe,
     model_notes,
@@ -83,7 +84,7 @@ ExpertLoadsOpt = Annotated[Optional[str], typer.Option("--expert-loads", help="M
 PlacementOpt = Annotated[Optional[str], typer.Option("--placement", help="Expert placement file (dayzero moe place "
                                                      "--out) the imbalance is computed under (default: contiguous; "
                                                      "without --expert-loads: uniform loads).")]
-OrderOpt = Annotated[str, typer.Option("--rank-order", help="Rank layout, fastest dim first.")]
+OrderOpt = field_option("rank_order")
 CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="JSON/YAML of efficiency constants (see "
                                                                              "docs/performance.md).")]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dayzero.errors import ConfigError, LayoutError
 from dayzero.export.quoting import Ref, refuse_control
+from dayzero.specs.layout_fields import not_train_flags
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
@@ -357,13 +358,6 @@ def schedule_of(plan: object) -> dict[str, int]:
 
 
 def unexpressed(parallel: ParallelConfig) -> list[str]:
-    """Settings of the plan that ``dayzero train``'s flags do not carry."""
-    out = []
-    for switch, words in (("fp8_param_gather", "FP8 parameter storage and gathers (the runtime trains bf16)"),
-                          ("optimizer_offload", "the optimizer on the host (the runtime keeps it on the device)")):
-        if getattr(parallel, switch):
-            out.append(words)
-    if parallel.activation_offload_layers:  # planner.engines: the runtime keeps saved activations on the device
-        out.append(f"the saved activations of {parallel.activation_offload_layers} layers per chunk on the host "
-                   "(the runtime keeps them on the device)")
-    return out
+    """Settings of the plan that ``dayzero train``'s flags do not carry (layout_fields.not_train_flags)."""
+    return [f"{f.runtime} ({f.name} {getattr(parallel, f.name)})" for f in not_train_flags()
+            if getattr(parallel, f.name) != f.default]

@@ -6,33 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from dayzero.errors import LayoutError
+from dayzero.specs.layout_fields import BY_NAME, layout_fields, option_fields, with_fields
 from dayzero.specs.parallel import ParallelConfig
 
 
 @dataclass(frozen=True)
+@with_fields(option_fields())
 class LayoutOptions:
-    """Degrees, batch and the memory-shaping settings of one layout, as given (``dp`` None: the
-    devices left over by tp x pp x cp; ``gbs`` None: mbs x dp; ``schedule`` None: interleaved when
-    vpp > 1, else 1F1B; ``layer_split`` as the comma-separated text of ``--layer-split``)."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int | None = None
-    cp: int = 1
-    cp_comm: str = "p2p"  # --cp-comm: p2p (ring attention) | a2a (Ulysses; ParallelConfig.cp_comm)
-    ep: int = 1
-    etp: int = 1
-    vpp: int = 1
-    mbs: int = 1
-    gbs: int | None = None
-    seq: int = 4096
-    zero: int = 1
-    recompute: str = "none"
-    recompute_modules: str | None = None  # comma-separated (--recompute-modules); implies selective
-    recompute_layers: int | None = None  # with full recompute: the first N layers of each model chunk
-    sequence_parallel: bool = False
-    schedule: str | None = None
-    layer_split: str | None = None
+    """Degrees, batch and the memory-shaping settings of one layout, as given: one field per layout
+    flag, declared in :data:`dayzero.specs.layout_fields.FIELDS` (``dp`` None: the devices left
+    over by tp x pp x cp; ``gbs`` None: mbs x dp; ``schedule`` None: interleaved when vpp > 1, else
+    1F1B; ``recompute_modules`` and ``layer_split`` as the comma-separated text of their flags;
+    ``recompute_modules`` implies selective recompute, ``recompute_layers`` full)."""
 
     def pinned(self, seq_default: int | None = None) -> list[str]:
         """The ``--flag`` of every field set away from its default (``seq`` and ``gbs`` are not
@@ -42,7 +27,7 @@ class LayoutOptions:
             if f.name in ("seq", "gbs"):
                 continue
             if getattr(self, f.name) != f.default:
-                out.append("--" + f.name.replace("_", "-"))
+                out.append(BY_NAME[f.name].flag.long)
         return out
 
     def modules(self) -> tuple[str, tuple[str, ...]]:
@@ -103,23 +88,18 @@ class LayoutOptions:
                  fill_pipeline: bool = False) -> ParallelConfig:
         """The ParallelConfig on ``devices`` (checked where it is used: ``layout_rules.validate``);
         ``fill_pipeline``: a default global batch holds pp micro-batches (what a runtime needs)."""
-        extra: dict = {"schedule": self.schedule} if self.schedule else {}
-        if rank_order:
-            extra["rank_order"] = rank_order
         dp = self.data_parallel(devices)
         recompute, modules = self.modules()
-        return ParallelConfig(tp=self.tp, pp=self.pp, dp=dp, cp=self.cp, cp_comm=self.cp_comm, ep=self.ep,
-                              etp=self.etp, vpp=self.vpp,
-                              mbs=self.mbs, gbs=self.default_gbs(dp, fill_pipeline), seq=self.seq,
-                              zero=self.zero, recompute=recompute, recompute_modules=modules,
-                              recompute_layers=self.recompute_layers,
-                              sequence_parallel=self.sequence_parallel,
-                              precision=precision, layer_split=self.split(), **extra)
+        given = {f.name: getattr(self, f.name) for f in layout_fields() if getattr(self, f.name) is not None}
+        return ParallelConfig(**{**given, "dp": dp, "gbs": self.default_gbs(dp, fill_pipeline), "recompute": recompute,
+                                 "recompute_modules": modules, "layer_split": self.split(), "precision": precision,
+                                 **({"rank_order": rank_order} if rank_order else {})})
 
     def resolve(self, devices: int | None, precision: str = "bf16", plan: str | None = None,
                 rank_order: str | None = None, fill_pipeline: bool = False) -> ParallelConfig:
-        """The layout from ``--plan`` (a ``dayzero plan --json`` file; these flags must then be left
-        at their defaults, but for ``--seq`` and ``--gbs``) or else from the flags."""
+        """The layout from ``--plan`` (a ``dayzero plan --json`` file, every field it sets:
+        plan_layout.layout_of; these flags must then be left at their defaults, but for ``--seq``
+        and ``--gbs``) or else from the flags."""
         if not plan:
             return self.parallel(devices, precision, rank_order, fill_pipeline)
         from dayzero.specs.plan_layout import plan_layout
@@ -127,5 +107,7 @@ class LayoutOptions:
         given = self.pinned()
         if given:
             raise LayoutError(f"--plan sets the layout; drop {', '.join(given)}")
-        par = plan_layout(plan, devices or 1, self.seq, self.gbs).with_(precision=precision)
+        par = plan_layout(plan, devices or 1, self.seq, self.gbs)  # every field of the plan, its precision too
+        if precision != BY_NAME["precision"].flag.default and precision != par.precision:
+            raise LayoutError(f"--plan sets the layout, its precision {par.precision} included; drop --precision")
         return par.with_(rank_order=rank_order) if rank_order else par

@@ -10,18 +10,27 @@ object goes through :func:`checked_fields` (each field's JSON type: an integer i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from dayzero.errors import ConfigError, LayoutError
 from dayzero.inputs import load_json
 from dayzero.specs import layout_rules
+from dayzero.specs.layout_fields import (
+    BOOL,
+    DERIVED_INTS,
+    FIELDS,
+    INT,
+    INT_OR_NULL,
+    INTS,
+    STR,
+    STRS,
+    Field,
+    runtime_refused,
+)
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import ParallelConfig
 
-INT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "seq", "zero", "activation_offload_layers",
-              "microbatches", "world", "edp")
-STR_FIELDS = ("recompute", "schedule", "precision", "cp_comm", "rank_order")
-BOOL_FIELDS = ("sequence_parallel", "fp8_param_gather", "optimizer_offload")
 # beyond any degree or size (layout_rules.MAX_DEGREE is 2^24) but inside int64: the rules then name the field
 INT_LIMIT = 2**53
 
@@ -36,40 +45,44 @@ def _int(v, source: str, field: str, optional: bool = False) -> int | None:
     return v
 
 
+def _checked(f: Field, v, source: str):
+    """One field's JSON value, type-checked as its declaration says (layout_fields.Field.json)."""
+    if f.json in (INT, INT_OR_NULL):
+        _int(v, source, f.name, optional=f.json == INT_OR_NULL)
+        if f.json_min is not None and v < f.json_min:
+            raise ConfigError(source, f.name, f"must be >= {f.json_min} ({f.flag.long} {f.flag.default}: the "
+                              f"default), got {v}")
+    elif f.json == STR and not isinstance(v, str):
+        raise ConfigError(source, f.name, f"expected a string, got {v!r}")
+    elif f.json == BOOL and not isinstance(v, bool):
+        raise ConfigError(source, f.name, f"expected true or false, got {v!r}")
+    elif f.json == INTS and v is not None:
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ConfigError(source, f.name, f"expected a list of layer counts per stage, got {v!r}")
+        for x in v:
+            _int(x, source, f.name)
+        return tuple(v)
+    elif f.json == STRS and v is not None:
+        names = [v] if isinstance(v, str) else v
+        if not isinstance(names, (list, tuple)) or not all(isinstance(m, str) for m in names):
+            raise ConfigError(source, f.name, f"expected a list of module names, got {v!r}")
+        return tuple(names)
+    return v
+
+
 def checked_fields(p: dict, source: str) -> dict:
     """The ``parallel`` object ``p`` with every field of the wrong JSON type refused (one line
-    naming ``source`` and the field); values are left to :meth:`ParallelConfig.problems`."""
+    naming ``source`` and the field; the types: layout_fields.FIELDS); values are left to
+    :meth:`ParallelConfig.problems`."""
     if not isinstance(p, dict):
         raise ConfigError(source, "parallel", f"expected an object of layout fields, got {type(p).__name__}")
     out = dict(p)
-    for k in INT_FIELDS:
+    for k in DERIVED_INTS:
         if k in p:
             _int(p[k], source, k)
-    if p.get("activation_offload_layers", 0) < 0:
-        raise ConfigError(source, "activation_offload_layers", f"must be >= 0 layers per model chunk (0: off), got "
-                          f"{p['activation_offload_layers']}")
-    if "recompute_layers" in p:
-        _int(p["recompute_layers"], source, "recompute_layers", optional=True)
-    for k in STR_FIELDS:
-        if k in p and not isinstance(p[k], str):
-            raise ConfigError(source, k, f"expected a string, got {p[k]!r}")
-    for k in BOOL_FIELDS:
-        if k in p and not isinstance(p[k], bool):
-            raise ConfigError(source, k, f"expected true or false, got {p[k]!r}")
-    split = p.get("layer_split")
-    if split is not None:
-        if not isinstance(split, (list, tuple)) or not split:
-            raise ConfigError(source, "layer_split", f"expected a list of layer counts per stage, got {split!r}")
-        for v in split:
-            _int(v, source, "layer_split")
-        out["layer_split"] = tuple(split)
-    mods = p.get("recompute_modules")
-    if mods is not None:
-        if isinstance(mods, str):
-            mods = [mods]
-        if not isinstance(mods, (list, tuple)) or not all(isinstance(m, str) for m in mods):
-            raise ConfigError(source, "recompute_modules", f"expected a list of module names, got {mods!r}")
-        out["recompute_modules"] = tuple(mods)
+    for f in FIELDS:
+        if f.name in p:
+            out[f.name] = _checked(f, p[f.name], source)
     return out
 
 
@@ -120,16 +133,36 @@ def plan_interval(path: str | Path) -> tuple[int, str] | None:
 
 
 def plan_layout(path: str | Path, world: int, seq: int, gbs: int | None = None) -> ParallelConfig:
-    """The plan's (its best plan's) tp, pp, cp (and its cp_comm), ep, etp, vpp, ZeRO, recompute, sequence parallelism,
-    schedule and micro-batch size on ``world`` ranks: dp fills them; the global batch keeps the
-    plan's micro-batch count (at least pp, for the pipeline; at most 4 pp, to stay a proxy) unless
-    ``gbs`` is given."""
+    """The plan's (its best plan's) layout on ``world`` ranks (:func:`layout_of`), refused with the
+    reason where it sets a field dayzero's runtime cannot run (:func:`runnable`)."""
     _, p = read_plan(path)
-    return layout_of(p, world, seq, gbs, str(path))
+    return runnable(layout_of(p, world, seq, gbs, str(path)), str(path))
+
+
+def runnable(par: ParallelConfig, source: str) -> ParallelConfig:
+    """``par`` when ``dayzero train`` / ``validate`` run every field it sets; else a one-line
+    LayoutError naming the first field they cannot run (layout_fields.runtime_refused), why and
+    what to do. The values of carried fields the runtime refuses (cp > 1, an FP8 recipe, ...) are
+    its pre-flight's (runtime.checks.check_runtime)."""
+    for f in runtime_refused():
+        value = getattr(par, f.name)
+        if value != f.default:
+            raise LayoutError(f"{source}: {f.name} {json.dumps(value)}: dayzero's runtime does not run {f.runtime}; "
+                              f"re-plan with {f.keep_off}, or export the plan to an engine that runs it "
+                              f"(dayzero export {source} --to ENGINE)")
+    return par
+
+
+# fitted to the ranks at hand, not carried: dp fills them, the batch keeps the micro-batch count, seq is the run's
+REFIT = ("dp", "gbs", "seq")
 
 
 def layout_of(p: dict, world: int, seq: int, gbs: int | None = None, source: str = "plan") -> ParallelConfig:
-    """:func:`plan_layout` of a plan's ``parallel`` object already read (``source`` names it in errors)."""
+    """The layout of a plan's ``parallel`` object (``source`` names it in errors) on ``world``
+    ranks: every field as written (layout_fields.FIELDS) but for :data:`REFIT`: dp fills the ranks
+    (tp, pp, cp and so the layer split and recompute layers per chunk are kept), the global batch
+    keeps the plan's micro-batch count (at least pp, for the pipeline; at most 4 pp, to stay a
+    proxy) unless ``gbs`` is given, and ``seq`` is the run's."""
     f = checked_fields(p, source)
     tp, pp, cp = f.get("tp", 1), f.get("pp", 1), f.get("cp", 1)
     mbs, vpp, micro = f.get("mbs", 1), f.get("vpp", 1), f.get("microbatches", 1)
@@ -146,14 +179,15 @@ def layout_of(p: dict, world: int, seq: int, gbs: int | None = None, source: str
                           f"replica; use --nproc as a multiple of {tp * pp * cp}")
     dp = world // (tp * pp * cp)
     m = max(pp, min(micro, 4 * pp))
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm=f.get("cp_comm", "p2p"), ep=ep, etp=etp, vpp=vpp,
-                         mbs=mbs, gbs=gbs or mbs * dp * m,
-                         seq=seq, zero=zero, recompute=f.get("recompute", "none"),
-                         recompute_modules=tuple(f.get("recompute_modules") or ()),
-                         sequence_parallel=bool(f.get("sequence_parallel")), schedule=f.get("schedule", "1f1b"))
-    # the rules that need the model and the ranks (ep x etp within a stage, heads over tp) are the
-    # consumer's: the run's pre-flight validates the fitted layout against both
-    bad = [x for x in layout_rules.problems(par) if x.split()[0] in ("recompute", "schedule", "cp_comm", "zero")]
+    kept = {x.name: f[x.name] for x in FIELDS if x.name in f and x.name not in REFIT}
+    par = ParallelConfig(**{**kept, "dp": dp, "gbs": gbs or mbs * dp * m, "seq": seq})
+    # the rules that need the model and the ranks (ep x etp within a stage, heads over tp, the layer
+    # split against the layers) are the consumer's: the run's pre-flight validates the fitted layout against both
+    bad = [x for x in layout_rules.problems(par) if x.split()[0] in CARRIED_RULES]
     if bad:
         raise LayoutError(f"{source}: invalid parallel layout: " + "; ".join(bad))
     return par
+
+
+# the first words of the layout rules on carried fields that need neither the model nor the ranks
+CARRIED_RULES = ("recompute", "schedule", "cp_comm", "zero", "precision", "rank", "fp8", "layer_split")

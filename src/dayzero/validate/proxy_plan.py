@@ -14,6 +14,11 @@ The sizing rule (:func:`default_ranks`, :func:`proxy_parallel`):
   free, so the proxy has tensor parallelism where the plan has it, then a pipeline, and the product
   always divides the ranks; data parallelism fills the rest. ep and etp are cut the same way to what
   the proxy's dp x cp and tp hold; a proxy without a pipeline runs 1F1B without virtual stages;
+* what the cut changes or dayzero's runtime does not run is left at ParallelConfig's default
+  (:data:`RESET`): the layer counts (the layer split and the recompute layers per chunk, which
+  the cut pipeline and the shrunk proxy model no longer hold) and the fields the runtime runs
+  only at their defaults (layout_fields.runtime_refused: precision, rank order, the memory
+  switches and activation offload);
 * steps: :data:`DEFAULT_STEPS` (the loss-trend test needs at least 4), sequence :data:`PROXY_SEQ`
   (``dayzero validate``'s default).
 """
@@ -26,9 +31,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from dayzero.specs.layout_fields import runtime_refused
+
 MAX_RANKS = 4  # gloo ranks on one CPU host (the runtime's multi-rank tests use at most 4)
 DEFAULT_STEPS = 8
 PROXY_SEQ = 256
+# the plan's fields a proxy leaves at their defaults (the module docstring's rule)
+RESET = ("layer_split", "recompute_layers", *(f.name for f in runtime_refused()))
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ def proxy_parallel(p: dict, nproc: int) -> dict:
     if out["pp"] == 1:
         out["vpp"], out["schedule"] = 1, "1f1b"
     out["dp"] = free
+    for f in RESET:
+        out.pop(f, None)
     return out
 
 

@@ -31,9 +31,10 @@ from dayzero.specs.grid import (
     module_names,
 )
 from dayzero.specs.grid import SWITCHES as SWITCH_COLUMNS
+from dayzero.specs.layout_fields import search_fields, with_fields
 from dayzero.specs.layout_rules import DEGREES, Where, field_problems, mask, rules_reading
 from dayzero.specs.model import ModelSpec
-from dayzero.specs.parallel import DENSE_ORDER, RECOMPUTES, ParallelConfig, even_split_fills
+from dayzero.specs.parallel import RECOMPUTES, ParallelConfig, even_split_fills
 
 STAGES = (("tp", "sequence_parallel", "rank_order"), ("pp",), ("cp",), ("ep",), ("etp",), ("vpp", "schedule"),
           ("mbs",))
@@ -83,36 +84,22 @@ def _divisors(n: int) -> list[int]:
 
 
 @dataclass(frozen=True)
+@with_fields(search_fields())
 class SearchSpace:
-    """Options per dim, in ParallelConfig's terms; None means the default list derived from the
-    model and cluster."""
+    """Options per dim, in ParallelConfig's terms: one tuple per searched field, its default list
+    declared with the field (dayzero.specs.layout_fields.FIELDS, ``Search.default``; None: the
+    default list :meth:`resolve` derives from the model and the cluster). So tp, pp, dp (pinned
+    degrees: only layouts whose dp = devices / (tp pp cp) is one of them), cp, cp_comm (None:
+    every exchange the engine runs, the faster per row: planner.search.cp_choice), ep, etp, vpp,
+    mbs, zero, recompute, recompute_modules (module sets selective recompute is tried with; None:
+    every distinct set that applies), sequence_parallel (with tp > 1: it only removes work and
+    memory; a tp = 1 layout is one layout, without it), schedule (None: interleaved 1F1B with
+    vpp > 1, else 1F1B; 1f1b keeps vpp 1, interleaved vpp > 1, gpipe any vpp) and rank_order."""
 
-    tp: tuple[int, ...] | None = None
-    pp: tuple[int, ...] | None = None
-    cp: tuple[int, ...] | None = None
-    ep: tuple[int, ...] | None = None
-    etp: tuple[int, ...] | None = None
-    vpp: tuple[int, ...] | None = None
-    mbs: tuple[int, ...] = (1, 2, 4, 8)
-    zero: tuple[int, ...] = (0, 1, 2, 3)
-    recompute: tuple[str, ...] = RECOMPUTES
-    # module sets selective recompute is tried with (None: every distinct set that applies)
-    recompute_modules: tuple[tuple[str, ...], ...] | None = None
-    # with tp > 1 (it only removes work and memory); a tp = 1 layout is one layout, without it
-    sequence_parallel: tuple[bool, ...] = (True,)
-    rank_order: tuple[str, ...] = (DENSE_ORDER,)
     engine: str | None = None  # only layouts this engine runs as laid out (planner.engines)
-    # pinned data-parallel degrees: only layouts whose dp = devices / (tp pp cp) is one of them
-    dp: tuple[int, ...] | None = None
     # memory switches the search keeps off (planner.search.switches: --no-fp8-param-gather, --no-optimizer-offload;
     # activation_offload_layers: --no-activation-offload, planner.search.search.offloaded_variants)
     no_switches: tuple[str, ...] = ()
-    # pinned pipeline schedules (None: interleaved 1F1B with vpp > 1, else 1F1B); 1f1b keeps vpp 1,
-    # interleaved vpp > 1 (with one chunk per rank it runs as 1F1B), gpipe any vpp
-    schedule: tuple[str, ...] | None = None
-    # pinned context-parallel exchanges (None: every one the engine runs, the faster chosen per row;
-    # planner.search.cp_choice)
-    cp_comm: tuple[str, ...] | None = None
 
     def pins(self) -> str:
         """The options set away from the defaults, as the plan flags that set them (``--tp 4,8
