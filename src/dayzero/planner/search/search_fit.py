@@ -53,7 +53,7 @@ def _needs(levels, allowed, union: int, where: np.ndarray, check, drops) -> np.n
     and every level keeps the largest saved tensor's transient: memory_terms.RECOMPUTE_EXCESS; not
     the short set's own peak, whose rebuilt module can outweigh what it drops beyond a subset's),
     the base is not checked there. Probes the bases in ``where`` (flags) with ``check``
-    (_fitting_variants' memory probe, with that bound: (indices, peak, fits, may fit)); ``drops(mask)``:
+    (:meth:`_PassProbe.check`, with that bound: (indices, peak, fits, may fit)); ``drops(mask)``:
     the tensors a module set drops (:func:`dropped_terms`). Returns (bases, allowed levels) flags."""
     rc = levels[allowed[union]][0]
     may = np.ones((len(where), len(allowed)), dtype=bool)
