@@ -63,8 +63,26 @@ def backtest_cmd(
     if json_out:
         emit_json(result)
         return
-    s = result["summary"]
     pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
+    _print_summary(result, by, pct)
+    if holdout:
+        _print_holdout(result["holdout"], pct)
+    if worst and result["rows"]:
+        _print_worst(result, worst)
+    _print_assumed_and_skipped(result)
+    args = ["dayzero", "backtest", *([csv] if csv else [])]
+    if fit and write_calibration:
+        step = Step.of("dayzero", "plan", "--calibration", write_calibration, why="plan with the fitted constants")
+    else:
+        step = Step.of(*args, "--fit", "--write-calibration", "runs/calibration.json",
+                       why="fit the constants on the even ids, check on the odd")
+    print_next(console, [step])
+
+
+def _print_summary(result: dict, by: str, pct) -> None:
+    """The headline (rows predicted and skipped, MAPE, p90), each half, the memory fit share and the
+    per-group table."""
+    s = result["summary"]
     console.print(f"[bold]{s['n']}[/bold] rows predicted, {s['skipped']} skipped ({s['skipped_fraction']:.1%}); "
                   f"MAPE [bold]{pct(s['mape'])}[/bold], p90 |error| {pct(s['p90_abs_rel_error'])}")
     for half, h in result["halves"].items():
@@ -82,17 +100,24 @@ def backtest_cmd(
     for group, v in s["by_group"].items():
         t.add_row(group, str(v["n"]), f"{v['mape']:.1%}", f"{v['p90_abs_rel_error']:.1%}", f"{v['bias']:+.1%}")
     console.print(t)
-    if holdout:
-        _print_holdout(result["holdout"], pct)
-    if worst and result["rows"]:
-        w = FitTable(title=f"Largest errors (of {s['n']})")
-        for col in ("id", "run", "layout", "published tok/s/dev", "predicted", "error", "memory"):
-            w.add_column(col, num=col in ("published tok/s/dev", "predicted", "error", "memory"))
-        for r in sorted(result["rows"], key=lambda r: -abs(r["rel_error"]))[:worst]:
-            w.add_row(r["id"], f"{r['model']} on {r['devices']:,} x "
-                               f"{r['accelerator']}", r["layout"], f"{r['published']:,.0f}",
-                      f"{r['predicted']:,.0f}", f"{r['rel_error']:+.1%}", f"{r['memory_fraction']:.0%}")
-        console.print(w)
+
+
+def _print_worst(result: dict, worst: int) -> None:
+    """The ``worst`` rows with the largest errors."""
+    s = result["summary"]
+    w = FitTable(title=f"Largest errors (of {s['n']})")
+    for col in ("id", "run", "layout", "published tok/s/dev", "predicted", "error", "memory"):
+        w.add_column(col, num=col in ("published tok/s/dev", "predicted", "error", "memory"))
+    for r in sorted(result["rows"], key=lambda r: -abs(r["rel_error"]))[:worst]:
+        w.add_row(r["id"], f"{r['model']} on {r['devices']:,} x "
+                           f"{r['accelerator']}", r["layout"], f"{r['published']:,.0f}",
+                  f"{r['predicted']:,.0f}", f"{r['rel_error']:+.1%}", f"{r['memory_fraction']:.0%}")
+    console.print(w)
+
+
+def _print_assumed_and_skipped(result: dict) -> None:
+    """What was assumed where rows do not say (one example each), and the rows skipped, by reason."""
+    s = result["summary"]
     if s["assumed"]:
         console.print(f"assumed where rows do not say ({s['rows_with_assumptions']} rows; per row under "
                       "'assumed' in --json):")
@@ -106,13 +131,6 @@ def backtest_cmd(
             reasons.setdefault(f"{sk['kind']}: {sk['reason']}", []).append(sk["id"])
         for reason, ids in reasons.items():
             console.print(f"  {len(ids)} x {reason} ({', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''})")
-    args = ["dayzero", "backtest", *([csv] if csv else [])]
-    if fit and write_calibration:
-        step = Step.of("dayzero", "plan", "--calibration", write_calibration, why="plan with the fitted constants")
-    else:
-        step = Step.of(*args, "--fit", "--write-calibration", "runs/calibration.json",
-                       why="fit the constants on the even ids, check on the odd")
-    print_next(console, [step])
 
 
 def _print_holdout(h: dict, pct) -> None:

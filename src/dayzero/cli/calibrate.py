@@ -61,23 +61,7 @@ def calibrate_cmd(
         _calibrate_runs(runs, out, json_out)
         return
     if nccl_tests:
-        from dayzero.validate.nccl_tests import import_runs
-        from dayzero.validate.profile import write_profile
-
-        profile = import_runs([str(p) for p in nccl_tests], accelerator, base, name)
-        path = write_profile(profile, out) if out else None
-        meta = profile["measurements"]["nccl_tests"]
-        if json_out:
-            emit_json({"profile": profile, "path": None if path is None else str(path)})
-            return
-        f = meta["fit"]
-        console.print(f"[bold]{profile['name']}[/bold]: {meta['tier']} tier from {len(meta['rows'])} rows on "
-                      f"{len(meta['hosts'])} host(s) ({meta['device']}): {f['bw_gbytes_per_s']:.1f} GB/s, "
-                      f"latency {f['alpha_us']:.1f} us; fit error " +
-                      ", ".join(f"{k} {v:.0%}" for k, v in f["mape"].items()), highlight=False)
-        if path:
-            console.print(f"wrote {path}")
-        print_next(console, [_next(path, nccl_tests, accelerator, base, name)])
+        _import_nccl_tests(nccl_tests, accelerator, base, name, out, json_out)
         return
     if accelerator or base:
         raise ConfigError("--accelerator/--base", None, "only apply with --import-nccl-tests")
@@ -96,6 +80,29 @@ def calibrate_cmd(
                 "runs/validate/tiny-llama", why="measured vs predicted on this machine") if path else
         Step.of("dayzero", "calibrate", "--nproc", nproc, *(["--quick"] if quick else []), "--out",
                 "runs/host.yaml", why="keep the profile")])
+
+
+def _import_nccl_tests(files: list[Path], accelerator: str | None, base: str | None, name: str | None,
+                       out: Path | None, json_out: bool) -> None:
+    """--import-nccl-tests: a profile from nccl-tests output (validate.nccl_tests.import_runs), written to
+    --out, and its fitted tier, bandwidth, latency and fit error."""
+    from dayzero.validate.nccl_tests import import_runs
+    from dayzero.validate.profile import write_profile
+
+    profile = import_runs([str(p) for p in files], accelerator, base, name)
+    path = write_profile(profile, out) if out else None
+    meta = profile["measurements"]["nccl_tests"]
+    if json_out:
+        emit_json({"profile": profile, "path": None if path is None else str(path)})
+        return
+    f = meta["fit"]
+    console.print(f"[bold]{profile['name']}[/bold]: {meta['tier']} tier from {len(meta['rows'])} rows on "
+                  f"{len(meta['hosts'])} host(s) ({meta['device']}): {f['bw_gbytes_per_s']:.1f} GB/s, "
+                  f"latency {f['alpha_us']:.1f} us; fit error " +
+                  ", ".join(f"{k} {v:.0%}" for k, v in f["mape"].items()), highlight=False)
+    if path:
+        console.print(f"wrote {path}")
+    print_next(console, [_next(path, files, accelerator, base, name)])
 
 
 def _calibrate_runs(runs: list[Path], out: Path | None, json_out: bool) -> None:

@@ -73,28 +73,9 @@ def day0_cmd(
     --price-per-device-hour 2.5 --out runs/my-day0[/bold]; [bold]dayzero day0 tiny-llama -a h100 -n 64
     --validate[/bold]
     """
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from dayzero.report.day0 import Day0Request, ProxyOptions, default_dir, finished, write
 
-    from dayzero.errors import ConfigError
-    from dayzero.report.day0 import Day0Request, ProxyOptions, default_dir, finished, steps, write
-
-    if not validate:
-        given = [f for f, v in (("--validate-nproc", validate_nproc), ("--validate-steps", validate_steps),
-                                ("--validate-profile", validate_profile)) if v is not None]
-        if given:
-            raise ConfigError(given[0], None, "only applies with --validate")
-    if validate_profile is not None:
-        from dayzero.specs.cluster import get_cluster
-
-        get_cluster(str(validate_profile))  # a bad profile is one line now, not a note after the search
-    from dayzero.report.day0_render import headline
-
+    _check_validate_flags(validate, validate_nproc, validate_steps, validate_profile)
     copt = cost_options(tokens, price_per_device_hour, pue, host_overhead, electricity_price, failures)
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps, default=DEFAULT_CLUSTER)
     check_precision(precision, cl)
@@ -110,9 +91,39 @@ def day0_cmd(
                                             str(validate_profile) if validate_profile else None) if validate else None,
                       announce=lambda text: err_console.print(f"dayzero: {text}", highlight=False, markup=False))
     out_dir = out or default_dir(model, cl)
+    report = _run_steps(req)
+    paths = write(finished(report), out_dir)
+    if json_out:
+        emit_json({**report, "files": {k: str(v) for k, v in paths.items()}})
+        return
+    _print_report(report, model, cl, paths)
+
+
+def _check_validate_flags(validate: bool, nproc: int | None, steps: int | None, profile: Path | None) -> None:
+    """The --validate-* flags only with --validate (a one-line ConfigError), and a bad --validate-profile
+    refused now, not as a note after the search."""
+    from dayzero.errors import ConfigError
+
+    if not validate:
+        given = [f for f, v in (("--validate-nproc", nproc), ("--validate-steps", steps),
+                                ("--validate-profile", profile)) if v is not None]
+        if given:
+            raise ConfigError(given[0], None, "only applies with --validate")
+    if profile is not None:
+        from dayzero.specs.cluster import get_cluster
+
+        get_cluster(str(profile))
+
+
+def _run_steps(req) -> dict:
+    """The report of ``req``, its steps (report.day0.steps) run in order with their progress on stderr
+    (stdout stays the report summary, or the JSON)."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from dayzero.report.day0 import steps
+
     report: dict = {}
     todo = steps(req)
-    # progress on stderr: stdout stays the report summary (or the JSON)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as progress:
         task = progress.add_task("day0", total=len(todo))
@@ -120,10 +131,14 @@ def day0_cmd(
             progress.update(task, description=label)
             run(report)
             progress.advance(task)
-    paths = write(finished(report), out_dir)
-    if json_out:
-        emit_json({**report, "files": {k: str(v) for k, v in paths.items()}})
-        return
+    return report
+
+
+def _print_report(report: dict, model: str, cl, paths: dict) -> None:
+    """The report's summary table (headline, checks, operator coverage, claims), the files written and
+    the next steps that run for this model."""
+    from dayzero.report.day0_render import headline
+
     t = FitTable(show_header=False, title=f"Day 0: {report['model']['name']} on {cl.name}", compact=True)
     t.add_column("", wrap=False)
     t.add_column("")

@@ -10,7 +10,9 @@ import typer
 
 from dayzero.cli.app import app
 from dayzero.cli.common import JsonOpt, console, emit_json, takes_layout
+from dayzero.cli.export_options import MemorySwitches, SchedulerOptions
 from dayzero.cli.next_steps import Step, layout_flags, print_next
+from dayzero.cli.option_groups import takes_groups
 from dayzero.specs import layout_rules
 from dayzero.specs.layout_options import LayoutOptions
 
@@ -36,6 +38,7 @@ def _plan_source(source: str, model: str | None) -> tuple[str, dict, dict] | Non
 
 @app.command("export")
 @takes_layout()
+@takes_groups(scheduler=SchedulerOptions, switches=MemorySwitches)
 def export_cmd(
     source: Annotated[str, typer.Argument(help="A `dayzero plan/predict --json` file (its best plan), or a model "
                                                "(preset, config.json, directory) with layout flags.")],
@@ -52,63 +55,7 @@ def export_cmd(
                                                             "launch (default 8).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the engine's files into this "
                                                                     "directory.")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="Scheduler: the ranks' device, cuda | npu | cpu "
-                                                                   "(default cuda).")] = None,
-    job_name: Annotated[Optional[str], typer.Option("--job-name", help="Scheduler: the job's name (Kubernetes: also "
-                                                                       "its namespace; default dayzero).")] = None,
-    run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Scheduler: the run directory on the shared file "
-                                                                     "system: ckpt/, metrics.jsonl, logs (default "
-                                                                     "runs/dayzero).")] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Scheduler: what every node launches, dayzero | "
-                                                                   "megatron | torchtitan | deepspeed (default "
-                                                                   "dayzero, its runtime).")] = None,
-    data: Annotated[Optional[str], typer.Option("--data", help="Scheduler: the training corpus on the shared file "
-                                                               "system (dayzero train --data, Megatron --data-path, "
-                                                               "torchtitan dataset_path, train.py "
-                                                               "--data-path).")] = None,
-    rank_table: Annotated[Optional[str], typer.Option("--rank-table", help="Scheduler with --device npu, or --to "
-                                                                           "mindspeed: the HCCL rank "
-                                                                           "table (JSON) on every node, for "
-                                                                           "RANK_TABLE_FILE (default: torchrun's "
-                                                                           "rendezvous).")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Scheduler: optimizer steps (default: the "
-                                                                        "plan file's steps for its tokens, else "
-                                                                        "100).")] = None,
-    ckpt_every: Annotated[Optional[int], typer.Option("--ckpt-every", min=1, help="Scheduler: checkpoint every N "
-                                                      "steps (default: the plan file's optimal interval, else "
-                                                      "50).")] = None,
-    max_requeues: Annotated[Optional[int], typer.Option("--max-requeues", min=0, help="Scheduler: requeues (Slurm) "
-                                                        "or restarts (Kubernetes) after a failure (default "
-                                                        "3).")] = None,
-    partition: Annotated[Optional[str], typer.Option("--partition", help="Slurm partition.")] = None,
-    time_limit: Annotated[Optional[str], typer.Option("--time", help="Scheduler: time limit, Slurm's format "
-                                                                     "(minutes, HH:MM:SS, D-HH:MM:SS).")] = None,
-    exclude_from: Annotated[Optional[Path], typer.Option("--exclude-from", help="Scheduler: keep off the hosts of this "
-                                                         "file (a run's exclusions.json, JSON {\"hosts\": [...]}, a "
-                                                         "JSON list, or one per line).")] = None,
-    exclude: Annotated[Optional[str], typer.Option("--exclude", help="Scheduler: hosts to keep off, "
-                                                                     "comma-separated.")] = None,
-    cpus_per_node: Annotated[Optional[int], typer.Option("--cpus-per-node", min=1, help="Scheduler: cores per node "
-                                                         "(default: Slurm the whole node, Kubernetes 4 per "
-                                                         "device).")] = None,
-    mem_per_node: Annotated[Optional[int], typer.Option("--mem-per-node", min=1, help="Scheduler: GiB of memory per "
-                                                        "node (default: Slurm the whole node, Kubernetes 32 per "
-                                                        "device).")] = None,
-    image: Annotated[Optional[str], typer.Option("--image", help="Kubernetes: the container image with dayzero "
-                                                                 "installed.")] = None,
-    volume_claim: Annotated[Optional[str], typer.Option("--volume-claim", help="Kubernetes: the ReadWriteMany "
-                                                        "PersistentVolumeClaim holding --run-dir (default "
-                                                        "JOB-NAME-run).")] = None,
-    fp8_params: Annotated[bool, typer.Option("--fp8-param-gather", help="Megatron: FP8 parameter storage and "
-                                             "all-gathers under --precision fp8 (as planned with the same "
-                                             "flag).")] = False,
-    optimizer_offload: Annotated[bool, typer.Option("--optimizer-offload", help="Megatron: the optimizer on the "
-                                                    "host (--optimizer-cpu-offload, as planned with the same "
-                                                    "flag).")] = False,
-    activation_offload: Annotated[int, typer.Option("--activation-offload", metavar="N", min=0,
-                                                    help="Megatron: the saved activations of the first N layers on "
-                                                         "the host (--cpu-offloading --cpu-offloading-num-layers N, "
-                                                         "as planned with the same flag).")] = 0,
+    scheduler: SchedulerOptions = SchedulerOptions(), switches: MemorySwitches = MemorySwitches(),
     json_out: JsonOpt = False,
 ) -> None:
     """Write a plan as an engine's launch: Megatron-LM's pretrain_gpt.py arguments, torchtitan's config overrides, a
@@ -122,8 +69,6 @@ def export_cmd(
     """
     from dayzero.errors import ConfigError
     from dayzero.outputs import prepare_output
-    from dayzero.specs.plan_layout import parallel_from_plan
-    from dayzero.specs.registry import load_model
 
     if out:
         prepare_output(out, "--out", "dir")
@@ -131,77 +76,21 @@ def export_cmd(
         from dayzero.names import did_you_mean
 
         raise ConfigError("--to", None, f"must be {', '.join(WRITERS)}, got {to!r}{did_you_mean(to, WRITERS)}")
-    found = _plan_source(source, model)
-    schedule: dict[str, int] = {}
-    vendor = None  # the plan's accelerators' vendor: a Megatron export leaves out what their stack lacks
-    if found:
-        from dayzero.export.job import schedule_of
-
-        name, pdict, plan_obj = found
-        schedule = schedule_of(plan_obj)
-        vendor = plan_obj.get("vendor") if isinstance(plan_obj.get("vendor"), str) else None
-        given = layout.pinned()
-        if given:
-            raise ConfigError("--plan", None, f"the plan file sets the layout; drop {', '.join(given)}")
-        if not name:
-            raise ConfigError("--model", None, "the plan file names no model; give --model")
-        spec, config_of = load_model(name), name
-        parallel = parallel_from_plan(pdict, f"{source}: parallel", spec)
-    else:
-        if devices is None:
-            raise ConfigError("--devices", None, "give the rank count with a model (dp fills it)")
-        spec, parallel, config_of = load_model(source), layout.parallel(devices, precision), source
-        layout_rules.validate(parallel, spec, devices)
-    given = {"--device": device, "--job-name": job_name, "--run-dir": run_dir, "--steps": steps,
-             "--ckpt-every": ckpt_every, "--max-requeues": max_requeues, "--partition": partition, "--time": time_limit,
-             "--exclude-from": exclude_from, "--exclude": exclude, "--cpus-per-node": cpus_per_node,
-             "--mem-per-node": mem_per_node, "--image": image, "--volume-claim": volume_claim,
-             "--rank-table": rank_table, "--engine": engine, "--data": data}
-    if optimizer_offload and to == "mindspeed":  # MindSpeed offloads the optimizer with --swap-optimizer
+    spec, parallel, config_of, schedule, vendor = _source_layout(source, model, layout, devices, precision)
+    if switches.optimizer_offload and to == "mindspeed":  # MindSpeed offloads the optimizer with --swap-optimizer
         parallel = parallel.with_(optimizer_offload=True)
-    for flag, on, writers in (("--fp8-param-gather", fp8_params, ("megatron",)),
-                              ("--optimizer-offload", optimizer_offload, ("megatron", "mindspeed")),
-                              ("--activation-offload", activation_offload, ("megatron",))):
-        if on and to not in writers:
-            raise ConfigError(flag, None, f"only --to {' or '.join(writers)} writes it, not {to}")
+    switches.refuse_unwritten(to)
     writer = _writer(to)
     from dayzero.specs.registry import model_config
 
     # the Hugging Face config DeepSpeed's train.py builds the model from (DeepSpeed has no model configuration)
-    hf = model_config(config_of) if "deepspeed" in (to, engine) else None
-    defaults = []
+    hf = model_config(config_of) if "deepspeed" in (to, scheduler.engine) else None
+    defaults, job = [], None
     if to in SCHEDULERS:
-        from dayzero.export.job import JobOptions, hosts_to_exclude
-
-        hosts = (hosts_to_exclude(exclude_from) if exclude_from else ()) + tuple(
-            h.strip() for h in (exclude or "").split(",") if h.strip())
-        steps = steps or schedule.get("steps")
-        ckpt_every = ckpt_every or schedule.get("ckpt_every")
-        if steps is None or ckpt_every is None:
-            defaults.append(f"{'steps' if steps is None else 'checkpoint interval'} from dayzero's defaults "
-                            f"({'--steps 100' if steps is None else '--ckpt-every 50'}), not a plan's: export a "
-                            "`dayzero plan --tokens N --json` file, or give --steps and --ckpt-every")
-        job = JobOptions(**{k: v for k, v in dict(
-            name=job_name, devices_per_node=devices_per_node, device=device, run_dir=run_dir, steps=steps,
-            ckpt_every=ckpt_every, max_requeues=max_requeues, partition=partition, time_limit=time_limit,
-            exclude=tuple(dict.fromkeys(hosts)), memory_gb=mem_per_node, cpus_per_node=cpus_per_node, image=image,
-            volume_claim=volume_claim, rank_table=rank_table, engine=engine, data=data, model=config_of).items()
-            if v not in (None, ())})
+        job, defaults = scheduler.job(schedule, config_of, devices_per_node)
         result = writer.export(spec, parallel, job=job, model_config=hf)
     else:
-        unused = [k for k, v in given.items() if v is not None and not (to == "mindspeed" and k == "--rank-table")]
-        if unused:
-            raise ConfigError(unused[0], None, f"is a scheduler option (--to {' | '.join(SCHEDULERS)}), not {to}'s")
-        extra = {k: True for k, on in (("fp8_param_gather", fp8_params), ("optimizer_offload", optimizer_offload))
-                 if on and to == "megatron"}  # mindspeed reads the offload from the layout (set above)
-        if activation_offload:
-            extra["activation_offload_layers"] = activation_offload
-        if to == "deepspeed":
-            extra["model_config"] = hf
-        if to == "megatron" and vendor:
-            extra["vendor"] = vendor
-        if to == "mindspeed":  # an Atlas A3 node runs 16 ranks (one per 910C die), an A2 node 8
-            extra["rank_table"] = rank_table
+        extra = _engine_extra(to, scheduler, switches, hf, vendor)
         result = writer.export(spec, parallel, devices_per_node=devices_per_node or (16 if to == "mindspeed" else 8),
                                **extra)
     paths = result.write(out) if out else []
@@ -209,6 +98,65 @@ def export_cmd(
         emit_json({**result.to_dict(), "parallel": parallel.to_dict(), "written": [str(p) for p in paths],
                    "assumed": defaults})
         return
+    _print_export(spec, parallel, to, result, defaults, paths, job)
+
+
+def _source_layout(source: str, model: str | None, layout: LayoutOptions, devices: int | None, precision: str):
+    """(spec, layout, the model name a config is read from, the plan file's schedule, its accelerators'
+    vendor) of a plan file (which sets the layout: layout flags refused) or of a model with layout
+    flags and --devices (checked by the layout rules). The vendor: a Megatron export leaves out what
+    their stack lacks."""
+    from dayzero.errors import ConfigError
+    from dayzero.specs.plan_layout import parallel_from_plan
+    from dayzero.specs.registry import load_model
+
+    found = _plan_source(source, model)
+    if not found:
+        if devices is None:
+            raise ConfigError("--devices", None, "give the rank count with a model (dp fills it)")
+        spec, parallel = load_model(source), layout.parallel(devices, precision)
+        layout_rules.validate(parallel, spec, devices)
+        return spec, parallel, source, {}, None
+    from dayzero.export.job import schedule_of
+
+    name, pdict, plan_obj = found
+    schedule = schedule_of(plan_obj)
+    vendor = plan_obj.get("vendor") if isinstance(plan_obj.get("vendor"), str) else None
+    given = layout.pinned()
+    if given:
+        raise ConfigError("--plan", None, f"the plan file sets the layout; drop {', '.join(given)}")
+    if not name:
+        raise ConfigError("--model", None, "the plan file names no model; give --model")
+    spec = load_model(name)
+    return spec, parallel_from_plan(pdict, f"{source}: parallel", spec), name, schedule, vendor
+
+
+def _engine_extra(to: str, scheduler: SchedulerOptions, switches: MemorySwitches, hf, vendor: str | None) -> dict:
+    """An engine writer's keyword arguments beyond the layout: the memory switches Megatron writes
+    (MindSpeed reads the optimizer offload from the layout), DeepSpeed's model config, the accelerators'
+    vendor for Megatron, MindSpeed's rank table. A scheduler flag is refused with a one-line ConfigError."""
+    from dayzero.errors import ConfigError
+
+    unused = [k for k, v in scheduler.given().items()
+              if v is not None and not (to == "mindspeed" and k == "--rank-table")]
+    if unused:
+        raise ConfigError(unused[0], None, f"is a scheduler option (--to {' | '.join(SCHEDULERS)}), not {to}'s")
+    extra = {k: True for k, on in (("fp8_param_gather", switches.fp8_params),
+                                   ("optimizer_offload", switches.optimizer_offload)) if on and to == "megatron"}
+    if switches.activation_offload:
+        extra["activation_offload_layers"] = switches.activation_offload
+    if to == "deepspeed":
+        extra["model_config"] = hf
+    if to == "megatron" and vendor:
+        extra["vendor"] = vendor
+    if to == "mindspeed":  # an Atlas A3 node runs 16 ranks (one per 910C die), an A2 node 8
+        extra["rank_table"] = scheduler.rank_table
+    return extra
+
+
+def _print_export(spec, parallel, to: str, result, defaults: list[str], paths: list, job) -> None:
+    """The export as text: each file as written, the launch line, what the target cannot express, what
+    was assumed, and the next step for what was written."""
     console.print(f"[bold]{spec.name}[/bold] {parallel.describe()} for {to}:", highlight=False)
     for name, text in result.files.items():
         console.print(f"--- {name}", highlight=False)
@@ -219,18 +167,18 @@ def export_cmd(
         console.print(f"  not expressible in {to}: {item}", highlight=False)
     for item in defaults:
         console.print(f"  assumed: {item}", highlight=False)
-    if paths:
-        console.print(f"wrote {', '.join(str(p) for p in paths)}")
-        if to == "slurm":
-            step = Step.of("sbatch", paths[0], why=f"submit it (create {job.run_dir} on the shared file system first)")
-        elif to == "kubernetes":
-            step = Step.of("kubectl", "apply", "-f", paths[0], why=f"create the namespace, its quota and the job "
-                           f"(the volume claim {job.volume_claim or job.name + '-run'} must exist)")
-        else:
-            step = Step.of("dayzero", "import", paths[0], "--devices", parallel.world,
-                           why="read it back: the same layout")
-        print_next(console, [step])
-
+    if not paths:
+        return
+    console.print(f"wrote {', '.join(str(p) for p in paths)}")
+    if to == "slurm":
+        step = Step.of("sbatch", paths[0], why=f"submit it (create {job.run_dir} on the shared file system first)")
+    elif to == "kubernetes":
+        step = Step.of("kubectl", "apply", "-f", paths[0], why=f"create the namespace, its quota and the job "
+                       f"(the volume claim {job.volume_claim or job.name + '-run'} must exist)")
+    else:
+        step = Step.of("dayzero", "import", paths[0], "--devices", parallel.world,
+                       why="read it back: the same layout")
+    print_next(console, [step])
 
 def _writer(engine: str):
     import importlib

@@ -9,32 +9,27 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import (
     AcceleratorOpt,
-    ActFp8Opt,
-    ActivationOffloadOpt,
     AttentionKernelOpt,
     ClusterOpt,
     DevicesOpt,
     DevicesPerNodeOpt,
     DocLenOpt,
-    Fp8ParamOpt,
     InterNodeOpt,
     JsonOpt,
-    MoeProbsOpt,
-    MomentsOpt,
-    OptimizerOffloadOpt,
     PowerLimitOpt,
     PrecisionOpt,
     TrustRemoteCodeOpt,
     cluster_from_options,
     console,
     emit_json,
-    memory_recipe,
     model_notes,
     print_model_notes,
     takes_layout,
     with_documents,
 )
 from dayzero.cli.next_steps import Step, cluster_flags, layout_flags, print_next
+from dayzero.cli.option_groups import takes_groups
+from dayzero.cli.recipe_options import RecipeOptions
 from dayzero.cli.render import FitTable, styled
 from dayzero.planner.targets import MEMORY_TARGET as TARGET
 from dayzero.specs.layout_options import LayoutOptions
@@ -67,6 +62,7 @@ def ranges(layers) -> str:
 
 @app.command("memory")
 @takes_layout()
+@takes_groups(recipe=RecipeOptions)
 def memory_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
                                               "one.")],
@@ -78,10 +74,7 @@ def memory_cmd(
                                                             "1).")] = False,
     grad_dtype: Annotated[str, typer.Option("--grad-dtype", help="Gradient buffer: fp32 (Megatron main_grad) | bf16 "
                                                                  "(ZeRO paper).")] = "fp32",
-    attention_kernel: AttentionKernelOpt = "fused", moments: MomentsOpt = "fp32", moe_probs: MoeProbsOpt = "combine",
-    act_fp8: ActFp8Opt = False,
-    fp8_params: Fp8ParamOpt = False, optimizer_offload: OptimizerOffloadOpt = False,
-    activation_offload: ActivationOffloadOpt = 0,
+    attention_kernel: AttentionKernelOpt = "fused", recipe: RecipeOptions = RecipeOptions(),
     dropout: Annotated[bool, typer.Option("--dropout", help="Keep dropout masks (Korthikanti's GPT).")] = False,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE tokens per expert over the balanced "
                                                                              "share.")] = 1.0,
@@ -117,8 +110,6 @@ def memory_cmd(
 
     if timeline:
         prepare_output(timeline, "--timeline")
-    from dayzero.errors import ConfigError
-    from dayzero.planner.memory.memory import MemoryOptions
     from dayzero.planner.memory.memory_breakdown import memory_breakdown, memory_layout
     from dayzero.planner.predict import check_offload_layout
     from dayzero.specs.registry import load_model
@@ -127,44 +118,55 @@ def memory_cmd(
     cl = cluster_from_options(cluster, accelerator, devices, devices_per_node, inter_node_gbps,
                               power_limit=power_limit)
     par = layout.parallel(cl.devices, precision)
-    if grad_dtype not in ("fp32", "bf16"):
-        raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
-    opts = MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
-                                 dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
-                                 allocator=allocator,
-                                 **memory_recipe(moments, act_fp8, fp8_params, optimizer_offload, activation_offload,
-                                                 moe_probs=moe_probs))
+    opts = _memory_options(cl, attention_kernel, grad_dtype, dropout, capacity_factor, fragmentation, allocator,
+                           recipe)
     par = memory_layout(spec, par, cl.devices, cl.memory_bytes, opts, balance)
-    check_offload_layout(spec, par, activation_offload)
+    check_offload_layout(spec, par, recipe.activation_offload)
+    where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
     if exact:
-        from dayzero.cli.memory_exact import run_exact
-
-        if compute_dtype not in ("bf16", "fp32"):
-            raise ConfigError("--compute-dtype", None, f"must be bf16 or fp32, got {compute_dtype!r}")
-        run_exact(spec, par, compute_dtype, json_out)
-        if not json_out:
-            where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
-            print_next(console, [Step.of("dayzero", "memory", *where, *layout_flags(par.to_dict()),
-                                         why="the analytic model alone, every stage")])
+        _exact(spec, par, compute_dtype, json_out, where)
         return
     mb = memory_breakdown(spec, cl, par, opts, simulate, record_timeline=bool(timeline))
-    report, states, zrows, sim = mb.report, mb.states, mb.zero_rows, mb.allocator
-    if timeline:
+    if timeline:  # memory over the step by category, of the replayed stage
         from dayzero.planner.memory.replay import plot_timeline
 
-        plot_timeline(sim, timeline, f"{spec.name}, {par.describe()}: stage {sim.rank}")
-
+        plot_timeline(mb.allocator, timeline, f"{spec.name}, {par.describe()}: stage {mb.allocator.rank}")
     print_model_notes(spec)  # after the work: an error stays one line
     if json_out:
         emit_json({**mb.to_dict(), **model_notes(spec)})
         return
-    _print(spec, cl, par, report, states, zrows, sim, opts, timeline)
-    _print_held(spec, cl, par, report, opts)
-    where = [model, *cluster_flags(cluster, accelerator, devices, devices_per_node, inter_node_gbps)]
+    _print(spec, cl, par, mb.report, mb.states, mb.zero_rows, mb.allocator, opts, timeline)
+    _print_held(spec, cl, par, mb.report, opts)
     extra = _option_flags(grad_dtype, attention_kernel, dropout, capacity_factor, fragmentation, allocator)
-    extra += [f for f, on in (("--fp8-param-gather", fp8_params), ("--optimizer-offload", optimizer_offload)) if on]
-    extra += ["--activation-offload", str(activation_offload)] if activation_offload else []
-    _next(spec, cl, par, report, opts, where, extra)
+    _next(spec, cl, par, mb.report, opts, where, extra + recipe.switch_flags())
+
+
+def _memory_options(cl, attention_kernel: str, grad_dtype: str, dropout: bool, capacity_factor: float,
+                    fragmentation: float | None, allocator: str, recipe: RecipeOptions):
+    """The MemoryOptions of the flags on the cluster's accelerator (--grad-dtype refused one line
+    unless fp32 or bf16)."""
+    from dayzero.errors import ConfigError
+    from dayzero.planner.memory.memory import MemoryOptions
+
+    if grad_dtype not in ("fp32", "bf16"):
+        raise ConfigError("--grad-dtype", None, f"must be fp32 or bf16, got {grad_dtype!r}")
+    return MemoryOptions.for_run(cl.accelerator, attention_kernel, grad_bytes=4 if grad_dtype == "fp32" else 2,
+                                 dropout=dropout, moe_capacity_factor=capacity_factor, fragmentation=fragmentation,
+                                 allocator=allocator, **recipe.memory_options())
+
+
+def _exact(spec, par, compute_dtype: str, json_out: bool, where: list) -> None:
+    """--exact: the runtime's model for one rank per stage under fake tensors, compared with the
+    analytic model (cli.memory_exact.run_exact), then the analytic model alone as the next step."""
+    from dayzero.cli.memory_exact import run_exact
+    from dayzero.errors import ConfigError
+
+    if compute_dtype not in ("bf16", "fp32"):
+        raise ConfigError("--compute-dtype", None, f"must be bf16 or fp32, got {compute_dtype!r}")
+    run_exact(spec, par, compute_dtype, json_out)
+    if not json_out:
+        print_next(console, [Step.of("dayzero", "memory", *where, *layout_flags(par.to_dict()),
+                                     why="the analytic model alone, every stage")])
 
 
 def _print_held(spec, cl, par, report, opts) -> None:

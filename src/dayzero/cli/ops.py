@@ -64,20 +64,7 @@ def ops_cmd(
         prepare_output(out, "--out")
     _require("torch", *(() if emit_manifest else ("transformers",)))
     if emit_manifest:
-        from dayzero.ops.manifest import emit_manifest as emit
-
-        m, header = emit(emit_manifest, source=manifest_source, name=name)
-        text = m.to_yaml(header)
-        if out:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-            console.print(f"wrote {out} ({len(m.ops)} operators, fused: {', '.join(m.fused) or 'none'})")
-            from dayzero.cli.plan import DEFAULT_MODEL
-
-            print_next(console, [Step.of("dayzero", "ops", DEFAULT_MODEL, "--manifest", out,
-                                         why="the Day-0 model's operators against this manifest")])
-        else:
-            typer.echo(text, nl=False)
+        _emit_manifest(emit_manifest, manifest_source, name, out)
         return
     if not model:
         raise DayzeroError("give a MODEL (preset, config.json or directory), or --emit-manifest KEY")
@@ -89,12 +76,10 @@ def ops_cmd(
     report = analyze(model, manifest=manifest, seq=seq, batch=batch, dtype=dtype, experts=experts_impl,
                      trust_remote_code=trust_remote_code, check=check)
     obj = report.to_dict()
-    from dayzero.ops.manifest import load_manifest
-    from dayzero.ops.npu_ops import replacements
+    from dayzero.ops.npu_ops import fused_replacements
 
     # MindSpeed's flags for the fused kernels the model has, where the manifest holds torch_npu's operator
-    found = {k for f in obj["fusions"] if f["provided"] for k in f["provided_by"].split("+")}
-    swaps = replacements(load_manifest(manifest).ops, found)
+    swaps = fused_replacements(obj, manifest)
     if swaps:
         obj["mindspeed_fused"] = [{"kernel": r.kernel, "npu_op": r.npu_op, "flag": r.flag, "source": r.source}
                                   for r in swaps]
@@ -113,13 +98,36 @@ def ops_cmd(
             if v != default:
                 again += [flag, v]
         steps.append(Step.of(*again, *(["--trust-remote-code"] if trust_remote_code else []), why="every operator"))
+    print_next(console, steps + [_plan_step(model)])
+
+
+def _plan_step(model: str) -> Step:
+    """Plan the model on enough H100s to hold it (cli.next_steps.starter_devices)."""
     from dayzero.specs.hardware import get_accelerator
     from dayzero.specs.registry import load_model
 
     n = starter_devices(load_model(model), get_accelerator("h100"))
-    steps.append(Step.of("dayzero", "plan", model, "--accelerator", "h100", "--devices", n,
-                         why="every layout, on enough H100s to hold it"))
-    print_next(console, steps)
+    return Step.of("dayzero", "plan", model, "--accelerator", "h100", "--devices", n,
+                   why="every layout, on enough H100s to hold it")
+
+
+def _emit_manifest(key: str, source: str, name: str | None, out: Path | None) -> None:
+    """--emit-manifest: the manifest of a dispatch key or device type (ops.manifest.emit_manifest), to
+    --out (with the next step: the Day-0 model against it) or stdout."""
+    from dayzero.ops.manifest import emit_manifest as emit
+
+    m, header = emit(key, source=source, name=name)
+    text = m.to_yaml(header)
+    if not out:
+        typer.echo(text, nl=False)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    console.print(f"wrote {out} ({len(m.ops)} operators, fused: {', '.join(m.fused) or 'none'})")
+    from dayzero.cli.plan import DEFAULT_MODEL
+
+    print_next(console, [Step.of("dayzero", "ops", DEFAULT_MODEL, "--manifest", out,
+                                 why="the Day-0 model's operators against this manifest")])
 
 
 def _require(*modules: str) -> None:

@@ -11,12 +11,15 @@ import typer
 from dayzero.cli.app import app
 from dayzero.cli.common import BackendOpt, ClusterOpt, DeviceOpt, JsonOpt, console, emit_json, err_console, takes_layout
 from dayzero.cli.next_steps import Step, layout_flags, print_next
+from dayzero.cli.option_groups import takes_groups
 from dayzero.cli.render import FitTable, pass_fail
+from dayzero.cli.validate_options import CalibrationOptions, ProxySize
 from dayzero.specs.layout_options import LayoutOptions
 
 
 @app.command("validate")
 @takes_layout(seq_default=256, seq_help="Sequence length of the proxy run (tokens).")
+@takes_groups(proxy=ProxySize, calibration=CalibrationOptions)
 def validate_cmd(
     model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json or directory (omit with --calibrate "
                                                         "--runs).")] = None,
@@ -26,11 +29,7 @@ def validate_cmd(
     steps: Annotated[int, typer.Option("--steps", min=4, help="Optimizer steps (the first is not timed).")] = 12,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Local ranks to run on.")] = 1,
     cluster: ClusterOpt = None,
-    layers: Annotated[Optional[int], typer.Option("--layers", min=1, help="Proxy: this many layers.")] = None,
-    hidden: Annotated[Optional[int], typer.Option("--hidden", min=8, help="Proxy: this width (heads scale "
-                                                                          "along).")] = None,
-    experts: Annotated[Optional[int], typer.Option("--experts", min=1, help="Proxy: this many routed experts.")] = None,
-    vocab: Annotated[Optional[int], typer.Option("--vocab", min=257, help="Proxy: this vocabulary (>= 257).")] = None,
+    proxy: ProxySize = ProxySize(),
     compute_dtype: Annotated[str, typer.Option("--compute-dtype", help="bf16 | fp32 | auto (bf16 on an accelerator, "
                                                                        "fp32 on CPU, as dayzero train).")] = "auto",
     device: DeviceOpt = None, backend: BackendOpt = None,
@@ -41,16 +40,7 @@ def validate_cmd(
                                                                       "passes.")] = 0.20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for validation.json and "
                                                                     "validation.md.")] = None,
-    calibrate: Annotated[bool, typer.Option("--calibrate", help="Fit the profile's efficiency constants to the stored "
-                                                                "runs (this one included) and save them.")] = False,
-    runs: Annotated[Optional[list[Path]], typer.Option("--runs", help="With --calibrate: validation.json files to fit "
-                                                                      "on (repeatable).")] = None,
-    fit_keys: Annotated[str, typer.Option("--fit-keys", help="With --calibrate: efficiency keys to fit, "
-                                                             "comma-separated.")] = (
-        "gemm_bf16,layer_overhead_s,intra,memory_scale"),
-    profile_out: Annotated[Optional[Path], typer.Option("--profile-out", help="With --calibrate: write the calibrated "
-                                                                              "profile here (default: update "
-                                                                              "--cluster in place).")] = None,
+    calibration: CalibrationOptions = CalibrationOptions(),
     strict: Annotated[bool, typer.Option("--strict", help="Exit with code 1 when a target fails (CI gates).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Pre-flight: run every check the run makes (flags, layout, "
                                                         "proxy, memory, write paths, calibration inputs), print what "
@@ -68,42 +58,19 @@ def validate_cmd(
     Calibrate: [bold]dayzero validate --calibrate --cluster runs/host.yaml --runs runs/validate/a/validation.json --runs
     runs/validate/b/validation.json[/bold]
     """
-    from dayzero.outputs import prepare_output
-
-    if out:
-        prepare_output(out, "--out", "dir", dry=dry_run)
-    if profile_out:
-        prepare_output(profile_out, "--profile-out", dry=dry_run)
+    _prepare_outputs(out, calibration.profile_out, dry_run)
     from dayzero.errors import ConfigError
     from dayzero.validate.calibration_store import calibrate_from_files, calibration_inputs
 
-    keys = tuple(k.strip() for k in fit_keys.split(",") if k.strip())
+    cal, keys, runs = calibration, calibration.keys(), calibration.runs or []
     if model is None:
-        if not calibrate:
-            raise ConfigError("MODEL", None, "give a model to validate (or --calibrate --runs FILE... to fit stored "
-                                             "runs)")
-        if dry_run:  # --dry-run: the fit's inputs, nothing fitted or written
-            found = calibration_inputs(cluster, runs or [], keys)
-            _checked({"ok": True, "calibration": {"profile": cluster, "runs": len(found), "keys": list(keys)}},
-                     [f"calibration: would fit {', '.join(keys)} on {len(found)} stored run(s) and save them to "
-                      f"{profile_out or cluster}"], json_out)
-            return
-        result = {"calibration": calibrate_from_files(cluster, [], runs or [], keys, profile_out)}
-        _finish(result, out, json_out, strict, cluster, runs or [])
+        _calibrate_stored(cluster, cal, out, json_out, strict, dry_run)
         return
-    if runs and not calibrate:
+    if cal.runs and not cal.calibrate:
         raise ConfigError("--runs", None, "only applies with --calibrate")
-    from dayzero.runtime.config import ModelSection, OptimizerSection
     from dayzero.runtime.device import compute_dtype as resolve_dtype
     from dayzero.runtime.device import resolve
-    from dayzero.validate.run import (
-        ValidationRequest,
-        host_profile,
-        local_cluster,
-        proxy_shrink,
-        unmeasured_capacity,
-        validate,
-    )
+    from dayzero.validate.run import host_profile
 
     acc = resolve(device, backend)
     dtype = resolve_dtype(acc, compute_dtype)
@@ -111,42 +78,98 @@ def validate_cmd(
     cl, cluster = host_profile(cluster, nproc, acc, lambda text: err_console.print(f"dayzero: {text}", highlight=False),
                                measure=not dry_run)
     par = layout.resolve(nproc, plan=plan, fill_pipeline=True)
-    from dayzero.specs.registry import load_model
-
-    shrink = proxy_shrink(load_model(model), par, dict(layers=layers, hidden=hidden, experts=experts, vocab=vocab),
-                          local_cluster(cl, nproc).memory_bytes if cl else unmeasured_capacity(nproc))
-    req = ValidationRequest(model=ModelSection(model, **shrink), parallel=par, steps=steps, compute_dtype=dtype,
-                            seed=seed, optimizer=OptimizerSection(lr=lr, grad_clip=grad_clip))
+    req, shrink = _request(model, par, proxy, cl, nproc, steps, dtype, seed, lr, grad_clip)
     if not json_out and not dry_run:
-        console.print(f"[bold]{req.spec().name}[/bold] "
-                      f"({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
-                      f"{par.describe()} on {nproc} rank(s), {steps} steps in {dtype}; profile "
-                      f"{cl.name}", highlight=False)
+        _announce(req, shrink, nproc, cl)
     if note := layout.gbs_note(par):
         from dayzero.runtime.checks import check_runtime
 
         check_runtime(req.spec(), par, nproc)  # a layout that cannot run is the one line to print
         err_console.print(f"dayzero: {note}", highlight=False)
-    if calibrate:  # the fit's inputs, before minutes of work
-        calibration_inputs(cluster, runs or [], keys)
+    if cal.calibrate:  # the fit's inputs, before minutes of work
+        calibration_inputs(cluster, runs, keys)
     if dry_run:  # --dry-run: the run's own pre-flight, then stop
-        from dayzero.validate.preflight import preflight_validate
-
-        pre = preflight_validate(req, nproc)
-        profile = {"name": cl.name if cl else None, "file": cluster, "measured_first": cl is None}
-        text = (f"{cl.name}" + (f" ({cluster})" if cluster and cluster != cl.name else "") if cl else
-                f"none cached for this host: the run measures one first (about a minute) into {cluster}")
-        lines = pre.lines(text, [note] if note else [])
-        if calibrate:
-            lines.insert(-1, f"calibration: after the run, fit {', '.join(keys)} and save to {profile_out or cluster}")
-        _checked(pre.to_dict(profile, [note] if note else []), lines, json_out)
+        _print_dry_run(req, nproc, cl, cluster, note, cal, json_out)
         return
+    from dayzero.validate.run import validate
+
     with acc.exported():
         result = validate(req, cl, nproc, tolerance)
-    if calibrate:
-        result["calibration"] = calibrate_from_files(cluster, [result["record"]], runs or [], keys, profile_out)
-    _finish(result, out, json_out, strict, cluster, runs or [])
+    if cal.calibrate:
+        result["calibration"] = calibrate_from_files(cluster, [result["record"]], runs, keys, cal.profile_out)
+    _finish(result, out, json_out, strict, cluster, runs)
 
+
+def _prepare_outputs(out: Path | None, profile_out: Path | None, dry_run: bool) -> None:
+    """Check (and, not dry, make) where --out and --profile-out write, before any work."""
+    from dayzero.outputs import prepare_output
+
+    if out:
+        prepare_output(out, "--out", "dir", dry=dry_run)
+    if profile_out:
+        prepare_output(profile_out, "--profile-out", dry=dry_run)
+
+
+def _announce(req, shrink: dict, nproc: int, cl) -> None:
+    """The line before the run: the proxy, its layout, ranks, steps, dtype and profile."""
+    par = req.parallel
+    console.print(f"[bold]{req.spec().name}[/bold] "
+                  f"({', '.join(f'{k} {v}' for k, v in shrink.items()) or 'full size'}): "
+                  f"{par.describe()} on {nproc} rank(s), {req.steps} steps in {req.compute_dtype}; profile "
+                  f"{cl.name}", highlight=False)
+
+
+def _request(model: str, par, proxy: ProxySize, cl, nproc: int, steps: int, dtype: str, seed: int, lr: float,
+             grad_clip: float):
+    """(the run validate makes, the proxy's shrink): the model shrunk to fit this machine's memory
+    (the profile's, else what can be read unmeasured; validate.run.proxy_shrink) at the sizes asked."""
+    from dayzero.runtime.config import ModelSection, OptimizerSection
+    from dayzero.specs.registry import load_model
+    from dayzero.validate.run import ValidationRequest, local_cluster, proxy_shrink, unmeasured_capacity
+
+    shrink = proxy_shrink(load_model(model), par, proxy.asked(),
+                          local_cluster(cl, nproc).memory_bytes if cl else unmeasured_capacity(nproc))
+    req = ValidationRequest(model=ModelSection(model, **shrink), parallel=par, steps=steps, compute_dtype=dtype,
+                            seed=seed, optimizer=OptimizerSection(lr=lr, grad_clip=grad_clip))
+    return req, shrink
+
+
+def _calibrate_stored(cluster: str | None, cal: CalibrationOptions, out: Path | None, json_out: bool, strict: bool,
+                      dry_run: bool) -> None:
+    """``validate --calibrate --runs ...`` without a model: fit the profile to the stored runs (with
+    --dry-run: the fit's inputs, nothing fitted or written)."""
+    from dayzero.errors import ConfigError
+    from dayzero.validate.calibration_store import calibrate_from_files, calibration_inputs
+
+    keys, runs = cal.keys(), cal.runs or []
+    if not cal.calibrate:
+        raise ConfigError("MODEL", None, "give a model to validate (or --calibrate --runs FILE... to fit stored "
+                                         "runs)")
+    if dry_run:
+        found = calibration_inputs(cluster, runs, keys)
+        _checked({"ok": True, "calibration": {"profile": cluster, "runs": len(found), "keys": list(keys)}},
+                 [f"calibration: would fit {', '.join(keys)} on {len(found)} stored run(s) and save them to "
+                  f"{cal.profile_out or cluster}"], json_out)
+        return
+    result = {"calibration": calibrate_from_files(cluster, [], runs, keys, cal.profile_out)}
+    _finish(result, out, json_out, strict, cluster, runs)
+
+
+def _print_dry_run(req, nproc: int, cl, cluster: str | None, note: str | None, cal: CalibrationOptions,
+                   json_out: bool) -> None:
+    """--dry-run: the run's own pre-flight (validate.preflight), the profile it would use or measure
+    first, and the fit that would follow with --calibrate."""
+    from dayzero.validate.preflight import preflight_validate
+
+    pre = preflight_validate(req, nproc)
+    profile = {"name": cl.name if cl else None, "file": cluster, "measured_first": cl is None}
+    text = (f"{cl.name}" + (f" ({cluster})" if cluster and cluster != cl.name else "") if cl else
+            f"none cached for this host: the run measures one first (about a minute) into {cluster}")
+    lines = pre.lines(text, [note] if note else [])
+    if cal.calibrate:
+        lines.insert(-1, f"calibration: after the run, fit {', '.join(cal.keys())} and save to "
+                         f"{cal.profile_out or cluster}")
+    _checked(pre.to_dict(profile, [note] if note else []), lines, json_out)
 
 def _checked(result: dict, lines: list[str], json_out: bool) -> None:
     if json_out:

@@ -232,6 +232,103 @@ def window_args(spec: ModelSpec) -> list[str]:
     return a
 
 
+def _attention_args(att) -> list:
+    """The flags of grouped-query and multi-latent attention."""
+    a: list = []
+    if att.kind == "gqa" and att.kv_heads != att.heads:
+        a += ["--group-query-attention", "--num-query-groups", att.kv_heads]
+    if att.kind == "mla":
+        a += ["--multi-latent-attention", "--kv-lora-rank", att.kv_lora_rank, "--qk-head-dim", att.qk_nope_head_dim,
+              "--qk-pos-emb-head-dim", att.qk_rope_head_dim, "--v-head-dim", att.v_head_dim]
+        if att.q_lora_rank:
+            a += ["--q-lora-rank", att.q_lora_rank]
+    return a
+
+
+def _mlp_args(mlp) -> tuple[list, list[str]]:
+    """The gated MLP's activation flag, and what Megatron's flags cannot say about it."""
+    a: list = []
+    missing = []
+    if mlp.gated and mlp.activation == "silu":
+        a.append("--swiglu")
+    elif mlp.gated and mlp.activation == "swiglu_clamped" and mlp.swiglu_alpha == QUICK_GELU_ALPHA:
+        # gpt-oss: (up + 1) * gate * sigmoid(1.702 gate), both clamped at the limit; Megatron-LM's
+        # quick GEGLU (x * sigmoid(1.702 x)) with --glu-linear-offset 1 and --activation-func-clamp-value
+        a += ["--quick-geglu", "--glu-linear-offset", "1", "--activation-func-clamp-value",
+              _number(mlp.swiglu_limit or 0.0)]
+    elif mlp.gated:
+        missing.append(f"gated MLP with {mlp.activation} (Megatron's gated MLP flags are --swiglu and --geglu-style "
+                       "custom activations)")
+    return a, missing
+
+
+def _bias_args(spec: ModelSpec) -> list:
+    """The bias flags; refused (ConfigError) where Megatron's all-or-none linear biases cannot state them.
+    Megatron's biases: add_bias_linear for every linear (attention output, MLP, experts), add_qkv_bias
+    for the QKV projection alone (TransformerConfig)."""
+    att, mlp = spec.attention, spec.mlp
+    a: list = []
+    moe = spec.moe if spec.moe is not None and spec.is_moe else None
+    biases = {"attention output": att.o_bias}
+    if "dense" in spec.layer_kinds:
+        biases["MLP"] = mlp.bias
+    if moe:
+        biases.update({"experts": moe.expert.bias, "router": moe.router_bias})
+    linear_bias = set(biases.values())
+    if len(linear_bias) > 1:
+        raise ConfigError("--to megatron", None, f"{spec.name}: biases on some linear layers and not others "
+                          f"({', '.join(f'{k} {v}' for k, v in biases.items())}); Megatron's --disable-bias-linear "
+                          "sets them all")
+    if True not in linear_bias:
+        a.append("--disable-bias-linear")
+    if att.qkv_bias and True not in linear_bias:
+        a.append("--add-qkv-bias")
+    elif not att.qkv_bias and True in linear_bias:
+        raise ConfigError("--to megatron", None, f"{spec.name}: biases on the linear layers but not on QKV; "
+                          "Megatron adds a QKV bias with every linear bias")
+    return a
+
+
+def _moe_args(spec: ModelSpec, p: ParallelConfig, vendor: str | None, ep_overlap_flag: str | None) -> tuple[list,
+                                                                                                     list[str]]:
+    """The mixture-of-experts flags (none for a dense model), and what they cannot say about its routing."""
+    a: list = []
+    missing = []
+    if not (spec.moe is not None and spec.is_moe):
+        return a, missing
+    m = spec.moe
+    a += ["--num-experts", m.experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert.intermediate,
+          *dispatcher_args(p, vendor), "--moe-grouped-gemm"]
+    if m.shared_experts:
+        a += ["--moe-shared-expert-intermediate-size", m.shared_intermediate]
+    if m.shared_expert_gate:
+        a.append("--moe-shared-expert-gate")
+    if m.scoring == "sigmoid":
+        a += ["--moe-router-score-function", "sigmoid"]
+    # top-k weights: Megatron-Core's softmax after the top-k is the normalised top-k (norm_topk_prob);
+    # the softmax over every expert before it is --moe-router-pre-softmax; sigmoid scores are always
+    # normalised over the top-k (moe_utils.topk_softmax_with_capacity)
+    if m.scoring == "softmax" and not m.norm_topk_prob:
+        a.append("--moe-router-pre-softmax")
+    elif m.scoring == "sigmoid" and not m.norm_topk_prob and m.top_k > 1:
+        missing.append("sigmoid routing without normalised top-k weights (Megatron-Core normalises them)")
+    if m.score_correction_bias:
+        a.append("--moe-router-enable-expert-bias")
+    if m.routed_scaling_factor != 1.0:
+        a += ["--moe-router-topk-scaling-factor", _number(m.routed_scaling_factor)]
+    if m.n_group > 1:
+        a += ["--moe-router-num-groups", m.n_group, "--moe-router-group-topk", m.topk_group]
+    if ep_overlap_flag and ep_overlapped(columns(p), CommOptions())[()] > 0:
+        # the overlap the planner priced for this layout (planner.perf.comm.ep_overlapped: Megatron-Core's
+        # conditions, ep > 1, no full recompute, a virtual pipeline when pp > 1)
+        a.append(ep_overlap_flag)
+    dense = [i for i, k in enumerate(spec.layer_kinds) if k != "moe"]
+    if dense:
+        pattern = "[" + ",".join("0" if k != "moe" else "1" for k in spec.layer_kinds) + "]"
+        a += ["--moe-layer-freq", pattern]
+    return a, missing
+
+
 def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None, vendor: str | None = None,
                ep_overlap_flag: str | None = "--overlap-moe-expert-parallel-comm") -> tuple[list[str], list[str]]:
     """The flags that state the architecture (and the token dispatcher ``parallel``'s EP needs on
@@ -251,81 +348,21 @@ def model_args(spec: ModelSpec, parallel: ParallelConfig | None = None, vendor: 
     rope, rope_missing = rope_args(spec)
     a += rope
     missing += rope_missing
-    if att.kind == "gqa" and att.kv_heads != att.heads:
-        a += ["--group-query-attention", "--num-query-groups", att.kv_heads]
-    if att.kind == "mla":
-        a += ["--multi-latent-attention", "--kv-lora-rank", att.kv_lora_rank, "--qk-head-dim", att.qk_nope_head_dim,
-              "--qk-pos-emb-head-dim", att.qk_rope_head_dim, "--v-head-dim", att.v_head_dim]
-        if att.q_lora_rank:
-            a += ["--q-lora-rank", att.q_lora_rank]
-    if mlp.gated and mlp.activation == "silu":
-        a.append("--swiglu")
-    elif mlp.gated and mlp.activation == "swiglu_clamped" and mlp.swiglu_alpha == QUICK_GELU_ALPHA:
-        # gpt-oss: (up + 1) * gate * sigmoid(1.702 gate), both clamped at the limit; Megatron-LM's
-        # quick GEGLU (x * sigmoid(1.702 x)) with --glu-linear-offset 1 and --activation-func-clamp-value
-        a += ["--quick-geglu", "--glu-linear-offset", "1", "--activation-func-clamp-value",
-              _number(mlp.swiglu_limit or 0.0)]
-    elif mlp.gated:
-        missing.append(f"gated MLP with {mlp.activation} (Megatron's gated MLP flags are --swiglu and --geglu-style "
-                       "custom activations)")
+    a += _attention_args(att)
+    mlp_flags, mlp_missing = _mlp_args(mlp)
+    a += mlp_flags
+    missing += mlp_missing
     if not spec.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
-    # Megatron's biases: add_bias_linear for every linear (attention output, MLP, experts),
-    # add_qkv_bias for the QKV projection alone (TransformerConfig)
-    moe = spec.moe if spec.moe is not None and spec.is_moe else None
-    biases = {"attention output": att.o_bias}
-    if "dense" in spec.layer_kinds:
-        biases["MLP"] = mlp.bias
-    if moe:
-        biases.update({"experts": moe.expert.bias, "router": moe.router_bias})
-    linear_bias = set(biases.values())
-    if len(linear_bias) > 1:
-        raise ConfigError("--to megatron", None, f"{spec.name}: biases on some linear layers and not others "
-                          f"({', '.join(f'{k} {v}' for k, v in biases.items())}); Megatron's --disable-bias-linear "
-                          "sets them all")
-    if True not in linear_bias:
-        a.append("--disable-bias-linear")
-    if att.qkv_bias and True not in linear_bias:
-        a.append("--add-qkv-bias")
-    elif not att.qkv_bias and True in linear_bias:
-        raise ConfigError("--to megatron", None, f"{spec.name}: biases on the linear layers but not on QKV; "
-                          "Megatron adds a QKV bias with every linear bias")
+    a += _bias_args(spec)
     if att.qk_norm or att.kind == "mla":  # under MLA the flag builds the RMSNorms of the q and kv latents
         a.append("--qk-layernorm")  # (Megatron-Core gpt_layer_specs: q/kv_layernorm of MLA only with it)
     if att.sinks:  # one learned logit per head: Megatron-LM's --softmax-type learnable
         a += ["--softmax-type", "learnable"]
     a += window_args(spec)
-    if spec.moe is not None and spec.is_moe:
-        m = spec.moe
-        a += ["--num-experts", m.experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert.intermediate,
-              *dispatcher_args(p, vendor), "--moe-grouped-gemm"]
-        if m.shared_experts:
-            a += ["--moe-shared-expert-intermediate-size", m.shared_intermediate]
-        if m.shared_expert_gate:
-            a.append("--moe-shared-expert-gate")
-        if m.scoring == "sigmoid":
-            a += ["--moe-router-score-function", "sigmoid"]
-        # top-k weights: Megatron-Core's softmax after the top-k is the normalised top-k (norm_topk_prob);
-        # the softmax over every expert before it is --moe-router-pre-softmax; sigmoid scores are always
-        # normalised over the top-k (moe_utils.topk_softmax_with_capacity)
-        if m.scoring == "softmax" and not m.norm_topk_prob:
-            a.append("--moe-router-pre-softmax")
-        elif m.scoring == "sigmoid" and not m.norm_topk_prob and m.top_k > 1:
-            missing.append("sigmoid routing without normalised top-k weights (Megatron-Core normalises them)")
-        if m.score_correction_bias:
-            a.append("--moe-router-enable-expert-bias")
-        if m.routed_scaling_factor != 1.0:
-            a += ["--moe-router-topk-scaling-factor", _number(m.routed_scaling_factor)]
-        if m.n_group > 1:
-            a += ["--moe-router-num-groups", m.n_group, "--moe-router-group-topk", m.topk_group]
-        if ep_overlap_flag and ep_overlapped(columns(p), CommOptions())[()] > 0:
-            # the overlap the planner priced for this layout (planner.perf.comm.ep_overlapped: Megatron-Core's
-            # conditions, ep > 1, no full recompute, a virtual pipeline when pp > 1)
-            a.append(ep_overlap_flag)
-        dense = [i for i, k in enumerate(spec.layer_kinds) if k != "moe"]
-        if dense:
-            pattern = "[" + ",".join("0" if k != "moe" else "1" for k in spec.layer_kinds) + "]"
-            a += ["--moe-layer-freq", pattern]
+    moe_flags, moe_missing = _moe_args(spec, p, vendor, ep_overlap_flag)
+    a += moe_flags
+    missing += moe_missing
     if spec.mtp_layers:
         a += ["--mtp-num-layers", spec.mtp_layers]
     pad, padded = vocab_padding(spec.vocab, p.tp)

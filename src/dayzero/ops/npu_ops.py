@@ -111,3 +111,12 @@ def replacements(manifest_ops: set[str] | list[str], kernels: set[str] | list[st
     has the torch_npu operator behind them."""
     have, want = set(manifest_ops), set(kernels)
     return [r for r in MINDSPEED_FUSED if r.kernel in want and r.npu_op in have]
+
+
+def fused_replacements(report: dict, manifest: str) -> list[Replacement]:
+    """MindSpeed's flags for the fused kernels an ops report (``OpsReport.to_dict``) finds provided,
+    where the manifest ``manifest`` (a shipped name or a file) holds torch_npu's operator."""
+    from dayzero.ops.manifest import load_manifest
+
+    found = {k for f in report["fusions"] if f["provided"] for k in f["provided_by"].split("+")}
+    return replacements(load_manifest(manifest).ops, found)

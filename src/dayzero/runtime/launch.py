@@ -85,12 +85,7 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                       rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn", shutdown_timeout=math.ceil(STOP_GRACE_S))
-    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", rank_log.DIR_ENV, rank_log.ATTEMPT_ENV, SLOTS_ENV)}
-    if saved_env["OMP_NUM_THREADS"] is None:  # as torchrun does: one thread per rank unless told otherwise
-        os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ[rank_log.DIR_ENV] = str(error_dir)
-    if slots is not None:
-        os.environ[SLOTS_ENV] = ",".join(map(str, slots))
+    saved_env = _rank_env(error_dir, slots)
     log_path = Path(log) if log is not None else Path(error_dir, "ranks.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
@@ -111,44 +106,83 @@ def launch_local(argv: list[str], nproc: int, error_dir: str | Path, *, max_rest
                 rank_log.append_attempt(log_path, error_dir, attempt, nproc, failures)
             request = read_request(error_dir)
             if request is not None and replan is not None:
-                if attempt == max_restarts:
-                    raise RanksFailed(1, [f"an alert asked for a restart ({request.get('action')} at step "
-                                          f"{request.get('step')}) after {max_restarts} restart(s) already; raise "
-                                          "--max-restarts"]) from None
-                nproc, slots = replan(request)
-                lc.nproc_per_node = nproc
-                os.environ[SLOTS_ENV] = ",".join(map(str, slots))
-                print(f"dayzero: restarting (attempt {attempt + 1}/{max_restarts}) on {nproc} ranks"
-                      f"{' ' + restart_from() if restart_from is not None else ''}", file=sys.stderr, flush=True)
-                lc.run_id = str(uuid.uuid4())
+                nproc = _planned_restart(lc, request, attempt, max_restarts, replan, restart_from)
                 continue
-            causes = rank_log.causes(failures)
-            if all(f.user_error for f in causes):
-                raise RanksFailed(2, sorted({f.cause for f in causes})) from None
-            if attempt == max_restarts:
-                if log is None:
-                    log_path = _keep(log_path)
-                after = f"; gave up after {max_restarts} restart{'s' * (max_restarts != 1)}" if max_restarts else ""
-                raise RanksFailed(1, ["; ".join(f.line() for f in causes) + f"{after}; details in "
-                                                                            f"{log_path}"]) from None
-            also = rank_log.consequence_line(failures)
-            for line in [f.line() for f in causes] + ([also] if also else []):
-                print(f"dayzero: {line}", file=sys.stderr)
-            own = [f.rank for f in causes if not f.consequence and not f.user_error]
-            if on_failure is not None and own:
-                nproc, slots = on_failure(own, "; ".join(f.line() for f in causes))
-                lc.nproc_per_node = nproc
-                os.environ[SLOTS_ENV] = ",".join(map(str, slots))
-            where = f" {restart_from()}" if restart_from is not None else ""
-            print(f"dayzero: restarting (attempt {attempt + 1}/{max_restarts}){where}", file=sys.stderr, flush=True)
-            lc.run_id = str(uuid.uuid4())
+            log_path, nproc = _failed_restart(lc, failures, attempt, max_restarts, log is None, log_path, on_failure,
+                                              restart_from)
     finally:
         _restore_signal_handlers(handlers)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _restore_env(saved_env)
+
+
+def _rank_env(error_dir: str | Path, slots: tuple[int, ...] | None) -> dict:
+    """Set the environment the ranks read (one thread per rank unless told otherwise, as torchrun
+    does; where they write errors; their device slots); returns what it was, for :func:`_restore_env`."""
+    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", rank_log.DIR_ENV, rank_log.ATTEMPT_ENV, SLOTS_ENV)}
+    if saved_env["OMP_NUM_THREADS"] is None:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ[rank_log.DIR_ENV] = str(error_dir)
+    if slots is not None:
+        os.environ[SLOTS_ENV] = ",".join(map(str, slots))
+    return saved_env
+
+
+def _restore_env(saved_env: dict) -> None:
+    for k, v in saved_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _next_ranks(lc, nproc: int, slots: tuple[int, ...]) -> None:
+    """The next attempt runs ``nproc`` ranks on device ``slots``, under a new run id."""
+    lc.nproc_per_node = nproc
+    os.environ[SLOTS_ENV] = ",".join(map(str, slots))
+
+
+def _planned_restart(lc, request: dict, attempt: int, max_restarts: int, replan, restart_from) -> int:
+    """Set up the restart rank 0 asked for (``replan(request)``: the next ranks and slots); raises
+    RanksFailed where no restart is left. Returns the next attempt's rank count."""
+    if attempt == max_restarts:
+        raise RanksFailed(1, [f"an alert asked for a restart ({request.get('action')} at step "
+                              f"{request.get('step')}) after {max_restarts} restart(s) already; raise "
+                              "--max-restarts"]) from None
+    nproc, slots = replan(request)
+    _next_ranks(lc, nproc, slots)
+    print(f"dayzero: restarting (attempt {attempt + 1}/{max_restarts}) on {nproc} ranks"
+          f"{' ' + restart_from() if restart_from is not None else ''}", file=sys.stderr, flush=True)
+    lc.run_id = str(uuid.uuid4())
+    return nproc
+
+
+def _failed_restart(lc, failures: list, attempt: int, max_restarts: int, keep_log: bool, log_path: Path,
+                    on_failure, restart_from) -> tuple[Path, int]:
+    """After ranks failed: raise RanksFailed (exit 2) where every cause is a user error, or (exit 1)
+    where no restart is left (the log kept, ``keep_log``, when it was a temporary one); else print one
+    line per failed rank, run the next attempt without the ranks that failed on their own
+    (``on_failure``), and announce the restart. Returns (the log, the next attempt's rank count)."""
+    causes = rank_log.causes(failures)
+    if all(f.user_error for f in causes):
+        raise RanksFailed(2, sorted({f.cause for f in causes})) from None
+    if attempt == max_restarts:
+        if keep_log:
+            log_path = _keep(log_path)
+        after = f"; gave up after {max_restarts} restart{'s' * (max_restarts != 1)}" if max_restarts else ""
+        raise RanksFailed(1, ["; ".join(f.line() for f in causes) + f"{after}; details in "
+                                                                    f"{log_path}"]) from None
+    also = rank_log.consequence_line(failures)
+    for line in [f.line() for f in causes] + ([also] if also else []):
+        print(f"dayzero: {line}", file=sys.stderr)
+    own = [f.rank for f in causes if not f.consequence and not f.user_error]
+    nproc = lc.nproc_per_node
+    if on_failure is not None and own:
+        nproc, slots = on_failure(own, "; ".join(f.line() for f in causes))
+        _next_ranks(lc, nproc, slots)
+    where = f" {restart_from()}" if restart_from is not None else ""
+    print(f"dayzero: restarting (attempt {attempt + 1}/{max_restarts}){where}", file=sys.stderr, flush=True)
+    lc.run_id = str(uuid.uuid4())
+    return log_path, nproc
 
 
 def _run_agent(lc, argv: list[str], nproc: int) -> None:

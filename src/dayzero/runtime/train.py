@@ -366,6 +366,49 @@ def update_expert_bias(state: TrainState, loads: ExpertLoads) -> None:
 Hook = Callable[[TrainState, StepRecord], None]
 
 
+def _resume(state: TrainState, pos, rank0: bool) -> None:
+    """Take the step and data position of the checkpoint the run resumes from (``pos``, none where
+    ``pos.path`` is None); a checkpoint without a data position restarts the stream, with a warning."""
+    if pos.path is None:
+        return
+    state.step = pos.step
+    if pos.data is not None:
+        state.data.restore(saved_stream(pos.data))
+    elif rank0:
+        print(f"dayzero: warning: {pos.path.name} holds no data position (imported weights, or saved without "
+              "one): the data stream starts from its beginning", file=sys.stderr, flush=True)
+
+
+def _guarded_step(state: TrainState, res, timer: CommTimer, gbs: int) -> tuple[StepRecord | None, bool]:
+    """One step under the loss guards (``res``: :mod:`dayzero.runtime.resilience.loop`): the batches a
+    rollback skips are passed over, and a step the guards roll back is discarded, the state taken back
+    to the checkpoint (returns (None, True)). Returns (the step's record, whether its update was skipped)."""
+    res.begin_step(state.step + 1)
+    while res.should_skip(state.data.samples // gbs):
+        state.data.samples += gbs
+    batch = state.data.samples // gbs
+    g = compute_step(state, timer)
+    verdict = res.judge(state.step + 1, g.loss, [batch])
+    if verdict.action == "rollback":
+        discard_step(state, timer)
+        pos = res.rollback(state.step + 1)
+        state.step = pos.step
+        state.data.restore(saved_stream(pos.data))
+        state.history = [r for r in state.history if r.step <= pos.step]
+        return None, True
+    return apply_step(state, g, timer, update=verdict.ok), not verdict.ok
+
+
+def _act_on_alerts(state: TrainState, res, actions) -> None:
+    """The alert actions' decision after a step (``--on-alert``): a checkpoint now, and a stop that
+    raises the planned restart."""
+    decision = actions.after_step(state.step, state.alerts)
+    if decision.checkpoint:
+        res.save_now(state.step, data_position(state))
+    if decision.stop:
+        raise actions.planned_restart(decision, state.step)
+
+
 def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState | None = None) -> TrainState:
     """Run ``config.steps`` steps; rank 0 writes the metrics stream and shows progress.
 
@@ -397,13 +440,7 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         config.save(Path(config.metrics).with_suffix(".config.json"))
     try:
         pos = res.start()
-        if pos.path is not None:
-            state.step = pos.step
-            if pos.data is not None:
-                state.data.restore(saved_stream(pos.data))
-            elif pos.path is not None and rank0:
-                print(f"dayzero: warning: {pos.path.name} holds no data position (imported weights, or saved without "
-                      "one): the data stream starts from its beginning", file=sys.stderr, flush=True)
+        _resume(state, pos, rank0)
         if rank0 and restart_attempt() > 0:  # the line a restart announced is answered by this one
             print(f"dayzero: resumed at step {state.step}", file=sys.stderr, flush=True)
         # a run that continues (checkpoint, torchrun restart, or a state handed in mid-run) appends
@@ -423,33 +460,18 @@ def train(config: TrainConfig, hooks: tuple[Hook, ...] = (), state: TrainState |
         gbs = config.parallel.gbs
         with Progress(config.steps, enabled=rank0 and not config.quiet, start=state.step) as bar:
             while state.step < config.steps:
-                res.begin_step(state.step + 1)
-                while res.should_skip(state.data.samples // gbs):  # batches a rollback skips
-                    state.data.samples += gbs
-                batch = state.data.samples // gbs
-                g = compute_step(state, timer)
-                verdict = res.judge(state.step + 1, g.loss, [batch])
-                if verdict.action == "rollback":
-                    discard_step(state, timer)
-                    pos = res.rollback(state.step + 1)
-                    state.step = pos.step
-                    state.data.restore(saved_stream(pos.data))
-                    state.history = [r for r in state.history if r.step <= pos.step]
+                rec, skipped = _guarded_step(state, res, timer, gbs)
+                if rec is None:  # rolled back
                     continue
-                rec = apply_step(state, g, timer, update=verdict.ok)
                 writer.write(rec.to_dict())
                 bar.update(rec)
                 if monitor is not None:
-                    state.alerts = monitor.after_step(state, rec, skipped=not verdict.ok)
+                    state.alerts = monitor.after_step(state, rec, skipped=skipped)
                 for hook in hooks:
                     hook(state, rec)
                 res.end_step(state.step, data_position(state))
                 if actions is not None:  # rank 0 decides on the alerts that began firing; every rank acts
-                    decision = actions.after_step(state.step, state.alerts)
-                    if decision.checkpoint:
-                        res.save_now(state.step, data_position(state))
-                    if decision.stop:
-                        raise actions.planned_restart(decision, state.step)
+                    _act_on_alerts(state, res, actions)
         res.finish(state.step, data_position(state))
         writer.write(end_record(state, time.perf_counter() - t_start))
         failed = False

@@ -337,6 +337,48 @@ def train_mtp(spec: ModelSpec, notes: str) -> ModelSpec:
     return spec
 
 
+def _vpp(row: dict, feats, tp: int, pp: int, assumed: list[Assumption]) -> int:
+    """The row's virtual pipeline stages per rank: stated (column or text), else the layout's default
+    for the row's source, else torchtitan's default where an interleaved schedule is named; 1
+    without a pipeline. Each value not stated is recorded in ``assumed``."""
+    vpp = _degree(row, "vp", feats, assumed) if text(row, "vp") or "vp" in feats.degrees else None
+    if vpp is None and (found := _layout_default(row, "vp", tp, pp)):
+        vpp = found[0]
+        assumed.append(Assumption("layout", f"vp blank: {vpp} ({found[1]})"))
+    if vpp is None and feats.interleaved and pp > 1:
+        vpp = INTERLEAVED_DEFAULT_VP
+        assumed.append(Assumption("layout", f"interleaved schedule without vp: {vpp} virtual stages per rank "
+                                            "(torchtitan's default)"))
+    return (vpp or 1) if pp > 1 else 1
+
+
+def _dp(row: dict, framework: str, devices: int, model_ranks: int, ep: int) -> int:
+    """devices / (tp*pp*cp) (``model_ranks``), refused (Unpredictable) where it does not divide or where
+    the stated dp disagrees. MaxText rows give dp x fsdp; both are data-parallel here. DGX Cloud's Grok
+    rows count dp without the expert-parallel ranks (tp*pp*cp*dp*ep = devices)."""
+    maxtext_fsdp = "maxtext" in framework or "maxtext" in row["model"].lower()
+    if devices % model_ranks:
+        raise Unpredictable("inconsistent layout", f"{devices} devices not divisible by tp*pp*cp = {model_ranks}")
+    dp = devices // model_ranks
+    stated_dp = whole(row, "dp")
+    sharded = maxtext_fsdp or whole(row, "fsdp", strict=False)
+    if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not sharded:
+        raise Unpredictable("inconsistent layout", f"dp {stated_dp} disagrees with devices / (tp*pp*cp) = {dp}")
+    return dp
+
+
+def _sequence_parallel(row: dict, tp: int, assumed: list[Assumption]) -> bool:
+    """Megatron sequence parallelism: on with tp > 1 unless the row says no; a blank column is on only
+    for a framework that has it (megatron_sp), recorded in ``assumed`` when taken off."""
+    sp_text = text(row, "sequence_parallel").lower()
+    sp_blank = not sp_text
+    sp = tp > 1 and not re.fullmatch(r"no|false|off|0|n", sp_text) and (not sp_blank or megatron_sp(row))
+    if tp > 1 and sp_blank and not sp:
+        assumed.append(Assumption("layout", f"sequence parallelism off: {text(row, 'framework') or 'the framework'} "
+                                            "has no Megatron sequence parallelism"))
+    return sp
+
+
 def case_of(row: dict) -> Case:
     """Resolve one row; raises DayzeroError (an :class:`Unpredictable` with its kind for the reasons
     of :data:`SKIP_KINDS`) with the reason it cannot be predicted."""
@@ -362,24 +404,8 @@ def case_of(row: dict) -> Case:
     if feats.context_parallel and not text(row, "cp") and "cp" not in feats.degrees:
         assumed.append(Assumption("layout", "context parallelism named without a degree: cp 1"))
     ep, etp = _degree(row, "ep", feats, assumed), _degree(row, "etp", feats, assumed)
-    vpp = _degree(row, "vp", feats, assumed) if text(row, "vp") or "vp" in feats.degrees else None
-    if vpp is None and (found := _layout_default(row, "vp", tp, pp)):
-        vpp = found[0]
-        assumed.append(Assumption("layout", f"vp blank: {vpp} ({found[1]})"))
-    if vpp is None and feats.interleaved and pp > 1:
-        vpp = INTERLEAVED_DEFAULT_VP
-        assumed.append(Assumption("layout", f"interleaved schedule without vp: {vpp} virtual stages per rank "
-                                            "(torchtitan's default)"))
-    vpp = (vpp or 1) if pp > 1 else 1
-    maxtext_fsdp = "maxtext" in framework or "maxtext" in row["model"].lower()
-    if devices % (tp * pp * cp):
-        raise Unpredictable("inconsistent layout", f"{devices} devices not divisible by tp*pp*cp = {tp * pp * cp}")
-    dp = devices // (tp * pp * cp)  # MaxText rows give dp x fsdp; both are data-parallel here
-    stated_dp = whole(row, "dp")
-    # DGX Cloud's Grok rows count dp without the expert-parallel ranks (tp*pp*cp*dp*ep = devices)
-    sharded = maxtext_fsdp or whole(row, "fsdp", strict=False)
-    if stated_dp and stated_dp not in (dp, dp // max(ep, 1)) and not sharded:
-        raise Unpredictable("inconsistent layout", f"dp {stated_dp} disagrees with devices / (tp*pp*cp) = {dp}")
+    vpp = _vpp(row, feats, tp, pp, assumed)
+    dp = _dp(row, framework, devices, tp * pp * cp, ep)
     mbs, gbs, seq = _batch(row, dp, assumed)
     spec = _documents(row, spec, seq, assumed)
     recipe = recipe_of(row["precision"], feats.fp8, feats.mx)
@@ -393,12 +419,7 @@ def case_of(row: dict) -> Case:
     if not even_split_fills(spec.layers, pp * vpp):
         raise Unpredictable("inconsistent layout", f"{spec.layers} layers cannot fill pp*vp = {pp * vpp} stages")
     split = None if spec.layers % (pp * vpp) == 0 else model_split(spec.layers, pp * vpp, spec.mtp_layers)
-    sp_text = text(row, "sequence_parallel").lower()
-    sp_blank = not sp_text
-    sp = tp > 1 and not re.fullmatch(r"no|false|off|0|n", sp_text) and (not sp_blank or megatron_sp(row))
-    if tp > 1 and sp_blank and not sp:
-        assumed.append(Assumption("layout", f"sequence parallelism off: {text(row, 'framework') or 'the framework'} "
-                                            "has no Megatron sequence parallelism"))
+    sp = _sequence_parallel(row, tp, assumed)
     recompute = _recompute(row, feats)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
                               zero=_zero(row, feats), recompute=recompute or "none", sequence_parallel=sp,

@@ -2,7 +2,8 @@
 
 Reading order: ``search_space`` (what the search enumerates, dim by dim), ``switches`` (the
 memory switches tried per layout), ``cp_choice`` (which context-parallel exchange a layout gets),
-``search_fit`` (which variants of each base layout fit, and the fewest that need trying),
+``search_fit`` (which variants of each base layout fit, and the fewest that need trying; its climb
+of the recompute levels for one group of bases is ``level_climb``),
 ``explain`` (a plan's family and its binding constraint), ``error_band`` (how far the backtest says a
 plan of this kind has been from measurement), ``search`` (:func:`plan`: enumerate, prune by
 memory, rank by step time), ``sensitivity`` (how the best plan moves when uncertain inputs move),

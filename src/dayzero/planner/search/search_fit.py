@@ -20,54 +20,18 @@ import numpy as np
 from dayzero.errors import LayoutError
 from dayzero.planner.engines import ENGINES, engine_mask, with_run
 from dayzero.planner.memory.activation_offload import COLUMN as OFFLOAD
-from dayzero.planner.memory.memory_terms import RECOMPUTE_EXCESS
 from dayzero.planner.perf.perf import PerfOptions
+from dayzero.planner.search.level_climb import PassProbe, climb_group
 from dayzero.planner.search.search_space import SearchSpace, _with, dropped_terms
 from dayzero.specs.cluster import Cluster
 from dayzero.specs.grid import (
     DUALPIPE,
     FULL,
-    MODULE_BIT,
 )
 from dayzero.specs.grid import SWITCHES as SWITCH_COLUMNS
 from dayzero.specs.host import HOST_MEMORY_PER_DEVICE
 from dayzero.specs.model import ModelSpec
 from dayzero.specs.parallel import RECOMPUTES, model_split
-
-
-def _layers(below: np.ndarray) -> list[list[int]]:
-    """The level indices in layers: each level after every level strictly below it (the length of
-    the longest chain under it), so no two levels of a layer are ordered."""
-    n = len(below)
-    depth = [0] * n
-    for j in range(n):  # levels come in an order where those below come first (SearchSpace.levels)
-        under = [i for i in range(j) if below[i, j] and not below[j, i]]
-        depth[j] = 1 + max((depth[i] for i in under), default=-1)
-    return [[j for j in range(n) if depth[j] == d] for d in range(max(depth, default=-1) + 1)]
-
-
-def _needs(levels, allowed, union: int, where: np.ndarray, check, drops) -> np.ndarray:
-    """Which of the ``allowed`` levels each base may fit at, from the module sets one module short
-    of level ``union`` (the gate above every selective level): where the least any level dropping
-    only tensors such a short set drops can hold does not fit (a level dropping fewer saves more,
-    and every level keeps the largest saved tensor's transient: memory_terms.RECOMPUTE_EXCESS; not
-    the short set's own peak, whose rebuilt module can outweigh what it drops beyond a subset's),
-    the base is not checked there. Probes the bases in ``where`` (flags) with ``check``
-    (_fitting_variants' memory probe, with that bound: (indices, peak, fits, may fit)); ``drops(mask)``:
-    the tensors a module set drops (:func:`dropped_terms`). Returns (bases, allowed levels) flags."""
-    rc = levels[allowed[union]][0]
-    may = np.ones((len(where), len(allowed)), dtype=bool)
-    selective = [i for i, a in enumerate(allowed) if RECOMPUTES[levels[a][0]] == "selective"]
-    whole = int(np.bitwise_or.reduce([levels[allowed[i]][1] for i in selective])) if selective else 0
-    # the short sets that drop less than the union (only those can fail where the union fits)
-    shorts = [whole & ~b for b in MODULE_BIT.values() if whole & b and whole & ~b]
-    shorts = [m for m in shorts if drops(m) < drops(whole)]
-    if RECOMPUTES[rc] != "selective" or not where.any() or not shorts:
-        return may
-    for short, (picked, _, _, may_fit) in zip(shorts, check([((rc, m), where) for m in shorts])):
-        inside = [i for i in selective if drops(levels[allowed[i]][1]) <= drops(short)]
-        may[np.ix_(picked[~may_fit], inside)] = False
-    return may
 
 
 def _row_patterns(flags: np.ndarray) -> np.ndarray:
@@ -190,6 +154,54 @@ class SwitchPlan:
         return [{name: 1 for name in self.ladder[:k]} for k in range(len(self.ladder) + 1)]
 
 
+def _row_groups(bases: dict, zb: dict, levels, engine, searched_dual: bool, pi: int,
+                run_switches: dict | None) -> tuple[list, int]:
+    """The bases of one pass split into groups (rows, the level indices they may take), and the
+    number of (row, level) layouts ruled out by the engines (counted on the first pass only): with
+    ``engine``, the rows it runs at every level; unpinned (``searched_dual``), each row only at the
+    levels some engine runs it with (DualPipe, which none runs, is only tried when pinned, so it is
+    not filtered); on a later pass (a last-resort switch on), only the rows an engine runs with it."""
+    n = len(bases["tp"])
+    everything = tuple(range(len(levels)))
+    groups, n_engine = [(np.arange(n), everything)], 0
+    if engine:
+        runs = engine_mask(engine, zb, run_switches)
+        n_engine += int((~runs).sum()) * len(levels) * (pi == 0)
+        groups = [(np.flatnonzero(runs), everything)]
+    elif searched_dual:
+        dual = np.flatnonzero(bases["schedule"] != DUALPIPE)
+        if len(dual):
+            # the distinct rows of (rows, levels) an engine runs, and each row's among them
+            runs, which = _runs_at_levels({k: v[dual] for k, v in zb.items()}, levels, run_switches)
+            n_engine += int((~runs).sum(axis=1)[which].sum()) * (pi == 0)
+            groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
+            for k in np.unique(which):
+                allowed = np.flatnonzero(runs[k])
+                if len(allowed):
+                    groups.append((dual[which == k], tuple(allowed.tolist())))
+    if pi:  # a last-resort switch only where an engine runs it
+        ok_rows = _engine_runs(engine, zb, run_switches)
+        groups = [(rows[ok_rows[rows]], allowed) for rows, allowed in groups]
+    return groups, n_engine
+
+
+def _kept_variants(found: list, z: int, held: dict, held_at: dict, fits_at: dict, passes: list) -> list:
+    """ZeRO stage ``z``'s fitting variants as (base indices, zero, level index, peak, switch columns,
+    pass), ZeRO-2 kept only where ZeRO-1 (with no more switches) does not fit: ZeRO-1 then takes no
+    more time (ZeRO-2 adds a reduce-scatter per micro-batch)."""
+    out = []
+    for idx, j, peak, pi in found:
+        if z == 2 and (1, pi) in fits_at:
+            same = np.logical_and.reduce([held_at[1][s][idx] >= held[s][idx] for s in SWITCH_COLUMNS])
+            keep = ~(fits_at[1, pi][idx, j] & same)
+            idx, peak = idx[keep], peak[keep]
+        cols = {s: np.full(len(idx), 0, dtype=np.int64) + held[s][idx] for s in SWITCH_COLUMNS}
+        for s, v in passes[pi].items():
+            cols[s] = np.full(len(idx), v, dtype=np.int64)
+        out.append((idx, z, np.full(len(idx), j, dtype=np.int64), peak, cols, pi))
+    return out
+
+
 def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=None,
                       searched_dual: bool = False, below: np.ndarray | None = None,
                       switches: SwitchPlan | None = None, memory_less=None,
@@ -221,7 +233,6 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
     switches = switches or SwitchPlan()
     if below is None:
         below = np.triu(np.ones((len(levels), len(levels)), dtype=bool))
-    everything = tuple(range(len(levels)))
     out, n_fit, n_engine = [], 0, 0
     fits_at = {}  # (ZeRO stage, pass) -> (bases, levels) fitting by that pass, a level above a fitting one included
     held_at = {}  # ZeRO stage -> the switch columns held
@@ -231,168 +242,22 @@ def _fitting_variants(spec, bases: dict, zeros, levels, memory, limit, engine=No
         if mask not in known:
             known[mask] = dropped_terms(spec, mask)
         return known[mask]
+    passes = switches.passes()
     for z in sorted(zeros):
         held_at[z] = held = switches.held(bases, z, engine, run_switches)
         fitting = np.zeros((n, len(levels)), dtype=bool)  # fits (or a level below does), by some pass so far
-        found = []
-        # pass -> {(recompute code, module mask): (bases,) peaks an earlier pass's memory calls gave (nan: none)}
-        ahead: dict[int, dict] = {}
-        # {(recompute code, module mask): (bases,) their bytes above the floor (memory_terms.RECOMPUTE_EXCESS),
-        # nan: not known}, read with ahead's peaks: the passes ahead reads off only drop model states
-        excess_at: dict = {}
-        passes = switches.passes()
+        found, ahead, excess_at = [], {}, {}  # the last two: PassProbe's, shared by the passes
         for pi, on in enumerate(passes):
             zb = _with(bases, zero=z, **{**held, **on})
-            groups = [(np.arange(n), everything)]  # (rows, the level indices they may take)
-            if engine:
-                runs = engine_mask(engine, zb, run_switches)
-                n_engine += int((~runs).sum()) * len(levels) * (pi == 0)
-                groups = [(np.flatnonzero(runs), everything)]
-            elif searched_dual:  # an unpinned search: each row only at the ZeRO stages and levels some engine
-                # runs it with (a plan is a layout an engine can run); DualPipe, which none runs, is only
-                # tried when pinned, so it is not filtered
-                dual = np.flatnonzero(bases["schedule"] != DUALPIPE)
-                if len(dual):
-                    # the distinct rows of (rows, levels) an engine runs, and each row's among them
-                    runs, which = _runs_at_levels({k: v[dual] for k, v in zb.items()}, levels, run_switches)
-                    n_engine += int((~runs).sum(axis=1)[which].sum()) * (pi == 0)
-                    groups = [(np.flatnonzero(bases["schedule"] == DUALPIPE), everything)]
-                    for k in np.unique(which):
-                        allowed = np.flatnonzero(runs[k])
-                        if len(allowed):
-                            groups.append((dual[which == k], tuple(allowed.tolist())))
-            if pi:  # a last-resort switch only where an engine runs it
-                ok_rows = _engine_runs(engine, zb, run_switches)
-                groups = [(rows[ok_rows[rows]], allowed) for rows, allowed in groups]
+            groups, ruled_out = _row_groups(bases, zb, levels, engine, searched_dual, pi, run_switches)
+            n_engine += ruled_out
+            probe = PassProbe(zb, pi, n, len(passes), switches, memory, memory_less, limit, ahead, excess_at)
             for rows, allowed in groups:
-                if not len(rows):
-                    continue
-                allowed = np.asarray(allowed)
-                sub = below[np.ix_(allowed, allowed)]
-                # fits, or a level below it does (by an earlier pass: with fewer switches, so faster)
-                fit = fitting[np.ix_(rows, allowed)]
-                alive = ~fit.all(axis=1)
-
-                def check(asked, floor: bool = False):
-                    """[((recompute code, module mask), bases)] -> [(the bases' indices, peak, fits, may
-                    fit)], in one memory call (the peaks an earlier pass read off for this one not asked
-                    again). May fit (with ``floor``): the least any level below the asked one can hold
-                    (memory_terms.RECOMPUTE_EXCESS) fits, all True where that bound is not known."""
-                    if not asked:
-                        return []
-                    picks = [np.flatnonzero(where) for _, where in asked]
-                    at = np.concatenate(picks)
-                    if not len(at):
-                        return [(p, np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)) for p in picks]
-                    rc = np.concatenate([np.full(len(p), lv[0]) for (lv, _), p in zip(asked, picks)]).astype(np.int64)
-                    mods = np.concatenate([np.full(len(p), lv[1]) for (lv, _), p in zip(asked, picks)]).astype(np.int64)
-                    floor = floor and memory_less is not None  # else no bound: every base may fit
-                    known = ahead.get(pi, {})
-                    peak = np.concatenate([known[lv][rows[p]] if lv in known else np.full(len(p), np.nan)
-                                           for (lv, _), p in zip(asked, picks)])
-                    # the bytes above the floor, with ahead's peaks (the same then: SwitchPlan.drops)
-                    above = np.concatenate([excess_at[lv][rows[p]] if floor and lv in known and lv in excess_at
-                                            else np.full(len(p), np.nan) for (lv, _), p in zip(asked, picks)])
-                    todo = np.flatnonzero(np.isnan(peak) | (np.isnan(above) if floor else False))
-                    if len(todo):
-                        grid = _with({k: v[rows[at[todo]]] for k, v in zb.items()}, recompute=rc[todo],
-                                     recompute_modules=mods[todo])
-                        later = [k for k in range(pi + 1, len(passes)) if switches.drops[k] is not None]
-                        sets = [switches.drops[k] for k in later] if memory_less is not None else []
-                        if sets or floor:
-                            peak[todo], less = memory_less(grid, tuple(sets) + (((RECOMPUTE_EXCESS,),) if floor
-                                                                               else ()))
-                            for lv in set(zip(rc[todo].tolist(), mods[todo].tolist())):
-                                here = (rc[todo] == lv[0]) & (mods[todo] == lv[1])
-                                for k, pk in zip(later, less):  # the peaks of the later passes, for when they ask
-                                    col = ahead.setdefault(k, {}).setdefault(lv, np.full(n, np.nan))
-                                    col[rows[at[todo[here]]]] = pk[here]
-                                if floor:
-                                    col = excess_at.setdefault(lv, np.full(n, np.nan))
-                                    col[rows[at[todo[here]]]] = (peak[todo] - less[-1])[here]
-                            if floor:
-                                above[todo] = peak[todo] - less[-1]
-                        else:
-                            peak[todo] = memory(grid)
-                    # a bound that does not fit by more than rounding (the floor is the peak less some terms)
-                    may = (peak - above <= limit * (1 + 1e-12)) if floor else np.ones(len(peak), dtype=bool)
-                    cuts = np.cumsum([len(p) for p in picks])[:-1]
-                    return [(p, pk, pk <= limit, mf)
-                            for p, pk, mf in zip(picks, np.split(peak, cuts), np.split(may, cuts))]
-
-                def record(j, picked, peak):
-                    # j fits; the levels above it are never faster, so they count as fitting (not checked)
-                    fit[np.ix_(picked, np.flatnonzero(sub[j]))] = True
-                    found.append((rows[picked], allowed[j], peak, pi))
-
-                # gates: a level above all others (full recompute), then one above all but it (every
-                # selective module at once). Neither holds the least memory (its replay's transient can
-                # outweigh what it saves: activations.full_recompute_transient, LayerActivation.rebuilding),
-                # so a base that does not fit under a gate still climbs the levels below it unless the
-                # least any of them can hold does not fit either (check's "may fit")
-                gates, rest = [], list(range(len(allowed)))
-                for _ in range(2):
-                    top = [j for j in rest if sub[np.ix_(rest, [j])].all()]
-                    if not top or len(rest) < 3:
-                        break
-                    gates.append(top[0])
-                    rest.remove(top[0])
-                layers = [[j for j in layer if j not in gates] for layer in _layers(sub)]
-                under = {}  # gate -> (the bases that fit under it, their peaks)
-
-                may = np.ones_like(fit)  # the levels a base may still fit at (needs: below)
-
-                def climb(layer):
-                    # (levels, bases): the bases no level below the level fits, that may fit there
-                    open_ = np.ascontiguousarray((~fit[:, layer] & may[:, layer] & alive[:, None]).T)
-                    todo = [(j, where) for j, where, any_ in zip(layer, open_, open_.any(axis=1)) if any_]
-                    for j, (picked, peak, ok, _) in zip([j for j, _ in todo],
-                                                        check([(levels[allowed[j]], where) for j, where in todo])):
-                        record(j, picked[ok], peak[ok])
-
-                def gate(j):
-                    """Check gate ``j`` on the live bases not yet fitting at or below it; the bases where
-                    no level at or below it can fit are no longer live (those under full recompute
-                    alone that fit there take it)."""
-                    (picked, peak, ok, may_fit), = check([(levels[allowed[j]], alive & ~fit[:, j])], floor=True)
-                    under[j] = picked[ok], peak[ok]
-                    if j != gates[0]:  # fits at none of the selective levels: full recompute, if it fits
-                        settle_gate(gates[0], picked[~may_fit])
-                    alive[picked[~may_fit]] = False
-
-                def settle_gate(j, among=None):
-                    """The bases (of ``among``) that fit under gate ``j`` and at no level below it found so
-                    far take it."""
-                    rows_j, peak_j = under[j]
-                    left = rows_j[alive[rows_j] & ~fit[rows_j, j]]
-                    if among is not None:
-                        left = left[np.isin(left, among)]
-                    record(j, left, peak_j[np.searchsorted(rows_j, left)])
-
-                if gates:  # a base an earlier pass fits under the gate fits there now (memory only fell)
-                    gate(gates[0])
-                climb(layers[0])  # no recompute (below every level: the fastest), before the second gate
-                if len(gates) == 2:
-                    gate(gates[1])
-                    may &= _needs(levels, allowed, gates[1], alive & ~fit.all(axis=1),
-                                  lambda asked: check(asked, floor=True), drops)
-                for layer in layers[1:]:
-                    climb(layer)
-                for j in gates[::-1]:  # the selective gate, then full recompute where none fits
-                    settle_gate(j)
-                fitting[np.ix_(rows, allowed)] = fit
+                if len(rows):
+                    climb_group(probe, rows, allowed, levels, below, fitting, found, drops)
             fits_at[z, pi] = fitting.copy()
         n_fit += int(fitting.sum())
-        for idx, j, peak, pi in found:
-            if z == 2 and (1, pi) in fits_at:  # ZeRO-2 only where ZeRO-1 (with no more switches) does not fit
-                # there: ZeRO-1 then takes no more time (ZeRO-2 adds a reduce-scatter per micro-batch)
-                same = np.logical_and.reduce([held_at[1][s][idx] >= held[s][idx] for s in SWITCH_COLUMNS])
-                keep = ~(fits_at[1, pi][idx, j] & same)
-                idx, peak = idx[keep], peak[keep]
-            cols = {s: np.full(len(idx), 0, dtype=np.int64) + held[s][idx] for s in SWITCH_COLUMNS}
-            for s, v in switches.passes()[pi].items():
-                cols[s] = np.full(len(idx), v, dtype=np.int64)
-            out.append((idx, z, np.full(len(idx), j, dtype=np.int64), peak, cols, pi))
+        out += _kept_variants(found, z, held, held_at, fits_at, passes)
     return out, n_fit, n_engine
 
 
