@@ -34,7 +34,9 @@ def calibrate_cmd(
                                                                "extend.")] = None,
     runs: Annotated[Optional[list[Path]], typer.Option("--runs", help="Refit the planner's efficiency constants on "
                                                                      "your own measured runs (CSV files with the "
-                                                                     "published-runs columns; repeatable); --out "
+                                                                     "published-runs columns, or the --metrics "
+                                                                     "JSONL of a finished dayzero train run; "
+                                                                     "repeatable); --out "
                                                                      "FILE.json is then a --calibration file whose "
                                                                      "band is the runs' leave-one-out error.")] = None,
     device: DeviceOpt = None, backend: BackendOpt = None,

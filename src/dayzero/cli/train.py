@@ -24,6 +24,7 @@ from dayzero.cli.common import (
 from dayzero.cli.option_groups import takes_groups
 from dayzero.cli.train_options import (
     CheckpointOptions,
+    DataOptions,
     FaultOptions,
     MoEOptions,
     MonitorOptions,
@@ -42,8 +43,8 @@ def derived_dimensions(cfg) -> list[str]:
 
 @app.command("train")
 @takes_layout(seq_default=256)
-@takes_groups(proxy=ProxyOptions, optimizer=OptimizerOptions, checkpoint=CheckpointOptions, faults=FaultOptions,
-              monitor=MonitorOptions, moe=MoEOptions)
+@takes_groups(proxy=ProxyOptions, data=DataOptions, optimizer=OptimizerOptions, checkpoint=CheckpointOptions,
+              faults=FaultOptions, monitor=MonitorOptions, moe=MoEOptions)
 def train_cmd(
     model: Annotated[str, typer.Argument(help="Preset name (dayzero models), config.json, or a directory holding "
                                               "one.")],
@@ -60,8 +61,7 @@ def train_cmd(
     device: DeviceOpt = None, backend: BackendOpt = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="Spawn this many local ranks with torchrun "
                                                                         "(default 1; ignored under torchrun).")] = None,
-    data: Annotated[Optional[str], typer.Option("--data", help="Text file, directory or glob (default: the built-in "
-                                                               "corpus).")] = None,
+    data: DataOptions = DataOptions(),
     proxy: ProxyOptions = ProxyOptions(),
     hf_weights: Annotated[Optional[Path], typer.Option("--hf-weights", help="Start from a Hugging Face safetensors "
                                                                             "checkpoint directory.")] = None,
@@ -109,7 +109,8 @@ def train_cmd(
     cfg = TrainConfig(model=proxy.section(model, hf_weights), parallel=parallel, optimizer=optimizer.section(),
                       moe=moe.section(), checkpoint=checkpoint.section(every), faults=faults.section(),
                       monitor=monitor.section(bool(faults.on_alert)), steps=steps, seed=seed,
-                      compute_dtype=compute_dtype, data=data, metrics=str(metrics) if metrics else None, quiet=quiet)
+                      compute_dtype=compute_dtype, data=data.data, reset_attention_mask=data.reset_attention_mask,
+                      metrics=str(metrics) if metrics else None, quiet=quiet)
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     pre = preflight_train(cfg, world, cpu=acc.is_cpu, torchrun=torchrun, skip_memory_check=skip_memory_check,
                           dry=dry_run)

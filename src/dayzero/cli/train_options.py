@@ -32,6 +32,18 @@ class ProxyOptions:
 
 
 @dataclass(frozen=True)
+class DataOptions:
+    """--data, --reset-attention-mask: the text the run reads, and whether its packed documents attend
+    only within themselves (runtime.config.TrainConfig.data / reset_attention_mask)."""
+
+    data: Annotated[Optional[str], typer.Option("--data", help="Text file, directory or glob (default: the built-in "
+                                                               "corpus).")] = None
+    reset_attention_mask: Annotated[bool, typer.Option(
+        "--reset-attention-mask", help="Packed documents: a token attends only within its document (documents end "
+        "at the end-of-document token after each file; Megatron --reset-attention-mask); pp 1, cp 1.")] = False
+
+
+@dataclass(frozen=True)
 class OptimizerOptions:
     """--lr, --warmup, --grad-clip (runtime.config.OptimizerSection)."""
 

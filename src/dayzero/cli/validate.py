@@ -13,13 +13,14 @@ from dayzero.cli.common import BackendOpt, ClusterOpt, DeviceOpt, JsonOpt, conso
 from dayzero.cli.next_steps import Step, layout_flags, print_next
 from dayzero.cli.option_groups import takes_groups
 from dayzero.cli.render import FitTable, pass_fail
+from dayzero.cli.train_options import DataOptions
 from dayzero.cli.validate_options import CalibrationOptions, ProxySize
 from dayzero.specs.layout_options import LayoutOptions
 
 
 @app.command("validate")
 @takes_layout(seq_default=256, seq_help="Sequence length of the proxy run (tokens).")
-@takes_groups(proxy=ProxySize, calibration=CalibrationOptions)
+@takes_groups(proxy=ProxySize, data=DataOptions, calibration=CalibrationOptions)
 def validate_cmd(
     model: Annotated[Optional[str], typer.Argument(help="Preset name, config.json or directory (omit with --calibrate "
                                                         "--runs).")] = None,
@@ -36,6 +37,7 @@ def validate_cmd(
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")] = 1e-3,
     grad_clip: Annotated[float, typer.Option("--grad-clip", help="Gradient-norm clip (0: off).")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Weights and data order.")] = 0,
+    data: DataOptions = DataOptions(),
     tolerance: Annotated[float, typer.Option("--step-tolerance", help="Step-time prediction error that "
                                                                       "passes.")] = 0.20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for validation.json and "
@@ -78,7 +80,7 @@ def validate_cmd(
     cl, cluster = host_profile(cluster, nproc, acc, lambda text: err_console.print(f"dayzero: {text}", highlight=False),
                                measure=not dry_run)
     par = layout.resolve(nproc, plan=plan, fill_pipeline=True)
-    req, shrink = _request(model, par, proxy, cl, nproc, steps, dtype, seed, lr, grad_clip)
+    req, shrink = _request(model, par, proxy, cl, nproc, steps, dtype, seed, lr, grad_clip, data)
     if not json_out and not dry_run:
         _announce(req, shrink, nproc, cl)
     if note := layout.gbs_note(par):
@@ -120,7 +122,7 @@ def _announce(req, shrink: dict, nproc: int, cl) -> None:
 
 
 def _request(model: str, par, proxy: ProxySize, cl, nproc: int, steps: int, dtype: str, seed: int, lr: float,
-             grad_clip: float):
+             grad_clip: float, data: DataOptions):
     """(the run validate makes, the proxy's shrink): the model shrunk to fit this machine's memory
     (the profile's, else what can be read unmeasured; validate.run.proxy_shrink) at the sizes asked."""
     from dayzero.runtime.config import ModelSection, OptimizerSection
@@ -130,7 +132,14 @@ def _request(model: str, par, proxy: ProxySize, cl, nproc: int, steps: int, dtyp
     shrink = proxy_shrink(load_model(model), par, proxy.asked(),
                           local_cluster(cl, nproc).memory_bytes if cl else unmeasured_capacity(nproc))
     req = ValidationRequest(model=ModelSection(model, **shrink), parallel=par, steps=steps, compute_dtype=dtype,
-                            seed=seed, optimizer=OptimizerSection(lr=lr, grad_clip=grad_clip))
+                            seed=seed, optimizer=OptimizerSection(lr=lr, grad_clip=grad_clip), data=data.data,
+                            reset_attention_mask=data.reset_attention_mask)
+    if req.reset_attention_mask:  # what per-document attention cannot run with, before any rank starts
+        from dayzero.errors import LayoutError
+        from dayzero.runtime.checks import document_problems
+
+        if problems := document_problems(req.spec(), par):
+            raise LayoutError("; ".join(problems))
     return req, shrink
 
 
@@ -189,12 +198,15 @@ def _finish(result: dict, out: Path | None, json_out: bool, strict: bool = False
         print_result(result)
         run = result.get("run") or {}
         if run.get("derived_from_modeling_code"):  # the spec is the planner's description of transformers' module
+            from dayzero.report.validation import share_lines
+
             console.print(f"{run['model']}: predicted from the spec derived from its own modeling code (proxy "
-                          "described on the meta device); the approximations it makes (their share of the differences "
-                          "above is not separated):",
-                          highlight=False, soft_wrap=True)
+                          "described on the meta device); the approximations it makes, and how much of each difference "
+                          "above they can account for:", highlight=False, soft_wrap=True)
             for a in run.get("approximations") or ["none (every term read from the modules)"]:
                 console.print(f"  approximation: {a}", highlight=False, soft_wrap=True)
+            for line in share_lines(run):
+                console.print(f"  {line}", highlight=False, soft_wrap=True)
         if paths:
             console.print(f"wrote {paths[0]} and {paths[1]}")
         print_next(console, _next(result, paths[0] if paths else None, cluster, runs or []))

@@ -66,6 +66,7 @@ class TrainPreflight:
     compute_dtype: str
     memory: MemoryNeed | None  # None: not checked (--skip-memory-check, or ranks already up under torchrun)
     checkpoint: CheckpointPlan | None
+    reset_attention_mask: bool = False  # packed documents, attention within each
 
     def to_dict(self, notes: list[str] | tuple[str, ...] = ()) -> dict:
         from dayzero.specs.counting import params_total
@@ -82,7 +83,8 @@ class TrainPreflight:
                           "vocab": s.vocab, "experts": s.moe.experts if s.moe else None},
                 "ranks": self.world, "layout": p.describe(), "parallel": p.to_dict(), "steps": self.steps,
                 "tokens_per_step": p.gbs * p.seq, "compute_dtype": self.compute_dtype, "memory": mem,
-                "checkpoint": asdict(self.checkpoint) if self.checkpoint else None, "notes": list(notes)}
+                "checkpoint": asdict(self.checkpoint) if self.checkpoint else None,
+                "reset_attention_mask": self.reset_attention_mask, "notes": list(notes)}
 
     def lines(self, notes: list[str] | tuple[str, ...] = ()) -> list[str]:
         """The pre-flight for a person: what would run, then ``dry run passed``."""
@@ -92,6 +94,8 @@ class TrainPreflight:
         out = [f"{s.name} ({params_total(s) / 1e6:,.1f} M parameters, {s.layers} layers, hidden {s.hidden}): "
                f"{p.describe()} on {self.world} rank(s), {self.steps} step(s) in {self.compute_dtype}; "
                f"{p.gbs * p.seq:,} tokens per step ({p.gbs} x {p.seq}), {p.microbatches} micro-batch(es) of {p.mbs}"]
+        if self.reset_attention_mask:
+            out.append("packed documents: each token attends within its document (--reset-attention-mask)")
         if self.memory is None:
             out.append("memory: not checked")
         else:
@@ -165,7 +169,7 @@ def preflight_train(cfg: TrainConfig, world: int, *, cpu: bool, torchrun: bool =
     # under the user's torchrun rank 0 alone looks at the directory: a later rank could see this job's own lock
     # and versions being written
     plan = checkpoint_plan(cfg, spec, dry=dry) if not torchrun or os.environ.get("RANK") == "0" else None
-    return TrainPreflight(spec, parallel, world, cfg.steps, cfg.compute_dtype, need, plan)
+    return TrainPreflight(spec, parallel, world, cfg.steps, cfg.compute_dtype, need, plan, cfg.reset_attention_mask)
 
 
 def checkpoint_plan(cfg: TrainConfig, spec: ModelSpec, *, dry: bool) -> CheckpointPlan | None:
