@@ -132,6 +132,8 @@ PLAN_LINES = (
     ("MWh", lambda r: _v(r["mwh"], ",.0f")),
     ("TFLOP/s per W", lambda r: _v(r["model_tflops_per_w"], ".3f")),
     ("tokens per J", lambda r: _v(r["tokens_per_joule"], ".3g")),
+    ("price /h", lambda r: MISSING if r.get("price_per_device_hour") is None
+     else f"{r['price_per_device_hour']:.3g} {r['price_offer']}"),
     ("cost", lambda r: _v(r["cost"], ",.0f")),
 )
 
@@ -151,6 +153,10 @@ def print_comparison(obj: dict, names: list[str]) -> None:
         t.add_row(label, *[f(r) if r["fits"] else ("does not fit" if label == "layout" else MISSING)
                            for r in obj["rows"]])
     console.print(t)
+    from dayzero.report.compare import mixed_prices
+
+    if note := mixed_prices(obj["rows"]):
+        console.print(f"note: {note}", highlight=False, markup=False)
     for r in obj["rows"]:
         if not r["fits"]:
             console.print(f"{r['cluster']}: {r['reason']}", highlight=False, markup=False)

@@ -108,6 +108,8 @@ class Price:
     url: str = ""
     offer: str = "given"
     others: tuple[tuple[str, float, str], ...] = ()
+    kind: str = "given"  # rental (a rate paid per hour) | purchase (amortized) | given
+
 
 
 def offer_rate(entry: dict) -> float:
@@ -139,7 +141,8 @@ def device_price(accelerator_id: str, given: float | None, offer: str | None = N
         raise ConfigError("price offer", offer, f"{accelerator_id} has {', '.join(names)}")
     chosen = offers[names.index(offer) if offer is not None else 0]
     others = tuple((e["offer"], offer_rate(e), f"{_offer_text(e)} ({e['source']})") for e in offers if e is not chosen)
-    return Price(offer_rate(chosen), _offer_text(chosen), chosen["source"], chosen["offer"], others)
+    kind = "rental" if "usd_per_device_hour" in chosen else "purchase"
+    return Price(offer_rate(chosen), _offer_text(chosen), chosen["source"], chosen["offer"], others, kind)
 
 
 def goodput(checkpoint_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> float:
@@ -261,7 +264,7 @@ def training_cost(*, step_s: float, tokens_per_step: float, devices: int, model_
     cost = {}
     if price is not None:
         cost.update(price_per_device_hour=price.per_device_hour, price_source=price.source, price_url=price.url,
-                    price_offer=price.offer, devices_total=device_hours * price.per_device_hour)
+                    price_offer=price.offer, price_kind=price.kind, devices_total=device_hours * price.per_device_hour)
         if price.others:  # the card's other public offers, each with the total it would give
             cost["other_offers"] = [{"offer": name, "price_per_device_hour": rate, "source": src,
                                      "devices_total": device_hours * rate} for name, rate, src in price.others]

@@ -52,8 +52,24 @@ def compare(spec: ModelSpec, clusters: list[Cluster], gbs: int, seq: int, precis
                      "model_tflops_per_w": e["model_tflops_per_w"] if e else None,
                      "tokens_per_joule": e["tokens_per_joule"]["facility"] if e else None,
                      "cost": tr["cost"]["total"] if tr["cost"] else None,
-                     "cost_source": tr["cost"].get("price_source") if tr["cost"] else None, "training": tr})
+                     "cost_source": tr["cost"].get("price_source") if tr["cost"] else None,
+                     **{k: (tr["cost"] or {}).get(k) for k in ("price_offer", "price_kind", "price_per_device_hour")},
+                     "training": tr})
     return {"model": spec.name, "gbs": gbs, "seq": seq, "precision": precision, "tokens": cost.tokens, "rows": rows}
+
+
+def mixed_prices(rows: list[dict]) -> str | None:
+    """A sentence when the costs compared rest on prices of different kinds (a rental rate beside an
+    amortized purchase, which leaves out energy, facility and operations), else None."""
+    kinds: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("fits") and r.get("price_kind"):
+            kinds.setdefault(r["price_kind"], []).append(r["cluster"])
+    if len(kinds) < 2:
+        return None
+    parts = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(kinds.items()))
+    return (f"the costs rest on prices of different kinds ({parts}): a purchase amortized leaves out energy, facility "
+            "and operations that a rental rate includes; give --price-per-device-hour to compare like for like")
 
 
 # --rank-by: the row's figure and whether larger is better
