@@ -80,8 +80,9 @@ def site_of(name: str, mod: nn.Module, ep: int) -> ExpertSite:
 
 
 def expert_sites(model, ep: int) -> list[tuple[ExpertSite, nn.Module]]:
-    """Every experts module of a wrapped proxy (:class:`~dayzero.runtime.models.hf_model.CausalLM`), in
-    layer order; LayoutError naming the first one expert parallelism cannot split, or when there is none."""
+    """Every experts module of a wrapped proxy (:class:`~dayzero.runtime.models.hf_model.CausalLM`) or of
+    one of its pipeline stages (which may hold none), in layer order; LayoutError naming the first one
+    expert parallelism cannot split."""
     from dayzero.derive import structure as st
     from dayzero.runtime.models.hf_model import decoder_layers
 
@@ -95,15 +96,17 @@ def expert_sites(model, ep: int) -> list[tuple[ExpertSite, nn.Module]]:
             raise LayoutError(f"{where}.{q}: experts held as a list of {len(listed)} modules that the MoE block "
                               f"indexes itself; ep {ep} cannot run other ranks' tokens through them; use --dp")
         out += [(site_of(f"{where}.{q}", m, ep), m) for q, m in st.expert_holders(layer)]
-    if not out:
-        raise LayoutError(f"ep {ep}: {type(model.net).__name__} has no routed experts (3-D expert weights) in its "
-                          "decoder layers; use --dp")
     return out
 
 
 def check_ep(model, ep: int) -> list[ExpertSite]:
-    """Raise LayoutError when the derived model cannot run expert parallel at ``ep`` (any device)."""
-    return [s for s, _ in expert_sites(model, ep)]
+    """The experts modules of the whole derived model; LayoutError when it cannot run expert parallel
+    at ``ep`` (any device), also when it has no routed experts."""
+    sites = [s for s, _ in expert_sites(model, ep)]
+    if not sites:
+        raise LayoutError(f"ep {ep}: {type(model.net).__name__} has no routed experts (3-D expert weights) in its "
+                          "decoder layers; use --dp")
+    return sites
 
 
 def apply_ep(model, ep_mesh) -> list[nn.Module]:
