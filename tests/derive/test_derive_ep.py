@@ -5,6 +5,8 @@ NEW_TYPES (test_derive), fp32 on CPU; the 2-rank gloo runs are marked slow."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -109,31 +111,48 @@ def test_what_expert_parallelism_cannot_split_is_refused_naming_the_module(make,
         check_ep(CausalLM(Net(make)), ep)
 
 
-def test_the_dispatch_at_one_rank_is_the_module_forward_with_its_gradients():
+def _gpt_oss_experts():
+    from transformers import AutoConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    config = AutoConfig.for_model("gpt_oss", hidden_size=H, intermediate_size=INTER, num_local_experts=4)
+    config._experts_implementation = "eager"
+    mod = GptOssExperts(config)
+    for p in mod.parameters():
+        nn.init.normal_(p, std=0.3)
+    return mod
+
+
+@pytest.mark.parametrize("make", [lambda: Experts(4), _gpt_oss_experts], ids=["toy", "gpt_oss_biases"])
+def test_the_dispatch_at_one_rank_is_the_module_forward_with_its_gradients(make):
     """The exchange's bookkeeping (rows grouped by expert, one slot per row, summed back per token;
     sentinel ids dropped) reproduces the module's own forward and every gradient, router weights included."""
     import torch.distributed as dist
 
     torch.manual_seed(0)
-    mod = Experts(4)
+    mod = make()
     x = torch.randn(5, H, requires_grad=True)
-    ids = torch.tensor([[0, 3], [2, 2], [1, 4], [3, 0], [4, 1]])  # 4: no expert
+    ids = torch.tensor([[0, 3], [2, 2], [1, 0], [3, 0], [2, 1]])
+    if isinstance(mod, Experts):
+        ids[2, 1] = ids[4, 0] = 4  # the "no expert" sentinel: adds nothing
     w = torch.rand(5, 2, requires_grad=True)
+    leaves = (x, w, *mod.parameters())
     want = mod(x, ids, w)
     want.square().sum().backward()
-    grads = [t.grad.clone() for t in (x, w, mod.gate_up_proj, mod.down_proj)]
-    for t in (x, w, mod.gate_up_proj, mod.down_proj):
+    grads = [t.grad.clone() for t in leaves]
+    for t in leaves:
         t.grad = None
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         site = site_of("toy", mod, 1)
-        got = _dispatch(mod, Experts.forward, site, None, 1, x, ids, w=w)  # called by position or name
+        names = list(inspect.signature(type(mod).forward).parameters)
+        got = _dispatch(mod, type(mod).forward, site, None, 1, x, ids, **{names[3]: w})  # by position or name
         got.square().sum().backward()
     finally:
         dist.destroy_process_group()
     assert torch.allclose(got, want, atol=1e-6)
-    for a, t in zip(grads, (x, w, mod.gate_up_proj, mod.down_proj)):
-        assert torch.allclose(t.grad, a, atol=1e-6)
+    for a, t in zip(grads, leaves):
+        assert torch.allclose(t.grad, a, atol=1e-5)
 
 
 def test_experts_that_route_inside_their_forward_refuse_ep_in_one_line(tmp_path, capsys):
