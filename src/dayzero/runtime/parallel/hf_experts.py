@@ -75,8 +75,10 @@ def site_of(name: str, mod: nn.Module, ep: int) -> ExpertSite:
                           "cannot send tokens to other ranks; use --dp")
     if e % ep:
         raise LayoutError(f"{name}: {e} experts do not split over ep {ep}")
-    attrs = tuple(k for k, v in vars(mod).items() if type(v) is int and v == e)
-    return ExpertSite(name, e, attrs)
+    # the count its forward reads (transformers' ``num_experts``): an int attribute equal to E, those
+    # naming experts first (a width that happens to equal E is left alone)
+    equal = [k for k, v in vars(mod).items() if type(v) is int and v == e]
+    return ExpertSite(name, e, tuple([k for k in equal if "expert" in k.lower()] or equal))
 
 
 def expert_sites(model, ep: int) -> list[tuple[ExpertSite, nn.Module]]:
