@@ -24,8 +24,9 @@ same experts) and divided by the data-parallel degree (:func:`~dayzero.runtime.p
 
 Refused in one line naming the module: experts held as a list of modules (the MoE block indexes
 them itself, so no rank can run another's tokens through them), an experts forward that does not
-take the routing from its caller (it routes inside), an experts module holding a parameter shared
-by all experts (its gradient would need every rank's tokens), and E not divisible by ep.
+take the routing from its caller (nothing says which rank each token goes to), an experts module
+holding a parameter shared by all experts (its gradient would need every rank's tokens), and E not
+divisible by ep.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ def site_of(name: str, mod: nn.Module, ep: int) -> ExpertSite:
     n = _positional(type(mod).forward)
     if n != 3:
         raise LayoutError(f"{name}: {type(mod).__name__}.forward takes {n} positional input(s), not (hidden_states, "
-                          f"expert ids, routing weights): the experts route inside their own forward, so {why} "
-                          "cannot send tokens to other ranks; use --dp")
+                          f"expert ids, routing weights): the routing does not reach the experts as inputs, so {why} "
+                          "cannot send each token to the rank holding its expert; use --dp")
     if e % ep:
         raise LayoutError(f"{name}: {e} experts do not split over ep {ep}")
     # the count its forward reads (transformers' ``num_experts``): an int attribute equal to E, those
