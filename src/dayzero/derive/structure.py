@@ -154,6 +154,13 @@ def expert_tensors(mod) -> list:
     return out
 
 
+def expert_holders(mod) -> list[tuple[str, object]]:
+    """(qualified name below ``mod``, module) of every module holding routed-expert 3-D weights
+    directly (the experts' own module, whose forward computes them; never a convolution)."""
+    return [(q, m) for q, m in mod.named_modules() if not _is_conv(m)
+            and any(p.dim() == 3 for p in m.parameters(recurse=False))]
+
+
 def expert_list(mod):
     """A ModuleList (below ``mod``) of two or more identical MLP-like experts, or None."""
     from torch import nn
@@ -238,7 +245,7 @@ def routed_experts(mod, hidden: int) -> ExpertShape | None:
                 dims.remove(hidden)
                 widths.append(dims[0])
         inter = min(widths) if widths else 0
-        holder = next(m for m in mod.modules() if any(p is tensors[0] for p in m.parameters(recurse=False)))
+        holder = expert_holders(mod)[0][1]
         total = numel(holder)
         bias = any(p.dim() == 2 and p.shape[0] == e for p in holder.parameters(recurse=False))
         return ExpertShape(e, MLPShape(inter, sum(widths) >= 3 * inter, bias, total // e), total)

@@ -17,6 +17,9 @@ recognised and divisible by tp, else refused with one line naming the module:
 - ``gate_proj`` / ``up_proj`` column-parallel, ``down_proj`` row-parallel; a packed ``gate_up_proj``
   is column-parallel with its output gathered.
 - Routed experts (3-D expert weights), linear attention / SSM mixers or any other Linear: refused.
+
+Expert parallel: :mod:`~dayzero.runtime.parallel.hf_experts` (experts split over ep, tokens sent by
+all-to-all; their gradients reduced over the expert-data-parallel ranks by :func:`apply_fsdp`).
 """
 
 from __future__ import annotations
@@ -154,8 +157,11 @@ def _allreduce_hook(group):
     return hook
 
 
-def apply_fsdp(model, mesh, param_dtype: torch.dtype, zero: int, gloo: bool) -> list:
-    """fully_shard every decoder layer, then the root; returns the FSDP modules."""
+def apply_fsdp(model, mesh, param_dtype: torch.dtype, zero: int, gloo: bool, experts=(), edp=None) -> list:
+    """fully_shard every decoder layer, then the root; returns the FSDP modules. ``experts``: modules
+    split by expert parallelism (:mod:`~dayzero.runtime.parallel.hf_experts`), sharded first over
+    ``edp`` (the ranks holding the same experts) with their gradients divided by the data-parallel
+    degree, as the runtime's own models (``data_parallel.apply_fsdp``): a token's gradient counts once."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from dayzero.runtime.models.hf_model import decoder_layers
@@ -163,26 +169,32 @@ def apply_fsdp(model, mesh, param_dtype: torch.dtype, zero: int, gloo: bool) -> 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     reshard = zero_shards(zero, "weights")
     units = []
-    for layer in decoder_layers(model)[1]:
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        units.append(layer)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-    units.append(model)
-    if gloo:  # guard against averaging inside gloo collectives (torch 2.13; docs/runtime.md, FSDP2)
-        for m in units:
+    for m in experts:
+        fully_shard(m, mesh=edp, mp_policy=mp, reshard_after_forward=reshard)
+        m.set_gradient_divide_factor(float(mesh.size()))
+        # gloo: sum inside the collectives, except where the shard dim has one rank (torch 2.13's FSDP2
+        # then divides twice by the factor; the same guard as data_parallel.apply_fsdp)
+        if gloo and edp.size(edp.ndim - 1) > 1:
             m.set_force_sum_reduction_for_comms(True)
-    return units
+        units.append(m)
+    dense = [*decoder_layers(model)[1], model]
+    for m in dense:
+        fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        if gloo:  # guard against averaging inside gloo collectives (torch 2.13; docs/runtime.md, FSDP2)
+            m.set_force_sum_reduction_for_comms(True)
+    return units + dense
 
 
 def derived_problems(config) -> list[str]:
-    """What the runtime cannot do for a model derived from its own code (no torch needed)."""
+    """What the runtime cannot do for a model derived from its own code (no torch needed); what its
+    modules make impossible (tp, pp, ep) is found on the built proxy by :func:`check_derived`."""
     p, out = config.parallel, []
-    if p.ep > 1:
-        out.append(f"ep {p.ep} is not supported for a model derived from its own code: transformers' expert modules "
-                   "route every token to experts held on the same rank (no all-to-all dispatch); use --dp/--tp/--pp")
+    if p.ep > 1 and config.moe.placement is not None:
+        out.append("--placement is not supported for a model derived from its own code: its experts are split "
+                   "evenly over ep (E/ep consecutive experts per rank); drop --placement")
     if p.cp > 1:
         out.append(f"cp {p.cp} is not supported for a model derived from its own code: transformers' attention "
-                   "needs the whole sequence on each rank (no ring or all-to-all exchange); use --dp/--tp/--pp")
+                   "needs the whole sequence on each rank (no ring or all-to-all exchange); use --dp/--tp/--pp/--ep")
     if p.recompute == "selective":
         out.append("--recompute selective is not supported for a model derived from its own code (transformers' "
                    "attention computes its core inside its forward); use --recompute full")
@@ -192,6 +204,7 @@ def derived_problems(config) -> list[str]:
 def check_derived(config) -> list[str]:
     """Raise LayoutError for what cannot run; else the dimensions that apply, as sentences."""
     from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
+    from dayzero.runtime.parallel.hf_experts import check_ep
     from dayzero.runtime.parallel.hf_stages import check_pp
 
     problems = derived_problems(config)
@@ -206,6 +219,13 @@ def check_derived(config) -> list[str]:
         if config.parallel.tp > 1:
             raise
         tp_note = f"tp: not applicable ({e})"
+    ep_note = "ep: routed experts found by structure split E/ep per rank, tokens sent to them by all-to-all"
+    try:
+        check_ep(model, max(2, config.parallel.ep))
+    except LayoutError as e:
+        if config.parallel.ep > 1:
+            raise
+        ep_note = f"ep: not applicable ({e})"
     pp_note = "pp: stages cut at decoder-layer boundaries (transformers' forward per stage)"
     try:
         check_pp(model)
@@ -213,17 +233,18 @@ def check_derived(config) -> list[str]:
         if config.parallel.pp > 1:
             raise
         pp_note = f"pp: not applicable ({e})"
-    return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note,
+    return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note, ep_note,
             "recompute full: per decoder layer",
             "checkpoints: transformers' parameter names (resume and reshard across layouts)",
-            "--hf-weights: loaded by transformers' names", "ep, cp: refused for a model derived from its own code"]
+            "--hf-weights: loaded by transformers' names", "cp: refused for a model derived from its own code"]
 
 
 def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch.dtype):
     """This rank's proxy of a derived model: built by transformers under the run's seed, cut into its
-    pipeline stages, tensor parallel by the derived plan, each decoder layer recomputed when asked,
-    FSDP2 over data parallel (as the runtime skips it at one fp32 rank)."""
+    pipeline stages, tensor parallel by the derived plan, routed experts split over ep, each decoder
+    layer recomputed when asked, FSDP2 over data parallel (as the runtime skips it at one fp32 rank)."""
     from dayzero.runtime.models.hf_model import build_proxy
+    from dayzero.runtime.parallel.hf_experts import apply_ep
     from dayzero.runtime.parallel.hf_stages import apply_recompute, split_derived
     from dayzero.runtime.parallel.parallelize import ParallelModel
 
@@ -242,7 +263,9 @@ def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch
         if p.tp > 1:
             check_tp(model, p.tp)
             apply_tp(model, meshes.tp)
+        experts = apply_ep(model, meshes.ep) if p.ep > 1 else []
         apply_recompute(model, p.recompute, p.recompute_layers)
         if p.dp > 1 or param_dtype != torch.float32:
-            units += apply_fsdp(model, meshes.dp, param_dtype, p.zero, gloo=device.type == "cpu")
+            units += apply_fsdp(model, meshes.dp, param_dtype, p.zero, gloo=device.type == "cpu",
+                                experts=experts, edp=meshes.edp)
     return ParallelModel([m for _, m in parts], [v for v, _ in parts], units)
