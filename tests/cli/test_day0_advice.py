@@ -76,10 +76,9 @@ def test_every_next_line_of_day0_plan_and_predict_parses(tmp_path, capsys, monke
 
 
 @pytest.mark.skipif(not TORCH, reason="a derived model is built from its code by torch and transformers")
-def test_a_derived_model_is_not_told_to_validate(tmp_path, capsys, monkeypatch):
-    """validate refuses a model derived from its own code; day0 suggests only what runs for it,
-    and says why the rest is left out. With remote code, --trust-remote-code rides along where the
-    verb has it."""
+def test_a_remote_code_model_is_told_only_what_runs_its_code(tmp_path, capsys, monkeypatch):
+    """A model directory with its own modeling code runs only with --trust-remote-code: day0 adds it
+    where the verb has it and leaves out (saying why) the verbs without it, such as validate."""
     monkeypatch.chdir(tmp_path)
     model = tmp_path / "tinyx"
     shutil.copytree(DATA / "remote_tinyx", model)
@@ -104,6 +103,8 @@ def test_for_model_keeps_what_runs():
     keep, why = for_model(steps, {"derived_from_modeling_code": True, "remote_code": True})
     assert [s.argv for s in keep] == [("dayzero", "plan", "m", "--trust-remote-code"), ("echo", "hi")]
     assert len(why) == 2 and "validate" in why[0] and "train" in why[1] and "--trust-remote-code" in why[1]
+    # a type transformers ships, derived from its code: every verb runs it (validate states the approximations)
+    assert for_model(steps, {"derived_from_modeling_code": True, "remote_code": False}) == (steps, [])
 
 
 def test_a_cluster_too_small_says_the_smallest_count_and_no_flag_day0_lacks(tmp_path, capsys):

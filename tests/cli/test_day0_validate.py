@@ -98,3 +98,24 @@ def test_missing_validate_profile_is_one_line(tmp_path, capsys):
 def test_out_of_range_knobs_exit_2(flags, capsys):
     assert main([*SCENARIO, "--validate", *flags]) == 2
     capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_day0_validate_runs_a_derived_models_proxy(tmp_path, capsys):
+    """A model type dayzero has no parser for (derived from transformers' own code) gets its proxy run
+    too: measured vs its derived spec, with the approximations' share of each difference."""
+    transformers = pytest.importorskip("transformers")
+    model = tmp_path / "olmoe"
+    transformers.OlmoeConfig(hidden_size=256, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=4, num_experts=8, num_experts_per_tok=2,
+                             vocab_size=512).save_pretrained(model)
+    profile = write_profile(build_profile(measurements(ranks=2)), tmp_path / "host.yaml")
+    code = main(["day0", str(model), "-a", "h100", "-n", "8", "--gbs", "16", "--seq", "256", "--no-ops", "--validate",
+                 "--validate-nproc", "2", "--validate-steps", "5", "--validate-profile", str(profile),
+                 "--out", str(tmp_path / "r")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    v = json.loads((tmp_path / "r" / "report.json").read_text())["validation"]
+    assert v["run"]["derived_from_modeling_code"] and len(v["measured"]["losses"]) == 5
+    assert set(v["run"]["approximation_share"]) == {"step_time", "peak_memory"}
+    assert "not suggested: dayzero validate" not in out.out

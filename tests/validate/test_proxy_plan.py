@@ -34,3 +34,14 @@ def test_degrees_always_divide_the_ranks(tp, pp, cp, ep, nproc):
     assert out["tp"] * out["pp"] * out["cp"] * out["dp"] == nproc
     assert tp % out["tp"] == 0 and pp % out["pp"] == 0 and cp % out["cp"] == 0
     assert (out["dp"] * out["cp"]) % out["ep"] == 0 and math.gcd(ep, out["ep"]) == out["ep"]
+
+
+def test_a_derived_models_proxy_runs_what_transformers_modules_can():
+    from dayzero.validate.proxy_plan import derived_parallel
+
+    p = {"tp": 1, "pp": 1, "cp": 2, "dp": 2, "recompute": "selective", "recompute_modules": ["core_attn"],
+         "cp_comm": "a2a"}
+    out, changed = derived_parallel(p, derived=True)
+    assert out["recompute"] == "full" and out["recompute_modules"] == [] and out["cp"] == 1 and out["dp"] == 4
+    assert len(changed) == 2 and "selective" in changed[0] and "cp 2" in changed[1]
+    assert derived_parallel(p, derived=False) == (p, [])

@@ -96,12 +96,6 @@ def starter_devices(spec, accelerator) -> int:
     return 1 if need <= 1 else 2 ** math.ceil(math.log2(need))
 
 
-# Verbs that run dayzero's runtime against the planner's spec of the model: a spec derived from a
-# model's own code is an approximation of it (its approximations are listed), so they refuse it
-# (cli.common.require_runtime_family)
-RUNTIME_VS_SPEC = ("validate",)
-
-
 def verb_at(step: Step) -> int | None:
     """Where in ``step.argv`` the dayzero verb it runs is (``dayzero VERB`` or ``... -m dayzero
     VERB``), None for another program."""
@@ -127,20 +121,18 @@ def verb_options(verb: str) -> frozenset[str]:
 def for_model(steps: Sequence[Step], notes: Mapping[str, Any]) -> tuple[list[Step], list[str]]:
     """The steps that run for a model (``notes``: :func:`dayzero.report.model_notes.model_notes`
     of it, as a report's ``model`` holds them), and a line saying why each other one was left out:
-    a model derived from its own code is not validated (:data:`RUNTIME_VS_SPEC`); one built from
-    the modeling code its directory ships needs ``--trust-remote-code``, added where the verb has
-    it, and the step left out where it has not."""
+    one built from the modeling code its directory ships needs ``--trust-remote-code``, added where
+    the verb has it, and the step left out where it has not (a model derived from a type transformers
+    ships runs every verb: validate measures the runtime against its derived spec and states the
+    approximations' share of the differences)."""
     keep: list[Step] = []
     left_out: list[str] = []
-    derived, remote = notes.get("derived_from_modeling_code"), notes.get("remote_code")
+    remote = notes.get("remote_code")
     for s in steps:
         at = verb_at(s)
         verb = None if at is None else s.argv[at]
         if at is None or verb is None:
             keep.append(s)
-        elif derived and verb in RUNTIME_VS_SPEC:
-            left_out.append(f"not suggested: dayzero {verb}, which measures dayzero's runtime against the planner's "
-                            "spec, and this model's spec is derived from its own code (an approximation)")
         elif remote and "--trust-remote-code" not in verb_options(verb):
             left_out.append(f"not suggested: dayzero {verb}, which does not run a model directory's own modeling code "
                             "(it has no --trust-remote-code)")

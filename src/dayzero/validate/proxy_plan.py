@@ -77,11 +77,28 @@ def proxy_parallel(p: dict, nproc: int) -> dict:
     return out
 
 
+def derived_parallel(p: dict, derived: bool) -> tuple[dict, list[str]]:
+    """A proxy layout a model derived from its own code runs (runtime.parallel.hf_plan.derived_problems):
+    selective recompute becomes full (transformers' attention computes its core inside its forward, so
+    the runtime recomputes whole decoder layers) and context parallelism 1 (transformers' attention needs
+    the whole sequence on each rank; its ranks fold into dp); what changed, as sentences."""
+    if not derived:
+        return p, []
+    out, changed = dict(p), []
+    if out.get("recompute") == "selective":
+        out["recompute"], out["recompute_modules"] = "full", []
+        changed.append("selective recompute run as full (per decoder layer): transformers' attention computes its "
+                       "core inside its forward")
+    if int(out.get("cp", 1)) > 1:
+        changed.append(f"cp {out['cp']} folded into dp: transformers' attention needs the whole sequence on each rank")
+        out["dp"], out["cp"], out["cp_comm"] = int(out.get("dp", 1)) * int(out["cp"]), 1, "p2p"
+    return out, changed
+
+
 def run_proxy(req: ProxyPlan, announce: Callable[[str], None] = lambda _: None) -> dict:
     """Run the proxy of ``req`` on this machine: ``dayzero validate``'s result object (checks,
     summary, run, measured, prediction, record) plus ``proxy`` (the rule's choices, the plan's
     layout it was cut from, wall seconds)."""
-    from dayzero.runtime.checks import require_runtime_family
     from dayzero.runtime.config import ModelSection
     from dayzero.runtime.device import compute_dtype, resolve
     from dayzero.specs.plan_layout import layout_of
@@ -90,12 +107,12 @@ def run_proxy(req: ProxyPlan, announce: Callable[[str], None] = lambda _: None) 
 
     t0 = time.perf_counter()
     spec = load_model(req.model)
-    require_runtime_family(spec, "day0 --validate")
     nproc = req.nproc or default_ranks()
     acc = resolve()
     dtype = compute_dtype(acc, "auto")
     cluster, profile_file = host_profile(req.profile, nproc, acc, announce)
-    par = layout_of(proxy_parallel(req.parallel, nproc), nproc, req.seq)
+    cut, changed = derived_parallel(proxy_parallel(req.parallel, nproc), bool(spec.extra.get("derived")))
+    par = layout_of(cut, nproc, req.seq)
     shrink = proxy_shrink(spec, par, {}, local_cluster(cluster, nproc).memory_bytes)
     vreq = ValidationRequest(model=ModelSection(req.model, **shrink), parallel=par, steps=req.steps,
                              compute_dtype=dtype, seed=req.seed)
@@ -105,6 +122,6 @@ def run_proxy(req: ProxyPlan, announce: Callable[[str], None] = lambda _: None) 
         result = validate(vreq, cluster, nproc)
     result["proxy"] = {"nproc": nproc, "nproc_rule": "given" if req.nproc else f"min(cores, {MAX_RANKS})",
                        "steps": req.steps, "seq": req.seq, "plan_parallel": dict(req.parallel),
-                       "layout": par.describe(), "profile": profile_file or cluster.name,
+                       "layout": par.describe(), "derived_changes": changed, "profile": profile_file or cluster.name,
                        "seconds": time.perf_counter() - t0}
     return result
