@@ -212,31 +212,29 @@ def check_derived(config) -> list[str]:
         raise LayoutError("; ".join(problems))
     config_obj, name, _ = proxy_config(config.model)
     model = CausalLM(_build(config_obj, name))
-    tp_note = "tp: column/row-parallel plan derived from q/k/v/o and gate/up/down projections"
-    try:
-        check_tp(model, max(2, config.parallel.tp))
-    except LayoutError as e:
-        if config.parallel.tp > 1:
-            raise
-        tp_note = f"tp: not applicable ({e})"
-    ep_note = "ep: routed experts found by structure split E/ep per rank, tokens sent to them by all-to-all"
-    try:
-        check_ep(model, max(2, config.parallel.ep))
-    except LayoutError as e:
-        if config.parallel.ep > 1:
-            raise
-        ep_note = f"ep: not applicable ({e})"
-    pp_note = "pp: stages cut at decoder-layer boundaries (transformers' forward per stage)"
-    try:
-        check_pp(model)
-    except LayoutError as e:
-        if config.parallel.pp > 1:
-            raise
-        pp_note = f"pp: not applicable ({e})"
+    p = config.parallel
+    tp_note = _applies("tp", p.tp, lambda: check_tp(model, max(2, p.tp)),
+                       "column/row-parallel plan derived from q/k/v/o and gate/up/down projections")
+    ep_note = _applies("ep", p.ep, lambda: check_ep(model, max(2, p.ep)),
+                       "routed experts found by structure split E/ep per rank, tokens sent to them by all-to-all")
+    pp_note = _applies("pp", p.pp, lambda: check_pp(model),
+                       "stages cut at decoder-layer boundaries (transformers' forward per stage)")
     return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note, ep_note,
             "recompute full: per decoder layer",
             "checkpoints: transformers' parameter names (resume and reshard across layouts)",
             "--hf-weights: loaded by transformers' names", "cp: refused for a model derived from its own code"]
+
+
+def _applies(dim: str, degree: int, check, what: str) -> str:
+    """``dim: what`` where ``check()`` passes; where it raises, the LayoutError when the run asks for
+    the dimension (``degree`` > 1), else ``dim: not applicable (why)``."""
+    try:
+        check()
+    except LayoutError as e:
+        if degree > 1:
+            raise
+        return f"{dim}: not applicable ({e})"
+    return f"{dim}: {what}"
 
 
 def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch.dtype):
