@@ -48,3 +48,20 @@ def test_a_config_transformers_builds_itself_is_kept_whole():
 
     cfg, notes = transformers.LlamaConfig(), []
     assert language_model_config(cfg, notes) is cfg and notes == []
+
+
+def test_a_causal_lm_config_holding_its_language_model_as_text_config_shrinks_that(tmp_path):
+    """Llama 4: transformers builds the outer config as a causal LM, the layers and width live in its
+    text_config; the proxy shrinks those, inside the outer config (not the untouched full size)."""
+    from dayzero.runtime.config import ModelSection
+    from dayzero.runtime.models.hf_model import proxy_config
+
+    transformers.Llama4Config(text_config={"hidden_size": 512, "intermediate_size": 256, "intermediate_size_mlp": 512,
+                                           "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                           "head_dim": 64, "num_local_experts": 4, "vocab_size": 1024}
+                              ).save_pretrained(tmp_path)
+    config, _, notes = proxy_config(ModelSection(name=str(tmp_path), layers=1, hidden=128))
+    text = config.get_text_config()
+    assert type(config).__name__ == "Llama4Config" and text.hidden_size == 128
+    # one layer of each of its kinds (dense/MoE interleaved, RoPE/NoPE), fewer than the 4 it had only if it has fewer
+    assert text.num_hidden_layers <= 4 and (text.num_hidden_layers == 1 or any("kind" in n for n in notes))

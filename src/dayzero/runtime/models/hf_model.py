@@ -35,7 +35,7 @@ def proxy_config(section):
     cfg, name, source, directory = read_model_config(section.name)
     with _quiet_transformers():
         full = config_object(cfg, name, source, directory)[0]
-    cfg = language_model_dict(cfg, full)
+    cfg, wrap = language_model_dict(cfg, full)
     if not section.shrink:
         full.use_cache = False
         return full, name, ()
@@ -43,7 +43,7 @@ def proxy_config(section):
     def make(d: dict):
         with _quiet_transformers():
             try:
-                return type(full)(**{k: v for k, v in d.items() if k != "model_type"})
+                return type(full)(**{k: v for k, v in wrap(d).items() if k != "model_type"})
             except Exception as e:  # a config class validates in any way; one line
                 raise DayzeroError(f"{name}: transformers rejects the proxy config: {one_line(e)}") from None
 
@@ -55,15 +55,21 @@ def proxy_config(section):
     return config, name, proxy.notes
 
 
-def language_model_dict(cfg: dict, config) -> dict:
-    """The part of the config.json ``config`` was built from: the whole dict, or the language model's
-    sub-dict of a multimodal config (``text_config``: ops.hf_model.language_model_config), which the
-    proxy shrinks."""
-    for v in cfg.values():
-        inner = isinstance(v, dict) and v.get("model_type") == config.model_type
-        if inner and cfg.get("model_type") != v["model_type"]:
-            return v
-    return cfg
+def language_model_dict(cfg: dict, config):
+    """(the part of the config.json the proxy shrinks, how a shrunk part becomes the whole config
+    again): the language model's keys. ``config`` built from a multimodal config's ``text_config``
+    (ops.hf_model.language_model_config): that sub-dict, as it is. ``config`` holding its language
+    model as a sub-config (``get_text_config()``, e.g. Llama 4's text_config beside its vision_config):
+    that sub-dict, put back in its place. Otherwise the whole dict."""
+    def sub(model_type):
+        return next((k for k, v in cfg.items() if isinstance(v, dict) and v.get("model_type") == model_type), None)
+
+    if cfg.get("model_type") != config.model_type and (k := sub(config.model_type)):
+        return cfg[k], lambda d: d
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config and (k := sub(text.model_type)):
+        return cfg[k], lambda d: {**cfg, k: d}
+    return cfg, lambda d: d
 
 
 @functools.lru_cache(maxsize=8)
