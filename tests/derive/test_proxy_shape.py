@@ -134,3 +134,15 @@ def test_validate_compares_the_derived_spec_with_the_proxy_run(tmp_path, capsys)
     assert rows["peak_memory"]["predicted"] and rows["step_time"]["predicted"] and rows["peak_memory"]["measured"]
     assert res["run"]["derived_from_modeling_code"] and isinstance(res["run"]["approximations"], list)
     assert "approximation" in capsys.readouterr().out
+
+
+def test_per_layer_overrides_keyed_by_layer_index_follow_the_kept_layers():
+    from dayzero.runtime.models.proxy_shape import truncate_layers
+
+    cfg = {"num_hidden_layers": 6, "per_layer_config": {"1": {"heads": 8}, "4": {"heads": 2}, "5": {"heads": 4}},
+           "by_int": {0: "a", 4: "b"}, "not_layers": {"x": 1}, "out_of_range": {"9": 1}}
+    out = truncate_layers(cfg, 6, [0, 4, 5])
+    assert out["num_hidden_layers"] == 3
+    assert out["per_layer_config"] == {"1": {"heads": 2}, "2": {"heads": 4}}  # old 4 -> 1, old 5 -> 2, old 1 dropped
+    assert out["by_int"] == {0: "a", 1: "b"}
+    assert out["not_layers"] == {"x": 1} and out["out_of_range"] == {"9": 1}  # not per-layer mappings: untouched

@@ -198,9 +198,18 @@ def config_keys_used(cfg: dict, config, read: set[str], rebuild=None) -> set[str
         except Exception:  # noqa: BLE001 - the config class checks this key against others: it is used
             used.add(k)
             continue
-        if any(getattr(other, r, None) != getattr(config, r) for r in watched):
+        if any(_differs(other, config, r) for r in watched):
             used.add(k)
     return used
+
+
+def _differs(other, config, attr: str) -> bool:
+    """Whether two configs differ in ``attr``; a config class that refuses to give a global value
+    (transformers' per-layer attributes raise on global access) counts as a difference (the key is used)."""
+    try:
+        return bool(getattr(other, attr, None) != getattr(config, attr))
+    except Exception:  # noqa: BLE001 - any config class may guard an attribute in any way
+        return True
 
 
 def describe(model: str | Path, trust_remote_code: bool = False) -> ModelDescription:

@@ -155,9 +155,10 @@ def recomputed_lists(cfg: dict, make) -> set[str]:
 
 
 def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozenset()) -> dict:
-    """``cfg`` with ``keep`` (layer indices) of its ``n`` layers: every per-layer list, and every
-    pattern string of length n (at most 4 symbols, e.g. ``M-M*``), subset to them, the fields in
-    ``drop`` left to the config class."""
+    """``cfg`` with ``keep`` (layer indices) of its ``n`` layers: every per-layer list, every pattern
+    string of length n (at most 4 symbols, e.g. ``M-M*``) and every mapping keyed by layer index,
+    subset to them (a mapping re-keyed to the kept layers' new indices), the fields in ``drop`` left
+    to the config class."""
     cfg = {k: v for k, v in cfg.items() if k not in drop}
     out = dict(cfg, num_hidden_layers=len(keep))
     for k, v in cfg.items():
@@ -165,7 +166,17 @@ def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozens
             out[k] = [v[i] for i in keep]
         elif isinstance(v, str) and len(v) == n and n > 2 and len(set(v)) <= 4:  # a pattern, one symbol a layer
             out[k] = "".join(v[i] for i in keep)
+        elif _layer_keyed(v, n):  # per-layer overrides keyed by layer index (transformers' per_layer_config)
+            at = {int(i): x for i, x in v.items()}
+            out[k] = {(str(j) if isinstance(next(iter(v)), str) else j): at[i] for j, i in enumerate(keep) if i in at}
     return out
+
+
+def _layer_keyed(v, n: int) -> bool:
+    """A non-empty mapping whose keys are all layer indices in [0, n) (ints, or their decimal text)."""
+    return (isinstance(v, dict) and bool(v)
+            and all((isinstance(i, int) and not isinstance(i, bool)) or (isinstance(i, str) and i.isdigit())
+                    for i in v) and all(0 <= int(i) < n for i in v))
 
 
 def shrink_config(cfg: dict, layers: int | None = None, hidden: int | None = None, experts: int | None = None,
