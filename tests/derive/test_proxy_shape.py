@@ -146,3 +146,14 @@ def test_per_layer_overrides_keyed_by_layer_index_follow_the_kept_layers():
     assert out["per_layer_config"] == {"1": {"heads": 2}, "2": {"heads": 4}}  # old 4 -> 1, old 5 -> 2, old 1 dropped
     assert out["by_int"] == {0: "a", 1: "b"}
     assert out["not_layers"] == {"x": 1} and out["out_of_range"] == {"9": 1}  # not per-layer mappings: untouched
+
+
+def test_special_token_ids_past_the_proxy_vocabulary_move_to_its_top_and_stay_distinct():
+    from dayzero.runtime.models.proxy_shape import shrink_vocab
+
+    cfg = {"vocab_size": 50000, "bos_token_id": 1, "eos_token_id": [49999, 50000], "pad_token_id": 49999,
+           "decoder_start_token_id": 40000, "sep_token_id": None}
+    out = shrink_vocab(cfg, 512)
+    assert out["vocab_size"] == 512 and out["bos_token_id"] == 1 and out["sep_token_id"] is None
+    assert out["eos_token_id"] == [511, 510] and out["pad_token_id"] == 511  # the same id keeps one slot
+    assert out["decoder_start_token_id"] == 509  # an int still, as strict config classes require

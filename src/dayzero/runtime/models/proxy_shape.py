@@ -133,10 +133,20 @@ def shrink_experts(cfg: dict, experts: int) -> dict:
 
 
 def shrink_vocab(cfg: dict, vocab: int) -> dict:
+    """``cfg`` with ``vocab`` tokens; a special token id (``*token_id``, an int or a list of them) past
+    the new vocabulary moves to the top of it, distinct ids to distinct slots (the j-th to vocab - 1 - j),
+    so a config class that requires the id (an int, not None) and ids that must differ still hold."""
     out = dict(cfg, vocab_size=vocab)
+    moved: dict[int, int] = {}
+
+    def fit(t):
+        if not isinstance(t, int) or isinstance(t, bool) or t < vocab:
+            return t
+        return moved.setdefault(t, vocab - 1 - len(moved))
+
     for k, v in cfg.items():
-        if k.endswith("token_id") and isinstance(v, int) and v >= vocab:
-            out[k] = None
+        if k.endswith("token_id"):
+            out[k] = [fit(t) for t in v] if isinstance(v, list) else fit(v)
     return out
 
 
