@@ -27,6 +27,7 @@ from torch import nn
 
 from dayzero.runtime.models.attention import CoreAttention
 from dayzero.runtime.models.model import Transformer
+from dayzero.runtime.models.moe import MoE
 from dayzero.runtime.parallel.all_to_all import AllToAll
 
 
@@ -80,12 +81,17 @@ def head_chunk(t: torch.Tensor, rank: int, cp: int) -> torch.Tensor:
     return t[rank * n:(rank + 1) * n]
 
 
-def apply_context_parallel(model: Transformer, cp_mesh, seq: int) -> int:
+def apply_context_parallel(model: Transformer, meshes, seq: int) -> int:
     """Make ``model`` (a whole model or one pipeline stage) run on slices of sequences of ``seq``
-    tokens over ``cp_mesh``: positions from the slice's offset, and every attention core between
-    the two exchanges. Returns how many cores were wrapped."""
-    group, cp, rank = cp_mesh.get_group(), cp_mesh.size(), cp_mesh.get_local_rank()
+    tokens over the cp dim of ``meshes`` (:class:`~dayzero.runtime.parallel.mesh.Meshes`):
+    positions from the slice's offset, every attention core between the two exchanges, and MoE
+    routing statistics over the tp x cp ranks that hold one micro-batch. Returns how many cores
+    were wrapped."""
+    group, cp, rank = meshes.cp.get_group(), meshes.cp.size(), meshes.cp.get_local_rank()
     model.position_offset = rank * (seq // cp)
+    for m in model.modules():
+        if isinstance(m, MoE):
+            m.stats_group, m.share_scale = meshes.micro_batch_group, cp
     cores = [m for m in model.modules() if isinstance(m, CoreAttention)]
     for core in cores:
         _exchange_around(core, group, cp, rank)

@@ -14,6 +14,8 @@ world mesh:
     dp_cp   (pp, dpcp_replicate, dpcp_shard, tp)  cp > 1 only: dense parameters' gradients, reduced
                                                   over dp x cp (Megatron's dp-cp group): each cp
                                                   rank's tokens are different
+    cp_tp   (pp, dp, cp_tp)                       cp > 1 only: the ranks that hold one micro-batch
+                                                  (Megatron's tp-cp group), for MoE routing statistics
 
 ZeRO 1-3 shard over ``*_shard`` (``*_replicate`` is 1); ZeRO-0 replicates over ``*_replicate``
 (``*_shard`` is 1), which FSDP2 runs as plain all-reduce data parallelism. ``dp_cp`` numbers the
@@ -93,6 +95,7 @@ class MeshShape:
         if self.cp > 1:
             views["dp_cp"] = (("pp", self.pp), ("dpcp_replicate", self.dpcp_replicate),
                               ("dpcp_shard", self.dpcp_shard), ("tp", self.tp))
+            views["cp_tp"] = (("pp", self.pp), ("dp", self.dp_replicate * self.dp_shard), ("cp_tp", self.cp * self.tp))
         return views
 
 
@@ -118,6 +121,7 @@ class Meshes:
     moe_dp: object
     stage: object
     dp_cp: object = None  # with cp > 1 only
+    cp_tp: object = None  # with cp > 1 only
 
     # -- views asked for by name ---------------------------------------------------------
     @property
@@ -163,6 +167,13 @@ class Meshes:
     @property
     def tp_rank(self) -> int:
         return self.tp.get_local_rank()
+
+    @property
+    def micro_batch_group(self):
+        """The ranks that together hold one micro-batch's tokens: tp x cp (None: this rank alone)."""
+        if self.cp_tp is not None:
+            return self.cp_tp["cp_tp"].get_group()
+        return self.tp.get_group() if self.shape.tp > 1 else None
 
     @property
     def cp_rank(self) -> int:

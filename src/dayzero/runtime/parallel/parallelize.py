@@ -67,7 +67,7 @@ def parallelize(model: Transformer, meshes: Meshes, device: torch.device, param_
         if spec.is_moe:
             apply_expert_parallel(part, meshes.ep, placement)
         if parallel.cp > 1:
-            apply_context_parallel(part, meshes.cp, parallel.seq)
+            apply_context_parallel(part, meshes, parallel.seq)
         apply_activation_checkpointing(part, parallel.recompute, parallel.recompute_layers)
         # FSDP2 has nothing to do when no rank of the stage shares a parameter and no dtype is
         # cast (one rank per stage, fp32): skipping it there saves copying every parameter and
