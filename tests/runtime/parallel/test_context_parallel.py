@@ -106,7 +106,7 @@ def test_the_runtime_refuses_ring_attention_and_heads_that_do_not_split():
     assert runtime_problems(llama, ParallelConfig(tp=2, cp=2, cp_comm="a2a", seq=64), 4) == []
     # tp 4 leaves each rank one kv head, which cp 2 cannot split
     split = runtime_problems(llama, ParallelConfig(tp=4, cp=2, cp_comm="a2a", seq=64), 8)
-    assert any("must be divisible by cp" in p for p in split), split
+    assert any("must be divisible by cp; use a smaller cp or tp" in p for p in split), split
 
 
 # -- every layout with cp trains what one process trains (gloo) -----------------------------------
