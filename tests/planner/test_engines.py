@@ -20,7 +20,7 @@ from dayzero.specs.parallel import ParallelConfig as P
     (P(tp=4, dp=2, ep=2, etp=2, sequence_parallel=True), "torchtitan", "etp 1 or etp = tp"),
     (P(tp=2, dp=4, zero=0, sequence_parallel=True), "torchtitan", "DDP (ZeRO-0) does not combine"),
     (P(dp=4, cp=2), "deepspeed", "Ulysses"),
-    (P(dp=2, cp=2), "dayzero", "context parallelism is not in the runtime"),
+    (P(dp=2, cp=2), "dayzero", "ring attention (cp_comm p2p) is not in it: use --cp-comm a2a"),
     # torch.distributed.pipelining keeps FSDP gradients unsharded until the step's last backward
     # (PipelineStage.backward_maybe_with_nosync), so ZeRO-2 under pp > 1 is not what it runs
     (P(tp=8, pp=16, dp=128, vpp=8, zero=2, sequence_parallel=True, gbs=2048), "torchtitan", "defers FSDP"),

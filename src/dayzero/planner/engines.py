@@ -371,9 +371,10 @@ DEEPSPEED = Engine("deepspeed", "DeepSpeed", (
 
 DAYZERO = Engine("dayzero", "dayzero runtime", (
     _pipelined_fsdp_limit(),
-    Limit(("cp",), lambda c: c["cp"] == 1,
-          "context parallelism is not in the runtime yet (PyTorch's ring attention has no CPU sharding rule for "
-          "SDPA); use --cp 1", "dayzero runtime"),
+    Limit(("cp", "cp_comm"), lambda c: (c["cp"] == 1) | (c["cp_comm"] == A2A),
+          "the runtime's context parallelism is the all-to-all of heads (DeepSpeed-Ulysses); ring attention "
+          "(cp_comm p2p) is not in it: use --cp-comm a2a, or --cp 1",
+          "dayzero/runtime/parallel/context_parallel.py"),
     Limit(("etp",), lambda c: c["etp"] == 1,
           "the runtime runs routed experts without tensor parallelism; use --etp 1 (experts are split by --ep "
           "instead)", "dayzero runtime"),

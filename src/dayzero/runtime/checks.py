@@ -14,7 +14,9 @@ BYTE_VOCAB = 257  # runtime.data: 256 bytes + end of document
 
 def runtime_problems(spec: ModelSpec, parallel: ParallelConfig, world: int | None) -> list[str]:
     """Every reason the runtime cannot train ``spec`` with ``parallel`` on ``world`` ranks."""
-    p = layout_rules.problems(parallel, spec, world)
+    # the runtime has no ring attention to fall back on when a2a cannot split the heads
+    p = [m.replace(layout_rules.A2A_HEADS_FIX, "use a smaller cp or tp (the runtime has no ring attention, "
+                   "--cp-comm p2p)") for m in layout_rules.problems(parallel, spec, world)]
     a = spec.attention
     p += engine_problems(DAYZERO, parallel)  # the layout limits of the runtime, as the planner labels them
     if a.sinks and a.kind == "mla":

@@ -10,7 +10,9 @@ so resuming needs only the number of samples consumed.
 
 Step ``s`` reads global samples ``[s * gbs, (s + 1) * gbs)``; data-parallel rank ``d`` takes the
 contiguous ``gbs / dp`` of them starting at ``d * gbs / dp`` and splits them into micro-batches, so
-every layout sees the same micro-batches as a single process with the same ``mbs``.
+every layout sees the same micro-batches as a single process with the same ``mbs``. Under context
+parallelism each of the cp ranks of a dp rank reads the same samples and keeps one contiguous
+``seq / cp`` slice of each (inputs and their labels).
 """
 
 from __future__ import annotations
@@ -151,14 +153,19 @@ class TokenStream:
             self._perm_epoch = epoch
         return self._window(int(self._perm[r]))
 
-    def batch(self, gbs: int, dp_rank: int = 0, dp: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """The next global batch's share for ``dp_rank``: inputs, labels of shape (gbs/dp, seq).
-        Advances the stream by ``gbs`` samples on every rank."""
+    def batch(self, gbs: int, dp_rank: int = 0, dp: int = 1, cp_rank: int = 0,
+              cp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The next global batch's share for ``dp_rank``: inputs, labels of shape (gbs/dp, seq/cp),
+        context-parallel rank ``cp_rank`` taking the contiguous slice ``cp_rank`` of every sequence
+        (its labels are the same positions' next tokens). Advances the stream by ``gbs`` samples
+        on every rank."""
         local = gbs // dp
         first = self.samples + dp_rank * local
         rows = np.stack([self._sample(first + i) for i in range(local)])  # (local, seq + 1)
         self.samples += gbs
-        return rows[:, :-1], rows[:, 1:]
+        part = self.seq // cp
+        cut = slice(cp_rank * part, (cp_rank + 1) * part)
+        return rows[:, :-1][:, cut], rows[:, 1:][:, cut]
 
     def document_length(self, samples: int, first: int = 0) -> float:
         """The packed-document length the planner prices (``ModelSpec.document_length``) of samples

@@ -223,20 +223,21 @@ def compute_step(state: TrainState, timer: CommTimer) -> Gradients:
     cfg, p, meshes = state.config, state.config.parallel, state.meshes
     timer.start()
     t0, wall0 = time.perf_counter(), time.time_ns()
-    x, y = state.data.batch(p.gbs, meshes.dp_rank, p.dp)
+    x, y = state.data.batch(p.gbs, meshes.dp_rank, p.dp, meshes.cp_rank, p.cp)
     inputs = torch.from_numpy(x).to(state.device)
     labels = torch.from_numpy(y).to(state.device)
     local_loss = forward_backward(state, inputs, labels)
     params = list(state.model.parameters())
     norm = clip_grad_norm_(params, cfg.optimizer.grad_clip, meshes.shape.stage)
     lr = state.scheduler.get_last_lr()[0]
-    # the loss is replicated over tp and lives on the last stage: count each dp replica once
+    # the loss is replicated over tp and lives on the last stage: each dp replica's and each cp
+    # rank's (the mean over its slice of the sequences; every slice holds as many tokens) once
     on_last = state.pipeline is None or state.pipeline.has_last
     owner = on_last and meshes.tp_rank == 0
     loss = (local_loss if owner else torch.zeros_like(local_loss)).float().reshape(1)
     if dist.get_world_size() > 1:
         dist.all_reduce(loss)
-    return Gradients(float(loss / p.dp), norm, float(lr), t0, wall0)
+    return Gradients(float(loss / (p.dp * p.cp)), norm, float(lr), t0, wall0)
 
 
 def apply_step(state: TrainState, g: Gradients, timer: CommTimer, update: bool = True) -> StepRecord:

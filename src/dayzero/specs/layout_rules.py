@@ -90,6 +90,10 @@ def _kv_heads_ok(c, w):
     return (a.kind != "gqa") | (a.kv_heads % c["tp"] == 0) | (c["tp"] % a.kv_heads == 0)
 
 
+# what the a2a heads rule suggests (an engine without ring attention says the rest: runtime.checks)
+A2A_HEADS_FIX = "use --cp-comm p2p, or a smaller cp or tp"
+
+
 def ulysses_heads_ok(spec: ModelSpec, tp, cp):
     """Whether the all-to-all context parallelism (cp_comm a2a) can split ``spec``'s heads over
     ``cp``: each of the cp ranks takes heads / cp of the query heads and of the key/value heads a
@@ -208,7 +212,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("cp_comm", "tp", "cp"), lambda c, w: (c["cp_comm"] != A2A) | (c["cp"] == 1) | (not w.spec.has_attention)
          | ulysses_heads_ok(w.spec, c["tp"], c["cp"]),
          lambda p, w: f"cp_comm a2a splits each tp rank's heads over cp {p.cp}: its {_local_heads(w.spec, p.tp)} "
-                      "must be divisible by cp; use --cp-comm p2p, or a smaller cp or tp", needs="spec"),
+                      f"must be divisible by cp; {A2A_HEADS_FIX}", needs="spec"),
     # recurrent mixers: Megatron-Core's MambaMixer splits the heads and the B/C groups over tp
     # (megatron/core/ssm/mamba_mixer.py asserts nheads % tp == 0 and ngroups % tp == 0)
     Rule(("tp",), lambda c, w: (w.spec.recurrent is None) or ((w.spec.recurrent.heads % c["tp"] == 0)

@@ -76,13 +76,19 @@ class Transformer(nn.Module):
         # RoPE tables, fp32, not saved: recomputed by init_buffers() after materialization
         self.register_buffer("rope_cos", torch.empty(self.max_seq, self.rope_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(self.max_seq, self.rope_dim), persistent=False)
+        # the position of the first token this rank holds of every sequence: context parallelism
+        # gives each rank one contiguous slice of it (0: the whole sequence)
+        self.position_offset = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # first stage: x = token ids (B, S); later stages: hidden states (B, S, H)
+        # first stage: x = token ids (B, S); later stages: hidden states (B, S, H); S is this
+        # rank's slice of the sequence under context parallelism, from position_offset on
+        start = self.position_offset
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         if self.pos_embeddings is not None and self.tok_embeddings is not None:
-            h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
-        cos, sin = (self.rope_cos, self.rope_sin) if self.rope_dim else (None, None)
+            h = h + self.pos_embeddings(torch.arange(start, start + x.shape[1], device=x.device))
+        # the attention layers take the first S rows (their S: sequence parallelism gathers it first)
+        cos, sin = (self.rope_cos[start:], self.rope_sin[start:]) if self.rope_dim else (None, None)
         docs = None
         if self.document_separator is not None:
             if self.tok_embeddings is None:

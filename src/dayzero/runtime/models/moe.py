@@ -5,9 +5,9 @@ and the router's auxiliary losses.
 Token movement goes through ``self.dispatcher``: :class:`LocalDispatch` runs every expert here;
 expert parallelism swaps in an all-to-all dispatcher (:mod:`dayzero.runtime.parallel.expert_parallel`,
 or :mod:`~dayzero.runtime.parallel.expert_placement` with a placement) without the layer knowing.
-``stats_group`` (set by tensor parallelism) is the process group whose ranks together hold one
-micro-batch's tokens, so the balance losses see the whole micro-batch; ``batch_group`` (set by the
-train loop) holds every rank of the stage, for the global-batch balance loss.
+``stats_group`` (set by tensor and context parallelism) is the process group whose ranks together
+hold one micro-batch's tokens, so the balance losses see the whole micro-batch; ``batch_group`` (set
+by the train loop) holds every rank of the stage, for the global-batch balance loss.
 
 :class:`Routing` holds the run's routing options (``dayzero train --moe-*``): the auxiliary loss,
 the router z-loss and the capacity factor. Routed slots per expert, dropped slots and rows per EP
@@ -175,7 +175,11 @@ class MoE(nn.Module):
         self.shared_gate = nn.Linear(hidden, 1, bias=False) if spec.shared_experts and spec.shared_expert_gate else None
         self.dispatcher = LocalDispatch()
         self.routing = Routing.of_spec(spec)
-        self.stats_group = None  # ranks that split one micro-batch's tokens (tensor parallel)
+        self.stats_group = None  # ranks that split one micro-batch's tokens (tensor x context parallel)
+        # context parallelism: each cp rank's LM loss is the mean over its slice and the gradient
+        # reduction divides by dp x cp, so a rank's share of a micro-batch's router loss counts cp
+        # times to match (set by context parallelism; the global loss scales by grad_divisor instead)
+        self.share_scale = 1
         self.batch_group = None  # every rank of the stage (global-batch balance loss); set by the train loop
         self.grad_divisor = 1  # data-parallel degree the router's gradients are divided by (global loss)
         self.aux_loss_scale = 1.0  # set by the train loop: 1 / micro-batches, like the LM loss
@@ -249,14 +253,14 @@ class MoE(nn.Module):
                      logits: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         r, losses, k = self.routing, [], idx.shape[1]
         if r.aux_coef > 0 and r.aux_loss == "micro":
-            losses.append(self._balance_loss(probs, counts, k, r.aux_coef, self.stats_group))
+            losses.append(self._balance_loss(probs, counts, k, r.aux_coef, self.stats_group) * self.share_scale)
         elif r.aux_coef > 0 and r.aux_loss == "global":
             loss = self._balance_loss(probs, counts, k, r.aux_coef, self.batch_group or self.stats_group)
-            losses.append(loss * (self.grad_divisor if self.batch_group is not None else 1))
+            losses.append(loss * (self.grad_divisor if self.batch_group is not None else self.share_scale))
         elif r.aux_coef > 0 and r.aux_loss == "seq" and idx.shape[0] == probs.shape[0]:
-            losses.append(self._sequence_loss(probs, idx, batch))
+            losses.append(self._sequence_loss(probs, idx, batch) * self.share_scale)
         if r.z_loss > 0 and logits is not None:
-            losses.append(self._z_loss(logits))
+            losses.append(self._z_loss(logits) * self.share_scale)
         return sum(losses) if losses else None
 
     def _token_total(self, local: float, device) -> torch.Tensor:

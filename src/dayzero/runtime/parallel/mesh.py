@@ -1,7 +1,8 @@
 """One device mesh per job, with named dims, built once from the ParallelConfig.
 
 Rank order is Megatron's ``tp-cp-dp-pp`` (tp fastest), so a tensor-parallel group is a run of
-neighbouring ranks (one node's fast links). Four views share the same 1-D world mesh:
+neighbouring ranks (one node's fast links). Four views (five with cp > 1) share the same 1-D
+world mesh:
 
     dense   (pp, dp_replicate, dp_shard, cp, tp)  attention, dense MLPs, embeddings, head
     expert  (pp, edp_replicate, edp_shard, ep)    routed experts: ep fastest, borrowing ranks
@@ -10,9 +11,16 @@ neighbouring ranks (one node's fast links). Four views share the same 1-D world 
                                                   stage holds different tokens, so they are
                                                   plain data parallel over the whole stage
     stage   (pp, stage)                           reductions over all ranks of one stage
+    dp_cp   (pp, dpcp_replicate, dpcp_shard, tp)  cp > 1 only: dense parameters' gradients, reduced
+                                                  over dp x cp (Megatron's dp-cp group): each cp
+                                                  rank's tokens are different
+    cp_tp   (pp, dp, cp_tp)                       cp > 1 only: the ranks that hold one micro-batch
+                                                  (Megatron's tp-cp group), for MoE routing statistics
 
 ZeRO 1-3 shard over ``*_shard`` (``*_replicate`` is 1); ZeRO-0 replicates over ``*_replicate``
-(``*_shard`` is 1), which FSDP2 runs as plain all-reduce data parallelism.
+(``*_shard`` is 1), which FSDP2 runs as plain all-reduce data parallelism. ``dp_cp`` numbers the
+dp x cp ranks of a stage dp-major, cp-minor: its groups are those of dense (dp_replicate,
+dp_shard, cp) flattened.
 
 Each view numbers the world's ranks row-major over its dims, slowest first (the last dim is the
 fastest): rank r of a view (pp, ..., tp) sits at ``np.arange(world).reshape(sizes)`` == r, which
@@ -49,6 +57,8 @@ class MeshShape:
     ep: int
     mdp_replicate: int
     mdp_shard: int
+    dpcp_replicate: int = 1
+    dpcp_shard: int = 1
 
     @classmethod
     def of(cls, parallel: ParallelConfig) -> "MeshShape":
@@ -60,7 +70,8 @@ class MeshShape:
                    dp_replicate=p.dp if replicate else 1, dp_shard=1 if replicate else p.dp,
                    cp=p.cp, tp=p.tp,
                    edp_replicate=edp if replicate else 1, edp_shard=1 if replicate else edp, ep=p.ep,
-                   mdp_replicate=stage if replicate else 1, mdp_shard=1 if replicate else stage)
+                   mdp_replicate=stage if replicate else 1, mdp_shard=1 if replicate else stage,
+                   dpcp_replicate=p.dp * p.cp if replicate else 1, dpcp_shard=1 if replicate else p.dp * p.cp)
 
     @property
     def stage(self) -> int:
@@ -73,7 +84,7 @@ class MeshShape:
     def views(self) -> dict[str, tuple[tuple[str, int], ...]]:
         """Every view's (dim name, size), slowest dim first: how :func:`build_meshes` unflattens
         the world mesh."""
-        return {
+        views = {
             "dense": (("pp", self.pp), ("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard),
                       ("cp", self.cp), ("tp", self.tp)),
             "expert": (("pp", self.pp), ("edp_replicate", self.edp_replicate), ("edp_shard", self.edp_shard),
@@ -81,6 +92,11 @@ class MeshShape:
             "moe_dp": (("pp", self.pp), ("mdp_replicate", self.mdp_replicate), ("mdp_shard", self.mdp_shard)),
             "stage": (("pp", self.pp), ("stage", self.stage)),
         }
+        if self.cp > 1:
+            views["dp_cp"] = (("pp", self.pp), ("dpcp_replicate", self.dpcp_replicate),
+                              ("dpcp_shard", self.dpcp_shard), ("tp", self.tp))
+            views["cp_tp"] = (("pp", self.pp), ("dp", self.dp_replicate * self.dp_shard), ("cp_tp", self.cp * self.tp))
+        return views
 
 
 def view_groups(shape: MeshShape, view: str, dims: tuple[str, ...]) -> list[list[int]]:
@@ -104,6 +120,8 @@ class Meshes:
     expert: object
     moe_dp: object
     stage: object
+    dp_cp: object = None  # with cp > 1 only
+    cp_tp: object = None  # with cp > 1 only
 
     # -- views asked for by name ---------------------------------------------------------
     @property
@@ -112,8 +130,15 @@ class Meshes:
 
     @property
     def dp(self):
-        """The 2-D (replicate, shard) data-parallel mesh FSDP2 takes for dense parameters."""
+        """The 2-D (replicate, shard) data-parallel mesh FSDP2 takes for dense parameters: over
+        dp x cp with context parallelism (every rank of it holds different tokens)."""
+        if self.dp_cp is not None:
+            return self.dp_cp["dpcp_replicate", "dpcp_shard"]
         return self.dense["dp_replicate", "dp_shard"]
+
+    @property
+    def cp(self):
+        return self.dense["cp"]
 
     @property
     def ep(self):
@@ -142,6 +167,18 @@ class Meshes:
     @property
     def tp_rank(self) -> int:
         return self.tp.get_local_rank()
+
+    @property
+    def micro_batch_group(self):
+        """The ranks that together hold one micro-batch's tokens: tp x cp (None: this rank alone)."""
+        if self.cp_tp is not None:
+            return self.cp_tp["cp_tp"].get_group()
+        return self.tp.get_group() if self.shape.tp > 1 else None
+
+    @property
+    def cp_rank(self) -> int:
+        """Which slice of each sequence this rank holds."""
+        return self.cp.get_local_rank()
 
     @property
     def dp_rank(self) -> int:

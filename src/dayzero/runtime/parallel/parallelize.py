@@ -1,7 +1,8 @@
 """``parallelize``: the whole parallel system in one function, applied in a fixed order.
 
-    pipeline split -> tensor/sequence parallel (+ expert parallel) -> activation checkpointing
-    -> FSDP2 (ZeRO + mixed precision) -> materialize (to_empty + deterministic weights)
+    pipeline split -> tensor/sequence parallel (+ expert parallel) -> context parallel
+    -> activation checkpointing -> FSDP2 (ZeRO + mixed precision)
+    -> materialize (to_empty + deterministic weights)
 
 The model arrives on the meta device and knows nothing about parallelism; each ``apply_*``
 lives in its own module. Weights are written last, shard by shard, from a function of the
@@ -19,6 +20,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from dayzero.runtime.models.model import Transformer, initial_value
 from dayzero.runtime.models.recompute import apply_activation_checkpointing
+from dayzero.runtime.parallel.context_parallel import apply_context_parallel
 from dayzero.runtime.parallel.data_parallel import apply_fsdp
 from dayzero.runtime.parallel.expert_parallel import apply_expert_parallel
 from dayzero.runtime.parallel.mesh import Meshes
@@ -64,6 +66,8 @@ def parallelize(model: Transformer, meshes: Meshes, device: torch.device, param_
             apply_tensor_parallel(part, meshes.tp, parallel.sequence_parallel)
         if spec.is_moe:
             apply_expert_parallel(part, meshes.ep, placement)
+        if parallel.cp > 1:
+            apply_context_parallel(part, meshes, parallel.seq)
         apply_activation_checkpointing(part, parallel.recompute, parallel.recompute_layers)
         # FSDP2 has nothing to do when no rank of the stage shares a parameter and no dtype is
         # cast (one rank per stage, fp32): skipping it there saves copying every parameter and
