@@ -207,3 +207,19 @@ def test_fuzz_finding_a_row_with_absurd_layers(tmp_path):
     result = run_backtest(write_rows(tmp_path / "runs.csv", rows))
     reason = result["skipped"][0]["reason"]
     assert result["summary"]["n"] == 0 and reason.startswith("layers ") and "at most 2^53" in reason
+
+
+def test_a_vocabulary_table_may_exceed_the_width_bound_but_not_its_own():
+    """n-gram embedding tables reach 20M rows (transformers' qwen4_exp_text): a key naming a vocab is
+    bounded at 2^28, every other integer at 2^24."""
+    import pytest
+
+    from dayzero.errors import ConfigError
+    from dayzero.specs.hf_config import check_bounds, int_limit
+
+    assert int_limit("ngram_vocab_size_base") == 2**28 and int_limit("hidden_size") == 2**24
+    check_bounds({"num_hidden_layers": 2, "ngram_vocab_size_base": 20_000_000}, "c.json")
+    with pytest.raises(ConfigError, match="exceeds 268,435,456"):
+        check_bounds({"num_hidden_layers": 2, "ngram_vocab_size_base": 2**28 + 1}, "c.json")
+    with pytest.raises(ConfigError, match="exceeds 16,777,216"):
+        check_bounds({"num_hidden_layers": 2, "hidden_size": 2**24 + 1}, "c.json")

@@ -16,10 +16,13 @@ from dayzero.specs.config_keys import unused_keys
 from dayzero.specs.model import AttentionSpec, MLPSpec, ModelSpec, MoESpec, RecurrentSpec
 
 # Bounds on config values, so an absurd field is one line instead of a hang, an overflow or a NaN:
-# every integer field <= MAX_INT_FIELD (2^24: vocabularies reach 256K, widths 32K); layer counts
-# <= MAX_LAYERS (the deepest published LLMs have ~200 layers). Float fields by name: RoPE bases and
+# every integer field <= MAX_INT_FIELD (2^24: vocabularies reach 256K, widths 32K), a table size
+# (a key naming a vocab) <= MAX_VOCAB_FIELD (2^28: n-gram embedding tables reach 20M rows,
+# transformers' qwen4_exp_text ngram_vocab_size_base 20,000,000; times a 32K width stays far inside
+# int64); layer counts <= MAX_LAYERS (the deepest published LLMs have ~200 layers). Float fields by name: RoPE bases and
 # scaling factors are positive, norm epsilons in (0, 1), loss coefficients non-negative.
 MAX_INT_FIELD = 2**24
+MAX_VOCAB_FIELD = 2**28
 MAX_LAYERS = 10_000
 INT_LIMITS = {"num_hidden_layers": MAX_LAYERS, "n_layer": MAX_LAYERS, "num_nextn_predict_layers": MAX_LAYERS,
               "first_k_dense_replace": MAX_LAYERS}
@@ -29,6 +32,13 @@ FLOAT_RANGES = {
     "routed_scaling_factor": (0.0, 1e6, True), "router_aux_loss_coef": (0.0, 1e3, False),
     "aux_loss_alpha": (0.0, 1e3, False), "swiglu_alpha": (0.0, 1e3, True), "swiglu_limit": (0.0, 1e6, True),
 }
+
+
+def int_limit(key: str) -> int:
+    """The largest value dayzero reads for integer field ``key`` (the bounds above)."""
+    if key in INT_LIMITS:
+        return INT_LIMITS[key]
+    return MAX_VOCAB_FIELD if "vocab" in key else MAX_INT_FIELD
 
 
 class _Reads(dict):
@@ -78,7 +88,7 @@ class _Fields:
         v = int(v)
         if v < minimum:
             self._fail(key, f"expected an integer >= {minimum}, got {v}")
-        top = maximum if maximum is not None else INT_LIMITS.get(key, MAX_INT_FIELD)
+        top = maximum if maximum is not None else int_limit(key)
         if v > top:
             self._fail(key, f"{v:,} exceeds {top:,}, the largest dayzero plans for (a typo?)")
         return v
@@ -178,8 +188,8 @@ def check_bounds(cfg: dict, source: str) -> None:
             continue
         if isinstance(v, float) and not math.isfinite(v):
             f._fail(key, f"expected a finite number, got {v!r}")
-        if isinstance(v, int) and v > INT_LIMITS.get(key, MAX_INT_FIELD):
-            top = INT_LIMITS.get(key, MAX_INT_FIELD)
+        if isinstance(v, int) and v > int_limit(key):
+            top = int_limit(key)
             f._fail(key, f"{v:,} exceeds {top:,}, the largest dayzero plans for (a typo?)")
     layers = f.int("num_hidden_layers", default=None, minimum=1, alt=("n_layer", "num_layers"))
     _check_derived_shapes(f, cfg, layers)
