@@ -349,3 +349,19 @@ def read_lines(path: str | Path, hint: str = "", max_line: int = 1 << 20, limit:
                               f"kind is at most {max_line:,}")
         start = end + 1
     return text.splitlines()
+
+
+def jsonl_objects(path: str | Path, hint: str = "", limit: int = STREAM_BYTES):
+    """The JSON objects of a JSONL file (a ``dayzero train --metrics`` stream), in order; a line that
+    is not a JSON object (a record cut by a crash mid-write) is skipped. A missing or unreadable file
+    is :func:`read_text`'s one-line error with ``hint``."""
+    import json
+
+    for line in read_text(path, hint, limit, errors="replace").splitlines():
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                yield obj

@@ -22,7 +22,6 @@ gloo's ``gloo:*`` work items, on an accelerator its communication library's kern
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -178,19 +177,11 @@ class _Stderr:
 def _records(path: str | Path):
     """The JSON objects of a metrics file, in order; a line that is not a JSON object (a record cut
     by a crash mid-write) is skipped."""
-    from dayzero.inputs import STREAM_BYTES, read_text
+    from dayzero.inputs import jsonl_objects
 
     if not Path(path).exists():
         return
-    text = read_text(path, "a metrics stream (JSONL)", STREAM_BYTES, errors="replace")
-    for line in text.splitlines():
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                yield obj
+    yield from jsonl_objects(path, "a metrics stream (JSONL)")
 
 
 def last_attempt(path: str | Path) -> int:

@@ -15,11 +15,10 @@ table's (:func:`dayzero.planner.search.error_band.calibrated_band`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dayzero.errors import ConfigError
-from dayzero.inputs import read_text
+from dayzero.inputs import jsonl_objects
 from dayzero.planner.backtest.backtest import fit_cases, predict_cases
 from dayzero.planner.backtest.published import Skip, cases_of, load_cases
 from dayzero.planner.perf.calibration import PerfConstants
@@ -27,20 +26,14 @@ from dayzero.planner.search.error_band import summary
 
 MIN_RUNS = 2  # leave-one-out needs another row to fit on
 PRICED_DTYPES = ("bf16", "fp8")  # the GEMM precisions a measured run is priced at (fp32 is not one)
-METRICS_BYTES = 64 << 20
 
 
 def end_record(path) -> dict:
     """The last ``{"event": "end"}`` record of a ``dayzero train --metrics`` JSONL; a one-line
     ConfigError when the run never ended (no end record) or the file is no metrics stream."""
     end = None
-    for line in read_text(path, "pass the --metrics JSONL of a finished `dayzero train` run", METRICS_BYTES,
-                          errors="replace").splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue  # a record torn by a crash: the end record, if any, comes after it
-        if isinstance(obj, dict) and obj.get("event") == "end":
+    for obj in jsonl_objects(path, "pass the --metrics JSONL of a finished `dayzero train` run"):
+        if obj.get("event") == "end":
             end = obj
     if end is None:
         raise ConfigError(str(path), None, "no end record: the run did not finish (train writes it last); pass the "
