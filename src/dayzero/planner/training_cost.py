@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dayzero.errors import ConfigError
 from dayzero.planner.facility import FacilityPower, PowerOptions, facility_power
@@ -124,13 +125,19 @@ def _offer_text(e: dict) -> str:
     return f"USD {e['offer']}, {e['basis']}, {e['date']}"
 
 
+@lru_cache(maxsize=1)
+def device_prices() -> dict:
+    """``presets/data/device_prices.json``'s offers per accelerator id, read once (as facility_data)."""
+    return json.loads(reference_data("device_prices.json").read_text())["prices"]
+
+
 def device_price(accelerator_id: str, given: float | None, offer: str | None = None) -> Price | None:
     """The price of one device-hour: the one given, else the card's public offer named ``offer``
     (None: its first) from ``device_prices.json`` with its source and date and the card's other
     offers beside it, else None. An offer the card lacks is a one-line ConfigError naming those it has."""
     if given is not None:
         return Price(given, "given (--price-per-device-hour)")
-    offers = json.loads(reference_data("device_prices.json").read_text())["prices"].get(accelerator_id)
+    offers = device_prices().get(accelerator_id)
     if not offers:
         if offer is not None:
             raise ConfigError("price offer", offer, f"no public price for {accelerator_id}; give "
