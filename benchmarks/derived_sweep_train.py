@@ -3,9 +3,10 @@ type's default config written to a directory, then ``dayzero train DIR --layers 
 --vocab 512 --steps 2`` (4 sequences of 32 tokens, fp32, one CPU process). One line per type: ok
 (the two losses) or the error's one line; the count at the end.
 
-    PYTHONPATH=src nice python benchmarks/derived_sweep_train.py OUT.txt [--every K] [--types a,b]
+    PYTHONPATH=src nice python benchmarks/derived_sweep_train.py OUT.txt [--every K [--offset I]] [--types a,b]
 
-``--every K`` trains every K-th type of the sorted list (a sample when the whole list takes too long).
+``--every K`` trains every K-th type of the sorted list (a sample when the whole list takes too long),
+starting at index ``--offset I`` (``--every 2 --offset 1`` is the half that ``--every 2`` leaves out).
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--every", type=int, default=1)
+    ap.add_argument("--offset", type=int, default=0)
     ap.add_argument("--types", default="")
     ap.add_argument("--timeout", type=int, default=240)
     a = ap.parse_args()
-    types = a.types.split(",") if a.types else causal_lm_types()[::a.every]
+    types = a.types.split(",") if a.types else causal_lm_types()[a.offset::a.every]
     ok = 0
     with tempfile.TemporaryDirectory() as tmp, open(a.out, "w") as out:
         for mt in types:
