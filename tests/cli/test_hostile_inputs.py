@@ -373,8 +373,6 @@ T = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_val
 @pytest.mark.parametrize("cfg, needle", [
     (dict(T, model_type="phimoe", num_local_experts=2**24, num_experts_per_tok=2), "expert modules to build"),
     (dict(T, model_type="phimoe", num_local_experts=4, num_experts_per_tok=16), "top-k (16) exceeds"),
-    (dict(T, model_type="olmo2", hidden_size=100, num_attention_heads=7, num_key_value_heads=7),
-     "hidden_size (100) must be divisible by num_attention_heads (7)"),
 ])
 def test_derived_models_are_checked_before_they_are_built(tmp_path, cfg, needle):
     f = tmp_path / "config.json"
@@ -383,6 +381,22 @@ def test_derived_models_are_checked_before_they_are_built(tmp_path, cfg, needle)
     refused(["memory", f, "-a", "h100", "-n", "8", "--exact"], needle)
     refused(["inspect", f], needle)
     assert time.perf_counter() - t < 20
+
+
+def test_heads_that_do_not_divide_the_width_are_the_modeling_codes_to_size(tmp_path, capsys):
+    """transformers' attention takes head_dim = hidden_size // heads where a config sets none: a derived
+    model is read from the modules it builds (7 heads x 14, 98 wide), a parsed family states the floor."""
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(dict(T, model_type="olmo2", hidden_size=100, num_attention_heads=7, num_key_value_heads=7)))
+    code, out, err = run(["inspect", f, "--json"])
+    kind = json.loads(out)["layer_kinds_derived"][0]["mixer"]
+    assert code == 0 and (kind["heads"], kind["head_dim"]) == (7, 14), err
+    f.write_text(json.dumps(dict(T, model_type="llama", hidden_size=100, num_attention_heads=7, num_key_value_heads=7)))
+    code, out, err = run(["inspect", f, "--json"])
+    notes = json.loads(out)["config_notes"]
+    assert code == 0 and any("head_dim 14 (hidden_size // heads" in n for n in notes), (err, notes)
+    code, out, err = run(["inspect", f])
+    assert code == 0 and "config: hidden_size (100) is not divisible by num_attention_heads (7)" in " ".join(err.split())
 
 
 def test_exact_memory_refuses_an_expert_count_it_cannot_run(tmp_path):

@@ -157,3 +157,33 @@ def test_special_token_ids_past_the_proxy_vocabulary_move_to_its_top_and_stay_di
     assert out["vocab_size"] == 512 and out["bos_token_id"] == 1 and out["sep_token_id"] is None
     assert out["eos_token_id"] == [511, 510] and out["pad_token_id"] == 511  # the same id keeps one slot
     assert out["decoder_start_token_id"] == 509  # an int still, as strict config classes require
+
+
+def test_heads_that_tile_the_width_when_the_code_reads_head_dim_in_one_place_only(tmp_path):
+    """StableLM computes its head size as hidden // heads and its rotary width from ``head_dim`` when
+    set: a head_dim kept from the full model (80) disagrees with 256 // 3 and the forward fails, so the
+    proxy takes the head count nearest the scaled one that divides the width (4 x 64) and says so."""
+    path = config_dir(tmp_path, "stablelm", hidden_size=640, intermediate_size=1024, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=8, vocab_size=256)
+    config, _, notes = proxy_config(ModelSection(path, hidden=256))
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (256, 4, 4)
+    assert any("4 attention heads, dividing hidden 256" in n for n in notes), notes
+    qwen = config_dir(tmp_path, "qwen2", hidden_size=640, intermediate_size=1024, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=8, vocab_size=256)
+    config, _, notes = proxy_config(ModelSection(qwen, hidden=256))  # reads head_dim everywhere: kept
+    assert (config.num_attention_heads, config.head_dim) == (3, 80) and not notes
+
+
+def test_an_encoder_family_is_built_as_a_causal_decoder(tmp_path):
+    """BERT's LM head attends bidirectionally unless is_decoder is set; the proxy sets it, so a token's
+    logits do not change when a later token does."""
+    path = config_dir(tmp_path, "bert", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, vocab_size=256)
+    config, _, _ = proxy_config(ModelSection(path, hidden=64))
+    assert config.is_decoder
+    net = _build(config, "bert", "cpu").eval()
+    a = torch.tensor([[5, 6, 7, 8]])
+    b = torch.tensor([[5, 6, 7, 9]])
+    with torch.no_grad():
+        la, lb = net(input_ids=a).logits, net(input_ids=b).logits
+    assert torch.allclose(la[0, :3], lb[0, :3]) and not torch.allclose(la[0, 3], lb[0, 3])

@@ -309,8 +309,9 @@ def print_model_notes(spec) -> None:
         err_console.print(hanging("", f"{spec.name}: model_type '{spec.model_type}' derived from its own modeling "
                                   f"code (transformers, meta device): {notes['params_module_tree']:,} parameters",
                                   width, "dim"), highlight=False)
-        for n in notes.get("config_notes", ()):  # how the config was read (a multimodal config's language model, ...)
-            err_console.print(hanging("config: ", n, width), highlight=False)
+    for n in notes["config_notes"]:  # how the config was read (what was assumed, a multimodal config's language model)
+        err_console.print(hanging("config: ", n, width), highlight=False)
+    if notes["derived_from_modeling_code"]:
         for a in notes["approximations"]:
             err_console.print(hanging("approximation: ", a, width), highlight=False)
     keys = notes["unused_config_keys"]

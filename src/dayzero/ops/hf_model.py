@@ -145,7 +145,19 @@ def config_object(cfg: dict, name: str, source: str, directory: Path | None, tru
         except Exception as e:
             raise ConfigError(source, None, f"transformers rejects this config: {type(e).__name__}: "
                               f"{str(e)[:300]}") from None
-    return language_model_config(config, notes), notes, False
+    return as_causal_decoder(language_model_config(config, notes), notes), notes, False
+
+
+def as_causal_decoder(config, notes: list[str]):
+    """``config`` with ``is_decoder`` set where its class has the switch and it is off: an encoder
+    family (BERT, RoBERTa, Reformer, ...) built as a causal LM attends bidirectionally unless told it
+    is a decoder (transformers' ``BertLMHeadModel`` only warns; ``ReformerModelWithLMHead`` refuses),
+    and a causal LM that sees the tokens it predicts is not the model planned."""
+    if getattr(config, "is_decoder", None) is False:
+        config.is_decoder = True
+        notes.append(f"{type(config).__name__} has is_decoder false; built as a causal LM with is_decoder true "
+                     "(causal self-attention, as transformers' causal-LM head requires)")
+    return config
 
 
 def language_model_config(config, notes: list[str]):

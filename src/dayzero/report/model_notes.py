@@ -9,12 +9,12 @@ def model_notes(spec) -> dict:
     model derived from its modeling code, the planner's approximations and the exact module-tree count."""
     extra = spec.extra
     out = {"unused_config_keys": list(extra.get("unused_config_keys", [])),
-           "derived_from_modeling_code": bool(extra.get("derived"))}
+           "derived_from_modeling_code": bool(extra.get("derived")),
+           # how the config was read: what was assumed where it is silent (specs.hf_config), the architecture
+           # traced, remote code trusted, the language model of a multimodal config (ops.hf_model.config_object)
+           "config_notes": list(extra.get("notes", []))}
     if extra.get("derived"):
         out["approximations"] = list(extra.get("approximations", []))
-        # how the config was read: the architecture traced, remote code trusted, the language model of a
-        # multimodal config (ops.hf_model.config_object)
-        out["config_notes"] = list(extra.get("notes", []))
         out["params_module_tree"] = extra.get("params_module_tree")
         desc = extra["description"]
         out["remote_code"] = desc.remote_code

@@ -66,6 +66,7 @@ class _Fields:
 
     def __init__(self, cfg: dict, source: str):
         self.cfg, self.source = _Reads(cfg), source
+        self.notes: list[str] = []  # what was assumed where the config leaves it to the modeling code
 
     def _fail(self, key: str, problem: str):
         raise ConfigError(self.source, key, problem)
@@ -170,6 +171,8 @@ def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = Non
         spec = _hybrid(f, name, mt) if hybrid else _PARSERS[mt](f, name, mt)
         check_size(spec, source)
         spec.extra["unused_config_keys"] = unused_keys(cfg, f.cfg.read | {"model_type"})
+        if f.notes:
+            spec.extra["notes"] = [*spec.extra.get("notes", []), *f.notes]
         if isinstance(cfg.get("rope_scaling"), dict):  # not modelled (no cost), but an export writes it
             spec.extra["rope_scaling"] = dict(cfg["rope_scaling"])
         return spec
@@ -213,18 +216,14 @@ def _count(cfg: dict, keys: tuple[str, ...]) -> tuple[str, int] | None:
 
 def _check_derived_shapes(f: "_Fields", cfg: dict, layers: int | None) -> None:
     """The shape rules dayzero's own parsers apply, checked on a config before its modeling code
-    builds it: the expert module count bounded, top-k within the experts, whole attention heads."""
+    builds it: the expert module count bounded, top-k within the experts. Head widths are the modeling
+    code's to compute (a head-size key, or hidden_size // heads) and are read from the built modules."""
     experts, top_k = _count(cfg, EXPERT_KEYS), _count(cfg, TOP_K_KEYS)
     if experts and top_k and top_k[1] > experts[1]:
         f._fail(top_k[0], f"top-k ({top_k[1]}) exceeds the number of experts ({experts[1]})")
     if experts and layers and experts[1] * layers > MAX_EXPERT_MODULES:
         f._fail(experts[0], f"{experts[1]:,} experts x {layers:,} layers = {experts[1] * layers:,} expert modules to "
                 f"build; dayzero builds at most {MAX_EXPERT_MODULES:,} (5x the largest released model)")
-    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
-    if (isinstance(hidden, int) and isinstance(heads, int) and not isinstance(hidden, bool)
-            and not isinstance(heads, bool) and heads > 0 and hidden % heads and cfg.get("head_dim") is None):
-        f._fail("num_attention_heads", f"hidden_size ({hidden}) must be divisible by num_attention_heads ({heads}) "
-                "when no head_dim is given")
 
 
 MAX_PARAMS = 10**15  # 1,000 T parameters: 300x the largest model planned today; beyond it int64 FLOP counts overflow
@@ -252,10 +251,14 @@ def _gqa_attention(f: _Fields, hidden: int, *, qkv_bias: bool, o_bias: bool, qk_
                                        f"({kv_heads})")
     head_dim = f.opt_int("head_dim")
     if head_dim is None:
-        if hidden % heads:
-            f._fail("num_attention_heads", f"hidden_size ({hidden}) is not divisible by num_attention_heads "
-                                           f"({heads}); set head_dim")
         head_dim = hidden // heads
+        if hidden % heads:  # transformers' attention: getattr(config, "head_dim", hidden_size // num_heads)
+            f.notes.append(f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}) and no "
+                           f"head_dim is set: head_dim {head_dim} (hidden_size // heads, as the modeling code "
+                           f"computes it), attention {heads * head_dim} wide; set head_dim if you meant another")
+        if head_dim < 1:
+            f._fail("num_attention_heads", f"{heads} heads leave less than one dimension each of hidden_size "
+                                           f"({hidden}); set head_dim")
     return AttentionSpec(kind="gqa", heads=heads, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=head_dim,
                          qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, sinks=sinks,
                          sliding_window=sliding_window)

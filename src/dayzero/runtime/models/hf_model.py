@@ -30,7 +30,7 @@ from dayzero.runtime.models.proxy_shape import probe as _probe
 def proxy_config(section):
     """(transformers config of the proxy, name, notes) for a :class:`~dayzero.runtime.config.ModelSection`:
     the structure kept and checked by the modeling code (:mod:`~dayzero.runtime.models.proxy_shape`)."""
-    from dayzero.ops.hf_model import _quiet_transformers, config_object, read_model_config
+    from dayzero.ops.hf_model import _quiet_transformers, as_causal_decoder, config_object, read_model_config
 
     cfg, name, source, directory = read_model_config(section.name)
     with _quiet_transformers():
@@ -43,9 +43,10 @@ def proxy_config(section):
     def make(d: dict):
         with _quiet_transformers():
             try:
-                return type(full)(**{k: v for k, v in wrap(d).items() if k != "model_type"})
+                made = type(full)(**{k: v for k, v in wrap(d).items() if k != "model_type"})
             except Exception as e:  # a config class validates in any way; one line
                 raise DayzeroError(f"{name}: transformers rejects the proxy config: {one_line(e)}") from None
+        return as_causal_decoder(made, [])
 
     key = (json.dumps(cfg, sort_keys=True, default=str), name, type(full), section.layers, section.hidden,
            section.experts, section.vocab)

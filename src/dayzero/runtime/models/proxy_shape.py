@@ -82,8 +82,13 @@ def computed_fields(cfg: dict, make) -> set[str]:
     return out
 
 
-def shrink_hidden(cfg: dict, hidden: int, computed: set[str] = frozenset(), param_dims: set[int] = frozenset()) -> dict:
-    """``cfg`` at hidden size ``hidden`` with every width scaled and every product kept (see module)."""
+def shrink_hidden(cfg: dict, hidden: int, computed: set[str] = frozenset(), param_dims: set[int] = frozenset(),
+                  head_dim_key: bool = True) -> dict:
+    """``cfg`` at hidden size ``hidden`` with every width scaled and every product kept (see module).
+    A config without ``head_dim`` whose scaled heads do not tile the new width gets the full model's
+    head size as ``head_dim`` (``head_dim_key``), or, for a class that computes its head size as
+    hidden // heads in one place and reads ``head_dim`` in another, the head count nearest the scaled
+    one that divides the width instead."""
     old = cfg["hidden_size"]
     r = hidden / old
     out = {k: v for k, v in cfg.items() if k not in computed}
@@ -114,7 +119,15 @@ def shrink_hidden(cfg: dict, hidden: int, computed: set[str] = frozenset(), para
     if isinstance(h, int) and isinstance(kv, int):
         out["num_key_value_heads"] = max(d for d in range(1, min(kv, h) + 1) if h % d == 0)
     if isinstance(h, int) and head_dim and "head_dim" not in cfg and hidden != h * head_dim:
-        out["head_dim"] = head_dim
+        if head_dim_key:
+            out["head_dim"] = head_dim
+        else:
+            out["num_attention_heads"] = h = min((d for d in range(1, hidden + 1) if hidden % d == 0),
+                                                 key=lambda d: (abs(d - h), abs(hidden // d - head_dim)))
+            full_kv = cfg.get("num_key_value_heads")
+            if isinstance(full_kv, int) and full_kv > 0:  # the query heads per key/value head kept where they fit
+                want = max(1, round(h * full_kv / heads))
+                out["num_key_value_heads"] = max(d for d in range(1, min(want, h) + 1) if h % d == 0)
     return out
 
 
@@ -276,8 +289,10 @@ def fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | 
     last = ""
     for keep, note in layer_opts:
         base = truncate_layers(cfg, n, keep, lists if note else set()) if keep is not None else dict(cfg)
-        for h in hiddens:
-            small = shrink_hidden(base, h, computed, dims) if h is not None else dict(base)
+        for h, head_key in [(h, k) for h in hiddens for k in ((True, False) if h is not None else (True,))]:
+            small = shrink_hidden(base, h, computed, dims, head_key) if h is not None else dict(base)
+            if not head_key and small == shrink_hidden(base, h, computed, dims):
+                continue  # the heads already tile the width: the same candidate
             if experts is not None:
                 small = shrink_experts(small, experts)
             if vocab is not None:
@@ -294,6 +309,9 @@ def fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | 
                 last = str(e)
                 continue
             notes = [note] if note else []
+            if not head_key:
+                notes.append(f"{small['num_attention_heads']} attention heads, dividing hidden {h}: the modeling "
+                             f"code rejects a head_dim kept from the full model ({last})")
             if h is not None and h != hidden:
                 notes.append(f"--hidden {hidden} is rejected by the modeling code ({last}); the proxy uses hidden {h}")
             return Proxy(small, tuple(notes))
