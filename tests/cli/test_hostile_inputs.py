@@ -396,7 +396,8 @@ def test_heads_that_do_not_divide_the_width_are_the_modeling_codes_to_size(tmp_p
     notes = json.loads(out)["config_notes"]
     assert code == 0 and any("head_dim 14 (hidden_size // heads" in n for n in notes), (err, notes)
     code, out, err = run(["inspect", f])
-    assert code == 0 and "config: hidden_size (100) is not divisible by num_attention_heads (7)" in " ".join(err.split())
+    said = " ".join(err.split())
+    assert code == 0 and "config: hidden_size (100) is not divisible by num_attention_heads (7)" in said
 
 
 def test_exact_memory_refuses_an_expert_count_it_cannot_run(tmp_path):
