@@ -146,6 +146,8 @@ def test_per_layer_overrides_keyed_by_layer_index_follow_the_kept_layers():
     assert out["per_layer_config"] == {"1": {"heads": 2}, "2": {"heads": 4}}  # old 4 -> 1, old 5 -> 2, old 1 dropped
     assert out["by_int"] == {0: "a", 1: "b"}
     assert out["not_layers"] == {"x": 1} and out["out_of_range"] == {"9": 1}  # not per-layer mappings: untouched
+    words = truncate_layers({"num_hidden_layers": 4, "activation_function": "gelu", "pattern": "M*M-"}, 4, [0, 1])
+    assert words["activation_function"] == "gelu" and words["pattern"] == "M*"  # a word of n letters is not a pattern
 
 
 def test_special_token_ids_past_the_proxy_vocabulary_move_to_its_top_and_stay_distinct():

@@ -179,7 +179,7 @@ def recomputed_lists(cfg: dict, make) -> set[str]:
 
 def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozenset()) -> dict:
     """``cfg`` with ``keep`` (layer indices) of its ``n`` layers: every per-layer list, every pattern
-    string of length n (at most 4 symbols, e.g. ``M-M*``) and every mapping keyed by layer index,
+    string of length n (at most 4 symbols, one repeated, e.g. ``M-M*``) and every mapping keyed by layer index,
     subset to them (a mapping re-keyed to the kept layers' new indices), the fields in ``drop`` left
     to the config class."""
     cfg = {k: v for k, v in cfg.items() if k not in drop}
@@ -187,7 +187,8 @@ def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozens
     for k, v in cfg.items():
         if isinstance(v, list) and len(v) == n:
             out[k] = [v[i] for i in keep]
-        elif isinstance(v, str) and len(v) == n and n > 2 and len(set(v)) <= 4:  # a pattern, one symbol a layer
+        elif isinstance(v, str) and len(v) == n and n > 2 and len(set(v)) <= min(4, n - 1):
+            # a pattern, one symbol a layer, some repeated (a 4-layer model's "gelu" is a word, not a pattern)
             out[k] = "".join(v[i] for i in keep)
         elif _layer_keyed(v, n):  # per-layer overrides keyed by layer index (transformers' per_layer_config)
             at = {int(i): x for i, x in v.items()}
