@@ -159,6 +159,9 @@ def test_special_token_ids_past_the_proxy_vocabulary_move_to_its_top_and_stay_di
     assert out["vocab_size"] == 512 and out["bos_token_id"] == 1 and out["sep_token_id"] is None
     assert out["eos_token_id"] == [511, 510] and out["pad_token_id"] == 511  # the same id keeps one slot
     assert out["decoder_start_token_id"] == 509  # an int still, as strict config classes require
+    tables = shrink_vocab({"vocab_size": 260, "encoder_hash_byte_group_vocab": 500002, "vocab_size_per_layer_input": 64},
+                          128)
+    assert tables == {"vocab_size": 128, "encoder_hash_byte_group_vocab": 128, "vocab_size_per_layer_input": 64}
 
 
 def test_heads_that_tile_the_width_when_the_code_reads_head_dim_in_one_place_only(tmp_path):
@@ -189,3 +192,28 @@ def test_an_encoder_family_is_built_as_a_causal_decoder(tmp_path):
     with torch.no_grad():
         la, lb = net(input_ids=a).logits, net(input_ids=b).logits
     assert torch.allclose(la[0, :3], lb[0, :3]) and not torch.allclose(la[0, 3], lb[0, 3])
+
+
+def test_other_towers_shrink_by_the_language_models_ratio_and_stay_tied():
+    """A vision tower beside the text model: its widths scale by the text's ratio, a field holding its
+    own width (an adapter's input) takes its new width, a field holding the text width (the adapter's
+    output) follows the proxy text width wherever the fit puts it; a config with no width of its own
+    (BLT: byte encoder, global model, patcher) scales every tower by the widest one's ratio."""
+    from dayzero.runtime.models.proxy_shape import shrink_towers, tie_towers
+
+    vision = {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048, "num_hidden_layers": 6,
+              "num_local_experts": 64, "adapter_in_dim": 512, "adapter_out_dim": 1024, "vocab_size": 9000}
+    text = {"hidden_size": 1024, "num_attention_heads": 16, "num_hidden_layers": 8}
+    out, note, ties = shrink_towers({"text_config": text, "vision_config": vision}, text, 256, 2, 512)
+    v = out["vision_config"]
+    assert (v["hidden_size"], v["adapter_in_dim"], v["intermediate_size"]) == (128, 128, 512)
+    assert v["num_hidden_layers"] == 2
+    assert v["num_local_experts"] == 64 and v["vocab_size"] == 512 and out["text_config"] is text
+    assert ties == {"vision_config": ["adapter_out_dim"]} and "ratio 0.25" in note
+    whole = tie_towers({"text_config": dict(text, hidden_size=128), "vision_config": v}, ties, 128)
+    assert whole["vision_config"]["adapter_out_dim"] == 128
+    blt = {"vocab_size": 260, "global_config": {"hidden_size": 2048, "num_attention_heads": 16},
+           "encoder_config": {"hidden_size": 1024, "hidden_size_global": 2048, "num_attention_heads": 16}}
+    out, _, ties = shrink_towers(blt, blt, 256, None, None)
+    assert out["global_config"]["hidden_size"] == 256 and out["encoder_config"]["hidden_size"] == 128
+    assert out["encoder_config"]["hidden_size_global"] == 256 and not ties

@@ -23,7 +23,12 @@ from torch import nn
 
 from dayzero.errors import DayzeroError, one_line
 from dayzero.runtime.models.proxy_shape import build as _build
-from dayzero.runtime.models.proxy_shape import fit, shrink_config  # noqa: F401 - shrink_config: the flags alone
+from dayzero.runtime.models.proxy_shape import (  # noqa: F401 - shrink_config: the flags alone
+    fit,
+    shrink_config,
+    shrink_towers,
+    tie_towers,
+)
 from dayzero.runtime.models.proxy_shape import probe as _probe
 
 
@@ -35,10 +40,15 @@ def proxy_config(section):
     cfg, name, source, directory = read_model_config(section.name)
     with _quiet_transformers():
         full = config_object(cfg, name, source, directory)[0]
-    cfg, wrap = language_model_dict(cfg, full)
     if not section.shrink:
         full.use_cache = False
         return full, name, ()
+    cfg, towers, ties = shrink_towers(cfg, language_model_dict(cfg, full)[0], section.hidden, section.layers,
+                                      section.vocab)
+    cfg, whole = language_model_dict(cfg, full)
+
+    def wrap(d: dict) -> dict:
+        return tie_towers(whole(d), ties, d.get("hidden_size"))
 
     def make(d: dict):
         with _quiet_transformers():
@@ -53,7 +63,7 @@ def proxy_config(section):
     proxy = _fitted(key, make)
     config = make(proxy.cfg)
     config.use_cache = False
-    return config, name, proxy.notes
+    return config, name, (towers, *proxy.notes) if towers else proxy.notes
 
 
 def language_model_dict(cfg: dict, config):

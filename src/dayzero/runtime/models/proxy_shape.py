@@ -85,10 +85,11 @@ def computed_fields(cfg: dict, make) -> set[str]:
 def shrink_hidden(cfg: dict, hidden: int, computed: set[str] = frozenset(), param_dims: set[int] = frozenset(),
                   head_dim_key: bool = True) -> dict:
     """``cfg`` at hidden size ``hidden`` with every width scaled and every product kept (see module).
-    A config without ``head_dim`` whose scaled heads do not tile the new width gets the full model's
-    head size as ``head_dim`` (``head_dim_key``), or, for a class that computes its head size as
-    hidden // heads in one place and reads ``head_dim`` in another, the head count nearest the scaled
-    one that divides the width instead."""
+    Where the full model's heads tile its width (no ``head_dim``, or one equal to hidden / heads) and
+    the scaled heads do not tile the new width, a config without ``head_dim`` gets the full model's
+    head size as ``head_dim`` (``head_dim_key``); or (``head_dim_key`` False: for a class that computes
+    its head size as hidden // heads in one place and reads ``head_dim`` in another) the head count
+    nearest the scaled one that divides the width, its head size hidden / heads."""
     old = cfg["hidden_size"]
     r = hidden / old
     out = {k: v for k, v in cfg.items() if k not in computed}
@@ -118,12 +119,16 @@ def shrink_hidden(cfg: dict, hidden: int, computed: set[str] = frozenset(), para
     h, kv = out.get("num_attention_heads"), out.get("num_key_value_heads")
     if isinstance(h, int) and isinstance(kv, int):
         out["num_key_value_heads"] = max(d for d in range(1, min(kv, h) + 1) if h % d == 0)
-    if isinstance(h, int) and head_dim and "head_dim" not in cfg and hidden != h * head_dim:
-        if head_dim_key:
+    # heads x head size = hidden in the full model (head_dim computed, or set to exactly that)
+    tiles = isinstance(h, int) and head_dim and ("head_dim" not in cfg or heads * head_dim == old)
+    if tiles and hidden != h * head_dim:
+        if head_dim_key and "head_dim" not in cfg:
             out["head_dim"] = head_dim
-        else:
+        elif not head_dim_key:
             out["num_attention_heads"] = h = min((d for d in range(1, hidden + 1) if hidden % d == 0),
                                                  key=lambda d: (abs(d - h), abs(hidden // d - head_dim)))
+            if "head_dim" in cfg:
+                out["head_dim"] = hidden // h
             full_kv = cfg.get("num_key_value_heads")
             if isinstance(full_kv, int) and full_kv > 0:  # the query heads per key/value head kept where they fit
                 want = max(1, round(h * full_kv / heads))
@@ -148,8 +153,14 @@ def shrink_experts(cfg: dict, experts: int) -> dict:
 def shrink_vocab(cfg: dict, vocab: int) -> dict:
     """``cfg`` with ``vocab`` tokens; a special token id (``*token_id``, an int or a list of them) past
     the new vocabulary moves to the top of it, distinct ids to distinct slots (the j-th to vocab - 1 - j),
-    so a config class that requires the id (an int, not None) and ids that must differ still hold."""
+    so a config class that requires the id (an int, not None) and ids that must differ still hold.
+    Other vocabularies larger than ``vocab`` (embedding tables indexed by a hash of n-grams or by the
+    token id per layer: ``*vocab*`` fields, e.g. BLT's 500,002 hash rows per group) shrink to it: the
+    tables keep their role, a hash is taken modulo any size."""
     out = dict(cfg, vocab_size=vocab)
+    for k, v in _ints(cfg).items():
+        if "vocab" in k and k != "vocab_size" and v > vocab:
+            out[k] = vocab
     moved: dict[int, int] = {}
 
     def fit(t):
@@ -201,6 +212,49 @@ def _layer_keyed(v, n: int) -> bool:
     return (isinstance(v, dict) and bool(v)
             and all((isinstance(i, int) and not isinstance(i, bool)) or (isinstance(i, str) and i.isdigit())
                     for i in v) and all(0 <= int(i) < n for i in v))
+
+
+def shrink_towers(cfg: dict, lm: dict, hidden: int | None, layers: int | None,
+                  vocab: int | None) -> tuple[dict, str, dict[str, list[str]]]:
+    """(``cfg`` with its other towers shrunk, a note, the towers' fields tied to the language model's
+    width): the sub-configs beside the language model ``lm`` that carry their own ``hidden_size`` (a
+    vision or audio encoder, BLT's byte encoder, global model and patcher) scale by the language
+    model's ratio (``hidden`` / its hidden size; with no hidden size of its own, the widest tower's),
+    so a width tied across towers (an encoder's ``hidden_size_global`` = the global model's, an
+    adapter's input = its tower's width) stays tied: a field holding a tower's width takes that
+    tower's new width. A field holding the language model's width (an adapter's output) follows the
+    proxy language model's width wherever the fit puts it (:func:`tie_towers`). Each tower keeps its
+    first ``layers`` layers and a vocabulary of at most ``vocab``."""
+    towers = {k: v for k, v in cfg.items() if isinstance(v, dict) and v is not lm
+              and isinstance(v.get("hidden_size"), int) and not isinstance(v["hidden_size"], bool)}
+    if hidden is None or not towers:
+        return cfg, "", {}
+    own = lm.get("hidden_size")
+    own = own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else None
+    r = hidden / (own or max(t["hidden_size"] for t in towers.values()))
+    widths = {t["hidden_size"] for t in towers.values()}
+    out, ties = dict(cfg), {}
+    for k, t in towers.items():
+        small = shrink_hidden(t, _width(t["hidden_size"], r), head_dim_key=False) if t["hidden_size"] > 0 else dict(t)
+        small.update({f: _width(v, r) for f, v in _ints(t).items() if v in widths and v != own})
+        ties[k] = [f for f, v in _ints(t).items() if f != "hidden_size" and own and v == own]
+        n = small.get("num_hidden_layers")
+        if layers is not None and isinstance(n, int) and layers < n:
+            small = truncate_layers(small, n, list(range(layers)))
+        if vocab is not None and isinstance(small.get("vocab_size"), int) and small["vocab_size"] > vocab:
+            small = shrink_vocab(small, vocab)
+        out[k] = small
+    note = (f"{', '.join(sorted(towers))} shrunk by the language model's ratio {r:.3g} (widths tied across towers "
+            "kept tied)" + (f", first {layers} layers each" if layers is not None else ""))
+    return out, note, {k: fs for k, fs in ties.items() if fs}
+
+
+def tie_towers(whole: dict, ties: dict[str, list[str]], hidden) -> dict:
+    """``whole`` (a config dict with its towers) with each tower's fields in ``ties`` set to the
+    language model's ``hidden`` size."""
+    if not ties or not isinstance(hidden, int):
+        return whole
+    return {**whole, **{k: {**whole[k], **{f: hidden for f in fs}} for k, fs in ties.items() if k in whole}}
 
 
 def shrink_config(cfg: dict, layers: int | None = None, hidden: int | None = None, experts: int | None = None,
