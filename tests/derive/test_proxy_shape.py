@@ -159,8 +159,8 @@ def test_special_token_ids_past_the_proxy_vocabulary_move_to_its_top_and_stay_di
     assert out["vocab_size"] == 512 and out["bos_token_id"] == 1 and out["sep_token_id"] is None
     assert out["eos_token_id"] == [511, 510] and out["pad_token_id"] == 511  # the same id keeps one slot
     assert out["decoder_start_token_id"] == 509  # an int still, as strict config classes require
-    tables = shrink_vocab({"vocab_size": 260, "encoder_hash_byte_group_vocab": 500002, "vocab_size_per_layer_input": 64},
-                          128)
+    tables = shrink_vocab({"vocab_size": 260, "encoder_hash_byte_group_vocab": 500002,
+                           "vocab_size_per_layer_input": 64}, 128)
     assert tables == {"vocab_size": 128, "encoder_hash_byte_group_vocab": 128, "vocab_size_per_layer_input": 64}
 
 
