@@ -217,3 +217,13 @@ def test_other_towers_shrink_by_the_language_models_ratio_and_stay_tied():
     out, _, ties = shrink_towers(blt, blt, 256, None, None)
     assert out["global_config"]["hidden_size"] == 256 and out["encoder_config"]["hidden_size"] == 128
     assert out["encoder_config"]["hidden_size_global"] == 256 and not ties
+
+
+def test_other_layer_counts_follow_the_kept_layers():
+    from dayzero.runtime.models.proxy_shape import layer_counts
+
+    stack = {"n_input_layers": 16, "n_recurrent_layers": 40, "n_output_layers": 16}
+    assert layer_counts(stack, 72, 3) == {"n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1}
+    assert sum(layer_counts(stack, 72, 6).values()) == 6  # the sections still sum to the layers kept
+    assert layer_counts({"num_kv_shared_layers": 30, "num_nextn_predict_layers": 1, "num_attention_heads": 30},
+                        30, 2) == {"num_kv_shared_layers": 2, "num_nextn_predict_layers": 1}

@@ -194,7 +194,7 @@ def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozens
     subset to them (a mapping re-keyed to the kept layers' new indices), the fields in ``drop`` left
     to the config class."""
     cfg = {k: v for k, v in cfg.items() if k not in drop}
-    out = dict(cfg, num_hidden_layers=len(keep))
+    out = dict(cfg, num_hidden_layers=len(keep), **layer_counts(cfg, n, len(keep)))
     for k, v in cfg.items():
         if isinstance(v, list) and len(v) == n:
             out[k] = [v[i] for i in keep]
@@ -205,6 +205,37 @@ def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozens
             at = {int(i): x for i, x in v.items()}
             out[k] = {(str(j) if isinstance(next(iter(v)), str) else j): at[i] for j, i in enumerate(keep) if i in at}
     return out
+
+
+def layer_counts(cfg: dict, n: int, m: int) -> dict[str, int]:
+    """The config's other counts of layers (``*layers*`` fields, 1..n) for a proxy of ``m`` of its ``n``
+    layers: one equal to n becomes m; counts that sum to n (a stack's input, recurrent and output
+    sections) split m in their proportions, each kept >= 1 where m allows; another count scales by
+    m / n, at least 1 (the last k layers sharing their key/value cache, k MTP layers)."""
+    counts = {k: v for k, v in _ints(cfg).items() if "layers" in k and k != "num_hidden_layers" and 0 < v <= n}
+    out = {k: m for k, v in counts.items() if v == n}
+    rest = {k: v for k, v in counts.items() if v < n}
+    parts = next((c for c in _sums_to(rest, n)), None)
+    if parts:
+        share = {k: max(1 if m >= len(parts) else 0, int(rest[k] * m / n)) for k in parts}
+        for k in sorted(parts, key=lambda k: -(rest[k] * m / n - int(rest[k] * m / n)))[:m - sum(share.values())]:
+            share[k] += 1
+        while sum(share.values()) > m:  # the minimum of one each overshot: take from the largest
+            share[max(share, key=share.get)] -= 1
+        out.update(share)
+    out.update({k: max(1, round(v * m / n)) for k, v in rest.items() if k not in out})
+    return out
+
+
+def _sums_to(counts: dict[str, int], n: int):
+    """Sets of two to four of ``counts``' keys whose values sum to ``n``, largest sets first."""
+    from itertools import combinations
+
+    keys = sorted(counts)
+    for r in range(min(4, len(keys)), 1, -1):
+        for c in combinations(keys, r):
+            if sum(counts[k] for k in c) == n:
+                yield c
 
 
 def _layer_keyed(v, n: int) -> bool:
