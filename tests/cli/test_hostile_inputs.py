@@ -371,7 +371,6 @@ T = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_val
 
 
 @pytest.mark.parametrize("cfg, needle", [
-    (dict(T, model_type="phimoe", num_local_experts=2**24, num_experts_per_tok=2), "expert modules to build"),
     (dict(T, model_type="phimoe", num_local_experts=4, num_experts_per_tok=16), "top-k (16) exceeds"),
 ])
 def test_derived_models_are_checked_before_they_are_built(tmp_path, cfg, needle):
@@ -381,6 +380,25 @@ def test_derived_models_are_checked_before_they_are_built(tmp_path, cfg, needle)
     refused(["memory", f, "-a", "h100", "-n", "8", "--exact"], needle)
     refused(["inspect", f], needle)
     assert time.perf_counter() - t < 20
+
+
+def test_the_expert_module_bound_counts_modules_not_experts(tmp_path):
+    """transformers' MoE blocks hold their experts as packed tensors (one module at any count) and PEER-
+    or Doge-style experts are rows of a table: 2^24 of them build on the meta device in seconds. The
+    bound on expert modules applies where the code builds one module per expert."""
+    from dayzero.errors import ConfigError
+    from dayzero.specs.hf_config import check_bounds
+
+    cfg = dict(T, model_type="phimoe", num_local_experts=2**24, num_experts_per_tok=2)
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    t = time.perf_counter()
+    code, out, err = run(["inspect", f, "--json"])
+    assert code == 0 and json.loads(out)["layer_kinds_derived"][0]["ffn"]["experts"] == 2**24, err
+    assert time.perf_counter() - t < 30
+    check_bounds(cfg, "c", lambda key: False)
+    with pytest.raises(ConfigError, match="16,777,216 experts x 4 layers = 67,108,864 expert modules to build"):
+        check_bounds(cfg, "c", lambda key: key == "num_local_experts")
 
 
 def test_heads_that_do_not_divide_the_width_are_the_modeling_codes_to_size(tmp_path, capsys):

@@ -182,9 +182,12 @@ def spec_from_hf_config(cfg: dict, name: str = "model", source: str | None = Non
         raise ConfigError(source, None, f"inconsistent config ({type(e).__name__}: {e})") from None
 
 
-def check_bounds(cfg: dict, source: str) -> None:
+def check_bounds(cfg: dict, source: str, experts_are_modules=None) -> None:
     """Every top-level number of ``cfg`` within the bounds the parsers enforce (integers <= their
-    limit, floats finite), before a config without a parser is built by its own modeling code."""
+    limit, floats finite), before a config without a parser is built by its own modeling code.
+    ``experts_are_modules(key)``: whether the code builds one module per expert counted by ``key``
+    (the expert-module bound applies only then: experts kept as rows of a table, as PEER's million
+    experts, He 2024, arXiv:2407.04202, build in seconds at any count)."""
     f = _Fields(cfg, source)
     for key, v in cfg.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -195,7 +198,7 @@ def check_bounds(cfg: dict, source: str) -> None:
             top = int_limit(key)
             f._fail(key, f"{v:,} exceeds {top:,}, the largest dayzero plans for (a typo?)")
     layers = f.int("num_hidden_layers", default=None, minimum=1, alt=("n_layer", "num_layers"))
-    _check_derived_shapes(f, cfg, layers)
+    _check_derived_shapes(f, cfg, layers, experts_are_modules)
 
 
 # A model's code builds one module per expert per MoE layer; Kimi K2 (moonshotai/Kimi-K2-Instruct
@@ -214,14 +217,15 @@ def _count(cfg: dict, keys: tuple[str, ...]) -> tuple[str, int] | None:
     return None
 
 
-def _check_derived_shapes(f: "_Fields", cfg: dict, layers: int | None) -> None:
+def _check_derived_shapes(f: "_Fields", cfg: dict, layers: int | None, experts_are_modules=None) -> None:
     """The shape rules dayzero's own parsers apply, checked on a config before its modeling code
     builds it: the expert module count bounded, top-k within the experts. Head widths are the modeling
     code's to compute (a head-size key, or hidden_size // heads) and are read from the built modules."""
     experts, top_k = _count(cfg, EXPERT_KEYS), _count(cfg, TOP_K_KEYS)
     if experts and top_k and top_k[1] > experts[1]:
         f._fail(top_k[0], f"top-k ({top_k[1]}) exceeds the number of experts ({experts[1]})")
-    if experts and layers and experts[1] * layers > MAX_EXPERT_MODULES:
+    if (experts and layers and experts[1] * layers > MAX_EXPERT_MODULES
+            and (experts_are_modules is None or experts_are_modules(experts[0]))):
         f._fail(experts[0], f"{experts[1]:,} experts x {layers:,} layers = {experts[1] * layers:,} expert modules to "
                 f"build; dayzero builds at most {MAX_EXPERT_MODULES:,} (5x the largest released model)")
 

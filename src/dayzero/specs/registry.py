@@ -73,8 +73,9 @@ def derived_model(model: str, cfg: dict, source: str, trust_remote_code: bool = 
     from dayzero.derive.describe import describe
     from dayzero.derive.to_spec import spec_from_description
     from dayzero.derive.traced_flops import with_traced_flops
+    from dayzero.ops.hf_model import experts_build_modules
 
-    check_bounds(cfg, source)
+    check_bounds(cfg, source, None if trust_remote_code else lambda key: experts_build_modules(cfg, source, key))
     desc = describe(model, trust_remote_code)
     spec, approximations = spec_from_description(desc)
     check_size(spec, source)
