@@ -220,10 +220,14 @@ def test_other_towers_shrink_by_the_language_models_ratio_and_stay_tied():
 
 
 def test_other_layer_counts_follow_the_kept_layers():
-    from dayzero.runtime.models.proxy_shape import layer_counts
+    from dayzero.runtime.models.proxy_shape import count_readings, layer_counts
 
     stack = {"n_input_layers": 16, "n_recurrent_layers": 40, "n_output_layers": 16}
-    assert layer_counts(stack, 72, 3) == {"n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1}
-    assert sum(layer_counts(stack, 72, 6).values()) == 6  # the sections still sum to the layers kept
+    assert layer_counts(stack, 72, [0, 1, 2]) == {"n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1}
+    assert sum(layer_counts(stack, 72, list(range(6))).values()) == 6  # the sections still sum to the layers kept
     assert layer_counts({"num_kv_shared_layers": 30, "num_nextn_predict_layers": 1, "num_attention_heads": 30},
-                        30, 2) == {"num_kv_shared_layers": 2, "num_nextn_predict_layers": 1}
+                        30, [0, 1]) == {"num_kv_shared_layers": 2, "num_nextn_predict_layers": 1}
+    shared = {"num_kv_shared_layers": 15}  # Gemma 3n: the last 15 of 35 layers reuse earlier layers' caches
+    keep = [0, 4, 10, 14, 18, 19, 20, 24]
+    assert [layer_counts(shared, 35, keep, r)["num_kv_shared_layers"] for r in count_readings(shared, 35, keep)] == [
+        3, 2, 4]  # scaled, the kept layers in the last 15, those in the first 15

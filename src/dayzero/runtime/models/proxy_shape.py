@@ -188,13 +188,14 @@ def recomputed_lists(cfg: dict, make) -> set[str]:
     return out
 
 
-def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozenset()) -> dict:
+def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozenset(), counts: str = "scale") -> dict:
     """``cfg`` with ``keep`` (layer indices) of its ``n`` layers: every per-layer list, every pattern
-    string of length n (at most 4 symbols, one repeated, e.g. ``M-M*``) and every mapping keyed by layer index,
-    subset to them (a mapping re-keyed to the kept layers' new indices), the fields in ``drop`` left
-    to the config class."""
+    string of length n (at most 4 symbols, one repeated, e.g. ``M-M*``) and every mapping keyed by layer
+    index, subset to them (a mapping re-keyed to the kept layers' new indices), the other counts of
+    layers as :func:`layer_counts` reads them (``counts``), the fields in ``drop`` left to the config
+    class."""
     cfg = {k: v for k, v in cfg.items() if k not in drop}
-    out = dict(cfg, num_hidden_layers=len(keep), **layer_counts(cfg, n, len(keep)))
+    out = dict(cfg, num_hidden_layers=len(keep), **layer_counts(cfg, n, keep, counts))
     for k, v in cfg.items():
         if isinstance(v, list) and len(v) == n:
             out[k] = [v[i] for i in keep]
@@ -207,11 +208,17 @@ def truncate_layers(cfg: dict, n: int, keep: list[int], drop: set[str] = frozens
     return out
 
 
-def layer_counts(cfg: dict, n: int, m: int) -> dict[str, int]:
-    """The config's other counts of layers (``*layers*`` fields, 1..n) for a proxy of ``m`` of its ``n``
-    layers: one equal to n becomes m; counts that sum to n (a stack's input, recurrent and output
-    sections) split m in their proportions, each kept >= 1 where m allows; another count scales by
-    m / n, at least 1 (the last k layers sharing their key/value cache, k MTP layers)."""
+COUNT_READINGS = ("scale", "tail", "head")
+
+
+def layer_counts(cfg: dict, n: int, keep: list[int], reading: str = "scale") -> dict[str, int]:
+    """The config's other counts of layers (``*layers*`` fields, 1..n) for a proxy keeping the layers
+    ``keep`` of its ``n``: one equal to n becomes their number m; counts that sum to n (a stack's input,
+    recurrent and output sections) split m in their proportions, each kept >= 1 where m allows; another
+    count k is read as ``reading`` says: ``scale`` k x m / n, at least 1 (k MTP layers); ``tail`` the kept
+    layers among the last k (Gemma 3n's last 15 layers sharing their key/value cache); ``head`` those
+    among the first k. The fit tries them in that order (:data:`COUNT_READINGS`)."""
+    m = len(keep)
     counts = {k: v for k, v in _ints(cfg).items() if "layers" in k and k != "num_hidden_layers" and 0 < v <= n}
     out = {k: m for k, v in counts.items() if v == n}
     rest = {k: v for k, v in counts.items() if v < n}
@@ -223,8 +230,24 @@ def layer_counts(cfg: dict, n: int, m: int) -> dict[str, int]:
         while sum(share.values()) > m:  # the minimum of one each overshot: take from the largest
             share[max(share, key=share.get)] -= 1
         out.update(share)
-    out.update({k: max(1, round(v * m / n)) for k, v in rest.items() if k not in out})
+    for k, v in rest.items():
+        if k not in out:
+            out[k] = (max(1, round(v * m / n)) if reading == "scale" else
+                      sum(i >= n - v for i in keep) if reading == "tail" else sum(i < v for i in keep))
     return out
+
+
+def count_readings(cfg: dict, n: int, keep: list[int] | None) -> tuple[str, ...]:
+    """The readings of the config's other layer counts worth trying for ``keep`` (one where they agree)."""
+    if keep is None:
+        return ("scale",)
+    seen, out = [], []
+    for r in COUNT_READINGS:
+        c = layer_counts(cfg, n, keep, r)
+        if c not in seen:
+            seen.append(c)
+            out.append(r)
+    return tuple(out)
 
 
 def _sums_to(counts: dict[str, int], n: int):
@@ -373,8 +396,8 @@ def fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | 
         dims = {d for p in full.parameters() for d in p.shape}
         hiddens = [hidden] + [h for h in (hidden // 2, hidden // 4) if h >= 16]
     last = ""
-    for keep, note in layer_opts:
-        base = truncate_layers(cfg, n, keep, lists if note else set()) if keep is not None else dict(cfg)
+    for keep, note, reading in [(k, t, r) for k, t in layer_opts for r in count_readings(cfg, n, k)]:
+        base = truncate_layers(cfg, n, keep, lists if note else set(), reading) if keep is not None else dict(cfg)
         for h, head_key in [(h, k) for h in hiddens for k in ((True, False) if h is not None else (True,))]:
             small = shrink_hidden(base, h, computed, dims, head_key) if h is not None else dict(base)
             if not head_key and small == shrink_hidden(base, h, computed, dims):
