@@ -4,6 +4,7 @@ type's default config written to a directory, then ``dayzero train DIR --layers 
 (the two losses) or the error's one line; the count at the end.
 
     PYTHONPATH=src nice python benchmarks/derived_sweep_train.py OUT.txt [--every K [--offset I]] [--types a,b]
+        [--layout "--pp 2 --nproc 2"]
 
 ``--every K`` trains every K-th type of the sorted list (a sample when the whole list takes too long),
 starting at index ``--offset I`` (``--every 2 --offset 1`` is the half that ``--every 2`` leaves out).
@@ -31,7 +32,7 @@ def causal_lm_types() -> list[str]:
     return sorted(mt for mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if mt in CONFIG_MAPPING)
 
 
-def train_type(mt: str, work: Path, timeout: int) -> tuple[bool, str]:
+def train_type(mt: str, work: Path, timeout: int, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
     """(trained, the losses or the error's last line)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -42,8 +43,8 @@ def train_type(mt: str, work: Path, timeout: int) -> tuple[bool, str]:
     except Exception as e:  # noqa: BLE001 - a default config that does not serialise is the type's line
         return False, f"default config: {type(e).__name__} {str(e)[:120]}"
     try:
-        p = subprocess.run([sys.executable, "-m", "dayzero", "train", str(d), *RUN], capture_output=True, text=True,
-                           timeout=timeout)
+        p = subprocess.run([sys.executable, "-m", "dayzero", "train", str(d), *RUN, *extra], capture_output=True,
+                           text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout} s"
     if p.returncode:
@@ -61,13 +62,14 @@ def main() -> None:
     ap.add_argument("--offset", type=int, default=0)
     ap.add_argument("--types", default="")
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--layout", default="", help="layout flags added to each run, e.g. '--pp 2 --nproc 2'")
     a = ap.parse_args()
     types = a.types.split(",") if a.types else causal_lm_types()[a.offset::a.every]
     ok = 0
     with tempfile.TemporaryDirectory() as tmp, open(a.out, "w") as out:
         for mt in types:
             t0 = time.perf_counter()
-            good, text = train_type(mt, Path(tmp), a.timeout)
+            good, text = train_type(mt, Path(tmp), a.timeout, tuple(a.layout.split()))
             ok += good
             print(f"{mt}: {'ok' if good else 'FAIL'} ({time.perf_counter() - t0:.0f} s) {text}", file=out, flush=True)
         print(f"trained {ok} of {len(types)}", file=out, flush=True)
