@@ -89,6 +89,30 @@ def test_pp2_matches_single_process(model_type, tmp_path, capsys):
     assert abs(pp[0] - single[0]) < 1e-5 and abs(pp[-1] - single[-1]) < 1e-4, (pp, single)
 
 
+SSM_HYBRIDS = {  # Mamba-2 beside attention in one layer (Falcon-H1); Mamba layers, every-k-th attention and MoE (Jamba)
+    "falcon_h1": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16,
+                      mamba_chunk_size=16, vocab_size=512, tie_word_embeddings=False),
+    "jamba": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
+                  expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1, mamba_dt_rank=8,
+                  mamba_d_state=8, vocab_size=512, tie_word_embeddings=False),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [("--dp", "2"), ("--pp", "2")])
+@pytest.mark.parametrize("model_type", sorted(SSM_HYBRIDS))
+def test_ssm_hybrids_under_dp2_and_pp2_match_single_process(model_type, layout, tmp_path, capsys):
+    """The hybrid SSM shapes of the CI handful: FSDP2 per decoder layer and stages cut at layer
+    boundaries give one process's first loss (the same seed and data) and a falling loss."""
+    path = write_config(tmp_path, model_type, SSM_HYBRIDS[model_type])
+    single = [s["loss"] for s in train_json(path, capsys)["steps"]]
+    ranks = [r["loss"] for r in train_ranks(path, tmp_path, capsys, *layout)]
+    assert len(ranks) == 8 and falling(ranks), ranks
+    assert abs(ranks[0] - single[0]) < 1e-5 and abs(ranks[-1] - single[-1]) < 1e-4, (ranks, single)
+
+
 @pytest.mark.slow  # eight steps in this process
 def test_recompute_full_per_decoder_layer_matches_no_recompute(tmp_path, capsys):
     path = config_dir(tmp_path, "qwen3_next")
