@@ -4,6 +4,8 @@ NEW_TYPES (test_derive), fp32 on CPU; multi-rank runs use gloo with 2 ranks and 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -100,14 +102,27 @@ SSM_HYBRIDS = {  # Mamba-2 beside attention in one layer (Falcon-H1); Mamba laye
 }
 
 
+@pytest.fixture(scope="module")
+def ssm_single(tmp_path_factory):
+    """One process's losses per SSM hybrid, trained once for both layouts (the slow lane's budget)."""
+    out = {}
+    for model_type, cfg in SSM_HYBRIDS.items():
+        path = write_config(tmp_path_factory.mktemp("single"), model_type, cfg)
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(io.StringIO()):
+            assert main(["train", path, *RUN, "--json"]) == 0
+        out[model_type] = [s["loss"] for s in json.loads(text.getvalue())["steps"]]
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [("--dp", "2"), ("--pp", "2")])
 @pytest.mark.parametrize("model_type", sorted(SSM_HYBRIDS))
-def test_ssm_hybrids_under_dp2_and_pp2_match_single_process(model_type, layout, tmp_path, capsys):
+def test_ssm_hybrids_under_dp2_and_pp2_match_single_process(model_type, layout, ssm_single, tmp_path, capsys):
     """The hybrid SSM shapes of the CI handful: FSDP2 per decoder layer and stages cut at layer
     boundaries give one process's first loss (the same seed and data) and a falling loss."""
     path = write_config(tmp_path, model_type, SSM_HYBRIDS[model_type])
-    single = [s["loss"] for s in train_json(path, capsys)["steps"]]
+    single = ssm_single[model_type]
     ranks = [r["loss"] for r in train_ranks(path, tmp_path, capsys, *layout)]
     assert len(ranks) == 8 and falling(ranks), ranks
     assert abs(ranks[0] - single[0]) < 1e-5 and abs(ranks[-1] - single[-1]) < 1e-4, (ranks, single)

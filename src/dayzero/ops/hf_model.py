@@ -187,28 +187,6 @@ def resolve_config(model: str, trust_remote_code: bool = False):
     return config, name, spec, notes, remote
 
 
-def experts_build_modules(cfg: dict, source: str, key: str) -> bool:
-    """Whether the modeling code builds modules per expert counted by ``cfg[key]`` (a MoE block), not
-    rows of a table (PEER, Doge's CDMoE): one decoder layer built twice on the meta device, with 8 and
-    16 experts (top-k within them), the module counts compared. A config these builds fail on counts
-    as modules (the bound then applies)."""
-    from transformers import AutoModelForCausalLM
-
-    from dayzero.specs.hf_config import TOP_K_KEYS
-
-    counts = []
-    for e in (8, 16):
-        trial = dict(cfg, num_hidden_layers=1, **{key: e},
-                     **{k: min(cfg[k], e) for k in TOP_K_KEYS if isinstance(cfg.get(k), int)})
-        try:
-            config = config_object(trial, "probe", source, None)[0]
-            with _quiet_transformers(), torch.device("meta"):
-                counts.append(sum(1 for _ in AutoModelForCausalLM.from_config(config).modules()))
-        except Exception:  # noqa: BLE001 - cannot tell: the bound applies
-            return True
-    return counts[0] != counts[1]
-
-
 def build_meta_model(model: str, dtype: str = "bfloat16", experts: str = "grouped_mm",
                      trust_remote_code: bool = False) -> MetaModel:
     """Instantiate MODEL's modeling code on the meta device with one decoder layer per kind."""

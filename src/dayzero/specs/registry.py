@@ -70,10 +70,9 @@ def derived_model(model: str, cfg: dict, source: str, trust_remote_code: bool = 
     """ModelSpec of a model dayzero has no parser for, derived from its own modeling code on the meta
     device (needs torch and transformers, imported only here). ``spec.extra`` carries the description,
     the exact module-tree count, the planner's approximations and the unused config keys."""
-    from dayzero.derive.describe import describe
+    from dayzero.derive.describe import describe, experts_build_modules
     from dayzero.derive.to_spec import spec_from_description
     from dayzero.derive.traced_flops import with_traced_flops
-    from dayzero.ops.hf_model import experts_build_modules
 
     check_bounds(cfg, source, None if trust_remote_code else lambda key: experts_build_modules(cfg, source, key))
     desc = describe(model, trust_remote_code)
