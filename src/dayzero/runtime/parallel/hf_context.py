@@ -1,0 +1,225 @@
+"""Context parallelism by all-to-all for a model derived from its own modeling code
+(:mod:`dayzero.runtime.models.hf_model`): DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509),
+the exchange of :mod:`~dayzero.runtime.parallel.context_parallel`, put around transformers' own
+attention core.
+
+Each of the cp ranks holds one contiguous slice of every sequence (S / cp tokens, fed by the
+runtime's ``TokenStream`` as for its own models) and transformers' model runs on that slice, with
+``position_ids`` = the slice's offset + arange (RoPE as on one rank). transformers dispatches every
+attention core through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` with q/k/v of shape
+(B, heads, S/cp, d); the model's configs are switched to an implementation registered here
+(``dayzero_a2a<cp>_<inner>``, ``inner`` the one the model was built with: sdpa, eager (the modeling
+file's own ``eager_attention_forward``) or a flash kernel) that
+
+1. trades the sequence for heads (all-to-all of q, k and v: (B, h/cp, S, d) on each rank),
+2. runs the inner implementation over the whole sequence with a whole-sequence mask, and
+3. trades the output's heads back for the sequence.
+
+The mask: transformers builds masks through ``ALL_MASK_ATTENTION_FUNCTIONS`` with the model's own
+mask function (causal, sliding window, chunked, ...) of absolute query/key indices; the mask
+function registered under the same name calls the inner one with the whole sequence's length, so
+each layer gets the mask its kind asks for, over all S tokens. Per-head vectors passed to the
+core (attention sinks, ``s_aux``) are cut to this rank's head chunk. The run's process group
+reaches the core as a keyword argument of the model's forward (transformers passes a forward's
+extra keywords down to the attention interface), so nothing is held globally but the two
+registered names (one function per (cp, inner), the same on every call).
+
+Refused in one line naming the module (:func:`check_cp`, a forward of the built proxy recording
+every call of the interface): a decoder layer that never calls it (a Mamba/SSM, linear-attention or
+recurrent mixer: its state runs along the sequence, which no rank holds whole), a layer holding a
+convolution over the sequence beside its attention (a parallel hybrid's SSM branch), query or
+key/value heads (after tp) that do not divide by cp, and at run time an attention whose mask was
+built outside transformers' mask interface (it covers the slice, not the sequence).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dayzero.errors import DayzeroError, LayoutError
+from dayzero.runtime.parallel.context_parallel import head_chunk, heads_to_sequence, sequence_to_heads
+
+KWARG = "dayzero_cp"  # the keyword the exchange's group reaches the attention core by
+
+
+@dataclass(frozen=True)
+class ContextGroup:
+    """The cp ranks one sequence is split over, as the attention core needs them."""
+
+    group: object  # torch.distributed ProcessGroup
+    cp: int
+    rank: int
+
+
+def _interfaces():
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    return ALL_ATTENTION_FUNCTIONS, AttentionInterface, ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+
+def _inner_attention(inner: str, module: nn.Module):
+    """transformers' attention function ``inner`` as ``module``'s forward would pick it (eager: its
+    modeling file's own ``eager_attention_forward``)."""
+    attn = _interfaces()[0]
+    if inner != "eager" and inner in attn:
+        return attn[inner]
+    own = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if own is None:
+        raise DayzeroError(f"{type(module).__name__}: its modeling file has no eager_attention_forward for cp to run "
+                           "over the whole sequence; run with --cp 1")
+    return own
+
+
+def _attention(inner: str, cp: int, module: nn.Module, query, key, value, attention_mask, *args, **kwargs):
+    """The core over the whole sequence between the two exchanges (see module)."""
+    ctx = kwargs.pop(KWARG, None)
+    where = type(module).__name__
+    if not isinstance(ctx, ContextGroup):
+        raise DayzeroError(f"{where}: the model's forward does not pass its keyword arguments down to the attention "
+                           f"core, so cp {cp} cannot reach it; run with --cp 1")
+    heads = (query.shape[1], key.shape[1], value.shape[1])
+    if any(h % cp for h in heads):
+        raise LayoutError(f"{where}: {heads[0]} query and {heads[1]} key/value heads per rank do not split over cp {cp}")
+    s = query.shape[2] * cp
+    if attention_mask is not None and tuple(attention_mask.shape[-2:]) != (s, key.shape[2] * cp):
+        raise DayzeroError(f"{where}: its attention mask covers {tuple(attention_mask.shape[-2:])} tokens, not the "
+                           f"whole sequence of {s}: the model builds it outside transformers' mask interface, so cp "
+                           f"{cp} cannot extend it; run with --cp 1")
+    for k, v in list(kwargs.items()):
+        if isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape[0] == heads[0]:  # per-head: sinks
+            kwargs[k] = head_chunk(v, ctx.rank, cp)
+    if isinstance(kwargs.get("position_ids"), torch.Tensor):  # a flash kernel reads sequence starts from them
+        kwargs["position_ids"] = torch.arange(s, device=query.device).expand(query.shape[0], s)
+    q, k, v = (sequence_to_heads(t.contiguous(), ctx.group, cp) for t in (query, key, value))
+    out, weights = _inner_attention(inner, module)(module, q, k, v, attention_mask, *args, **kwargs)
+    # transformers' cores return (B, S, h, d): the exchange runs on (B, h, S, d)
+    out = heads_to_sequence(out.transpose(1, 2).contiguous(), ctx.group, cp).transpose(1, 2).contiguous()
+    return out, None
+
+
+def _mask(inner: str, cp: int, *args, q_length: int, kv_length: int, **kwargs):
+    """The inner implementation's mask of the model's own mask function over the whole sequence."""
+    return _interfaces()[2][inner](*args, q_length=q_length * cp, kv_length=kv_length * cp, **kwargs)
+
+
+def implementation(inner: str, cp: int) -> str:
+    """Register (once per name) and return the attention implementation of cp ranks around ``inner``."""
+    attn, attn_cls, masks, mask_cls = _interfaces()
+    if inner not in masks or (inner != "eager" and inner not in attn) or inner.startswith(("flex", "paged")):
+        raise LayoutError(f"attention implementation {inner!r}: cp {cp} for a model derived from its own code runs "
+                          "around sdpa, eager or a flash kernel; build the model with one of them or use --cp 1")
+    name = f"dayzero_a2a{cp}_{inner}"
+    if name not in attn:
+        attn_cls.register(name, functools.partial(_attention, inner, cp))
+        mask_cls.register(name, functools.partial(_mask, inner, cp))
+    return name
+
+
+def _configs(model: nn.Module) -> list:
+    from transformers import PretrainedConfig
+
+    seen = {}
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if isinstance(c, PretrainedConfig):
+            seen[id(c)] = c
+    return list(seen.values())
+
+
+def _inner_of(model: nn.Module) -> str:
+    kinds = {c._attn_implementation for c in _configs(model) if c._attn_implementation}
+    inner = sorted(k for k in kinds if not k.startswith("dayzero_a2a"))
+    return inner[0] if inner else "sdpa"
+
+
+def _mixers(layer: nn.Module) -> list[str]:
+    """Modules of a decoder layer holding a convolution over the sequence (an SSM or linear-attention mixer)."""
+    out = []
+    for q, m in layer.named_modules():
+        if any(isinstance(c, nn.modules.conv._ConvNd) for c in m.children()):
+            out.append(q)
+    return out
+
+
+def check_cp(model, cp: int, tp: int = 1) -> int:
+    """Raise LayoutError when ``model`` (a wrapped proxy on a real device) cannot run cp ranks around
+    its attention (see module); else the number of attention calls per forward. One forward of a
+    short sequence, recording each call of the attention interface and its decoder layer."""
+    from dayzero.runtime.models.hf_model import decoder_layers
+
+    qual, layers = decoder_layers(model)
+    owner = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
+    calls: dict[int, list[tuple[str, int, int]]] = {i: [] for i in range(len(layers))}
+    inner = _inner_of(model)
+    implementation(inner, cp)
+
+    def record(module, query, key, value, attention_mask, *args, **kwargs):
+        kwargs.pop(KWARG, None)
+        i = owner.get(id(module))
+        if i is not None:
+            calls[i].append((type(module).__name__, query.shape[1], key.shape[1]))
+        return _inner_attention(inner, module)(module, query, key, value, attention_mask, *args, **kwargs)
+
+    attn, attn_cls, masks, mask_cls = _interfaces()
+    name = "dayzero_cp_probe"
+    attn_cls.register(name, record)
+    mask_cls.register(name, masks[inner])
+    saved = [(c, c._attn_implementation) for c in _configs(model)]
+    net = model.net
+    vocab = int(getattr(net.config, "vocab_size", 2) or 2)
+    device = next(net.parameters()).device
+    ids = torch.arange(8 * cp, device=device).remainder(vocab).reshape(1, -1)
+    try:
+        for c, _ in saved:
+            c._attn_implementation = name
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            net(input_ids=ids, use_cache=False)
+    finally:
+        for c, impl in saved:
+            c._attn_implementation = impl
+    why = f"cp {cp} for a model derived from its own code splits the sequence around transformers' attention core only"
+    for i, layer in enumerate(layers):
+        where = f"{qual}.{i}"
+        conv = _mixers(layer)
+        if not calls[i]:
+            mixer = f"{where}.{conv[0]} ({type(layer.get_submodule(conv[0])).__name__})" if conv \
+                else f"{where} ({type(layer).__name__})"
+            raise LayoutError(f"{mixer}: its token mixer never calls transformers' attention interface (a recurrent, "
+                              f"SSM or linear-attention state runs along the whole sequence); {why}; use --dp/--tp")
+        if conv:
+            raise LayoutError(f"{where}.{conv[0]} ({type(layer.get_submodule(conv[0])).__name__}): a convolution over "
+                              f"the sequence beside the attention (its state runs along the whole sequence); {why}; "
+                              "use --dp/--tp")
+        for cls, h, hk in calls[i]:
+            per = [n // tp if n % tp == 0 else n for n in (h, hk)]
+            if per[0] % cp or per[1] % cp:
+                raise LayoutError(f"{where} ({cls}): {per[0]} query and {per[1]} key/value heads per tp rank do not "
+                                  f"split over cp {cp}; use a cp that divides both")
+    return sum(len(v) for v in calls.values())
+
+
+def apply_cp(model: nn.Module, group: ContextGroup, seq: int) -> None:
+    """Run ``model`` (a wrapped proxy or one of its pipeline stages) on slices of sequences of
+    ``seq`` tokens over ``group`` (``check_cp`` passed): its configs switched to the exchanging
+    implementation, its forward told the slice's offset and the group."""
+    name = implementation(_inner_of(model), group.cp)
+    for c in _configs(model):
+        c._attn_implementation = name
+    model.context = (group, group.rank * (seq // group.cp))
+
+
+def forward_kwargs(model: nn.Module, x: torch.Tensor) -> dict:
+    """The keywords a wrapped proxy's forward adds under cp (``apply_cp``): the slice's positions
+    and the group; none without cp."""
+    ctx = getattr(model, "context", None)
+    if ctx is None:
+        return {}
+    group, offset = ctx
+    b, s = x.shape[0], x.shape[1]
+    return {"position_ids": (offset + torch.arange(s, device=x.device)).expand(b, s), KWARG: group}
