@@ -151,6 +151,7 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
     """Raise LayoutError when ``model`` (a wrapped proxy on a real device) cannot run cp ranks around
     its attention (see module); else the number of attention calls per forward. One forward of a
     short sequence, recording each call of the attention interface and its decoder layer."""
+    from dayzero.ops.hf_model import _quiet_transformers
     from dayzero.runtime.models.hf_model import decoder_layers
 
     qual, layers = decoder_layers(model)
@@ -178,7 +179,7 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
     try:
         for c, _ in saved:
             c._attn_implementation = name
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with _quiet_transformers(), torch.no_grad(), torch.random.fork_rng(devices=[]):
             net(input_ids=ids, use_cache=False)
     finally:
         for c, impl in saved:

@@ -216,7 +216,7 @@ def check_derived(config) -> list[str]:
                        "routed experts found by structure split E/ep per rank, tokens sent to them by all-to-all")
     pp_note = _applies("pp", p.pp, lambda: check_pp(model),
                        "stages cut at decoder-layer boundaries (transformers' forward per stage)")
-    cp_note = _applies("cp", p.cp, lambda: _check_cp(config, model, max(2, p.cp), p.tp),
+    cp_note = _applies("cp", p.cp, lambda: check_derived_cp(config, max(2, p.cp), model),
                        "all-to-all of heads around transformers' attention core (Ulysses), the mask over the whole "
                        "sequence")
     return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note, ep_note, cp_note,
@@ -225,14 +225,19 @@ def check_derived(config) -> list[str]:
             "--hf-weights: loaded by transformers' names"]
 
 
-def _check_cp(config, model, cp: int, tp: int) -> None:
-    """:func:`~dayzero.runtime.parallel.hf_context.check_cp` on the proxy built on CPU (a forward of it);
-    above the pre-launch probe's size (``proxy_shape.FORWARD_PROBE_MAX``) the ranks check it instead."""
+def check_derived_cp(config, cp: int | None = None, model=None) -> None:
+    """:func:`~dayzero.runtime.parallel.hf_context.check_cp` at ``cp`` (default the run's) on the
+    proxy built on CPU (a forward of it); above the pre-launch probe's size
+    (``proxy_shape.FORWARD_PROBE_MAX``) the ranks check it instead. ``model``: the proxy on meta, if built."""
+    from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
     from dayzero.runtime.models.proxy_shape import FORWARD_PROBE_MAX
     from dayzero.runtime.parallel.hf_context import check_cp
 
+    if model is None:
+        config_obj, name, _ = proxy_config(config.model)
+        model = CausalLM(_build(config_obj, name))
     if sum(p.numel() for p in model.parameters()) <= FORWARD_PROBE_MAX:
-        check_cp(_cpu_proxy(config), cp, tp)
+        check_cp(_cpu_proxy(config), cp or config.parallel.cp, config.parallel.tp)
 
 
 def _cpu_proxy(config):
