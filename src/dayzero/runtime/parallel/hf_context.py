@@ -138,13 +138,17 @@ def _inner_of(model: nn.Module) -> str:
     return inner[0] if inner else "sdpa"
 
 
-def _mixers(layer: nn.Module) -> list[str]:
-    """Modules of a decoder layer holding a convolution over the sequence (an SSM or linear-attention mixer)."""
-    out = []
-    for q, m in layer.named_modules():
-        if any(isinstance(c, nn.modules.conv._ConvNd) for c in m.children()):
-            out.append(q)
-    return out
+def _sequence_mixers(layer: nn.Module, callers: set[int]) -> list[tuple[str, nn.Module]]:
+    """A decoder layer's children that mix tokens without calling the attention interface: a
+    convolution or recurrent state (:func:`dayzero.derive.structure.is_recurrent_mixer`) in a child
+    that holds no attention caller; where the layer calls none, its mixer children by category."""
+    from dayzero.derive import structure as st
+
+    kids = list(layer.named_children())
+    holds = {q: any(id(m) in callers for m in c.modules()) for q, c in kids}
+    if not any(holds.values()):
+        return [(q, c) for q, c in kids if st.category(q, c) == "mixer"]
+    return [(q, c) for q, c in kids if not holds[q] and st.is_recurrent_mixer(c)]
 
 
 def check_cp(model, cp: int, tp: int = 1) -> int:
@@ -156,7 +160,7 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
 
     qual, layers = decoder_layers(model)
     owner = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
-    calls: dict[int, list[tuple[str, int, int]]] = {i: [] for i in range(len(layers))}
+    calls: dict[int, list[tuple[int, str, int, int]]] = {i: [] for i in range(len(layers))}
     inner = _inner_of(model)
     implementation(inner, cp)
 
@@ -164,7 +168,7 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
         kwargs.pop(KWARG, None)
         i = owner.get(id(module))
         if i is not None:
-            calls[i].append((type(module).__name__, query.shape[1], key.shape[1]))
+            calls[i].append((id(module), type(module).__name__, query.shape[1], key.shape[1]))
         return _inner_attention(inner, module)(module, query, key, value, attention_mask, *args, **kwargs)
 
     attn, attn_cls, masks, mask_cls = _interfaces()
@@ -185,19 +189,18 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
         for c, impl in saved:
             c._attn_implementation = impl
     why = f"cp {cp} for a model derived from its own code splits the sequence around transformers' attention core only"
+    callers = {c[0] for v in calls.values() for c in v}
     for i, layer in enumerate(layers):
         where = f"{qual}.{i}"
-        conv = _mixers(layer)
+        mixers = _sequence_mixers(layer, callers)
+        named = [f"{where}.{q} ({type(m).__name__})" for q, m in mixers] or [f"{where} ({type(layer).__name__})"]
         if not calls[i]:
-            mixer = f"{where}.{conv[0]} ({type(layer.get_submodule(conv[0])).__name__})" if conv \
-                else f"{where} ({type(layer).__name__})"
-            raise LayoutError(f"{mixer}: its token mixer never calls transformers' attention interface (a recurrent, "
+            raise LayoutError(f"{named[0]}: its token mixer never calls transformers' attention interface (a recurrent, "
                               f"SSM or linear-attention state runs along the whole sequence); {why}; use --dp/--tp")
-        if conv:
-            raise LayoutError(f"{where}.{conv[0]} ({type(layer.get_submodule(conv[0])).__name__}): a convolution over "
-                              f"the sequence beside the attention (its state runs along the whole sequence); {why}; "
-                              "use --dp/--tp")
-        for cls, h, hk in calls[i]:
+        if mixers:
+            raise LayoutError(f"{named[0]}: a recurrent or convolutional token mixer beside the attention (its state "
+                              f"runs along the whole sequence); {why}; use --dp/--tp")
+        for _, cls, h, hk in calls[i]:
             per = [n // tp if n % tp == 0 else n for n in (h, hk)]
             if per[0] % cp or per[1] % cp:
                 raise LayoutError(f"{where} ({cls}): {per[0]} query and {per[1]} key/value heads per tp rank do not "
