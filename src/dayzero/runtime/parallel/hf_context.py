@@ -151,41 +151,84 @@ def _sequence_mixers(layer: nn.Module, callers: set[int]) -> list[tuple[str, nn.
     return [(q, c) for q, c in kids if not holds[q] and st.is_recurrent_mixer(c)]
 
 
+def _probe_attention(inner: str, cp: int, module: nn.Module, query, key, value, attention_mask, *args, **kwargs):
+    """The probe's core (:func:`check_cp`): records the call, then runs the inner core on rank 0's
+    slice with its block of the whole-sequence mask."""
+    kwargs.pop(KWARG)(module, query, key)
+    s, t = query.shape[2], key.shape[2]
+    if attention_mask is not None:
+        attention_mask = attention_mask[..., :s, :t]
+    return _inner_attention(inner, module)(module, query, key, value, attention_mask, *args, **kwargs)
+
+
+def _probe_implementation(inner: str, cp: int) -> str:
+    attn, attn_cls, _, mask_cls = _interfaces()
+    implementation(inner, cp)  # refuses an inner it cannot run around
+    name = f"dayzero_probe{cp}_{inner}"
+    if name not in attn:
+        attn_cls.register(name, functools.partial(_probe_attention, inner, cp))
+        mask_cls.register(name, functools.partial(_mask, inner, cp))
+    return name
+
+
+def _running_modules(net: nn.Module) -> tuple[list[str], list]:
+    """(the stack of modules whose forward is running, the hooks that keep it): where a forward failed."""
+    stack: list[str] = []
+
+    def enter(q: str):
+        def hook(mod, _args):
+            stack.append(f"{q} ({type(mod).__name__})")
+        return hook
+
+    def leave(_mod, _args, _out):
+        stack.pop()  # returns None: the output is kept
+
+    hooks = []
+    for q, m in net.named_modules():
+        hooks += [m.register_forward_pre_hook(enter(q)), m.register_forward_hook(leave)]
+    return stack, hooks
+
+
 def check_cp(model, cp: int, tp: int = 1) -> int:
-    """Raise LayoutError when ``model`` (a wrapped proxy on a real device) cannot run cp ranks around
-    its attention (see module); else the number of attention calls per forward. One forward of a
-    short sequence, recording each call of the attention interface and its decoder layer."""
+    """Raise LayoutError when ``model`` (a wrapped proxy) cannot run cp ranks around its attention
+    (see module); else the number of attention calls per forward. One forward of rank 0's slice of a
+    short sequence under the whole sequence's masks, recording each call of the attention interface
+    and its decoder layer: a module that reads the mask outside the interface (e.g. a sparse
+    attention's indexer) fails it, and is named."""
+    from dayzero.errors import one_line
     from dayzero.ops.hf_model import _quiet_transformers
     from dayzero.runtime.models.hf_model import decoder_layers
 
     qual, layers = decoder_layers(model)
     owner = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
     calls: dict[int, list[tuple[int, str, int, int]]] = {i: [] for i in range(len(layers))}
-    inner = _inner_of(model)
-    implementation(inner, cp)
 
-    def record(module, query, key, value, attention_mask, *args, **kwargs):
-        kwargs.pop(KWARG, None)
+    def record(module, query, key):
         i = owner.get(id(module))
         if i is not None:
             calls[i].append((id(module), type(module).__name__, query.shape[1], key.shape[1]))
-        return _inner_attention(inner, module)(module, query, key, value, attention_mask, *args, **kwargs)
 
-    attn, attn_cls, masks, mask_cls = _interfaces()
-    name = "dayzero_cp_probe"
-    attn_cls.register(name, record)
-    mask_cls.register(name, masks[inner])
+    name = _probe_implementation(_inner_of(model), cp)
     saved = [(c, c._attn_implementation) for c in _configs(model)]
     net = model.net
     vocab = int(getattr(net.config, "vocab_size", 2) or 2)
     device = next(net.parameters()).device
-    ids = torch.arange(8 * cp, device=device).remainder(vocab).reshape(1, -1)
+    ids = torch.arange(8, device=device).remainder(vocab).reshape(1, -1)
+    stack, hooks = _running_modules(net)
     try:
         for c, _ in saved:
             c._attn_implementation = name
         with _quiet_transformers(), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            net(input_ids=ids, use_cache=False)
+            net(input_ids=ids, use_cache=False, **{KWARG: record})
+    except Exception as e:  # any modeling code can fail; one line naming where
+        where = stack[-1] if stack else type(net).__name__
+        raise LayoutError(f"{where}: fails when its attention "
+                          f"mask covers the whole sequence of {8 * cp} tokens and it holds a slice of 8 "
+                          f"({one_line(e)}): it reads the sequence outside transformers' attention core; cp {cp} "
+                          "cannot split it; use --dp/--tp") from None
     finally:
+        for h in hooks:
+            h.remove()
         for c, impl in saved:
             c._attn_implementation = impl
     why = f"cp {cp} for a model derived from its own code splits the sequence around transformers' attention core only"
