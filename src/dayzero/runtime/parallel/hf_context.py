@@ -85,7 +85,8 @@ def _attention(inner: str, cp: int, module: nn.Module, query, key, value, attent
                            f"core, so cp {cp} cannot reach it; run with --cp 1")
     heads = (query.shape[1], key.shape[1], value.shape[1])
     if any(h % cp for h in heads):
-        raise LayoutError(f"{where}: {heads[0]} query and {heads[1]} key/value heads per rank do not split over cp {cp}")
+        raise LayoutError(f"{where}: {heads[0]} query and {heads[1]} key/value heads per rank do not split over "
+                          f"cp {cp}")
     s = query.shape[2] * cp
     if attention_mask is not None and tuple(attention_mask.shape[-2:]) != (s, key.shape[2] * cp):
         raise DayzeroError(f"{where}: its attention mask covers {tuple(attention_mask.shape[-2:])} tokens, not the "
@@ -238,8 +239,9 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
         mixers = _sequence_mixers(layer, callers)
         named = [f"{where}.{q} ({type(m).__name__})" for q, m in mixers] or [f"{where} ({type(layer).__name__})"]
         if not calls[i]:
-            raise LayoutError(f"{named[0]}: its token mixer never calls transformers' attention interface (a recurrent, "
-                              f"SSM or linear-attention state runs along the whole sequence); {why}; use --dp/--tp")
+            raise LayoutError(f"{named[0]}: its token mixer never calls transformers' attention interface (a "
+                              "recurrent, SSM or linear-attention state runs along the whole sequence); "
+                              f"{why}; use --dp/--tp")
         if mixers:
             raise LayoutError(f"{named[0]}: a recurrent or convolutional token mixer beside the attention (its state "
                               f"runs along the whole sequence); {why}; use --dp/--tp")
