@@ -98,7 +98,7 @@ def _attention(inner: str, cp: int, module: nn.Module, query, key, value, attent
     if isinstance(kwargs.get("position_ids"), torch.Tensor):  # a flash kernel reads sequence starts from them
         kwargs["position_ids"] = torch.arange(s, device=query.device).expand(query.shape[0], s)
     q, k, v = (sequence_to_heads(t.contiguous(), ctx.group, cp) for t in (query, key, value))
-    out, weights = _inner_attention(inner, module)(module, q, k, v, attention_mask, *args, **kwargs)
+    out, _ = _inner_attention(inner, module)(module, q, k, v, attention_mask, *args, **kwargs)
     # transformers' cores return (B, S, h, d): the exchange runs on (B, h, S, d)
     out = heads_to_sequence(out.transpose(1, 2).contiguous(), ctx.group, cp).transpose(1, 2).contiguous()
     return out, None
@@ -155,8 +155,9 @@ def _sequence_mixers(layer: nn.Module, callers: set[int]) -> list[tuple[str, nn.
 def _probe_attention(inner: str, cp: int, module: nn.Module, query, key, value, attention_mask, *args, **kwargs):
     """The probe's core (:func:`check_cp`): records the call, then runs the inner core on rank 0's
     slice with its block of the whole-sequence mask."""
-    kwargs.pop(KWARG)(module, query, key)
     s, t = query.shape[2], key.shape[2]
+    whole = attention_mask is None or tuple(attention_mask.shape[-2:]) == (s * cp, t * cp)
+    kwargs.pop(KWARG)(module, query, key, whole)
     if attention_mask is not None:
         attention_mask = attention_mask[..., :s, :t]
     return _inner_attention(inner, module)(module, query, key, value, attention_mask, *args, **kwargs)
@@ -202,12 +203,12 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
 
     qual, layers = decoder_layers(model)
     owner = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
-    calls: dict[int, list[tuple[int, str, int, int]]] = {i: [] for i in range(len(layers))}
+    calls: dict[int, list[tuple[int, str, int, int, bool]]] = {i: [] for i in range(len(layers))}
 
-    def record(module, query, key):
+    def record(module, query, key, whole: bool):
         i = owner.get(id(module))
         if i is not None:
-            calls[i].append((id(module), type(module).__name__, query.shape[1], key.shape[1]))
+            calls[i].append((id(module), type(module).__name__, query.shape[1], key.shape[1], whole))
 
     name = _probe_implementation(_inner_of(model), cp)
     saved = [(c, c._attn_implementation) for c in _configs(model)]
@@ -245,7 +246,10 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
         if mixers:
             raise LayoutError(f"{named[0]}: a recurrent or convolutional token mixer beside the attention (its state "
                               f"runs along the whole sequence); {why}; use --dp/--tp")
-        for _, cls, h, hk in calls[i]:
+        for _, cls, h, hk, whole in calls[i]:
+            if not whole:
+                raise LayoutError(f"{where} ({cls}): its attention mask does not cover the whole sequence (built or "
+                                  f"cut outside transformers' mask interface); {why}; use --dp/--tp")
             per = [n // tp if n % tp == 0 else n for n in (h, hk)]
             if per[0] % cp or per[1] % cp:
                 raise LayoutError(f"{where} ({cls}): {per[0]} query and {per[1]} key/value heads per tp rank do not "

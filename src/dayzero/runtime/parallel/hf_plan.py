@@ -20,6 +20,9 @@ recognised and divisible by tp, else refused with one line naming the module:
 
 Expert parallel: :mod:`~dayzero.runtime.parallel.hf_experts` (experts split over ep, tokens sent by
 all-to-all; their gradients reduced over the expert-data-parallel ranks by :func:`apply_fsdp`).
+
+Context parallel: :mod:`~dayzero.runtime.parallel.hf_context` (a slice of each sequence per cp rank,
+the all-to-all of heads around transformers' attention core; gradients reduced over dp x cp).
 """
 
 from __future__ import annotations
