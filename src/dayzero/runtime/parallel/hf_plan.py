@@ -27,6 +27,7 @@ the all-to-all of heads around transformers' attention core; gradients reduced o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -219,9 +220,10 @@ def check_derived(config) -> list[str]:
                        "routed experts found by structure split E/ep per rank, tokens sent to them by all-to-all")
     pp_note = _applies("pp", p.pp, lambda: check_pp(model),
                        "stages cut at decoder-layer boundaries (transformers' forward per stage)")
-    cp_note = _applies("cp", p.cp, lambda: check_derived_cp(config, max(2, p.cp), model),
-                       "all-to-all of heads around transformers' attention core (Ulysses), the mask over the whole "
-                       "sequence")
+    cp_what = "all-to-all of heads around transformers' attention core (Ulysses), the mask over the whole sequence"
+    # the cp probe is a CPU forward of the proxy: run where cp is asked for, else said unchecked
+    cp_note = _applies("cp", p.cp, lambda: check_derived_cp(config, p.cp, model), cp_what) if p.cp > 1 \
+        else f"cp: {cp_what} (where every decoder layer's mixer is that attention; checked with --cp > 1)"
     return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note, ep_note, cp_note,
             "recompute full: per decoder layer",
             "checkpoints: transformers' parameter names (resume and reshard across layouts)",
@@ -230,24 +232,40 @@ def check_derived(config) -> list[str]:
 
 def check_derived_cp(config, cp: int | None = None, model=None) -> None:
     """:func:`~dayzero.runtime.parallel.hf_context.check_cp` at ``cp`` (default the run's) on the
-    proxy built on CPU (a forward of it); above the pre-launch probe's size
-    (``proxy_shape.FORWARD_PROBE_MAX``) the ranks check it instead. ``model``: the proxy on meta, if built."""
+    proxy built on CPU (a forward of it), once per process for a proxy and layout; above the
+    pre-launch probe's size (``proxy_shape.FORWARD_PROBE_MAX``) the ranks check it instead.
+    ``model``: the proxy on meta, if built."""
     from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
     from dayzero.runtime.models.proxy_shape import FORWARD_PROBE_MAX
-    from dayzero.runtime.parallel.hf_context import check_cp
 
     if model is None:
         config_obj, name, _ = proxy_config(config.model)
         model = CausalLM(_build(config_obj, name))
     if sum(p.numel() for p in model.parameters()) <= FORWARD_PROBE_MAX:
-        check_cp(_cpu_proxy(config), cp or config.parallel.cp, config.parallel.tp)
+        problem = _cp_problem(config.model, cp or config.parallel.cp, config.parallel.tp)
+        if problem:
+            raise LayoutError(problem)
 
 
-def _cpu_proxy(config):
-    """The proxy built on CPU (transformers' initialisation, no weights loaded): for a forward probe."""
+@functools.lru_cache(maxsize=8)
+def _cp_problem(section, cp: int, tp: int) -> str | None:
+    """Why the proxy of ``section`` cannot run cp (None: it can): the pre-launch check and the
+    dimensions a run prints ask for it once."""
+    from dayzero.runtime.parallel.hf_context import check_cp
+
+    try:
+        check_cp(_cpu_proxy(section), cp, tp)
+    except LayoutError as e:
+        return str(e)
+    return None
+
+
+def _cpu_proxy(section):
+    """The proxy of a :class:`~dayzero.runtime.config.ModelSection` built on CPU (transformers'
+    initialisation, no weights loaded): for a forward probe."""
     from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
 
-    config_obj, name, _ = proxy_config(config.model)
+    config_obj, name, _ = proxy_config(section)
     with torch.random.fork_rng(devices=[]):
         return CausalLM(_build(config_obj, name, "cpu"))
 
@@ -281,7 +299,7 @@ def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch
     p = config.parallel
     if p.pp > 1:
         if p.cp > 1:  # on every rank before any collective: the same model, the same LayoutError
-            check_cp(_cpu_proxy(config), p.cp, p.tp)
+            check_cp(_cpu_proxy(config.model), p.cp, p.tp)
         ranges = p.stage_layers(config.spec())
         parts = split_derived(lambda: build_proxy(config.model, config.seed), ranges, p.pp, meshes.pp_rank)
     else:
