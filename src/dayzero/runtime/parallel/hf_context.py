@@ -49,11 +49,18 @@ KWARG = "dayzero_cp"  # the keyword the exchange's group reaches the attention c
 
 @dataclass(frozen=True)
 class ContextGroup:
-    """The cp ranks one sequence is split over, as the attention core needs them."""
+    """The cp ranks one sequence is split over, as a rank's forward and attention cores need them."""
 
     group: object  # torch.distributed ProcessGroup
     cp: int
     rank: int
+    offset: int  # the position of this rank's first token: rank x seq / cp
+
+    @classmethod
+    def of(cls, meshes, seq: int) -> "ContextGroup":
+        """This rank's group on the cp dim of :class:`~dayzero.runtime.parallel.mesh.Meshes`."""
+        cp, rank = meshes.cp.size(), meshes.cp_rank
+        return cls(meshes.cp.get_group(), cp, rank, rank * (seq // cp))
 
 
 def _interfaces():
@@ -257,22 +264,21 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
     return sum(len(v) for v in calls.values())
 
 
-def apply_cp(model: nn.Module, group: ContextGroup, seq: int) -> None:
-    """Run ``model`` (a wrapped proxy or one of its pipeline stages) on slices of sequences of
-    ``seq`` tokens over ``group`` (``check_cp`` passed): its configs switched to the exchanging
-    implementation, its forward told the slice's offset and the group."""
+def apply_cp(model: nn.Module, group: ContextGroup) -> None:
+    """Run ``model`` (a wrapped proxy or one of its pipeline stages) on this rank's slice of each
+    sequence over ``group`` (``check_cp`` passed): its configs switched to the exchanging
+    implementation, its forward given the group (:func:`forward_kwargs`)."""
     name = implementation(_inner_of(model), group.cp)
     for c in _configs(model):
         c._attn_implementation = name
-    model.context = (group, group.rank * (seq // group.cp))
+    model.context = group
 
 
 def forward_kwargs(model: nn.Module, x: torch.Tensor) -> dict:
-    """The keywords a wrapped proxy's forward adds under cp (``apply_cp``): the slice's positions
+    """The keywords a wrapped proxy's forward adds under cp (:func:`apply_cp`): the slice's positions
     and the group; none without cp."""
-    ctx = getattr(model, "context", None)
-    if ctx is None:
+    group = getattr(model, "context", None)
+    if group is None:
         return {}
-    group, offset = ctx
     b, s = x.shape[0], x.shape[1]
-    return {"position_ids": (offset + torch.arange(s, device=x.device)).expand(b, s), KWARG: group}
+    return {"position_ids": (group.offset + torch.arange(s, device=x.device)).expand(b, s), KWARG: group}

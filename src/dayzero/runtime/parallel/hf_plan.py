@@ -310,7 +310,7 @@ def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch
     for _, model in parts:
         model.to(device)
         if p.cp > 1:
-            apply_cp(model, ContextGroup(meshes.cp.get_group(), p.cp, meshes.cp_rank), p.seq)
+            apply_cp(model, ContextGroup.of(meshes, p.seq))
         if p.tp > 1:
             check_tp(model, p.tp)
             apply_tp(model, meshes.tp)
