@@ -204,11 +204,14 @@ def check_cp(model, cp: int, tp: int = 1) -> int:
     short sequence under the whole sequence's masks, recording each call of the attention interface
     and its decoder layer: a module that reads the mask outside the interface (e.g. a sparse
     attention's indexer) fails it, and is named."""
+    from dayzero.derive import structure as st
     from dayzero.errors import one_line
     from dayzero.ops.hf_model import _quiet_transformers
-    from dayzero.runtime.models.hf_model import decoder_layers
 
-    qual, layers = decoder_layers(model)
+    qual, layers = st.find_layer_list(model.net)
+    if layers is None:
+        raise LayoutError(f"{type(model.net).__name__}: no list of repeated decoder blocks found by structure; "
+                          f"cp {cp} needs one; use --dp/--tp")
     owner = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
     calls: dict[int, list[tuple[int, str, int, int, bool]]] = {i: [] for i in range(len(layers))}
 
