@@ -24,12 +24,15 @@ reaches the core as a keyword argument of the model's forward (transformers pass
 extra keywords down to the attention interface), so nothing is held globally but the two
 registered names (one function per (cp, inner), the same on every call).
 
-Refused in one line naming the module (:func:`check_cp`, a forward of the built proxy recording
-every call of the interface): a decoder layer that never calls it (a Mamba/SSM, linear-attention or
-recurrent mixer: its state runs along the sequence, which no rank holds whole), a layer holding a
-convolution over the sequence beside its attention (a parallel hybrid's SSM branch), query or
-key/value heads (after tp) that do not divide by cp, and at run time an attention whose mask was
-built outside transformers' mask interface (it covers the slice, not the sequence).
+Refused in one line naming the module (:func:`check_cp`: one forward of the built proxy on rank 0's
+slice under the whole sequence's masks, recording every call of the interface per decoder layer): a
+decoder layer that never calls it (a Mamba/SSM, linear-attention or recurrent mixer: its state runs
+along the sequence, which no rank holds whole; the mixer named by the structure readers of
+:mod:`dayzero.derive.structure`), a recurrent or convolutional mixer beside the attention (a
+parallel hybrid), a module that fails when the mask covers the sequence and it holds a slice (it
+reads the mask or keys outside the core: a sparse attention's indexer), a mask cut or built outside
+transformers' mask interface, and query or key/value heads (per tp rank) that do not divide by cp.
+A module that mixes tokens outside the core with none of these signs is not caught.
 """
 
 from __future__ import annotations
