@@ -131,6 +131,10 @@ def preflight_train(cfg: TrainConfig, world: int, *, cpu: bool, torchrun: bool =
 
     parallel = cfg.parallel
     spec = cfg.spec()
+    if spec.extra.get("derived") and parallel.cp > 1:  # the module that rules cp out, before the spec's rules
+        from dayzero.runtime.parallel.hf_plan import check_derived_cp
+
+        check_derived_cp(cfg)
     check_runtime(spec, parallel, world)
     if cfg.reset_attention_mask and (problems := document_problems(spec, parallel)):
         from dayzero.errors import LayoutError

@@ -80,8 +80,9 @@ def proxy_parallel(p: dict, nproc: int) -> dict:
 def derived_parallel(p: dict, derived: bool) -> tuple[dict, list[str]]:
     """A proxy layout a model derived from its own code runs (runtime.parallel.hf_plan.derived_problems):
     selective recompute becomes full (transformers' attention computes its core inside its forward, so
-    the runtime recomputes whole decoder layers) and context parallelism 1 (transformers' attention needs
-    the whole sequence on each rank; its ranks fold into dp); what changed, as sentences."""
+    the runtime recomputes whole decoder layers); context parallelism is kept (the all-to-all around
+    transformers' attention core, runtime.parallel.hf_context; a model whose modules rule it out is
+    refused naming the module); what changed, as sentences."""
     if not derived:
         return p, []
     out, changed = dict(p), []
@@ -89,9 +90,6 @@ def derived_parallel(p: dict, derived: bool) -> tuple[dict, list[str]]:
         out["recompute"], out["recompute_modules"] = "full", []
         changed.append("selective recompute run as full (per decoder layer): transformers' attention computes its "
                        "core inside its forward")
-    if int(out.get("cp", 1)) > 1:
-        changed.append(f"cp {out['cp']} folded into dp: transformers' attention needs the whole sequence on each rank")
-        out["dp"], out["cp"], out["cp_comm"] = int(out.get("dp", 1)) * int(out["cp"]), 1, "p2p"
     return out, changed
 
 

@@ -164,14 +164,19 @@ def load_by_name(net: nn.Module, path: str) -> int:
 
 
 class CausalLM(nn.Module):
-    """A transformers causal LM whose forward maps token ids to logits (no cache, no loss)."""
+    """A transformers causal LM whose forward maps token ids to logits (no cache, no loss); under
+    context parallelism (``context``: :func:`~dayzero.runtime.parallel.hf_context.apply_cp`) the ids
+    are one slice of each sequence and the forward passes its positions and the cp group."""
 
     def __init__(self, net: nn.Module):
         super().__init__()
         self.net = net
+        self.context = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.net(input_ids=input_ids, use_cache=False).logits
+        from dayzero.runtime.parallel.hf_context import forward_kwargs
+
+        return self.net(input_ids=input_ids, use_cache=False, **forward_kwargs(self, input_ids)).logits
 
 
 def decoder_layers(model):

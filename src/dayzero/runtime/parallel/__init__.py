@@ -11,6 +11,7 @@ function that applies them all, with activation checkpointing from
 :mod:`dayzero.runtime.models.recompute`, then materializes the weights). ``hf_plan`` does the same
 for transformers' own module of a derived model: FSDP2 per decoder layer and a TP plan derived from
 module names and shapes, with ``hf_stages`` (its pipeline stages cut at decoder-layer boundaries and
-per-layer recompute) and ``hf_experts`` (its routed experts, found by structure, split over ep with
-tokens dispatched by all-to-all); what it cannot apply is refused.
+per-layer recompute), ``hf_experts`` (its routed experts, found by structure, split over ep with
+tokens dispatched by all-to-all) and ``hf_context`` (cp: sequence slices, heads exchanged by
+all-to-all around transformers' attention core); what it cannot apply is refused.
 """

@@ -20,10 +20,14 @@ recognised and divisible by tp, else refused with one line naming the module:
 
 Expert parallel: :mod:`~dayzero.runtime.parallel.hf_experts` (experts split over ep, tokens sent by
 all-to-all; their gradients reduced over the expert-data-parallel ranks by :func:`apply_fsdp`).
+
+Context parallel: :mod:`~dayzero.runtime.parallel.hf_context` (a slice of each sequence per cp rank,
+the all-to-all of heads around transformers' attention core; gradients reduced over dp x cp).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -187,14 +191,11 @@ def apply_fsdp(model, mesh, param_dtype: torch.dtype, zero: int, gloo: bool, exp
 
 def derived_problems(config) -> list[str]:
     """What the runtime cannot do for a model derived from its own code (no torch needed); what its
-    modules make impossible (tp, pp, ep) is found on the built proxy by :func:`check_derived`."""
+    modules make impossible (tp, pp, ep, cp) is found on the built proxy by :func:`check_derived`."""
     p, out = config.parallel, []
     if p.ep > 1 and config.moe.placement is not None:
         out.append("--placement is not supported for a model derived from its own code: its experts are split "
                    "evenly over ep (E/ep consecutive experts per rank); drop --placement")
-    if p.cp > 1:
-        out.append(f"cp {p.cp} is not supported for a model derived from its own code: transformers' attention "
-                   "needs the whole sequence on each rank (no ring or all-to-all exchange); use --dp/--tp/--pp/--ep")
     if p.recompute == "selective":
         out.append("--recompute selective is not supported for a model derived from its own code (transformers' "
                    "attention computes its core inside its forward); use --recompute full")
@@ -219,10 +220,54 @@ def check_derived(config) -> list[str]:
                        "routed experts found by structure split E/ep per rank, tokens sent to them by all-to-all")
     pp_note = _applies("pp", p.pp, lambda: check_pp(model),
                        "stages cut at decoder-layer boundaries (transformers' forward per stage)")
-    return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note, ep_note,
+    cp_what = "all-to-all of heads around transformers' attention core (Ulysses), the mask over the whole sequence"
+    # the cp probe is a CPU forward of the proxy: run where cp is asked for, else said unchecked
+    cp_note = _applies("cp", p.cp, lambda: check_derived_cp(config, p.cp, model), cp_what) if p.cp > 1 \
+        else f"cp: {cp_what} (where every decoder layer's mixer is that attention; checked with --cp > 1)"
+    return ["dp/zero: FSDP2 fully_shard per decoder layer, then the root", tp_note, pp_note, ep_note, cp_note,
             "recompute full: per decoder layer",
             "checkpoints: transformers' parameter names (resume and reshard across layouts)",
-            "--hf-weights: loaded by transformers' names", "cp: refused for a model derived from its own code"]
+            "--hf-weights: loaded by transformers' names"]
+
+
+def check_derived_cp(config, cp: int | None = None, model=None) -> None:
+    """:func:`~dayzero.runtime.parallel.hf_context.check_cp` at ``cp`` (default the run's) on the
+    proxy built on CPU (a forward of it), once per process for a proxy and layout; above the
+    pre-launch probe's size (``proxy_shape.FORWARD_PROBE_MAX``) the ranks check it instead.
+    ``model``: the proxy on meta, if built."""
+    from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
+    from dayzero.runtime.models.proxy_shape import FORWARD_PROBE_MAX
+
+    if model is None:
+        config_obj, name, _ = proxy_config(config.model)
+        model = CausalLM(_build(config_obj, name))
+    if sum(p.numel() for p in model.parameters()) <= FORWARD_PROBE_MAX:
+        problem = _cp_problem(config.model, cp or config.parallel.cp, config.parallel.tp)
+        if problem:
+            raise LayoutError(problem)
+
+
+@functools.lru_cache(maxsize=8)
+def _cp_problem(section, cp: int, tp: int) -> str | None:
+    """Why the proxy of ``section`` cannot run cp (None: it can): the pre-launch check and the
+    dimensions a run prints ask for it once."""
+    from dayzero.runtime.parallel.hf_context import check_cp
+
+    try:
+        check_cp(_cpu_proxy(section), cp, tp)
+    except LayoutError as e:
+        return str(e)
+    return None
+
+
+def _cpu_proxy(section):
+    """The proxy of a :class:`~dayzero.runtime.config.ModelSection` built on CPU (transformers'
+    initialisation, no weights loaded): for a forward probe."""
+    from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
+
+    config_obj, name, _ = proxy_config(section)
+    with torch.random.fork_rng(devices=[]):
+        return CausalLM(_build(config_obj, name, "cpu"))
 
 
 def _applies(dim: str, degree: int, check, what: str) -> str:
@@ -239,9 +284,11 @@ def _applies(dim: str, degree: int, check, what: str) -> str:
 
 def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch.dtype):
     """This rank's proxy of a derived model: built by transformers under the run's seed, cut into its
-    pipeline stages, tensor parallel by the derived plan, routed experts split over ep, each decoder
-    layer recomputed when asked, FSDP2 over data parallel (as the runtime skips it at one fp32 rank)."""
+    pipeline stages, its attention cores between cp's all-to-all exchanges, tensor parallel by the
+    derived plan, routed experts split over ep, each decoder layer recomputed when asked, FSDP2 over
+    dp x cp (as the runtime skips it at one fp32 rank)."""
     from dayzero.runtime.models.hf_model import build_proxy
+    from dayzero.runtime.parallel.hf_context import ContextGroup, apply_cp, check_cp
     from dayzero.runtime.parallel.hf_experts import apply_ep
     from dayzero.runtime.parallel.hf_stages import apply_recompute, split_derived
     from dayzero.runtime.parallel.parallelize import ParallelModel
@@ -251,19 +298,25 @@ def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch
         raise LayoutError("; ".join(problems))
     p = config.parallel
     if p.pp > 1:
+        if p.cp > 1:  # on every rank before any collective: the same model, the same LayoutError
+            check_cp(_cpu_proxy(config.model), p.cp, p.tp)
         ranges = p.stage_layers(config.spec())
         parts = split_derived(lambda: build_proxy(config.model, config.seed), ranges, p.pp, meshes.pp_rank)
     else:
         parts = [(0, build_proxy(config.model, config.seed))]
+        if p.cp > 1:
+            check_cp(parts[0][1], p.cp, p.tp)
     units = []
     for _, model in parts:
         model.to(device)
+        if p.cp > 1:
+            apply_cp(model, ContextGroup.of(meshes, p.seq))
         if p.tp > 1:
             check_tp(model, p.tp)
             apply_tp(model, meshes.tp)
         experts = apply_ep(model, meshes.ep) if p.ep > 1 else []
         apply_recompute(model, p.recompute, p.recompute_layers)
-        if p.dp > 1 or param_dtype != torch.float32:
+        if p.dp * p.cp > 1 or param_dtype != torch.float32:  # gradients over dp x cp (meshes.dp)
             units += apply_fsdp(model, meshes.dp, param_dtype, p.zero, gloo=device.type == "cpu",
                                 experts=experts, edp=meshes.edp)
     return ParallelModel([m for _, m in parts], [v for v, _ in parts], units)

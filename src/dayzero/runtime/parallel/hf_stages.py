@@ -85,6 +85,7 @@ class DerivedStage(nn.Module):
         super().__init__()
         self.net = model.net
         self.first, self.last = first, last
+        self.context = None  # context parallelism: runtime.parallel.hf_context.apply_cp
         parent, body, attr = _body(model)
         self.body_name = parent
         setattr(body, attr, _KeptLayers(getattr(body, attr), keep))
@@ -100,7 +101,10 @@ class DerivedStage(nn.Module):
                     setattr(self.net, n, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from dayzero.runtime.parallel.hf_context import forward_kwargs
+
         kw = {"input_ids": x} if self.first else {"inputs_embeds": x}
+        kw.update(forward_kwargs(self, x))
         if self.last:
             return self.net(**kw, use_cache=False).logits
         body = self.net.get_submodule(self.body_name) if self.body_name else self.net
