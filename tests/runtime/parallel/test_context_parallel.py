@@ -26,6 +26,7 @@ from dayzero.runtime.parallel.context_parallel import (  # noqa: E402
 )
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
 from dayzero.specs.registry import load_model, model_presets  # noqa: E402
+from helpers.run_records import run_losses  # noqa: E402
 
 
 def _simulated_exchange(sent: list[torch.Tensor], cp: int) -> list[torch.Tensor]:
@@ -167,11 +168,7 @@ def runs(tmp_path_factory):
 
 
 def _losses(runs, name):
-    records, codes = runs
-    assert name in records, f"{name} wrote no metrics (exit codes by world size: {codes})"
-    steps, end = records[name]
-    assert len(steps) == STEPS and end is not None
-    return [r["loss"] for r in steps]
+    return run_losses(runs, name, STEPS)
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from dayzero.runtime.config import ModelSection, OptimizerSection, TrainConfig  
 from dayzero.runtime.metrics import STEP_KEYS, read_metrics  # noqa: E402
 from dayzero.runtime.train_entry import spawn  # noqa: E402
 from dayzero.specs.parallel import ParallelConfig  # noqa: E402
+from helpers.run_records import run_losses  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -74,11 +75,7 @@ def runs(tmp_path_factory):
 
 
 def _losses(runs, name):
-    records, codes = runs
-    assert name in records, f"{name} wrote no metrics (exit codes by world size: {codes})"
-    steps, end = records[name]
-    assert len(steps) == STEPS and end is not None
-    return [r["loss"] for r in steps]
+    return run_losses(runs, name, STEPS)
 
 
 @pytest.mark.parametrize("name", [n for w in (8, 4, 2) for n, (kind, _) in WORLDS[w].items() if kind == "dense"])
