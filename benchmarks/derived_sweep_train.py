@@ -1,7 +1,8 @@
 """Train a 2-step proxy of every causal-LM type transformers ships (the derive sweep's list): the
 type's default config written to a directory, then ``dayzero train DIR --layers 2 --hidden 256
 --vocab 512 --steps 2`` (4 sequences of 32 tokens, fp32, one CPU process). One line per type: ok
-(the two losses) or the error's one line; the count at the end.
+(the two losses) or the error's one line, after whether transformers alone builds the type's
+default config on the meta device; the count at the end.
 
     PYTHONPATH=src nice python benchmarks/derived_sweep_train.py OUT.txt [--every K [--offset I]] [--types a,b]
         [--layout "--pp 2 --nproc 2"]
@@ -54,6 +55,21 @@ def train_type(mt: str, work: Path, timeout: int, extra: tuple[str, ...] = ()) -
     return True, " ".join(f"{s['loss']:.3f}" for s in steps)
 
 
+def transformers_builds(mt: str) -> str:
+    """Whether transformers itself builds the type's default config as a causal LM on the meta device:
+    a failure where it does not is the default config's, not dayzero's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(CONFIG_MAPPING[mt]())
+    except Exception as e:  # noqa: BLE001 - any failure of the modeling code is the answer
+        return f"[transformers alone cannot build its default config: {type(e).__name__}: {str(e)[:100]}]"
+    return "[transformers alone builds its default config]"
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     ap = argparse.ArgumentParser()
@@ -71,7 +87,10 @@ def main() -> None:
             t0 = time.perf_counter()
             good, text = train_type(mt, Path(tmp), a.timeout, tuple(a.layout.split()))
             ok += good
-            print(f"{mt}: {'ok' if good else 'FAIL'} ({time.perf_counter() - t0:.0f} s) {text}", file=out, flush=True)
+            seconds = time.perf_counter() - t0
+            if not good:
+                text = f"{transformers_builds(mt)} {text}"
+            print(f"{mt}: {'ok' if good else 'FAIL'} ({seconds:.0f} s) {text}", file=out, flush=True)
         print(f"trained {ok} of {len(types)}", file=out, flush=True)
 
 
