@@ -102,6 +102,17 @@ SSM_HYBRIDS = {  # Mamba-2 beside attention in one layer (Falcon-H1); Mamba laye
 }
 
 
+def test_a_proxy_layer_count_pipeline_stages_do_not_divide_is_split_near_evenly_and_said(tmp_path, capsys):
+    """The proxy's layer count is the tool's (one layer of each kind): pp splits it near evenly, earlier
+    stages one layer more, and says so; a split the user gives is kept."""
+    path = config_dir(tmp_path, "olmo2")
+    got = train_json(path, capsys, "--layers", "3", "--pp", "2", "--nproc", "2", "--dry-run")
+    assert got["parallel"]["layer_split"] == [2, 1]
+    assert any("3 layers do not divide into 2 pipeline stages: layers per stage 2, 1" in n for n in got["notes"])
+    got = train_json(path, capsys, "--layers", "3", "--pp", "2", "--nproc", "2", "--layer-split", "1,2", "--dry-run")
+    assert got["parallel"]["layer_split"] == [1, 2] and not any("pipeline stages" in n for n in got["notes"])
+
+
 @pytest.fixture(scope="module")
 def ssm_single(tmp_path_factory):
     """One process's losses per SSM hybrid, trained once for both layouts (the slow lane's budget)."""

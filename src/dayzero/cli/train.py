@@ -96,29 +96,38 @@ def train_cmd(
     from dayzero.runtime.config import TrainConfig
     from dayzero.runtime.device import compute_dtype as default_dtype
     from dayzero.runtime.device import resolve
+    from dayzero.runtime.parallel.hf_stages import proxy_layer_split
     from dayzero.runtime.preflight import preflight_train
     from dayzero.runtime.train_entry import launch_world
 
     acc = resolve(device, backend)
-    compute_dtype = default_dtype(acc, compute_dtype)
     torchrun, world = launch_world(nproc)
-    parallel = layout.resolve(world, precision, plan, fill_pipeline=True)
-    every = _checkpoint_every(checkpoint, plan)
     quiet = quiet or json_out or os.environ.get("CI", "").lower() in ("1", "true", "yes")
     metrics, tmp = _metrics_path(metrics, json_out and not dry_run)
-    cfg = TrainConfig(model=proxy.section(model, hf_weights), parallel=parallel, optimizer=optimizer.section(),
-                      moe=moe.section(), checkpoint=checkpoint.section(every), faults=faults.section(),
+    cfg = TrainConfig(model=proxy.section(model, hf_weights),
+                      parallel=layout.resolve(world, precision, plan, fill_pipeline=True),
+                      optimizer=optimizer.section(), moe=moe.section(),
+                      checkpoint=checkpoint.section(_checkpoint_every(checkpoint, plan)), faults=faults.section(),
                       monitor=monitor.section(bool(faults.on_alert)), steps=steps, seed=seed,
-                      compute_dtype=compute_dtype, data=data.data, reset_attention_mask=data.reset_attention_mask,
-                      metrics=str(metrics) if metrics else None, quiet=quiet)
+                      compute_dtype=default_dtype(acc, compute_dtype), data=data.data,
+                      reset_attention_mask=data.reset_attention_mask, metrics=str(metrics) if metrics else None,
+                      quiet=quiet)
+    cfg, split_note = proxy_layer_split(cfg)
+    parallel = cfg.parallel
     # everything checkable is checked here, before any rank starts: one line, exit 2, no hung ranks
     pre = preflight_train(cfg, world, cpu=acc.is_cpu, torchrun=torchrun, skip_memory_check=skip_memory_check,
                           dry=dry_run)
     applies = derived_dimensions(cfg) if pre.spec.extra.get("derived") else None
+    notes = [n for n in (layout.gbs_note(parallel), split_note) if n]
     if dry_run:  # --dry-run: what would run, and nothing started
-        _print_dry_run(pre, [n for n in (layout.gbs_note(parallel),) if n], json_out)
+        _print_dry_run(pre, notes, json_out)
         return
-    _announce(pre.spec, parallel, layout.gbs_note(parallel), world, torchrun, applies, quiet or json_out)
+    _announce(pre.spec, parallel, notes, world, torchrun, applies, quiet or json_out)
+    _run_and_report(acc, cfg, world, torchrun, applies, json_out, tmp)
+
+
+def _run_and_report(acc, cfg, world: int, torchrun: bool, applies, json_out: bool, tmp) -> None:
+    """Train the ranks, then (rank 0) the result; the temporary metrics directory removed."""
     _run_ranks(acc, cfg, world, torchrun)
     if not torchrun or os.environ.get("RANK") == "0":
         _print_result(cfg, world, applies, json_out)
@@ -169,14 +178,14 @@ def _print_dry_run(pre, notes: list[str], json_out: bool) -> None:
         console.print("\n".join(pre.lines(notes)), highlight=False, markup=False, soft_wrap=True)
 
 
-def _announce(spec, parallel, gbs_note: str | None, world: int, torchrun: bool, applies, quiet: bool) -> None:
+def _announce(spec, parallel, notes: list[str], world: int, torchrun: bool, applies, quiet: bool) -> None:
     """The lines before the ranks start (not under torchrun, where every rank would print them): the
-    global-batch note, what the proxy kept beyond the flags, the layout and tokens per step, and what
-    applies to a model trained as transformers' own module."""
+    layout's notes (the global batch, a proxy's stage split), what the proxy kept beyond the flags,
+    the layout and tokens per step, and what applies to a model trained as transformers' own module."""
     if torchrun:
         return
-    if gbs_note:
-        err_console.print(f"dayzero: {gbs_note}", highlight=False)
+    for note in notes:
+        err_console.print(f"dayzero: {note}", highlight=False)
     for note in spec.extra.get("proxy_notes", ()):
         err_console.print(f"{spec.name}: {note}", highlight=False, soft_wrap=True)
     if not quiet:

@@ -111,6 +111,27 @@ class DerivedStage(nn.Module):
         return body(**kw, use_cache=False).last_hidden_state
 
 
+def proxy_layer_split(cfg):
+    """(``cfg``, a note): for a derived model's proxy whose layer count its pipeline stages do not
+    divide (the proxy keeps one layer of each kind, so the count is the tool's choice, not the
+    user's), the near-even split stated (earlier stages one layer more: the last holds the head);
+    any other config as it is, with no note."""
+    from dataclasses import replace
+
+    p = cfg.parallel
+    stages = p.pp * p.vpp
+    if stages == 1 or p.layer_split is not None or not cfg.model.shrink:
+        return cfg, None
+    spec = cfg.spec()
+    if not spec.extra.get("derived") or spec.layers % stages == 0 or spec.layers < stages:
+        return cfg, None
+    base, extra = divmod(spec.layers, stages)
+    split = tuple(base + (i < extra) for i in range(stages))
+    note = (f"the proxy's {spec.layers} layers do not divide into {stages} pipeline stages: layers per stage "
+            f"{', '.join(map(str, split))} (--layer-split to choose)")
+    return replace(cfg, parallel=replace(p, layer_split=split)), note
+
+
 def split_derived(build, ranges: list[range], pp: int, pp_rank: int) -> list[tuple[int, nn.Module]]:
     """(virtual stage, DerivedStage) for every virtual stage on ``pp_rank``; ``build()`` gives a fresh
     proxy (the same weights on every call: built under the run's seed)."""
