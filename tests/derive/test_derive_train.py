@@ -147,15 +147,42 @@ def test_recompute_full_per_decoder_layer_matches_no_recompute(tmp_path, capsys)
     assert again == pytest.approx(plain, abs=1e-6)
 
 
-def test_tied_embeddings_refuse_pipeline_stages_naming_the_head(tmp_path):
+def test_stages_compose_to_the_whole_model_or_pp_is_refused(tmp_path, monkeypatch):
+    """Gemma 3's body picks each layer's mask and rotary table by the layer's position in the list it
+    runs (config.layer_types[i]): a stage's per-layer lists are cut to its layers, and the preflight
+    composes the stages against the whole model, so a forward that still reads by position is refused
+    rather than trained wrong."""
     from dayzero.errors import LayoutError
-    from dayzero.runtime.parallel.hf_stages import check_pp
+    from dayzero.runtime.parallel import hf_stages
 
-    config, name, _ = proxy_config(ModelSection(config_dir(tmp_path, "gemma3_text")))
+    path = config_dir(tmp_path, "gemma3_text")
+
+    def build():  # a fresh config each time (a stage cuts its own lists), the same weights
+        config, name, _ = proxy_config(ModelSection(path))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return CausalLM(_build(config, name, "cpu"))
+
+    hf_stages.check_composition(build, [range(0, 2), range(2, 4)], 512)
+    monkeypatch.setattr(hf_stages, "_keep_per_layer_lists", lambda *a: None)
+    with pytest.raises(LayoutError, match="pipeline stages do not compute what the whole model does"):
+        hf_stages.check_composition(build, [range(0, 2), range(2, 4)], 512)
+
+
+@pytest.mark.slow
+def test_tied_embeddings_under_pp2_match_single_process(tmp_path, capsys):
+    """Gemma 3 ties its head to the input embedding: each stage holds a copy, their gradients are
+    summed over the pipeline ranks and counted once in the norm, so pp2 trains as one process."""
+    path = config_dir(tmp_path, "gemma3_text")
+    config, name, _ = proxy_config(ModelSection(path))
     model = CausalLM(_build(config, name))
     assert model.net.get_output_embeddings().weight is model.net.get_input_embeddings().weight  # gemma ties them
-    with pytest.raises(LayoutError, match="lm_head: tied to the input embedding"):
-        check_pp(model)
+    single = train_json(path, capsys)["steps"]
+    pp = [r for r in train_ranks(path, tmp_path, capsys, "--pp", "2")]
+    assert len(pp) == 8 and falling([r["loss"] for r in pp])
+    for a, b in zip(single, pp):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"], (a, b)
 
 
 @pytest.mark.parametrize("extra, expect", [

@@ -54,12 +54,15 @@ def build_scheduler(optimizer, warmup: int, total: int, min_ratio: float):
 
 
 @torch.no_grad()
-def clip_grad_norm_(params, max_norm: float, stage_size: int, world_group=None) -> torch.Tensor:
-    """Clip in place to ``max_norm`` (if > 0); returns the global norm before clipping (fp32)."""
+def clip_grad_norm_(params, max_norm: float, stage_size: int, world_group=None, uncounted=()) -> torch.Tensor:
+    """Clip in place to ``max_norm`` (if > 0); returns the global norm before clipping (fp32).
+    ``uncounted``: ids of parameters whose gradient another rank's copy already counts (a tied matrix
+    held by several pipeline stages): clipped, not summed."""
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     device = grads[0].device if grads else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for g in grads:
+    for g in (p.grad for p in params if p.grad is not None and id(p) not in uncounted):
         if isinstance(g, DTensor):
             mesh = g.device_mesh
             copies = stage_size // mesh.size()

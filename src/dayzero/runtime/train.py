@@ -228,7 +228,13 @@ def compute_step(state: TrainState, timer: CommTimer) -> Gradients:
     labels = torch.from_numpy(y).to(state.device)
     local_loss = forward_backward(state, inputs, labels)
     params = list(state.model.parameters())
-    norm = clip_grad_norm_(params, cfg.optimizer.grad_clip, meshes.shape.stage)
+    uncounted = ()
+    if state.model.tied:  # one matrix, a copy per pipeline stage: one gradient, counted once in the norm
+        from dayzero.runtime.parallel.hf_stages import reduce_tied
+
+        reduce_tied(state.model.tied, meshes.pp_group)
+        uncounted = {id(t) for i, t in enumerate(state.model.tied) if i or meshes.pp_rank}
+    norm = clip_grad_norm_(params, cfg.optimizer.grad_clip, meshes.shape.stage, uncounted=uncounted)
     lr = state.scheduler.get_last_lr()[0]
     # the loss is replicated over tp and lives on the last stage: each dp replica's and each cp
     # rank's (the mean over its slice of the sequences; every slice holds as many tokens) once

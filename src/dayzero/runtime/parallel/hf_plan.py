@@ -205,8 +205,9 @@ def derived_problems(config) -> list[str]:
 def check_derived(config) -> list[str]:
     """Raise LayoutError for what cannot run; else the dimensions that apply, as sentences."""
     from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
+    from dayzero.runtime.models.proxy_shape import FORWARD_PROBE_MAX
     from dayzero.runtime.parallel.hf_experts import check_ep
-    from dayzero.runtime.parallel.hf_stages import check_pp
+    from dayzero.runtime.parallel.hf_stages import check_composition, check_pp
 
     problems = derived_problems(config)
     if problems:
@@ -218,8 +219,20 @@ def check_derived(config) -> list[str]:
                        "column/row-parallel plan derived from q/k/v/o and gate/up/down projections")
     ep_note = _applies("ep", p.ep, lambda: check_ep(model, max(2, p.ep)),
                        "routed experts found by structure split E/ep per rank, tokens sent to them by all-to-all")
-    pp_note = _applies("pp", p.pp, lambda: check_pp(model),
-                       "stages cut at decoder-layer boundaries (transformers' forward per stage)")
+
+    def seeded():  # the same weights on every build (a fresh config each: a stage cuts its per-layer lists)
+        c, n, _ = proxy_config(config.model)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return CausalLM(_build(c, n, "cpu"))
+
+    def stages_ok():
+        check_pp(model)
+        if p.pp > 1 and sum(x.numel() for x in model.parameters()) <= FORWARD_PROBE_MAX:
+            check_composition(seeded, p.stage_layers(config.spec()), int(getattr(config_obj, "vocab_size", 2) or 2))
+
+    pp_note = _applies("pp", p.pp, stages_ok, "stages cut at decoder-layer boundaries (transformers' forward "
+                       "per stage; the stages' composition checked against the whole model)")
     cp_what = "all-to-all of heads around transformers' attention core (Ulysses), the mask over the whole sequence"
     # the cp probe is a CPU forward of the proxy: run where cp is asked for, else said unchecked
     cp_note = _applies("cp", p.cp, lambda: check_derived_cp(config, p.cp, model), cp_what) if p.cp > 1 \
@@ -319,4 +332,5 @@ def parallelize_derived(config, meshes, device: torch.device, param_dtype: torch
         if p.dp * p.cp > 1 or param_dtype != torch.float32:  # gradients over dp x cp (meshes.dp)
             units += apply_fsdp(model, meshes.dp, param_dtype, p.zero, gloo=device.type == "cpu",
                                 experts=experts, edp=meshes.edp)
-    return ParallelModel([m for _, m in parts], [v for v, _ in parts], units)
+    tied = [m.tied_copy() for _, m in parts if getattr(m, "tied", False)] if p.pp > 1 else []
+    return ParallelModel([m for _, m in parts], [v for v, _ in parts], units, tied)

@@ -9,8 +9,13 @@ embedding); a stage before the last returns the body's output before the final n
 the identity there) and drops the head; the last stage returns the logits. The model's own forward
 still builds its masks and position embeddings on every stage, from the sequence it is given.
 
-Refused, one line naming the module: tied input/output embeddings (the first and last stage would
-train two copies of one matrix), a body whose final norm or embedding is not found by structure.
+Tied input/output embeddings (Press & Wolf 2017): every stage keeps the input embedding (the first
+uses it, the last computes its logits with it as the head; others hold it unused), so each stage
+holds one copy of the matrix under the unpipelined name; after backward the copies' gradients are
+summed over the pipeline ranks (:func:`reduce_tied`: the one gradient of the tied matrix, Megatron-
+Core's embedding group, ``finalize_model_grads``), so every copy takes the same update, and the
+global gradient norm counts the matrix once. Refused, one line naming the module: a body whose final
+norm or embedding is not found by structure.
 
 Recompute ``full`` (Chen et al. 2016) re-runs each decoder layer in backward (its ``forward``
 replaced on the instance by a checkpointed call, names unchanged); ``selective`` needs the
@@ -23,6 +28,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -51,18 +57,43 @@ def final_norm(body: nn.Module, attr: str) -> str:
     return norms[-1]
 
 
+def tied_weight(net) -> nn.Parameter | None:
+    """The matrix the output head shares with the input embedding (None: untied)."""
+    emb, head = net.get_input_embeddings(), net.get_output_embeddings()
+    if head is not None and emb is not None and getattr(head, "weight", None) is getattr(emb, "weight", False):
+        return emb.weight
+    return None
+
+
 def check_pp(model) -> None:
     """Raise LayoutError when the derived model cannot be cut into pipeline stages."""
     net = model.net
-    emb, head = net.get_input_embeddings(), net.get_output_embeddings()
-    if head is not None and emb is not None and head.weight is emb.weight:
-        raise LayoutError(f"{type(net).__name__}.lm_head: tied to the input embedding; pipeline stages would train "
-                          "two copies of one matrix (first and last stage); use --dp/--tp")
+    emb = net.get_input_embeddings()
     _, body, attr = _body(model)
     final_norm(body, attr)
     if not any(m is emb for m in body.children()):
         raise LayoutError(f"{type(body).__name__}: its input embedding is not a child of the body holding "
                           f"'{attr}'; pipeline stages for this model are refused; use --dp/--tp")
+
+
+def check_composition(build, ranges: list[range], vocab: int, tokens: int = 16) -> None:
+    """Raise LayoutError when the stages cut at ``ranges`` do not compute what the whole model does
+    (one CPU forward of two short sequences through each; ``build()`` gives a fresh proxy): a forward
+    that reads something by a layer's position in the list it runs, or state kept across layers
+    outside them, shows here rather than as a wrong loss."""
+    whole = build()
+    ids = torch.arange(2 * tokens, dtype=torch.long).remainder(max(2, vocab)).reshape(2, tokens)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        want = whole(ids)
+        x = ids
+        for v, keep in enumerate(ranges):
+            x = DerivedStage(build(), keep, v == 0, v == len(ranges) - 1)(x)
+    err = float((x - want).abs().max() / want.abs().max().clamp_min(1e-30))
+    if not err <= 1e-4:
+        raise LayoutError(f"{type(whole.net).__name__}: its pipeline stages do not compute what the whole model "
+                          f"does (largest difference {err:.2g} of the logits' scale on a probe): its forward reads "
+                          "something by a layer's position or carries state between layers outside them; use "
+                          "--dp/--tp")
 
 
 class _KeptLayers(nn.ModuleList):
@@ -78,6 +109,16 @@ class _KeptLayers(nn.ModuleList):
         return nn.ModuleList(mods[idx]) if isinstance(idx, slice) else mods[idx]
 
 
+def _keep_per_layer_lists(config, n: int, keep: range) -> None:
+    """The stage's config with each per-layer list (one entry per decoder layer: ``layer_types``, ...)
+    cut to its layers: a body that reads them by the position of a layer in its list (Gemma 3's
+    ``config.layer_types[i]`` for the i-th layer it runs) then reads the entry of that layer."""
+    for c in {id(x): x for x in (config, getattr(config, "get_text_config", lambda: config)())}.values():
+        for k, v in list(vars(c).items()):
+            if isinstance(v, list) and len(v) == n and n > len(keep):
+                object.__setattr__(c, k, [v[i] for i in keep])
+
+
 class DerivedStage(nn.Module):
     """One pipeline stage of a derived proxy (see module); parameter names are ``net.<transformers name>``."""
 
@@ -86,10 +127,12 @@ class DerivedStage(nn.Module):
         self.net = model.net
         self.first, self.last = first, last
         self.context = None  # context parallelism: runtime.parallel.hf_context.apply_cp
+        self.tied = tied_weight(self.net) is not None  # the embedding then stays on every stage (see module)
         parent, body, attr = _body(model)
         self.body_name = parent
+        _keep_per_layer_lists(self.net.config, len(getattr(body, attr)), keep)
         setattr(body, attr, _KeptLayers(getattr(body, attr), keep))
-        if not first:
+        if not first and not self.tied:
             emb = self.net.get_input_embeddings()
             for n, m in list(body.named_children()):
                 if m is emb:
@@ -99,6 +142,10 @@ class DerivedStage(nn.Module):
             for n, m in list(self.net.named_children()):
                 if m is self.net.get_output_embeddings():
                     setattr(self.net, n, None)
+
+    def tied_copy(self) -> nn.Parameter | None:
+        """This stage's copy of the tied matrix (read when asked: FSDP2 replaces the parameter)."""
+        return self.net.get_input_embeddings().weight if self.tied else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from dayzero.runtime.parallel.hf_context import forward_kwargs
@@ -130,6 +177,30 @@ def proxy_layer_split(cfg):
     note = (f"the proxy's {spec.layers} layers do not divide into {stages} pipeline stages: layers per stage "
             f"{', '.join(map(str, split))} (--layer-split to choose)")
     return replace(cfg, parallel=replace(p, layer_split=split)), note
+
+
+@torch.no_grad()
+def reduce_tied(copies: list, group) -> None:
+    """Sum the gradients of this rank's copies of a tied matrix (one per stage it runs) with every
+    pipeline rank's over ``group``, and give each copy the sum; a copy its stage did not use (a middle
+    stage) adds zeros. FSDP2 shards every copy alike (the same shape over the same dp ranks), so the
+    local shards line up."""
+    from torch.distributed.tensor import DTensor
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    total = torch.zeros_like(local(copies[0].data))
+    for p in copies:
+        if p.grad is not None:
+            total += local(p.grad)
+    dist.all_reduce(total, group=group)
+    for p in copies:
+        if p.grad is None:
+            p.grad = (DTensor.from_local(total.clone(), p.device_mesh, p.placements) if isinstance(p, DTensor)
+                      else total.clone())
+        else:
+            local(p.grad).copy_(total)
 
 
 def split_derived(build, ranges: list[range], pp: int, pp_rank: int) -> list[tuple[int, nn.Module]]:

@@ -11,7 +11,7 @@ parameter's name, so every layout starts from exactly the same model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -38,6 +38,9 @@ class ParallelModel:
     parts: list[nn.Module]
     stage_indices: list[int]
     fsdp_units: list
+    # a derived model's input/output matrix shared across its pipeline stages: the copy each part holds
+    # (runtime.parallel.hf_stages.reduce_tied sums their gradients over the pipeline ranks)
+    tied: list = field(default_factory=list)
 
     def parameters(self):
         for p in self.parts:
