@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from dayzero.errors import LayoutError
+from dayzero.errors import LayoutError, one_line
 
 
 def _body(net) -> tuple[str, nn.Module, str]:
@@ -87,7 +87,13 @@ def check_composition(build, ranges: list[range], vocab: int, tokens: int = 16) 
         want = whole(ids)
         x = ids
         for v, keep in enumerate(ranges):
-            x = DerivedStage(build(), keep, v == 0, v == len(ranges) - 1)(x)
+            try:
+                x = DerivedStage(build(), keep, v == 0, v == len(ranges) - 1)(x)
+            except Exception as e:  # noqa: BLE001 - any modeling code may fail cut; one line naming the stage
+                raise LayoutError(f"{type(whole.net).__name__}: its pipeline stage {v} (layers {keep.start}-"
+                                  f"{keep.stop - 1}) fails on its own ({one_line(e, 160)}): the model's forward "
+                                  "needs more than the previous stage's hidden states (e.g. the token ids for "
+                                  "per-layer inputs); use --dp/--tp") from None
     err = float((x - want).abs().max() / want.abs().max().clamp_min(1e-30))
     if not err <= 1e-4:
         raise LayoutError(f"{type(whole.net).__name__}: its pipeline stages do not compute what the whole model "
