@@ -231,3 +231,14 @@ def test_other_layer_counts_follow_the_kept_layers():
     keep = [0, 4, 10, 14, 18, 19, 20, 24]
     assert [layer_counts(shared, 35, keep, r)["num_kv_shared_layers"] for r in count_readings(shared, 35, keep)] == [
         3, 2, 4]  # scaled, the kept layers in the last 15, those in the first 15
+
+
+def test_a_layer_count_under_its_own_name_is_found_by_the_built_layers(tmp_path):
+    """LongCat-Flash counts its layers in ``num_layers`` (no alias to num_hidden_layers): --layers 2
+    still cuts it, the field found as the one equal to the built model's decoder-layer count."""
+    path = config_dir(tmp_path, "longcat_flash", hidden_size=128, num_layers=4, num_attention_heads=4,
+                      num_key_value_heads=4, ffn_hidden_size=256, q_lora_rank=32, kv_lora_rank=16,
+                      qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, qk_head_dim=32, head_dim=16,
+                      n_routed_experts=4, zero_expert_num=2, moe_topk=2, expert_ffn_hidden_size=64, vocab_size=256)
+    config, _, _ = proxy_config(ModelSection(path, layers=2, hidden=64))
+    assert config.num_layers == 2 and len(kinds(config)) >= 1 and config.hidden_size == 64

@@ -369,13 +369,40 @@ def standard_names(cfg: dict, make) -> dict:
     return {**{k: v for k, v in cfg.items() if k not in {amap[s] for s in moved}}, **moved}
 
 
+def layer_count_key(cfg: dict, make, name: str) -> str:
+    """The config's field counting the decoder layers: ``num_hidden_layers``, or, where a class names
+    it otherwise without an alias (LongCat-Flash's ``num_layers``), the one ``*layer*`` field equal to
+    the layer count of the built model (found by structure)."""
+    from dayzero.derive import structure as st
+
+    if isinstance(cfg.get("num_hidden_layers"), int):
+        return "num_hidden_layers"
+    count = len(st.find_layer_list(build(make(cfg), name))[1])
+    same = [k for k, v in _ints(cfg).items() if "layer" in k and v == count]
+    return same[0] if len(same) == 1 else "num_hidden_layers"
+
+
 def fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | None, vocab: int | None,
         name: str) -> Proxy:
     """The proxy config (see module): the flags applied, the structure kept, checked by the modeling
     code; raises DayzeroError naming what the modeling code rejected when no candidate builds."""
+    cfg = standard_names(cfg, make)
+    key = layer_count_key(cfg, make, name) if layers is not None else "num_hidden_layers"
+    if key == "num_hidden_layers":
+        return _fit(cfg, make, layers, hidden, experts, vocab, name)
+
+    def theirs(d: dict) -> dict:  # the class's own name for the layer count
+        return {(key if k == "num_hidden_layers" else k): v for k, v in d.items()}
+
+    proxy = _fit({("num_hidden_layers" if k == key else k): v for k, v in cfg.items()},
+                 lambda d: make(theirs(d)), layers, hidden, experts, vocab, name)
+    return Proxy(theirs(proxy.cfg), proxy.notes)
+
+
+def _fit(cfg: dict, make, layers: int | None, hidden: int | None, experts: int | None, vocab: int | None,
+         name: str) -> Proxy:
     from dayzero.derive import structure as st
 
-    cfg = standard_names(cfg, make)
     n = cfg.get("num_hidden_layers")
     full = None
     if (layers is not None and isinstance(n, int) and layers < n) or hidden is not None:
