@@ -242,3 +242,15 @@ def test_a_layer_count_under_its_own_name_is_found_by_the_built_layers(tmp_path)
                       n_routed_experts=4, zero_expert_num=2, moe_topk=2, expert_ffn_hidden_size=64, vocab_size=256)
     config, _, _ = proxy_config(ModelSection(path, layers=2, hidden=64))
     assert config.num_layers == 2 and len(kinds(config)) >= 1 and config.hidden_size == 64
+
+
+def test_a_config_class_that_refuses_a_layer_count_setter_is_traced(tmp_path):
+    """ProphetNet's config raises on ``num_hidden_layers =`` (its counts are per encoder/decoder): the
+    tracer cuts the layer list and leaves the count to the class, rather than a traceback."""
+    from dayzero.specs.registry import load_model
+
+    path = config_dir(tmp_path, "prophetnet", hidden_size=64, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                      num_encoder_layers=2, num_decoder_layers=2, num_encoder_attention_heads=4,
+                      num_decoder_attention_heads=4, vocab_size=256)
+    spec = load_model(path)
+    assert spec.extra["derived"] and spec.extra["params_module_tree"] > 0
