@@ -220,16 +220,12 @@ def check_derived(config) -> list[str]:
     ep_note = _applies("ep", p.ep, lambda: check_ep(model, max(2, p.ep)),
                        "routed experts found by structure split E/ep per rank, tokens sent to them by all-to-all")
 
-    def seeded():  # the same weights on every build (a fresh config each: a stage cuts its per-layer lists)
-        c, n, _ = proxy_config(config.model)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            return CausalLM(_build(c, n, "cpu"))
-
     def stages_ok():
         check_pp(model)
         if p.pp > 1 and sum(x.numel() for x in model.parameters()) <= FORWARD_PROBE_MAX:
-            check_composition(seeded, p.stage_layers(config.spec()), int(getattr(config_obj, "vocab_size", 2) or 2))
+            # the same weights on every build, a fresh config each (a stage cuts its per-layer lists)
+            check_composition(lambda: _cpu_proxy(config.model, seed=0), p.stage_layers(config.spec()),
+                              int(getattr(config_obj, "vocab_size", 2) or 2))
 
     pp_note = _applies("pp", p.pp, stages_ok, "stages cut at decoder-layer boundaries (transformers' forward "
                        "per stage; the stages' composition checked against the whole model)")
@@ -273,13 +269,15 @@ def _cp_problem(section, cp: int, tp: int) -> str | None:
     return None
 
 
-def _cpu_proxy(section):
+def _cpu_proxy(section, seed: int | None = None):
     """The proxy of a :class:`~dayzero.runtime.config.ModelSection` built on CPU (transformers'
-    initialisation, no weights loaded): for a forward probe."""
+    initialisation under ``seed`` when given, no weights loaded): for a forward probe."""
     from dayzero.runtime.models.hf_model import CausalLM, _build, proxy_config
 
     config_obj, name, _ = proxy_config(section)
     with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
         return CausalLM(_build(config_obj, name, "cpu"))
 
 
